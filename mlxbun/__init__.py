@@ -1,0 +1,13 @@
+"""mlxbun: a Jupyter-first research workbench for language-model inference on MLX."""
+
+__version__ = "0.1.0"
+
+
+def load_model_config(path):
+    """Load a checkpoint directory's normalized TextConfig (see mlxbun.config)."""
+    from mlxbun.config import load_model_config as _load
+
+    return _load(path)
+
+
+__all__ = ["load_model_config", "__version__"]

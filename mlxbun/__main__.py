@@ -1,0 +1,3 @@
+from mlxbun.cli import main
+
+raise SystemExit(main())

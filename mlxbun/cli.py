@@ -1,0 +1,52 @@
+"""`mlxbun` command line: one subcommand module per command under mlxbun/commands/.
+
+Each command module exposes `register(subparsers)`, which adds its parser and sets
+`func` (called with the parsed args, returning an exit code). User mistakes are
+`MlxbunError`s and print as one line; bad arguments print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Order is the order `mlxbun --help` lists them.
+COMMAND_MODULES = ["zoo", "ls", "demo"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are a single line (no usage dump)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="mlxbun", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"mlxbun.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mlxbun.errors import MlxbunError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2 if args.command is None and argv is None and len(sys.argv) <= 1 else 0
+    try:
+        return int(args.func(args) or 0)
+    except MlxbunError as e:
+        print(f"mlxbun {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("mlxbun: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
