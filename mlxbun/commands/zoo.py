@@ -1,0 +1,59 @@
+"""`mlxbun zoo`: build tiny checkpoints (`zoo build ARCH... --out DIR`) and list the archs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "zoo",
+        help="tiny checkpoints in Hugging Face layout for every supported arch",
+        description="Tiny checkpoints in Hugging Face layout for every supported arch.",
+    )
+    sub = parser.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND",
+                                parser_class=type(parser))
+
+    build = sub.add_parser("build", help="build checkpoints (one line per checkpoint: arch, path)")
+    build.add_argument("archs", nargs="+", metavar="ARCH", help="arch names, or `all`")
+    build.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    build.add_argument("--quant", default=None, metavar="{4,8,mixed}",
+                       help="quantize like mlx_lm.convert (affine, group 64)")
+    build.add_argument("--dtype", default="float32", metavar="{float32,float16,bfloat16}",
+                       help="dtype of the unquantized parameters (default float32)")
+    build.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    build.add_argument("--hf-cache", action="store_true",
+                       help="lay out as a hub cache: DIR/models--mlxbun--tiny-ARCH/snapshots/REV")
+    build.set_defaults(func=_build)
+
+    listing = sub.add_parser("list", help="list the zoo's archs")
+    listing.set_defaults(func=_list)
+
+    parser.set_defaults(func=lambda args: _help(parser))
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _build(args) -> int:
+    from mlxbun.zoo import ARCHS, make_checkpoint
+    from mlxbun.zoo.build import variant
+
+    archs = list(ARCHS) if "all" in args.archs else list(dict.fromkeys(args.archs))
+    for arch in archs:  # refuse every bad argument before building anything
+        variant(arch, quant=args.quant, dtype=args.dtype, seed=args.seed)
+    for arch in archs:
+        path = make_checkpoint(arch, args.out, quant=args.quant, dtype=args.dtype,
+                               seed=args.seed, hf_cache=args.hf_cache)
+        print(f"{arch}\t{path}", flush=True)
+    return 0
+
+
+def _list(args) -> int:
+    from mlxbun.zoo import ARCHS
+
+    for arch in ARCHS:
+        print(arch)
+    return 0

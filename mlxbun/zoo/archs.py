@@ -1,0 +1,293 @@
+"""The zoo's arch table: one row per model_type, and `tiny_config(arch)`.
+
+A tiny config is the arch's REAL default config (its transformers configuration
+class, else the keys of a real hub config) shrunk to hidden 64 / 4 heads x 16 /
+intermediate 128 / vocab 512, with every other knob kept. transformers 5 writes
+rope as `rope_parameters`; mlx-lm 0.32.2 mostly reads the pre-v5 keys
+(`rope_theta`, `rope_scaling`, `partial_rotary_factor`), which real hub
+checkpoints carry, so both are written and agree.
+
+Adding an arch is one `Arch(...)` row in `_ROWS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from mlxbun.errors import UnsupportedModelError
+from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
+
+HIDDEN = 64
+HEADS = 4
+HEAD_DIM = 16
+INTERMEDIATE = 128
+MAX_POSITIONS = 512
+SLIDING_WINDOW = 16  # a 40-token prompt crosses it
+
+# PretrainedConfig bookkeeping that real hub configs (saved with to_diff_dict) do not carry.
+_GENERIC_KEYS = (
+    "_name_or_path",
+    "id2label",
+    "label2id",
+    "return_dict",
+    "output_attentions",
+    "output_hidden_states",
+    "chunk_size_feed_forward",
+    "problem_type",
+    "is_encoder_decoder",
+    "is_decoder",
+    "dtype",
+    "torch_dtype",
+)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One zoo row. `hf_config` names the transformers configuration class whose defaults are
+    shrunk; without one, `base` holds the keys of a real hub config."""
+
+    name: str  # model_type
+    architecture: str  # config.json "architectures"[0]
+    hf_config: str | None = None
+    base: Mapping = field(default_factory=dict)
+    layers: int = 2  # enough that every layer kind of the arch appears
+    kv_heads: int | None = None  # None: 2 if the default config has GQA, else 4 (MHA)
+    knobs: Mapping = field(default_factory=dict)  # config-class kwargs: rope, pattern, ...
+    extra: Mapping = field(default_factory=dict)  # hub-config keys the config class lacks
+    legacy_rope: bool = True  # mlx-lm reads rope_theta/rope_scaling rather than rope_parameters
+    rope_type_key: str = "rope_type"  # the key real hub rope_scaling dicts use ("type" for some)
+    post: Callable[[dict], None] | None = None  # last fix-ups to match real hub configs
+
+
+def _llama3(theta: float, factor: float) -> dict:
+    # Llama 3.1 parameters with the context shrunk: max / original = factor (8192 * 8 -> 64 * 8)
+    return {
+        "rope_type": "llama3",
+        "rope_theta": theta,
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": int(MAX_POSITIONS // factor),
+    }
+
+
+def _gemma3_post(cfg: dict) -> None:
+    # mlx-lm reads sliding_window_pattern and rope_local_base_freq (the pre-v5 hub keys)
+    cfg["sliding_window_pattern"] = cfg.pop("_sliding_window_pattern")
+    cfg["rope_local_base_freq"] = cfg["rope_parameters"]["sliding_attention"]["rope_theta"]
+
+
+def _cohere2_post(cfg: dict) -> None:
+    kinds = cfg["layer_types"]
+    cfg["sliding_window_pattern"] = kinds.index("full_attention") + 1
+
+
+def _exaone4_post(cfg: dict) -> None:
+    # real EXAONE 4.0 configs spell the pattern as a string of Local/Global, as mlx-lm expects
+    cfg["sliding_window_pattern"] = "".join(
+        "L" if t == "sliding_attention" else "G" for t in cfg["layer_types"]
+    )
+
+
+def _gpt_neox_post(cfg: dict) -> None:
+    # pythia-style hub configs use the original GPT-NeoX names, which mlx-lm reads
+    cfg["rotary_emb_base"] = cfg["rope_theta"]
+    cfg["rotary_pct"] = cfg["partial_rotary_factor"]
+
+
+_ROWS = (
+    Arch("llama", "LlamaForCausalLM", "LlamaConfig", kv_heads=2,
+         knobs={"rope_parameters": _llama3(500000.0, 8.0)}),
+    # mlx-lm runs mistral as llama and ignores sliding_window without layer_types; v0.2+ has none
+    Arch("mistral", "MistralForCausalLM", "MistralConfig", knobs={"sliding_window": None}),
+    Arch("smollm3", "SmolLM3ForCausalLM", "SmolLM3Config", layers=4),  # layer 3 is NoPE
+    Arch("qwen2", "Qwen2ForCausalLM", "Qwen2Config", kv_heads=2),
+    Arch("qwen3", "Qwen3ForCausalLM", "Qwen3Config", kv_heads=2),
+    Arch("gemma", "GemmaForCausalLM", "GemmaConfig", kv_heads=1),  # MQA like gemma-2b
+    # mlx-lm's gemma2 has no sliding attention: a window no prompt can cross keeps it equal to HF.
+    # query_pre_attn_scalar != head_dim (as in gemma-2-27b) so scaling by head_dim is caught.
+    Arch("gemma2", "Gemma2ForCausalLM", "Gemma2Config",
+         knobs={"sliding_window": MAX_POSITIONS, "query_pre_attn_scalar": 24}),
+    Arch("gemma3_text", "Gemma3ForCausalLM", "Gemma3TextConfig", layers=4,
+         knobs={"sliding_window_pattern": 3, "query_pre_attn_scalar": 24,
+              "rope_parameters": {
+                  "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+         post=_gemma3_post),
+    # phi-4-mini style: partial rotary + longrope (mlx-lm applies the long factors)
+    Arch("phi3", "Phi3ForCausalLM", "Phi3Config", kv_heads=2, rope_type_key="type",
+         knobs={"partial_rotary_factor": 0.75, "original_max_position_embeddings": 128,
+              "rope_parameters": {
+                  "rope_type": "longrope", "rope_theta": 10000.0,
+                  "long_factor": [1.0, 1.25, 1.9, 3.4, 6.1, 11.0],
+                  "short_factor": [1.0, 1.0, 1.02, 1.05, 1.1, 1.2]}}),
+    Arch("olmo2", "Olmo2ForCausalLM", "Olmo2Config"),
+    Arch("olmo3", "Olmo3ForCausalLM", "Olmo3Config", layers=4),
+    Arch("glm4", "Glm4ForCausalLM", "Glm4Config"),
+    # granite-3 multipliers (attention_multiplier = 1/head_dim, not head_dim**-0.5)
+    Arch("granite", "GraniteForCausalLM", "GraniteConfig", kv_heads=2,
+         knobs={"embedding_multiplier": 12.0, "attention_multiplier": 0.0625,
+              "residual_multiplier": 0.22, "logits_scaling": 8.0}),
+    Arch("starcoder2", "Starcoder2ForCausalLM", "Starcoder2Config"),
+    Arch("cohere", "CohereForCausalLM", "CohereConfig"),
+    Arch("cohere2", "Cohere2ForCausalLM", "Cohere2Config", layers=4, kv_heads=2,
+         post=_cohere2_post),
+    Arch("ernie4_5", "Ernie4_5ForCausalLM", "Ernie4_5Config"),
+    Arch("exaone4", "Exaone4ForCausalLM", "Exaone4Config", layers=4, kv_heads=2,
+         knobs={"sliding_window_pattern": 4, "rope_parameters": _llama3(1000000.0, 16.0)},
+         extra={"head_dim": HEAD_DIM}, post=_exaone4_post),
+    Arch("helium", "HeliumForCausalLM", "HeliumConfig"),
+    Arch("internlm3", "InternLM3ForCausalLM", "InternLM3Config",
+         knobs={"rope_parameters": {"rope_type": "dynamic", "factor": 6.0, "rope_theta": 50000000.0}},
+         extra={"bias": False, "qkv_bias": False}),
+    Arch("seed_oss", "SeedOssForCausalLM", "SeedOssConfig"),
+    # no transformers class: keys of openbmb/MiniCPM-2B-sft's config; untied (mlx-lm copies
+    # embed_tokens into lm_head on load only when untied); dim_model_base keeps hidden/base = 4
+    Arch("minicpm", "MiniCPMForCausalLM", base={
+        "model_type": "minicpm", "hidden_act": "silu", "hidden_size": HIDDEN,
+        "initializer_range": 0.1, "intermediate_size": INTERMEDIATE,
+        "max_position_embeddings": MAX_POSITIONS, "num_attention_heads": HEADS,
+        "num_hidden_layers": 2, "num_key_value_heads": HEADS, "rms_norm_eps": 1e-05,
+        "rope_theta": 10000.0, "use_cache": True, "vocab_size": VOCAB_SIZE,
+        "scale_emb": 12, "dim_model_base": 16, "scale_depth": 1.4, "tie_word_embeddings": False}),
+    Arch("nemotron", "NemotronForCausalLM", "NemotronConfig", kv_heads=2),
+    Arch("stablelm", "StableLmForCausalLM", "StableLmConfig", knobs={"use_qkv_bias": True}),
+    # no transformers class: mlx-lm's ModelArgs keys (the MLP width is derived from n_embd)
+    Arch("lille-130m", "Lille130mForCausalLM", base={
+        "model_type": "lille-130m", "block_size": MAX_POSITIONS, "layer_norm_eps": 1e-05,
+        "n_embd": HIDDEN, "n_head": HEADS, "n_kv_heads": 2, "n_layer": 2,
+        "rope_theta": 10000.0, "vocab_size": VOCAB_SIZE, "tie_word_embeddings": True}),
+    Arch("gpt_neox", "GPTNeoXForCausalLM", "GPTNeoXConfig", post=_gpt_neox_post),
+    Arch("phi", "PhiForCausalLM", "PhiConfig"),
+    # Hunyuan-7B's dynamic-alpha NTK rope and qk norm
+    Arch("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", kv_heads=2,
+         rope_type_key="type",
+         knobs={"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 1.0,
+                                  "alpha": 1000.0, "beta_fast": 32, "beta_slow": 1,
+                                  "mscale": 1.0, "mscale_all_dim": 1.0}},
+         extra={"use_qk_norm": True}),
+    Arch("apertus", "ApertusForCausalLM", "ApertusConfig", kv_heads=2,
+         knobs={"rope_parameters": _llama3(12000000.0, 8.0)},
+         extra={"mlp_bias": False, "qk_norm": True, "post_norm": False}),
+    # Ministral 3: yarn + llama-4 attention scaling, read from rope_parameters only; original
+    # context 32 so a 40-token prompt reaches the scaled region (real: 16384 * 16 = 262144)
+    Arch("ministral3", "Ministral3ForCausalLM", "Ministral3Config", legacy_rope=False,
+         knobs={"rope_parameters": {
+             "rope_type": "yarn", "type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
+             "original_max_position_embeddings": 32, "max_position_embeddings": MAX_POSITIONS,
+             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+             "llama_4_scaling_beta": 0.1}}),
+    Arch("nanochat", "NanoChatForCausalLM", "NanoChatConfig"),
+)
+
+ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS}
+ARCHS: tuple[str, ...] = tuple(ARCH_TABLE)
+
+
+def get_arch(arch: str) -> Arch:
+    try:
+        return ARCH_TABLE[arch]
+    except (KeyError, TypeError):
+        raise UnsupportedModelError(
+            f"unknown zoo arch {arch!r}; known archs: {', '.join(ARCHS)}"
+        ) from None
+
+
+def _transformers_config_class(name: str):
+    # transformers nags about PyTorch at import; the zoo only needs configuration classes
+    key = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+    saved = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        import transformers
+    finally:
+        if saved is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = saved
+    return getattr(transformers, name)
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence config validation chatter (hub-style keys transformers 5 does not know)."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def _shrink_kwargs(row: Arch, defaults: dict) -> dict:
+    sizes = {
+        "hidden_size": HIDDEN,
+        "num_attention_heads": HEADS,
+        "head_dim": HEAD_DIM,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": row.layers,
+        "vocab_size": VOCAB_SIZE,
+        "max_position_embeddings": MAX_POSITIONS,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+    }
+    kwargs = {k: v for k, v in sizes.items() if k in defaults}
+    if "num_key_value_heads" in defaults:
+        kv, heads = defaults["num_key_value_heads"], defaults["num_attention_heads"]
+        gqa = kv is not None and kv < heads
+        kwargs["num_key_value_heads"] = row.kv_heads or (2 if gqa else HEADS)
+    if defaults.get("sliding_window") is not None:
+        kwargs["sliding_window"] = SLIDING_WINDOW
+    if "eod_token_id" in defaults:
+        kwargs["eod_token_id"] = EOS_ID
+    kwargs.update(copy.deepcopy(dict(row.knobs)))
+    return kwargs
+
+
+def _legacy_rope(row: Arch, cfg: dict) -> None:
+    """Add the pre-transformers-5 rope keys (what hub checkpoints of the arch carry)."""
+    rp = cfg["rope_parameters"]
+    if "rope_theta" not in rp:  # per-layer-type rope: the full-attention one is the model's
+        rp = rp["full_attention"]
+    cfg["rope_theta"] = rp["rope_theta"]
+    if "partial_rotary_factor" in rp:
+        cfg["partial_rotary_factor"] = rp["partial_rotary_factor"]
+    kind = rp.get("rope_type", "default")
+    if kind == "default":
+        cfg["rope_scaling"] = None
+    else:
+        scaling = {k: v for k, v in rp.items()
+                   if k not in ("rope_theta", "partial_rotary_factor", "rope_type", "type")}
+        scaling[row.rope_type_key] = kind
+        cfg["rope_scaling"] = dict(sorted(scaling.items()))
+
+
+def tiny_config(arch: str) -> dict:
+    """The shrunk config.json dict of `arch` (float32; the builder sets torch_dtype/quantization)."""
+    row = get_arch(arch)
+    if row.hf_config is not None:
+        cls = _transformers_config_class(row.hf_config)
+        with _quiet_transformers():
+            defaults = cls().to_dict()
+            cfg = cls(**_shrink_kwargs(row, defaults)).to_dict()
+        for key in _GENERIC_KEYS:
+            cfg.pop(key, None)
+        if row.legacy_rope:
+            _legacy_rope(row, cfg)
+    else:
+        cfg = copy.deepcopy(dict(row.base))
+        cfg.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    cfg.update(copy.deepcopy(dict(row.extra)))
+    if row.post is not None:
+        row.post(cfg)
+    cfg["model_type"] = row.name
+    cfg["architectures"] = [row.architecture]
+    cfg["torch_dtype"] = "float32"
+    return dict(sorted(cfg.items()))
