@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # Order is the order `mlxbun --help` lists them.
-COMMAND_MODULES = ["zoo", "ls", "demo"]
+COMMAND_MODULES = ["zoo", "ls", "port"]
 
 
 class OneLineParser(argparse.ArgumentParser):
