@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PRELOAD) $(VENV)/bin/mlxbun demo
+	$(PRELOAD) $(VENV)/bin/mlxbun port zoo:all
 
 test: $(VENV)/.installed
 	$(PRELOAD) $(PY) -m pytest -n $(JOBS) -q

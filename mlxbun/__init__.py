@@ -11,3 +11,13 @@ def load_model_config(path):
 
 
 __all__ = ["load_model_config", "__version__"]
+
+
+def open_model(path):
+    """Open a checkpoint directory as a RuntimeModel (profile resolved first; see mlxbun.factory)."""
+    from mlxbun.factory import open_model as _open
+
+    return _open(path)
+
+
+__all__ += ["open_model"]

@@ -23,7 +23,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="mlxbun", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="mlxbun", description="mlxbun: a research workbench for language-model inference on MLX.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name in COMMAND_MODULES:
         importlib.import_module(f"mlxbun.commands.{name}").register(sub)
