@@ -1,0 +1,238 @@
+"""Build a UniversalDense from a config, and load a checkpoint into it with a weight audit.
+
+Loading follows mlx-lm's `utils.load_model`: read config.json, build the graph,
+apply the arch's `sanitize` (the descriptor's rules), quantize the modules whose
+`.scales` are present (per-module overrides first), load with `strict=True`.
+Before any tensor is loaded the audit compares the tensors present (after
+sanitize) with the parameters the graph needs: anything missing, unconsumed
+(and not dropped by a documented rule) or of the wrong shape is a `LoadError`
+naming the tensors. `audit_checkpoint` runs the same steps from the
+safetensors headers alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Optional
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from mlxbun.config import MODEL_REMAPPING, load_model_config
+from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
+from mlxbun.models.layers import quantize_model, resolve_quantization
+from mlxbun.models.universal.archs import (
+    DESCRIPTORS,
+    NOT_COVERED,
+    ArchDescriptor,
+    SanitizeRule,
+    _thaw,
+    resolve_args,
+)
+from mlxbun.models.universal.dense import UniversalDense
+from mlxbun.weights import AuditReport, DropRule, WeightAudit, name_list, read_index
+
+__all__ = ["audit_checkpoint", "build_model", "descriptor_for", "load_universal", "sanitize_weights"]
+
+
+def descriptor_for(model_type: str) -> ArchDescriptor:
+    """The descriptor row of a model_type (after mlx-lm's remapping), or a refusal."""
+    mt = MODEL_REMAPPING.get(model_type, model_type)
+    d = DESCRIPTORS.get(mt)
+    if d is not None:
+        return d
+    supported = ", ".join(sorted(DESCRIPTORS))
+    why = f" ({NOT_COVERED[mt]})" if mt in NOT_COVERED else ""
+    shown = model_type if mt == model_type else f"{model_type} (mlx-lm: {mt})"
+    raise UnsupportedModelError(
+        f"model_type '{shown}' is not supported by the universal dense graph{why}; "
+        f"supported: {supported}"
+    )
+
+
+def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
+                text_config: Any = None) -> UniversalDense:
+    """An unquantized UniversalDense for a config.json dict (as mlx-lm's ModelArgs reads it).
+
+    `model_type` overrides the dict's; either is remapped as mlx-lm does.
+    `model.config` is `text_config` (an `mlxbun.config.TextConfig`) when given,
+    else the raw dict; `model.raw_config` is always the raw dict.
+    """
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config must be a JSON object, got {type(config).__name__}")
+    raw = _thaw(config)
+    mt = model_type or raw.get("model_type")
+    if not isinstance(mt, str):
+        raise ConfigError("config.json: required key 'model_type' is missing or not a string")
+    raw.setdefault("model_type", mt)
+    d = descriptor_for(mt)
+    args = resolve_args(d, raw)
+    # a plain dict attribute would join the module tree: hand over a read-only view
+    config_view = text_config if text_config is not None else MappingProxyType(raw)
+    return UniversalDense(args, d, config=config_view, raw_config=raw)
+
+
+# ----------------------------------------------------------------- sanitize
+
+
+class _Meta:
+    """A tensor known from its header: enough for sanitize, quantize and the audit."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), dtype
+
+    @property
+    def mx_dtype(self):
+        return self.dtype
+
+    def squeeze(self):
+        return _Meta([s for s in self.shape if s != 1], self.dtype)
+
+    def __mul__(self, other):
+        try:
+            import numpy as np
+
+            shape = np.broadcast_shapes(self.shape, tuple(other.shape))
+        except ValueError:
+            raise LoadError(f"cannot broadcast shapes {self.shape} and {tuple(other.shape)}") from None
+        return _Meta(shape, other.dtype)
+
+
+_NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".attention.rotary_emb.inv_freq")
+
+
+def _apply_rule(rule: SanitizeRule, w: dict, tied: bool) -> tuple[dict, dict[str, str]]:
+    dropped: dict[str, str] = {}
+    op = rule.op
+    if op == "drop_containing":
+        dropped = {k: rule.reason for k in w if rule.arg in k}
+    elif op == "drop_suffixes":
+        dropped = {k: rule.reason for k in w if k.endswith(tuple(rule.arg))}
+    elif op == "drop_tied_head":
+        if tied and "lm_head.weight" in w:
+            dropped = {"lm_head.weight": rule.reason}
+    elif op == "neox_rename":  # gpt_neox.sanitize
+        out = {}
+        for k, v in w.items():
+            if k.endswith(_NEOX_BUFFERS):
+                dropped[k] = "a transformers attention buffer, not a weight"
+                continue
+            if not k.startswith("model."):
+                k = f"model.{k}"
+            k = k.replace(".gpt_neox.layers.", ".h.").replace(".gpt_neox.", ".")
+            out[k] = v
+        return out, dropped
+    elif op == "copy_if_missing":
+        dst, src = rule.arg
+        if dst not in w and src in w:
+            return {**w, dst: w[src]}, {}
+    elif op == "squeeze_suffixes":
+        return {k: v.squeeze() if k.endswith(tuple(rule.arg)) else v for k, v in w.items()}, {}
+    elif op == "fp8_scale_inv":  # ministral3.sanitize
+        out = {}
+        for k, v in w.items():
+            if "weight_scale_inv" in k:
+                wk = k.replace("_scale_inv", "")
+                if wk not in w:
+                    raise LoadError(f"tensor {k!r} has no matching {wk!r} to rescale")
+                out[wk] = w[wk] * v
+                dropped[k] = f"folded into {wk} (fp8 dequantization)"
+            elif "activation_scale" in k:
+                dropped[k] = "fp8 activation scale (unused at inference)"
+            elif k not in out:
+                out[k] = v
+        return out, dropped
+    else:
+        raise ValueError(f"unknown sanitize op {op!r}")
+    return {k: v for k, v in w.items() if k not in dropped}, dropped
+
+
+def sanitize_weights(d: ArchDescriptor, weights: Mapping[str, Any], tied: bool
+                     ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Apply the arch's sanitize rules in order: (weights, dropped name -> reason)."""
+    w, dropped = dict(weights), {}
+    for rule in d.sanitize:
+        w, gone = _apply_rule(rule, w, tied)
+        dropped.update(gone)
+    return w, dropped
+
+
+# ----------------------------------------------------------------- loading
+
+
+def _audit(model: UniversalDense, weights: Mapping[str, Any], dropped: Mapping[str, str],
+           source: str, originals: Mapping[str, Any]) -> AuditReport:
+    present = dict(weights)
+    for name in dropped:
+        present.setdefault(name, originals.get(name))
+    rules = [DropRule(lambda n, names=frozenset(k for k, r in dropped.items() if r == reason): n in names,
+                      reason) for reason in set(dropped.values())]
+    audit = WeightAudit(present, rules)
+    # Shapes as mlx-lm's strict load checks them; dtypes are the checkpoint's (mlx-lm keeps
+    # them), except packed quantized weights, which must be uint32.
+    for name, p in tree_flatten(model.parameters()):
+        audit.expect(name, p.shape, p.dtype if p.dtype == mx.uint32 else None)
+    report = dataclasses.replace(audit.finish(), source=f"weights in {source}")
+    wrong_kind = [n for n, p in tree_flatten(model.parameters())
+                  if n in weights and mx.issubdtype(p.dtype, mx.floating)
+                  and not mx.issubdtype(weights[n].dtype, mx.floating)]
+    if not report.ok:
+        raise LoadError(report.describe())
+    if wrong_kind:
+        raise LoadError(f"weights in {source}: non-float tensor(s) for float parameters: "
+                        f"{name_list(wrong_kind)}")
+    return report
+
+
+def _prepare(path: Path, config, *, headers_only: bool):
+    if config is None:
+        config = load_model_config(path)
+    raw = _thaw(config.raw_full)
+    model = build_model(raw, config.model_type, text_config=config)
+    index = read_index(path)
+    if headers_only:
+        originals = {n: _Meta(t.shape, t.mx_dtype) for n, t in index.tensors.items()}
+        unloadable = [n for n, t in index.tensors.items() if t.mx_dtype is None]
+        if unloadable:
+            raise LoadError(f"{path}: tensor(s) with dtypes mlx cannot load: {name_list(unloadable)}")
+    else:
+        originals = index.load()
+    weights, dropped = sanitize_weights(model.descriptor, originals, model.tied)
+    if model.descriptor.head.tie == "weights" and f"{model.descriptor.names.head}.weight" not in weights:
+        model.tie_to_embedding()
+    quantization = resolve_quantization(raw)
+    if quantization is not None:
+        quantize_model(model, quantization, weights)
+    report = _audit(model, weights, dropped, str(path), originals)
+    return model, weights, report
+
+
+def audit_checkpoint(path, config=None) -> AuditReport:
+    """The weight audit from safetensors headers only (no tensor data is read)."""
+    _, _, report = _prepare(Path(path), config, headers_only=True)
+    return report
+
+
+def load_universal(path, config=None, *, check_coverage: bool = True) -> UniversalDense:
+    """Load a checkpoint directory as a UniversalDense (parameters evaluated).
+
+    `config` is an `mlxbun.config.TextConfig` (read from `path` when None).
+    With `check_coverage`, a config key that could change numerics and that the
+    descriptor does not understand refuses the load (`UnsupportedModelError`).
+    """
+    path = Path(path)
+    if config is None:
+        config = load_model_config(path)
+    if check_coverage:
+        from mlxbun.models.universal.coverage import require_coverage
+
+        require_coverage(config.model_type, _thaw(config.raw_full))
+    model, weights, report = _prepare(path, config, headers_only=False)
+    model.eval()
+    model.load_weights(list(weights.items()), strict=True)
+    mx.eval(model.parameters())
+    model.audit = report
+    return model

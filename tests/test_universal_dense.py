@@ -1,0 +1,390 @@
+"""UniversalDense vs mlx-lm 0.32.2: bit-exact logits, identical module trees, refusals.
+
+mlx-lm is the oracle and is imported only here. Checkpoints come from the zoo
+(tiny HF-layout checkpoints with every knob of the arch kept, sliding window 16).
+"""
+
+import dataclasses
+import importlib
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten, tree_unflatten
+
+from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
+from mlxbun.models.universal.archs import DESCRIPTORS, NOT_COVERED, REQUIRED
+from mlxbun.models.universal.coverage import check_coverage, require_coverage
+from mlxbun.models.universal.loader import audit_checkpoint, build_model, load_universal
+
+ARCHS = sorted(DESCRIPTORS) + ["mistral"]  # mistral: mlx-lm remaps it to llama
+VARIANTS = {
+    "float32": dict(dtype="float32"),
+    "float16": dict(dtype="float16"),
+    "bfloat16": dict(dtype="bfloat16"),
+    "q4": dict(quant=4),
+    "q8": dict(quant=8),
+    "mixed": dict(quant="mixed"),
+}
+PROMPT_LEN, DECODE_STEPS = 40, 8
+
+
+def _oracle(path):
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(Path(path))
+    return model
+
+
+def _oracle_cache(model):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return make_prompt_cache(model)
+
+
+def _first_divergence(ref, ours, ids) -> str:
+    """Localize a mismatch: the first module (in execution order) whose output differs."""
+    from mlxbun.parity.taps import capture
+
+    with capture(ref) as a:
+        ref(ids)
+    with capture(ours) as b:
+        ours(ids)
+    for path, i in a.order:
+        x, y = a[path][i], b.get(path, [None] * (i + 1))[i]
+        if y is None or x.shape != y.shape or not mx.array_equal(x, y):
+            return path
+    return "none (only the head differs)"
+
+
+def _prompt(n, batch=1, seed=7):
+    return mx.random.randint(1, 512, (batch, n), key=mx.random.key(seed))
+
+
+def _assert_parity(path):
+    """40-token prefill, 8 greedy decode steps through each side's own caches, batch-2 forward."""
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(PROMPT_LEN)
+    ref_cache, our_cache = _oracle_cache(ref), ours.make_cache()
+    expected, got = ref(ids, cache=ref_cache), ours(ids, cache=our_cache)
+    assert got.shape == expected.shape == (1, PROMPT_LEN, 512)
+    assert mx.array_equal(expected, got), f"prefill differs first at {_first_divergence(ref, ours, ids)}"
+    token = mx.argmax(expected[:, -1], axis=-1)[:, None]
+    for step in range(DECODE_STEPS):
+        expected, got = ref(token, cache=ref_cache), ours(token, cache=our_cache)
+        assert mx.array_equal(expected, got), f"decode step {step} differs"
+        token = mx.argmax(expected[:, -1], axis=-1)[:, None]
+    assert [c.offset for c in our_cache] == [c.offset for c in ref_cache]
+
+    batch = _prompt(24, batch=2, seed=11)
+    assert mx.array_equal(ref(batch), ours(batch)), f"batch-2 differs first at {_first_divergence(ref, ours, batch)}"
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_bit_exact_prefill_decode_and_batch(zoo, arch, variant):
+    _assert_parity(zoo(arch, **VARIANTS[variant]))
+
+
+# Knob settings the zoo's configs leave at one value: each row flips some (arch, overrides).
+_LT = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+KNOBS = {
+    "cohere-qknorm-lnbias": ("cohere", dict(use_qk_norm=True, layer_norm_bias=True, attention_bias=True)),
+    "stablelm-parallel-qkln": ("stablelm", dict(qk_layernorm=True, use_parallel_residual=True)),
+    "stablelm-sequential-qkln": ("stablelm", dict(qk_layernorm=True, use_qkv_bias=False)),
+    "gpt_neox-sequential": ("gpt_neox", dict(use_parallel_residual=False)),
+    "hunyuan-noqknorm-tied": ("hunyuan_v1_dense", dict(use_qk_norm=False, attention_bias=True,
+                                                       tie_word_embeddings=True)),
+    "llama-sliding-biases-tied": ("llama", dict(layer_types=_LT, sliding_window=16, num_hidden_layers=4,
+                                                attention_bias=True, mlp_bias=True, tie_word_embeddings=True)),
+    "smollm3-sliding": ("smollm3", dict(layer_types=_LT, sliding_window=16)),
+    "ministral3-sliding-untied": ("ministral3", dict(layer_types=_LT, sliding_window=16,
+                                                     num_hidden_layers=4, tie_word_embeddings=False)),
+    "qwen3-rope_parameters-yarn": ("qwen3", dict(rope_theta=None, rope_scaling=None, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64})),
+    "exaone4-nopattern-tied": ("exaone4", dict(sliding_window_pattern=None, layer_types=None,
+                                               tie_word_embeddings=True)),
+    "seed_oss-tied-biases": ("seed_oss", dict(tie_word_embeddings=True, attention_out_bias=True, mlp_bias=True)),
+    "helium-tied-biases": ("helium", dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True)),
+    "phi3-linear": ("phi3", dict(rope_scaling={"type": "linear", "factor": 2.0, "long_factor": [1.0]})),
+    "phi3-plain-tied": ("phi3", dict(rope_scaling=None, partial_rotary_factor=1.0, tie_word_embeddings=True)),
+    "nemotron-linear-biases": ("nemotron", dict(rope_scaling={"type": "linear", "factor": 2.0},
+                                                attention_bias=True, mlp_bias=True, tie_word_embeddings=True)),
+    "internlm3-linear-biases": ("internlm3", dict(rope_scaling={"rope_type": "linear", "factor": 2.0},
+                                                  qkv_bias=True, bias=True)),
+    "olmo3-yarn-bias": ("olmo3", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                    "original_max_position_embeddings": 64},
+                                      attention_bias=True)),
+    "olmo2-biases-tied": ("olmo2", dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True)),
+    "granite-untied-biases": ("granite", dict(tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
+    "ernie4_5-bias-tied": ("ernie4_5", dict(use_bias=True, tie_word_embeddings=True)),
+    "gemma3_text-period2-llama3": ("gemma3_text", dict(sliding_window_pattern=2, layer_types=None,
+                                                       rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                                     "original_max_position_embeddings": 64,
+                                                                     "low_freq_factor": 1.0,
+                                                                     "high_freq_factor": 4.0})),
+    "cohere2-period2-biases": ("cohere2", dict(sliding_window_pattern=2, layer_types=None,
+                                               attention_bias=True, layer_norm_bias=True)),
+    "apertus-bias-tied": ("apertus", dict(mlp_bias=True, tie_word_embeddings=True)),
+    "qwen2-untied-dynamic": ("qwen2", dict(tie_word_embeddings=False,
+                                           rope_scaling={"rope_type": "dynamic", "factor": 2.0})),
+    "glm4-nobias-fullrope": ("glm4", dict(attention_bias=False, partial_rotary_factor=1.0)),
+    "starcoder2-untied": ("starcoder2", dict(tie_word_embeddings=False)),
+    "minicpm-scales": ("minicpm", dict(scale_emb=10.5, scale_depth=1.1, dim_model_base=32)),
+    "lille-130m-mha": ("lille-130m", dict(n_kv_heads=4)),
+    "phi-fullrope-gqa": ("phi", dict(partial_rotary_factor=1.0, num_key_value_heads=2)),
+    "gemma-traditional": ("gemma", dict(rope_traditional=True)),
+    "gemma2-caps-scalar": ("gemma2", dict(attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                                          query_pre_attn_scalar=20)),
+    "nanochat-theta": ("nanochat", dict(rope_theta=500.0)),
+}
+# mlx-lm itself cannot run these (its tied seed_oss head multiplies by the packed weight)
+_ORACLE_BROKEN = {("seed_oss-tied-biases", "q4")}
+
+
+def _random_checkpoint(out: Path, cfg: dict, dtype: str, quant, seed: int = 0) -> Path:
+    """A checkpoint built from the arch's mlx-lm Model: random weights, norms not ones."""
+    from mlx_lm.utils import _get_classes
+
+    model_cls, args_cls = _get_classes(cfg)
+    model = model_cls(args_cls.from_dict(cfg))
+    mx.random.seed(seed)
+    params = []
+    for name, v in tree_flatten(model.parameters()):
+        noise = mx.random.normal(v.shape)
+        params.append((name, (1.0 + 0.1 * noise if "norm" in name else 0.08 * noise).astype(v.dtype)))
+    model.update(tree_unflatten(params))
+    if quant is not None:
+        nn.quantize(model, group_size=32, bits=quant)
+        cfg = {**cfg, "quantization": {"group_size": 32, "bits": quant}}
+    weights = dict(tree_flatten(model.parameters()))
+    if dtype != "float32":
+        weights = {k: v.astype(getattr(mx, dtype)) if mx.issubdtype(v.dtype, mx.floating) else v
+                   for k, v in weights.items()}
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.mark.parametrize("variant", ["float32", "bfloat16", "q4"])
+@pytest.mark.parametrize("case", list(KNOBS))
+def test_knob_variants_bit_exact(tmp_path, case, variant):
+    from mlxbun.zoo import tiny_config
+
+    if (case, variant) in _ORACLE_BROKEN:
+        pytest.skip("mlx-lm cannot run this combination")
+    arch, overrides = KNOBS[case]
+    cfg = {**tiny_config(arch), **overrides}
+    if "rope_parameters" not in DESCRIPTORS[cfg["model_type"]].fields:
+        cfg.pop("rope_parameters", None)  # keep the overridden legacy rope keys authoritative
+    require_coverage(cfg["model_type"], cfg)
+    dtype = "float32" if variant == "q4" else variant
+    path = _random_checkpoint(tmp_path / case, cfg, dtype, 4 if variant == "q4" else None)
+    _assert_parity(path)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_caches_and_surface_match_mlx_lm(zoo, arch):
+    path = zoo(arch, quant=4)
+    ref, ours = _oracle(path), load_universal(path)
+    # same parameter names/shapes/dtypes (quantized modules included) and same module paths
+    ref_params = {k: (v.shape, v.dtype) for k, v in tree_flatten(ref.parameters())}
+    assert {k: (v.shape, v.dtype) for k, v in tree_flatten(ours.parameters())} == ref_params
+    assert sorted(n for n, _ in ours.named_modules()) == sorted(n for n, _ in ref.named_modules())
+    assert len(ours.layers) == len(ref.layers)
+    # the cache kinds of the mlx-lm file (its make_cache, else make_prompt_cache's default)
+    kinds = lambda caches: [(type(c).__name__, getattr(c, "max_size", None), getattr(c, "keep", None))
+                            for c in caches]
+    assert kinds(ours.make_cache()) == kinds(_oracle_cache(ref))
+    ids = _prompt(20)
+    h = ours.forward_hidden(ids)
+    assert h.shape == (1, 20, ours.args.hidden)
+    assert mx.array_equal(ours.logits_from_hidden(h), ours(ids))
+    assert ours.weights_bytes == sum(v.nbytes for _, v in tree_flatten(ref.parameters()))
+    assert ours.model_type == DESCRIPTORS[ours.model_type].model_type
+    assert ours.config.model_type == ours.model_type and ours.raw_config["model_type"] == arch
+
+
+def test_descriptor_fields_are_mlx_lm_model_args():
+    """Every row reads exactly its ModelArgs fields, with the same defaults."""
+    for mt, d in DESCRIPTORS.items():
+        args_cls = importlib.import_module(f"mlx_lm.models.{mt}").ModelArgs
+        want = {}
+        for f in dataclasses.fields(args_cls):
+            missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            want[f.name] = REQUIRED if missing else f.default
+        assert dict(d.fields) == want, mt
+        assert mt not in NOT_COVERED
+
+
+def test_table_covers_the_target_archs():
+    target = {"llama", "smollm3", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo2", "glm4",
+              "granite", "starcoder2", "gemma3_text", "olmo3", "cohere", "cohere2", "ernie4_5",
+              "exaone4", "helium", "internlm3", "seed_oss", "minicpm", "nemotron", "stablelm",
+              "lille-130m", "gpt_neox", "phi", "hunyuan_v1_dense", "apertus", "ministral3", "nanochat"}
+    assert set(DESCRIPTORS) == target
+
+
+def test_gemma3_text_ties_when_the_checkpoint_has_no_head(zoo, tmp_path):
+    src = zoo("gemma3_text")
+    path = _rewrite(src, tmp_path / "tied", lambda w: {k: v for k, v in w.items() if k != "lm_head.weight"})
+    ref, ours = _oracle(path), load_universal(path)
+    assert ours.tied and "lm_head" not in ours and "lm_head" not in ref
+    ids = _prompt(PROMPT_LEN)
+    assert mx.array_equal(ref(ids), ours(ids))
+    assert not load_universal(src).tied
+
+
+# ----------------------------------------------------------------- refusals
+
+
+def test_unknown_model_type_refuses_naming_supported_types():
+    with pytest.raises(UnsupportedModelError) as e:
+        build_model({"model_type": "definitely_not_an_arch", "hidden_size": 64})
+    msg = str(e.value)
+    assert "definitely_not_an_arch" in msg
+    assert all(t in msg for t in ("llama", "qwen3", "gemma2", "nanochat"))
+
+
+def test_not_covered_type_refuses_with_its_reason():
+    with pytest.raises(UnsupportedModelError) as e:
+        build_model({"model_type": "mixtral"})
+    assert "mixtral" in str(e.value) and NOT_COVERED["mixtral"] in str(e.value)
+
+
+def test_missing_required_field_is_a_config_error():
+    with pytest.raises(ConfigError, match="num_key_value_heads"):
+        build_model({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+                     "intermediate_size": 128, "num_attention_heads": 4, "rms_norm_eps": 1e-6,
+                     "vocab_size": 512})
+
+
+def _config(zoo, arch):
+    return json.loads((Path(zoo(arch)) / "config.json").read_text())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_zoo_configs_are_fully_covered(zoo, arch):
+    cfg = _config(zoo, arch)
+    report = require_coverage(cfg["model_type"], cfg)
+    assert report.ok and ("hidden_size" in report.understood or "n_embd" in report.understood)
+
+
+def test_unknown_numerics_key_refuses_naming_it(zoo, tmp_path):
+    cfg = _config(zoo, "llama")
+    with pytest.raises(UnsupportedModelError, match="attention_temperature"):
+        require_coverage("llama", {**cfg, "attention_temperature": 2.0})
+    # neutral values of unknown keys cannot change numerics
+    report = check_coverage("llama", {**cfg, "attention_temperature": None, "use_magic": False})
+    assert report.ok and set(report.unknown) == {"attention_temperature", "use_magic"}
+    # and the loader refuses too, before any weight is read
+    path = _rewrite(zoo("llama"), tmp_path / "temp", lambda w: w,
+                    config=lambda c: {**c, "attention_temperature": 2.0})
+    with pytest.raises(UnsupportedModelError, match="attention_temperature"):
+        load_universal(path)
+
+
+@pytest.mark.parametrize("change, key", [
+    (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1234.0}), "rope_parameters"),
+    (dict(layer_types=["full_attention", "chunked_attention"]), "layer_types"),
+])
+def test_values_mlx_lm_would_not_honour_refuse(zoo, change, key):
+    cfg = {**_config(zoo, "llama"), **change}
+    with pytest.raises(UnsupportedModelError, match=key):
+        require_coverage("llama", cfg)
+
+
+def test_alias_and_pattern_disagreements_refuse(zoo):
+    neox = {**_config(zoo, "gpt_neox")}
+    neox["rope_theta"] = neox["rotary_emb_base"] * 2
+    with pytest.raises(UnsupportedModelError, match="rope_theta"):
+        require_coverage("gpt_neox", neox)
+    gemma3 = _config(zoo, "gemma3_text")
+    gemma3["layer_types"] = ["full_attention"] * len(gemma3["layer_types"])
+    with pytest.raises(UnsupportedModelError, match="layer_types"):
+        require_coverage("gemma3_text", gemma3)
+    internlm = {**_config(zoo, "internlm3"), "head_dim": 32}
+    with pytest.raises(UnsupportedModelError, match="head_dim"):
+        require_coverage("internlm3", internlm)
+
+
+# ----------------------------------------------------------------- weight audit
+
+
+def _rewrite(src, dst, edit, config=None) -> Path:
+    """Copy a checkpoint with its tensors (one file) and config edited."""
+    src, dst = Path(src), Path(dst)
+    shutil.copytree(src, dst)
+    tensors = {}
+    for f in sorted(dst.glob("*.safetensors")):
+        tensors.update(mx.load(str(f)))
+        f.unlink()
+    (dst / "model.safetensors.index.json").unlink(missing_ok=True)
+    mx.save_safetensors(str(dst / "model.safetensors"), edit(tensors), metadata={"format": "mlx"})
+    if config is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps(config(cfg)))
+    return dst
+
+
+def test_clean_audit_and_dry_run_agree(zoo):
+    path = zoo("llama", quant=4)
+    report = audit_checkpoint(path)
+    assert report.ok and not report.dropped
+    model = load_universal(path)
+    assert model.audit.consumed == report.consumed
+    assert set(report.consumed) == {k for k, _ in tree_flatten(model.parameters())}
+
+
+@pytest.mark.parametrize("edit, name, what", [
+    (lambda w: {k: v for k, v in w.items() if k != "model.layers.1.mlp.up_proj.weight"},
+     "model.layers.1.mlp.up_proj.weight", "missing"),
+    (lambda w: {**w, "model.layers.0.self_attn.extra.weight": mx.zeros((4,))},
+     "model.layers.0.self_attn.extra.weight", "unconsumed"),
+    (lambda w: {**w, "model.norm.weight": mx.ones((65,))}, "model.norm.weight", "mismatched"),
+    (lambda w: {**w, "model.norm.weight": mx.ones((64,), dtype=mx.int32)}, "model.norm.weight",
+     "non-float"),
+])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_bad_checkpoints_are_load_errors_naming_the_tensor(zoo, tmp_path, edit, name, what, dry_run):
+    path = _rewrite(zoo("llama"), tmp_path / "bad", edit)
+    with pytest.raises(LoadError) as e:
+        audit_checkpoint(path) if dry_run else load_universal(path)
+    assert name in str(e.value) and what in str(e.value) and str(path) in str(e.value)
+
+
+def test_drop_rules_follow_the_mlx_lm_sanitize(zoo, tmp_path):
+    inv = {"model.layers.0.self_attn.rotary_emb.inv_freq": mx.ones((8,))}
+    llama = _rewrite(zoo("llama"), tmp_path / "llama", lambda w: {**w, **inv})
+    report = audit_checkpoint(llama)
+    assert report.ok and set(report.dropped) == set(inv)
+    load_universal(llama)
+    # qwen3's sanitize keeps inv_freq, so mlx-lm's strict load refuses it: so do we
+    qwen3 = _rewrite(zoo("qwen3"), tmp_path / "qwen3", lambda w: {**w, **inv})
+    with pytest.raises(LoadError, match="inv_freq"):
+        load_universal(qwen3)
+    with pytest.raises(ValueError):
+        _oracle(qwen3)
+
+
+def test_gpt_neox_hub_names_are_renamed_like_mlx_lm(zoo, tmp_path):
+    """A transformers-named gpt_neox checkpoint (gpt_neox.layers.N..., embed_out) loads."""
+    def to_hub(w):
+        out = {}
+        for k, v in w.items():
+            k = k.replace("model.h.", "gpt_neox.layers.").replace("model.embed_out", "embed_out")
+            out[k.replace("model.", "gpt_neox.")] = v
+        out["gpt_neox.layers.0.attention.masked_bias"] = mx.array(0.0)
+        return out
+
+    path = _rewrite(zoo("gpt_neox"), tmp_path / "neox", to_hub)
+    report = audit_checkpoint(path)
+    assert report.ok and list(report.dropped) == ["gpt_neox.layers.0.attention.masked_bias"]
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(PROMPT_LEN)
+    assert mx.array_equal(ref(ids), ours(ids))
