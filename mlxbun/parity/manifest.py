@@ -170,13 +170,15 @@ def write_manifest(path: str | os.PathLike, *, config: Any = None, checkpoint: A
                    result: Any = None, trajectory: Any = None, model_type: str | None = None,
                    dtype: str | None = None, prompt_ids: list | None = None, greedy_ids: list | None = None,
                    decode_steps: int | None = None, logits_dtype: str | None = None,
-                   created: str | None = None) -> ParityManifest:
+                   created: str | None = None, checkpoint_label: str | None = None) -> ParityManifest:
     """Write `path` (a `<prefix>-parity.json`) and return what was written.
 
     The ids come from, in order: explicit arguments, a `GateResult` (`result`:
     the oracle's ids, plus the gate's verdict), or a `Trajectory`. The config
     (TextConfig or dict) gives model_type and dtype/quant unless given; the
     config fingerprint comes from `checkpoint`/config.json when present.
+    `checkpoint_label` replaces the (machine-specific) checkpoint path in the
+    identity, e.g. `zoo:llama/q4` for a zoo build.
     """
     from mlxbun.weights import artifact_fingerprint
 
@@ -210,7 +212,7 @@ def write_manifest(path: str | os.PathLike, *, config: Any = None, checkpoint: A
             "model_type": model_type or _model_type(config),
             "dtype": dtype or _dtype_label(config),
             "target": target,
-            "checkpoint": None if checkpoint is None else str(checkpoint),
+            "checkpoint": checkpoint_label or (None if checkpoint is None else str(checkpoint)),
             "artifact_fingerprint": None if checkpoint is None else artifact_fingerprint(checkpoint),
             "config_fingerprint": config_fingerprint(fp_source),
         },

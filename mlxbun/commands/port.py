@@ -1,0 +1,86 @@
+"""`mlxbun port TARGET...`: coverage, audit, oracle, gate, verdict, manifest entry."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub) -> None:
+    from mlxbun.parity.port import ZOO_VARIANTS
+
+    p = sub.add_parser("port", help="bring a checkpoint up on the universal graph and gate it bit-exact vs mlx-lm")
+    p.add_argument("targets", nargs="+", metavar="TARGET",
+                   help="checkpoint directory, repo id in the local hub cache, zoo:ARCH or zoo:all")
+    p.add_argument("--variants", default="all",
+                   help=f"zoo targets: comma-separated of {','.join(ZOO_VARIANTS)} or 'all' (default: all)")
+    p.add_argument("--decode-steps", type=int, default=16, help="greedy decode steps after the prefill (default 16)")
+    p.add_argument("--prompt-len", type=int, default=40, help="prompt length in tokens (default 40)")
+    p.add_argument("--goldens", default="goldens", help="where manifest entries go (default ./goldens)")
+    p.add_argument("--no-goldens", action="store_true", help="do not write manifest entries")
+    p.add_argument("--cache", help="hub cache directory for repo-id targets")
+    p.add_argument("--zoo-cache", help="where zoo checkpoints are built (default ~/.cache/mlxbun/zoo)")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per checkpoint")
+    p.set_defaults(func=run)
+
+
+def _variants(text: str) -> tuple[str, ...]:
+    from mlxbun.errors import MlxbunError
+    from mlxbun.parity.port import ZOO_VARIANTS
+
+    if text == "all":
+        return tuple(ZOO_VARIANTS)
+    from mlxbun.parity.port import VARIANT_ALIASES
+
+    chosen = tuple(VARIANT_ALIASES.get(v.strip(), v.strip()) for v in text.split(",") if v.strip())
+    bad = [v for v in chosen if v not in ZOO_VARIANTS]
+    if bad or not chosen:
+        raise MlxbunError(f"--variants: unknown {bad or text!r}; choose from {', '.join(ZOO_VARIANTS)} or 'all'")
+    return chosen
+
+
+def _fmt_diff(d) -> str:
+    return "-" if d is None else ("0 (bit-exact)" if d == 0 else f"{d:.3g}")
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from mlxbun.errors import MlxbunError
+    from mlxbun.parity.port import port_one, resolve_targets
+
+    if args.decode_steps < 1 or args.prompt_len < 2:
+        raise MlxbunError("--decode-steps must be >= 1 and --prompt-len >= 2")
+    err = Console(stderr=True)
+    with err.status("preparing targets (building zoo checkpoints if needed)..."):
+        targets = resolve_targets(args.targets, variants=_variants(args.variants),
+                                  zoo_root=args.zoo_cache, cache_dir=args.cache)
+    results = []
+    with Progress(console=err, transient=True, disable=not sys.stderr.isatty()) as progress:
+        task = progress.add_task("porting", total=len(targets))
+        for t in targets:
+            progress.update(task, description=f"{t.label} {t.variant or ''}")
+            results.append(port_one(t, decode_steps=args.decode_steps, prompt_len=args.prompt_len,
+                                    goldens_dir=None if args.no_goldens else args.goldens))
+            progress.advance(task)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results], indent=2))
+    else:
+        table = Table(title="mlxbun port: universal graph vs mlx-lm 0.32.2")
+        for col in ("target", "arch", "dtype/quant", "coverage", "audit", "trajectory", "max |diff|", "verdict"):
+            table.add_column(col)
+        style = {"pass": "green", "fail": "red", "refused": "yellow"}
+        for r in results:
+            table.add_row(r.target, r.model_type or "?", r.dtype or "-", r.coverage, r.audit, r.trajectory,
+                          _fmt_diff(r.max_abs_diff), f"[{style[r.verdict]}]{r.verdict}[/]")
+        console = Console(width=None if sys.stdout.isatty() else 240)
+        console.print(table)
+        for r in results:
+            if r.verdict != "pass":
+                where = f" first divergence: {r.first_divergence['path']}" if r.first_divergence else ""
+                console.print(f"[{style[r.verdict]}]{r.target} {r.dtype}[/]: {r.reason}{where}")
+        n_pass = sum(r.verdict == "pass" for r in results)
+        console.print(f"{n_pass}/{len(results)} bit-exact")
+    return 0 if all(r.verdict == "pass" for r in results) else 1

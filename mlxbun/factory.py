@@ -1,0 +1,66 @@
+"""open_model(path): resolve the profile first, then (and only then) open weights.
+
+The profile decides the graph; a checkpoint the profile does not fit refuses
+before any tensor is read. Graph builders are looked up by the profile's
+`execution.graph`, so a new family adds one row to GRAPH_BUILDERS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlxbun.errors import MlxbunError, UnsupportedModelError
+
+
+def _checkpoint_dir(path) -> Path:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise MlxbunError(f"{p}: no such checkpoint directory")
+    if not p.is_dir():
+        raise MlxbunError(f"{p}: not a directory (a checkpoint is a directory holding config.json)")
+    return p
+
+
+def check_target_coverage(config, path=None):
+    """Resolve + validate the profile and check the config keys; raises on refusal."""
+    from mlxbun.models.universal.coverage import require_coverage
+    from mlxbun.profile import resolve_model_profile, validate_profile
+
+    profile = validate_profile(resolve_model_profile(config, path))
+    if profile.execution.graph != "universal-dense":
+        raise UnsupportedModelError(f"profile '{profile.id}': graph '{profile.execution.graph}' has no builder")
+    return require_coverage(config.model_type, dict(config.raw))
+
+
+def audit_dry_run(path, config):
+    """The weight audit from safetensors headers only: no tensor data is read."""
+    from mlxbun.models.universal.loader import audit_checkpoint
+
+    return audit_checkpoint(path, config)
+
+
+def _open_universal(path: Path, config, profile):
+    from mlxbun.models.universal.coverage import require_coverage
+    from mlxbun.models.universal.loader import load_universal
+
+    require_coverage(config.model_type, dict(config.raw))
+    return load_universal(path, config=config)
+
+
+GRAPH_BUILDERS = {"universal-dense": _open_universal}
+
+
+def open_model(path):
+    """Open a checkpoint directory as a RuntimeModel (with `.profile` set)."""
+    from mlxbun.config import load_model_config
+    from mlxbun.profile import resolve_model_profile, validate_profile
+
+    path = _checkpoint_dir(path)
+    config = load_model_config(path)
+    profile = validate_profile(resolve_model_profile(config, path))
+    builder = GRAPH_BUILDERS.get(profile.execution.graph)
+    if builder is None:
+        raise UnsupportedModelError(f"profile '{profile.id}': graph '{profile.execution.graph}' has no builder")
+    model = builder(path, config, profile)
+    model.profile = profile
+    return model

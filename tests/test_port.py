@@ -1,0 +1,113 @@
+"""`mlxbun port`: targets, verdicts (pass / fail / refused), JSON, manifests, exit codes."""
+
+import json
+import shutil
+
+import mlx.core as mx
+import pytest
+
+from mlxbun.cli import main
+from mlxbun.parity.manifest import read_manifest
+from mlxbun.parity.port import Target, port_one, resolve_targets
+
+JSON_KEYS = {"target", "model_type", "dtype", "verdict", "max_abs_diff", "first_divergence", "reason"}
+
+
+def _run_json(capsys, argv):
+    code = main(argv)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_zoo_targets_pass_and_write_manifests(zoo_root, tmp_path, capsys):
+    code, rows = _run_json(capsys, ["port", "zoo:qwen3", "zoo:gemma3_text", "--variants", "fp32,q8",
+                                    "--zoo-cache", str(zoo_root), "--goldens", str(tmp_path), "--json"])
+    assert code == 0
+    assert [(r["target"], r["dtype"]) for r in rows] == [
+        ("zoo:qwen3", "float32"), ("zoo:qwen3", "q8"), ("zoo:gemma3_text", "float32"), ("zoo:gemma3_text", "q8")]
+    for r in rows:
+        assert JSON_KEYS <= set(r)
+        assert r["verdict"] == "pass" and r["max_abs_diff"] == 0.0 and r["first_divergence"] is None
+        m = read_manifest(r["manifest"])
+        assert m.checkpoint == f"{r['target']}/{r['dtype']}"  # no machine-specific path
+        assert len(m.greedy_ids) == 17 and len(m.prompt_ids) == 40
+
+
+def test_directory_target_and_table(zoo, capsys):
+    path = zoo("granite", quant=4)
+    assert main(["port", str(path), "--no-goldens"]) == 0
+    out = capsys.readouterr().out
+    assert "granite" in out and "q4" in out and "0 (bit-exact)" in out and "1/1 bit-exact" in out
+
+
+def test_hub_cache_repo_id_target(tmp_path, capsys):
+    from mlxbun.zoo import make_checkpoint
+
+    make_checkpoint("phi", tmp_path, hf_cache=True)
+    code, rows = _run_json(capsys, ["port", "mlxbun/tiny-phi", "--cache", str(tmp_path), "--no-goldens", "--json"])
+    assert code == 0 and rows[0]["model_type"] == "phi" and rows[0]["verdict"] == "pass"
+    with pytest.raises(Exception, match="not found in hub cache"):
+        resolve_targets(["mlxbun/not-there"], cache_dir=tmp_path)
+
+
+def _copy_with_config(src, dst, **changes):
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_unsupported_model_type_refuses_with_reason(zoo, tmp_path, capsys):
+    odd = _copy_with_config(zoo("llama"), tmp_path / "odd", model_type="mamba")
+    code, rows = _run_json(capsys, ["port", str(odd), "--no-goldens", "--json"])
+    assert code == 1
+    assert rows[0]["verdict"] == "refused" and "mamba" in rows[0]["reason"] and "llama" in rows[0]["reason"]
+
+
+def test_unhandled_numerics_key_refuses_naming_the_key(zoo, tmp_path, capsys):
+    odd = _copy_with_config(zoo("qwen2"), tmp_path / "odd", attention_temperature=2.0)
+    code, rows = _run_json(capsys, ["port", str(odd), "--no-goldens", "--json"])
+    assert code == 1
+    assert rows[0]["verdict"] == "refused" and "attention_temperature" in rows[0]["reason"]
+
+
+def test_missing_tensor_refuses_at_the_header_only_audit(zoo, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(zoo("llama"), bad)
+    index = json.loads((bad / "model.safetensors.index.json").read_text())
+    name = "model.layers.1.mlp.up_proj.weight"
+    shard = bad / index["weight_map"].pop(name)
+    tensors = load_file(shard)
+    del tensors[name]
+    save_file(tensors, shard, metadata={"format": "mlx"})
+    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    res = port_one(Target(str(bad), bad))
+    assert res.verdict == "refused" and name in res.reason
+
+
+def test_a_diverging_graph_fails_and_names_the_first_divergence(zoo, monkeypatch):
+    import mlxbun.factory
+
+    real_open = mlxbun.factory.open_model
+
+    def open_perturbed(path):
+        model = real_open(path)
+        w = model.model.layers[1].mlp.down_proj.weight
+        model.model.layers[1].mlp.down_proj.weight = w + mx.array(1e-3, dtype=w.dtype)
+        return model
+
+    monkeypatch.setattr(mlxbun.factory, "open_model", open_perturbed)
+    path = zoo("llama")
+    res = port_one(Target("zoo:llama", path, "float32"))
+    assert res.verdict == "fail" and res.max_abs_diff > 0
+    assert res.first_divergence["path"] == "model.layers.1.mlp"
+    assert res.first_divergence["layer_index"] == 1
+
+
+def test_bad_arguments_are_one_line_errors(capsys, tmp_path):
+    for argv in (["port", "zoo:nope"], ["port", str(tmp_path / "missing")], ["port", "zoo:llama", "--variants", "q3"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1

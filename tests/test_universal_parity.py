@@ -1,0 +1,46 @@
+"""The L1 parity gate for every manifest entry, run live against mlx-lm 0.32.2."""
+
+from pathlib import Path
+
+import pytest
+
+from mlxbun.parity.port import Target, port_one
+from tests.universal_manifest import MANIFEST
+
+CASES = [(e.arch, v) for e in MANIFEST.values() for v in e.variants]
+
+
+@pytest.mark.parametrize("arch,variant", CASES, ids=[f"{a}-{v}" for a, v in CASES])
+def test_gate_is_bit_exact(zoo, arch, variant):
+    from mlxbun.parity.port import ZOO_VARIANTS
+
+    path = zoo(arch, **ZOO_VARIANTS[variant])
+    res = port_one(Target(f"zoo:{arch}", Path(path), variant), decode_steps=16, prompt_len=40)
+    assert res.verdict == "pass", f"{arch}/{variant}: {res.reason} first divergence: {res.first_divergence}"
+    assert res.max_abs_diff == 0.0
+    assert res.trajectory == "equal"
+    assert res.first_divergence is None
+
+
+def test_manifest_covers_every_descriptor():
+    from mlxbun.config import MODEL_REMAPPING
+    from mlxbun.models.universal.archs import DESCRIPTORS
+
+    covered = {MODEL_REMAPPING.get(a, a) for a in MANIFEST}
+    assert covered == set(DESCRIPTORS), (
+        f"descriptors without a manifest entry: {sorted(set(DESCRIPTORS) - covered)}; "
+        f"entries without a descriptor: {sorted(covered - set(DESCRIPTORS))}"
+    )
+
+
+def test_every_mlx_lm_model_file_is_covered_or_explained():
+    import mlx_lm.models as models_pkg
+
+    from mlxbun.models.universal.archs import DESCRIPTORS, INFRASTRUCTURE_FILES, NOT_COVERED
+
+    files = {p.stem for p in Path(models_pkg.__file__).parent.glob("*.py") if p.stem != "__init__"}
+    arch_files = files - set(INFRASTRUCTURE_FILES)
+    unexplained = sorted(arch_files - set(DESCRIPTORS) - set(NOT_COVERED))
+    assert not unexplained, f"mlx-lm model files neither covered nor explained: {unexplained}"
+    assert not set(DESCRIPTORS) & set(NOT_COVERED)
+    assert all(len(reason) > 10 for reason in NOT_COVERED.values())

@@ -1,0 +1,59 @@
+"""The universal parity manifest: one entry per covered architecture.
+
+"Supported generic" means the entry is green: its zoo checkpoint in every listed
+variant passes the gate (coverage, clean weight audit, greedy trajectory equal,
+every step's raw logits bit-exact vs mlx-lm 0.32.2, batch-2 forward bit-exact).
+Adding a descriptor without an entry here is the one thing the design forbids
+(test_manifest_covers_every_descriptor enforces it).
+"""
+
+from dataclasses import dataclass
+
+ALL_VARIANTS = ("float32", "float16", "bfloat16", "q4", "q8", "mixed")
+
+
+@dataclass(frozen=True)
+class Entry:
+    arch: str  # zoo arch == config model_type as written (before mlx-lm remapping)
+    variants: tuple[str, ...] = ALL_VARIANTS
+    expect_graph: str = "universal-dense"
+
+
+MANIFEST = {
+    e.arch: e
+    for e in [
+        # the seed's eleven (+ mistral, remapped to llama by mlx-lm)
+        Entry("llama"),
+        Entry("mistral"),
+        Entry("smollm3"),
+        Entry("qwen2"),
+        Entry("qwen3"),
+        Entry("gemma"),
+        Entry("gemma2"),
+        Entry("phi3"),
+        Entry("olmo2"),
+        Entry("glm4"),
+        Entry("granite"),
+        Entry("starcoder2"),
+        # the rest of mlx-lm 0.32.2's dense llama-family files
+        Entry("gemma3_text"),
+        Entry("olmo3"),
+        Entry("cohere"),
+        Entry("cohere2"),
+        Entry("ernie4_5"),
+        Entry("exaone4"),
+        Entry("helium"),
+        Entry("internlm3"),
+        Entry("seed_oss"),
+        Entry("minicpm"),
+        Entry("nemotron"),
+        Entry("stablelm"),
+        Entry("lille-130m"),
+        Entry("gpt_neox"),
+        Entry("phi"),
+        Entry("hunyuan_v1_dense"),
+        Entry("apertus"),
+        Entry("ministral3"),
+        Entry("nanochat"),
+    ]
+}
