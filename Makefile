@@ -17,6 +17,10 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	# mlx-vlm is the L2 oracle for TurboQuant and DiffusionGemma. Its declared dependencies
+	# (opencv, mlx-audio, fastapi, datasets, ...) serve its apps, not the modules we compare
+	# against, which need only mlx + transformers: install it without them.
+	$(PY) -m pip install -q --no-deps 'mlx-vlm==0.7.10'
 	touch $@
 
 demo: $(VENV)/.installed

@@ -119,6 +119,17 @@ def scaled_dot_product_attention(
     mask: Optional[mx.array],
     sinks: Optional[mx.array] = None,
 ) -> mx.array:
+    if hasattr(cache, "decode_attention") and hasattr(cache, "serves"):
+        # TurboQuantKVCache: decode attends in the rotated space straight from the packed
+        # codes; anything it cannot serve falls back to plain SDPA on the dequantized K/V.
+        from mlxbun.cache.turboquant import turboquant_sdpa
+
+        return turboquant_sdpa(queries, keys, values, cache, scale, mask, sinks,
+                               fallback=_standard_sdpa)
+    return _standard_sdpa(queries, keys, values, cache, scale, mask, sinks)
+
+
+def _standard_sdpa(queries, keys, values, cache, scale, mask, sinks=None) -> mx.array:
     if hasattr(cache, "bits"):
         if sinks is not None:
             raise ValueError("Quantized SDPA does not support attention sinks.")

@@ -1,0 +1,393 @@
+"""TurboQuantKVCache: mlx-vlm 0.7.10's TurboQuant KV cache, usable inside mlx-lm models.
+
+Storage is the packed TurboQuant MSE code (`turboquant_codec`): per token and
+kv head a float16 norm and uint32-packed codeword indices; keys use
+`key_bits`, values `value_bits` (bits=3.5 -> 3-bit keys, 4-bit values), the
+key codec seeded `seed`, the value codec `seed + 1`, as in mlx-vlm.
+
+Attention inside mlx-lm models. mlx-lm's `scaled_dot_product_attention` sends a
+cache that has a `bits` attribute to `mx.quantized_matmul` (affine group
+quantization), which would be wrong here, so this cache deliberately has no
+`bits` (the width is `kv_bits`). Its `update_and_fetch` returns the
+dequantized keys and values as ordinary arrays, so any model (mlx-lm's or
+mlxbun's) computes correct attention over them with plain SDPA; this is
+mlx-vlm's prefill path (dequantize + SDPA). For decode,
+`patch_mlxlm_attention()` routes the models' sdpa through `turboquant_sdpa`,
+which computes attention in the rotated space straight from the packed codes
+(`decode_attention`, mlx-vlm's decode maths). It only does so when the keys and
+values it is handed are the very arrays this cache's last `update_and_fetch`
+returned (so they stand for the whole packed cache) and there are no sinks;
+anything else falls through to plain SDPA on the arrays given. The returned
+arrays are lazy: on the routed path they are never evaluated, so decode never
+dequantizes the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import weakref
+from typing import Optional
+
+import mlx.core as mx
+
+from mlxbun.cache.kv import _SpecRound, create_attention_mask
+from mlxbun.cache.turboquant_codec import (
+    TurboQuantCodec,
+    TurboQuantState,
+    resolve_kv_bits,
+    rotated_attention,
+    state_nbytes_per_vector,
+)
+
+__all__ = ["TurboQuantKVCache", "turboquant_sdpa", "patch_mlxlm_attention"]
+
+
+def _slice(state: TurboQuantState, end: int) -> TurboQuantState:
+    return TurboQuantState(state.norms[..., :end], state.indices[..., :end, :])
+
+
+def _grow(state: Optional[TurboQuantState], used: int, like: TurboQuantState,
+          capacity: int) -> TurboQuantState:
+    """A buffer of `capacity` tokens shaped like `like`, holding the first `used`."""
+    B, H = like.norms.shape[:2]
+    grown = TurboQuantState(
+        mx.zeros((B, H, capacity), dtype=like.norms.dtype),
+        mx.zeros((B, H, capacity, like.indices.shape[-1]), dtype=like.indices.dtype),
+    )
+    if state is not None and used:
+        grown.norms[..., :used] = state.norms[..., :used]
+        grown.indices[..., :used, :] = state.indices[..., :used, :]
+    return grown
+
+
+class TurboQuantKVCache(_SpecRound):
+    """A KV cache storing TurboQuant-packed keys and values (mlx-lm cache interface).
+
+    TurboQuantKVCache(bits=3.5, seed=0, key_bits=None, value_bits=None)
+      bits        integer or half width; a half width b means floor(b)-bit keys and
+                  ceil(b)-bit values (mlx-vlm's convention); 1 <= bits <= 8
+      seed        rotation seed (keys use seed, values seed + 1)
+      key_bits / value_bits   integer overrides
+
+    update_and_fetch(k, v) -> (k_hat, v_hat): quantizes and stores the new tokens
+    and returns the dequantized cache (lazy) in the input dtype.
+    decode_attention(q, scale, mask) -> rotated-space attention over the packed cache.
+    Spec rounds trim: tokens below `offset` are never rewritten.
+    """
+
+    step = 256
+
+    def __init__(
+        self,
+        bits: float = 3.5,
+        seed: int = 0,
+        key_bits: Optional[int] = None,
+        value_bits: Optional[int] = None,
+    ):
+        # NB: never name an attribute `bits` (mlx-lm's quantized-sdpa probe).
+        self.kv_bits, self.key_bits, self.value_bits = resolve_kv_bits(
+            bits, key_bits, value_bits
+        )
+        self.seed = int(seed)
+        self.keys: Optional[TurboQuantState] = None
+        self.values: Optional[TurboQuantState] = None
+        self.offset = 0
+        self.key_dim = 0
+        self.value_dim = 0
+        self.key_codec: Optional[TurboQuantCodec] = None
+        self.value_codec: Optional[TurboQuantCodec] = None
+        self._dtype = mx.float32
+        # (offset, weakrefs to k_hat, v_hat) of the last fetch: weak, so an evaluated
+        # float copy of the cache does not outlive the caller's use of it
+        self._fetched = None
+        self._spec = None
+
+    @classmethod
+    def from_cache(cls, cache, bits: float = 3.5, seed: int = 0, **kw) -> "TurboQuantKVCache":
+        """Quantize the tokens of a full-precision cache (anything with
+        `keys_and_values()`, or `state` = (keys, values, ...))."""
+        out = cls(bits=bits, seed=seed, **kw)
+        if cache.empty():
+            return out
+        if hasattr(cache, "keys_and_values"):
+            keys, values = cache.keys_and_values()
+        else:
+            keys, values = cache.state[:2]
+        out.update_and_fetch(keys, values)
+        return out
+
+    # -- codecs --------------------------------------------------------------------
+
+    def _build_codecs(self):
+        self.key_codec = TurboQuantCodec(self.key_dim, self.key_bits, self.seed)
+        self.value_codec = TurboQuantCodec(self.value_dim, self.value_bits, self.seed + 1)
+
+    def _check_new(self, keys: mx.array, values: mx.array):
+        if keys.ndim != 4 or values.ndim != 4 or keys.shape[:3] != values.shape[:3]:
+            raise ValueError(
+                "TurboQuantKVCache.update_and_fetch expects keys/values [B, H, L, D] "
+                f"with equal B, H, L; got {keys.shape} and {values.shape}"
+            )
+        if self.key_codec is None:
+            self.key_dim, self.value_dim = keys.shape[-1], values.shape[-1]
+            self._build_codecs()
+        elif (keys.shape[-1], values.shape[-1]) != (self.key_dim, self.value_dim):
+            raise ValueError(
+                f"TurboQuantKVCache: head dims {keys.shape[-1]}/{values.shape[-1]} differ "
+                f"from the cache's {self.key_dim}/{self.value_dim}"
+            )
+        if self.keys is not None and keys.shape[:2] != self.keys.norms.shape[:2]:
+            raise ValueError(
+                f"TurboQuantKVCache: batch/heads {keys.shape[:2]} differ from the "
+                f"cache's {self.keys.norms.shape[:2]}"
+            )
+
+    # -- the mlx-lm cache interface -----------------------------------------------
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        self._check_new(keys, values)
+        new_k = self.key_codec.quantize(keys)
+        new_v = self.value_codec.quantize(values)
+        prev, n = self.offset, keys.shape[2]
+        end = prev + n
+        if self.keys is None or end > self.keys.norms.shape[2]:
+            capacity = ((end + self.step - 1) // self.step) * self.step
+            self.keys = _grow(self.keys, prev, new_k, capacity)
+            self.values = _grow(self.values, prev, new_v, capacity)
+        self.keys.norms[..., prev:end] = new_k.norms
+        self.keys.indices[..., prev:end, :] = new_k.indices
+        self.values.norms[..., prev:end] = new_v.norms
+        self.values.indices[..., prev:end, :] = new_v.indices
+        self.offset = end
+        self._dtype = keys.dtype
+        self._fetched = None
+        return self.keys_and_values()
+
+    def keys_and_values(self):
+        """The dequantized cache (float, the dtype of the last update), lazily built."""
+        fetched = self._live_fetch()
+        if fetched is not None:
+            return fetched
+        if self.empty() or self.key_codec is None:
+            raise RuntimeError("TurboQuantKVCache.keys_and_values on an empty cache")
+        k_state, v_state = self.packed()
+        k_hat = self.key_codec.dequantize(k_state).astype(self._dtype)
+        v_hat = self.value_codec.dequantize(v_state).astype(self._dtype)
+        self._fetched = (self.offset, weakref.ref(k_hat), weakref.ref(v_hat))
+        return k_hat, v_hat
+
+    def _live_fetch(self):
+        f = self._fetched
+        if f is None or f[0] != self.offset:
+            return None
+        k_hat, v_hat = f[1](), f[2]()
+        return None if k_hat is None or v_hat is None else (k_hat, v_hat)
+
+    def packed(self):
+        """(keys, values) as `TurboQuantState`s over the first `offset` tokens."""
+        return _slice(self.keys, self.offset), _slice(self.values, self.offset)
+
+    def dequantize(self):
+        """float32 (keys, values) decoded from the packed cache."""
+        k_state, v_state = self.packed()
+        return self.key_codec.dequantize(k_state), self.value_codec.dequantize(v_state)
+
+    def size(self):
+        return self.offset
+
+    @property
+    def state(self):
+        if self.keys is None:
+            return ()
+        k, v = self.packed()
+        return k.norms, k.indices, v.norms, v.indices
+
+    @state.setter
+    def state(self, v):
+        self._fetched = None
+        if v is None or len(v) == 0:
+            self.keys = self.values = None
+            self.offset = 0
+            return
+        k_norms, k_indices, v_norms, v_indices = v
+        self.keys = TurboQuantState(k_norms, k_indices)
+        self.values = TurboQuantState(v_norms, v_indices)
+        self.offset = k_norms.shape[2]
+
+    @property
+    def meta_state(self):
+        return tuple(map(str, (self.kv_bits, self.key_bits, self.value_bits, self.seed,
+                               self.key_dim, self.value_dim)))
+
+    @meta_state.setter
+    def meta_state(self, v):
+        kv_bits, key_bits, value_bits, seed, key_dim, value_dim = v
+        self.kv_bits, self.key_bits, self.value_bits = resolve_kv_bits(
+            float(kv_bits), int(key_bits), int(value_bits)
+        )
+        self.seed, self.key_dim, self.value_dim = int(seed), int(key_dim), int(value_dim)
+        self.key_codec = self.value_codec = None
+        if self.key_dim and self.value_dim:
+            self._build_codecs()
+        self._fetched = None
+
+    @classmethod
+    def from_state(cls, state, meta_state):
+        """Rebuild from `state` and `meta_state` (the codecs need the meta's dims)."""
+        obj = cls()
+        obj.meta_state = meta_state
+        obj.state = state
+        return obj
+
+    def is_trimmable(self):
+        return True
+
+    def trim(self, n):
+        n = min(self.offset, n)
+        self.offset -= n
+        self._fetched = None
+        return n
+
+    def make_mask(self, *args, **kwargs):
+        return create_attention_mask(*args, offset=self.offset, **kwargs)
+
+    def empty(self):
+        return self.keys is None
+
+    @property
+    def nbytes(self):
+        """Bytes of the packed tokens held (`offset` of them; as mlx-vlm counts):
+        B * H * offset * (2 + 4*ceil(Dk*kb/32) + 2 + 4*ceil(Dv*vb/32))."""
+        if self.keys is None:
+            return 0
+        return sum(a.nbytes for a in self.state)
+
+    @staticmethod
+    def bytes_per_token(n_kv_heads: int, key_dim: int, value_dim: int,
+                        key_bits: int, value_bits: int) -> int:
+        """Packed bytes one token takes over `n_kv_heads` heads (batch 1)."""
+        return n_kv_heads * (state_nbytes_per_vector(key_dim, key_bits)
+                             + state_nbytes_per_vector(value_dim, value_bits))
+
+    # -- attention ------------------------------------------------------------------
+
+    def decode_attention(self, queries: mx.array, scale: float, mask=None) -> mx.array:
+        """Attention of `queries` [B, Hq, L, Dk] over the packed cache, computed in
+        the rotated space (no dequantization); the queries are the last L cache
+        positions when mask == "causal"."""
+        if self.empty() or self.offset == 0:
+            raise RuntimeError("TurboQuantKVCache.decode_attention on an empty cache")
+        k_state, v_state = self.packed()
+        return rotated_attention(
+            queries, self.key_codec, k_state, self.value_codec, v_state, scale, mask
+        )
+
+    def serves(self, keys, values) -> bool:
+        """Whether (keys, values) are exactly what this cache's last fetch returned,
+        i.e. the dequantized image of the whole packed cache as it is now."""
+        live = self._live_fetch()
+        return live is not None and keys is live[0] and values is live[1]
+
+    # -- spec-round contract: the prefix below `offset` is never rewritten, so trim.
+
+    def spec_begin(self):
+        self._spec = {"offset": self.offset}
+
+    def spec_commit(self, n_accepted: int):
+        spec = self._spec_state()
+        added = self._spec_added(spec)
+        n = self._check_accepted(n_accepted, added)
+        self.trim(added - n)
+        self._spec = None
+
+    def spec_rollback(self):
+        spec = self._spec_state()
+        self.trim(self._spec_added(spec))
+        self._spec = None
+
+
+# -- routing mlx-lm's attention -------------------------------------------------------
+
+
+def _default_sdpa():
+    from mlx_lm.models.base import scaled_dot_product_attention
+
+    return scaled_dot_product_attention
+
+
+def turboquant_sdpa(queries, keys, values, cache, scale, mask, sinks=None, *, fallback=None):
+    """mlx-lm's `scaled_dot_product_attention` signature; single-query attention
+    over a TurboQuantKVCache's own fetch runs in the rotated space from the packed
+    codes, everything else goes to `fallback` (mlx-lm's sdpa by default), which
+    for this cache is plain SDPA on the dequantized arrays it was handed."""
+    if (
+        isinstance(cache, TurboQuantKVCache)
+        and sinks is None
+        and queries.shape[-2] == 1
+        and cache.serves(keys, values)
+    ):
+        return cache.decode_attention(queries, scale=scale, mask=mask)
+    fallback = fallback or _default_sdpa()
+    return fallback(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def _routed(original):
+    @functools.wraps(original)
+    def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
+        return turboquant_sdpa(
+            queries, keys, values, cache, scale, mask, sinks, fallback=original
+        )
+
+    sdpa._turboquant_original = original
+    return sdpa
+
+
+_PATCHED_PACKAGES = ("mlx_lm.models", "mlxbun.models")
+
+
+def _model_modules():
+    for name, module in list(sys.modules.items()):
+        if module is not None and any(
+            name == p or name.startswith(p + ".") for p in _PATCHED_PACKAGES
+        ):
+            yield module
+
+
+@contextlib.contextmanager
+def patch_mlxlm_attention():
+    """Route mlx-lm's (and mlxbun's) `scaled_dot_product_attention` through
+    `turboquant_sdpa` while the block runs, so decode over TurboQuantKVCache
+    layers runs in the rotated space without dequantizing.
+
+    Model modules bind the function by name (`from .base import ...`), so every
+    loaded `mlx_lm.models.*` / `mlxbun.models.*` module whose binding is a base
+    sdpa is rebound, as are the bases (modules imported inside the block pick the
+    routed one up); all are restored on exit. Without the patch the cache is
+    still correct: attention then runs over the dequantized arrays."""
+    bases = []
+    for name in ("mlx_lm.models.base", "mlxbun.models.base"):
+        try:
+            bases.append(__import__(name, fromlist=["scaled_dot_product_attention"]))
+        except ImportError:
+            continue
+    originals = {id(b.scaled_dot_product_attention): b.scaled_dot_product_attention
+                 for b in bases
+                 if not hasattr(b.scaled_dot_product_attention, "_turboquant_original")}
+    if not originals:  # already inside a patch: nothing to add
+        yield
+        return
+    routed = {key: _routed(fn) for key, fn in originals.items()}
+    try:
+        for module in _model_modules():
+            fn = getattr(module, "scaled_dot_product_attention", None)
+            if fn is not None and id(fn) in routed and fn is originals[id(fn)]:
+                module.scaled_dot_product_attention = routed[id(fn)]
+        yield
+    finally:
+        wrappers = {id(w): w for w in routed.values()}
+        for module in _model_modules():
+            fn = getattr(module, "scaled_dot_product_attention", None)
+            if fn is not None and id(fn) in wrappers and fn is wrappers[id(fn)]:
+                module.scaled_dot_product_attention = fn._turboquant_original
