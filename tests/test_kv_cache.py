@@ -245,10 +245,19 @@ def test_generate_step_with_mlxbun_caches(llama):
     assert all(same(a, b) for (_, a), (_, b) in zip(out, out_ref))
 
 
-def test_generate_kv_bits_refuses_instead_of_running_full_precision(llama):
-    with pytest.raises(UnsupportedModelError, match="bits=4"):
-        list(generate_step(ids(9, 7)[0], llama, max_tokens=2, kv_bits=4, quantized_kv_start=0,
-                           prompt_cache=[KVCache() for _ in range(2)]))
+def test_generate_kv_bits_quantizes_mlxbun_caches_like_mlx_lms(llama):
+    from mlxbun.cache.quantized import QuantizedKVCache
+
+    wide = tiny_llama(num_attention_heads=2, num_key_value_heads=1)  # head_dim 32: quantizable
+    prompt = ids(9, 7)[0]
+    kw = dict(max_tokens=4, kv_bits=4, kv_group_size=32, quantized_kv_start=0)
+    ours = [KVCache() for _ in range(2)]
+    theirs = [o_cache.KVCache() for _ in range(2)]
+    a = [(t, lp) for t, lp in generate_step(prompt, wide, prompt_cache=ours, **kw)]
+    b = [(t, lp) for t, lp in generate_step(prompt, wide, prompt_cache=theirs, **kw)]
+    assert [t for t, _ in a] == [t for t, _ in b]
+    assert all(mx.array_equal(x, y) for (_, x), (_, y) in zip(a, b))
+    assert all(isinstance(c, QuantizedKVCache) for c in ours)
     with pytest.raises(UnsupportedModelError):
         RotatingKVCache(8).to_quantized()
 

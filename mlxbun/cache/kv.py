@@ -159,12 +159,10 @@ class KVCache(_SpecRound):
         return n
 
     def to_quantized(self, group_size: int = 64, bits: int = 4):
-        # mlx-lm's generate(kv_bits=...) calls this when present; refusing beats
-        # silently running a full-precision cache under a "quantized KV" label.
-        raise UnsupportedModelError(
-            "mlxbun.cache.KVCache.to_quantized: quantized KV caches are not ported "
-            f"(asked for bits={bits}, group_size={group_size})"
-        )
+        # mlx-lm's generate(kv_bits=...) calls this: same conversion as mlx-lm's KVCache.
+        from mlxbun.cache.quantized import quantize_cache  # quantized imports this module
+
+        return quantize_cache(self, group_size=group_size, bits=bits)
 
     def make_mask(self, *args, **kwargs):
         return create_attention_mask(*args, offset=self.offset, **kwargs)

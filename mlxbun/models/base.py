@@ -133,6 +133,10 @@ def _standard_sdpa(queries, keys, values, cache, scale, mask, sinks=None) -> mx.
     if hasattr(cache, "bits"):
         if sinks is not None:
             raise ValueError("Quantized SDPA does not support attention sinks.")
+        if hasattr(cache, "attention"):
+            # mlxbun's QuantizedKVCache: mlx-lm's exact op sequence by default, or the
+            # memory-bounded chunked path when the cache was made with attention_chunk.
+            return cache.attention(queries, keys, values, scale=scale, mask=mask)
         return quantized_scaled_dot_product_attention(
             queries,
             keys,
