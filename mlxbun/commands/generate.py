@@ -1,0 +1,217 @@
+"""`mlxbun generate`: stream a completion from a checkpoint (or a zoo model) to stdout.
+
+Speeds and peak memory go to stderr; `--json` prints one JSON object instead. Every option is
+`mlxbun.generate.stream_generate`'s; bad ones are one-line `MlxbunError`s (exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from mlxbun.errors import MlxbunError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from a model (mlx-lm's token stream)",
+                       description="Generate text from a model: the token stream of mlx-lm 0.32.2's "
+                                   "stream_generate, over mlxbun's graph and caches.")
+    p.add_argument("--model", required=True, metavar="PATH|zoo:ARCH",
+                   help="checkpoint directory, or zoo:ARCH for a tiny zoo checkpoint")
+    p.add_argument("--backend", default="mlxbun", metavar="{mlxbun,mlx-lm}",
+                   help="graph to run: mlxbun's (default) or mlx-lm's through the adapter")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", metavar="TEXT", help="prompt text ('-' reads stdin)")
+    src.add_argument("--prompt-ids", metavar="ID,ID,...", help="prompt as comma-separated token ids")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    p.add_argument("--system", metavar="TEXT", help="system message (with --chat)")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--min-tokens-to-keep", type=int, default=1)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=None)
+    p.add_argument("--repetition-context-size", type=int, default=20)
+    p.add_argument("--kv-bits", type=float, default=None,
+                   help="KV cache bits (uniform: 2-8; turboquant: e.g. 3.5)")
+    p.add_argument("--kv-group-size", type=int, default=64)
+    p.add_argument("--quantized-kv-start", type=int, default=0)
+    p.add_argument("--kv-scheme", default="uniform", metavar="{uniform,turboquant}")
+    p.add_argument("--kv-config", metavar="FILE", help="per-layer KV plan (mixed caches)")
+    p.add_argument("--max-kv-size", type=int, default=None, help="bound every full-attention cache")
+    p.add_argument("--prompt-cache", metavar="FILE", help="continue from a saved prompt cache")
+    p.add_argument("--save-prompt-cache", metavar="FILE", help="save the cache after generating")
+    p.add_argument("--prefill-step-size", type=int, default=2048)
+    p.add_argument("--stop", action="append", default=None, metavar="STR",
+                   help="stop before this text (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with text, ids and speeds")
+    p.set_defaults(func=run)
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def resolve_model_path(spec: str) -> Path:
+    """A checkpoint directory, or `zoo:ARCH` built (once) in the zoo cache."""
+    if spec.startswith("zoo:"):
+        from mlxbun.zoo import cached_checkpoint
+
+        return cached_checkpoint(spec[len("zoo:"):])
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise MlxbunError(f"--model {spec}: no such checkpoint directory")
+    return path
+
+
+def _open(path: Path, backend: str):
+    if backend == "mlxbun":
+        from mlxbun.factory import open_model
+
+        return open_model(path)
+    if backend == "mlx-lm":
+        from mlxbun.models.mlxlm import load_mlxlm
+
+        return load_mlxlm(path)
+    raise MlxbunError(f"--backend {backend!r}: choose mlxbun or mlx-lm")
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise MlxbunError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
+    if not ids:
+        raise MlxbunError("--prompt-ids: no ids given")
+    return ids
+
+
+def _kv_bits(value):
+    if value is None:
+        return None
+    return int(value) if float(value).is_integer() else value
+
+
+def _chat_prompt(tokenizer, text: str, system, continuing: bool) -> list[int]:
+    if not tokenizer.has_chat_template:
+        raise MlxbunError(f"--chat: {tokenizer.path} has no chat template")
+    messages = ([{"role": "system", "content": system}] if system is not None else [])
+    messages.append({"role": "user", "content": text})
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    if continuing:
+        # The saved cache holds the conversation so far: keep only the turn after it (mlx-lm's
+        # "<query>" trick: render with a marker, cut where the user text starts).
+        messages[-1]["content"] = "<query>"
+        marked = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        rendered = rendered[marked.index("<query>"):]
+    # The template writes BOS itself: encode without added special tokens, as mlx-lm does.
+    return tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def build_prompt(args, tokenizer) -> list[int]:
+    if args.system is not None and not args.chat:
+        raise MlxbunError("--system needs --chat")
+    if args.prompt_ids is not None:
+        if args.chat:
+            raise MlxbunError("--chat applies to --prompt text, not --prompt-ids")
+        return _parse_ids(args.prompt_ids)
+    text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.chat:
+        return _chat_prompt(tokenizer, text, args.system, continuing=args.prompt_cache is not None)
+    if args.prompt_cache is not None:
+        return tokenizer.encode(text, add_special_tokens=False)  # the cache holds the prefix (and BOS)
+    return tokenizer.encode_prompt(text)
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def run(args) -> int:
+    from mlxbun.generate import make_generation_cache, model_identity_of, stream_generate
+    from mlxbun.tokenizer import load_tokenizer
+
+    if args.prompt_cache is not None and args.max_kv_size is not None:
+        raise MlxbunError("--prompt-cache brings its own caches; --max-kv-size cannot change them")
+    path = resolve_model_path(args.model)
+    model = _open(path, args.backend)
+    if args.save_prompt_cache is not None and model_identity_of(model) is None:
+        raise MlxbunError(f"--save-prompt-cache: {path} has no mlxbun config to record with the cache")
+    tokenizer = load_tokenizer(path)
+    prompt = build_prompt(args, tokenizer)
+
+    kv = dict(kv_bits=_kv_bits(args.kv_bits), kv_group_size=args.kv_group_size,
+              kv_scheme=args.kv_scheme, quantized_kv_start=args.quantized_kv_start)
+    prior: list[int] = []  # tokens a loaded prompt cache already holds
+    if args.prompt_cache is not None:
+        cache, prior = _load_cache(args.prompt_cache, model, kv)
+    elif args.save_prompt_cache is not None:
+        cache = make_generation_cache(model, kv_config=args.kv_config, max_kv_size=args.max_kv_size, **kv)
+    else:
+        cache = None
+
+    stream = stream_generate(
+        model, tokenizer, prompt,
+        max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
+        min_p=args.min_p, min_tokens_to_keep=args.min_tokens_to_keep, seed=args.seed,
+        repetition_penalty=args.repetition_penalty, repetition_context_size=args.repetition_context_size,
+        kv_config=args.kv_config,
+        max_kv_size=args.max_kv_size if cache is None else None,
+        prompt_cache=cache, stop=args.stop, prefill_step_size=args.prefill_step_size, **kv,
+    )
+    text, tokens, last = "", [], None
+    for last in stream:
+        text += last.text
+        tokens.append(last.token)
+        if not args.json:
+            sys.stdout.write(last.text)
+            sys.stdout.flush()
+    if args.save_prompt_cache is not None:
+        # Every yielded token (EOS included) has been fed to the cache: it holds prior + prompt + tokens.
+        _save_cache(args.save_prompt_cache, cache, model, path, prior + prompt + tokens)
+
+    if args.json:
+        print(json.dumps({
+            "text": text,
+            "tokens": tokens,
+            "finish_reason": last.finish_reason,
+            "prompt_tokens": last.prompt_tokens,
+            "prompt_tps": last.prompt_tps,
+            "generation_tokens": last.generation_tokens,
+            "generation_tps": last.generation_tps,
+            "peak_memory_gb": last.peak_memory,
+        }))
+    else:
+        sys.stdout.write("\n")
+        print(f"Prompt: {last.prompt_tokens} tokens, {last.prompt_tps:.3f} tokens-per-sec", file=sys.stderr)
+        print(f"Generation: {last.generation_tokens} tokens, {last.generation_tps:.3f} tokens-per-sec",
+              file=sys.stderr)
+        print(f"Peak memory: {last.peak_memory:.3f} GB", file=sys.stderr)
+    return 0
+
+
+def _load_cache(file: str, model, kv: dict) -> tuple[list, list[int]]:
+    from mlxbun.cache.prompt_cache import cached_tokens
+    from mlxbun.generate import load_prompt_cache_for
+
+    p = Path(file).expanduser()
+    if not p.is_file():
+        raise MlxbunError(f"--prompt-cache {file}: no such file")
+    cache, metadata = load_prompt_cache_for(model, p)
+    bits = getattr(cache[0], "bits", None) if cache else None
+    if bits is not None:  # mlx-lm's check: the options must describe the cache as saved
+        if kv["kv_bits"] is not None and kv["kv_bits"] != bits:
+            raise MlxbunError(f"--kv-bits {kv['kv_bits']} does not match the {bits}-bit cache in {file}")
+        group = getattr(cache[0], "group_size", None)
+        if group is not None and kv["kv_group_size"] != group:
+            raise MlxbunError(f"--kv-group-size {kv['kv_group_size']} does not match the cache in {file} ({group})")
+    return cache, cached_tokens(metadata) or []
+
+
+def _save_cache(file: str, cache: list, model, model_path: Path, tokens: list[int]) -> None:
+    from mlxbun.cache.prompt_cache import save_prompt_cache
+    from mlxbun.generate import model_identity_of
+
+    save_prompt_cache(Path(file).expanduser(), cache, {"model": str(model_path)},
+                      model_identity=model_identity_of(model), tokens=tokens)

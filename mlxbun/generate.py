@@ -1,0 +1,660 @@
+"""Text generation over any RuntimeModel: `stream_generate` / `generate`.
+
+The token stream is mlx-lm 0.32.2's (`mlx_lm/generate.py`: `generate_step`, `stream_generate`)
+op for op: the same prefill chunking (all but the last prompt token in `prefill_step_size`
+chunks, evaluating the cache after each), the same one-step-ahead pipelining with `async_eval`,
+the same KV-quantization points (after every prefill chunk and after every decode step's model
+call), the same log-softmax (`logits - logsumexp`), the same sampler and logits-processor
+composition (`mlxbun.sampling`), and the same random draws after `mx.random.seed(seed)`. So with
+the same settings and seed it yields the tokens, and bit for bit the log-probabilities, that
+mlx-lm yields.
+
+What mlxbun adds, none of it changing the stream:
+- the model may be an mlxbun graph or an mlx-lm model (through `models.mlxlm.ensure_runtime`);
+  the caches are always mlxbun's (`mlxbun.cache`), also under an mlx-lm model;
+- `max_kv_size` is honoured for every arch: mlx-lm ignores it when the model file defines its
+  own `make_cache` (llama, gemma3_text, cohere2, ...); here every full-attention layer then gets
+  a `RotatingKVCache(max_kv_size, keep=4)` (sliding-window layers keep their window cache), which
+  is exactly mlx-lm's choice for the archs where it does apply the option;
+- the KV options of `mlxbun.cache`: affine quantization (`kv_bits`, mlx-lm's rule and timing),
+  TurboQuant (`kv_scheme="turboquant"`, mlx-vlm's rule), a per-layer plan (`kv_config`, optiq's
+  kv_config.json, applied at the same points with the same `quantized_kv_start` rule), saved
+  prompt caches;
+- stop strings, EOS ids from the tokenizer and the model config, option checking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import operator
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Generator, Iterable, List, Optional, Sequence, Union
+
+import mlx.core as mx
+
+from mlxbun.cache.kv import KVCache, RotatingKVCache
+from mlxbun.cache.quantized import KV_QUANT_BITS, KV_QUANT_GROUP_SIZES, maybe_quantize_kv_cache
+from mlxbun.errors import MlxbunError
+from mlxbun.sampling import (
+    GenerationError,
+    LogitsProcessor,
+    Sampler,
+    make_logits_processors,
+    make_sampler,
+)
+
+__all__ = [
+    "GenerationError",
+    "GenerationResponse",
+    "KV_SCHEMES",
+    "check_kv_options",
+    "eos_token_ids",
+    "generate",
+    "generate_step",
+    "load_kv_plan",
+    "load_prompt_cache_for",
+    "make_generation_cache",
+    "model_identity_of",
+    "prepare_prompt",
+    "stream_generate",
+]
+
+KV_SCHEMES = ("uniform", "turboquant")
+ROTATING_KEEP = 4  # mlx-lm's make_prompt_cache keeps the first 4 tokens (attention sinks)
+
+# A stream just for generation, as mlx-lm has (`generation_stream`).
+generation_stream = mx.new_thread_local_stream(mx.default_device())
+
+
+@dataclass
+class GenerationResponse:
+    """One generated token (mlx-lm's `GenerationResponse`, without `from_draft` first).
+
+    text: the text this token completes (may be empty; never includes EOS or a stop string);
+    logprobs: log-probabilities over the vocabulary [V] this token was drawn from;
+    finish_reason: None while generating, "stop" (EOS or stop string) or "length" on the last;
+    peak_memory: mx.get_peak_memory() so far, in GB.
+    """
+
+    text: str
+    token: int
+    logprobs: mx.array
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory: float
+    finish_reason: Optional[str] = None
+    from_draft: bool = False
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_kv_options(
+    *,
+    kv_bits=None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = 0,
+    kv_scheme: str = "uniform",
+    max_kv_size: Optional[int] = None,
+) -> None:
+    """Refuse KV options that no cache here supports, naming the option."""
+    if kv_scheme not in KV_SCHEMES:
+        raise GenerationError(f"unknown kv_scheme {kv_scheme!r}; choose one of: {', '.join(KV_SCHEMES)}")
+    if max_kv_size is not None and (not _is_int(max_kv_size) or max_kv_size < 1):
+        raise GenerationError(f"max_kv_size must be a positive integer, got {max_kv_size!r}")
+    if not _is_int(quantized_kv_start) or quantized_kv_start < 0:
+        raise GenerationError(f"quantized_kv_start must be an integer >= 0, got {quantized_kv_start!r}")
+    if kv_bits is None:
+        if kv_scheme == "turboquant":
+            raise GenerationError("kv_scheme 'turboquant' needs kv_bits (e.g. 3.5)")
+        return
+    if kv_scheme == "uniform":
+        if not _is_int(kv_bits) or kv_bits not in KV_QUANT_BITS:
+            raise GenerationError(
+                f"kv_bits {kv_bits!r} is not supported by the uniform (affine) KV quantization; "
+                f"choose one of: {', '.join(map(str, KV_QUANT_BITS))}"
+                + (" (fractional widths are kv_scheme='turboquant')" if isinstance(kv_bits, float) else "")
+            )
+        if not _is_int(kv_group_size) or kv_group_size not in KV_QUANT_GROUP_SIZES:
+            raise GenerationError(
+                f"kv_group_size {kv_group_size!r} is not supported; choose one of: "
+                f"{', '.join(map(str, KV_QUANT_GROUP_SIZES))}"
+            )
+    else:
+        from mlxbun.cache.turboquant_codec import resolve_kv_bits
+
+        try:
+            resolve_kv_bits(kv_bits)
+        except MlxbunError as e:
+            raise GenerationError(f"kv_bits {kv_bits!r} is not supported by TurboQuant: {e}") from None
+    if max_kv_size is not None:
+        # mlx-lm: RotatingKVCache.to_quantized is not implemented
+        raise GenerationError("kv_bits and max_kv_size cannot be combined: rotating KV caches are not quantizable")
+
+
+def _check_generation_options(max_tokens, prefill_step_size, stop) -> tuple[str, ...]:
+    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
+        raise GenerationError(f"max_tokens must be a positive integer (or None for no limit), got {max_tokens!r}")
+    if not _is_int(prefill_step_size) or prefill_step_size < 1:
+        raise GenerationError(f"prefill_step_size must be a positive integer, got {prefill_step_size!r}")
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    for s in stops:
+        if not isinstance(s, str) or not s:
+            raise GenerationError(f"stop strings must be non-empty strings, got {s!r}")
+    return stops
+
+
+# ----------------------------------------------------------------------------- prompt, EOS
+
+
+def prepare_prompt(tokenizer, prompt) -> mx.array:
+    """The prompt as a 1-D id array: text is encoded with the tokenizer's BOS policy
+    (`encode_prompt`: special tokens unless the text already starts with BOS, as mlx-lm does);
+    a list or array of ids is used as given."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise GenerationError("a text prompt needs a tokenizer")
+        if hasattr(tokenizer, "encode_prompt"):
+            ids = tokenizer.encode_prompt(prompt)
+        else:  # an mlx-lm / HF tokenizer: mlx-lm's rule
+            bos = getattr(tokenizer, "bos_token", None)
+            ids = tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+        arr = mx.array(ids)
+    elif isinstance(prompt, mx.array):
+        arr = prompt
+    else:
+        try:
+            ids = [operator.index(i) for i in prompt]  # ints (numpy ints too); not floats
+        except TypeError:
+            raise GenerationError(
+                f"prompt must be text or a sequence of integer token ids, got {prompt!r:.80}"
+            ) from None
+        if any(isinstance(i, bool) for i in prompt):
+            raise GenerationError("prompt token ids must be integers, not booleans")
+        arr = mx.array(ids, dtype=mx.int32)
+    if arr.ndim == 2 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim != 1:
+        raise GenerationError(f"prompt ids must be 1-D (or [1, L]), got shape {tuple(arr.shape)}")
+    if arr.size == 0:
+        raise GenerationError("the prompt is empty: at least one token is needed")
+    if not mx.issubdtype(arr.dtype, mx.integer):
+        raise GenerationError(f"prompt ids must be integers, got dtype {arr.dtype}")
+    return arr
+
+
+def eos_token_ids(tokenizer, model=None) -> frozenset[int]:
+    """Every id that ends generation: the tokenizer's EOS ids and the model config's."""
+    ids = set(int(i) for i in (getattr(tokenizer, "eos_token_ids", None) or ()))
+    single = getattr(tokenizer, "eos_token_id", None)
+    if single is not None and not ids:
+        ids.add(int(single))
+    config = getattr(model, "config", None)
+    if config is not None:
+        cfg_ids = getattr(config, "eos_token_ids", None)
+        if cfg_ids is None and isinstance(config, dict):
+            cfg_ids = config.get("eos_token_id")
+        if isinstance(cfg_ids, int):
+            cfg_ids = [cfg_ids]
+        ids.update(int(i) for i in (cfg_ids or ()))
+    return frozenset(ids)
+
+
+def _detokenizer(tokenizer):
+    """A fresh streaming detokenizer (mlxbun's method, or mlx-lm's TokenizerWrapper property)."""
+    det = getattr(tokenizer, "detokenizer", None)
+    if det is None:
+        raise GenerationError(f"{type(tokenizer).__name__} has no streaming detokenizer")
+    if callable(det) and not hasattr(det, "add_token"):
+        det = det()
+    det.reset()
+    return det
+
+
+# ----------------------------------------------------------------------------- caches
+
+
+def _as_mlxbun_cache(c):
+    """An empty mlx-lm KVCache / RotatingKVCache becomes mlxbun's (same layout and maths); other
+    kinds (recurrent caches, which mlxbun has not ported) stay."""
+    from mlx_lm.models import cache as mc
+
+    if isinstance(c, (KVCache, RotatingKVCache)):
+        return c
+    if type(c) is mc.KVCache and c.keys is None:
+        return KVCache()
+    if type(c) is mc.RotatingKVCache and c.keys is None:
+        return RotatingKVCache(max_size=c.max_size, keep=c.keep)
+    return c
+
+
+def _base_caches(model, max_kv_size: Optional[int]) -> list:
+    caches = [_as_mlxbun_cache(c) for c in model.make_cache()]
+    if max_kv_size is None:
+        return caches
+    # Full-attention layers (plain KVCache) get a bounded ring; window caches are bounded already.
+    return [
+        RotatingKVCache(max_size=max_kv_size, keep=ROTATING_KEEP) if isinstance(c, KVCache) else c
+        for c in caches
+    ]
+
+
+def load_kv_plan(kv_config, num_layers: int):
+    """A `KVPlan` from a plan, a kv_config.json path (optiq's format: a list of {layer_idx, bits,
+    group_size} entries, or an object with a "layers" list), or the parsed entries."""
+    from mlxbun.cache.mixed import KVPlan
+
+    if isinstance(kv_config, KVPlan):
+        return kv_config
+    source = "kv_config"
+    if isinstance(kv_config, (str, Path)):
+        path = Path(kv_config).expanduser()
+        if not path.is_file():
+            raise GenerationError(f"kv_config {path}: no such file")
+        try:
+            kv_config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise GenerationError(f"kv_config {path}: not a readable JSON file ({e})") from None
+        source = str(path)
+    if isinstance(kv_config, dict):
+        kv_config = kv_config.get("layers")
+    return KVPlan.from_kv_config(kv_config, num_layers, source=source)
+
+
+def make_generation_cache(
+    model,
+    *,
+    kv_bits=None,
+    kv_group_size: int = 64,
+    kv_scheme: str = "uniform",
+    kv_config=None,
+    max_kv_size: Optional[int] = None,
+    quantized_kv_start: int = 0,
+) -> list:
+    """A fresh per-layer cache list for `model` as `stream_generate` would build it (pass it as
+    `prompt_cache` to keep a handle on it, e.g. to save it afterwards)."""
+    from mlxbun.models.mlxlm import ensure_runtime
+
+    model = ensure_runtime(model)
+    check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
+                     kv_scheme=kv_scheme, max_kv_size=max_kv_size)
+    _check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
+    caches = _base_caches(model, max_kv_size)
+    if kv_config is not None:
+        # Refuse a plan that names a missing, sliding-window or recurrent layer now, not mid-run.
+        # The caches stay full precision until the quantization points (as with kv_bits).
+        load_kv_plan(kv_config, len(caches)).make_caches(_base_caches(model, None))
+    return caches
+
+
+def _check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size) -> None:
+    if kv_config is not None and (kv_bits is not None or max_kv_size is not None or kv_scheme != "uniform"):
+        raise GenerationError("kv_config sets each layer's KV precision; do not combine it with "
+                              "kv_bits, kv_scheme or max_kv_size")
+
+
+def model_identity_of(model) -> Optional[dict]:
+    """The identity a saved prompt cache records (`prompt_cache.model_identity`), when the model
+    has an mlxbun config (an mlx-lm model without one has none to check against)."""
+    from mlxbun.cache.prompt_cache import model_identity
+    from mlxbun.config import TextConfig
+
+    config = getattr(model, "config", None)
+    return model_identity(config) if isinstance(config, TextConfig) else None
+
+
+def load_prompt_cache_for(model, path) -> tuple[list, dict]:
+    """(caches, metadata) of a saved prompt cache, refused unless it was made by this model."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise GenerationError(f"{p}: prompt cache file not found")
+    from mlxbun.cache.prompt_cache import load_prompt_cache
+
+    return load_prompt_cache(p, expect_identity=model_identity_of(model))
+
+
+def _quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan=None) -> Callable[[list], None]:
+    """What runs at mlx-lm's `quantize_cache_fn` points."""
+    if plan is not None:  # optiq's per-layer hook: same points, same start rule
+        return lambda cache: plan.maybe_quantize(cache, quantized_kv_start)
+    if kv_bits is None:
+        return lambda cache: None
+    hook = maybe_quantize_kv_cache if kv_scheme == "uniform" else maybe_turboquant_kv_cache
+    fn = functools.partial(hook, quantized_kv_start=quantized_kv_start,
+                           kv_group_size=kv_group_size, kv_bits=kv_bits)
+
+    def quantize(cache):
+        try:
+            fn(cache)
+        except (ValueError, MlxbunError) as e:  # head_dim vs group size, a window cache, ...
+            raise GenerationError(
+                f"cannot quantize the KV cache with kv_bits={kv_bits}, kv_group_size={kv_group_size}: {e}"
+            ) from None
+
+    return quantize
+
+
+def maybe_turboquant_kv_cache(prompt_cache: list, quantized_kv_start: int, kv_group_size: int, kv_bits) -> None:
+    """mlx-vlm 0.7.10's `maybe_quantize_kv_cache` for the TurboQuant scheme: every full-attention
+    KVCache becomes a `TurboQuantKVCache` (an empty one at once, so it quantizes on the fly; a
+    filled one once it holds `quantized_kv_start` tokens); window caches stay; and, as mlx-vlm
+    does, the last layer stays full precision when the model has more than 2 layers.
+    `kv_group_size` is unused (TurboQuant has no groups)."""
+    from mlxbun.cache.turboquant import TurboQuantKVCache
+
+    last = len(prompt_cache) - 1 if len(prompt_cache) > 2 else -1
+    for i, c in enumerate(prompt_cache):
+        if i == last or not isinstance(c, KVCache):
+            continue
+        if c.offset == 0:
+            prompt_cache[i] = TurboQuantKVCache(bits=kv_bits)
+        elif c.offset >= quantized_kv_start:
+            prompt_cache[i] = TurboQuantKVCache.from_cache(c, bits=kv_bits)
+
+
+# ----------------------------------------------------------------------------- the token loop
+
+
+def generate_step(
+    prompt: mx.array,
+    model,
+    *,
+    prompt_cache: list,
+    max_tokens: Optional[int] = 256,
+    sampler: Optional[Sampler] = None,
+    logits_processors: Optional[List[LogitsProcessor]] = None,
+    prefill_step_size: int = 2048,
+    quantize_cache: Optional[Callable[[list], None]] = None,
+    stream=None,
+) -> Generator[tuple[int, mx.array], None, None]:
+    """Yield (token, logprobs [V]) pairs: mlx-lm's `generate_step` (no input embeddings) over a
+    RuntimeModel `model` and a ready cache list (updated in place). `max_tokens=None` is no limit."""
+    stream = generation_stream if stream is None else stream
+    max_tokens = -1 if max_tokens is None else max_tokens
+    quantize_cache = quantize_cache or (lambda cache: None)
+    sampler = sampler or (lambda x: mx.argmax(x, axis=-1))
+    tokens = None
+
+    def _step(input_tokens: mx.array):
+        nonlocal tokens
+
+        with mx.stream(stream):
+            logits = model(input_tokens[None], cache=prompt_cache)
+            logits = logits[:, -1, :]
+
+            if logits_processors and len(input_tokens) > 0:
+                tokens = mx.concat([tokens, input_tokens]) if tokens is not None else input_tokens
+                for processor in logits_processors:
+                    logits = processor(tokens, logits)
+
+            quantize_cache(prompt_cache)
+
+            logprobs = logits - mx.logsumexp(logits, keepdims=True)
+            sampled = sampler(logprobs)
+            return sampled, logprobs.squeeze(0)
+
+    with mx.stream(stream):
+        total_prompt_tokens = len(prompt)
+        prompt_processed_tokens = 0
+        while total_prompt_tokens - prompt_processed_tokens > 1:
+            remaining = (total_prompt_tokens - prompt_processed_tokens) - 1
+            n_to_process = min(prefill_step_size, remaining)
+            processed = prompt[:n_to_process]
+            model(processed[None], cache=prompt_cache)
+            quantize_cache(prompt_cache)
+            mx.eval([c.state for c in prompt_cache])
+            if logits_processors and len(processed) > 0:
+                tokens = mx.concat([tokens, processed]) if tokens is not None else processed
+            prompt_processed_tokens += n_to_process
+            prompt = prompt[n_to_process:]
+            mx.clear_cache()
+
+        y, logprobs = _step(prompt)
+        mx.async_eval(y, logprobs)
+
+        n = 0
+        while True:
+            if n != max_tokens:
+                next_y, next_logprobs = _step(y)
+                mx.async_eval(next_y, next_logprobs)
+            if n == 0:
+                mx.eval(y)
+            if n == max_tokens:
+                break
+            yield y.item(), logprobs
+            if n % 256 == 0:
+                mx.clear_cache()
+            y, logprobs = next_y, next_logprobs
+            n += 1
+
+
+@contextlib.contextmanager
+def _wired_limit(streams):
+    """mlx-lm's `wired_limit`: on Metal, wire the recommended working set while generating."""
+    from mlx_lm.utils import maybe_set_recommended_wired_limit
+
+    old_limit = maybe_set_recommended_wired_limit()
+    try:
+        yield
+    finally:
+        if old_limit is not None:
+            for s in streams:
+                mx.synchronize(s)
+            mx.set_wired_limit(old_limit)
+
+
+class _StopText:
+    """Cuts the streamed text before the first stop string, holding back any tail that could be
+    the start of one (so a stop string is never streamed, even in part)."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = tuple(stops)
+        self.text = ""
+        self.emitted = 0
+        self.stopped = False
+
+    def add(self, piece: str, final: bool = False) -> str:
+        self.text += piece
+        if self.stops:
+            lookback = max(0, self.emitted - max(map(len, self.stops)) + 1)
+            hits = [i for i in (self.text.find(s, lookback) for s in self.stops) if i >= 0]
+            if hits:
+                self.stopped = True
+                return self._emit(min(hits))
+            if not final:
+                return self._emit(len(self.text) - self._held_tail())
+        return self._emit(len(self.text))
+
+    def _held_tail(self) -> int:
+        longest = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(s[:k]):
+                    longest = k
+                    break
+        return longest
+
+    def _emit(self, end: int) -> str:
+        end = max(end, self.emitted)
+        out, self.emitted = self.text[self.emitted:end], end
+        return out
+
+
+def stream_generate(
+    model,
+    tokenizer,
+    prompt: Union[str, Sequence[int], mx.array],
+    *,
+    max_tokens: Optional[int] = 256,
+    temperature: float = 0.0,
+    temp: Optional[float] = None,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    min_tokens_to_keep: int = 1,
+    seed: Optional[int] = None,
+    repetition_penalty: Optional[float] = None,
+    repetition_context_size: int = 20,
+    logits_processors: Optional[Iterable[LogitsProcessor]] = None,
+    sampler: Optional[Sampler] = None,
+    kv_bits=None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = 0,
+    kv_scheme: str = "uniform",
+    kv_config=None,
+    max_kv_size: Optional[int] = None,
+    prompt_cache=None,
+    stop: Union[str, Sequence[str], None] = None,
+    prefill_step_size: int = 2048,
+) -> Generator[GenerationResponse, None, None]:
+    """Generate from `prompt`, one `GenerationResponse` per token (see module docstring).
+
+    model: an mlxbun RuntimeModel, an mlx-lm model, or an `MlxLmRuntimeModel`.
+    tokenizer: an `mlxbun.tokenizer.Tokenizer` (or an mlx-lm `TokenizerWrapper`).
+    prompt: text (encoded with the BOS policy) or token ids.
+    sampler: a ready sampler, instead of temperature/top_p/top_k/min_p.
+    logits_processors: run after the repetition penalty's processor.
+    prompt_cache: a cache list (already holding the prompt's prefix; updated in place) or the
+        path of a saved prompt cache; the prompt is then the tokens after that prefix.
+    kv_config: a per-layer KV plan (`mlxbun.cache.mixed.KVPlan`, or a path/dict it reads).
+    Raises `GenerationError` (an `MlxbunError`) for a bad option, before any work.
+    """
+    from mlxbun.models.mlxlm import ensure_runtime
+
+    if temp is not None:
+        if temperature not in (0.0, temp):
+            raise GenerationError(f"temperature={temperature!r} and temp={temp!r} disagree; give one")
+        temperature = temp
+    stops = _check_generation_options(max_tokens, prefill_step_size, stop)
+    if seed is not None and (not _is_int(seed) or seed < 0):
+        raise GenerationError(f"seed must be a non-negative integer, got {seed!r}")
+    check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
+                     kv_scheme=kv_scheme, max_kv_size=max_kv_size)
+    if sampler is None:
+        sampler = make_sampler(temperature, top_p, min_p, min_tokens_to_keep, top_k=top_k)
+    elif (temperature, top_p, top_k, min_p) != (0.0, 1.0, 0, 0.0):
+        raise GenerationError("give either a sampler or temperature/top_p/top_k/min_p, not both")
+    processors = make_logits_processors(
+        repetition_penalty=repetition_penalty, repetition_context_size=repetition_context_size
+    ) + list(logits_processors or ())
+
+    model = ensure_runtime(model)
+    prompt_ids = prepare_prompt(tokenizer, prompt)
+    if prompt_cache is None:
+        cache = make_generation_cache(model, kv_bits=kv_bits, kv_group_size=kv_group_size,
+                                      kv_scheme=kv_scheme, kv_config=kv_config, max_kv_size=max_kv_size,
+                                      quantized_kv_start=quantized_kv_start)
+    else:
+        if max_kv_size is not None:
+            raise GenerationError("prompt_cache brings its own caches; max_kv_size cannot change them")
+        _check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
+        cache = load_prompt_cache_for(model, prompt_cache)[0] if isinstance(prompt_cache, (str, Path)) else prompt_cache
+        if not isinstance(cache, list):
+            raise GenerationError(f"prompt_cache must be a list of caches or a file path, got {type(cache).__name__}")
+    plan = None if kv_config is None else load_kv_plan(kv_config, len(cache))
+    quantize = _quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan)
+    eos = eos_token_ids(tokenizer, model)
+    detokenizer = _detokenizer(tokenizer)
+
+    return _responses(model, prompt_ids, cache, detokenizer, eos, stops, seed=seed, max_tokens=max_tokens,
+                      sampler=sampler, logits_processors=processors, quantize=quantize,
+                      prefill_step_size=prefill_step_size, turboquant=kv_scheme == "turboquant"
+                      or any(type(c).__name__ == "TurboQuantKVCache" for c in cache))
+
+
+def _attention_routing(turboquant: bool):
+    """TurboQuant decode runs attention in the rotated space straight from the packed codes (as
+    mlx-vlm does) while generating; without the routing it would dequantize the whole cache."""
+    if not turboquant:
+        return contextlib.nullcontext()
+    from mlxbun.cache.turboquant import patch_mlxlm_attention
+
+    return patch_mlxlm_attention()
+
+
+def _responses(model, prompt, cache, detokenizer, eos, stops, *, seed, max_tokens, sampler,
+               logits_processors, quantize, prefill_step_size, turboquant=False):
+    """mlx-lm's `stream_generate` loop, plus stop strings."""
+    if seed is not None:
+        mx.random.seed(seed)
+    token_generator = generate_step(
+        prompt, model, prompt_cache=cache, max_tokens=max_tokens, sampler=sampler,
+        logits_processors=logits_processors, prefill_step_size=prefill_step_size,
+        quantize_cache=quantize,
+    )
+    cutter = _StopText(stops)
+
+    def response(text, token, logprobs, n, finish_reason=None):
+        return GenerationResponse(
+            text=text,
+            token=token,
+            logprobs=logprobs,
+            prompt_tokens=prompt.size,
+            prompt_tps=prompt_tps,
+            generation_tokens=n + 1,
+            generation_tps=(n + 1) / (time.perf_counter() - tic),
+            peak_memory=mx.get_peak_memory() / 1e9,
+            finish_reason=finish_reason,
+        )
+
+    with _wired_limit([generation_stream]), _attention_routing(turboquant):
+        tic = time.perf_counter()
+        prompt_tps = math.nan
+        for n, (token, logprobs) in enumerate(token_generator):
+            if n == 0:
+                prompt_time = time.perf_counter() - tic
+                prompt_tps = prompt.size / prompt_time
+                tic = time.perf_counter()
+            if token in eos:
+                break
+
+            detokenizer.add_token(token)
+            if max_tokens is not None and (n + 1) == max_tokens:
+                break  # this token's text goes out with the final response
+
+            text = cutter.add(detokenizer.last_segment)
+            if cutter.stopped:
+                yield response(text, token, logprobs, n, "stop")
+                return
+            yield response(text, token, logprobs, n)
+
+        detokenizer.finalize()
+        text = cutter.add(detokenizer.last_segment, final=True)
+        finish = "stop" if (token in eos or cutter.stopped) else "length"
+        yield response(text, token, logprobs, n, finish)
+
+
+def generate(model, tokenizer, prompt, *, verbose: bool = False, **kwargs) -> str:
+    """The whole generated text (`stream_generate`'s segments joined). With `verbose`, stream it
+    to stdout and print prompt / generation speed and peak memory, as mlx-lm does."""
+    if verbose:
+        print("=" * 10)
+    text = ""
+    response = None
+    for response in stream_generate(model, tokenizer, prompt, **kwargs):
+        if verbose:
+            print(response.text, end="", flush=True)
+        text += response.text
+    if verbose:
+        print()
+        print("=" * 10)
+        if not text:
+            print("No text generated for this prompt")
+        if response is not None:
+            print(f"Prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.3f} tokens-per-sec")
+            print(f"Generation: {response.generation_tokens} tokens, {response.generation_tps:.3f} tokens-per-sec")
+            print(f"Peak memory: {response.peak_memory:.3f} GB")
+    return text
