@@ -1,0 +1,113 @@
+"""Where the lab's notebooks live and what parameters they take.
+
+Two kinds: the standard workflows, `notebooks/*.ipynb`, and Lab experiments, `lab/<name>/`
+(a notebook + README.md each). Both directories are looked up next to the mlxbun package
+(a checkout or an editable install: the repo root), else in the current directory.
+`$MLXBUN_NOTEBOOKS` / `$MLXBUN_LAB` override them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlxbun.errors import MlxbunError
+
+__all__ = ["NotebookInfo", "lab_dir", "list_notebooks", "notebook_parameters", "notebooks_dir", "resolve_notebook"]
+
+
+def _repo_root() -> Path:
+    import mlxbun
+
+    return Path(mlxbun.__file__).resolve().parent.parent
+
+
+def _find(dirname: str, env: str) -> Path:
+    if os.environ.get(env):
+        return Path(os.environ[env]).expanduser()
+    beside = _repo_root() / dirname
+    return beside if beside.is_dir() else Path.cwd() / dirname
+
+
+def notebooks_dir() -> Path:
+    """The standard workflows: <repo root>/notebooks, else ./notebooks ($MLXBUN_NOTEBOOKS wins)."""
+    return _find("notebooks", "MLXBUN_NOTEBOOKS")
+
+
+def lab_dir() -> Path:
+    """Lab experiments: <repo root>/lab, else ./lab ($MLXBUN_LAB wins)."""
+    return _find("lab", "MLXBUN_LAB")
+
+
+@dataclass
+class NotebookInfo:
+    name: str  # what `mlxbun lab run NAME` takes
+    kind: str  # "workflow" | "lab"
+    path: Path
+    readme: Path | None = None
+    parameters: dict = field(default_factory=dict)  # name -> {name, inferred_type_name, default, help}
+
+
+def _is_notebook(p: Path) -> bool:
+    return p.suffix == ".ipynb" and p.is_file() and not p.name.startswith(".") and ".ipynb_checkpoints" not in p.parts
+
+
+def _experiments() -> list[NotebookInfo]:
+    root = lab_dir()
+    out = []
+    if not root.is_dir():
+        return out
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        nbs = sorted(p for p in d.glob("*.ipynb") if _is_notebook(p))
+        if not nbs:
+            continue
+        main = next((p for p in nbs if p.stem == d.name), nbs[0])
+        readme = d / "README.md"
+        out.append(NotebookInfo(d.name, "lab", main, readme if readme.is_file() else None))
+    return out
+
+
+def list_notebooks(with_parameters: bool = False) -> list[NotebookInfo]:
+    """The workflows (notebooks/*.ipynb) then the Lab experiments, each with its parameters when asked."""
+    root = notebooks_dir()
+    infos = [NotebookInfo(p.stem, "workflow", p) for p in sorted(root.glob("*.ipynb")) if _is_notebook(p)] \
+        if root.is_dir() else []
+    infos += _experiments()
+    if with_parameters:
+        for info in infos:
+            info.parameters = notebook_parameters(info.path)
+    return infos
+
+
+def notebook_parameters(path) -> dict:
+    """papermill's view of the notebook's `parameters` cell: name -> {name, inferred_type_name, default, help}."""
+    import papermill
+
+    try:
+        return papermill.inspect_notebook(str(path))
+    except Exception as e:  # noqa: BLE001 - nbformat/JSON errors of a broken file
+        raise MlxbunError(f"{path}: cannot read the notebook's parameters ({type(e).__name__}: {e})") from None
+
+
+def resolve_notebook(name_or_path) -> Path:
+    """A notebook path from a path, or a name in notebooks/ or lab/ (with or without .ipynb)."""
+    text = str(name_or_path)
+    p = Path(text).expanduser()
+    if p.is_file():
+        if p.suffix != ".ipynb":
+            raise MlxbunError(f"{p}: not a notebook (.ipynb)")
+        return p.resolve()
+    if p.is_dir():
+        nbs = sorted(q for q in p.glob("*.ipynb") if _is_notebook(q))
+        main = next((q for q in nbs if q.stem == p.name), nbs[0] if nbs else None)
+        if main is None:
+            raise MlxbunError(f"{p}: a directory without a notebook")
+        return main.resolve()
+    stem = text[:-6] if text.endswith(".ipynb") else text
+    infos = list_notebooks()
+    for info in infos:
+        if info.name == stem:
+            return info.path.resolve()
+    known = ", ".join(i.name for i in infos) or f"none (looked in {notebooks_dir()} and {lab_dir()})"
+    raise MlxbunError(f"notebook '{text}': no such file, and not a known notebook name (known: {known})")

@@ -1,0 +1,220 @@
+"""`mlxbun lab`: parameter parsing, notebook discovery, `lab list`, and `lab run` on small notebooks
+(a failing cell exits non-zero and records a failure row; a good run records its duration)."""
+
+import json
+import sys
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+import mlxbun.cli as cli
+from mlxbun.errors import MlxbunError
+from mlxbun.lab.catalog import list_notebooks, resolve_notebook
+from mlxbun.lab.runner import kernel_for_this_python, parse_parameters, parse_value
+from mlxbun.results import open_results
+
+
+def main(argv):
+    """`mlxbun ARGV` with the lab command registered (as cli.COMMAND_MODULES will list it)."""
+    modules = cli.COMMAND_MODULES if "lab" in cli.COMMAND_MODULES else [*cli.COMMAND_MODULES, "lab"]
+    mp = pytest.MonkeyPatch()
+    mp.setattr(cli, "COMMAND_MODULES", modules)
+    try:
+        return cli.main(argv)
+    finally:
+        mp.undo()
+
+
+def write_nb(path, *cells, params="x = 1\ny = 'text'"):
+    cs = [new_markdown_cell("# test notebook")]
+    if params is not None:
+        p = new_code_cell(params)
+        p.metadata["tags"] = ["parameters"]
+        cs.append(p)
+    cs += [new_code_cell(c) for c in cells]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(new_notebook(cells=cs, metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                                   "display_name": "Python 3"}}), path)
+    return path
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    """An empty notebooks/ and lab/ pair the catalog looks in."""
+    nbs, lab = tmp_path / "notebooks", tmp_path / "lab"
+    nbs.mkdir()
+    lab.mkdir()
+    monkeypatch.setenv("MLXBUN_NOTEBOOKS", str(nbs))
+    monkeypatch.setenv("MLXBUN_LAB", str(lab))
+    return nbs, lab
+
+
+# ---------------------------------------------------------------- -p values
+
+
+@pytest.mark.parametrize("text, value", [
+    ("3", 3), ("-2", -2), ("1_000", 1000), ("0.5", 0.5), ("1e-3", 1e-3), ("True", True), ("false", False),
+    ("None", None), ("null", None), ("zoo:llama", "zoo:llama"), ("q4", "q4"), ("[2, 4, 8]", [2, 4, 8]),
+    ("[3.5]", [3.5]), ("{a: 1, b: [x]}", {"a": 1, "b": ["x"]}), ("", ""), ("hello world", "hello world"),
+])
+def test_parse_value(text, value):
+    got = parse_value(text)
+    assert got == value and type(got) is type(value)
+
+
+def test_parse_parameters_refuses_bad_names_duplicates_and_bad_yaml():
+    assert parse_parameters([["a", "1"], ["b", "x"]]) == {"a": 1, "b": "x"}
+    with pytest.raises(MlxbunError, match="twice"):
+        parse_parameters([["a", "1"], ["a", "2"]])
+    with pytest.raises(MlxbunError, match="not a valid parameter name"):
+        parse_parameters([["1a", "1"]])
+    with pytest.raises(MlxbunError, match="YAML"):
+        parse_value("[1, 2")
+
+
+def test_cli_collects_repeated_p_options():
+    import argparse
+
+    from mlxbun.commands import lab
+
+    parser = cli.OneLineParser(prog="mlxbun")
+    lab.register(parser.add_subparsers(dest="command", parser_class=cli.OneLineParser))
+    args = parser.parse_args(["lab", "run", "kv_quant", "-p", "bits", "[2, 4]", "--parameter", "model", "zoo:qwen3",
+                              "--out", "o", "--results", "r.sqlite"])
+    assert args.parameter == [["bits", "[2, 4]"], ["model", "zoo:qwen3"]]
+    assert (args.out, args.results, args.func) == ("o", "r.sqlite", lab.run_run)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["lab", "run", "kv_quant", "-p", "only_a_name"])
+    assert isinstance(args, argparse.Namespace)
+
+
+# ---------------------------------------------------------------- discovery and list
+
+
+def test_list_and_resolve(dirs, tmp_path):
+    nbs, lab = dirs
+    write_nb(nbs / "alpha.ipynb", "print(x)")
+    write_nb(nbs / ".ipynb_checkpoints" / "alpha-checkpoint.ipynb")
+    write_nb(lab / "idea" / "idea.ipynb", params="speed = 2.5  # how fast")
+    (lab / "idea" / "README.md").write_text("# idea\n")
+    (lab / "empty").mkdir()
+    infos = list_notebooks(with_parameters=True)
+    assert [(i.name, i.kind) for i in infos] == [("alpha", "workflow"), ("idea", "lab")]
+    assert infos[0].parameters["y"]["default"] == "'text'"
+    assert infos[1].parameters["speed"]["help"] == "how fast" and infos[1].readme == lab / "idea" / "README.md"
+    assert resolve_notebook("alpha") == (nbs / "alpha.ipynb").resolve()
+    assert resolve_notebook("alpha.ipynb") == (nbs / "alpha.ipynb").resolve()
+    assert resolve_notebook("idea") == (lab / "idea" / "idea.ipynb").resolve()
+    assert resolve_notebook(str(lab / "idea")) == (lab / "idea" / "idea.ipynb").resolve()
+    assert resolve_notebook(str(nbs / "alpha.ipynb")) == (nbs / "alpha.ipynb").resolve()
+    with pytest.raises(MlxbunError, match="known: alpha, idea"):
+        resolve_notebook("beta")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(MlxbunError, match="not a notebook"):
+        resolve_notebook(str(tmp_path / "notes.txt"))
+
+
+def test_lab_list_cli(dirs, capsys):
+    nbs, lab = dirs
+    write_nb(nbs / "alpha.ipynb", params="x = 1  # the x")
+    write_nb(lab / "idea" / "idea.ipynb", params="speed = 2.5")
+    assert main(["lab", "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == ["alpha", "idea"]
+    assert rows[0]["parameters"] == {"x": {"type": "None", "default": "1", "help": "the x"}}
+    assert main(["lab", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "alpha" in out and "x = 1" in out and "speed = 2.5" in out and "lab" in out
+
+
+def test_lab_list_finds_the_repo_notebooks(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLXBUN_NOTEBOOKS", raising=False)
+    monkeypatch.chdir(tmp_path)  # not the repo: the notebooks are found beside the package
+    names = {i.name for i in list_notebooks()}
+    assert {"port_bringup", "logit_diff", "kv_quant", "benchmark"} <= names
+
+
+# ---------------------------------------------------------------- kernel
+
+
+def test_kernel_is_this_python(tmp_path, monkeypatch):
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    with kernel_for_this_python() as name:
+        assert name == "python3"
+    # a python3 spec that launches another interpreter is not used: a temporary one for this Python is
+    spec = tmp_path / "jp" / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({"argv": ["/opt/other/python", "-m", "ipykernel_launcher", "-f",
+                                                           "{connection_file}"], "display_name": "other",
+                                                  "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jp"))
+    with kernel_for_this_python() as name:
+        assert name == "mlxbun-python"
+        assert KernelSpecManager().get_kernel_spec(name).argv[0] == sys.executable
+    assert "mlxbun-python" not in KernelSpecManager().find_kernel_specs()
+
+
+# ---------------------------------------------------------------- lab run
+
+
+def _lab_rows(db):
+    with open_results(db, create=False) as store:
+        return store.load(experiment="lab", expand_params=True)
+
+
+def test_a_failing_notebook_exits_non_zero_and_records_the_failure(dirs, tmp_path, capsys):
+    nbs, _ = dirs
+    nb = write_nb(tmp_path / "elsewhere" / "broken.ipynb", "print('before')", "x / 0", "print('never')")
+    db, out = tmp_path / "r.sqlite", tmp_path / "out"
+    code = main(["lab", "run", str(nb), "--out", str(out), "--results", str(db), "--no-progress"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "broken failed" in err and "ZeroDivisionError" in err
+    rows = _lab_rows(db)
+    assert len(rows) == 1 and rows.metric[0] == "error" and rows.value.isna().all()
+    assert "ZeroDivisionError" in rows["params.error"][0] and "cell 3" in rows["params.error"][0]
+    assert rows["params.notebook"][0] == "broken" and rows["params.duration_s"][0] > 0
+    executed = nbformat.read(out / "broken.ipynb", 4)
+    outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
+    assert any(o.get("ename") == "ZeroDivisionError" for o in outputs)
+    assert not any("never" in o.get("text", "") for o in outputs)
+    assert "ZeroDivisionError" in (out / "broken.html").read_text()
+
+
+def test_a_good_run_injects_parameters_and_records_its_duration(dirs, tmp_path, capsys, monkeypatch):
+    nbs, _ = dirs
+    write_nb(nbs / "hello.ipynb",
+             "import os\nprint(f'x={x!r} y={y!r} results={results_path}')\n"
+             "print('headless', os.environ['MLXBUN_HEADLESS'], os.environ['MLXBUN_LAB_RUN'])",
+             params="x = 1\ny = 'text'\nresults_path = None")
+    db, out = tmp_path / "r.sqlite", tmp_path / "out"
+    monkeypatch.chdir(tmp_path)  # relative paths are taken from here, not from the notebook's directory
+    code = main(["lab", "run", "hello", "-p", "x", "[2, 3]", "-p", "y", "0.5", "--out", "out",
+                 "--results", "r.sqlite", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    assert "hello: ok" in capsys.readouterr().out
+    rows = _lab_rows(db)
+    assert list(rows.metric) == ["duration_s"] and rows.value[0] > 0 and rows.unit[0] == "s"
+    assert rows["params.parameters.x"][0] == [2, 3] and rows["params.parameters.results_path"][0] == str(db)
+    executed = nbformat.read(out / "hello.ipynb", 4)
+    text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+    assert f"x=[2, 3] y=0.5 results={db}" in text
+    assert f"headless 1 {rows.run_id[0]}" in text
+    assert (out / "hello.html").read_text().count("<html") == 1
+
+
+def test_lab_run_refuses_mistakes_before_running(dirs, tmp_path, capsys):
+    nbs, _ = dirs
+    write_nb(nbs / "hello.ipynb", "print(x)")
+    db = tmp_path / "r.sqlite"
+    assert main(["lab", "run", "hello", "-p", "nope", "1", "--results", str(db), "--out", str(tmp_path)]) == 1
+    assert "no parameter(s) nope" in capsys.readouterr().err
+    assert main(["lab", "run", "missing", "--results", str(db), "--out", str(tmp_path)]) == 1
+    assert "known: hello" in capsys.readouterr().err
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"not a database at all")
+    assert main(["lab", "run", "hello", "--results", str(junk), "--out", str(tmp_path)]) == 1
+    assert "not an SQLite database" in capsys.readouterr().err
+    assert not db.exists() and not (tmp_path / "hello.ipynb").exists()

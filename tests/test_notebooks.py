@@ -1,0 +1,46 @@
+"""Every notebook in notebooks/ runs headless on its defaults through `mlxbun lab run`, with no
+cell error, and leaves its rows (tied to the lab run) in the results table."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import mlxbun.cli as cli
+from mlxbun.results import open_results
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def test_the_standard_notebooks_are_there_and_stored_clean():
+    assert {p.stem for p in NOTEBOOKS} >= {"port_bringup", "logit_diff", "kv_quant", "benchmark"}
+    for p in NOTEBOOKS:
+        nb = nbformat.read(p, 4)
+        nbformat.validate(nb)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert "parameters" in code[0].metadata.get("tags", []), p.name  # the first code cell
+        assert "results_path = None" in code[0].source, p.name
+        assert all(not c.outputs and c.execution_count is None for c in code), f"{p.name}: outputs not cleared"
+        assert any(c.cell_type == "markdown" for c in nb.cells), p.name
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_headless_and_records_rows(path, zoo_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))  # the kernel inherits it: the test zoo
+    monkeypatch.setattr(cli, "COMMAND_MODULES", [m for m in cli.COMMAND_MODULES if m != "lab"] + ["lab"])
+    db, out = tmp_path / "results.sqlite", tmp_path / "out"
+    code = cli.main(["lab", "run", str(path), "--out", str(out), "--results", str(db), "--no-progress",
+                     "--timeout", "120"])
+    assert code == 0, capsys.readouterr().err
+    executed = nbformat.read(out / f"{path.stem}.ipynb", 4)
+    errors = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
+    assert any("image/png" in o.get("data", {}) for c in executed.cells if c.cell_type == "code"
+               for o in c.outputs), "no plot"
+    assert (out / f"{path.stem}.html").stat().st_size > 0
+    with open_results(db, create=False) as store:
+        rows = store.load(expand_params=True)
+    lab = rows[rows.experiment == "lab"]
+    assert list(lab.metric) == ["duration_s"] and lab["params.notebook"].iloc[0] == path.stem
+    mine = rows[rows["params.lab_run"] == lab.run_id.iloc[0]]
+    assert len(mine) > 0 and "error" not in set(mine.metric)
