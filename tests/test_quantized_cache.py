@@ -324,3 +324,33 @@ def test_spec_commit_matches_mlx_lm_trim_in_model(llama):
     for i in range(4):
         t = ids(1, 10 + i)
         assert same(llama(t, cache=mine), llama(t, cache=ref)), i
+
+
+# ------------------------------------------------------------------ CUDA path (dequantize + SDPA)
+
+
+def test_cuda_path_routes_to_dequantized_sdpa_and_agrees(monkeypatch):
+    import mlxbun.cache.quantized as Q
+
+    mx.random.seed(11)
+    q = mx.random.normal((1, 4, 1, 64))
+    k, v = mx.random.normal((1, 2, 37, 64)), mx.random.normal((1, 2, 37, 64))
+    cache = Q.QuantizedKVCache(group_size=32, bits=8)
+    qk, qv = cache.update_and_fetch(k, v)
+    # mlx-lm's quantized sdpa scales the queries in place (`queries *= scale`): fresh copies each call
+    exact = cache.attention(mx.array(q), qk, qv, scale=0.125, mask=None)
+    monkeypatch.setattr(Q, "backend_has_quantized_attention", lambda: False)
+    calls = []
+    real = Q.dequantized_sdpa
+    monkeypatch.setattr(Q, "dequantized_sdpa", lambda *a: calls.append(1) or real(*a))
+    cuda_like = cache.attention(mx.array(q), qk, qv, scale=0.125, mask=None)
+    assert calls == [1]
+    # Same math, different rounding order: float32 agreement to 1e-5 (observed ~1e-7).
+    assert mx.allclose(exact, cuda_like, atol=1e-5).item()
+    assert not mx.array_equal(exact, exact * 1.001)  # the comparison is not vacuous
+
+
+def test_backend_probe_is_true_on_this_cpu():
+    from mlxbun.cache.quantized import backend_has_quantized_attention
+
+    assert backend_has_quantized_attention() is True

@@ -191,6 +191,8 @@ class QuantizedKVCache(_SpecRound):
     def attention(self, queries, q_keys, q_values, scale, mask):
         """Attention over what `update_and_fetch` returned: mlx-lm's quantized sdpa,
         or the chunked one when `attention_chunk` is set and the keys are longer."""
+        if not backend_has_quantized_attention():
+            return dequantized_sdpa(queries, q_keys, q_values, scale, mask, self.group_size, self.bits)
         if self.attention_chunk is not None and q_keys[0].shape[-2] > self.attention_chunk:
             return chunked_quantized_sdpa(queries, q_keys, q_values, scale, mask,
                                           self.group_size, self.bits, self.attention_chunk)
@@ -279,6 +281,25 @@ def maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_
                     raise type(err)(f"cache {e}: {err}") from None
         elif hasattr(c, "to_quantized") and c.offset >= quantized_kv_start:
             prompt_cache[e] = c.to_quantized(group_size=kv_group_size, bits=kv_bits)
+
+
+# ------------------------------------------------------------------ CUDA attention
+
+
+def backend_has_quantized_attention() -> bool:
+    """False on mlx's CUDA backend, whose quantized_matmul has no kernel for attention's
+    shapes (e.g. `1x513x128x32, transpose: true` fails at the first decode step, which
+    is why mlx-lm's kv_bits does not run there; see shared/gpu/README.md)."""
+    return not (mx.default_device() == mx.gpu and mx.cuda.is_available())
+
+
+def dequantized_sdpa(queries, q_keys, q_values, scale, mask, group_size: int, bits: int) -> mx.array:
+    """Attention through dequantize + the fused SDPA kernel: the CUDA path for quantized KV.
+    Same math as the quantized-matmul path; rounding differs (it is not the CPU/Metal op
+    sequence), so it is only ever used where that sequence cannot run."""
+    keys = mx.dequantize(*q_keys, group_size=group_size, bits=bits).astype(queries.dtype)
+    values = mx.dequantize(*q_values, group_size=group_size, bits=bits).astype(queries.dtype)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
 # ------------------------------------------------------------------ chunked attention

@@ -1,0 +1,163 @@
+"""KV-cache memory benchmark: peak memory and decode speed per KV scheme and context length.
+
+For each context length the prompt is prefilled once through plain caches; each scheme then
+starts from a copy of that cache converted to its format (fp16 as is, q8/q4 with mlx-lm's
+conversion, TurboQuant 3.5 through its codec), and `decode` tokens are generated greedily while
+peak memory is tracked (`mx.reset_peak_memory` right before decoding). Rows: kv bytes, peak
+memory during decode, the part of that peak above weights + KV ("attention overhead"), and
+decode tokens/s. Quantized KV must not raise peak memory above fp16 (mlx-lm issue #1587):
+the `-chunked` schemes show the bounded attention path next to mlx-lm's.
+
+    python -m mlxbun.bench.kv_memory --contexts 1024,4096,16384 --results out.sqlite
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import mlx.core as mx
+
+SCHEMES = ("fp16", "q8", "q4", "q8-chunked", "q4-chunked", "turboquant3.5")
+
+# The zoo's llama recipe scaled until the KV cache matters: 28 layers, 16 query heads on 4 KV
+# heads of 128 (grouped-query attention, as in real checkpoints: the case where mlx-lm's
+# quantized attention copies the packed K/V per query head).
+KV_HEAVY = dict(
+    model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=2048, intermediate_size=2048,
+    num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=4, head_dim=128,
+    rms_norm_eps=1e-5, vocab_size=512, rope_theta=500000.0, tie_word_embeddings=True,
+    max_position_embeddings=32768,
+)
+
+
+@dataclass
+class KVMemoryRow:
+    scheme: str
+    context: int
+    kv_bytes: int
+    weights_bytes: int
+    peak_decode_bytes: int
+    overhead_bytes: int  # peak - weights - kv: what attention materializes on top
+    decode_tps: float
+    decode_tokens: int
+
+
+def _convert(caches: list, scheme: str) -> list:
+    from mlxbun.cache.quantized import quantize_cache
+    from mlxbun.cache.turboquant import TurboQuantKVCache
+
+    if scheme == "fp16":
+        return [copy.copy(c) for c in caches]
+    if scheme.startswith("turboquant"):
+        bits = float(scheme[len("turboquant"):])
+        return [TurboQuantKVCache.from_cache(c, bits=bits, seed=i) for i, c in enumerate(caches)]
+    bits = int(scheme[1])
+    out = [quantize_cache(c, group_size=64, bits=bits) for c in caches]
+    if scheme.endswith("-chunked"):
+        for c in out:
+            c.attention_chunk = 1024
+    return out
+
+
+def _kv_bytes(caches) -> int:
+    return sum(c.nbytes for c in caches)
+
+
+def run_kv_memory(model, contexts=(1024, 4096, 16384), schemes=SCHEMES, decode: int = 32,
+                  prefill_step: int = 2048, progress=None) -> list[KVMemoryRow]:
+    """Measure every (context, scheme) on one model; returns one row per pair."""
+    bad = [s for s in schemes if s not in SCHEMES]
+    if bad:
+        from mlxbun.errors import MlxbunError
+
+        raise MlxbunError(f"unknown KV scheme(s) {bad}; choose from {', '.join(SCHEMES)}")
+    rows = []
+    weights = model.weights_bytes
+    for ctx in contexts:
+        prompt = mx.random.randint(16, model.args.vocab, (1, ctx), key=mx.random.key(ctx))
+        base = model.make_cache()
+        for start in range(0, ctx, prefill_step):
+            model(prompt[:, start:start + prefill_step], cache=base)
+            mx.eval([c.state for c in base])
+        for scheme in schemes:
+            caches = _convert(base, scheme)
+            mx.eval([c.state for c in caches])
+            mx.clear_cache()
+            mx.reset_peak_memory()
+            tok = prompt[:, -1:]
+            mx.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(decode):
+                tok = mx.argmax(model(tok, cache=caches)[:, -1], axis=-1)[:, None]
+                mx.eval(tok)
+            mx.synchronize()
+            dt = time.perf_counter() - t0
+            kv = _kv_bytes(caches)
+            peak = mx.get_peak_memory()
+            rows.append(KVMemoryRow(scheme, ctx, kv, weights, peak, peak - weights - kv, decode / dt, decode))
+            if progress:
+                progress(rows[-1])
+            del caches
+        del base
+        mx.clear_cache()
+    return rows
+
+
+def to_markdown(rows: list[KVMemoryRow]) -> str:
+    mb = 1024 ** 2
+    lines = ["| context | scheme | KV MiB | peak during decode MiB | overhead over weights+KV MiB | decode tok/s | peak vs fp16 |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    fp16 = {r.context: r.peak_decode_bytes for r in rows if r.scheme == "fp16"}
+    for r in rows:
+        rel = f"{r.peak_decode_bytes / fp16[r.context]:.2f}x" if r.context in fp16 else "-"
+        lines.append(f"| {r.context} | {r.scheme} | {r.kv_bytes / mb:.1f} | {r.peak_decode_bytes / mb:.1f} | "
+                     f"{r.overhead_bytes / mb:.1f} | {r.decode_tps:.1f} | {rel} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from mlxbun.models.universal.loader import build_model
+
+    p = argparse.ArgumentParser(prog="python -m mlxbun.bench.kv_memory", description=__doc__.splitlines()[0])
+    p.add_argument("--contexts", default="1024,4096,16384")
+    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--decode", type=int, default=32)
+    p.add_argument("--layers", type=int, default=KV_HEAVY["num_hidden_layers"])
+    p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
+    p.add_argument("--results", help="results table to record rows into")
+    args = p.parse_args(argv)
+    cfg = dict(KV_HEAVY, num_hidden_layers=args.layers)
+    model = build_model(cfg)
+    mx.random.seed(0)
+    dtype = getattr(mx, args.dtype)
+    from mlx.utils import tree_map
+
+    model.update(tree_map(lambda p: (mx.random.normal(p.shape) * 0.02).astype(dtype), model.parameters()))
+    mx.eval(model.parameters())
+    contexts = [int(c) for c in args.contexts.split(",")]
+    schemes = [s for s in args.schemes.split(",") if s]
+    rows = run_kv_memory(model, contexts, schemes, args.decode,
+                         progress=lambda r: print(f"  {r.context:>6} {r.scheme:<14} peak {r.peak_decode_bytes / 2**20:9.1f} MiB "
+                                                  f"kv {r.kv_bytes / 2**20:8.1f} MiB {r.decode_tps:8.1f} tok/s",
+                                                  file=sys.stderr, flush=True))
+    print(f"device: {mx.default_device()} {mx.device_info().get('device_name', '')}; model: zoo llama recipe scaled "
+          f"to {args.layers} layers, 16 query / 4 KV heads x 128, {args.dtype}; decode {args.decode} tokens\n")
+    print(to_markdown(rows))
+    if args.results:
+        from mlxbun.results import open_results
+
+        run = open_results(args.results).new_run("kv_memory", params=dict(cfg, dtype=args.dtype, decode=args.decode))
+        for r in rows:
+            params = dict(scheme=r.scheme, context=r.context)
+            run.record("peak_decode_bytes", r.peak_decode_bytes, "B", **params)
+            run.record("kv_bytes", r.kv_bytes, "B", **params)
+            run.record("decode_tps", r.decode_tps, "tok/s", **params)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
