@@ -66,25 +66,12 @@ def loaded(zoo):
 
 
 @pytest.fixture(scope="session")
-def wide_qwen3(tmp_path_factory):
+def wide_qwen3(zoo_root):
     """A tiny qwen3 with head_dim 32: mx.quantize needs a group size of 32+ dividing head_dim,
     and the zoo's head_dim is 16."""
-    from mlx_lm.utils import save_config
+    from mlxbun.zoo import cached_checkpoint
 
-    from mlxbun.zoo import tiny_config
-    from mlxbun.zoo import weights
-    from mlxbun.zoo.tokenizer import write_tokenizer_files
-
-    out = tmp_path_factory.mktemp("wide") / "tiny-qwen3-hd32"
-    out.mkdir()
-    config = tiny_config("qwen3")
-    config["head_dim"] = 32
-    config["torch_dtype"] = "float32"
-    model = weights.build_model(config, 0)
-    weights.save_weights(model, out)
-    save_config(config, out / "config.json")
-    write_tokenizer_files(out)
-    return out
+    return cached_checkpoint("qwen3", head_dim=32, root=zoo_root)
 
 
 def _oracle(model, tokenizer, prompt, *, seed=None, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0,

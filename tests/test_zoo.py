@@ -324,3 +324,17 @@ def test_cli_builds_lists_and_refuses(tmp_path, capsys):
     assert main(["zoo", "build", "llama", "--out", str(tmp_path), "--quant", "5"]) == 1
     assert "quant" in capsys.readouterr().err
     assert sorted(tmp_path.iterdir()) == before  # nothing built for a refused command
+
+
+def test_head_dim_widens_the_heads_and_refuses_where_mlx_lm_ignores_it(tmp_path):
+    import mlx_lm
+
+    path = make_checkpoint("qwen3", tmp_path, head_dim=32)
+    assert path.name == "tiny-qwen3-hd32"
+    assert json.loads((path / "config.json").read_text())["head_dim"] == 32
+    model, _ = mlx_lm.load(str(path))
+    assert model.model.layers[0].self_attn.q_proj.weight.shape == (4 * 32, 64)
+    with pytest.raises(ZooArgumentError, match="head_dim"):
+        make_checkpoint("gpt_neox", tmp_path, head_dim=32)  # its ModelArgs has no head_dim
+    with pytest.raises(ZooArgumentError, match="even integer"):
+        make_checkpoint("qwen3", tmp_path, head_dim=7)

@@ -22,6 +22,8 @@ def register(subparsers) -> None:
     build.add_argument("--dtype", default="float32", metavar="{float32,float16,bfloat16}",
                        help="dtype of the unquantized parameters (default float32)")
     build.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    build.add_argument("--head-dim", type=int, default=None,
+                       help="widen the heads (zoo default 16; quantized KV needs 32+)")
     build.add_argument("--hf-cache", action="store_true",
                        help="lay out as a hub cache: DIR/models--mlxbun--tiny-ARCH/snapshots/REV")
     build.set_defaults(func=_build)
@@ -43,10 +45,10 @@ def _build(args) -> int:
 
     archs = list(ARCHS) if "all" in args.archs else list(dict.fromkeys(args.archs))
     for arch in archs:  # refuse every bad argument before building anything
-        variant(arch, quant=args.quant, dtype=args.dtype, seed=args.seed)
+        variant(arch, quant=args.quant, dtype=args.dtype, seed=args.seed, head_dim=args.head_dim)
     for arch in archs:
         path = make_checkpoint(arch, args.out, quant=args.quant, dtype=args.dtype,
-                               seed=args.seed, hf_cache=args.hf_cache)
+                               seed=args.seed, hf_cache=args.hf_cache, head_dim=args.head_dim)
         print(f"{arch}\t{path}", flush=True)
     return 0
 

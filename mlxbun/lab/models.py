@@ -14,8 +14,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,53 +34,15 @@ ENGINES = ("mlxbun", "mlx-lm")
 
 def wide_zoo_checkpoint(arch: str = "llama", head_dim: int = 32, *, variant: str = "float32", seed: int = 0,
                         root=None) -> Path:
-    """The zoo checkpoint of `arch` with `head_dim` overridden, built once per zoo cache root.
-
-    Same recipe as the zoo's own builds (mlx-lm model, seeded perturbation, cast / quantize as
-    mlx_lm.convert, sharded safetensors, the zoo tokenizer); only the head width differs.
-    """
-    from filelock import FileLock
-    from mlx_lm.utils import save_config
-
+    """The zoo checkpoint of `arch` with its heads widened to `head_dim` (the zoo's are 16;
+    quantized KV needs a group of 32+ dividing the head), built once per zoo cache root."""
     from mlxbun.parity.port import VARIANT_ALIASES, ZOO_VARIANTS
-    from mlxbun.zoo import tiny_config, weights
-    from mlxbun.zoo.cache import default_root, zoo_fingerprint
-    from mlxbun.zoo.tokenizer import write_tokenizer_files
+    from mlxbun.zoo import cached_checkpoint
 
     variant = VARIANT_ALIASES.get(variant, variant)
     if variant not in ZOO_VARIANTS:
         raise MlxbunError(f"unknown zoo variant '{variant}' (choose from {', '.join(ZOO_VARIANTS)})")
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
-        raise MlxbunError(f"head_dim must be an even integer >= 2, got {head_dim!r}")
-    spec = ZOO_VARIANTS[variant]
-    name = f"tiny-{arch}-hd{head_dim}-{variant}" + (f"-s{seed}" if seed else "")
-    key_dir = (Path(root) if root is not None else default_root()) / zoo_fingerprint()
-    final = key_dir / name
-    if final.is_dir():
-        return final
-    config = tiny_config(arch)  # raises UnsupportedModelError naming the zoo archs
-    config["head_dim"] = head_dim
-    config["torch_dtype"] = spec.get("dtype", "float32")
-    key_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(key_dir / f".{name}.lock")):
-        if final.is_dir():
-            return final
-        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=key_dir))
-        try:
-            built = work / name
-            built.mkdir()
-            model = weights.build_model(config, seed)
-            weights.cast(model, config["torch_dtype"])
-            if "quant" in spec:
-                config = weights.quantize(model, config, spec["quant"])
-            weights.save_weights(model, built)
-            save_config(config, built / "config.json")
-            write_tokenizer_files(built)
-            os.replace(built, final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return final
-
+    return cached_checkpoint(arch, seed=seed, root=root, head_dim=head_dim, **ZOO_VARIANTS[variant])
 
 def resolve_model(spec: str | os.PathLike = "zoo:llama", *, variant: str = "float32",
                   head_dim: int | None = None) -> Path:

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from mlxbun.parity.localize import _feeds, _merged_order, bit_equal, max_abs_diff, tap
+from mlxbun.parity.localize import bit_equal, max_abs_diff, merged_order, tapped_steps
 from mlxbun.parity.taps import Taps, block_paths, layer_index_of, substep_of
 
 __all__ = ["LayerDiff", "layer_diff", "summarize"]
@@ -66,7 +66,7 @@ def _record(step: int, order: int, path: str, call: int, xa: mx.array | None, xb
 def _compare_step(ta: Taps, tb: Taps, la: mx.array, lb: mx.array, step: int, start: int) -> list[dict[str, Any]]:
     blocks = block_paths([(p, None) for p in set(ta.called()) | set(tb.called())])
     out = []
-    for path, k in _merged_order(ta, tb):
+    for path, k in merged_order(ta, tb):
         xa = ta[path][k] if path in ta and k < len(ta[path]) else None
         xb = tb[path][k] if path in tb and k < len(tb[path]) else None
         out.append(_record(step, start + len(out), path, k, xa, xb, blocks))
@@ -228,18 +228,9 @@ def layer_diff(model_a: Any, model_b: Any, prompt_ids: Sequence, decode_ids: Seq
     (default: every module), None (blocks and their direct children),
     "layers", a list of module paths, or a predicate.
     """
-    from mlxbun.models.mlxlm import ensure_runtime
-
-    model_a, model_b = ensure_runtime(model_a), ensure_runtime(model_b)
-    cache_a, cache_b = model_a.make_cache(), model_b.make_cache()
     records: list[dict[str, Any]] = []
     all_paths: set[str] = set()
-    for step, x in enumerate(_feeds(prompt_ids, decode_ids)):
-        with tap(model_a, paths) as ta:
-            la = model_a(x, cache=cache_a)
-        with tap(model_b, paths) as tb:
-            lb = model_b(x, cache=cache_b)
-        mx.eval(la, lb, [v for t in (ta, tb) for outs in t.values() for v in outs])
+    for step, ta, tb, la, lb in tapped_steps(model_a, model_b, prompt_ids, decode_ids, paths):
         records += _compare_step(ta, tb, la, lb, step, len(records))
         all_paths |= set(ta.called()) | set(tb.called())
         del ta, tb  # the step's activations are summarized; free them before the next forward

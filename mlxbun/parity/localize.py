@@ -77,7 +77,7 @@ def tap(model: Any, paths: Any = None):
     raise MlxbunError(f"{type(model).__name__} has no layers_tap and is not an mlx.nn.Module")
 
 
-def _merged_order(a: Taps, b: Taps) -> list[tuple[str, int]]:
+def merged_order(a: Taps, b: Taps) -> list[tuple[str, int]]:
     """Oracle order, with candidate-only calls slotted in after their predecessor on the candidate side."""
     merged = list(b.order)
     present = set(merged)
@@ -93,7 +93,7 @@ def _merged_order(a: Taps, b: Taps) -> list[tuple[str, int]]:
 
 def _compare_taps(a: Taps, b: Taps, step: int) -> Divergence | None:
     blocks = block_paths([(p, None) for p in set(a.called()) | set(b.called())])
-    for path, k in _merged_order(a, b):
+    for path, k in merged_order(a, b):
         xa = a[path][k] if path in a and k < len(a[path]) else None
         xb = b[path][k] if path in b and k < len(b[path]) else None
         label = dict(path=path, layer_index=layer_index_of(path, blocks), substep=substep_of(path, blocks),
@@ -113,7 +113,7 @@ def _numeric(label: dict, xa: mx.array, xb: mx.array) -> Divergence:
                       dtype_a=_dtype(xa), dtype_b=_dtype(xb))
 
 
-def _feeds(prompt_ids: Sequence, decode_ids: Sequence | None) -> list[mx.array]:
+def step_feeds(prompt_ids: Sequence, decode_ids: Sequence | None) -> list[mx.array]:
     from mlxbun.parity.oracle import as_batch
 
     rows, batched = as_batch(prompt_ids)
@@ -126,6 +126,22 @@ def _feeds(prompt_ids: Sequence, decode_ids: Sequence | None) -> list[mx.array]:
     return feeds
 
 
+def tapped_steps(model_a, model_b, prompt_ids: Sequence, decode_ids: Sequence | None = None, paths: Any = None):
+    """Run both models step by step (prefill, then each decode id) through their own caches under
+    taps; yields (step, taps_a, taps_b, logits_a, logits_b) with everything evaluated."""
+    from mlxbun.models.mlxlm import ensure_runtime
+
+    model_a, model_b = ensure_runtime(model_a), ensure_runtime(model_b)
+    cache_a, cache_b = model_a.make_cache(), model_b.make_cache()
+    for step, x in enumerate(step_feeds(prompt_ids, decode_ids)):
+        with tap(model_a, paths) as ta:
+            la = model_a(x, cache=cache_a)
+        with tap(model_b, paths) as tb:
+            lb = model_b(x, cache=cache_b)
+        mx.eval(la, lb, [v for t in (ta, tb) for outs in t.values() for v in outs])
+        yield step, ta, tb, la, lb
+
+
 def first_divergence(candidate: Any, oracle: Any, prompt_ids: Sequence, decode_ids: Sequence | None = None,
                      *, paths: Any = None) -> Divergence | None:
     """The first tapped module output (or, failing that, the logits) where candidate and oracle differ.
@@ -134,16 +150,7 @@ def first_divergence(candidate: Any, oracle: Any, prompt_ids: Sequence, decode_i
     at a time after the prefill, to reach a divergence that only shows in decode.
     Returns None when every tapped output and every logit is bit-equal.
     """
-    from mlxbun.models.mlxlm import ensure_runtime
-
-    candidate, oracle = ensure_runtime(candidate), ensure_runtime(oracle)
-    cache_a, cache_b = candidate.make_cache(), oracle.make_cache()
-    for step, x in enumerate(_feeds(prompt_ids, decode_ids)):
-        with tap(candidate, paths) as ta:
-            la = candidate(x, cache=cache_a)
-        with tap(oracle, paths) as tb:
-            lb = oracle(x, cache=cache_b)
-        mx.eval(la, lb, [v for t in (ta, tb) for outs in t.values() for v in outs])
+    for step, ta, tb, la, lb in tapped_steps(candidate, oracle, prompt_ids, decode_ids, paths):
         found = _compare_taps(ta, tb, step)
         if found is not None:
             return found

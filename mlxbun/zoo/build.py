@@ -28,10 +28,13 @@ class Variant:
     quant: int | str | None
     dtype: str
     seed: int
+    head_dim: int | None = None  # a wider head than the zoo's 16 (quantized KV needs >= 32)
 
     @property
     def name(self) -> str:
         parts = [f"tiny-{self.arch}"]
+        if self.head_dim is not None:
+            parts.append(f"hd{self.head_dim}")
         if DTYPES[self.dtype]:
             parts.append(DTYPES[self.dtype])
         if self.quant is not None:
@@ -56,13 +59,30 @@ def parse_quant(quant) -> int | str | None:
     raise ZooArgumentError(f"unknown quant {quant!r}; choose one of: none, 4, 8, mixed")
 
 
-def variant(arch: str, *, quant=None, dtype: str = "float32", seed: int = 0) -> Variant:
+def variant(arch: str, *, quant=None, dtype: str = "float32", seed: int = 0, head_dim: int | None = None) -> Variant:
     get_arch(arch)  # UnsupportedModelError naming the known archs
     if dtype not in DTYPES:
         raise ZooArgumentError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ZooArgumentError(f"seed must be a non-negative integer, got {seed!r}")
-    return Variant(arch, parse_quant(quant), dtype, seed)
+    if head_dim is not None:
+        _check_head_dim(arch, head_dim)
+    return Variant(arch, parse_quant(quant), dtype, seed, head_dim)
+
+
+def _check_head_dim(arch: str, head_dim) -> None:
+    """Only archs whose mlx-lm ModelArgs read `head_dim` can widen their heads: elsewhere the
+    key would be ignored and the checkpoint silently keep hidden/heads."""
+    import inspect
+
+    from mlx_lm.utils import _get_classes
+
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+        raise ZooArgumentError(f"head_dim must be an even integer >= 2, got {head_dim!r}")
+    _, args_class = _get_classes(tiny_config(arch))
+    if "head_dim" not in inspect.signature(args_class).parameters:
+        raise ZooArgumentError(f"zoo arch {arch!r}: mlx-lm's {args_class.__module__} has no head_dim "
+                               "setting, so its heads cannot be widened")
 
 
 def build_files(v: Variant, out: Path) -> None:
@@ -74,6 +94,8 @@ def build_files(v: Variant, out: Path) -> None:
 
     config = tiny_config(v.arch)
     config["torch_dtype"] = v.dtype
+    if v.head_dim is not None:
+        config["head_dim"] = v.head_dim
     model = weights.build_model(config, v.seed)
     weights.cast(model, v.dtype)
     if v.quant is not None:
@@ -101,11 +123,13 @@ def make_checkpoint(
     dtype: str = "float32",
     seed: int = 0,
     hf_cache: bool = False,
+    head_dim: int | None = None,
 ) -> Path:
     """Build the tiny `arch` checkpoint under `out_dir` and return its directory:
     `out_dir/tiny-<arch>[-<variant>]`, or with `hf_cache` the snapshot dir of
-    `out_dir/models--mlxbun--tiny-<arch>[-<variant>]`. Same arguments, same bytes."""
-    v = variant(arch, quant=quant, dtype=dtype, seed=seed)
+    `out_dir/models--mlxbun--tiny-<arch>[-<variant>]`. Same arguments, same bytes.
+    `head_dim` widens the heads (the zoo's are 16; quantized KV needs a group of 32+)."""
+    v = variant(arch, quant=quant, dtype=dtype, seed=seed, head_dim=head_dim)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{v.name}.", dir=out_dir))

@@ -43,13 +43,13 @@ def zoo_fingerprint() -> str:
 
 
 def cached_checkpoint(
-    arch: str, *, quant=None, dtype: str = "float32", seed: int = 0, root=None
+    arch: str, *, quant=None, dtype: str = "float32", seed: int = 0, root=None, head_dim: int | None = None
 ) -> Path:
     """The checkpoint dir of this variant in the cache `root` (default `$MLXBUN_ZOO_CACHE` or
     ~/.cache/mlxbun/zoo), built on first use."""
     from filelock import FileLock
 
-    v = variant(arch, quant=quant, dtype=dtype, seed=seed)
+    v = variant(arch, quant=quant, dtype=dtype, seed=seed, head_dim=head_dim)
     base = Path(root) if root is not None else default_root()
     key_dir = base / zoo_fingerprint()
     final = key_dir / v.name

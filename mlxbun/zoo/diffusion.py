@@ -1,0 +1,256 @@
+"""Tiny DiffusionGemma checkpoints in Hugging Face layout (mlx-vlm's loader reads them strictly).
+
+The config is the real google/diffusiongemma-26B-A4B one (mlx-vlm's `TextConfig` defaults)
+shrunk: hidden 64, a sliding and a global layer (the global one with its own head dim and
+kv-head count, K reused as V, partial proportional RoPE), 4 experts top-2 next to the dense
+MLP, canvas 16, the zoo tokenizer's 512-token vocab. The weights are mlxbun's graph initialized
+from a seeded RNG and perturbed by name like every zoo arch (so norms, layer scalars and the
+router scales are not their neutral init), saved under HF names: the fused expert tensors
+without ".weight", the encoder's own `layer_scalar`s, nothing for the tied encoder/head.
+generation_config.json carries DiffusionGemma's generation defaults (entropy-bound sampler,
+linear temperature schedule, stability stop).
+
+    make_diffusion_checkpoint(out_dir)            # -> out_dir/tiny-diffusion_gemma
+    cached_diffusion_checkpoint(seed=1)           # built once per cache root
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map_with_path
+
+from mlxbun.zoo.build import DTYPES, REPO_ORG, ZooArgumentError, _replace_dir
+from mlxbun.zoo.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    GENERATION_EOS_IDS,
+    PAD_ID,
+    VOCAB_SIZE,
+    write_tokenizer_files,
+)
+
+ARCH = "diffusion_gemma"
+CANVAS_LENGTH = 16
+SLIDING_WINDOW = 16  # a 12-token prompt plus one canvas already crosses it
+HEAD_SHARPNESS = 4.0  # final-norm gain: logits ~4x a random init's
+
+__all__ = [
+    "ARCH",
+    "cached_diffusion_checkpoint",
+    "diffusion_generation_config",
+    "make_diffusion_checkpoint",
+    "tiny_diffusion_config",
+]
+
+
+def tiny_diffusion_config() -> dict:
+    """config.json of the tiny checkpoint."""
+    text = {
+        "model_type": "diffusion_gemma_text",
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_global_key_value_heads": 1,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512,
+        "pad_token_id": PAD_ID,
+        "eos_token_id": EOS_ID,
+        "bos_token_id": BOS_ID,
+        "tie_word_embeddings": True,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {
+                "rope_type": "proportional",
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0,
+            },
+        },
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "sliding_window": SLIDING_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "final_logit_softcapping": 30.0,
+        "use_bidirectional_attention": "vision",
+        "num_experts": 4,
+        "top_k_experts": 2,
+    }
+    return {
+        "architectures": ["DiffusionGemmaForBlockDiffusion"],
+        "model_type": "diffusion_gemma",
+        "text_config": text,
+        "vision_config": None,  # text only: mlx-vlm builds no vision tower
+        "canvas_length": CANVAS_LENGTH,
+        "boi_token_id": 255999,
+        "eoi_token_id": 258882,
+        "image_token_id": 258880,
+        "eos_token_id": list(GENERATION_EOS_IDS),
+        "initializer_range": 0.02,
+        "tie_word_embeddings": True,
+    }
+
+
+def diffusion_generation_config() -> dict:
+    """generation_config.json: the zoo's token ids plus DiffusionGemma's generation defaults
+    (transformers' DiffusionGemmaGenerationConfig defaults)."""
+    return {
+        "bos_token_id": BOS_ID,
+        "eos_token_id": list(GENERATION_EOS_IDS),
+        "pad_token_id": PAD_ID,
+        "do_sample": False,
+        "max_denoising_steps": 48,
+        "sampler_config": {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.1},
+        "t_min": 0.4,
+        "t_max": 0.8,
+        "stability_threshold": 1,
+        "confidence_threshold": 0.005,
+    }
+
+
+def _hf_name(param: str) -> str:
+    # HF keeps the fused expert tensors as bare parameters (no ".weight")
+    for stem in (".experts.gate_up_proj.weight", ".experts.down_proj.weight"):
+        if param.endswith(stem):
+            return param[: -len(".weight")]
+    return param
+
+
+def build_weights(seed: int, dtype: str = "float32") -> dict[str, mx.array]:
+    """HF-named tensors of the tiny graph: seeded init, perturbed by name, cast."""
+    from mlxbun.models.diffusion_gemma import DiffusionGemmaModel, config_from_dict
+    from mlxbun.zoo.weights import _perturb
+
+    mx.random.seed(seed)
+    model = DiffusionGemmaModel(config_from_dict(tiny_diffusion_config()))
+    model.update(tree_map_with_path(lambda name, p: _perturb(name, p, seed), model.parameters()))
+    # A sharper head than random init gives: confident positions, several reveals per step,
+    # early stops and stable canvases, so the samplers' branches all run on the tiny model.
+    norm = model.model.decoder.norm
+    norm.weight = norm.weight * HEAD_SHARPNESS
+    target = getattr(mx, dtype)
+    weights = {
+        _hf_name(k): (v.astype(target) if mx.issubdtype(v.dtype, mx.floating) else v)
+        for k, v in tree_flatten(model.parameters())
+    }
+    mx.eval(weights)
+    return weights
+
+
+def save_shards(weights: dict[str, mx.array], out: Path) -> None:
+    """Two safetensors shards (cut by bytes, in insertion order) plus the HF index json."""
+    names = list(weights)
+    total = sum(v.nbytes for v in weights.values())
+    running, cut = 0, len(names) - 1
+    for i, name in enumerate(names):
+        if running >= total / 2:
+            cut = i
+            break
+        running += weights[name].nbytes
+    cut = max(1, min(cut, len(names) - 1))
+    shards = [names[:cut], names[cut:]]
+    index = {
+        "metadata": {"total_size": total, "total_parameters": sum(v.size for v in weights.values())},
+        "weight_map": {},
+    }
+    for i, shard in enumerate(shards):
+        shard_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        mx.save_safetensors(str(out / shard_name), {n: weights[n] for n in shard}, metadata={"format": "pt"})
+        for name in shard:
+            index["weight_map"][name] = shard_name
+    index["weight_map"] = dict(sorted(index["weight_map"].items()))
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=4), encoding="utf-8")
+
+
+def _name(seed: int, dtype: str) -> str:
+    parts = [f"tiny-{ARCH}"]
+    if DTYPES[dtype]:
+        parts.append(DTYPES[dtype])
+    if seed:
+        parts.append(f"s{seed}")
+    return "-".join(parts)
+
+
+def _check(seed, dtype) -> None:
+    if dtype not in DTYPES:
+        raise ZooArgumentError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ZooArgumentError(f"seed must be a non-negative integer, got {seed!r}")
+
+
+def build_files(out: Path, *, seed: int = 0, dtype: str = "float32") -> None:
+    """Every file of the checkpoint, into the existing empty directory `out`."""
+    config = tiny_diffusion_config()
+    config["torch_dtype"] = dtype
+    save_shards(build_weights(seed, dtype), out)
+    (out / "config.json").write_text(json.dumps(dict(sorted(config.items())), indent=4), encoding="utf-8")
+    write_tokenizer_files(out)
+    # after the tokenizer files: this replaces their plain generation_config.json
+    (out / "generation_config.json").write_text(
+        json.dumps(diffusion_generation_config(), indent=2) + "\n", encoding="utf-8"
+    )
+
+
+def make_diffusion_checkpoint(out_dir, *, seed: int = 0, dtype: str = "float32") -> Path:
+    """Build `out_dir/tiny-diffusion_gemma[-<dtype>][-s<seed>]`; same arguments, same bytes."""
+    _check(seed, dtype)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = _name(seed, dtype)
+    work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
+    try:
+        built = work / name
+        built.mkdir()
+        build_files(built, seed=seed, dtype=dtype)
+        final = out_dir / name
+        _replace_dir(built, final)
+        return final
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def cached_diffusion_checkpoint(*, seed: int = 0, dtype: str = "float32", root=None) -> Path:
+    """The checkpoint in the zoo cache (keyed like `cached_checkpoint`: a hash of the zoo
+    package and library versions, plus this graph's source), built once under a file lock."""
+    import hashlib
+
+    from filelock import FileLock
+
+    from mlxbun.zoo.cache import default_root, zoo_fingerprint
+
+    _check(seed, dtype)
+    graph_src = Path(__file__).parent.parent / "models" / "diffusion_gemma.py"
+    h = hashlib.sha256((zoo_fingerprint() + "\0").encode() + graph_src.read_bytes()).hexdigest()[:16]
+    key_dir = (Path(root) if root is not None else default_root()) / f"{ARCH}-{h}"
+    name = _name(seed, dtype)
+    final = key_dir / name
+    if final.is_dir():
+        return final
+    key_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(key_dir / f".{name}.lock")):
+        if final.is_dir():
+            return final
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=key_dir))
+        try:
+            built = work / name
+            built.mkdir()
+            build_files(built, seed=seed, dtype=dtype)
+            os.replace(built, final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def repo_id(seed: int = 0, dtype: str = "float32") -> str:
+    return f"{REPO_ORG}/{_name(seed, dtype)}"
