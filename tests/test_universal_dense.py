@@ -388,3 +388,24 @@ def test_gpt_neox_hub_names_are_renamed_like_mlx_lm(zoo, tmp_path):
     ref, ours = _oracle(path), load_universal(path)
     ids = _prompt(PROMPT_LEN)
     assert mx.array_equal(ref(ids), ours(ids))
+
+
+def test_make_cache_honours_max_kv_size_where_mlx_lm_ignores_it(zoo):
+    """llama with sliding layers and gemma3_text define their own make_cache in mlx-lm, which
+    drops max_kv_size; mlxbun bounds every full-attention layer instead of ignoring it."""
+    from mlxbun.cache.kv import KVCache, RotatingKVCache
+    from mlxbun.models.universal.loader import load_universal
+
+    model = load_universal(zoo("gemma3_text"))
+    kinds = [s.sliding for s in model.args.layers]
+    assert True in kinds and False in kinds
+    unbounded = model.make_cache()
+    assert any(type(c) is KVCache for c in unbounded)
+    bounded = model.make_cache(max_kv_size=24)
+    assert all(isinstance(c, RotatingKVCache) for c in bounded)
+    assert {c.max_size for c, s in zip(bounded, kinds) if not s} == {24}
+    ids = mx.array([list(range(10, 50))])
+    model(ids, cache=bounded)
+    for _ in range(4):
+        model(ids[:, -1:], cache=bounded)
+    assert all(c.size() <= max(24, model.args.sliding_window) for c in bounded)

@@ -387,8 +387,10 @@ class UniversalDense(nn.Module):
             raise MlxbunError(f"{self.model_type}: cache options not supported by the universal "
                               f"graph: {', '.join(sorted(kv_options))}")
         if self.descriptor.layers.make_cache == "rotating_sliding":
+            # mlx-lm's file ignores max_kv_size here; mlxbun bounds the full-attention layers too.
             w = self.args.sliding_window
-            return [RotatingKVCache(max_size=w) if s.sliding else KVCache() for s in self.args.layers]
+            full = (lambda: RotatingKVCache(max_size=max_kv_size, keep=4)) if max_kv_size else KVCache
+            return [RotatingKVCache(max_size=w) if s.sliding else full() for s in self.args.layers]
         if max_kv_size is not None:
             return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in self.args.layers]
         return [KVCache() for _ in self.args.layers]
