@@ -21,6 +21,9 @@ $(VENV)/.installed: pyproject.toml
 	# (opencv, mlx-audio, fastapi, datasets, ...) serve its apps, not the modules we compare
 	# against, which need only mlx + transformers: install it without them.
 	$(PY) -m pip install -q --no-deps 'mlx-vlm==0.7.10'
+	# mlx-optiq: the second reference for masked diffusion (its llada2 loop file is read by the
+	# tests, never imported as a package: importing optiq patches mlx-lm).
+	$(PY) -m pip install -q --no-deps 'mlx-optiq==0.7.7'
 	touch $@
 
 demo: $(VENV)/.installed

@@ -28,6 +28,10 @@ Tier = Literal["targeted", "generic"]
 ENGINE_CAPABILITIES: frozenset[str] = frozenset(
     {
         "autoregressive",
+        "diffusion",
+        "diffusion-gemma-graph",
+        "llada2-graph",
+        "masked-diffusion",
         "safetensors",
         "universal-dense-graph",
     }
@@ -35,13 +39,14 @@ ENGINE_CAPABILITIES: frozenset[str] = frozenset(
 
 # The capabilities an execution composition implies (validate_profile checks them).
 _LOADER_CAPS = {"safetensors": "safetensors"}
-_LOOP_CAPS = {"autoregressive": "autoregressive", "diffusion": "diffusion"}
+_LOOP_CAPS = {"autoregressive": "autoregressive", "diffusion": "diffusion", "masked-diffusion": "masked-diffusion"}
 _GRAPH_CAPS = {
     "universal-dense": "universal-dense-graph",
     "diffusion-gemma": "diffusion-gemma-graph",
+    "llada2": "llada2-graph",
 }
 # Graphs that only make sense under one loop.
-_GRAPH_LOOP = {"diffusion-gemma": "diffusion", "universal-dense": "autoregressive"}
+_GRAPH_LOOP = {"diffusion-gemma": "diffusion", "llada2": "masked-diffusion", "universal-dense": "autoregressive"}
 # Which oracle may back which level.
 _LEVEL_ORACLES = {"L1": {"mlx-lm"}, "L2": {"mlx-vlm", "mlx-optiq"}, "L3": {None}}
 _LEVEL_BAR = {"L1": "bit-exact", "L2": "bit-exact", "L3": "measured"}
@@ -97,10 +102,27 @@ class FamilyProfile:
     model_types: tuple[str, ...] = field(default=())
 
 
+def _dedicated(model_type: str, graph: str, loop: str, oracle: str) -> FamilyProfile:
+    """A dedicated graph for one model_type, held bit-exact (L2) to the reference that ships it."""
+    profile = ModelProfile(
+        id=f"{graph}-dedicated",
+        fidelity=Fidelity("L2", oracle, "bit-exact"),
+        required_capabilities=frozenset({"safetensors", _LOOP_CAPS[loop], _GRAPH_CAPS[graph]}),
+        execution=Execution("safetensors", graph, loop, "dedicated"),
+        model_type=model_type,
+    )
+    return FamilyProfile(profile.id, lambda c: c.model_type == model_type, lambda c: profile, (model_type,))
+
+
 # Exact artifact declarations, keyed by artifact fingerprint (hf:<org>/<repo>@<rev>).
 EXACT_PROFILES: dict[str, ModelProfile] = {}
 # Targeted families, tried in order before the generic descriptor table.
-FAMILY_PROFILES: list[FamilyProfile] = []
+FAMILY_PROFILES: list[FamilyProfile] = [
+    # mlx-lm cannot load these: the oracle is mlx-vlm 0.7.10 (tests/test_diffusion_gemma.py,
+    # tests/test_masked_diffusion.py hold the graphs and loops to it).
+    _dedicated("diffusion_gemma", "diffusion-gemma", "diffusion", "mlx-vlm"),
+    _dedicated("llada2_moe", "llada2", "masked-diffusion", "mlx-vlm"),
+]
 
 
 def _generic_types() -> dict:

@@ -299,7 +299,11 @@ def test_cli_builds_lists_and_refuses(tmp_path, capsys):
     from mlxbun.cli import main
 
     assert main(["zoo", "list"]) == 0
-    assert capsys.readouterr().out.split() == list(ARCHS)
+    from mlxbun.zoo import ORACLE_VLM_ARCHS
+
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[: len(ARCHS)] == list(ARCHS)
+    assert [line.split("\t")[0] for line in lines[len(ARCHS):]] == list(ORACLE_VLM_ARCHS)
 
     assert main(["zoo", "build", "qwen2", "nanochat", "--out", str(tmp_path), "--quant", "4",
                  "--dtype", "bfloat16", "--seed", "1"]) == 0

@@ -48,6 +48,9 @@ def register(sub) -> None:
     p.add_argument("--stop", action="append", default=None, metavar="STR",
                    help="stop before this text (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, ids and speeds")
+    from mlxbun.diffusion.cli import add_diffusion_arguments
+
+    add_diffusion_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -140,6 +143,9 @@ def run(args) -> int:
         raise MlxbunError(f"--save-prompt-cache: {path} has no mlxbun config to record with the cache")
     tokenizer = load_tokenizer(path)
     prompt = build_prompt(args, tokenizer)
+    profile = getattr(model, "profile", None)
+    if profile is not None and profile.execution.loop != "autoregressive":
+        return _run_diffusion(args, model, tokenizer, prompt)
 
     kv = dict(kv_bits=_kv_bits(args.kv_bits), kv_group_size=args.kv_group_size,
               kv_scheme=args.kv_scheme, quantized_kv_start=args.quantized_kv_start)
@@ -188,6 +194,29 @@ def run(args) -> int:
         print(f"Generation: {last.generation_tokens} tokens, {last.generation_tps:.3f} tokens-per-sec",
               file=sys.stderr)
         print(f"Peak memory: {last.peak_memory:.3f} GB", file=sys.stderr)
+    return 0
+
+
+_AUTOREGRESSIVE_ONLY = ("kv_bits", "kv_config", "max_kv_size", "prompt_cache", "save_prompt_cache", "stop",
+                        "repetition_penalty")
+
+
+def _run_diffusion(args, model, tokenizer, prompt) -> int:
+    from mlxbun.diffusion.cli import run_diffusion
+
+    used = [n for n in _AUTOREGRESSIVE_ONLY if getattr(args, n) is not None]
+    if used:
+        flags = ", ".join("--" + n.replace("_", "-") for n in used)
+        raise MlxbunError(f"{flags}: autoregressive-only options; {model.profile.id} decodes by diffusion")
+    out = run_diffusion(args, model, tokenizer, prompt)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        sys.stdout.write("\n")
+        d = out["diffusion"]
+        print(f"Generation: {out['generation_tokens']} tokens, {out['generation_tps']:.3f} tokens-per-sec, "
+              f"{d['denoising_steps']} denoising steps, {d['tokens_per_forward']:.2f} tokens per forward",
+              file=sys.stderr)
     return 0
 
 

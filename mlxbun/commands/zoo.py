@@ -40,12 +40,13 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _build(args) -> int:
-    from mlxbun.zoo import ARCHS, make_checkpoint
+    from mlxbun.zoo import ARCHS, ORACLE_VLM_ARCHS, make_checkpoint
     from mlxbun.zoo.build import variant
 
     archs = list(ARCHS) if "all" in args.archs else list(dict.fromkeys(args.archs))
     for arch in archs:  # refuse every bad argument before building anything
-        variant(arch, quant=args.quant, dtype=args.dtype, seed=args.seed, head_dim=args.head_dim)
+        if arch not in ORACLE_VLM_ARCHS:
+            variant(arch, quant=args.quant, dtype=args.dtype, seed=args.seed, head_dim=args.head_dim)
     for arch in archs:
         path = make_checkpoint(arch, args.out, quant=args.quant, dtype=args.dtype,
                                seed=args.seed, hf_cache=args.hf_cache, head_dim=args.head_dim)
@@ -54,8 +55,10 @@ def _build(args) -> int:
 
 
 def _list(args) -> int:
-    from mlxbun.zoo import ARCHS
+    from mlxbun.zoo import ARCHS, ORACLE_VLM_ARCHS
 
     for arch in ARCHS:
         print(arch)
+    for arch in ORACLE_VLM_ARCHS:
+        print(f"{arch}\t(float weights only; oracle: mlx-vlm)")
     return 0

@@ -5,14 +5,22 @@ locally and deterministically, in float32/float16/bfloat16 and 4/8-bit/mixed qua
     make_checkpoint("qwen3", out_dir, quant=4)      # -> out_dir/tiny-qwen3-q4
     cached_checkpoint("gemma3_text")                # built once per cache root
     tiny_config("llama")                            # the config.json dict
+    cached_checkpoint("diffusion_gemma")            # graphs held to mlx-vlm have their own builders
 """
 
 from mlxbun.zoo.archs import ARCHS, tiny_config
 from mlxbun.zoo.build import DTYPES, QUANTS, ZooArgumentError, make_checkpoint
-from mlxbun.zoo.cache import cached_checkpoint
+from mlxbun.zoo.cache import ORACLE_VLM_ARCHS, cached_checkpoint
+from mlxbun.zoo.diffusion import cached_diffusion_checkpoint, make_diffusion_checkpoint
+from mlxbun.zoo.llada import cached_llada2_checkpoint, make_llada2_checkpoint
 
 __all__ = [
     "ARCHS",
+    "ORACLE_VLM_ARCHS",
+    "cached_diffusion_checkpoint",
+    "cached_llada2_checkpoint",
+    "make_diffusion_checkpoint",
+    "make_llada2_checkpoint",
     "DTYPES",
     "QUANTS",
     "ZooArgumentError",

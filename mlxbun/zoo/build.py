@@ -129,6 +129,9 @@ def make_checkpoint(
     `out_dir/tiny-<arch>[-<variant>]`, or with `hf_cache` the snapshot dir of
     `out_dir/models--mlxbun--tiny-<arch>[-<variant>]`. Same arguments, same bytes.
     `head_dim` widens the heads (the zoo's are 16; quantized KV needs a group of 32+)."""
+    if arch in ("diffusion_gemma", "llada2_moe"):  # held to mlx-vlm: their own builders
+        return _make_oracle_vlm_checkpoint(arch, out_dir, quant=quant, dtype=dtype, seed=seed,
+                                           hf_cache=hf_cache, head_dim=head_dim)
     v = variant(arch, quant=quant, dtype=dtype, seed=seed, head_dim=head_dim)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -146,3 +149,18 @@ def make_checkpoint(
         return final
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _make_oracle_vlm_checkpoint(arch, out_dir, *, quant, dtype, seed, hf_cache, head_dim) -> Path:
+    if quant is not None or head_dim is not None or hf_cache:
+        raise ZooArgumentError(f"zoo arch {arch!r} is built in float weights only, as a plain directory "
+                               "(no quant / head_dim / hf-cache)")
+    if arch == "diffusion_gemma":
+        from mlxbun.zoo.diffusion import make_diffusion_checkpoint
+
+        return make_diffusion_checkpoint(out_dir, seed=seed, dtype=dtype)
+    if dtype != "float32":
+        raise ZooArgumentError("zoo arch 'llada2_moe' is built in float32 only")
+    from mlxbun.zoo.llada import make_llada2_checkpoint
+
+    return make_llada2_checkpoint(out_dir, seed=seed)

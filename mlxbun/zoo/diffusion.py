@@ -17,7 +17,6 @@ linear temperature schedule, stability stop).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -225,31 +224,13 @@ def cached_diffusion_checkpoint(*, seed: int = 0, dtype: str = "float32", root=N
     package and library versions, plus this graph's source), built once under a file lock."""
     import hashlib
 
-    from filelock import FileLock
-
-    from mlxbun.zoo.cache import default_root, zoo_fingerprint
+    from mlxbun.zoo.cache import build_once, default_root, zoo_fingerprint
 
     _check(seed, dtype)
     graph_src = Path(__file__).parent.parent / "models" / "diffusion_gemma.py"
     h = hashlib.sha256((zoo_fingerprint() + "\0").encode() + graph_src.read_bytes()).hexdigest()[:16]
     key_dir = (Path(root) if root is not None else default_root()) / f"{ARCH}-{h}"
-    name = _name(seed, dtype)
-    final = key_dir / name
-    if final.is_dir():
-        return final
-    key_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(key_dir / f".{name}.lock")):
-        if final.is_dir():
-            return final
-        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=key_dir))
-        try:
-            built = work / name
-            built.mkdir()
-            build_files(built, seed=seed, dtype=dtype)
-            os.replace(built, final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return final
+    return build_once(key_dir, _name(seed, dtype), lambda out: build_files(out, seed=seed, dtype=dtype))
 
 
 def repo_id(seed: int = 0, dtype: str = "float32") -> str:

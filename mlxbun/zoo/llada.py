@@ -93,31 +93,54 @@ def _hub_names(params: dict[str, mx.array], num_experts: int) -> dict[str, mx.ar
     return dict(sorted(out.items()))
 
 
-def make_llada2_checkpoint(out_dir, *, seed: int = 0, logit_scale: float = 8.0) -> Path:
-    """Write the tiny checkpoint (config, one safetensors file, zoo tokenizer files) to
-    `out_dir/tiny-llada2_moe[-s<seed>]` and return that directory. Same arguments, same bytes."""
+def _llada2_name(seed: int) -> str:
+    return "tiny-llada2_moe" + (f"-s{seed}" if seed else "")
+
+
+def _write_llada2(out: Path, *, seed: int, logit_scale: float) -> None:
+    """Every file of the checkpoint, into the existing empty directory `out`."""
     from mlxbun.models.llada2 import LLaDA2Args, LLaDA2Model
     from mlxbun.zoo.weights import _perturb
 
     config = llada2_tiny_config()
-    name = "tiny-llada2_moe" + (f"-s{seed}" if seed else "")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
     model = LLaDA2Model(LLaDA2Args.from_config(config))
     model.update(tree_map_with_path(lambda n, p: _perturb(n, p, seed), model.parameters()))
     model.lm_head.weight = model.lm_head.weight * logit_scale
     weights = _hub_names(dict(tree_flatten(model.parameters())), config["num_experts"])
     mx.eval(weights)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=4, sort_keys=True) + "\n")
+    write_tokenizer_files(out)
+
+
+def make_llada2_checkpoint(out_dir, *, seed: int = 0, logit_scale: float = 8.0) -> Path:
+    """Write the tiny checkpoint (config, one safetensors file, zoo tokenizer files) to
+    `out_dir/tiny-llada2_moe[-s<seed>]` and return that directory. Same arguments, same bytes."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = _llada2_name(seed)
     work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
     try:
-        mx.save_safetensors(str(work / "model.safetensors"), weights, metadata={"format": "pt"})
-        (work / "config.json").write_text(json.dumps(config, indent=4, sort_keys=True) + "\n")
-        write_tokenizer_files(work)
+        built = work / name
+        built.mkdir()
+        _write_llada2(built, seed=seed, logit_scale=logit_scale)
         final = out_dir / name
         if final.exists():
             shutil.rmtree(final)
-        work.rename(final)
+        built.rename(final)
         return final
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def cached_llada2_checkpoint(*, seed: int = 0, root=None) -> Path:
+    """The checkpoint in the zoo cache, built once (keyed by the zoo's and this graph's source)."""
+    import hashlib
+
+    from mlxbun.zoo.cache import build_once, default_root, zoo_fingerprint
+
+    graph_src = Path(__file__).parent.parent / "models" / "llada2.py"
+    h = hashlib.sha256((zoo_fingerprint() + "\0").encode() + graph_src.read_bytes()).hexdigest()[:16]
+    key_dir = (Path(root) if root is not None else default_root()) / f"llada2_moe-{h}"
+    return build_once(key_dir, _llada2_name(seed), lambda out: _write_llada2(out, seed=seed, logit_scale=8.0))

@@ -1,0 +1,27 @@
+"""Block-diffusion decoding (DiffusionGemma), held token-for-token to mlx-vlm 0.7.10.
+
+    from mlxbun.diffusion import diffusion_generate, collect
+    ids, stats = collect(diffusion_generate(model, tokenizer, "Hello", max_tokens=64, seed=0))
+
+`engine` is the block loop, `samplers` the canvas draws and unmasking rules, `schedule` the
+temperature schedule and settings resolution, `stats` what a run did (NFE, reveal steps).
+"""
+
+from mlxbun.diffusion.engine import DiffusionBlock, StepEvent, collect, diffusion_generate, stop_token_ids
+from mlxbun.diffusion.schedule import SAMPLERS, DiffusionSettings, linear_temperature, resolve_settings
+from mlxbun.diffusion.stats import BlockStats, DiffusionStats, reveal_steps
+
+__all__ = [
+    "SAMPLERS",
+    "BlockStats",
+    "DiffusionBlock",
+    "DiffusionSettings",
+    "DiffusionStats",
+    "StepEvent",
+    "collect",
+    "diffusion_generate",
+    "linear_temperature",
+    "resolve_settings",
+    "reveal_steps",
+    "stop_token_ids",
+]
