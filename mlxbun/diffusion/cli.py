@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 
-SAMPLERS = ("confidence-threshold", "entropy-bound")
+from mlxbun.diffusion.schedule import SAMPLERS
 
 
 def add_diffusion_arguments(p) -> None:
