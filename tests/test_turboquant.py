@@ -396,6 +396,20 @@ def test_mlxlm_llama_close_to_full_precision(tiny_llama, bits):
         assert mean_kl < 0.02 and max_kl < 0.05 and top1 >= 0.8, (mean_kl, max_kl, top1)
 
 
+def test_mlxlm_llama_chunked_decode_close_to_one_pass(tiny_llama):
+    # decode over 25..32 keys in chunks of 8 (the chunked path through the routed
+    # sdpa) vs the one pass: float32 rounding of the online-softmax merge only
+    run, _ = tiny_llama
+    with patch_mlxlm_attention():
+        one_pass = run(lambda: TurboQuantKVCache(3.5, attention_chunk=None))
+        chunked = run(lambda: TurboQuantKVCache(3.5, attention_chunk=8))
+        default = run(lambda: TurboQuantKVCache(3.5))  # 512 > 32 keys: the one pass
+    assert eq(default, one_pass)
+    assert eq(chunked[:PROMPT], one_pass[:PROMPT])  # prefill is dequantize + SDPA
+    assert not eq(chunked, one_pass)
+    assert mx.allclose(chunked, one_pass, atol=1e-4, rtol=0).item()  # observed 2e-6
+
+
 @oracle
 @pytest.mark.parametrize("bits", (2, 3, 3.5, 4))
 def test_mlxlm_llama_equals_mlx_vlm(tiny_llama, bits, monkeypatch):

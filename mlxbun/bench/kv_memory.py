@@ -1,9 +1,9 @@
 """KV-cache memory benchmark: peak memory and decode speed per KV scheme and context length.
 
-For each context length the prompt is prefilled once through plain caches; each scheme then
-starts from a copy of that cache converted to its format (fp16 as is, q8/q4 with mlx-lm's
-conversion, TurboQuant 3.5 through its codec), and `decode` tokens are generated greedily while
-peak memory is tracked (`mx.reset_peak_memory` right before decoding). Rows: kv bytes, peak
+For each context length and scheme the prompt is prefilled through plain caches, converted to
+the scheme's format (fp16 as is, q8/q4 with mlx-lm's conversion, TurboQuant 3.5 through its
+codec), decoded for two warm-up tokens, then `decode` tokens are generated greedily while peak
+memory is tracked (`mx.reset_peak_memory` right before decoding). Rows: kv bytes, peak
 memory during decode, the part of that peak above weights + KV ("attention overhead"), and
 decode tokens/s. Quantized KV must not raise peak memory above fp16 (mlx-lm issue #1587):
 the `-chunked` schemes show the bounded attention path next to mlx-lm's.
@@ -14,10 +14,9 @@ the `-chunked` schemes show the bounded attention path next to mlx-lm's.
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -51,7 +50,7 @@ def _convert(caches: list, scheme: str) -> list:
     from mlxbun.cache.turboquant import TurboQuantKVCache
 
     if scheme == "fp16":
-        return [copy.copy(c) for c in caches]
+        return caches
     if scheme.startswith("turboquant"):
         bits = float(scheme[len("turboquant"):])
         return [TurboQuantKVCache.from_cache(c, bits=bits, seed=i) for i, c in enumerate(caches)]
@@ -79,16 +78,17 @@ def run_kv_memory(model, contexts=(1024, 4096, 16384), schemes=SCHEMES, decode: 
     weights = model.weights_bytes
     for ctx in contexts:
         prompt = mx.random.randint(16, model.args.vocab, (1, ctx), key=mx.random.key(ctx))
-        base = model.make_cache()
-        for start in range(0, ctx, prefill_step):
-            model(prompt[:, start:start + prefill_step], cache=base)
-            mx.eval([c.state for c in base])
         for scheme in schemes:
-            caches = _convert(base, scheme)
+            # A fresh prefill per scheme: a cache shared with another scheme's would pin its
+            # buffers, and every in-place cache write would then copy them (counted as overhead).
+            caches = _convert(_prefill(model, prompt, prefill_step), scheme)
             mx.eval([c.state for c in caches])
+            tok = prompt[:, -1:]
+            for _ in range(2):  # warm-up: first-call kernel compilation is not decode speed
+                tok = mx.argmax(model(tok, cache=caches)[:, -1], axis=-1)[:, None]
+                mx.eval(tok)
             mx.clear_cache()
             mx.reset_peak_memory()
-            tok = prompt[:, -1:]
             mx.synchronize()
             t0 = time.perf_counter()
             for _ in range(decode):
@@ -102,9 +102,16 @@ def run_kv_memory(model, contexts=(1024, 4096, 16384), schemes=SCHEMES, decode: 
             if progress:
                 progress(rows[-1])
             del caches
-        del base
-        mx.clear_cache()
+            mx.clear_cache()
     return rows
+
+
+def _prefill(model, prompt, prefill_step: int) -> list:
+    caches = model.make_cache()
+    for start in range(0, prompt.shape[1], prefill_step):
+        model(prompt[:, start:start + prefill_step], cache=caches)
+        mx.eval([c.state for c in caches])
+    return caches
 
 
 def to_markdown(rows: list[KVMemoryRow]) -> str:

@@ -20,6 +20,25 @@ returned (so they stand for the whole packed cache) and there are no sinks;
 anything else falls through to plain SDPA on the arrays given. The returned
 arrays are lazy: on the routed path they are never evaluated, so decode never
 dequantizes the cache.
+
+Decode memory. The rotated-space decode needs a float32 codeword per key and
+value coordinate (mlx-vlm's op sequence), 2x an fp16 cache each, so one pass over
+a long context raised the step's peak far above fp16 SDPA's. Over more than
+`attention_chunk` keys (default 512) decode runs in chunks merged by online
+softmax (mlx-vlm's own chunked loop, bit-exact to it; float32 rounding away from
+the one pass), and codewords come from byte-wide indices (same values as
+mlx-vlm's uint32 unpack, a quarter of its temporaries). One layer, 8 kv x 128,
+32 query heads, float16, one decode query, CPU (`measure_decode_memory`; MiB):
+
+    context  scheme                        cache  transient  cache+transient
+    4096     fp16 KV + fast SDPA           16.00       0.27    16.27 (1.00x)
+    4096     TurboQuant 3.5, before         3.62     128.82   132.44 (8.14x)
+    4096     TurboQuant 3.5, one pass       3.62      48.81    52.44 (3.22x)
+    4096     TurboQuant 3.5, chunk 512      3.62       8.81    12.43 (0.76x)
+    16384    fp16 KV + fast SDPA           64.00       1.02    65.02 (1.00x)
+    16384    TurboQuant 3.5, before        14.50     515.07   529.57 (8.15x)
+    16384    TurboQuant 3.5, one pass      14.50     195.06   209.56 (3.22x)
+    16384    TurboQuant 3.5, chunk 512     14.50       8.83    23.33 (0.36x)
 """
 
 from __future__ import annotations
@@ -40,8 +59,33 @@ from mlxbun.cache.turboquant_codec import (
     rotated_attention,
     state_nbytes_per_vector,
 )
+from mlxbun.errors import ConfigError
 
-__all__ = ["TurboQuantKVCache", "turboquant_sdpa", "patch_mlxlm_attention"]
+__all__ = [
+    "DEFAULT_ATTENTION_CHUNK",
+    "TurboQuantKVCache",
+    "decode_memory_table",
+    "measure_decode_memory",
+    "patch_mlxlm_attention",
+    "turboquant_sdpa",
+]
+
+
+# Keys per decode-attention chunk. A chunk's transient is ~18 bytes per coordinate
+# of its keys (float32 K and V codewords, byte-wide indices, the ops in flight);
+# the fp16 cache costs 4 per coordinate of the context, the 3.5-bit one 0.9. So at
+# 512 a TurboQuant decode step (cache + transient) is under the fp16 cache alone
+# from ~3k keys (0.76x at 4k, 0.36x at 16k); 1024 crosses at ~6k (1.3x at 4k).
+# See `measure_decode_memory`.
+DEFAULT_ATTENTION_CHUNK = 512
+
+
+def _check_chunk(chunk):
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int)
+                              or chunk < 1):
+        raise ConfigError(f"TurboQuantKVCache: attention_chunk must be a positive int "
+                          f"or None, got {chunk!r}")
+    return chunk
 
 
 def _slice(state: TurboQuantState, end: int) -> TurboQuantState:
@@ -65,11 +109,15 @@ def _grow(state: Optional[TurboQuantState], used: int, like: TurboQuantState,
 class TurboQuantKVCache(_SpecRound):
     """A KV cache storing TurboQuant-packed keys and values (mlx-lm cache interface).
 
-    TurboQuantKVCache(bits=3.5, seed=0, key_bits=None, value_bits=None)
+    TurboQuantKVCache(bits=3.5, seed=0, key_bits=None, value_bits=None, *,
+                      attention_chunk=DEFAULT_ATTENTION_CHUNK)
       bits        integer or half width; a half width b means floor(b)-bit keys and
                   ceil(b)-bit values (mlx-vlm's convention); 1 <= bits <= 8
       seed        rotation seed (keys use seed, values seed + 1)
       key_bits / value_bits   integer overrides
+      attention_chunk   decode attention over more keys than this runs in chunks
+                  of this many (online softmax, transient memory O(chunk)); up to
+                  it, and always when None, one pass as mlx-vlm computes it
 
     update_and_fetch(k, v) -> (k_hat, v_hat): quantizes and stores the new tokens
     and returns the dequantized cache (lazy) in the input dtype.
@@ -85,12 +133,15 @@ class TurboQuantKVCache(_SpecRound):
         seed: int = 0,
         key_bits: Optional[int] = None,
         value_bits: Optional[int] = None,
+        *,
+        attention_chunk: Optional[int] = DEFAULT_ATTENTION_CHUNK,
     ):
         # NB: never name an attribute `bits` (mlx-lm's quantized-sdpa probe).
         self.kv_bits, self.key_bits, self.value_bits = resolve_kv_bits(
             bits, key_bits, value_bits
         )
         self.seed = int(seed)
+        self.attention_chunk = _check_chunk(attention_chunk)
         self.keys: Optional[TurboQuantState] = None
         self.values: Optional[TurboQuantState] = None
         self.offset = 0
@@ -276,12 +327,14 @@ class TurboQuantKVCache(_SpecRound):
     def decode_attention(self, queries: mx.array, scale: float, mask=None) -> mx.array:
         """Attention of `queries` [B, Hq, L, Dk] over the packed cache, computed in
         the rotated space (no dequantization); the queries are the last L cache
-        positions when mask == "causal"."""
+        positions when mask == "causal". Over more than `attention_chunk` keys it
+        runs chunked (see `rotated_attention`)."""
         if self.empty() or self.offset == 0:
             raise RuntimeError("TurboQuantKVCache.decode_attention on an empty cache")
         k_state, v_state = self.packed()
         return rotated_attention(
-            queries, self.key_codec, k_state, self.value_codec, v_state, scale, mask
+            queries, self.key_codec, k_state, self.value_codec, v_state, scale, mask,
+            chunk_size=self.attention_chunk,
         )
 
     def serves(self, keys, values) -> bool:
@@ -391,3 +444,100 @@ def patch_mlxlm_attention():
             fn = getattr(module, "scaled_dot_product_attention", None)
             if fn is not None and id(fn) in wrappers and fn is wrappers[id(fn)]:
                 module.scaled_dot_product_attention = fn._turboquant_original
+
+
+# -- decode memory measurement ----------------------------------------------------------
+
+
+def _transient_peak(run, repeats: int):
+    """(bytes above what was live before `run()`, median seconds) over `repeats` runs."""
+    import statistics
+    import time
+
+    mx.eval(run())  # warm-up: first-call allocations and lazy constants
+    peaks, times = [], []
+    for _ in range(repeats):
+        mx.synchronize()
+        mx.clear_cache()
+        base = mx.get_active_memory()
+        mx.reset_peak_memory()
+        t0 = time.perf_counter()
+        mx.eval(run())
+        mx.synchronize()
+        times.append(time.perf_counter() - t0)
+        peaks.append(mx.get_peak_memory() - base)
+    return max(peaks), statistics.median(times)
+
+
+def measure_decode_memory(
+    contexts=(4096, 16384),
+    *,
+    n_kv_heads: int = 8,
+    n_q_heads: int = 32,
+    head_dim: int = 128,
+    bits: float = 3.5,
+    chunks=(None, DEFAULT_ATTENTION_CHUNK),
+    dtype=mx.float16,
+    repeats: int = 3,
+    cache_cls=None,
+    label: str = "turboquant",
+) -> list[dict]:
+    """Peak memory of one decode step of one attention layer (batch 1, one query).
+
+    Per context: fp16 keys/values + `mx.fast.scaled_dot_product_attention`, then a
+    `cache_cls` (TurboQuantKVCache) of `bits` holding the same keys/values (random
+    normal), decoding through `decode_attention` with each `attention_chunk` in
+    `chunks` (None: the one-pass path). Rows: context, scheme, cache_bytes (the
+    stored K/V), transient_bytes (peak above everything live before the step:
+    what attention materializes), peak_bytes = cache + transient, seconds (median
+    of `repeats`; transient is their max). `decode_memory_table(rows)` formats them:
+
+        from mlxbun.cache.turboquant import measure_decode_memory, decode_memory_table
+        print(decode_memory_table(measure_decode_memory((4096, 16384))))
+    """
+    cache_cls = cache_cls or TurboQuantKVCache
+    scale = head_dim ** -0.5
+
+    def rows_at(T):  # a function, so each context's arrays are gone before the next
+        shape = (1, n_kv_heads, T, head_dim)
+        keys = mx.random.normal(shape, key=mx.random.key(1)).astype(dtype)
+        values = mx.random.normal(shape, key=mx.random.key(2)).astype(dtype)
+        q = mx.random.normal((1, n_q_heads, 1, head_dim), key=mx.random.key(3)).astype(dtype)
+        mx.eval(keys, values, q)
+        transient, secs = _transient_peak(
+            lambda: mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=None),
+            repeats)
+        fp16_bytes = keys.nbytes + values.nbytes
+        out = [dict(context=T, scheme=f"{dtype} sdpa".replace("mlx.core.", ""),
+                    cache_bytes=fp16_bytes, transient_bytes=transient,
+                    peak_bytes=fp16_bytes + transient, seconds=secs)]
+        cache = cache_cls(bits=bits)
+        cache.update_and_fetch(keys, values)
+        mx.eval(cache.keys, cache.values)
+        keys = values = None  # only the packed cache stays live
+        cache._fetched = None  # nor its (never evaluated) dequantized fetch
+        for chunk in chunks:
+            cache.attention_chunk = chunk
+            transient, secs = _transient_peak(
+                lambda: cache.decode_attention(q, scale=scale), repeats)
+            out.append(dict(context=T, scheme=f"{label} {bits:g} "
+                            + ("one pass" if chunk is None else f"chunk {chunk}"),
+                            cache_bytes=cache.nbytes, transient_bytes=transient,
+                            peak_bytes=cache.nbytes + transient, seconds=secs))
+        return out
+
+    return [row for T in contexts for row in rows_at(T)]
+
+
+def decode_memory_table(rows: list[dict]) -> str:
+    """Markdown table of `measure_decode_memory` rows (MiB, ms; peak vs fp16 per context)."""
+    mib = 1024 ** 2
+    ref = {}
+    lines = ["| context | scheme | cache MiB | transient MiB | cache + transient MiB | vs fp16 | ms |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ref.setdefault(r["context"], r["peak_bytes"])  # the first row per context: fp16
+        lines.append(f"| {r['context']} | {r['scheme']} | {r['cache_bytes'] / mib:.2f} | "
+                     f"{r['transient_bytes'] / mib:.2f} | {r['peak_bytes'] / mib:.2f} | "
+                     f"{r['peak_bytes'] / ref[r['context']]:.2f}x | {r['seconds'] * 1e3:.0f} |")
+    return "\n".join(lines)

@@ -44,8 +44,10 @@ __all__ = [
     "packed_width",
     "pack_indices",
     "unpack_indices",
+    "unpack_indices_u8",
     "state_nbytes_per_vector",
     "rotated_attention",
+    "merge_softmax_partials",
 ]
 
 EPS = 1e-6  # norm floor before normalizing (mlx-vlm's _EPS)
@@ -287,6 +289,42 @@ def unpack_indices(packed: mx.array, bits: int, length: int) -> mx.array:
     return mx.bitwise_and(mx.bitwise_or(low, high), mask)
 
 
+@lru_cache(maxsize=None)
+def _byte_plan(length: int, bits: int):
+    """Index i starts at byte i*bits // 8, bit i*bits % 8 of the little-endian byte
+    stream; with bits <= 8 it spans at most that byte and the next."""
+    start = np.arange(length, dtype=np.int64) * bits
+    byte, shift = start // 8, start % 8
+    spills = shift + bits > 8
+    # An index that does not spill takes its own byte again, shifted to land at or
+    # above bit `bits` (8 - shift >= bits; 7 when shift is 0: only widths <= 7
+    # spill), where the mask drops it: no select needed.
+    nxt = np.where(spills, byte + 1, byte)
+    back = np.where(shift > 0, 8 - shift, 7)
+    return (byte.astype(np.int32), shift.astype(np.uint8), nxt.astype(np.int32),
+            back.astype(np.uint8), bool(spills.any()))
+
+
+def unpack_indices_u8(packed: mx.array, bits: int, length: int) -> mx.array:
+    """`unpack_indices` as uint8 (the same integers), computed on the bytes of the
+    packed words: every temporary is one byte per coordinate, where the uint32 path
+    holds several four-byte ones (the decode-path memory hog at long context)."""
+    if bits == 0:
+        return mx.zeros((*packed.shape[:-1], 0), dtype=mx.uint8)
+    if bits > 8:
+        raise ValueError(f"unpack_indices_u8: {bits}-bit indices do not fit a byte")
+    data = mx.view(packed.astype(mx.uint32), mx.uint8)  # little-endian words -> bytes
+    byte, shift, nxt, back, spills = _byte_plan(length, bits)
+    low = mx.right_shift(mx.take(data, mx.array(byte), axis=-1), mx.array(shift))
+    mask = mx.array((1 << bits) - 1, dtype=mx.uint8)
+    if not spills:
+        return mx.bitwise_and(low, mask)
+    # the high part: the next byte's low bits, shifted up past the (8 - shift) bits
+    # the first byte gave (uint8 arithmetic drops what lies above bit 7)
+    high = mx.left_shift(mx.take(data, mx.array(nxt), axis=-1), mx.array(back))
+    return mx.bitwise_and(mx.bitwise_or(low, high), mask)
+
+
 def state_nbytes_per_vector(dim: int, bits: int) -> int:
     """Bytes one packed vector takes: a float16 norm plus its uint32 index words."""
     return 2 + 4 * packed_width(dim, bits)
@@ -314,6 +352,7 @@ class TurboQuantCodec:
             self.midpoints = (self.codebook[:-1] + self.codebook[1:]) / 2
         else:
             self.midpoints = mx.zeros((0,), dtype=mx.float32)
+        self._table = None  # `_byte_table`, built on first use
 
     def rotate(self, x: mx.array) -> mx.array:
         """Pi x along the last axis."""
@@ -350,9 +389,26 @@ class TurboQuantCodec:
         return idx
 
     def codewords(self, state: TurboQuantState) -> mx.array:
-        """The rotated-space unit vectors c[idx] (float32 [..., T, dim])."""
-        idx = unpack_indices(state.indices, self.bits, self.dim).astype(mx.int32)
+        """The rotated-space unit vectors c[idx] (float32 [..., T, dim]): mlx-vlm's
+        codebook entries for the same integers, copied without its uint32 unpack."""
+        if 8 % self.bits == 0:
+            # widths 1/2/4/8: a byte holds 8/bits whole indices, so one gather from
+            # a [256, 8/bits] table of their codewords decodes the packed bytes
+            n_bytes = (self.dim * self.bits + 7) // 8
+            data = mx.view(state.indices.astype(mx.uint32), mx.uint8)[..., :n_bytes]
+            out = mx.take(self._byte_table(), data, axis=0)
+            out = out.reshape(*data.shape[:-1], n_bytes * (8 // self.bits))
+            return out if out.shape[-1] == self.dim else out[..., : self.dim]
+        idx = unpack_indices_u8(state.indices, self.bits, self.dim)
         return mx.take(self.codebook, idx, axis=0)
+
+    def _byte_table(self) -> mx.array:
+        """table[b, j] = codebook[index j of byte b] (little-endian bit order)."""
+        if self._table is None:
+            per, mask = 8 // self.bits, (1 << self.bits) - 1
+            idx = (np.arange(256)[:, None] >> (np.arange(per) * self.bits)[None]) & mask
+            self._table = mx.take(self.codebook, mx.array(idx.astype(np.int32)), axis=0)
+        return self._table
 
     def dequantize(self, state: TurboQuantState) -> mx.array:
         """|x| * Pi^T c[idx], float32."""
@@ -368,15 +424,24 @@ def rotated_attention(
     values: TurboQuantState,
     scale: float,
     mask=None,
+    chunk_size: Optional[int] = None,
 ) -> mx.array:
     """softmax(q K^T * scale + mask) V over packed K/V without dequantizing them.
 
     q.k = |k| (Pi_k q).c_k[idx], so the queries are rotated once and scored
     against codewords; the softmax-weighted sum of |v| c_v[idx] is accumulated
-    in the value rotation's space and rotated back once per query.
+    in the value rotation's space and rotated back.
     queries [B, Hq, L, D]; keys/values hold [B, Hkv, T, ...] with Hq % Hkv == 0.
     `mask`: None, "causal" (the L queries are the last L of the T positions), or
-    a bool / additive array broadcastable to [B, Hq, L, T]."""
+    a bool / additive array broadcastable to [B, Hq, L, T].
+
+    `chunk_size` None, or T <= chunk_size: one pass over all T keys, mlx-vlm's
+    unchunked CPU op sequence (bit-exact); its transient memory grows with T (a
+    float32 codeword per key coordinate, 2x an fp16 cache, for K and then V).
+    Otherwise the keys go in chunks of `chunk_size` merged by online softmax in
+    float32, op for op mlx-vlm's own chunked decode loop (`decode_key_chunk_size`):
+    transient O(chunk), and a different summation order than the one pass, so
+    the two agree to float32 rounding only."""
     B, n_q_heads, L, D = queries.shape
     n_kv_heads = keys.norms.shape[1]
     T = keys.norms.shape[2]
@@ -384,36 +449,101 @@ def rotated_attention(
         raise ValueError(
             f"rotated_attention: {n_q_heads} query heads over {n_kv_heads} kv heads"
         )
+    if chunk_size is not None and (isinstance(chunk_size, bool)
+                                   or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"rotated_attention: chunk_size must be a positive int or None, "
+                         f"got {chunk_size!r}")
     repeats = n_q_heads // n_kv_heads
     grouped = (queries * scale).reshape(B, n_kv_heads, repeats, L, D)
     q_rot = key_codec.rotate(grouped)
-    dots = mx.einsum("bhmld,bhtd->bhmlt", q_rot, key_codec.codewords(keys))
-    scores = dots * keys.norms.astype(mx.float32)[:, :, None, None, :]
-    scores = _apply_mask(scores, mask, B, n_kv_heads, repeats, L, T)
-    weights = mx.softmax(scores, axis=-1)
-    out_rot = mx.einsum(
-        "bhmlt,bht,bhtd->bhmld",
-        weights,
-        values.norms.astype(mx.float32),
-        value_codec.codewords(values),
-    )
-    out = value_codec.unrotate(out_rot)
+    if chunk_size is None or T <= chunk_size:
+        scores = _scores(q_rot, key_codec, keys)
+        scores = _apply_mask(scores, mask, T, 0, T)
+        weights = mx.softmax(scores, axis=-1)
+        out = value_codec.unrotate(_weighted_rot(weights, value_codec, values))
+    else:
+        out = _chunked_attention(q_rot, key_codec, keys, value_codec, values, mask, chunk_size)
     return out.reshape(B, n_q_heads, L, value_codec.dim).astype(queries.dtype)
 
 
-def _apply_mask(scores, mask, B, n_kv_heads, repeats, L, T):
+def _scores(q_rot, key_codec: TurboQuantCodec, keys: TurboQuantState) -> mx.array:
+    """(Pi q).c[idx] * |k|: [B, H, rep, L, T] float32 (mlx-vlm's score_prepared)."""
+    dots = mx.einsum("bhmld,bhtd->bhmlt", q_rot, key_codec.codewords(keys))
+    return dots * keys.norms.astype(mx.float32)[:, :, None, None, :]
+
+
+def _weighted_rot(weights, value_codec: TurboQuantCodec, values: TurboQuantState) -> mx.array:
+    """sum_t w_t |v_t| c[idx_t] in the value rotation's space (mlx-vlm's weighted_sum
+    before its inverse rotation)."""
+    return mx.einsum("bhmlt,bht,bhtd->bhmld", weights,
+                     values.norms.astype(mx.float32), value_codec.codewords(values))
+
+
+def _token_range(state: TurboQuantState, start: int, end: int) -> TurboQuantState:
+    return TurboQuantState(state.norms[..., start:end], state.indices[..., start:end, :])
+
+
+def merge_softmax_partials(acc, part):
+    """Merge two partial softmax-attention results over disjoint key sets.
+
+    Each is (out, denom, max): out = sum_t exp(s_t - max) v_t, denom = sum_t
+    exp(s_t - max), max = max_t s_t (per query row; out has a trailing value
+    axis). The merged triple covers both key sets; out / denom at the end is the
+    softmax-weighted sum. Start from (0, 0, -inf). Op for op mlx-vlm's merge."""
+    out, denom, max_score = acc
+    part_out, part_denom, part_max = part
+    new_max = mx.maximum(max_score, part_max)
+    prev_scale = mx.exp(max_score - new_max)
+    part_scale = mx.exp(part_max - new_max)
+    out = out * prev_scale[..., None] + part_out * part_scale[..., None]
+    denom = denom * prev_scale + part_denom * part_scale
+    return out, denom, new_max
+
+
+def _chunked_attention(q_rot, key_codec, keys, value_codec, values, mask, chunk_size):
+    B, H, repeats, L, _ = q_rot.shape
+    T = keys.norms.shape[2]
+    acc = (mx.zeros((B, H, repeats, L, value_codec.dim), dtype=mx.float32),
+           mx.zeros((B, H, repeats, L), dtype=mx.float32),
+           mx.full((B, H, repeats, L), -float("inf"), dtype=mx.float32))
+    for start in range(0, T, chunk_size):
+        end = min(T, start + chunk_size)
+        # Order the lazy graph chunk by chunk (mlx-vlm evaluates each chunk
+        # eagerly instead): a chunk's codewords are decoded only after the
+        # previous merge; without this edge evaluation may decode every chunk's
+        # before the first merge (measured: 5x the transient at 16k keys).
+        kst = _token_range(keys, start, end)
+        if start:
+            kst = TurboQuantState(kst.norms, mx.depends(kst.indices, list(acc)))
+        scores = _scores(q_rot, key_codec, kst)
+        scores = _apply_mask(scores, mask, T, start, end)
+        chunk_max = mx.max(scores, axis=-1)
+        weights = mx.exp(scores - chunk_max[..., None])
+        chunk_out = value_codec.unrotate(
+            _weighted_rot(weights, value_codec, _token_range(values, start, end)))
+        acc = merge_softmax_partials(acc, (chunk_out, mx.sum(weights, axis=-1), chunk_max))
+    out, denom, _ = acc
+    return out / mx.maximum(denom[..., None], EPS)
+
+
+def _apply_mask(scores, mask, T, start, end):
+    """Mask the scores [B, Hkv, rep, L, end - start] of keys start..end of T."""
     if mask is None:
         return scores
+    B, n_kv_heads, repeats, L, _ = scores.shape
     if isinstance(mask, str):
         if mask != "causal":
             raise ValueError(f"rotated_attention: unknown mask {mask!r}")
         if L == 1:
             return scores  # the single query is the newest position: sees every key
         q_pos = mx.arange(T - L, T)[:, None]
-        mask = q_pos >= mx.arange(T)[None]
-    # to [B, Hq, L, T], then split the query heads into (kv head, repeat) groups
-    mask = mx.broadcast_to(mask, (B, n_kv_heads * repeats, L, T))
-    mask = mask.reshape(B, n_kv_heads, repeats, L, T)
+        mask = q_pos >= mx.arange(start, end)[None]
+    else:
+        # to [B, Hq, L, T], cut to the keys in hand
+        mask = mx.broadcast_to(mask, (B, n_kv_heads * repeats, L, T))[..., start:end]
+    # split the query heads into (kv head, repeat) groups
+    mask = mx.broadcast_to(mask, (B, n_kv_heads * repeats, L, end - start))
+    mask = mask.reshape(B, n_kv_heads, repeats, L, end - start)
     if mask.dtype == mx.bool_:
         return mx.where(mask, scores, mx.finfo(scores.dtype).min)
     return scores + mask

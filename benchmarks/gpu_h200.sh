@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The H200 benchmark set (see ../shared/gpu/README.md): run through the device tool as
+#   bash .gpu/b/device-2.sh bash benchmarks/gpu_h200.sh [bench|kv]
+# Writes markdown tables and a results table under $OUT.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+what=${1:-bench}
+run() { echo "### \`$*\`"; echo; "$@"; echo; }
+if [ "$what" = bench ]; then
+  for m in llama-3.2-1b llama-3-8b; do
+    for q in "" "--quant 4"; do
+      run python3 -m mlxbun.cli bench --model "random:$m" --dtype bfloat16 $q --prompt-len 512 --gen-len 128 \
+        --trials 10 --results "$OUT/results.sqlite"
+    done
+  done > "$OUT/bench.md" 2> "$OUT/bench.err"
+elif [ "$what" = kv ]; then
+  python3 -m mlxbun.bench.kv_memory --contexts 1024,4096,16384 --decode 32 --results "$OUT/results.sqlite" \
+    > "$OUT/kv_memory.md" 2> "$OUT/kv_memory.err"
+fi
+echo "done: $what"
