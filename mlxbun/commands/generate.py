@@ -49,7 +49,9 @@ def register(sub) -> None:
                    help="stop before this text (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, ids and speeds")
     from mlxbun.diffusion.cli import add_diffusion_arguments
+    from mlxbun.spec.cli import add_spec_arguments
 
+    add_spec_arguments(p)
     add_diffusion_arguments(p)
     p.set_defaults(func=run)
 
@@ -133,6 +135,7 @@ def build_prompt(args, tokenizer) -> list[int]:
 
 def run(args) -> int:
     from mlxbun.generate import make_generation_cache, model_identity_of, stream_generate
+    from mlxbun.spec.cli import finish_spec_from_args, run_spec_from_args, spec_requested
     from mlxbun.tokenizer import load_tokenizer
 
     if args.prompt_cache is not None and args.max_kv_size is not None:
@@ -157,15 +160,19 @@ def run(args) -> int:
     else:
         cache = None
 
-    stream = stream_generate(
-        model, tokenizer, prompt,
-        max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
-        min_p=args.min_p, min_tokens_to_keep=args.min_tokens_to_keep, seed=args.seed,
-        repetition_penalty=args.repetition_penalty, repetition_context_size=args.repetition_context_size,
-        kv_config=args.kv_config,
-        max_kv_size=args.max_kv_size if cache is None else None,
-        prompt_cache=cache, stop=args.stop, prefill_step_size=args.prefill_step_size, **kv,
-    )
+    spec = spec_requested(args)
+    if spec:
+        stream = run_spec_from_args(args, model, tokenizer, prompt)
+    else:
+        stream = stream_generate(
+            model, tokenizer, prompt,
+            max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
+            min_p=args.min_p, min_tokens_to_keep=args.min_tokens_to_keep, seed=args.seed,
+            repetition_penalty=args.repetition_penalty, repetition_context_size=args.repetition_context_size,
+            kv_config=args.kv_config,
+            max_kv_size=args.max_kv_size if cache is None else None,
+            prompt_cache=cache, stop=args.stop, prefill_step_size=args.prefill_step_size, **kv,
+        )
     text, tokens, last = "", [], None
     for last in stream:
         text += last.text
@@ -173,6 +180,7 @@ def run(args) -> int:
         if not args.json:
             sys.stdout.write(last.text)
             sys.stdout.flush()
+    spec_info = finish_spec_from_args(args, last, model, tokenizer, prompt, model_path=path) if spec else None
     if args.save_prompt_cache is not None:
         # Every yielded token (EOS included) has been fed to the cache: it holds prior + prompt + tokens.
         _save_cache(args.save_prompt_cache, cache, model, path, prior + prompt + tokens)
@@ -187,6 +195,7 @@ def run(args) -> int:
             "generation_tokens": last.generation_tokens,
             "generation_tps": last.generation_tps,
             "peak_memory_gb": last.peak_memory,
+            **({"spec": spec_info} if spec else {}),
         }))
     else:
         sys.stdout.write("\n")
@@ -198,7 +207,7 @@ def run(args) -> int:
 
 
 _AUTOREGRESSIVE_ONLY = ("kv_bits", "kv_config", "max_kv_size", "prompt_cache", "save_prompt_cache", "stop",
-                        "repetition_penalty")
+                        "repetition_penalty", "draft")
 
 
 def _run_diffusion(args, model, tokenizer, prompt) -> int:

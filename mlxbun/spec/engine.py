@@ -1,0 +1,367 @@
+"""The speculative round loop over any RuntimeModel, and `speculative_generate`.
+
+A round: the drafter proposes up to k tokens; the target runs once over [last token, drafts]
+with its caches inside a spec round (`spec_begin`); verification accepts n drafts (greedy
+exact match, or rejection sampling); the caches keep the n + 1 tokens the target has now seen
+(`spec_commit(n + 1)`); the drafter is told n; the n accepted drafts and the target's own next
+token are emitted. Plain, rotating (sliding-window), quantized (kv_bits or a kv_config plan)
+and TurboQuant caches all roll back through the spec-round contract; rings that keep attention
+sinks (`max_kv_size`) are seen through `ring.sink_exact` while verifying, so k+1 tokens attend
+as k+1 one-token steps would.
+
+Exactness (greedy): every emitted token is the target's argmax after the tokens before it, as in
+plain decoding, so the stream equals `mlxbun.generate.stream_generate`'s token for token whenever
+the target's batched forward ranks the tokens as its one-token forward does (the tests hold
+this on zoo checkpoints). What is kept identical to plain decoding on purpose:
+- the target's prefill (all but the last prompt token, `prefill_step_size` chunks, the KV
+  quantize hook after each chunk);
+- KV quantization points: while the quantize hook has not converted the caches yet
+  (`offset < quantized_kv_start`, or nothing fed at all), a round never feeds a token past
+  `quantized_kv_start - 1`, and the hook runs after each commit, so every token is computed
+  against the same (full-precision or quantized) cache contents as in plain decoding;
+- logits processors see the same token history per position; the greedy pick is the argmax of
+  `logits - logsumexp(logits)`, as mlx-lm's sampler takes it.
+Sampling preserves the target's processed distribution exactly (see `verify.py`), with the
+randomness threaded through `mx.random` keys from `seed`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Generator, Iterable, Optional, Sequence, Union
+
+import mlx.core as mx
+
+from mlxbun.errors import MlxbunError
+from mlxbun.generate import GenerationResponse
+from mlxbun.sampling import GenerationError, LogitsProcessor
+from mlxbun.spec.adaptive import AdaptiveDraftLength
+from mlxbun.spec.drafters import Draft, Drafter, DraftModelDrafter, DraftSession, logits_width, _check_contract
+from mlxbun.spec.ring import sink_exact
+from mlxbun.spec.stats import SpecStats
+from mlxbun.spec.verify import Sampling, verify_greedy, verify_sampled
+
+__all__ = ["SpecResponse", "make_drafter", "speculative_generate", "speculative_generate_step", "speculative_text"]
+
+MAX_DRAFT = 64
+
+
+@dataclass
+class SpecResponse(GenerationResponse):
+    """A `GenerationResponse` (`from_draft`: this token was a draft token the target accepted)
+    plus the request's `SpecStats` (the same object on every response; complete on the last,
+    the one with a `finish_reason`)."""
+
+    stats: Optional[SpecStats] = None
+
+
+def _offset(cache: Sequence[Any]) -> int:
+    return max((int(getattr(c, "offset", 0)) for c in cache if c is not None), default=0)
+
+
+def _process_rows(logits: mx.array, history: Optional[mx.array], drafts: Sequence[int],
+                  processors: Sequence[LogitsProcessor]) -> mx.array:
+    """Log-probabilities [m+1, V] of the target's rows; row i's processors see the history plus
+    the first i drafts (what plain decoding would have fed by then)."""
+    if processors:
+        rows = []
+        for i in range(logits.shape[0]):
+            hist = history if i == 0 else mx.concatenate([history, mx.array(drafts[:i], dtype=history.dtype)])
+            row = logits[i:i + 1]
+            for proc in processors:
+                row = proc(hist, row)
+            rows.append(row)
+        logits = mx.concatenate(rows, axis=0)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def speculative_generate_step(
+    prompt: mx.array,
+    target,
+    drafter: Drafter,
+    *,
+    cache: list,
+    num_draft: int = 3,
+    max_tokens: Optional[int] = 256,
+    sampling: Sampling = Sampling(),
+    logits_processors: Sequence[LogitsProcessor] = (),
+    prefill_step_size: int = 2048,
+    quantize=None,
+    quantized_kv_start: int = 0,
+    key: Optional[mx.array] = None,
+    adaptive: Union[bool, AdaptiveDraftLength] = False,
+    stats: Optional[SpecStats] = None,
+    stream=None,
+) -> Generator[tuple[int, mx.array, bool], None, None]:
+    """Yield (token, logprobs [V], from_draft) over a bound `drafter` and a ready target cache
+    list (updated in place). The caller binds the drafter; `stats` is filled as rounds run.
+    quantize: the KV quantize hook (`quantize_hook`), None when nothing quantizes; rounds then
+    respect `quantized_kv_start` (see the module docstring)."""
+    from mlxbun.generate import generation_stream
+
+    stream = generation_stream if stream is None else stream
+    converting = quantize is not None
+    quantize = quantize or (lambda c: None)
+    stats = stats if stats is not None else SpecStats()
+    controller = adaptive if isinstance(adaptive, AdaptiveDraftLength) else (
+        AdaptiveDraftLength(num_draft) if adaptive else None)
+    if not sampling.greedy and key is None:
+        key = mx.random.key(0)
+    history_ids = [int(t) for t in prompt.tolist()]
+
+    tic = time.perf_counter()
+    with mx.stream(stream):
+        y = prompt
+        while y.size > 1:  # generate_step's prefill
+            n_pre = min(prefill_step_size, y.size - 1)
+            target(y[:n_pre][None], cache=cache)
+            quantize(cache)
+            mx.eval([c.state for c in cache])
+            y = y[n_pre:]
+            mx.clear_cache()
+        stats.prefill_s += time.perf_counter() - tic
+        pending = int(y.item())
+        ntoks = 0
+        while max_tokens is None or ntoks < max_tokens:
+            k = controller.choose() if controller is not None else num_draft
+            if max_tokens is not None:
+                k = min(k, max_tokens - ntoks)  # as mlx-lm: never draft past the budget
+            offset = _offset(cache)
+            if converting and (offset < quantized_kv_start or offset == 0):
+                k = min(k, max(0, quantized_kv_start - 1 - offset))  # the hook has not converted yet
+            if key is not None:
+                key, k_draft, k_verify = mx.random.split(key, 3)
+            else:
+                k_draft = k_verify = None
+
+            t0 = time.perf_counter()
+            draft = drafter.propose(history_ids, k, key=k_draft) if k > 0 else Draft()
+            if len(draft) > k:
+                raise MlxbunError(f"{type(drafter).__name__} proposed {len(draft)} tokens, asked for at most {k}")
+            t1 = time.perf_counter()
+
+            m = len(draft)
+            for c in cache:
+                c.spec_begin()
+            logits = target(mx.array([pending, *draft], dtype=mx.int32)[None], cache=sink_exact(cache))[0]
+            history = mx.array(history_ids, dtype=mx.int32) if logits_processors else None
+            logprobs = _process_rows(logits, history, draft, logits_processors)
+            if sampling.greedy:
+                verdict = verify_greedy(mx.argmax(logprobs, axis=-1).tolist(), draft)
+            else:
+                verdict = verify_sampled(sampling.probs(logprobs), draft, draft.q, k_verify)
+            n = verdict.n_accepted
+            for c in cache:
+                c.spec_commit(n + 1)
+            quantize(cache)
+            t2 = time.perf_counter()
+
+            drafter.observe(list(draft[:n]), n)
+            stats.add_round(k, m, n, t1 - t0, t2 - t1)
+            if controller is not None:
+                controller.update(k, m, n, t1 - t0, t2 - t1)
+
+            for i, tok in enumerate([*draft[:n], verdict.token]):
+                history_ids.append(tok)
+                ntoks += 1
+                yield tok, logprobs[i], i < n
+                if max_tokens is not None and ntoks == max_tokens:
+                    return
+            pending = verdict.token
+            if stats.rounds % 256 == 0:
+                mx.clear_cache()
+
+
+# ----------------------------------------------------------------------------- the user call
+
+
+def quantize_hook(kv: dict, n_caches: int, *, first: Optional[int] = None):
+    """stream_generate's KV quantize hook for these `make_generation_cache` options over a
+    model with `n_caches` caches (None when nothing quantizes). `first`: the hook of a cache
+    list holding only the first `first` of them (a self-draft's): a per-layer plan keeps its
+    entries on those layers."""
+    from mlxbun import generate as g
+
+    plan = None if kv.get("kv_config") is None else g.load_kv_plan(kv["kv_config"], n_caches)
+    if plan is not None and first is not None:
+        from mlxbun.cache.mixed import KVPlan
+
+        kept = {i: v for i, v in plan.layers.items() if i < first}
+        if not kept:
+            return None
+        plan = KVPlan(kept, first, source=plan.source)
+    if plan is None and kv.get("kv_bits") is None:
+        return None
+    return g._quantizer(kv.get("kv_scheme", "uniform"), kv.get("kv_bits"), kv.get("kv_group_size", 64),
+                        kv.get("quantized_kv_start", 0), plan)
+
+
+
+def make_drafter(drafter, **options) -> Drafter:
+    """A Drafter from a Drafter (as is), a model (a draft model), or a name: "ngram"
+    (options max_n, min_n), "self"/"layer_skip" (option layers)."""
+    from mlxbun.spec.drafters import LayerSkipDrafter, NGramDrafter
+
+    if isinstance(drafter, Drafter):
+        if options:
+            raise GenerationError(f"drafter options {sorted(options)} apply to a drafter name, not an instance")
+        return drafter
+    if isinstance(drafter, str):
+        if drafter in ("ngram", "lookup", "prompt_lookup"):
+            return NGramDrafter(**options)
+        if drafter in ("self", "layer_skip"):
+            return LayerSkipDrafter(**options)
+        raise GenerationError(f"unknown drafter {drafter!r}: give 'ngram', 'self', a model or a Drafter")
+    if callable(drafter):
+        return DraftModelDrafter(drafter, **options)
+    raise GenerationError(f"drafter must be a Drafter, a model or a name, got {type(drafter).__name__}")
+
+
+def speculative_generate(
+    target,
+    tokenizer,
+    prompt: Union[str, Sequence[int], mx.array],
+    *,
+    drafter,
+    num_draft: int = 3,
+    max_tokens: Optional[int] = 256,
+    temperature: float = 0.0,
+    temp: Optional[float] = None,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    min_tokens_to_keep: int = 1,
+    seed: Optional[int] = None,
+    repetition_penalty: Optional[float] = None,
+    repetition_context_size: int = 20,
+    logits_processors: Optional[Iterable[LogitsProcessor]] = None,
+    kv_bits=None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = 0,
+    kv_scheme: str = "uniform",
+    kv_config=None,
+    max_kv_size: Optional[int] = None,
+    stop: Union[str, Sequence[str], None] = None,
+    prefill_step_size: int = 2048,
+    adaptive: bool = False,
+) -> Generator[SpecResponse, None, None]:
+    """Generate from `prompt` with speculative decoding; one `SpecResponse` per token.
+
+    target: an mlxbun RuntimeModel, an mlx-lm model or the adapter. drafter: a `Drafter`, a
+    draft model (same vocabulary), or "ngram" / "self" (see `make_drafter`). num_draft: draft
+    tokens per round (the maximum, with `adaptive`). The other options are
+    `mlxbun.generate.stream_generate`'s; greedy output equals its output token for token, and
+    sampling draws from the same distribution. Bad options raise `GenerationError` before work.
+    """
+    from mlxbun.generate import (
+        _attention_routing,
+        _check_generation_options,
+        _detokenizer,
+        _is_int,
+        _StopText,
+        _wired_limit,
+        check_kv_options,
+        eos_token_ids,
+        generation_stream,
+        make_generation_cache,
+        prepare_prompt,
+    )
+    from mlxbun.models.mlxlm import ensure_runtime
+    from mlxbun.sampling import make_logits_processors
+
+    if temp is not None:
+        if temperature not in (0.0, temp):
+            raise GenerationError(f"temperature={temperature!r} and temp={temp!r} disagree; give one")
+        temperature = temp
+    stops = _check_generation_options(max_tokens, prefill_step_size, stop)
+    if not _is_int(num_draft) or not 1 <= num_draft <= MAX_DRAFT:
+        raise GenerationError(f"num_draft must be an integer in [1, {MAX_DRAFT}], got {num_draft!r}")
+    if seed is not None and (not _is_int(seed) or seed < 0):
+        raise GenerationError(f"seed must be a non-negative integer, got {seed!r}")
+    check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
+                     kv_scheme=kv_scheme, max_kv_size=max_kv_size)
+    sampling = Sampling(temperature, top_p, top_k, min_p, min_tokens_to_keep)
+    processors = tuple(make_logits_processors(repetition_penalty=repetition_penalty,
+                                              repetition_context_size=repetition_context_size)
+                       + list(logits_processors or ()))
+    drafter = make_drafter(drafter)
+
+    target = ensure_runtime(target)
+    prompt_ids = prepare_prompt(tokenizer, prompt)
+    kv = dict(kv_bits=kv_bits, kv_group_size=kv_group_size, kv_scheme=kv_scheme, kv_config=kv_config,
+              max_kv_size=max_kv_size, quantized_kv_start=quantized_kv_start)
+    cache = make_generation_cache(target, **kv)
+    _check_contract(cache, "target")
+    session = DraftSession(target=target, vocab_size=logits_width(target), sampling=sampling,
+                           logits_processors=processors, kv=kv, prefill_step_size=prefill_step_size,
+                           stream=generation_stream)
+    drafter.bind(session)
+    if seed is not None:
+        mx.random.seed(seed)
+    key = None if sampling.greedy else mx.random.key(
+        seed if seed is not None else int(mx.random.randint(0, 2**31 - 1, ()).item()))
+    eos = eos_token_ids(tokenizer, target)
+    detokenizer = _detokenizer(tokenizer)
+    stats = SpecStats()
+    tokens = speculative_generate_step(
+        prompt_ids, target, drafter, cache=cache, num_draft=num_draft, max_tokens=max_tokens,
+        sampling=sampling, logits_processors=processors, prefill_step_size=prefill_step_size,
+        quantize=quantize_hook(kv, len(cache)), quantized_kv_start=quantized_kv_start, key=key,
+        adaptive=adaptive, stats=stats,
+        stream=generation_stream)
+    turboquant = kv_scheme == "turboquant" and kv_bits is not None
+    return _responses(tokens, prompt_ids, detokenizer, eos, stops, max_tokens, stats,
+                      _StopText, _wired_limit([generation_stream]), _attention_routing(turboquant))
+
+
+def _responses(tokens, prompt, detokenizer, eos, stops, max_tokens, stats, stop_text, wired, routing):
+    """`mlxbun.generate._responses`' loop (EOS, stop strings, the final response) over spec tokens."""
+    cutter = stop_text(stops)
+
+    def response(text, token, logprobs, from_draft, n, finish_reason=None):
+        return SpecResponse(
+            text=text, token=token, logprobs=logprobs, prompt_tokens=prompt.size, prompt_tps=prompt_tps,
+            generation_tokens=n + 1, generation_tps=(n + 1) / (time.perf_counter() - tic),
+            peak_memory=mx.get_peak_memory() / 1e9, finish_reason=finish_reason, from_draft=from_draft,
+            stats=stats)
+
+    with wired, routing:
+        start = tic = time.perf_counter()
+        prompt_tps = math.nan
+        n, token, logprobs, from_draft = 0, None, None, False
+        for n, (token, logprobs, from_draft) in enumerate(tokens):
+            if n == 0:
+                prompt_tps = prompt.size / (time.perf_counter() - tic)
+                tic = time.perf_counter()
+            if token in eos:
+                break
+            detokenizer.add_token(token)
+            if max_tokens is not None and (n + 1) == max_tokens:
+                break
+            text = cutter.add(detokenizer.last_segment)
+            if cutter.stopped:
+                _finish(stats, n, start)
+                yield response(text, token, logprobs, from_draft, n, "stop")
+                return
+            yield response(text, token, logprobs, from_draft, n)
+        detokenizer.finalize()
+        text = cutter.add(detokenizer.last_segment, final=True)
+        finish = "stop" if (token in eos or cutter.stopped) else "length"
+        _finish(stats, n, start)
+        yield response(text, token, logprobs, from_draft, n, finish)
+
+
+def _finish(stats: SpecStats, n: int, start: float) -> None:
+    stats.generated_tokens = n + 1
+    stats.wall_s = time.perf_counter() - start
+
+
+def speculative_text(target, tokenizer, prompt, **kwargs) -> tuple[str, list[int], SpecStats]:
+    """The whole text, the token ids and the stats of one `speculative_generate` call."""
+    text, ids, last = "", [], None
+    for last in speculative_generate(target, tokenizer, prompt, **kwargs):
+        text += last.text
+        ids.append(last.token)
+    return text, ids, last.stats if last is not None else SpecStats()
