@@ -310,3 +310,14 @@ def test_cli_missing_and_foreign_files(tmp_path, run_cli, capsys):
     assert run_cli(["results", "show", "--results", str(bad)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not an SQLite database" in err and str(bad) in err
+
+
+def test_model_identity_of_an_mlxbun_graph(zoo):
+    """An mlxbun graph is an nn.Module, i.e. a dict: it must be read as a model, not as fields."""
+    import mlxbun
+    from mlxbun.results.identity import model_identity
+
+    ident = model_identity(mlxbun.open_model(zoo("qwen3", quant=4)))
+    assert ident["model_type"] == "qwen3"
+    assert ident["model_path"].endswith("tiny-qwen3-q4")
+    assert ident["model_quant"] and "4" in ident["model_quant"]

@@ -194,6 +194,12 @@ def _from_path(path: Path) -> dict[str, Any]:
             "model_quant": quant}
 
 
+def _is_module(x: Any) -> bool:
+    import mlx.nn as nn
+
+    return isinstance(x, nn.Module)
+
+
 def model_identity(model: Any) -> dict[str, Any]:
     """The MODEL_COLUMNS of a RuntimeModel, a checkpoint path, a dict of those fields, or None."""
     empty = dict.fromkeys(MODEL_COLUMNS)
@@ -201,7 +207,8 @@ def model_identity(model: Any) -> dict[str, Any]:
         return empty
     if isinstance(model, (str, os.PathLike)):
         return _from_path(Path(model).expanduser().absolute())
-    if isinstance(model, Mapping):
+    # mlx.nn.Module subclasses dict: a graph is a model, not a mapping of identity fields
+    if isinstance(model, Mapping) and not _is_module(model):
         from mlxbun.errors import MlxbunError
 
         unknown = sorted(set(model) - set(MODEL_COLUMNS) - {"path", "fingerprint", "type", "quant"})
