@@ -354,3 +354,25 @@ def test_backend_probe_is_true_on_this_cpu():
     from mlxbun.cache.quantized import backend_has_quantized_attention
 
     assert backend_has_quantized_attention() is True
+
+
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_cuda_path_chunks_long_caches_and_agrees(monkeypatch, mask):
+    import mlxbun.cache.quantized as Q
+
+    mx.random.seed(12)
+    L = 3 if mask else 1
+    q = mx.random.normal((1, 8, L, 64))
+    k, v = mx.random.normal((1, 2, 300, 64)), mx.random.normal((1, 2, 300, 64))
+    cache = Q.QuantizedKVCache(group_size=32, bits=4)
+    qk, qv = cache.update_and_fetch(k, v)
+    exact = cache.attention(mx.array(q), qk, qv, scale=0.125, mask=mask)
+    monkeypatch.setattr(Q, "backend_has_quantized_attention", lambda: False)
+    monkeypatch.setattr(Q, "CUDA_ATTENTION_CHUNK", 64)
+    calls = []
+    real = Q.chunked_quantized_sdpa
+    monkeypatch.setattr(Q, "chunked_quantized_sdpa", lambda *a, **k: calls.append(k) or real(*a, **k))
+    chunked = cache.attention(mx.array(q), qk, qv, scale=0.125, mask=mask)
+    assert calls == [{"dequantize": True}]
+    # online softmax over 5 chunks in float32 vs quantized matmuls: rounding only (observed ~1e-7)
+    assert mx.allclose(exact, chunked, atol=1e-5).item()

@@ -192,6 +192,10 @@ class QuantizedKVCache(_SpecRound):
         """Attention over what `update_and_fetch` returned: mlx-lm's quantized sdpa,
         or the chunked one when `attention_chunk` is set and the keys are longer."""
         if not backend_has_quantized_attention():
+            chunk = self.attention_chunk or CUDA_ATTENTION_CHUNK
+            if q_keys[0].shape[-2] > chunk:  # bound the dequantized transient to one chunk
+                return chunked_quantized_sdpa(queries, q_keys, q_values, scale, mask, self.group_size,
+                                              self.bits, chunk, dequantize=True)
             return dequantized_sdpa(queries, q_keys, q_values, scale, mask, self.group_size, self.bits)
         if self.attention_chunk is not None and q_keys[0].shape[-2] > self.attention_chunk:
             return chunked_quantized_sdpa(queries, q_keys, q_values, scale, mask,
@@ -286,6 +290,11 @@ def maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_
 # ------------------------------------------------------------------ CUDA attention
 
 
+# Keys per chunk for the CUDA path's dequantize-then-attend (~4 MiB of fp16 K+V per chunk at
+# 8 KV heads x 128); above it the whole-cache dequantize would outgrow the fp16 cache's footprint.
+CUDA_ATTENTION_CHUNK = 2048
+
+
 def backend_has_quantized_attention() -> bool:
     """False on mlx's CUDA backend, whose quantized_matmul has no kernel for attention's
     shapes (e.g. `1x513x128x32, transpose: true` fails at the first decode step, which
@@ -314,8 +323,12 @@ def chunked_quantized_sdpa(
     group_size: int = 64,
     bits: int = 8,
     chunk_size: int = 1024,
+    dequantize: bool = False,
 ) -> mx.array:
     """Quantized attention over key chunks with an online-softmax merge.
+
+    `dequantize=True` dequantizes one chunk at a time and uses plain matmuls: the CUDA
+    path, where mlx has no quantized_matmul kernel for attention's shapes.
 
     Same inputs and mask conventions as `quantized_scaled_dot_product_attention`
     (None, "causal", bool or additive array broadcastable to [B, Hq, L, S]).
@@ -344,7 +357,12 @@ def chunked_quantized_sdpa(
         # Order the lazy graph chunk by chunk: without this edge, evaluation may
         # walk the running-max chain first and hold every chunk's scores at once.
         qk = q if m is None else mx.depends(q, [m, l, acc])
-        s = mx.quantized_matmul(qk, *kc, transpose=True, group_size=group_size, bits=bits)
+        if dequantize:
+            kc = mx.dequantize(*kc, group_size=group_size, bits=bits).astype(dtype)
+            vc = mx.dequantize(*vc, group_size=group_size, bits=bits).astype(dtype)
+            s = qk @ kc.swapaxes(-1, -2)
+        else:
+            s = mx.quantized_matmul(qk, *kc, transpose=True, group_size=group_size, bits=bits)
         s = s.astype(mx.float32).reshape(B, n_kv_heads, rep, L, end - start)
         if mask is not None:
             if isinstance(mask, str):
@@ -358,8 +376,11 @@ def chunked_quantized_sdpa(
                 s = s + mc.astype(mx.float32)
         m_new = s.max(axis=-1, keepdims=True) if m is None else mx.maximum(m, s.max(axis=-1, keepdims=True))
         p = mx.exp(s - m_new)
-        pv = mx.quantized_matmul(p.astype(dtype).reshape(B, n_kv_heads, rep * L, end - start),
-                                 *vc, transpose=False, group_size=group_size, bits=bits)
+        p_rows = p.astype(dtype).reshape(B, n_kv_heads, rep * L, end - start)
+        if dequantize:
+            pv = p_rows @ vc
+        else:
+            pv = mx.quantized_matmul(p_rows, *vc, transpose=False, group_size=group_size, bits=bits)
         pv = pv.astype(mx.float32).reshape(B, n_kv_heads, rep, L, -1)
         if m is None:
             l, acc = p.sum(axis=-1, keepdims=True), pv
