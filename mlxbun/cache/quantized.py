@@ -290,9 +290,12 @@ def maybe_quantize_kv_cache(prompt_cache, quantized_kv_start, kv_group_size, kv_
 # ------------------------------------------------------------------ CUDA attention
 
 
-# Keys per chunk for the CUDA path's dequantize-then-attend (~4 MiB of fp16 K+V per chunk at
-# 8 KV heads x 128); above it the whole-cache dequantize would outgrow the fp16 cache's footprint.
-CUDA_ATTENTION_CHUNK = 2048
+# Keys per chunk for the CUDA path's dequantize-then-attend. Measured on the H200
+# (benchmarks/kv-memory.md, 28 layers x 4 KV heads x 128, 16k context): dequantizing the whole
+# cache peaks at 0.98-1.02x the fp16 cache's decode peak for q8 (over the bound), chunks of
+# 8192 at 0.86x with half the decode speed, 2048 at 0.82x with a sixth. 8192 keeps the bound
+# with margin at the least cost; `QuantizedKVCache(attention_chunk=...)` overrides it.
+CUDA_ATTENTION_CHUNK = 8192
 
 
 def backend_has_quantized_attention() -> bool:
