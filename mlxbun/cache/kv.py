@@ -82,7 +82,27 @@ class _SpecRound:
         return getattr(self, "_spec", None) is not None
 
 
-class KVCache(_SpecRound):
+class _TrimSpecRound(_SpecRound):
+    """The spec-round contract for caches whose prefix below `offset` is never rewritten
+    (growth copies it unchanged): rolling back is trimming what the round added."""
+
+    def spec_begin(self):
+        self._spec = {"offset": self.offset}
+
+    def spec_commit(self, n_accepted: int):
+        spec = self._spec_state()
+        added = self._spec_added(spec)
+        n = self._check_accepted(n_accepted, added)
+        self.trim(added - n)
+        self._spec = None
+
+    def spec_rollback(self):
+        spec = self._spec_state()
+        self.trim(self._spec_added(spec))
+        self._spec = None
+
+
+class KVCache(_TrimSpecRound):
     step = 256
 
     def __init__(self):
@@ -176,22 +196,6 @@ class KVCache(_SpecRound):
             return 0
         return self.keys.nbytes + self.values.nbytes
 
-    # -- spec-round contract: the prefix below `offset` is never rewritten, so trim.
-
-    def spec_begin(self):
-        self._spec = {"offset": self.offset}
-
-    def spec_commit(self, n_accepted: int):
-        spec = self._spec_state()
-        added = self._spec_added(spec)
-        n = self._check_accepted(n_accepted, added)
-        self.trim(added - n)
-        self._spec = None
-
-    def spec_rollback(self):
-        spec = self._spec_state()
-        self.trim(self._spec_added(spec))
-        self._spec = None
 
 
 class RotatingKVCache(_SpecRound):

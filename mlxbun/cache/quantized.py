@@ -33,7 +33,7 @@ from typing import Optional
 import mlx.core as mx
 from mlx.utils import tree_map
 
-from mlxbun.cache.kv import KVCache, RotatingKVCache, _SpecRound, create_attention_mask
+from mlxbun.cache.kv import KVCache, RotatingKVCache, _TrimSpecRound, create_attention_mask
 from mlxbun.errors import ConfigError, UnsupportedModelError
 from mlxbun.models.base import quantized_scaled_dot_product_attention
 
@@ -74,7 +74,7 @@ def check_kv_quant(bits, group_size, where: str = "KV quantization",
     return int(bits), group_size
 
 
-class QuantizedKVCache(_SpecRound):
+class QuantizedKVCache(_TrimSpecRound):
     step = 256
 
     def __init__(self, group_size: int = 64, bits: int = 8, *,
@@ -204,23 +204,6 @@ class QuantizedKVCache(_SpecRound):
             queries, q_keys, q_values, scale=scale, mask=mask,
             group_size=self.group_size, bits=self.bits)
 
-    # -- spec-round contract: like KVCache, the prefix below `offset` is never
-    # rewritten (growth copies it unchanged), so trimming is exact.
-
-    def spec_begin(self):
-        self._spec = {"offset": self.offset}
-
-    def spec_commit(self, n_accepted: int):
-        spec = self._spec_state()
-        added = self._spec_added(spec)
-        n = self._check_accepted(n_accepted, added)
-        self.trim(added - n)
-        self._spec = None
-
-    def spec_rollback(self):
-        spec = self._spec_state()
-        self.trim(self._spec_added(spec))
-        self._spec = None
 
 
 def _check_chunk(chunk):

@@ -51,7 +51,7 @@ from typing import Optional
 
 import mlx.core as mx
 
-from mlxbun.cache.kv import _SpecRound, create_attention_mask
+from mlxbun.cache.kv import _TrimSpecRound, create_attention_mask
 from mlxbun.cache.turboquant_codec import (
     TurboQuantCodec,
     TurboQuantState,
@@ -106,7 +106,7 @@ def _grow(state: Optional[TurboQuantState], used: int, like: TurboQuantState,
     return grown
 
 
-class TurboQuantKVCache(_SpecRound):
+class TurboQuantKVCache(_TrimSpecRound):
     """A KV cache storing TurboQuant-packed keys and values (mlx-lm cache interface).
 
     TurboQuantKVCache(bits=3.5, seed=0, key_bits=None, value_bits=None, *,
@@ -343,22 +343,6 @@ class TurboQuantKVCache(_SpecRound):
         live = self._live_fetch()
         return live is not None and keys is live[0] and values is live[1]
 
-    # -- spec-round contract: the prefix below `offset` is never rewritten, so trim.
-
-    def spec_begin(self):
-        self._spec = {"offset": self.offset}
-
-    def spec_commit(self, n_accepted: int):
-        spec = self._spec_state()
-        added = self._spec_added(spec)
-        n = self._check_accepted(n_accepted, added)
-        self.trim(added - n)
-        self._spec = None
-
-    def spec_rollback(self):
-        spec = self._spec_state()
-        self.trim(self._spec_added(spec))
-        self._spec = None
 
 
 # -- routing mlx-lm's attention -------------------------------------------------------

@@ -40,6 +40,7 @@ from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 from mlxbun.models.base import create_attention_mask, scaled_dot_product_attention
 from mlxbun.models.rope import initialize_rope
+from mlxbun.models.switch_layers import SwitchLinear, gather_sort, scatter_unsort
 
 __all__ = [
     "DiffusionGemmaConfig",
@@ -305,35 +306,6 @@ def _make_rope(dims: int, params: dict, max_position_embeddings: int):
     return initialize_rope(dims, base, False, params, max_position_embeddings)
 
 
-class SwitchLinear(nn.Module):
-    """mlx-vlm `switch_layers.SwitchLinear` (no bias here): gather_mm over expert weights."""
-
-    def __init__(self, input_dims: int, output_dims: int, num_experts: int):
-        super().__init__()
-        scale = math.sqrt(1 / input_dims)
-        self.weight = mx.random.uniform(low=-scale, high=scale,
-                                        shape=(num_experts, output_dims, input_dims))
-
-    def __call__(self, x, indices, sorted_indices=False):
-        return mx.gather_mm(x, self["weight"].swapaxes(-1, -2), rhs_indices=indices,
-                            sorted_indices=sorted_indices)
-
-
-def _gather_sort(x, indices):
-    *_, M = indices.shape
-    indices = indices.flatten()
-    order = mx.argsort(indices)
-    inv_order = mx.argsort(order)
-    return x.flatten(0, -3)[order // M], indices[order], inv_order
-
-
-def _scatter_unsort(x, inv_order, shape=None):
-    x = x[inv_order]
-    if shape is not None:
-        x = mx.unflatten(x, 0, shape)
-    return x
-
-
 def cache_offset(cache) -> int:
     """Tokens the encoder has written into `cache` (0 for none / empty)."""
     if cache is None or getattr(cache, "keys", None) is None:
@@ -417,13 +389,13 @@ class Experts(nn.Module):
         indices = top_k_indices
         inv_order = None
         if do_sort:
-            x, indices, inv_order = _gather_sort(x, top_k_indices)
+            x, indices, inv_order = gather_sort(x, top_k_indices)
         gate_up = self.gate_up_proj(x, indices, sorted_indices=do_sort)
         gate = gate_up[..., : self.hidden_dims]
         up = gate_up[..., self.hidden_dims :]
         y = self.down_proj(geglu(gate, up), indices, sorted_indices=do_sort)
         if do_sort:
-            y = _scatter_unsort(y, inv_order, top_k_indices.shape)
+            y = scatter_unsort(y, inv_order, top_k_indices.shape)
         return y.squeeze(-2)
 
 

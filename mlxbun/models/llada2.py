@@ -37,6 +37,7 @@ from mlxbun.cache.kv import KVCache
 from mlxbun.errors import ConfigError, LoadError, MlxbunError, UnsupportedModelError
 from mlxbun.models.base import scaled_dot_product_attention
 from mlxbun.models.layers import swiglu
+from mlxbun.models.switch_layers import SwitchLinear, gather_sort, scatter_unsort
 from mlxbun.weights import DropRule, WeightAudit, name_list, read_index
 
 __all__ = ["LLaDA2Args", "LLaDA2Model", "load_llada2", "MODEL_TYPE"]
@@ -245,35 +246,6 @@ class Gate(nn.Module):
         return topk_idx.astype(mx.int32), topk_weight.astype(x.dtype)
 
 
-class SwitchLinear(nn.Module):
-    """Per-expert linear [experts, out, in] applied with gather_mm (mlx-vlm/mlx-lm)."""
-
-    def __init__(self, input_dims: int, output_dims: int, num_experts: int):
-        super().__init__()
-        scale = math.sqrt(1 / input_dims)
-        self.weight = mx.random.uniform(low=-scale, high=scale,
-                                        shape=(num_experts, output_dims, input_dims))
-
-    def __call__(self, x, indices, sorted_indices=False):
-        return mx.gather_mm(x, self["weight"].swapaxes(-1, -2), rhs_indices=indices,
-                            sorted_indices=sorted_indices)
-
-
-def _gather_sort(x, indices):
-    *_, M = indices.shape
-    indices = indices.flatten()
-    order = mx.argsort(indices)
-    inv_order = mx.argsort(order)
-    return x.flatten(0, -3)[order // M], indices[order], inv_order
-
-
-def _scatter_unsort(x, inv_order, shape=None):
-    x = x[inv_order]
-    if shape is not None:
-        x = mx.unflatten(x, 0, shape)
-    return x
-
-
 def _tokenwise(operation, x, *args, axis=1):
     """mlx_vlm/models/linear.py `tokenwise`: the same reduction geometry at each position."""
 
@@ -302,14 +274,14 @@ class SwitchGLU(nn.Module):
         do_sort = indices.size >= 64
         idx, inv_order = indices, None
         if do_sort:
-            x, idx, inv_order = _gather_sort(x, indices)
+            x, idx, inv_order = gather_sort(x, indices)
         if self.training:
             idx = mx.stop_gradient(idx)
         x_up = self.up_proj(x, idx, sorted_indices=do_sort)
         x_gate = self.gate_proj(x, idx, sorted_indices=do_sort)
         x = self.down_proj(swiglu(x_gate, x_up), idx, sorted_indices=do_sort)
         if do_sort:
-            x = _scatter_unsort(x, inv_order, indices.shape)
+            x = scatter_unsort(x, inv_order, indices.shape)
         return x.squeeze(-2)
 
 
