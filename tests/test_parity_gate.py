@@ -314,3 +314,18 @@ def test_logit_blobs_round_trip(ckpt, tmp_path, dtype):
     assert all(a.dtype == b.dtype and mx.array_equal(a, b) for a, b in zip(back.step_logits, t.step_logits))
     with pytest.raises(ManifestError, match="no such logit blob"):
         load_logit_blobs(tmp_path / "blobs" / "missing-logits.safetensors")
+
+
+def test_rewriting_an_unchanged_manifest_leaves_the_file_alone(tmp_path):
+    from mlxbun.parity.manifest import read_manifest, write_manifest
+
+    cfg = {"model_type": "llama", "hidden_size": 64}
+    path = tmp_path / "x-parity.json"
+    kw = dict(config=cfg, target="zoo:x", model_type="llama", dtype="float32", prompt_ids=[1, 2, 3],
+              greedy_ids=[4, 5], decode_steps=1, logits_dtype="float32")
+    write_manifest(path, created="2026-01-01T00:00:00+00:00", **kw)
+    before = path.read_bytes()
+    write_manifest(path, created="2026-06-01T00:00:00+00:00", **kw)
+    assert path.read_bytes() == before  # same content: the tracked golden does not churn
+    write_manifest(path, created="2026-06-01T00:00:00+00:00", **{**kw, "greedy_ids": [4, 6]})
+    assert read_manifest(path).greedy_ids == [4, 6]
