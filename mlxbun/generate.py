@@ -143,7 +143,7 @@ def check_kv_options(
         raise GenerationError("kv_bits and max_kv_size cannot be combined: rotating KV caches are not quantizable")
 
 
-def _check_generation_options(max_tokens, prefill_step_size, stop) -> tuple[str, ...]:
+def check_generation_options(max_tokens, prefill_step_size, stop) -> tuple[str, ...]:
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
         raise GenerationError(f"max_tokens must be a positive integer (or None for no limit), got {max_tokens!r}")
     if not _is_int(prefill_step_size) or prefill_step_size < 1:
@@ -213,7 +213,7 @@ def eos_token_ids(tokenizer, model=None) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _detokenizer(tokenizer):
+def make_detokenizer(tokenizer):
     """A fresh streaming detokenizer (mlxbun's method, or mlx-lm's TokenizerWrapper property)."""
     det = getattr(tokenizer, "detokenizer", None)
     if det is None:
@@ -326,7 +326,7 @@ def load_prompt_cache_for(model, path) -> tuple[list, dict]:
     return load_prompt_cache(p, expect_identity=model_identity_of(model))
 
 
-def _quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan=None) -> Callable[[list], None]:
+def kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan=None) -> Callable[[list], None]:
     """What runs at mlx-lm's `quantize_cache_fn` points."""
     if plan is not None:  # optiq's per-layer hook: same points, same start rule
         return lambda cache: plan.maybe_quantize(cache, quantized_kv_start)
@@ -442,7 +442,7 @@ def generate_step(
 
 
 @contextlib.contextmanager
-def _wired_limit(streams):
+def wired_limit(streams):
     """mlx-lm's `wired_limit`: on Metal, wire the recommended working set while generating."""
     from mlx_lm.utils import maybe_set_recommended_wired_limit
 
@@ -456,7 +456,7 @@ def _wired_limit(streams):
             mx.set_wired_limit(old_limit)
 
 
-class _StopText:
+class StopText:
     """Cuts the streamed text before the first stop string, holding back any tail that could be
     the start of one (so a stop string is never streamed, even in part)."""
 
@@ -538,7 +538,7 @@ def stream_generate(
         if temperature not in (0.0, temp):
             raise GenerationError(f"temperature={temperature!r} and temp={temp!r} disagree; give one")
         temperature = temp
-    stops = _check_generation_options(max_tokens, prefill_step_size, stop)
+    stops = check_generation_options(max_tokens, prefill_step_size, stop)
     if seed is not None and (not _is_int(seed) or seed < 0):
         raise GenerationError(f"seed must be a non-negative integer, got {seed!r}")
     check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
@@ -565,9 +565,9 @@ def stream_generate(
         if not isinstance(cache, list):
             raise GenerationError(f"prompt_cache must be a list of caches or a file path, got {type(cache).__name__}")
     plan = None if kv_config is None else load_kv_plan(kv_config, len(cache))
-    quantize = _quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan)
+    quantize = kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan)
     eos = eos_token_ids(tokenizer, model)
-    detokenizer = _detokenizer(tokenizer)
+    detokenizer = make_detokenizer(tokenizer)
 
     return _responses(model, prompt_ids, cache, detokenizer, eos, stops, seed=seed, max_tokens=max_tokens,
                       sampler=sampler, logits_processors=processors, quantize=quantize,
@@ -575,7 +575,7 @@ def stream_generate(
                       or any(type(c).__name__ == "TurboQuantKVCache" for c in cache))
 
 
-def _attention_routing(turboquant: bool):
+def attention_routing(turboquant: bool):
     """TurboQuant decode runs attention in the rotated space straight from the packed codes (as
     mlx-vlm does) while generating; without the routing it would dequantize the whole cache."""
     if not turboquant:
@@ -595,7 +595,7 @@ def _responses(model, prompt, cache, detokenizer, eos, stops, *, seed, max_token
         logits_processors=logits_processors, prefill_step_size=prefill_step_size,
         quantize_cache=quantize,
     )
-    cutter = _StopText(stops)
+    cutter = StopText(stops)
 
     def response(text, token, logprobs, n, finish_reason=None):
         return GenerationResponse(
@@ -610,7 +610,7 @@ def _responses(model, prompt, cache, detokenizer, eos, stops, *, seed, max_token
             finish_reason=finish_reason,
         )
 
-    with _wired_limit([generation_stream]), _attention_routing(turboquant):
+    with wired_limit([generation_stream]), attention_routing(turboquant):
         tic = time.perf_counter()
         prompt_tps = math.nan
         for n, (token, logprobs) in enumerate(token_generator):

@@ -18,7 +18,7 @@ from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.errors import MlxbunError
 from mlxbun.generate import (
     GenerationError,
-    _StopText,
+    StopText,
     generate,
     make_generation_cache,
     stream_generate,
@@ -398,7 +398,7 @@ def test_stop_string_ends_text_before_it(loaded):
 
 
 def test_stop_text_never_streams_part_of_a_stop_string():
-    cut = _StopText(["END!"])
+    cut = StopText(["END!"])
     pieces = ["ab", "cE", "N", "D", "x", "E", "ND", "!zz"]
     out = []
     for p in pieces:
@@ -409,7 +409,7 @@ def test_stop_text_never_streams_part_of_a_stop_string():
     assert out[:4] == ["ab", "c", "", ""]  # "E", "EN", "END" held back while they could start END!
     assert cut.stopped
     # without a match, everything held back comes out at the end
-    cut = _StopText(["END!"])
+    cut = StopText(["END!"])
     assert cut.add("xEN") == "x"
     assert cut.add("", final=True) == "EN" and not cut.stopped
 

@@ -90,11 +90,11 @@ def _eval_cache(cache) -> None:
     mx.eval([a for c in cache for a in (c.keys, c.values) if a is not None])
 
 
-def _detokenizer(tokenizer):
+def make_detokenizer(tokenizer):
     # no text without a streaming detokenizer (ids only, e.g. a bare HF tokenizer)
     if tokenizer is None or getattr(tokenizer, "detokenizer", None) is None:
         return None
-    from mlxbun.generate import _detokenizer as make
+    from mlxbun.generate import make_detokenizer as make
 
     return make(tokenizer)
 
@@ -183,7 +183,7 @@ def _run(model, tokenizer, input_ids, s, seed, stops, prefill_step_size, decoder
     dtype = input_ids.dtype
     batch_size, prompt_length = input_ids.shape
     vocab_size = int(model.config.text_config.vocab_size)
-    detokenizer = _detokenizer(tokenizer)
+    detokenizer = make_detokenizer(tokenizer)
     stats = DiffusionStats(prompt_tokens=prompt_length)
 
     tic = time.perf_counter()

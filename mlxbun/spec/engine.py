@@ -194,7 +194,7 @@ def quantize_hook(kv: dict, n_caches: int, *, first: Optional[int] = None):
         plan = KVPlan(kept, first, source=plan.source)
     if plan is None and kv.get("kv_bits") is None:
         return None
-    return g._quantizer(kv.get("kv_scheme", "uniform"), kv.get("kv_bits"), kv.get("kv_group_size", 64),
+    return g.kv_quantizer(kv.get("kv_scheme", "uniform"), kv.get("kv_bits"), kv.get("kv_group_size", 64),
                         kv.get("quantized_kv_start", 0), plan)
 
 
@@ -256,12 +256,12 @@ def speculative_generate(
     sampling draws from the same distribution. Bad options raise `GenerationError` before work.
     """
     from mlxbun.generate import (
-        _attention_routing,
-        _check_generation_options,
-        _detokenizer,
+        attention_routing,
+        check_generation_options,
+        make_detokenizer,
         _is_int,
-        _StopText,
-        _wired_limit,
+        StopText,
+        wired_limit,
         check_kv_options,
         eos_token_ids,
         generation_stream,
@@ -275,7 +275,7 @@ def speculative_generate(
         if temperature not in (0.0, temp):
             raise GenerationError(f"temperature={temperature!r} and temp={temp!r} disagree; give one")
         temperature = temp
-    stops = _check_generation_options(max_tokens, prefill_step_size, stop)
+    stops = check_generation_options(max_tokens, prefill_step_size, stop)
     if not _is_int(num_draft) or not 1 <= num_draft <= MAX_DRAFT:
         raise GenerationError(f"num_draft must be an integer in [1, {MAX_DRAFT}], got {num_draft!r}")
     if seed is not None and (not _is_int(seed) or seed < 0):
@@ -303,7 +303,7 @@ def speculative_generate(
     key = None if sampling.greedy else mx.random.key(
         seed if seed is not None else int(mx.random.randint(0, 2**31 - 1, ()).item()))
     eos = eos_token_ids(tokenizer, target)
-    detokenizer = _detokenizer(tokenizer)
+    detokenizer = make_detokenizer(tokenizer)
     stats = SpecStats()
     tokens = speculative_generate_step(
         prompt_ids, target, drafter, cache=cache, num_draft=num_draft, max_tokens=max_tokens,
@@ -313,7 +313,7 @@ def speculative_generate(
         stream=generation_stream)
     turboquant = kv_scheme == "turboquant" and kv_bits is not None
     return _responses(tokens, prompt_ids, detokenizer, eos, stops, max_tokens, stats,
-                      _StopText, _wired_limit([generation_stream]), _attention_routing(turboquant))
+                      StopText, wired_limit([generation_stream]), attention_routing(turboquant))
 
 
 def _responses(tokens, prompt, detokenizer, eos, stops, max_tokens, stats, stop_text, wired, routing):
