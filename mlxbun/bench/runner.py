@@ -17,7 +17,6 @@ start of the sample (it includes the resident weights). Engine order alternates 
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Optional
 

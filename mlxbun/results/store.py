@@ -41,7 +41,7 @@ BUSY_TIMEOUT_S = 60.0
 COLUMNS = ("id", "run_id", "timestamp", "experiment", "metric", "value", "unit", "params",
            *ENV_COLUMNS, *MODEL_COLUMNS)
 
-_SCHEMA = f"""
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS mlxbun_schema (
     app TEXT NOT NULL,
     version INTEGER NOT NULL,
