@@ -84,7 +84,16 @@ class _SpecRound:
 
 class _TrimSpecRound(_SpecRound):
     """The spec-round contract for caches whose prefix below `offset` is never rewritten
-    (growth copies it unchanged): rolling back is trimming what the round added."""
+    (growth copies it unchanged): trimming moves `offset` back, and rolling back a round is
+    trimming what it added."""
+
+    def is_trimmable(self):
+        return True
+
+    def trim(self, n):
+        n = min(self.offset, n)
+        self.offset -= n
+        return n
 
     def spec_begin(self):
         self._spec = {"offset": self.offset}
@@ -169,14 +178,6 @@ class KVCache(_TrimSpecRound):
         if meta_state is not None:
             obj.meta_state = meta_state
         return obj
-
-    def is_trimmable(self):
-        return True
-
-    def trim(self, n):
-        n = min(self.offset, n)
-        self.offset -= n
-        return n
 
     def to_quantized(self, group_size: int = 64, bits: int = 4):
         # mlx-lm's generate(kv_bits=...) calls this: same conversion as mlx-lm's KVCache.

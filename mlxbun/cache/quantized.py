@@ -168,14 +168,6 @@ class QuantizedKVCache(_TrimSpecRound):
             obj.meta_state = meta_state
         return obj
 
-    def is_trimmable(self):
-        return True
-
-    def trim(self, n):
-        n = min(self.offset, n)
-        self.offset -= n
-        return n
-
     def make_mask(self, *args, **kwargs):
         return create_attention_mask(*args, offset=self.offset, **kwargs)
 

@@ -292,14 +292,9 @@ class TurboQuantKVCache(_TrimSpecRound):
         obj.state = state
         return obj
 
-    def is_trimmable(self):
-        return True
-
     def trim(self, n):
-        n = min(self.offset, n)
-        self.offset -= n
-        self._fetched = None
-        return n
+        self._fetched = None  # the last fetch no longer images the cache
+        return super().trim(n)
 
     def make_mask(self, *args, **kwargs):
         return create_attention_mask(*args, offset=self.offset, **kwargs)
