@@ -28,3 +28,7 @@ class TokenizerError(MlxbunError):
 
 class UnsupportedModelError(MlxbunError):
     """The model_type or a numerics-changing config key is not supported."""
+
+
+class GenerationError(MlxbunError, ValueError):
+    """A generation, sampling or KV-cache option is out of range or not supported."""

@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional
 
 import mlx.core as mx
 
-from mlxbun.errors import MlxbunError
+from mlxbun.errors import GenerationError
 
 __all__ = [
     "GenerationError",
@@ -40,10 +40,6 @@ __all__ = [
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
-
-
-class GenerationError(MlxbunError, ValueError):
-    """A generation or sampling option is out of range or not supported."""
 
 
 def _is_number(x) -> bool:

@@ -1,0 +1,75 @@
+"""From a model name to a checkpoint directory, and from a checkpoint to a running model.
+
+    locate("zoo:llama@q4")            # the zoo checkpoint, built once in the zoo cache
+    locate("HuggingFaceTB/SmolLM2")   # the newest snapshot in the local hub cache
+    open_runtime(path, "mlx-lm")      # mlx-lm's graph through the adapter (default: mlxbun's)
+
+Names follow `mlxbun.names`; nothing downloads. Every caller that turns a user's model name into
+a model (CLI, experiments, benchmark, speculative drafters, diffusion) goes through here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+from mlxbun.errors import MlxbunError
+from mlxbun.names import ModelSpec, NamingError, parse_engine, parse_model
+
+__all__ = ["hub_snapshot", "locate", "open_runtime"]
+
+
+def locate(name: Union[str, os.PathLike, ModelSpec], *, zoo_root=None, cache_dir=None) -> Path:
+    """The checkpoint directory a model name stands for (zoo builds are cached)."""
+    spec = parse_model(name)
+    if spec.kind == "zoo":
+        if spec.value == "all":
+            raise NamingError("zoo:all names every zoo model; give one zoo:ARCH here")
+        from mlxbun.zoo import cached_checkpoint
+
+        return cached_checkpoint(spec.value, root=zoo_root, **spec.zoo_options)
+    if spec.kind == "hub":
+        return hub_snapshot(spec.value, cache_dir)
+    if spec.kind == "random":
+        raise NamingError(f"model '{spec}': random:SHAPE builds random weights for `mlxbun bench` only")
+    if spec.kind == "gguf":
+        raise NamingError(f"model '{spec}': GGUF files cannot be opened yet (no GGUF importer); "
+                          "convert it to a Hugging Face-layout MLX checkpoint first")
+    path = Path(spec.value).expanduser()
+    if not path.is_dir():
+        raise MlxbunError(f"model '{spec.value}': no such checkpoint directory (nor a repo id in the local "
+                          f"hub cache, nor zoo:ARCH)")
+    return path
+
+
+def hub_snapshot(repo_id: str, cache_dir=None) -> Path:
+    """The snapshot directory of a repo in the local hub cache (main first, then the newest)."""
+    from huggingface_hub import scan_cache_dir
+
+    from mlxbun.inventory import default_cache_dir
+
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    if not cache.is_dir():
+        raise MlxbunError(f"repo '{repo_id}' not found: hub cache {cache} does not exist (mlxbun never downloads)")
+    for repo in scan_cache_dir(cache).repos:
+        if repo.repo_id == repo_id and repo.repo_type == "model":
+            revs = sorted(repo.revisions, key=lambda r: ("main" not in r.refs, -r.last_modified))
+            if revs:
+                return revs[0].snapshot_path
+    raise MlxbunError(f"repo '{repo_id}' not found in hub cache {cache} (mlxbun never downloads)")
+
+
+def open_runtime(model: Union[str, os.PathLike, ModelSpec], engine: str = "mlxbun", *,
+                 zoo_root: Optional[os.PathLike] = None):
+    """A model name or checkpoint directory as a RuntimeModel: mlxbun's graph (`open_model`:
+    profile first, then weights) or mlx-lm's own model file (the adapter)."""
+    engine = parse_engine(engine)
+    path = locate(model, zoo_root=zoo_root)
+    if engine == "mlxbun":
+        from mlxbun.factory import open_model
+
+        return open_model(path)
+    from mlxbun.models.mlxlm import load_mlxlm
+
+    return load_mlxlm(path)
