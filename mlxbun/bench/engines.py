@@ -1,8 +1,9 @@
 """The models a benchmark runs: mlxbun's graph and mlx-lm's, over ONE set of weight arrays.
 
-`load_engines(spec, ...)` resolves `PATH | zoo:ARCH | random:SHAPE`:
+`load_engines(spec, ...)` resolves a model name (`mlxbun.names`: a directory, a hub repo id,
+`zoo:ARCH[@VARIANT]`, or `random:SHAPE`):
 
-- a checkpoint (a directory, or a zoo checkpoint): mlxbun opens it (`open_model`: profile,
+- a checkpoint (a directory, a hub snapshot, or a zoo checkpoint): mlxbun opens it (`open_model`: profile,
   coverage, weight audit); mlx-lm loads the same directory lazily (its own loader, strict) and
   then receives mlxbun's arrays, so no tensor is held twice. The names, shapes and dtypes
   mlx-lm's loader expects are checked against mlxbun's before the swap.
@@ -28,13 +29,14 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxbun.errors import LoadError, MlxbunError
+from mlxbun.locate import locate
+from mlxbun.names import ENGINES, parse_model
 
 __all__ = ["DTYPES", "ENGINES", "Engine", "ModelUnderTest", "load_engines", "shares_weights"]
 
 DTYPES = ("bfloat16", "float16", "float32")
 QUANT_BITS = (4, 8)
 GROUP_SIZE = 64  # mlx-lm's default affine group
-ENGINES = ("mlxbun", "mlx-lm")
 INIT_STD = 0.02  # the initializer_range of the real configs
 
 
@@ -236,7 +238,8 @@ def _from_random(label: str, cfg: dict, spec: str, dtype: str, quant: Optional[i
 def load_engines(spec: str, *, dtype: Optional[str] = None, quant: Optional[int] = None, seed: int = 0,
                  engines: tuple[str, ...] = ENGINES, scale_down: Optional[int] = None,
                  zoo_root: Any = None) -> ModelUnderTest:
-    """Resolve `PATH | zoo:ARCH | random:SHAPE` into the engines named in `engines`."""
+    """Resolve a model name (a directory, a hub repo id, `zoo:ARCH[@VARIANT]`, `random:SHAPE`)
+    into the engines named in `engines`."""
     if dtype is not None and dtype not in DTYPES:
         raise MlxbunError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if quant is not None and quant not in QUANT_BITS:
@@ -244,28 +247,28 @@ def load_engines(spec: str, *, dtype: Optional[str] = None, quant: Optional[int]
     unknown = [e for e in engines if e not in ENGINES]
     if unknown or not engines:
         raise MlxbunError(f"engines {list(engines)}: choose from {', '.join(ENGINES)}")
-    if scale_down is not None and not spec.startswith("random:"):
+    model = parse_model(spec)
+    if scale_down is not None and model.kind != "random":
         raise MlxbunError("scale-down applies to random:SHAPE models only")
-    if spec.startswith("random:"):
+    if model.kind == "random":
         from mlxbun.bench.shapes import load_shape, scale_down as shrink
 
-        name = spec[len("random:"):]
-        if not name:
-            raise MlxbunError("random:SHAPE needs a shape name or a config.json path")
-        label, cfg = load_shape(name)
+        label, cfg = load_shape(model.value)
         if scale_down is not None and scale_down != 1:
             cfg = shrink(cfg, scale_down)
             label = f"{label}/{scale_down}"
         return _from_random(label, cfg, spec, dtype or "bfloat16", quant, seed, tuple(engines))
-    if spec.startswith("zoo:"):
+    if model.kind == "zoo":
         from mlxbun.zoo import cached_checkpoint
 
-        arch = spec[len("zoo:"):]
-        path = cached_checkpoint(arch, quant=quant, dtype=dtype or "float32", root=zoo_root)
+        if model.variant is not None and (dtype is not None or quant is not None):
+            raise MlxbunError(f"{spec}: the name gives the zoo variant; drop --dtype/--quant (or the @{model.variant})")
+        options = dict(model.zoo_options)  # what the name says (variant, seed, head_dim)
+        if model.variant is None:
+            options.update(dtype=dtype or "float32", quant=quant)
+        path = cached_checkpoint(model.value, root=zoo_root, **options)
         return _from_checkpoint(path, spec, "zoo", tuple(engines))
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        raise MlxbunError(f"{spec}: no such checkpoint directory (or use zoo:ARCH / random:SHAPE)")
+    path = locate(model)
     if dtype is not None or quant is not None:
         raise MlxbunError(f"{spec}: a checkpoint runs in its own dtype and quantization; "
                           "--dtype/--quant apply to zoo: and random: models")

@@ -13,13 +13,14 @@ import sys
 def register(sub) -> None:
     from mlxbun.bench.engines import DTYPES, QUANT_BITS
     from mlxbun.bench.shapes import SHAPES
+    from mlxbun.names import MODEL_FORMS
 
     p = sub.add_parser(
         "bench", help="speed of mlxbun vs mlx-lm (pp/tg tokens/s, TTFT, peak memory)",
         description="llama-bench-style tests: pp<N> (prefill N tokens) and tg<M> (decode M tokens), "
                     "mlxbun and mlx-lm alternating in one process over one set of weight arrays.")
-    p.add_argument("--model", required=True, metavar="PATH|zoo:ARCH|random:SHAPE",
-                   help=f"checkpoint directory, zoo:ARCH, or random:SHAPE with SHAPE one of "
+    p.add_argument("--model", required=True, metavar="MODEL",
+                   help=f"the model ({MODEL_FORMS}); random:SHAPE with SHAPE one of "
                         f"{', '.join(SHAPES)} or a config.json path (random weights, no files)")
     p.add_argument("--dtype", choices=DTYPES, help="zoo variant / random weights dtype "
                    "(default: float32 for zoo, bfloat16 for random)")

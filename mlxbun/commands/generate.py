@@ -10,16 +10,24 @@ import json
 import sys
 from pathlib import Path
 
+from mlxbun.commands.diffusion_flags import add_diffusion_arguments, run_diffusion
+from mlxbun.commands.speculative_flags import (
+    add_spec_arguments,
+    finish_spec_from_args,
+    run_spec_from_args,
+    spec_requested,
+)
 from mlxbun.errors import MlxbunError
+from mlxbun.names import MODEL_FORMS, parse_engine, whole
 
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a model (mlx-lm's token stream)",
                        description="Generate text from a model: the token stream of mlx-lm 0.32.2's "
                                    "stream_generate, over mlxbun's graph and caches.")
-    p.add_argument("--model", required=True, metavar="PATH|zoo:ARCH",
-                   help="checkpoint directory, or zoo:ARCH for a tiny zoo checkpoint")
-    p.add_argument("--backend", default="mlxbun", metavar="{mlxbun,mlx-lm}",
+    p.add_argument("--model", required=True, metavar="MODEL",
+                   help=f"the model: {MODEL_FORMS}")
+    p.add_argument("--engine", "--backend", dest="engine", default="mlxbun", metavar="{mlxbun,mlx-lm}",
                    help="graph to run: mlxbun's (default) or mlx-lm's through the adapter")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="prompt text ('-' reads stdin)")
@@ -48,39 +56,12 @@ def register(sub) -> None:
     p.add_argument("--stop", action="append", default=None, metavar="STR",
                    help="stop before this text (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, ids and speeds")
-    from mlxbun.diffusion.cli import add_diffusion_arguments
-    from mlxbun.spec.cli import add_spec_arguments
-
     add_spec_arguments(p)
     add_diffusion_arguments(p)
     p.set_defaults(func=run)
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def resolve_model_path(spec: str) -> Path:
-    """A checkpoint directory, or `zoo:ARCH` built (once) in the zoo cache."""
-    if spec.startswith("zoo:"):
-        from mlxbun.zoo import cached_checkpoint
-
-        return cached_checkpoint(spec[len("zoo:"):])
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        raise MlxbunError(f"--model {spec}: no such checkpoint directory")
-    return path
-
-
-def _open(path: Path, backend: str):
-    if backend == "mlxbun":
-        from mlxbun.factory import open_model
-
-        return open_model(path)
-    if backend == "mlx-lm":
-        from mlxbun.models.mlxlm import load_mlxlm
-
-        return load_mlxlm(path)
-    raise MlxbunError(f"--backend {backend!r}: choose mlxbun or mlx-lm")
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -91,12 +72,6 @@ def _parse_ids(text: str) -> list[int]:
     if not ids:
         raise MlxbunError("--prompt-ids: no ids given")
     return ids
-
-
-def _kv_bits(value):
-    if value is None:
-        return None
-    return int(value) if float(value).is_integer() else value
 
 
 def _chat_prompt(tokenizer, text: str, system, continuing: bool) -> list[int]:
@@ -135,13 +110,13 @@ def build_prompt(args, tokenizer) -> list[int]:
 
 def run(args) -> int:
     from mlxbun.generate import make_generation_cache, model_identity_of, stream_generate
-    from mlxbun.spec.cli import finish_spec_from_args, run_spec_from_args, spec_requested
+    from mlxbun.locate import locate, open_runtime
     from mlxbun.tokenizer import load_tokenizer
 
     if args.prompt_cache is not None and args.max_kv_size is not None:
         raise MlxbunError("--prompt-cache brings its own caches; --max-kv-size cannot change them")
-    path = resolve_model_path(args.model)
-    model = _open(path, args.backend)
+    path = locate(args.model)
+    model = open_runtime(path, parse_engine(args.engine, what="--engine/--backend"))
     if args.save_prompt_cache is not None and model_identity_of(model) is None:
         raise MlxbunError(f"--save-prompt-cache: {path} has no mlxbun config to record with the cache")
     tokenizer = load_tokenizer(path)
@@ -150,7 +125,7 @@ def run(args) -> int:
     if profile is not None and profile.execution.loop != "autoregressive":
         return _run_diffusion(args, model, tokenizer, prompt)
 
-    kv = dict(kv_bits=_kv_bits(args.kv_bits), kv_group_size=args.kv_group_size,
+    kv = dict(kv_bits=whole(args.kv_bits), kv_group_size=args.kv_group_size,
               kv_scheme=args.kv_scheme, quantized_kv_start=args.quantized_kv_start)
     prior: list[int] = []  # tokens a loaded prompt cache already holds
     if args.prompt_cache is not None:
@@ -211,8 +186,6 @@ _AUTOREGRESSIVE_ONLY = ("kv_bits", "kv_config", "max_kv_size", "prompt_cache", "
 
 
 def _run_diffusion(args, model, tokenizer, prompt) -> int:
-    from mlxbun.diffusion.cli import run_diffusion
-
     used = [n for n in _AUTOREGRESSIVE_ONLY if getattr(args, n) is not None]
     if used:
         flags = ", ".join("--" + n.replace("_", "-") for n in used)

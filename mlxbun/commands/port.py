@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import sys
 
+from mlxbun.errors import MlxbunError
+from mlxbun.names import MODEL_FORMS, VARIANT_ALIASES, ZOO_VARIANTS
+
 
 def register(sub) -> None:
-    from mlxbun.parity.port import ZOO_VARIANTS
-
     p = sub.add_parser("port", help="bring a checkpoint up on the universal graph and gate it bit-exact vs mlx-lm")
     p.add_argument("targets", nargs="+", metavar="TARGET",
-                   help="checkpoint directory, repo id in the local hub cache, zoo:ARCH or zoo:all")
+                   help=f"a model ({MODEL_FORMS}) or zoo:all")
     p.add_argument("--variants", default="all",
                    help=f"zoo targets: comma-separated of {','.join(ZOO_VARIANTS)} or 'all' (default: all)")
     p.add_argument("--decode-steps", type=int, default=16, help="greedy decode steps after the prefill (default 16)")
@@ -25,13 +26,8 @@ def register(sub) -> None:
 
 
 def _variants(text: str) -> tuple[str, ...]:
-    from mlxbun.errors import MlxbunError
-    from mlxbun.parity.port import ZOO_VARIANTS
-
     if text == "all":
         return tuple(ZOO_VARIANTS)
-    from mlxbun.parity.port import VARIANT_ALIASES
-
     chosen = tuple(VARIANT_ALIASES.get(v.strip(), v.strip()) for v in text.split(",") if v.strip())
     bad = [v for v in chosen if v not in ZOO_VARIANTS]
     if bad or not chosen:
@@ -48,7 +44,6 @@ def run(args) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from mlxbun.errors import MlxbunError
     from mlxbun.parity.port import port_one, resolve_targets
 
     if args.decode_steps < 1 or args.prompt_len < 2:

@@ -13,17 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mlxbun.errors import MlxbunError
-
-VARIANT_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "4": "q4", "8": "q8"}
-ZOO_VARIANTS = {
-    "float32": dict(dtype="float32"),
-    "float16": dict(dtype="float16"),
-    "bfloat16": dict(dtype="bfloat16"),
-    "q4": dict(quant=4),
-    "q8": dict(quant=8),
-    "mixed": dict(quant="mixed"),  # 4-bit with per-module 8-bit overrides
-}
-
+from mlxbun.locate import locate
+from mlxbun.names import ModelSpec, parse_model
 
 @dataclass
 class PortResult:
@@ -53,44 +44,22 @@ class Target:
 
 
 def resolve_targets(specs, *, variants=("float32",), zoo_root=None, cache_dir=None) -> list[Target]:
-    """Expand `zoo:ARCH` / `zoo:all`, hub repo ids and directories into checkpoint dirs."""
+    """Expand model names (`mlxbun.names`: `zoo:ARCH` / `zoo:all` per variant, hub repo ids,
+    directories) into checkpoint dirs. A zoo name's own `@VARIANT` wins over `variants`."""
     from mlxbun import zoo
 
     out: list[Target] = []
-    for spec in specs:
-        if spec.startswith("zoo:"):
-            name = spec[4:]
-            archs = zoo.ARCHS if name == "all" else (name,)
-            for arch in archs:
-                for variant in variants:
-                    variant = VARIANT_ALIASES.get(variant, variant)
-                    if variant not in ZOO_VARIANTS:
-                        raise MlxbunError(f"unknown zoo variant '{variant}' (choose from {', '.join(ZOO_VARIANTS)})")
-                    path = zoo.cached_checkpoint(arch, root=zoo_root, **ZOO_VARIANTS[variant])
-                    out.append(Target(f"zoo:{arch}", path, variant))
-        elif Path(spec).is_dir():
-            out.append(Target(spec, Path(spec)))
-        elif re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
-            out.append(Target(spec, _hub_snapshot(spec, cache_dir)))
-        else:
-            raise MlxbunError(f"target '{spec}' is not a directory, a repo id in the hub cache, or zoo:ARCH")
+    for text in specs:
+        spec = parse_model(text)
+        if spec.kind != "zoo":
+            out.append(Target(str(text), locate(spec, cache_dir=cache_dir)))
+            continue
+        archs = zoo.ARCHS if spec.value == "all" else (spec.value,)
+        for arch in archs:
+            for variant in ((spec.variant,) if spec.variant else variants):
+                one = ModelSpec("zoo", arch, seed=spec.seed, head_dim=spec.head_dim).with_options(variant=variant)
+                out.append(Target(f"zoo:{arch}", locate(one, zoo_root=zoo_root), one.variant))
     return out
-
-
-def _hub_snapshot(repo_id: str, cache_dir=None) -> Path:
-    from huggingface_hub import scan_cache_dir
-
-    from mlxbun.inventory import default_cache_dir
-
-    cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    if not cache.is_dir():
-        raise MlxbunError(f"repo '{repo_id}' not found: hub cache {cache} does not exist (mlxbun never downloads)")
-    for repo in scan_cache_dir(cache).repos:
-        if repo.repo_id == repo_id and repo.repo_type == "model":
-            revs = sorted(repo.revisions, key=lambda r: ("main" not in r.refs, -r.last_modified))
-            if revs:
-                return revs[0].snapshot_path
-    raise MlxbunError(f"repo '{repo_id}' not found in hub cache {cache} (mlxbun never downloads)")
 
 
 def _dtype_label(config) -> str:

@@ -26,8 +26,10 @@ from typing import Any, Iterator, Optional, Sequence
 
 import mlx.core as mx
 
-from mlxbun.errors import MlxbunError, UnsupportedModelError
-from mlxbun.spec.verify import Sampling
+from mlxbun.errors import GenerationError, MlxbunError, UnsupportedModelError
+from mlxbun.names import DrafterSpec, parse_drafter
+from mlxbun.speculative.kv import quantize_hook
+from mlxbun.speculative.verify import Sampling
 
 __all__ = [
     "Draft",
@@ -38,6 +40,7 @@ __all__ = [
     "NGramDrafter",
     "VocabularyMismatchError",
     "logits_width",
+    "make_drafter",
     "model_blocks",
 ]
 
@@ -172,8 +175,8 @@ class _ModelDrafter(Drafter):
 
     def _view(self) -> list:
         """The cache as the model sees it: after the prefill, sink-keeping rings attend as in
-        one-token decoding (see `mlxbun.spec.ring`)."""
-        from mlxbun.spec.ring import sink_exact
+        one-token decoding (see `mlxbun.speculative.ring`)."""
+        from mlxbun.speculative.ring import sink_exact
 
         return sink_exact(self._cache) if self._prefilled else self._cache
 
@@ -286,8 +289,6 @@ class DraftModelDrafter(_ModelDrafter):
         return make_generation_cache(self.model, **self._kv_options())
 
     def _hook(self):
-        from mlxbun.spec.engine import quantize_hook
-
         return quantize_hook(self._kv_options(), len(self._cache))
 
     def _logits(self, ids: mx.array) -> mx.array:
@@ -328,8 +329,6 @@ class LayerSkipDrafter(_ModelDrafter):
         return full[: self.layers]
 
     def _hook(self):
-        from mlxbun.spec.engine import quantize_hook
-
         return quantize_hook(self.session.kv, self._n_caches, first=self.layers)
 
     def _logits(self, ids: mx.array) -> mx.array:
@@ -393,3 +392,35 @@ class NGramDrafter(Drafter):
 
     def params(self) -> dict:
         return {"drafter": self.name, "ngram_max": self.max_n, "ngram_min": self.min_n}
+
+
+# ----------------------------------------------------------------------------- from a name
+
+
+def make_drafter(drafter, *, engine: str = "mlxbun", **options) -> Drafter:
+    """A Drafter from a Drafter (as is), a draft model (a RuntimeModel or an mlx-lm model), or a
+    drafter name (`mlxbun.names.parse_drafter`: "ngram[:N]", "self[:L]", "model:MODEL"; a draft
+    model named there is opened with `engine`). `options` go to the drafter's constructor
+    (e.g. min_n for n-gram lookup, kv or label for a draft model)."""
+    if isinstance(drafter, Drafter):
+        if options:
+            raise GenerationError(f"drafter options {sorted(options)} apply to a drafter name, not an instance")
+        return drafter
+    if isinstance(drafter, (str, DrafterSpec)):
+        spec = parse_drafter(drafter)
+        if spec.kind == "ngram":
+            return NGramDrafter(**{"max_n": spec.n, **options})
+        if spec.kind == "self":
+            return LayerSkipDrafter(**{"layers": spec.n, **options})
+        from mlxbun.locate import open_runtime
+
+        try:
+            model = open_runtime(spec.model, engine)
+        except MlxbunError as e:
+            shown = drafter if isinstance(drafter, str) else str(spec.model)
+            raise GenerationError(f"unknown drafter {shown!r}: not ngram[:N] or self[:L], and the draft "
+                                  f"model cannot be opened ({e})") from None
+        return DraftModelDrafter(model, **{"label": str(spec.model), **options})
+    if callable(drafter):
+        return DraftModelDrafter(drafter, **options)
+    raise GenerationError(f"drafter must be a Drafter, a model or a drafter name, got {type(drafter).__name__}")

@@ -35,15 +35,30 @@ from typing import Any, Generator, Iterable, Optional, Sequence, Union
 import mlx.core as mx
 
 from mlxbun.errors import MlxbunError
-from mlxbun.generate import GenerationResponse
-from mlxbun.sampling import GenerationError, LogitsProcessor
-from mlxbun.spec.adaptive import AdaptiveDraftLength
-from mlxbun.spec.drafters import Draft, Drafter, DraftModelDrafter, DraftSession, logits_width, _check_contract
-from mlxbun.spec.ring import sink_exact
-from mlxbun.spec.stats import SpecStats
-from mlxbun.spec.verify import Sampling, verify_greedy, verify_sampled
+from mlxbun.generate import (
+    GenerationResponse,
+    StopText,
+    attention_routing,
+    check_generation_options,
+    check_kv_options,
+    eos_token_ids,
+    generation_stream,
+    make_detokenizer,
+    make_generation_cache,
+    prepare_prompt,
+    wired_limit,
+)
+from mlxbun.models.mlxlm import ensure_runtime
+from mlxbun.names import is_int
+from mlxbun.sampling import GenerationError, LogitsProcessor, make_logits_processors
+from mlxbun.speculative.adaptive import AdaptiveDraftLength
+from mlxbun.speculative.drafters import Draft, Drafter, DraftSession, _check_contract, logits_width, make_drafter
+from mlxbun.speculative.kv import quantize_hook
+from mlxbun.speculative.ring import sink_exact
+from mlxbun.speculative.stats import SpecStats
+from mlxbun.speculative.verify import Sampling, verify_greedy, verify_sampled
 
-__all__ = ["SpecResponse", "make_drafter", "speculative_generate", "speculative_generate_step", "speculative_text"]
+__all__ = ["SpecResponse", "speculative_generate", "speculative_generate_step", "speculative_text"]
 
 MAX_DRAFT = 64
 
@@ -99,7 +114,6 @@ def speculative_generate_step(
     list (updated in place). The caller binds the drafter; `stats` is filled as rounds run.
     quantize: the KV quantize hook (`quantize_hook`), None when nothing quantizes; rounds then
     respect `quantized_kv_start` (see the module docstring)."""
-    from mlxbun.generate import generation_stream
 
     stream = generation_stream if stream is None else stream
     converting = quantize is not None
@@ -177,48 +191,6 @@ def speculative_generate_step(
 # ----------------------------------------------------------------------------- the user call
 
 
-def quantize_hook(kv: dict, n_caches: int, *, first: Optional[int] = None):
-    """stream_generate's KV quantize hook for these `make_generation_cache` options over a
-    model with `n_caches` caches (None when nothing quantizes). `first`: the hook of a cache
-    list holding only the first `first` of them (a self-draft's): a per-layer plan keeps its
-    entries on those layers."""
-    from mlxbun import generate as g
-
-    plan = None if kv.get("kv_config") is None else g.load_kv_plan(kv["kv_config"], n_caches)
-    if plan is not None and first is not None:
-        from mlxbun.cache.mixed import KVPlan
-
-        kept = {i: v for i, v in plan.layers.items() if i < first}
-        if not kept:
-            return None
-        plan = KVPlan(kept, first, source=plan.source)
-    if plan is None and kv.get("kv_bits") is None:
-        return None
-    return g.kv_quantizer(kv.get("kv_scheme", "uniform"), kv.get("kv_bits"), kv.get("kv_group_size", 64),
-                        kv.get("quantized_kv_start", 0), plan)
-
-
-
-def make_drafter(drafter, **options) -> Drafter:
-    """A Drafter from a Drafter (as is), a model (a draft model), or a name: "ngram"
-    (options max_n, min_n), "self"/"layer_skip" (option layers)."""
-    from mlxbun.spec.drafters import LayerSkipDrafter, NGramDrafter
-
-    if isinstance(drafter, Drafter):
-        if options:
-            raise GenerationError(f"drafter options {sorted(options)} apply to a drafter name, not an instance")
-        return drafter
-    if isinstance(drafter, str):
-        if drafter in ("ngram", "lookup", "prompt_lookup"):
-            return NGramDrafter(**options)
-        if drafter in ("self", "layer_skip"):
-            return LayerSkipDrafter(**options)
-        raise GenerationError(f"unknown drafter {drafter!r}: give 'ngram', 'self', a model or a Drafter")
-    if callable(drafter):
-        return DraftModelDrafter(drafter, **options)
-    raise GenerationError(f"drafter must be a Drafter, a model or a name, got {type(drafter).__name__}")
-
-
 def speculative_generate(
     target,
     tokenizer,
@@ -255,30 +227,14 @@ def speculative_generate(
     `mlxbun.generate.stream_generate`'s; greedy output equals its output token for token, and
     sampling draws from the same distribution. Bad options raise `GenerationError` before work.
     """
-    from mlxbun.generate import (
-        attention_routing,
-        check_generation_options,
-        make_detokenizer,
-        _is_int,
-        StopText,
-        wired_limit,
-        check_kv_options,
-        eos_token_ids,
-        generation_stream,
-        make_generation_cache,
-        prepare_prompt,
-    )
-    from mlxbun.models.mlxlm import ensure_runtime
-    from mlxbun.sampling import make_logits_processors
-
     if temp is not None:
         if temperature not in (0.0, temp):
             raise GenerationError(f"temperature={temperature!r} and temp={temp!r} disagree; give one")
         temperature = temp
     stops = check_generation_options(max_tokens, prefill_step_size, stop)
-    if not _is_int(num_draft) or not 1 <= num_draft <= MAX_DRAFT:
+    if not is_int(num_draft) or not 1 <= num_draft <= MAX_DRAFT:
         raise GenerationError(f"num_draft must be an integer in [1, {MAX_DRAFT}], got {num_draft!r}")
-    if seed is not None and (not _is_int(seed) or seed < 0):
+    if seed is not None and (not is_int(seed) or seed < 0):
         raise GenerationError(f"seed must be a non-negative integer, got {seed!r}")
     check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
                      kv_scheme=kv_scheme, max_kv_size=max_kv_size)

@@ -1,13 +1,13 @@
 """Speculative decoding over any RuntimeModel: drafters, verification, the round loop, statistics.
 
-    from mlxbun.spec import speculative_generate, NGramDrafter
+    from mlxbun.speculative import speculative_generate, NGramDrafter
     for r in speculative_generate(target, tokenizer, "Hello", drafter=NGramDrafter(), num_draft=4):
         print(r.text, end="")
     print(r.stats.summary())
 """
 
-from mlxbun.spec.adaptive import AdaptiveDraftLength
-from mlxbun.spec.drafters import (
+from mlxbun.speculative.adaptive import AdaptiveDraftLength
+from mlxbun.speculative.drafters import (
     Draft,
     DraftModelDrafter,
     DraftSession,
@@ -15,16 +15,16 @@ from mlxbun.spec.drafters import (
     LayerSkipDrafter,
     NGramDrafter,
     VocabularyMismatchError,
-)
-from mlxbun.spec.engine import (
-    SpecResponse,
     make_drafter,
+)
+from mlxbun.speculative.engine import (
+    SpecResponse,
     speculative_generate,
     speculative_generate_step,
     speculative_text,
 )
-from mlxbun.spec.stats import SpecStats
-from mlxbun.spec.verify import Sampling, Verdict, verify_greedy, verify_sampled
+from mlxbun.speculative.stats import SpecStats
+from mlxbun.speculative.verify import Sampling, Verdict, verify_greedy, verify_sampled
 
 __all__ = [
     "AdaptiveDraftLength", "Draft", "DraftModelDrafter", "DraftSession", "Drafter", "LayerSkipDrafter",

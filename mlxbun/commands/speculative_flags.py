@@ -1,12 +1,13 @@
 """Speculative decoding for `mlxbun generate`: the flags, and the call behind them.
 
-    --draft PATH|zoo:ARCH|ngram[:N]|self:L   the drafter: a draft model (same vocabulary as the
-                                             target), n-gram prompt lookup (longest n-gram N,
-                                             default 3), or the target's first L blocks
+    --draft MODEL|ngram[:N]|self[:L]         the drafter (`mlxbun.names.parse_drafter`): a draft
+                                             model (same vocabulary as the target), n-gram prompt
+                                             lookup (longest n-gram N, default 3), or the target's
+                                             first L blocks (default 1)
     --num-draft K                            draft tokens per round (the maximum with --adaptive)
     --adaptive                               choose k per round from acceptance and measured costs
     --ngram-min N                            shortest n-gram to look up (default 1)
-    --draft-backend mlxbun|mlx-lm            graph that runs a draft model
+    --draft-engine mlxbun|mlx-lm             graph that runs a draft model (alias --draft-backend)
     --spec-compare-plain                     also decode plainly: tokens/s and the speedup
     --spec-results PATH                      record the acceptance statistics (experiment 'spec')
 """
@@ -15,47 +16,18 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from mlxbun.errors import MlxbunError
+from mlxbun.names import DRAFTER_FORMS, parse_drafter, parse_engine, whole
 
-__all__ = ["DraftSpec", "add_spec_arguments", "build_drafter", "finish_spec_from_args", "parse_draft",
-           "run_spec_from_args", "spec_requested"]
-
-
-@dataclass(frozen=True)
-class DraftSpec:
-    kind: str  # "model" | "ngram" | "self"
-    model: Optional[str] = None  # PATH or zoo:ARCH for kind "model"
-    n: Optional[int] = None  # longest n-gram (ngram) or draft depth in blocks (self)
-
-    @property
-    def label(self) -> str:
-        return {"model": f"model:{self.model}", "ngram": f"ngram:{self.n}", "self": f"self:{self.n}"}[self.kind]
-
-
-def parse_draft(text: str) -> DraftSpec:
-    """`ngram`, `ngram:N`, `self:L`, or a draft model PATH / zoo:ARCH."""
-    head, _, tail = text.partition(":")
-    if head in ("ngram", "self"):
-        if head == "self" and not tail:
-            raise MlxbunError("--draft self:L needs the draft depth L (the target's first L blocks)")
-        try:
-            n = int(tail) if tail else 3
-        except ValueError:
-            raise MlxbunError(f"--draft {text}: {head}:N takes a whole number, got {tail!r}") from None
-        if n < 1:
-            raise MlxbunError(f"--draft {text}: N must be >= 1")
-        return DraftSpec(head, n=n)
-    if not text:
-        raise MlxbunError("--draft: empty drafter")
-    return DraftSpec("model", model=text)
+__all__ = ["add_spec_arguments", "build_drafter", "finish_spec_from_args", "run_spec_from_args",
+           "spec_requested"]
 
 
 def add_spec_arguments(parser) -> None:
     g = parser.add_argument_group("speculative decoding")
-    g.add_argument("--draft", default=None, metavar="PATH|zoo:ARCH|ngram[:N]|self:L",
+    g.add_argument("--draft", default=None, metavar=DRAFTER_FORMS.replace(" ", ""),
                    help="speculative decoding with a draft model, n-gram prompt lookup, or a self-draft "
                         "(the target's first L blocks)")
     g.add_argument("--num-draft", "--num-draft-tokens", dest="num_draft_tokens", type=int, default=3,
@@ -63,8 +35,8 @@ def add_spec_arguments(parser) -> None:
     g.add_argument("--adaptive", "--adaptive-draft", dest="adaptive_draft", action="store_true",
                    help="pick the draft length per round from the acceptance rate and measured costs")
     g.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram to look up (default 1)")
-    g.add_argument("--draft-backend", default="mlxbun", metavar="{mlxbun,mlx-lm}",
-                   help="graph that runs the draft model")
+    g.add_argument("--draft-engine", "--draft-backend", dest="draft_engine", default="mlxbun",
+                   metavar="{mlxbun,mlx-lm}", help="graph that runs the draft model")
     g.add_argument("--spec-compare-plain", action="store_true",
                    help="also run plain decoding on the same prompt and report tokens/s and the speedup")
     g.add_argument("--spec-results", metavar="PATH", default=None,
@@ -77,27 +49,16 @@ def spec_requested(args) -> bool:
 
 def build_drafter(args):
     """The Drafter the flags ask for (loading the draft model when there is one)."""
-    from mlxbun.spec.drafters import DraftModelDrafter, LayerSkipDrafter, NGramDrafter
+    from mlxbun.speculative import make_drafter
 
-    spec = parse_draft(args.draft)
+    spec = parse_drafter(args.draft)
     if args.num_draft_tokens < 1:
         raise MlxbunError(f"--num-draft must be >= 1, got {args.num_draft_tokens}")
-    if spec.kind == "model":
-        from mlxbun.commands.generate import _open, resolve_model_path
-
-        path = resolve_model_path(spec.model)
-        return DraftModelDrafter(_open(path, args.draft_backend), label=spec.model)
     if spec.kind == "ngram":
         if args.ngram_min > spec.n:
             raise MlxbunError(f"--ngram-min {args.ngram_min} exceeds the longest n-gram {spec.n}")
-        return NGramDrafter(max_n=spec.n, min_n=args.ngram_min)
-    return LayerSkipDrafter(spec.n)
-
-
-def _kv_bits(value):
-    if value is None:
-        return None
-    return int(value) if float(value).is_integer() else value
+        return make_drafter(spec, min_n=args.ngram_min)
+    return make_drafter(spec, engine=parse_engine(args.draft_engine, what="--draft-engine/--draft-backend"))
 
 
 def _options(args) -> dict:
@@ -105,7 +66,7 @@ def _options(args) -> dict:
     return dict(
         max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
         min_tokens_to_keep=args.min_tokens_to_keep, seed=args.seed, repetition_penalty=args.repetition_penalty,
-        repetition_context_size=args.repetition_context_size, kv_bits=_kv_bits(args.kv_bits),
+        repetition_context_size=args.repetition_context_size, kv_bits=whole(args.kv_bits),
         kv_group_size=args.kv_group_size, quantized_kv_start=args.quantized_kv_start, kv_scheme=args.kv_scheme,
         kv_config=args.kv_config, max_kv_size=args.max_kv_size, stop=args.stop,
         prefill_step_size=args.prefill_step_size)
@@ -113,7 +74,7 @@ def _options(args) -> dict:
 
 def run_spec_from_args(args, model, tokenizer, prompt):
     """`speculative_generate`'s response stream for the generate command's flags."""
-    from mlxbun.spec.engine import speculative_generate
+    from mlxbun.speculative import speculative_generate
 
     for flag in ("prompt_cache", "save_prompt_cache"):
         if getattr(args, flag, None) is not None:
@@ -131,18 +92,17 @@ def finish_spec_from_args(args, last, model, tokenizer, prompt, *, model_path=No
         raise MlxbunError("no speculative response to report on")
     stats = last.stats
     if args.spec_compare_plain:
-        from mlxbun.spec.compare import plain_run
+        from mlxbun.speculative.compare import plain_run
 
         plain = plain_run(model, tokenizer, prompt, **_options(args))
         stats.plain_tokens_per_s = plain.tokens_per_s
     if args.spec_results is not None:
         from mlxbun.results import open_results
-        from mlxbun.spec.workbench import drafter_label
 
         with open_results(args.spec_results) as store:
             # a path: an mlxbun graph is an nn.Module, i.e. a dict, which model_identity reads as fields
             run = store.new_run("spec", model=model_path or getattr(model, "path", None),
-                                params={"drafter": drafter_label(args), "k": args.num_draft_tokens,
+                                params={"drafter": str(parse_drafter(args.draft)), "k": args.num_draft_tokens,
                                         "adaptive": args.adaptive_draft, "temperature": args.temp})
             stats.record(run)
     quiet = args.json if quiet is None else quiet
