@@ -16,14 +16,8 @@ from mlxbun.results import open_results
 
 
 def main(argv):
-    """`mlxbun ARGV` with the lab command registered (as cli.COMMAND_MODULES will list it)."""
-    modules = cli.COMMAND_MODULES if "lab" in cli.COMMAND_MODULES else [*cli.COMMAND_MODULES, "lab"]
-    mp = pytest.MonkeyPatch()
-    mp.setattr(cli, "COMMAND_MODULES", modules)
-    try:
-        return cli.main(argv)
-    finally:
-        mp.undo()
+    """`mlxbun ARGV` through the real entry point (the lab command as cli.py registers it)."""
+    return cli.main(argv)
 
 
 def write_nb(path, *cells, params="x = 1\ny = 'text'"):

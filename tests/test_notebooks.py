@@ -27,7 +27,6 @@ def test_the_standard_notebooks_are_there_and_stored_clean():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_headless_and_records_rows(path, zoo_root, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))  # the kernel inherits it: the test zoo
-    monkeypatch.setattr(cli, "COMMAND_MODULES", [m for m in cli.COMMAND_MODULES if m != "lab"] + ["lab"])
     db, out = tmp_path / "results.sqlite", tmp_path / "out"
     code = cli.main(["lab", "run", str(path), "--out", str(out), "--results", str(db), "--no-progress",
                      "--timeout", "120"])
@@ -44,3 +43,30 @@ def test_notebook_runs_headless_and_records_rows(path, zoo_root, tmp_path, monke
     assert list(lab.metric) == ["duration_s"] and lab["params.notebook"].iloc[0] == path.stem
     mine = rows[rows["params.lab_run"] == lab.run_id.iloc[0]]
     assert len(mine) > 0 and "error" not in set(mine.metric)
+
+
+def _code_cells(name: str) -> list[str]:
+    nb = nbformat.read(next(p for p in NOTEBOOKS if p.stem == name), 4)
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def test_notebooks_end_by_asserting_their_verdicts():
+    """A headless run must fail when the notebook's answer is 'no': the checks are the last cells."""
+    assert _code_cells("port_bringup")[-1].startswith("report.require_pass()")
+    assert _code_cells("spec_acceptance")[-1].startswith("sweep.require_same_as_plain()")
+
+
+def test_port_bringup_fails_headless_when_the_port_does_not_pass(zoo, zoo_root, tmp_path, monkeypatch, capsys):
+    import json
+    import shutil
+
+    odd = tmp_path / "odd"
+    shutil.copytree(zoo("llama"), odd)
+    cfg = json.loads((odd / "config.json").read_text())
+    cfg["model_type"] = "mamba"  # refused: not a universal-graph arch
+    (odd / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
+    code = cli.main(["lab", "run", "port_bringup", "-p", "model", str(odd), "--out", str(tmp_path / "out"),
+                     "--results", str(tmp_path / "r.sqlite"), "--no-progress", "--timeout", "120"])
+    err = capsys.readouterr().err
+    assert code == 1 and "MlxbunError" in err and "port refused" in err, err

@@ -1,10 +1,11 @@
-"""The lab: the standard notebooks (notebooks/), Lab experiments (lab/), and what they call.
+"""The lab's infrastructure: what runs the standard notebooks (notebooks/) and the Lab experiments
+(lab/), and what their drivers (`mlxbun.experiments`) share.
 
 - `catalog`: where notebooks live, their papermill parameters (`mlxbun lab list`);
 - `runner`: headless execution through papermill + HTML + a results row (`mlxbun lab run`);
-- `models`: model specs, evaluation text, teacher-forced logits under KV options;
-- `workflows`: one function per standard notebook, computing its tables and results rows;
-- `plots`: matplotlib figures and ipywidgets extras that degrade to static output headless.
+- `recording`: a results `Run` per experiment call, tied to the `mlxbun lab run` that started it;
+- `plots`: plot primitives (pyplot-free figures, `show`), the parity plots the notebooks share, and
+  ipywidgets extras that degrade to static output headless.
 """
 
 from mlxbun.lab.catalog import list_notebooks, notebook_parameters, resolve_notebook

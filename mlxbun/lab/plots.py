@@ -1,6 +1,7 @@
-"""Plots and interactive extras for the lab notebooks.
+"""Plot primitives and the parity plots the notebooks share, plus interactive extras.
 
-Every plot function returns a `matplotlib.figure.Figure` built without pyplot (no global
+The primitives (`figure`, `cmap`, `show`, `token_label`, `interactive`) are what every
+experiment's own plots (in `mlxbun.experiments.*`) are built from. Every plot function returns a `matplotlib.figure.Figure` built without pyplot (no global
 state, no GUI backend: it renders with Agg anywhere) and `show(fig)` displays it as a PNG in a
 notebook (or does nothing outside one). The widgets (`trajectory_explorer`, `layer_explorer`)
 are ipywidgets when a live frontend can render them and degrade to static output otherwise
@@ -17,8 +18,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "FRONTEND_ENV", "HEADLESS_ENV", "INTERACTIVE_ENV", "bandwidth_plot", "bench_bars", "delta_p_hist",
-    "heatmap_plot", "interactive", "kld_per_position_plot", "kv_metric_plot", "layer_explorer", "pareto_plot", "show", "topk_plot",
+    "FRONTEND_ENV", "HEADLESS_ENV", "INTERACTIVE_ENV", "cmap", "delta_p_hist", "display", "figure", "heatmap_plot",
+    "interactive", "kld_per_position_plot", "layer_explorer", "show", "token_label", "topk_plot",
     "trajectory_explorer", "trajectory_plot",
 ]
 
@@ -33,7 +34,8 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
 
 
-def _figure(w: float = 7.0, h: float = 4.0):
+def figure(w: float = 7.0, h: float = 4.0):
+    """A matplotlib Figure of w x h inches, no pyplot (Agg renders it anywhere)."""
     from matplotlib.figure import Figure
 
     return Figure(figsize=(w, h), layout="constrained")
@@ -67,12 +69,13 @@ def interactive() -> bool:
     return _flag(INTERACTIVE_ENV) or any(os.environ.get(k) for k in FRONTEND_ENV)
 
 
-def _display(obj: Any) -> None:
+def display(obj: Any) -> None:
+    """Display any object in a notebook (a table, a widget); nothing outside one."""
     if _ipython() is None:
         return
-    from IPython.display import display
+    from IPython.display import display as ipython_display
 
-    display(obj)
+    ipython_display(obj)
 
 
 def show(fig) -> None:
@@ -83,7 +86,7 @@ def show(fig) -> None:
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    _display(Image(data=buf.getvalue(), format="png"))
+    display(Image(data=buf.getvalue(), format="png"))
 
 
 # ---------------------------------------------------------------- parity
@@ -92,14 +95,14 @@ def show(fig) -> None:
 def heatmap_plot(df, title: str = "max |diff| per unit and sub-step", highlight: str | None = None):
     """A units x sub-steps heatmap of max |diff| (log10 colour scale; exact zeros annotated "0",
     cells with no module left blank); `highlight` outlines one unit's row."""
-    fig = _figure(1.6 + 1.2 * max(1, df.shape[1]), 1.2 + 0.45 * max(1, df.shape[0]))
+    fig = figure(1.6 + 1.2 * max(1, df.shape[1]), 1.2 + 0.45 * max(1, df.shape[0]))
     ax = fig.subplots()
     vals = df.to_numpy(dtype=float)
     finite = vals[np.isfinite(vals) & (vals > 0)]
     floor = finite.min() / 10 if finite.size else 1e-8
     shown = np.where(np.isnan(vals), np.nan, np.log10(np.maximum(vals, floor)))
-    cmap = _cmap("viridis").with_extremes(bad="#eeeeee")
-    im = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, aspect="auto",
+    colors = cmap("viridis").with_extremes(bad="#eeeeee")
+    im = ax.imshow(np.ma.masked_invalid(shown), cmap=colors, aspect="auto",
                    vmin=math.log10(floor), vmax=math.log10(max(finite.max(), floor * 10)) if finite.size else 0)
     ax.set_xticks(range(df.shape[1]), [str(c) for c in df.columns])
     ax.set_yticks(range(df.shape[0]), [str(r) for r in df.index])
@@ -117,7 +120,8 @@ def heatmap_plot(df, title: str = "max |diff| per unit and sub-step", highlight:
     return fig
 
 
-def _cmap(name: str):
+def cmap(name: str):
+    """A matplotlib colormap by name."""
     import matplotlib
 
     return matplotlib.colormaps[name].copy()
@@ -125,7 +129,7 @@ def _cmap(name: str):
 
 def trajectory_plot(td, title: str = "greedy trajectory: per-step logits diff"):
     """Per decode step: max |logit diff| and KL(a || b); the first divergence marked."""
-    fig = _figure(7, 3.2)
+    fig = figure(7, 3.2)
     ax = fig.subplots()
     steps = [s.step for s in td.steps]
     diff = [np.nan if s.max_abs_diff is None else s.max_abs_diff for s in td.steps]
@@ -141,11 +145,13 @@ def trajectory_plot(td, title: str = "greedy trajectory: per-step logits diff"):
     return fig
 
 
-def _token_label(i: int, tokenizer) -> str:
+def token_label(i: int, tokenizer) -> str:
+    """A token id with its text when a tokenizer is given (plot labels); ascii(): a tick label
+    must not carry control or right-to-left characters."""
     if tokenizer is None:
         return str(i)
     try:
-        return f"{i} {tokenizer.decode([i])!r}"
+        return f"{i} {ascii(tokenizer.decode([i]))}"
     except Exception:  # noqa: BLE001 - a label must not fail the plot
         return str(i)
 
@@ -153,11 +159,11 @@ def _token_label(i: int, tokenizer) -> str:
 def topk_plot(step, labels: tuple[str, str] = ("a", "b"), tokenizer=None):
     """Both sides' top-k (id, its text with a tokenizer, and probability) at one `StepDiff`,
     side by side; each side's chosen id in red."""
-    fig = _figure(8, 2.8)
+    fig = figure(8, 2.8)
     axes = fig.subplots(1, 2, sharex=True)
     for ax, top, chosen, name in zip(axes, (step.top_a, step.top_b), (step.id_a, step.id_b), labels):
         top = top or []
-        names = [_token_label(i, tokenizer) for i, _ in top][::-1]
+        names = [token_label(i, tokenizer) for i, _ in top][::-1]
         probs = [p for _, p in top][::-1]
         colors = ["tab:red" if i == chosen else "tab:blue" for i, _ in top][::-1]
         ax.barh(names, probs, color=colors)
@@ -172,7 +178,7 @@ def topk_plot(step, labels: tuple[str, str] = ("a", "b"), tokenizer=None):
 
 def kld_per_position_plot(stats, title: str = "KLD per position"):
     """KL(base || new) at every scored position (log scale), top-1 disagreements marked."""
-    fig = _figure(8, 3.2)
+    fig = figure(8, 3.2)
     ax = fig.subplots()
     kld = np.asarray(stats.kld_values, dtype=float)
     pos = np.arange(len(kld))
@@ -197,7 +203,7 @@ def delta_p_hist(stats, bins: int = 40, title: str = "delta-p: p_new(token) - p_
         from mlxbun.errors import MlxbunError
 
         raise MlxbunError("no delta-p: the statistics were computed without next tokens")
-    fig = _figure(6, 3.2)
+    fig = figure(6, 3.2)
     ax = fig.subplots()
     dp = 100 * np.asarray(stats.dp_values, dtype=float)
     ax.hist(dp, bins=bins, color="tab:purple")
@@ -205,97 +211,6 @@ def delta_p_hist(stats, bins: int = 40, title: str = "delta-p: p_new(token) - p_
     ax.axvline(dp.mean(), color="red", lw=1, ls="--", label=f"mean {dp.mean():.3g} %")
     ax.set_xlabel("delta-p (%)")
     ax.set_ylabel("positions")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    return fig
-
-
-# ---------------------------------------------------------------- KV quantization
-
-
-def pareto_plot(df, x: str = "kv_bytes", y: str = "kld_mean", title: str = "KV bytes vs KLD"):
-    """Scatter of the quantized configurations (one colour per context length, log-log), each
-    context's Pareto front joined and labelled; configurations with y = 0 (plain KV, the
-    reference) cannot sit on a log axis and are dashed vertical lines at their x instead."""
-    from mlxbun.lab.workflows import pareto_front
-
-    fig = _figure(7, 4.2)
-    ax = fig.subplots()
-    ok = df[df[x].notna() & df[y].notna()]
-    colors = _cmap("tab10")
-    for k, (ctx, g) in enumerate(ok.groupby("context")):
-        color = colors(k % 10)
-        for xv in g.loc[g[y] <= 0, x]:
-            ax.axvline(xv, color=color, ls="--", lw=1, label=f"{y} = 0 (context {ctx})")
-        pos = g[g[y] > 0]
-        ax.scatter(pos[x], pos[y], color=color, s=30, label=f"context {ctx}")
-        front = pos[pareto_front(pos, x, y)].sort_values(x)
-        ax.plot(front[x], front[y], color=color, lw=1, alpha=0.7)
-        for _, r in front.iterrows():
-            ax.annotate(r["label"], (r[x], r[y]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    if (ok[y] > 0).any():
-        ax.set_yscale("log")
-    ax.set_xscale("log")
-    ax.set_xlabel(f"{x} (log)")
-    ax.set_ylabel(f"{y} (log)")
-    ax.set_title(title + " (lines: Pareto fronts)")
-    ax.legend(fontsize=7)
-    return fig
-
-
-def kv_metric_plot(df, metric: str = "decode_tps", title: str | None = None):
-    """One bar per KV configuration, grouped by context length, for one column of `kv_sweep`'s table."""
-    fig = _figure(8, 3.4)
-    ax = fig.subplots()
-    labels = list(dict.fromkeys(df["label"]))
-    contexts = list(dict.fromkeys(df["context"]))
-    width = 0.8 / max(1, len(contexts))
-    for k, ctx in enumerate(contexts):
-        g = df[df["context"] == ctx].set_index("label").reindex(labels)
-        ax.bar(np.arange(len(labels)) + k * width, g[metric].to_numpy(dtype=float), width, label=f"context {ctx}")
-    ax.set_xticks(np.arange(len(labels)) + width * (len(contexts) - 1) / 2, labels, rotation=30, ha="right",
-                  fontsize=8)
-    ax.set_ylabel(metric)
-    ax.set_title(title or metric)
-    ax.legend(fontsize=8)
-    return fig
-
-
-# ---------------------------------------------------------------- benchmark
-
-
-def bench_bars(df, metrics=("prefill_tps", "decode_tps", "ttft_ms", "peak_memory_gb"), by: str = "engine"):
-    """One panel per metric, one bar per engine (mlxbun vs mlx-lm); `df` has an `engine`
-    column or index (e.g. `Benchmark.table()`)."""
-    df = df.reset_index() if by not in df.columns else df
-    present = [m for m in metrics if m in df.columns]
-    fig = _figure(3.0 * max(1, len(present)), 3.4)
-    axes = np.atleast_1d(fig.subplots(1, max(1, len(present))))
-    for ax, m in zip(axes, present):
-        g = df.groupby(by, sort=False)[m].mean()
-        ax.bar([str(i) for i in g.index], g.to_numpy(), color=["tab:blue", "tab:orange", "tab:green"][: len(g)])
-        ax.set_title(m, fontsize=9)
-        for i, v in enumerate(g.to_numpy()):
-            ax.text(i, v, f"{v:.3g}", ha="center", va="bottom", fontsize=8)
-    return fig
-
-
-def bandwidth_plot(weight_bytes: float, bandwidth_bytes_s: float, measured: dict[str, float],
-                   title: str = "the bandwidth wall"):
-    """Decode tok/s against the wall `bandwidth / weight bytes` (each token reads every weight
-    once): one bar per engine, the wall a horizontal line, the attained fraction annotated."""
-    fig = _figure(6, 3.4)
-    ax = fig.subplots()
-    wall = bandwidth_bytes_s / weight_bytes if weight_bytes else math.nan
-    names = list(measured)
-    vals = [measured[n] for n in names]
-    ax.bar(names, vals, color="tab:blue")
-    ax.axhline(wall, color="red", ls="--", label=f"wall {wall:,.0f} tok/s ({bandwidth_bytes_s / 1e9:.1f} GB/s "
-                                                  f"/ {weight_bytes / 1e6:.2f} MB)")
-    for i, v in enumerate(vals):
-        ax.text(i, v, f"{v:,.0f} tok/s\n{100 * v / wall:.2g} % of wall", ha="center", va="bottom", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_ylabel("decode tok/s (log)")
     ax.set_title(title)
     ax.legend(fontsize=8)
     return fig
@@ -312,7 +227,7 @@ def trajectory_explorer(td, labels: tuple[str, str] = ("a", "b"), tokenizer=None
     start = td.first_divergence if td.first_divergence is not None else len(td.steps) - 1
     if not interactive():
         show(topk_plot(td.steps[start], labels, tokenizer))
-        _display(td.as_table())
+        display(td.as_table())
         return None
     import ipywidgets as w
 
@@ -327,7 +242,7 @@ def trajectory_explorer(td, labels: tuple[str, str] = ("a", "b"), tokenizer=None
     slider.observe(render, names="value")
     render()
     box = w.VBox([slider, out])
-    _display(box)
+    display(box)
     return box
 
 
@@ -352,10 +267,10 @@ def layer_explorer(layer_diff, columns=("path", "substep", "call", "shape_a", "m
         first = next((r for r in layer_diff.records if r["a"] is not None and r["b"] is not None
                       and not r["equal"]), None)
         if first is None:
-            _display(table[[c for c in columns if c in table.columns]])
+            display(table[[c for c in columns if c in table.columns]])
         else:
             unit = next((u for u in units if first["path"] == u or first["path"].startswith(u + ".")), None)
-            _display(rows_of(unit) if unit else table)
+            display(rows_of(unit) if unit else table)
         return None
     import ipywidgets as w
 
@@ -366,10 +281,10 @@ def layer_explorer(layer_diff, columns=("path", "substep", "call", "shape_a", "m
         out.clear_output(wait=True)
         with out:
             show(heatmap_plot(heat, highlight=picker.value))
-            _display(rows_of(picker.value))
+            display(rows_of(picker.value))
 
     picker.observe(render, names="value")
     render()
     box = w.VBox([picker, out])
-    _display(box)
+    display(box)
     return box

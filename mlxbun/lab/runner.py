@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mlxbun.errors import MlxbunError
+from mlxbun.lab.catalog import notebook_parameters, resolve_notebook
+from mlxbun.lab.plots import HEADLESS_ENV
+from mlxbun.lab.recording import LAB_RUN_ENV
+from mlxbun.results import open_results
 
 __all__ = ["LabRun", "kernel_for_this_python", "parse_parameters", "parse_value", "run_notebook"]
 
@@ -143,9 +147,6 @@ def run_notebook(notebook, parameters: Mapping[str, Any] | None = None, *, out_d
     given to the notebook as its `results_path` parameter when it declares one."""
     import papermill
 
-    from mlxbun.lab.catalog import notebook_parameters, resolve_notebook
-    from mlxbun.results import open_results
-
     path = resolve_notebook(notebook)
     name = path.stem
     declared = notebook_parameters(path)
@@ -176,7 +177,7 @@ def run_notebook(notebook, parameters: Mapping[str, Any] | None = None, *, out_d
     with open_results(results_path) as store:  # a bad results file refuses before anything runs
         run = store.new_run("lab", params={"notebook": name, "path": str(path), "parameters": params,
                                            "output": str(out_nb)})
-        env = {"MLXBUN_HEADLESS": "1", "MPLBACKEND": "Agg", "MLXBUN_LAB_RUN": run.run_id}
+        env = {HEADLESS_ENV: "1", "MPLBACKEND": "Agg", LAB_RUN_ENV: run.run_id}
         error, html = None, None
         tic = time.perf_counter()
         try:

@@ -1,5 +1,4 @@
-"""The diffusion workbench (notebooks/diffusion.ipynb): what a block-diffusion sampler's knobs
-buy and cost.
+"""diffusion.ipynb: what a block-diffusion sampler's knobs buy and cost.
 
     table = diffusion_sweep("zoo:diffusion_gemma", ["Once upon a time"], steps=(4, 8, 16))
     order = reveal_order(stats)          # canvas position x step, for a heatmap
@@ -8,7 +7,7 @@ buy and cost.
 decoder forwards (NFE), tokens per forward, tokens/s and the agreement with the sampler's
 reference run (the most steps and the strictest bound: the highest confidence threshold, the
 lowest entropy bound) at the same seed. Rows go to the results table as experiment
-"diffusion", tied to the `mlxbun lab run` that executed the notebook (`workflows.recording`).
+"diffusion", tied to the `mlxbun lab run` that executed the notebook (`lab.recording`).
 The plots here follow `mlxbun.lab.plots`: pyplot-free figures, shown with `plots.show`.
 """
 
@@ -26,6 +25,11 @@ from mlxbun.diffusion.engine import collect, diffusion_generate
 from mlxbun.diffusion.schedule import SAMPLERS
 from mlxbun.diffusion.stats import DiffusionStats
 from mlxbun.errors import MlxbunError
+from mlxbun.experiments.common import model_path, optional_tokenizer
+from mlxbun.lab import plots
+from mlxbun.lab.plots import cmap, figure, token_label
+from mlxbun.lab.recording import recording
+from mlxbun.models.diffusion_gemma import load_diffusion_gemma
 
 __all__ = [
     "EXPERIMENT", "SWEEP_COLUMNS", "ZOO_SPEC", "DiffusionCheckpoint", "agreement", "agreement_plot",
@@ -69,22 +73,12 @@ def load_diffusion(model=ZOO_SPEC, tokenizer=None) -> DiffusionCheckpoint:
         if not hasattr(model, "diffusion_decoder_logits"):
             raise MlxbunError(f"{type(model).__name__} is not a diffusion model (no diffusion_decoder_logits)")
         return DiffusionCheckpoint(model, tokenizer)
-    from mlxbun.lab.workflows import _tokenizer
-    from mlxbun.models.diffusion_gemma import load_diffusion_gemma
-
     spec = str(model)
-    if spec == ZOO_SPEC:
-        from mlxbun.zoo.diffusion import cached_diffusion_checkpoint
-
-        path = cached_diffusion_checkpoint()
-    elif spec.startswith("zoo:"):
+    if spec.startswith("zoo:") and spec.partition("@")[0].partition(",")[0] != ZOO_SPEC:
         raise MlxbunError(f"'{spec}': the zoo's diffusion model is {ZOO_SPEC}")
-    else:
-        from mlxbun.lab.models import resolve_model
-
-        path = resolve_model(spec)
-    return DiffusionCheckpoint(load_diffusion_gemma(path), tokenizer if tokenizer is not None else _tokenizer(path),
-                               Path(path))
+    path = model_path(spec)
+    return DiffusionCheckpoint(load_diffusion_gemma(path),
+                               tokenizer if tokenizer is not None else optional_tokenizer(path), Path(path))
 
 
 # ---------------------------------------------------------------- one run, agreement
@@ -158,8 +152,6 @@ def diffusion_sweep(model_path_or_model, prompts, *, samplers: Sequence[str] = S
     store) unless record=False; the DataFrame's attrs["run_id"] names them.
     """
     import pandas as pd
-
-    from mlxbun.lab.workflows import recording
 
     ckpt = load_diffusion(model_path_or_model, tokenizer)
     prompts = _prompts(prompts)
@@ -257,15 +249,13 @@ def _bound_label(sampler: str) -> str:
 def sweep_plot(df, metrics: Sequence[str] = ("nfe", "tokens_per_forward"), x: str = "steps"):
     """A grid of panels, one row per metric and one column per sampler: the metric (mean over
     seeds) against `x` ("steps" or "bound"), one line per value of the other knob."""
-    from mlxbun.lab.plots import _cmap, _figure
-
     if x not in ("steps", "bound"):
         raise MlxbunError(f"x must be 'steps' or 'bound', got {x!r}")
     other = "bound" if x == "steps" else "steps"
     samplers = list(dict.fromkeys(df["sampler"]))
-    fig = _figure(4.0 * max(1, len(samplers)), 2.8 * max(1, len(metrics)))
+    fig = figure(4.0 * max(1, len(samplers)), 2.8 * max(1, len(metrics)))
     axes = np.atleast_2d(fig.subplots(len(metrics), len(samplers), squeeze=False))
-    colors = _cmap("viridis")
+    colors = cmap("viridis")
     for j, sampler in enumerate(samplers):
         g = df[df["sampler"] == sampler].groupby([other, x], sort=True)[list(metrics)].mean().reset_index()
         levels = sorted(g[other].unique())
@@ -286,9 +276,7 @@ def sweep_plot(df, metrics: Sequence[str] = ("nfe", "tokens_per_forward"), x: st
 def agreement_plot(df, title: str = "agreement with the reference run vs NFE"):
     """Agreement against decoder forwards, one colour per sampler, each point labelled with its
     steps / bound; the references (agreement 1 by definition) are stars."""
-    from mlxbun.lab.plots import _figure
-
-    fig = _figure(7, 4.2)
+    fig = figure(7, 4.2)
     ax = fig.subplots()
     for k, (sampler, g) in enumerate(df.groupby("sampler", sort=False)):
         color = f"C{k}"
@@ -307,28 +295,16 @@ def agreement_plot(df, title: str = "agreement with the reference run vs NFE"):
     return fig
 
 
-def _token_text(i: int, tokenizer) -> str:
-    # ascii(): a tick label must not carry control or right-to-left characters
-    if tokenizer is None:
-        return str(i)
-    try:
-        return f"{i} {ascii(tokenizer.decode([i]))}"
-    except Exception:  # noqa: BLE001 - a label must not fail the plot
-        return str(i)
-
-
 def reveal_plot(stats: DiffusionStats, tokenizer=None, title: str = "reveal order"):
     """`reveal_order` as a heatmap (canvas position x step): each row lights up at its reveal
     step; grey cells are past the block's last step; lines separate the blocks and a dashed
     line marks where emission stopped. Rows are labelled with the emitted tokens."""
-    from mlxbun.lab.plots import _cmap, _figure
-
     order = reveal_order(stats)
     n, width = order.shape
-    fig = _figure(2.5 + 0.35 * max(1, width), 1.4 + 0.2 * max(1, n))
+    fig = figure(2.5 + 0.35 * max(1, width), 1.4 + 0.2 * max(1, n))
     ax = fig.subplots()
-    cmap = _cmap("Blues").with_extremes(bad="#dddddd")
-    ax.imshow(np.ma.masked_invalid(order.to_numpy()), cmap=cmap, vmin=0, vmax=1.3, aspect="auto",
+    colors = cmap("Blues").with_extremes(bad="#dddddd")
+    ax.imshow(np.ma.masked_invalid(order.to_numpy()), cmap=colors, vmin=0, vmax=1.3, aspect="auto",
               interpolation="nearest")
     # the step each position was revealed at, written in the cell
     start = 0
@@ -341,7 +317,7 @@ def reveal_plot(stats: DiffusionStats, tokenizer=None, title: str = "reveal orde
     emitted = len(stats.tokens)
     if emitted < n:
         ax.axhline(emitted - 0.5, color="red", lw=1, ls="--")
-    labels = [f"{i}: {_token_text(t, tokenizer)}" if i < emitted else str(i)
+    labels = [f"{i}: {token_label(t, tokenizer)}" if i < emitted else str(i)
               for i, t in zip(range(n), list(stats.tokens) + [None] * n)]
     ax.set_yticks(range(n), labels, fontsize=6)
     ax.set_xticks(range(width), [str(c) for c in order.columns], fontsize=7)
@@ -355,8 +331,6 @@ def reveal_explorer(ckpt: DiffusionCheckpoint, prompt, df, *, max_tokens: int, *
     """A picker over the sweep's configurations that re-runs one (same prompt and seed) and
     shows its reveal heatmap; static headless (`plots.interactive()`): the first sampler's
     reference run. Returns the stats shown (static) or the widget box."""
-    from mlxbun.lab import plots
-
     configs = [(r.sampler, int(r.steps), float(r.bound), int(r.seed)) for r in df.itertuples()]
     if not configs:
         return None
@@ -385,5 +359,5 @@ def reveal_explorer(ckpt: DiffusionCheckpoint, prompt, df, *, max_tokens: int, *
     picker.observe(render, names="value")
     render()
     box = w.VBox([picker, out])
-    plots._display(box)
+    plots.display(box)
     return box

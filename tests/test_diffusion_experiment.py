@@ -1,4 +1,4 @@
-"""The diffusion workbench (`mlxbun.diffusion.workbench`, notebooks/diffusion.ipynb): the sweep's
+"""The diffusion experiment (`mlxbun.experiments.diffusion`, notebooks/diffusion.ipynb): the sweep's
 numbers against direct engine runs, its reference and agreement, its results rows, and the
 reveal-order matrix on hand-made stats. The notebook itself runs in test_notebooks.py."""
 
@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from mlxbun.diffusion import BlockStats, DiffusionStats, collect, diffusion_generate  # noqa: E402
-from mlxbun.diffusion import workbench as wb  # noqa: E402
+from mlxbun.experiments import diffusion as wb  # noqa: E402
 from mlxbun.errors import MlxbunError  # noqa: E402
 from mlxbun.results import open_results  # noqa: E402
 from mlxbun.zoo.diffusion import cached_diffusion_checkpoint  # noqa: E402
@@ -219,8 +219,8 @@ def test_reveal_explorer_shows_static_headless_and_a_picker_with_a_frontend(swee
 
     table, _ = sweep
     shown = []
-    monkeypatch.setattr(plots, "_ipython", lambda: object())  # a notebook: figures go to _display
-    monkeypatch.setattr(plots, "_display", shown.append)
+    monkeypatch.setattr(plots, "_ipython", lambda: object())  # a notebook: figures go to display
+    monkeypatch.setattr(plots, "display", shown.append)
     monkeypatch.setenv(plots.HEADLESS_ENV, "1")
     wb.reveal_explorer(ckpt, PROMPTS[0], table, max_tokens=MAX_TOKENS)
     assert len(shown) == 1  # one PNG, no widget

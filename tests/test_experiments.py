@@ -1,4 +1,5 @@
-"""mlxbun.lab: what the standard notebooks compute (models, workflows) and draw (plots)."""
+"""mlxbun.experiments: what the standard notebooks compute and draw; mlxbun.parity.forced (teacher
+forcing under KV settings) and mlxbun.lab.plots, which they are built on."""
 
 import json
 import math
@@ -14,16 +15,20 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from mlxbun.errors import MlxbunError  # noqa: E402
-from mlxbun.lab import plots, workflows  # noqa: E402
-from mlxbun.lab.models import (  # noqa: E402
-    KVSpec, cache_nbytes, eval_ids, load_model, resolve_model, teacher_forced, wide_zoo_checkpoint,
-)
+from mlxbun.experiments import benchmark, kv_quant  # noqa: E402
+from mlxbun.experiments.common import model_path  # noqa: E402
+from mlxbun.experiments.logit_diff import Side, logit_diff  # noqa: E402
+from mlxbun.experiments.port_bringup import bringup  # noqa: E402
+from mlxbun.lab import plots  # noqa: E402
+from mlxbun.locate import locate, open_runtime  # noqa: E402
+from mlxbun.names import KVSettings  # noqa: E402
+from mlxbun.parity.forced import cache_nbytes, eval_ids, teacher_forced  # noqa: E402
 from mlxbun.results import open_results  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _zoo_env(zoo_root):
-    """The workflows resolve zoo:ARCH through the default zoo root: point it at the test zoo."""
+    """The experiments resolve zoo:ARCH through the default zoo root: point it at the test zoo."""
     mp = pytest.MonkeyPatch()
     mp.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
     mp.delenv("MLXBUN_LAB_RUN", raising=False)
@@ -33,7 +38,7 @@ def _zoo_env(zoo_root):
 
 @pytest.fixture(scope="module")
 def wide(zoo_root):
-    return wide_zoo_checkpoint("llama", 64, root=zoo_root)
+    return locate("zoo:llama,head_dim=64", zoo_root=zoo_root)
 
 
 @pytest.fixture(scope="module")
@@ -51,29 +56,29 @@ def _rows(path, **filters):
 # ---------------------------------------------------------------- models
 
 
-def test_resolve_model_zoo_variants_and_refusals(zoo):
-    assert resolve_model("zoo:llama") == zoo("llama")
-    assert resolve_model("zoo:llama", variant="q4") == zoo("llama", quant=4)
-    assert resolve_model(str(zoo("llama"))) == zoo("llama")
+def test_model_path_zoo_variants_and_refusals(zoo):
+    assert model_path("zoo:llama") == zoo("llama")
+    assert model_path("zoo:llama", variant="q4") == zoo("llama", quant=4)
+    assert model_path(str(zoo("llama"))) == zoo("llama")
     with pytest.raises(MlxbunError, match="head_dim"):
-        resolve_model(str(zoo("llama")), head_dim=32)
+        model_path(str(zoo("llama")), head_dim=32)
     with pytest.raises(MlxbunError, match="variant"):
-        resolve_model("zoo:llama", variant="q3")
+        model_path("zoo:llama", variant="q3")
     with pytest.raises(MlxbunError, match="zoo:ARCH"):
-        resolve_model("no/such/dir/here/x")
+        model_path("no/such/dir/here/x")
 
 
-def test_wide_zoo_checkpoint_has_the_head_dim_and_is_built_once(wide, zoo_root):
+def test_zoo_head_dim_option_builds_once(wide, zoo_root):
     cfg = json.loads((wide / "config.json").read_text())
     assert cfg["head_dim"] == 64 and cfg["model_type"] == "llama"
     mtime = (wide / "config.json").stat().st_mtime_ns
-    assert wide_zoo_checkpoint("llama", 64, root=zoo_root) == wide
+    assert locate("zoo:llama,head_dim=64", zoo_root=zoo_root) == wide
     assert (wide / "config.json").stat().st_mtime_ns == mtime
-    q = wide_zoo_checkpoint("llama", 32, variant="q8", root=zoo_root)
+    q = locate("zoo:llama@q8,head_dim=32", zoo_root=zoo_root)
     qcfg = json.loads((q / "config.json").read_text())
     assert qcfg["head_dim"] == 32 and qcfg["quantization"]["bits"] == 8
     with pytest.raises(MlxbunError, match="head_dim"):
-        wide_zoo_checkpoint("llama", 7, root=zoo_root)
+        locate("zoo:llama,head_dim=7", zoo_root=zoo_root)
 
 
 def test_eval_ids_repeat_the_text(tok):
@@ -89,20 +94,20 @@ def test_eval_ids_repeat_the_text(tok):
     (("plain", 4), "plain"), (("turboquant", 3.5, 64), "group size"), (("uniform", 7, 64), "kv_bits"),
     (("uniform", 4, 16), "kv_group_size"), (("lossy", 4), "scheme"), (("turboquant", None), "kv_bits"),
 ])
-def test_kv_spec_refuses_what_no_cache_supports(args, match):
+def test_kv_settings_refuses_what_no_cache_supports(args, match):
     with pytest.raises(MlxbunError, match=match):
-        KVSpec(*args)
+        KVSettings(*args)
 
 
-def test_kv_spec_labels_and_of():
-    assert KVSpec().label == "plain"
-    assert KVSpec("uniform", 4, 32).label == "uniform 4-bit g32"
-    assert KVSpec.of("turboquant", 3.5, 64) == KVSpec("turboquant", 3.5)  # no groups: dropped
-    assert KVSpec.of("uniform", 8, 64).group_size == 64
+def test_kv_settings_labels_and_of():
+    assert KVSettings().label == "plain"
+    assert KVSettings("uniform", 4, 32).label == "uniform 4-bit g32"
+    assert KVSettings.of("turboquant", 3.5, 64) == KVSettings("turboquant", 3.5)  # no groups: dropped
+    assert KVSettings.of("uniform", 8, 64).group_size == 64
 
 
 def test_teacher_forced_plain_matches_a_full_forward(wide, tok):
-    model = load_model(wide)
+    model = open_runtime(wide)
     ids = eval_ids(tok, 40)
     run = teacher_forced(model, ids, prefill=16)
     assert run.logits.shape == (24, 512) and run.next_tokens == ids[16:]
@@ -119,11 +124,11 @@ def test_teacher_forced_plain_matches_a_full_forward(wide, tok):
 def test_teacher_forced_quantized_kv_drifts_and_is_smaller(wide, tok):
     from mlxbun.cache.quantized import QuantizedKVCache
 
-    model = load_model(wide)
+    model = open_runtime(wide)
     ids = eval_ids(tok, 40)
     plain = teacher_forced(model, ids, prefill=16)
-    q4 = teacher_forced(model, ids, prefill=16, kv=KVSpec("uniform", 4, 64))
-    q8 = teacher_forced(model, ids, prefill=16, kv=KVSpec("uniform", 8, 64))
+    q4 = teacher_forced(model, ids, prefill=16, kv=KVSettings("uniform", 4, 64))
+    q8 = teacher_forced(model, ids, prefill=16, kv=KVSettings("uniform", 8, 64))
     d4 = float(mx.abs(q4.logits - plain.logits).max())
     d8 = float(mx.abs(q8.logits - plain.logits).max())
     assert 0 < d8 < d4
@@ -132,7 +137,7 @@ def test_teacher_forced_quantized_kv_drifts_and_is_smaller(wide, tok):
     cache = [QuantizedKVCache(group_size=64, bits=4)]
     assert cache_nbytes(cache) == (0, 0)
     with pytest.raises(MlxbunError, match="group size"):
-        teacher_forced(model, ids, prefill=16, kv=KVSpec("uniform", 4, 128))  # 128 does not divide 64
+        teacher_forced(model, ids, prefill=16, kv=KVSettings("uniform", 4, 128))  # 128 does not divide 64
 
 
 # ---------------------------------------------------------------- port bring-up
@@ -141,7 +146,7 @@ def test_teacher_forced_quantized_kv_drifts_and_is_smaller(wide, tok):
 @pytest.fixture(scope="module")
 def bringup_pass(tmp_path_factory):
     db = tmp_path_factory.mktemp("bringup") / "r.sqlite"
-    return workflows.bringup("zoo:llama", decode_steps=4, prompt_len=12, results_path=db), db
+    return bringup("zoo:llama", decode_steps=4, prompt_len=12, results_path=db), db
 
 
 def test_bringup_passes_with_every_table(bringup_pass):
@@ -178,9 +183,11 @@ def test_bringup_of_a_diverging_graph_localizes_it(zoo, monkeypatch, tmp_path):
         return model
 
     monkeypatch.setattr(mlxbun.factory, "open_model", open_perturbed)
-    b = workflows.bringup("zoo:llama", decode_steps=3, prompt_len=12, goldens_dir=tmp_path / "g",
+    b = bringup("zoo:llama", decode_steps=3, prompt_len=12, goldens_dir=tmp_path / "g",
                           results_path=tmp_path / "r.sqlite")
     assert b.verdict == "fail" and b.port.first_divergence["path"] == "model.layers.1.mlp"
+    with pytest.raises(MlxbunError, match=r"port fail: .*\(first divergence: model.layers.1.mlp\)"):
+        b.require_pass()
     heat = b.heatmap()
     assert (heat.loc["model.layers.0"].fillna(0) == 0).all()
     assert heat.loc["model.layers.1", "mlp"] > 0 and heat.loc["logits", "output"] > 0
@@ -200,11 +207,13 @@ def test_bringup_of_a_refused_checkpoint_records_the_refusal(zoo, tmp_path):
     cfg = json.loads((odd / "config.json").read_text())
     cfg["model_type"] = "mamba"
     (odd / "config.json").write_text(json.dumps(cfg))
-    b = workflows.bringup(str(odd), results_path=tmp_path / "r.sqlite")
+    b = bringup(str(odd), results_path=tmp_path / "r.sqlite")
     assert b.verdict == "refused" and "mamba" in b.port.reason
     assert b.layer_diff is None and b.trajectory is None and b.manifest is None
     with pytest.raises(MlxbunError, match="refused"):
         b.heatmap()
+    with pytest.raises(MlxbunError, match="port refused.*mamba"):
+        b.require_pass()
     rows = _rows(tmp_path / "r.sqlite", experiment="port_bringup")
     assert list(rows.metric) == ["verdict_pass"] and rows.value[0] == 0.0
     assert "mamba" in rows["params.reason"][0] and rows["params.verdict"][0] == "refused"
@@ -215,8 +224,8 @@ def test_bringup_of_a_refused_checkpoint_records_the_refusal(zoo, tmp_path):
 
 def test_logit_diff_of_identical_sides_is_zero(tmp_path, monkeypatch):
     monkeypatch.setenv("MLXBUN_LAB_RUN", "lab-run-123")
-    side = workflows.Side("zoo:llama")
-    d = workflows.logit_diff(side, side, n_tokens=40, prefill=16, results_path=tmp_path / "r.sqlite")
+    side = Side("zoo:llama")
+    d = logit_diff(side, side, n_tokens=40, prefill=16, results_path=tmp_path / "r.sqlite")
     assert d.stats.count == 24 and d.stats.kld_max == 0.0 and d.stats.same_top_p == 1.0
     assert d.stats.dp_values is not None and not d.stats.dp_values.any()
     rows = _rows(tmp_path / "r.sqlite", experiment="logit_diff")
@@ -226,12 +235,12 @@ def test_logit_diff_of_identical_sides_is_zero(tmp_path, monkeypatch):
 
 
 def test_logit_diff_of_weights_and_of_kv(tmp_path):
-    weights = workflows.logit_diff(workflows.Side("zoo:llama"), workflows.Side("zoo:llama", "q4"),
+    weights = logit_diff(Side("zoo:llama"), Side("zoo:llama", "q4"),
                                    n_tokens=40, prefill=16, record=False)
     assert weights.stats.kld_mean > 0 and weights.run_id is None
     assert weights.new.label == "zoo:llama/q4 [mlxbun] kv=plain"
-    base = workflows.Side("zoo:llama", head_dim=64)
-    kv = workflows.logit_diff(base, workflows.Side("zoo:llama", head_dim=64, kv=KVSpec("uniform", 4, 64)),
+    base = Side("zoo:llama", head_dim=64)
+    kv = logit_diff(base, Side("zoo:llama", head_dim=64, kv=KVSettings("uniform", 4, 64)),
                               n_tokens=40, prefill=16, comparison="kv", results_path=tmp_path / "r.sqlite")
     assert 0 < kv.stats.kld_mean < weights.stats.kld_mean * 10
     rows = _rows(tmp_path / "r.sqlite")
@@ -246,22 +255,22 @@ def test_logit_diff_of_weights_and_of_kv(tmp_path):
 
 
 def test_kv_grid():
-    specs = workflows.kv_grid([4, 8], [32, 64], [3.5])
+    specs = kv_quant.kv_grid([4, 8], [32, 64], [3.5])
     assert [s.label for s in specs] == ["uniform 4-bit g32", "uniform 4-bit g64", "uniform 8-bit g32",
                                         "uniform 8-bit g64", "turboquant 3.5-bit"]
 
 
 def test_pareto_front():
     df = pd.DataFrame({"kv_bytes": [10, 20, 30, 15, 15, np.nan], "kld_mean": [5, 2, 0, 6, 5, 0]})
-    assert workflows.pareto_front(df).tolist() == [True, True, True, False, False, False]
+    assert kv_quant.pareto_front(df).tolist() == [True, True, True, False, False, False]
 
 
 def test_kv_sweep_table_and_rows(tmp_path):
-    specs = [KVSpec("uniform", 4, 64), KVSpec("uniform", 8, 64), KVSpec("uniform", 4, 128),
-             KVSpec("turboquant", 3.5)]
+    specs = [KVSettings("uniform", 4, 64), KVSettings("uniform", 8, 64), KVSettings("uniform", 4, 128),
+             KVSettings("turboquant", 3.5)]
     db = tmp_path / "r.sqlite"
-    df = workflows.kv_sweep("zoo:llama", specs, context_lengths=(24,), n_eval=8, results_path=db)
-    assert list(df.columns) == workflows.KV_COLUMNS and len(df) == 5
+    df = kv_quant.kv_sweep("zoo:llama", specs, context_lengths=(24,), n_eval=8, results_path=db)
+    assert list(df.columns) == kv_quant.KV_COLUMNS and len(df) == 5
     plain = df.iloc[0]
     assert plain.label == "plain" and plain.kld_mean == 0 and plain.kv_bytes_ratio == 1 and plain.top1_agreement == 1
     q4, q8, bad, tq = (df.iloc[i] for i in range(1, 5))
@@ -274,8 +283,8 @@ def test_kv_sweep_table_and_rows(tmp_path):
     assert "group size" in fail["params.error"].iloc[0]
     kld = rows[(rows.metric == "kld_mean") & (rows["params.kv"] == "uniform 4-bit g64")]
     assert kld.value.iloc[0] == pytest.approx(q4.kld_mean)
-    assert workflows.pareto_front(df).iloc[0]  # plain: KLD 0, nothing beats it on KLD
-    assert plots.pareto_plot(df).axes and plots.kv_metric_plot(df, "decode_tps").axes
+    assert kv_quant.pareto_front(df).iloc[0]  # plain: KLD 0, nothing beats it on KLD
+    assert kv_quant.pareto_plot(df).axes and kv_quant.kv_metric_plot(df, "decode_tps").axes
 
 
 # ---------------------------------------------------------------- benchmark
@@ -283,7 +292,7 @@ def test_kv_sweep_table_and_rows(tmp_path):
 
 def test_benchmark_table_and_wall(tmp_path):
     db = tmp_path / "r.sqlite"
-    b = workflows.benchmark("zoo:llama", prompt_len=16, gen_len=4, trials=1, warmup=0, bandwidth_mb=8,
+    b = benchmark.benchmark("zoo:llama", prompt_len=16, gen_len=4, trials=1, warmup=0, bandwidth_mb=8,
                             results_path=db)
     t = b.table()
     assert list(t.index) == ["mlxbun", "mlx-lm"] and (t.decode_tps > 0).all() and (t.prefill_tps > 0).all()
@@ -296,8 +305,8 @@ def test_benchmark_table_and_wall(tmp_path):
     mine = rows[rows.experiment == "benchmark"]
     assert set(mine["params.bench_run"]) == {b.result.run_id}
     assert set(mine[mine.metric == "wall_fraction"]["params.engine"]) == {"mlxbun", "mlx-lm"}
-    assert plots.bench_bars(t).axes[0].get_title() == "prefill_tps"
-    assert plots.bandwidth_plot(b.weights_bytes, b.device_bandwidth_gb_s * 1e9, t.decode_tps.to_dict()).axes
+    assert benchmark.bench_bars(t).axes[0].get_title() == "prefill_tps"
+    assert benchmark.bandwidth_plot(b.weights_bytes, b.device_bandwidth_gb_s * 1e9, t.decode_tps.to_dict()).axes
 
 
 # ---------------------------------------------------------------- plots and widgets
@@ -322,7 +331,7 @@ def test_headless_detection(monkeypatch):
 def test_explorers_render_static_headless(bringup_pass, monkeypatch):
     shown = []
     monkeypatch.setattr(plots, "_ipython", lambda: object())  # a notebook without a live frontend
-    monkeypatch.setattr(plots, "_display", shown.append)
+    monkeypatch.setattr(plots, "display", shown.append)
     monkeypatch.setenv(plots.HEADLESS_ENV, "1")
     b, _ = bringup_pass
     assert plots.trajectory_explorer(b.trajectory, ("mlx-lm", "mlxbun")) is None
@@ -335,7 +344,7 @@ def test_explorers_build_widgets_with_a_frontend(bringup_pass, monkeypatch):
     import ipywidgets
 
     monkeypatch.setattr(plots, "interactive", lambda: True)
-    monkeypatch.setattr(plots, "_display", lambda obj: None)
+    monkeypatch.setattr(plots, "display", lambda obj: None)
     b, _ = bringup_pass
     box = plots.trajectory_explorer(b.trajectory)
     slider = box.children[0]
@@ -361,7 +370,7 @@ def test_topk_plot_marks_the_chosen_ids(bringup_pass):
 
 
 def test_kv_sweep_of_a_checkpoint_directory_keeps_its_heads(zoo):
-    df = workflows.kv_sweep(str(zoo("llama")), [KVSpec("turboquant", 3.5), KVSpec("uniform", 4, 32)],
+    df = kv_quant.kv_sweep(str(zoo("llama")), [KVSettings("turboquant", 3.5), KVSettings("uniform", 4, 32)],
                             context_lengths=(16,), n_eval=4, record=False)  # head_dim=64 applies to zoo: only
     assert df.label.tolist() == ["plain", "turboquant 3.5-bit", "uniform 4-bit g32"]
     assert df.kld_mean.iloc[1] > 0 and "group size" in df.error.iloc[2]  # the zoo's head_dim is 16

@@ -1,0 +1,89 @@
+"""logit_diff.ipynb: two configurations of a model (weights and/or KV cache) compared with
+llama.cpp-style KLD statistics over the same teacher-forced text (experiment "logit_diff")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlxbun.errors import MlxbunError
+from mlxbun.experiments.common import model_path, optional_tokenizer
+from mlxbun.lab.recording import recording
+from mlxbun.locate import open_runtime
+from mlxbun.names import KVSettings
+from mlxbun.parity.forced import eval_ids, teacher_forced
+from mlxbun.parity.metrics import compare_logits
+
+__all__ = ["LogitDiff", "Side", "logit_diff"]
+
+
+@dataclass(frozen=True)
+class Side:
+    """One configuration of a model: checkpoint (zoo spec + variant / head_dim, or a path),
+    engine (mlxbun's graph or mlx-lm's) and KV cache."""
+
+    model: str = "zoo:llama"
+    variant: str = "float32"
+    head_dim: int | None = None
+    engine: str = "mlxbun"
+    kv: KVSettings = field(default_factory=KVSettings)
+
+    @property
+    def path(self) -> Path:
+        return model_path(self.model, variant=self.variant, head_dim=self.head_dim)
+
+    @property
+    def label(self) -> str:
+        name = self.model + (f"/{self.variant}" if self.model.startswith("zoo:") else "")
+        if self.head_dim is not None:
+            name += f" hd{self.head_dim}"
+        return f"{name} [{self.engine}] kv={self.kv.label}"
+
+    def as_params(self) -> dict:
+        return {"model": self.model, "variant": self.variant, "head_dim": self.head_dim, "engine": self.engine,
+                "kv": self.kv.label}
+
+
+@dataclass
+class LogitDiff:
+    base: Side
+    new: Side
+    stats: Any  # mlxbun.parity.metrics.KLDStats (new against base)
+    ids: list[int]
+    prefill: int
+    run_id: str | None = None
+
+    def table(self):
+        return self.stats.as_table()
+
+    def per_position(self):
+        return self.stats.per_position()
+
+
+def logit_diff(base: Side, new: Side, *, n_tokens: int = 128, prefill: int = 32, comparison: str | None = None,
+               results_path=None, record: bool = True) -> LogitDiff:
+    """KLD statistics of `new` against `base` over the same text, teacher-forced as decode
+    (see `mlxbun.parity.forced.teacher_forced`): the first `prefill` ids are context, the other positions
+    are scored against the actual next token (so delta-p and perplexities are reported too)."""
+    pa, pb = base.path, new.path
+    tok = optional_tokenizer(pa)
+    if tok is None:
+        raise MlxbunError(f"{pa}: no tokenizer to encode the evaluation text")
+    ids = eval_ids(tok, n_tokens)
+    ra = teacher_forced(open_runtime(pa, base.engine), ids, prefill=prefill, kv=base.kv)
+    rb = teacher_forced(open_runtime(pb, new.engine), ids, prefill=prefill, kv=new.kv)
+    if ra.logits.shape != rb.logits.shape:
+        raise MlxbunError(f"{base.label} and {new.label} give logits of different shapes "
+                          f"{tuple(ra.logits.shape)} vs {tuple(rb.logits.shape)}")
+    stats = compare_logits(ra.logits, rb.logits, ra.next_tokens)
+    out = LogitDiff(base=base, new=new, stats=stats, ids=ids, prefill=prefill)
+    params = {"comparison": comparison or f"{base.label} vs {new.label}", "base": base.as_params(),
+              "new": new.as_params(), "n_tokens": n_tokens, "prefill": prefill}
+    with recording("logit_diff", model=pb, params=params, results_path=results_path, record=record) as run:
+        if run is not None:
+            out.run_id = run.run_id
+            run.record_many(stats.as_rows())
+    return out
+
+
