@@ -26,8 +26,6 @@ What mlxbun adds, none of it changing the stream:
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import math
 import operator
 import time
@@ -37,11 +35,19 @@ from typing import Callable, Generator, Iterable, List, Optional, Sequence, Unio
 
 import mlx.core as mx
 
-from mlxbun.cache.kv import KVCache, RotatingKVCache
-from mlxbun.cache.quantized import KV_QUANT_BITS, KV_QUANT_GROUP_SIZES, maybe_quantize_kv_cache
-from mlxbun.errors import MlxbunError
+from mlxbun.errors import GenerationError
+from mlxbun.generation_caches import (
+    attention_routing,
+    check_kv_options,
+    check_plan_options,
+    kv_quantizer,
+    load_kv_plan,
+    load_prompt_cache_for,
+    make_generation_cache,
+)
+from mlxbun.models.mlxlm import ensure_runtime
+from mlxbun.names import is_int
 from mlxbun.sampling import (
-    GenerationError,
     LogitsProcessor,
     Sampler,
     make_logits_processors,
@@ -49,23 +55,19 @@ from mlxbun.sampling import (
 )
 
 __all__ = [
-    "GenerationError",
     "GenerationResponse",
-    "KV_SCHEMES",
-    "check_kv_options",
+    "StopText",
+    "check_generation_options",
     "eos_token_ids",
     "generate",
     "generate_step",
-    "load_kv_plan",
-    "load_prompt_cache_for",
-    "make_generation_cache",
-    "model_identity_of",
+    "generation_stream",
+    "make_detokenizer",
     "prepare_prompt",
     "stream_generate",
+    "wired_limit",
 ]
 
-KV_SCHEMES = ("uniform", "turboquant")
-ROTATING_KEEP = 4  # mlx-lm's make_prompt_cache keeps the first 4 tokens (attention sinks)
 
 # A stream just for generation, as mlx-lm has (`generation_stream`).
 generation_stream = mx.new_thread_local_stream(mx.default_device())
@@ -96,57 +98,10 @@ class GenerationResponse:
 # ----------------------------------------------------------------------------- options
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def check_kv_options(
-    *,
-    kv_bits=None,
-    kv_group_size: int = 64,
-    quantized_kv_start: int = 0,
-    kv_scheme: str = "uniform",
-    max_kv_size: Optional[int] = None,
-) -> None:
-    """Refuse KV options that no cache here supports, naming the option."""
-    if kv_scheme not in KV_SCHEMES:
-        raise GenerationError(f"unknown kv_scheme {kv_scheme!r}; choose one of: {', '.join(KV_SCHEMES)}")
-    if max_kv_size is not None and (not _is_int(max_kv_size) or max_kv_size < 1):
-        raise GenerationError(f"max_kv_size must be a positive integer, got {max_kv_size!r}")
-    if not _is_int(quantized_kv_start) or quantized_kv_start < 0:
-        raise GenerationError(f"quantized_kv_start must be an integer >= 0, got {quantized_kv_start!r}")
-    if kv_bits is None:
-        if kv_scheme == "turboquant":
-            raise GenerationError("kv_scheme 'turboquant' needs kv_bits (e.g. 3.5)")
-        return
-    if kv_scheme == "uniform":
-        if not _is_int(kv_bits) or kv_bits not in KV_QUANT_BITS:
-            raise GenerationError(
-                f"kv_bits {kv_bits!r} is not supported by the uniform (affine) KV quantization; "
-                f"choose one of: {', '.join(map(str, KV_QUANT_BITS))}"
-                + (" (fractional widths are kv_scheme='turboquant')" if isinstance(kv_bits, float) else "")
-            )
-        if not _is_int(kv_group_size) or kv_group_size not in KV_QUANT_GROUP_SIZES:
-            raise GenerationError(
-                f"kv_group_size {kv_group_size!r} is not supported; choose one of: "
-                f"{', '.join(map(str, KV_QUANT_GROUP_SIZES))}"
-            )
-    else:
-        from mlxbun.cache.turboquant_codec import resolve_kv_bits
-
-        try:
-            resolve_kv_bits(kv_bits)
-        except MlxbunError as e:
-            raise GenerationError(f"kv_bits {kv_bits!r} is not supported by TurboQuant: {e}") from None
-    if max_kv_size is not None:
-        # mlx-lm: RotatingKVCache.to_quantized is not implemented
-        raise GenerationError("kv_bits and max_kv_size cannot be combined: rotating KV caches are not quantizable")
-
-
 def check_generation_options(max_tokens, prefill_step_size, stop) -> tuple[str, ...]:
-    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
+    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
         raise GenerationError(f"max_tokens must be a positive integer (or None for no limit), got {max_tokens!r}")
-    if not _is_int(prefill_step_size) or prefill_step_size < 1:
+    if not is_int(prefill_step_size) or prefill_step_size < 1:
         raise GenerationError(f"prefill_step_size must be a positive integer, got {prefill_step_size!r}")
     if stop is None:
         return ()
@@ -222,147 +177,6 @@ def make_detokenizer(tokenizer):
         det = det()
     det.reset()
     return det
-
-
-# ----------------------------------------------------------------------------- caches
-
-
-def _as_mlxbun_cache(c):
-    """An empty mlx-lm KVCache / RotatingKVCache becomes mlxbun's (same layout and maths); other
-    kinds (recurrent caches, which mlxbun has not ported) stay."""
-    from mlx_lm.models import cache as mc
-
-    if isinstance(c, (KVCache, RotatingKVCache)):
-        return c
-    if type(c) is mc.KVCache and c.keys is None:
-        return KVCache()
-    if type(c) is mc.RotatingKVCache and c.keys is None:
-        return RotatingKVCache(max_size=c.max_size, keep=c.keep)
-    return c
-
-
-def _base_caches(model, max_kv_size: Optional[int]) -> list:
-    caches = [_as_mlxbun_cache(c) for c in model.make_cache()]
-    if max_kv_size is None:
-        return caches
-    # Full-attention layers (plain KVCache) get a bounded ring; window caches are bounded already.
-    return [
-        RotatingKVCache(max_size=max_kv_size, keep=ROTATING_KEEP) if isinstance(c, KVCache) else c
-        for c in caches
-    ]
-
-
-def load_kv_plan(kv_config, num_layers: int):
-    """A `KVPlan` from a plan, a kv_config.json path (optiq's format: a list of {layer_idx, bits,
-    group_size} entries, or an object with a "layers" list), or the parsed entries."""
-    from mlxbun.cache.mixed import KVPlan
-
-    if isinstance(kv_config, KVPlan):
-        return kv_config
-    source = "kv_config"
-    if isinstance(kv_config, (str, Path)):
-        path = Path(kv_config).expanduser()
-        if not path.is_file():
-            raise GenerationError(f"kv_config {path}: no such file")
-        try:
-            kv_config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise GenerationError(f"kv_config {path}: not a readable JSON file ({e})") from None
-        source = str(path)
-    if isinstance(kv_config, dict):
-        kv_config = kv_config.get("layers")
-    return KVPlan.from_kv_config(kv_config, num_layers, source=source)
-
-
-def make_generation_cache(
-    model,
-    *,
-    kv_bits=None,
-    kv_group_size: int = 64,
-    kv_scheme: str = "uniform",
-    kv_config=None,
-    max_kv_size: Optional[int] = None,
-    quantized_kv_start: int = 0,
-) -> list:
-    """A fresh per-layer cache list for `model` as `stream_generate` would build it (pass it as
-    `prompt_cache` to keep a handle on it, e.g. to save it afterwards)."""
-    from mlxbun.models.mlxlm import ensure_runtime
-
-    model = ensure_runtime(model)
-    check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
-                     kv_scheme=kv_scheme, max_kv_size=max_kv_size)
-    _check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
-    caches = _base_caches(model, max_kv_size)
-    if kv_config is not None:
-        # Refuse a plan that names a missing, sliding-window or recurrent layer now, not mid-run.
-        # The caches stay full precision until the quantization points (as with kv_bits).
-        load_kv_plan(kv_config, len(caches)).make_caches(_base_caches(model, None))
-    return caches
-
-
-def _check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size) -> None:
-    if kv_config is not None and (kv_bits is not None or max_kv_size is not None or kv_scheme != "uniform"):
-        raise GenerationError("kv_config sets each layer's KV precision; do not combine it with "
-                              "kv_bits, kv_scheme or max_kv_size")
-
-
-def model_identity_of(model) -> Optional[dict]:
-    """The identity a saved prompt cache records (`prompt_cache.model_identity`), when the model
-    has an mlxbun config (an mlx-lm model without one has none to check against)."""
-    from mlxbun.cache.prompt_cache import model_identity
-    from mlxbun.config import TextConfig
-
-    config = getattr(model, "config", None)
-    return model_identity(config) if isinstance(config, TextConfig) else None
-
-
-def load_prompt_cache_for(model, path) -> tuple[list, dict]:
-    """(caches, metadata) of a saved prompt cache, refused unless it was made by this model."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise GenerationError(f"{p}: prompt cache file not found")
-    from mlxbun.cache.prompt_cache import load_prompt_cache
-
-    return load_prompt_cache(p, expect_identity=model_identity_of(model))
-
-
-def kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan=None) -> Callable[[list], None]:
-    """What runs at mlx-lm's `quantize_cache_fn` points."""
-    if plan is not None:  # optiq's per-layer hook: same points, same start rule
-        return lambda cache: plan.maybe_quantize(cache, quantized_kv_start)
-    if kv_bits is None:
-        return lambda cache: None
-    hook = maybe_quantize_kv_cache if kv_scheme == "uniform" else maybe_turboquant_kv_cache
-    fn = functools.partial(hook, quantized_kv_start=quantized_kv_start,
-                           kv_group_size=kv_group_size, kv_bits=kv_bits)
-
-    def quantize(cache):
-        try:
-            fn(cache)
-        except (ValueError, MlxbunError) as e:  # head_dim vs group size, a window cache, ...
-            raise GenerationError(
-                f"cannot quantize the KV cache with kv_bits={kv_bits}, kv_group_size={kv_group_size}: {e}"
-            ) from None
-
-    return quantize
-
-
-def maybe_turboquant_kv_cache(prompt_cache: list, quantized_kv_start: int, kv_group_size: int, kv_bits) -> None:
-    """mlx-vlm 0.7.10's `maybe_quantize_kv_cache` for the TurboQuant scheme: every full-attention
-    KVCache becomes a `TurboQuantKVCache` (an empty one at once, so it quantizes on the fly; a
-    filled one once it holds `quantized_kv_start` tokens); window caches stay; and, as mlx-vlm
-    does, the last layer stays full precision when the model has more than 2 layers.
-    `kv_group_size` is unused (TurboQuant has no groups)."""
-    from mlxbun.cache.turboquant import TurboQuantKVCache
-
-    last = len(prompt_cache) - 1 if len(prompt_cache) > 2 else -1
-    for i, c in enumerate(prompt_cache):
-        if i == last or not isinstance(c, KVCache):
-            continue
-        if c.offset == 0:
-            prompt_cache[i] = TurboQuantKVCache(bits=kv_bits)
-        elif c.offset >= quantized_kv_start:
-            prompt_cache[i] = TurboQuantKVCache.from_cache(c, bits=kv_bits)
 
 
 # ----------------------------------------------------------------------------- the token loop
@@ -532,14 +346,12 @@ def stream_generate(
     kv_config: a per-layer KV plan (`mlxbun.cache.mixed.KVPlan`, or a path/dict it reads).
     Raises `GenerationError` (an `MlxbunError`) for a bad option, before any work.
     """
-    from mlxbun.models.mlxlm import ensure_runtime
-
     if temp is not None:
         if temperature not in (0.0, temp):
             raise GenerationError(f"temperature={temperature!r} and temp={temp!r} disagree; give one")
         temperature = temp
     stops = check_generation_options(max_tokens, prefill_step_size, stop)
-    if seed is not None and (not _is_int(seed) or seed < 0):
+    if seed is not None and (not is_int(seed) or seed < 0):
         raise GenerationError(f"seed must be a non-negative integer, got {seed!r}")
     check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
                      kv_scheme=kv_scheme, max_kv_size=max_kv_size)
@@ -560,7 +372,7 @@ def stream_generate(
     else:
         if max_kv_size is not None:
             raise GenerationError("prompt_cache brings its own caches; max_kv_size cannot change them")
-        _check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
+        check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
         cache = load_prompt_cache_for(model, prompt_cache)[0] if isinstance(prompt_cache, (str, Path)) else prompt_cache
         if not isinstance(cache, list):
             raise GenerationError(f"prompt_cache must be a list of caches or a file path, got {type(cache).__name__}")
@@ -573,16 +385,6 @@ def stream_generate(
                       sampler=sampler, logits_processors=processors, quantize=quantize,
                       prefill_step_size=prefill_step_size, turboquant=kv_scheme == "turboquant"
                       or any(type(c).__name__ == "TurboQuantKVCache" for c in cache))
-
-
-def attention_routing(turboquant: bool):
-    """TurboQuant decode runs attention in the rotated space straight from the packed codes (as
-    mlx-vlm does) while generating; without the routing it would dequantize the whole cache."""
-    if not turboquant:
-        return contextlib.nullcontext()
-    from mlxbun.cache.turboquant import patch_mlxlm_attention
-
-    return patch_mlxlm_attention()
 
 
 def _responses(model, prompt, cache, detokenizer, eos, stops, *, seed, max_tokens, sampler,

@@ -16,13 +16,9 @@ import pytest
 
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.errors import MlxbunError
-from mlxbun.generate import (
-    GenerationError,
-    StopText,
-    generate,
-    make_generation_cache,
-    stream_generate,
-)
+from mlxbun.errors import GenerationError
+from mlxbun.generate import StopText, generate, stream_generate
+from mlxbun.generation_caches import make_generation_cache
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 N = 12  # tokens per run: enough to cross a window / quantization start, cheap on 2 cores
@@ -616,7 +612,7 @@ def test_prompt_cache_list_continues_like_mlx_lm(loaded):
 
 def test_saved_prompt_cache_round_trip(loaded, tmp_path):
     from mlxbun.cache import prompt_cache as pc
-    from mlxbun.generate import model_identity_of
+    from mlxbun.generation_caches import model_identity_of
 
     model, tok = loaded("qwen3", "mlxbun")
     ids = tok.encode_prompt(PROMPT)

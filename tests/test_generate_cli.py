@@ -128,7 +128,7 @@ def test_prompt_cache_save_and_continue(run, qwen3, tmp_path):
     second = _json(run, "--model", "zoo:qwen3", "--prompt", " and then", "--max-tokens", "5",
                    "--prompt-cache", str(cache_file))
     # the same as one run over the whole history, continued token by token in one cache
-    from mlxbun.generate import make_generation_cache
+    from mlxbun.generation_caches import make_generation_cache
 
     cache = make_generation_cache(model)
     list(stream_generate(model, tok, PROMPT, max_tokens=4, prompt_cache=cache))

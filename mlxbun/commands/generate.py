@@ -109,7 +109,8 @@ def build_prompt(args, tokenizer) -> list[int]:
 
 
 def run(args) -> int:
-    from mlxbun.generate import make_generation_cache, model_identity_of, stream_generate
+    from mlxbun.generate import stream_generate
+    from mlxbun.generation_caches import make_generation_cache, model_identity_of
     from mlxbun.locate import locate, open_runtime
     from mlxbun.tokenizer import load_tokenizer
 
@@ -204,7 +205,7 @@ def _run_diffusion(args, model, tokenizer, prompt) -> int:
 
 def _load_cache(file: str, model, kv: dict) -> tuple[list, list[int]]:
     from mlxbun.cache.prompt_cache import cached_tokens
-    from mlxbun.generate import load_prompt_cache_for
+    from mlxbun.generation_caches import load_prompt_cache_for
 
     p = Path(file).expanduser()
     if not p.is_file():
@@ -222,7 +223,7 @@ def _load_cache(file: str, model, kv: dict) -> tuple[list, list[int]]:
 
 def _save_cache(file: str, cache: list, model, model_path: Path, tokens: list[int]) -> None:
     from mlxbun.cache.prompt_cache import save_prompt_cache
-    from mlxbun.generate import model_identity_of
+    from mlxbun.generation_caches import model_identity_of
 
     save_prompt_cache(Path(file).expanduser(), cache, {"model": str(model_path)},
                       model_identity=model_identity_of(model), tokens=tokens)

@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from mlxbun.errors import MlxbunError
-from mlxbun.generate import attention_routing, kv_quantizer, make_generation_cache
+from mlxbun.generation_caches import attention_routing, kv_quantizer, make_generation_cache
 from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.names import KVSettings
 

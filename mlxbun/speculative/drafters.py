@@ -28,6 +28,7 @@ import mlx.core as mx
 
 from mlxbun.errors import GenerationError, MlxbunError, UnsupportedModelError
 from mlxbun.names import DrafterSpec, parse_drafter
+from mlxbun.generation_caches import make_generation_cache
 from mlxbun.speculative.kv import quantize_hook
 from mlxbun.speculative.verify import Sampling
 
@@ -284,8 +285,6 @@ class DraftModelDrafter(_ModelDrafter):
         return {k: v for k, v in self.session.kv.items() if k != "kv_config"}
 
     def _new_cache(self) -> list:
-        from mlxbun.generate import make_generation_cache
-
         return make_generation_cache(self.model, **self._kv_options())
 
     def _hook(self):
@@ -322,8 +321,6 @@ class LayerSkipDrafter(_ModelDrafter):
         super().bind(session)
 
     def _new_cache(self) -> list:
-        from mlxbun.generate import make_generation_cache
-
         full = make_generation_cache(self.session.target, **self.session.kv)
         self._n_caches = len(full)
         return full[: self.layers]

@@ -38,16 +38,14 @@ from mlxbun.errors import MlxbunError
 from mlxbun.generate import (
     GenerationResponse,
     StopText,
-    attention_routing,
     check_generation_options,
-    check_kv_options,
     eos_token_ids,
     generation_stream,
     make_detokenizer,
-    make_generation_cache,
     prepare_prompt,
     wired_limit,
 )
+from mlxbun.generation_caches import attention_routing, check_kv_options, make_generation_cache
 from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.names import is_int
 from mlxbun.sampling import GenerationError, LogitsProcessor, make_logits_processors

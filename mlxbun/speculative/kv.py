@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from mlxbun.cache.mixed import KVPlan
-from mlxbun.generate import kv_quantizer, load_kv_plan
+from mlxbun.generation_caches import kv_quantizer, load_kv_plan
 
 __all__ = ["quantize_hook"]
 

@@ -1,0 +1,190 @@
+"""The caches generation runs with: built from KV options, quantized at mlx-lm's points, and
+saved / loaded as prompt caches for a given model.
+
+`make_generation_cache` is what `stream_generate` (and speculative decoding) builds; the
+quantize hook (`kv_quantizer`) runs where mlx-lm's `quantize_cache_fn` runs (after every prefill
+chunk and after every decode step's model call); `attention_routing` lets TurboQuant decode from
+its packed codes inside mlx-lm models too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from pathlib import Path
+from typing import Callable, Optional
+
+from mlxbun.cache.kv import KVCache, RotatingKVCache
+from mlxbun.cache.mixed import KVPlan
+from mlxbun.cache.prompt_cache import load_prompt_cache, model_identity
+from mlxbun.cache.quantized import maybe_quantize_kv_cache
+from mlxbun.cache.turboquant import TurboQuantKVCache, patch_mlxlm_attention
+from mlxbun.config import TextConfig
+from mlxbun.errors import GenerationError, MlxbunError
+from mlxbun.models.mlxlm import ensure_runtime
+from mlxbun.names import KVSettings, is_int
+
+__all__ = [
+    "ROTATING_KEEP", "attention_routing", "check_kv_options", "check_plan_options", "kv_quantizer",
+    "load_kv_plan", "load_prompt_cache_for", "make_generation_cache", "maybe_turboquant_kv_cache",
+    "model_identity_of",
+]
+
+ROTATING_KEEP = 4  # mlx-lm's make_prompt_cache keeps the first 4 tokens (attention sinks)
+
+
+def check_kv_options(
+    *,
+    kv_bits=None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = 0,
+    kv_scheme: str = "uniform",
+    max_kv_size: Optional[int] = None,
+) -> KVSettings:
+    """Refuse KV options that no cache here supports, naming the option (`GenerationError`);
+    return them as `KVSettings` (the one place KV options are validated: `mlxbun.names`)."""
+    if max_kv_size is not None and (not is_int(max_kv_size) or max_kv_size < 1):
+        raise GenerationError(f"max_kv_size must be a positive integer, got {max_kv_size!r}")
+    settings = KVSettings.from_flags(kv_bits=kv_bits, kv_group_size=kv_group_size, kv_scheme=kv_scheme,
+                                     quantized_kv_start=quantized_kv_start)
+    if settings.quantized and max_kv_size is not None:
+        # mlx-lm: RotatingKVCache.to_quantized is not implemented
+        raise GenerationError("kv_bits and max_kv_size cannot be combined: rotating KV caches are not quantizable")
+    return settings
+
+
+def _as_mlxbun_cache(c):
+    """An empty mlx-lm KVCache / RotatingKVCache becomes mlxbun's (same layout and maths); other
+    kinds (recurrent caches, which mlxbun has not ported) stay."""
+    from mlx_lm.models import cache as mc  # mlx-lm's own classes, to recognise them
+
+    if isinstance(c, (KVCache, RotatingKVCache)):
+        return c
+    if type(c) is mc.KVCache and c.keys is None:
+        return KVCache()
+    if type(c) is mc.RotatingKVCache and c.keys is None:
+        return RotatingKVCache(max_size=c.max_size, keep=c.keep)
+    return c
+
+
+def _base_caches(model, max_kv_size: Optional[int]) -> list:
+    caches = [_as_mlxbun_cache(c) for c in model.make_cache()]
+    if max_kv_size is None:
+        return caches
+    # Full-attention layers (plain KVCache) get a bounded ring; window caches are bounded already.
+    return [
+        RotatingKVCache(max_size=max_kv_size, keep=ROTATING_KEEP) if isinstance(c, KVCache) else c
+        for c in caches
+    ]
+
+
+def load_kv_plan(kv_config, num_layers: int):
+    """A `KVPlan` from a plan, a kv_config.json path (optiq's format: a list of {layer_idx, bits,
+    group_size} entries, or an object with a "layers" list), or the parsed entries."""
+    if isinstance(kv_config, KVPlan):
+        return kv_config
+    source = "kv_config"
+    if isinstance(kv_config, (str, Path)):
+        path = Path(kv_config).expanduser()
+        if not path.is_file():
+            raise GenerationError(f"kv_config {path}: no such file")
+        try:
+            kv_config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise GenerationError(f"kv_config {path}: not a readable JSON file ({e})") from None
+        source = str(path)
+    if isinstance(kv_config, dict):
+        kv_config = kv_config.get("layers")
+    return KVPlan.from_kv_config(kv_config, num_layers, source=source)
+
+
+def make_generation_cache(
+    model,
+    *,
+    kv_bits=None,
+    kv_group_size: int = 64,
+    kv_scheme: str = "uniform",
+    kv_config=None,
+    max_kv_size: Optional[int] = None,
+    quantized_kv_start: int = 0,
+) -> list:
+    """A fresh per-layer cache list for `model` as `stream_generate` would build it (pass it as
+    `prompt_cache` to keep a handle on it, e.g. to save it afterwards)."""
+    model = ensure_runtime(model)
+    check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
+                     kv_scheme=kv_scheme, max_kv_size=max_kv_size)
+    check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
+    caches = _base_caches(model, max_kv_size)
+    if kv_config is not None:
+        # Refuse a plan that names a missing, sliding-window or recurrent layer now, not mid-run.
+        # The caches stay full precision until the quantization points (as with kv_bits).
+        load_kv_plan(kv_config, len(caches)).make_caches(_base_caches(model, None))
+    return caches
+
+
+def check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size) -> None:
+    """A per-layer plan sets each layer's precision: refuse uniform options next to it."""
+    if kv_config is not None and (kv_bits is not None or max_kv_size is not None or kv_scheme != "uniform"):
+        raise GenerationError("kv_config sets each layer's KV precision; do not combine it with "
+                              "kv_bits, kv_scheme or max_kv_size")
+
+
+def model_identity_of(model) -> Optional[dict]:
+    """The identity a saved prompt cache records (`prompt_cache.model_identity`), when the model
+    has an mlxbun config (an mlx-lm model without one has none to check against)."""
+    config = getattr(model, "config", None)
+    return model_identity(config) if isinstance(config, TextConfig) else None
+
+
+def load_prompt_cache_for(model, path) -> tuple[list, dict]:
+    """(caches, metadata) of a saved prompt cache, refused unless it was made by this model."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise GenerationError(f"{p}: prompt cache file not found")
+    return load_prompt_cache(p, expect_identity=model_identity_of(model))
+
+
+def kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan=None) -> Callable[[list], None]:
+    """What runs at mlx-lm's `quantize_cache_fn` points."""
+    if plan is not None:  # optiq's per-layer hook: same points, same start rule
+        return lambda cache: plan.maybe_quantize(cache, quantized_kv_start)
+    if kv_bits is None:
+        return lambda cache: None
+    hook = maybe_quantize_kv_cache if kv_scheme == "uniform" else maybe_turboquant_kv_cache
+    fn = functools.partial(hook, quantized_kv_start=quantized_kv_start,
+                           kv_group_size=kv_group_size, kv_bits=kv_bits)
+
+    def quantize(cache):
+        try:
+            fn(cache)
+        except (ValueError, MlxbunError) as e:  # head_dim vs group size, a window cache, ...
+            raise GenerationError(
+                f"cannot quantize the KV cache with kv_bits={kv_bits}, kv_group_size={kv_group_size}: {e}"
+            ) from None
+
+    return quantize
+
+
+def maybe_turboquant_kv_cache(prompt_cache: list, quantized_kv_start: int, kv_group_size: int, kv_bits) -> None:
+    """mlx-vlm 0.7.10's `maybe_quantize_kv_cache` for the TurboQuant scheme: every full-attention
+    KVCache becomes a `TurboQuantKVCache` (an empty one at once, so it quantizes on the fly; a
+    filled one once it holds `quantized_kv_start` tokens); window caches stay; and, as mlx-vlm
+    does, the last layer stays full precision when the model has more than 2 layers.
+    `kv_group_size` is unused (TurboQuant has no groups)."""
+    last = len(prompt_cache) - 1 if len(prompt_cache) > 2 else -1
+    for i, c in enumerate(prompt_cache):
+        if i == last or not isinstance(c, KVCache):
+            continue
+        if c.offset == 0:
+            prompt_cache[i] = TurboQuantKVCache(bits=kv_bits)
+        elif c.offset >= quantized_kv_start:
+            prompt_cache[i] = TurboQuantKVCache.from_cache(c, bits=kv_bits)
+
+
+def attention_routing(turboquant: bool):
+    """TurboQuant decode runs attention in the rotated space straight from the packed codes (as
+    mlx-vlm does) while generating; without the routing it would dequantize the whole cache."""
+    if not turboquant:
+        return contextlib.nullcontext()
+    return patch_mlxlm_attention()
