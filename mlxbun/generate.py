@@ -37,8 +37,9 @@ from typing import Callable, Generator, Iterable, List, Optional, Sequence, Unio
 
 import mlx.core as mx
 
+from mlxbun.cache.convert import maybe_quantize_kv_cache
 from mlxbun.cache.kv import KVCache, RotatingKVCache
-from mlxbun.cache.quantized import KV_QUANT_BITS, KV_QUANT_GROUP_SIZES, maybe_quantize_kv_cache
+from mlxbun.cache.quantized import KV_QUANT_BITS, KV_QUANT_GROUP_SIZES
 from mlxbun.errors import MlxbunError
 from mlxbun.sampling import (
     GenerationError,

@@ -130,7 +130,7 @@ class KVSpec:
         if self.scheme == "plain":
             return lambda cache: None
         if self.scheme == "uniform":
-            from mlxbun.cache.quantized import maybe_quantize_kv_cache
+            from mlxbun.cache.convert import maybe_quantize_kv_cache
         else:
             from mlxbun.generate import maybe_turboquant_kv_cache as maybe_quantize_kv_cache
         group = self.group_size or 64
