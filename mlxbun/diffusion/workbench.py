@@ -70,7 +70,7 @@ def load_diffusion(model=ZOO_SPEC, tokenizer=None) -> DiffusionCheckpoint:
             raise MlxbunError(f"{type(model).__name__} is not a diffusion model (no diffusion_decoder_logits)")
         return DiffusionCheckpoint(model, tokenizer)
     from mlxbun.lab.workflows import _tokenizer
-    from mlxbun.models.diffusion_gemma import load_diffusion_gemma
+    from mlxbun.models.diffusion_gemma.loader import load_diffusion_gemma
 
     spec = str(model)
     if spec == ZOO_SPEC:
