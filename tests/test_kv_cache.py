@@ -236,6 +236,24 @@ def test_logits_equal_sliding_window_model(llama_swa):
         assert same(a, b)
 
 
+def test_mlx_lm_caches_inside_an_mlxbun_graph(zoo):
+    # mlx-lm caches have no `attention`: the graphs' sdpa then does what mlx-lm's does
+    import mlxbun
+
+    model = mlxbun.open_model(zoo("qwen3"))
+    n = len(model.layers)
+    chunks = [7] + [1] * 12 + [3, 1]
+    for kind in ("kv", "rot2"):
+        def make(mod):
+            if kind == "kv":
+                return [mod.KVCache() for _ in range(n)]
+            return [mod.RotatingKVCache(max_size=12, keep=2) for _ in range(n)]
+
+        for a, b in zip(run_steps(model, make(__import__("mlxbun.cache", fromlist=["x"])), chunks),
+                        run_steps(model, make(o_cache), chunks)):
+            assert same(a, b), kind
+
+
 def test_generate_step_with_mlxbun_caches(llama):
     prompt = ids(9, 7)[0]
     out_ref = [(int(t), l) for t, l in generate_step(prompt, llama, max_tokens=6,
