@@ -50,7 +50,7 @@ def _open_universal(path: Path, config, profile):
 
 
 def _open_diffusion_gemma(path: Path, config, profile):
-    from mlxbun.models.diffusion_gemma import load_diffusion_gemma
+    from mlxbun.models.diffusion_gemma.loader import load_diffusion_gemma
 
     return load_diffusion_gemma(path)
 

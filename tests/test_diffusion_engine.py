@@ -22,7 +22,7 @@ from mlxbun.diffusion import (
 )
 from mlxbun.diffusion.schedule import block_canvas_length
 from mlxbun.errors import MlxbunError
-from mlxbun.models.diffusion_gemma import load_diffusion_gemma
+from mlxbun.models.diffusion_gemma.loader import load_diffusion_gemma
 from mlxbun.zoo.diffusion import cached_diffusion_checkpoint
 
 PROMPT = [1, 40, 77, 300, 12, 9, 100, 200, 350, 18, 7, 41]

@@ -14,12 +14,10 @@ import mlx.core as mx
 import pytest
 
 from mlxbun.errors import ConfigError, LoadError, MlxbunError, UnsupportedModelError
-from mlxbun.models.diffusion_gemma import (
-    DiffusionGemmaModel,
-    cache_state,
-    config_from_dict,
-    load_diffusion_gemma,
-)
+from mlxbun.models.diffusion_gemma.config import config_from_dict
+from mlxbun.models.diffusion_gemma.layers import cache_state
+from mlxbun.models.diffusion_gemma.loader import load_diffusion_gemma
+from mlxbun.models.diffusion_gemma.model import DiffusionGemmaModel
 from mlxbun.zoo.diffusion import (
     cached_diffusion_checkpoint,
     make_diffusion_checkpoint,
@@ -287,7 +285,7 @@ def test_drop_rules_and_mlx_layout(ckpt, tmp_path, ours):
         t["model.decoder.layers.0.experts.gate_up_proj.weight"] = t.pop("model.decoder.layers.0.experts.gate_up_proj")
 
     _rewrite_shards(path, edit)
-    from mlxbun.models.diffusion_gemma import drop_rules
+    from mlxbun.models.diffusion_gemma.loader import drop_rules
     from mlxbun.weights import read_index
 
     names = list(read_index(path).tensors)

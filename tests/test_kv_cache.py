@@ -1,5 +1,5 @@
-"""mlxbun.cache (KVCache, RotatingKVCache, spec rounds) and mlxbun.models.base masks/sdpa
-vs mlx-lm 0.32.2 as the live oracle."""
+"""mlxbun.cache (KVCache, RotatingKVCache, spec rounds), mlxbun.attention masks and
+mlxbun.models.base's mask/sdpa dispatch vs mlx-lm 0.32.2 as the live oracle."""
 
 import mlx.core as mx
 import pytest
@@ -8,6 +8,7 @@ from mlx_lm.models import base as o_base
 from mlx_lm.models import cache as o_cache
 from mlx_lm.models import llama as o_llama
 
+from mlxbun import attention
 from mlxbun.cache import KVCache, RotatingKVCache
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.models import base
@@ -117,14 +118,14 @@ def test_prompt_cache_file_roundtrip_via_mlx_lm(tmp_path):
         check_same_cache(c, l)
 
 
-# ------------------------------------------------------------------ masks / sdpa (base.py)
+# ------------------------------------------------------------------ masks / sdpa (attention.py, base.py)
 
 
 @pytest.mark.parametrize("N,offset,window", [(1, 0, None), (5, 0, None), (5, 7, None), (5, 7, 3), (9, 0, 4)])
 def test_create_causal_mask(N, offset, window):
-    assert same(base.create_causal_mask(N, offset, window), o_base.create_causal_mask(N, offset, window))
+    assert same(attention.create_causal_mask(N, offset, window), o_base.create_causal_mask(N, offset, window))
     lp, rp = mx.array([0, 2]), mx.array([1, 0])
-    a = base.create_causal_mask(N, offset, window, right_padding=rp, left_padding=lp)
+    a = attention.create_causal_mask(N, offset, window, right_padding=rp, left_padding=lp)
     assert same(a, o_base.create_causal_mask(N, offset, window, right_padding=rp, left_padding=lp))
 
 
@@ -153,7 +154,7 @@ def test_sdpa_dispatch(n_q, mask):
     k = mx.random.normal((1, 2, S, 32), key=mx.random.key(2))
     v = mx.random.normal((1, 2, S, 32), key=mx.random.key(3))
     m = {"none": None, "causal": "causal",
-         "bool": base.create_causal_mask(L, S - L, window_size=5),
+         "bool": attention.create_causal_mask(L, S - L, window_size=5),
          "float": mx.random.normal((L, S), key=mx.random.key(4))}[mask]
     assert same(base.scaled_dot_product_attention(q, k, v, None, 0.125, m),
                 o_base.scaled_dot_product_attention(q, k, v, None, 0.125, m))
@@ -168,7 +169,7 @@ def test_sdpa_dispatch(n_q, mask):
     a = base.scaled_dot_product_attention(mx.array(q), qk, qv, qc, 0.125, m)
     b = o_base.scaled_dot_product_attention(mx.array(q), qk, qv, qc, 0.125, m)
     assert same(a, b)
-    assert same(base.quantized_scaled_dot_product_attention(mx.array(q), qk, qv, 0.125, m, 32, 4), b)
+    assert same(attention.quantized_scaled_dot_product_attention(mx.array(q), qk, qv, 0.125, m, 32, 4), b)
     with pytest.raises(ValueError, match="sinks"):
         base.scaled_dot_product_attention(q, qk, qv, qc, 0.125, m, sinks=sinks)
 
@@ -233,6 +234,24 @@ def test_logits_equal_sliding_window_model(llama_swa):
     for a, b in zip(run_steps(llama_swa, make(__import__("mlxbun.cache", fromlist=["x"])), chunks),
                     run_steps(llama_swa, make(o_cache), chunks)):
         assert same(a, b)
+
+
+def test_mlx_lm_caches_inside_an_mlxbun_graph(zoo):
+    # mlx-lm caches have no `attention`: the graphs' sdpa then does what mlx-lm's does
+    import mlxbun
+
+    model = mlxbun.open_model(zoo("qwen3"))
+    n = len(model.layers)
+    chunks = [7] + [1] * 12 + [3, 1]
+    for kind in ("kv", "rot2"):
+        def make(mod):
+            if kind == "kv":
+                return [mod.KVCache() for _ in range(n)]
+            return [mod.RotatingKVCache(max_size=12, keep=2) for _ in range(n)]
+
+        for a, b in zip(run_steps(model, make(__import__("mlxbun.cache", fromlist=["x"])), chunks),
+                        run_steps(model, make(o_cache), chunks)):
+            assert same(a, b), kind
 
 
 def test_generate_step_with_mlxbun_caches(llama):

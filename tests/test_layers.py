@@ -1,4 +1,4 @@
-"""mlxbun.models.layers (and base.softcapped_attention) vs mlx-lm 0.32.2 as the live oracle."""
+"""mlxbun.models.layers (and attention.softcapped_attention) vs mlx-lm 0.32.2 as the live oracle."""
 
 import json
 
@@ -19,6 +19,7 @@ from mlx_lm.models import phi as o_phi
 from mlx_lm.models import stablelm as o_stablelm
 from mlx_lm.models import starcoder2 as o_starcoder2
 
+from mlxbun.attention import softcapped_attention
 from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 from mlxbun.models import base, layers
 
@@ -202,7 +203,7 @@ def test_softcapped_attention_gemma2(n_kv, dtype):
     q = attn.rope(attn.q_proj(x).reshape(B, L, 4, -1).transpose(0, 2, 1, 3))
     k = attn.rope(attn.k_proj(x).reshape(B, L, n_kv, -1).transpose(0, 2, 1, 3))
     v = attn.v_proj(x).reshape(B, L, n_kv, -1).transpose(0, 2, 1, 3)
-    o = base.softcapped_attention(q, k, v, attn.scale, attn.attn_logit_softcapping, mask)
+    o = softcapped_attention(q, k, v, attn.scale, attn.attn_logit_softcapping, mask)
     mine = attn.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
     assert same(mine, attn(x, mask))
 

@@ -8,15 +8,12 @@ from mlx_lm.models import base as o_base
 from mlx_lm.models import cache as o_cache
 from mlx_lm.models import llama as o_llama
 
+from mlxbun.attention import backend_has_quantized_attention, chunked_quantized_sdpa, create_causal_mask
+from mlxbun.cache.convert import maybe_quantize_kv_cache, quantize_cache
 from mlxbun.cache.kv import KVCache, RotatingKVCache
-from mlxbun.cache.quantized import (
-    KVQuantError,
-    QuantizedKVCache,
-    chunked_quantized_sdpa,
-    maybe_quantize_kv_cache,
-    quantize_cache,
-)
+from mlxbun.cache.quantized import KVQuantError, QuantizedKVCache
 from mlxbun.errors import MlxbunError, UnsupportedModelError
+from mlxbun.models.base import scaled_dot_product_attention as graph_sdpa
 
 H, DK, DV = 2, 128, 64  # kv heads, key / value head dims (different on purpose)
 
@@ -251,7 +248,6 @@ def qkv(n_q, L, S, dtype, bits, group, seed=0, D=64):
 
 
 def masks(L, S):
-    from mlxbun.models.base import create_causal_mask
     return {"none": None, "causal": "causal",
             "window": create_causal_mask(L, S - L, window_size=7),
             "additive": mx.random.normal((L, S), key=mx.random.key(4)),
@@ -289,6 +285,10 @@ def test_cache_attention_dispatch():
     chunked.update_and_fetch(k, v)
     ref = o_base.quantized_scaled_dot_product_attention(mx.array(q), kk, vv, 0.1, "causal", 64, 4)
     assert same(plain.attention(mx.array(q), kk, vv, 0.1, "causal"), ref)  # default: bit-exact
+    # the graphs' sdpa asks the cache
+    assert same(graph_sdpa(mx.array(q), kk, vv, plain, 0.1, "causal"), ref)
+    with pytest.raises(UnsupportedModelError, match="sinks"):
+        graph_sdpa(mx.array(q), kk, vv, plain, 0.1, "causal", sinks=mx.zeros((4,)))
     assert same(chunked.attention(q, kk, vv, 0.1, "causal"),
                 chunked_quantized_sdpa(q, kk, vv, 0.1, "causal", 64, 4, 16))
     short = tuple(x[..., :16, :] for x in kk), tuple(x[..., :16, :] for x in vv)
@@ -351,8 +351,6 @@ def test_cuda_path_routes_to_dequantized_sdpa_and_agrees(monkeypatch):
 
 
 def test_backend_probe_is_true_on_this_cpu():
-    from mlxbun.cache.quantized import backend_has_quantized_attention
-
     assert backend_has_quantized_attention() is True
 
 

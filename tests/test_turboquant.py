@@ -451,13 +451,13 @@ def test_patch_routes_decode_and_restores(tiny_llama, monkeypatch):
         return real(self, queries, scale, mask)
 
     monkeypatch.setattr(TurboQuantKVCache, "decode_attention", counting)
-    from mlxbun.models import base as mb_base  # mlxbun's own models are routed too
+    from mlxbun.models import base as mb_base  # mlxbun's graphs ask the cache: never patched
 
     mb_original = mb_base.scaled_dot_product_attention
     with patch_mlxlm_attention():
         assert llama.scaled_dot_product_attention is not original
         assert lm_base.scaled_dot_product_attention is not original
-        assert mb_base.scaled_dot_product_attention is not mb_original
+        assert mb_base.scaled_dot_product_attention is mb_original
         with patch_mlxlm_attention():  # nesting is harmless
             pass
         assert llama.scaled_dot_product_attention is not original
@@ -479,6 +479,9 @@ def test_sdpa_routes_only_the_cache_own_fetch():
     assert c.serves(k_hat, v_hat)
     assert eq(turboquant_sdpa(q, k_hat, v_hat, c, scale=0.125, mask=None),
               c.decode_attention(q, scale=0.125))
+    from mlxbun.models.base import scaled_dot_product_attention as graph_sdpa  # asks the cache
+
+    assert eq(graph_sdpa(q, k_hat, v_hat, c, scale=0.125, mask=None), c.decode_attention(q, scale=0.125))
     # anything that is not the cache's own fetch is attended to as given
     for k, v in ((k_hat[:, :, :5], v_hat[:, :, :5]), (k_hat * 2, v_hat)):
         assert not c.serves(k, v)

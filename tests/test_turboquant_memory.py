@@ -11,11 +11,8 @@ different rounding (observed <= 1e-6 on outputs of size ~1).
 import mlx.core as mx
 import pytest
 
-from mlxbun.cache.turboquant import (
-    DEFAULT_ATTENTION_CHUNK,
-    TurboQuantKVCache,
-    measure_decode_memory,
-)
+from mlxbun.bench.kv_memory import measure_decode_memory
+from mlxbun.cache.turboquant import DEFAULT_ATTENTION_CHUNK, TurboQuantKVCache
 from mlxbun.cache.turboquant_codec import (
     TurboQuantCodec,
     TurboQuantState,

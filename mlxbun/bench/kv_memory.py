@@ -1,5 +1,9 @@
 """KV-cache memory benchmark: peak memory and decode speed per KV scheme and context length.
 
+Two levels: a whole model (`run_kv_memory`, below) and one attention layer's TurboQuant
+decode step (`measure_decode_memory`, `--layer`), which is what set TurboQuant's
+`DEFAULT_ATTENTION_CHUNK`.
+
 For each context length and scheme the prompt is prefilled through plain caches, converted to
 the scheme's format (fp16 as is, q8/q4 with mlx-lm's conversion, TurboQuant 3.5 through its
 codec), decoded for two warm-up tokens, then `decode` tokens are generated greedily while peak
@@ -9,16 +13,21 @@ decode tokens/s. Quantized KV must not raise peak memory above fp16 (mlx-lm issu
 the `-chunked` schemes show the bounded attention path next to mlx-lm's.
 
     python -m mlxbun.bench.kv_memory --contexts 1024,4096,16384 --results out.sqlite
+    python -m mlxbun.bench.kv_memory --layer --contexts 4096,16384
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from dataclasses import dataclass
 
 import mlx.core as mx
+
+from mlxbun.cache.convert import quantize_cache
+from mlxbun.cache.turboquant import DEFAULT_ATTENTION_CHUNK, TurboQuantKVCache
 
 SCHEMES = ("fp16", "q8", "q4", "q8-chunked", "q4-chunked", "turboquant3.5")
 
@@ -46,9 +55,6 @@ class KVMemoryRow:
 
 
 def _convert(caches: list, scheme: str) -> list:
-    from mlxbun.cache.quantized import quantize_cache
-    from mlxbun.cache.turboquant import TurboQuantKVCache
-
     if scheme == "fp16":
         return caches
     if scheme.startswith("turboquant"):
@@ -126,6 +132,104 @@ def to_markdown(rows: list[KVMemoryRow]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------ one attention layer
+
+
+def _transient_peak(run, repeats: int):
+    """(bytes above what was live before `run()`, median seconds) over `repeats` runs."""
+    mx.eval(run())  # warm-up: first-call allocations and lazy constants
+    peaks, times = [], []
+    for _ in range(repeats):
+        mx.synchronize()
+        mx.clear_cache()
+        base = mx.get_active_memory()
+        mx.reset_peak_memory()
+        t0 = time.perf_counter()
+        mx.eval(run())
+        mx.synchronize()
+        times.append(time.perf_counter() - t0)
+        peaks.append(mx.get_peak_memory() - base)
+    return max(peaks), statistics.median(times)
+
+
+def measure_decode_memory(
+    contexts=(4096, 16384),
+    *,
+    n_kv_heads: int = 8,
+    n_q_heads: int = 32,
+    head_dim: int = 128,
+    bits: float = 3.5,
+    chunks=(None, DEFAULT_ATTENTION_CHUNK),
+    dtype=mx.float16,
+    repeats: int = 3,
+    cache_cls=TurboQuantKVCache,
+    label: str = "turboquant",
+) -> list[dict]:
+    """Peak memory of one decode step of one attention layer (batch 1, one query).
+
+    Per context: fp16 keys/values + `mx.fast.scaled_dot_product_attention`, then a
+    `cache_cls` (TurboQuantKVCache) of `bits` holding the same keys/values (random
+    normal), decoding through `decode_attention` with each `attention_chunk` in
+    `chunks` (None: the one-pass path). Rows: context, scheme, cache_bytes (the
+    stored K/V), transient_bytes (peak above everything live before the step:
+    what attention materializes), peak_bytes = cache + transient, seconds (median
+    of `repeats`; transient is their max). `decode_memory_table(rows)` formats them:
+
+        from mlxbun.bench.kv_memory import measure_decode_memory, decode_memory_table
+        print(decode_memory_table(measure_decode_memory((4096, 16384))))
+
+    or `python -m mlxbun.bench.kv_memory --layer --contexts 4096,16384`.
+    """
+    scale = head_dim ** -0.5
+
+    def rows_at(T):  # a function, so each context's arrays are gone before the next
+        shape = (1, n_kv_heads, T, head_dim)
+        keys = mx.random.normal(shape, key=mx.random.key(1)).astype(dtype)
+        values = mx.random.normal(shape, key=mx.random.key(2)).astype(dtype)
+        q = mx.random.normal((1, n_q_heads, 1, head_dim), key=mx.random.key(3)).astype(dtype)
+        mx.eval(keys, values, q)
+        transient, secs = _transient_peak(
+            lambda: mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=None),
+            repeats)
+        fp16_bytes = keys.nbytes + values.nbytes
+        out = [dict(context=T, scheme=f"{dtype} sdpa".replace("mlx.core.", ""),
+                    cache_bytes=fp16_bytes, transient_bytes=transient,
+                    peak_bytes=fp16_bytes + transient, seconds=secs)]
+        cache = cache_cls(bits=bits)
+        cache.update_and_fetch(keys, values)
+        mx.eval(cache.keys, cache.values)
+        keys = values = None  # only the packed cache stays live
+        cache._fetched = None  # nor its (never evaluated) dequantized fetch
+        for chunk in chunks:
+            cache.attention_chunk = chunk
+            transient, secs = _transient_peak(
+                lambda: cache.decode_attention(q, scale=scale), repeats)
+            out.append(dict(context=T, scheme=f"{label} {bits:g} "
+                            + ("one pass" if chunk is None else f"chunk {chunk}"),
+                            cache_bytes=cache.nbytes, transient_bytes=transient,
+                            peak_bytes=cache.nbytes + transient, seconds=secs))
+        return out
+
+    return [row for T in contexts for row in rows_at(T)]
+
+
+def decode_memory_table(rows: list[dict]) -> str:
+    """Markdown table of `measure_decode_memory` rows (MiB, ms; peak vs fp16 per context)."""
+    mib = 1024 ** 2
+    ref = {}
+    lines = ["| context | scheme | cache MiB | transient MiB | cache + transient MiB | vs fp16 | ms |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ref.setdefault(r["context"], r["peak_bytes"])  # the first row per context: fp16
+        lines.append(f"| {r['context']} | {r['scheme']} | {r['cache_bytes'] / mib:.2f} | "
+                     f"{r['transient_bytes'] / mib:.2f} | {r['peak_bytes'] / mib:.2f} | "
+                     f"{r['peak_bytes'] / ref[r['context']]:.2f}x | {r['seconds'] * 1e3:.0f} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ CLI
+
+
 def main(argv=None) -> int:
     from mlxbun.models.universal.loader import build_model
 
@@ -136,7 +240,14 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=KV_HEAVY["num_hidden_layers"])
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     p.add_argument("--results", help="results table to record rows into")
+    p.add_argument("--layer", action="store_true",
+                   help="one attention layer's decode step instead of the model: fp16 SDPA vs "
+                        "TurboQuant 3.5 one pass / chunked (uses --contexts only)")
     args = p.parse_args(argv)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    if args.layer:
+        print(decode_memory_table(measure_decode_memory(contexts)))
+        return 0
     cfg = dict(KV_HEAVY, num_hidden_layers=args.layers)
     model = build_model(cfg)
     mx.random.seed(0)
@@ -145,7 +256,6 @@ def main(argv=None) -> int:
 
     model.update(tree_map(lambda p: (mx.random.normal(p.shape) * 0.02).astype(dtype), model.parameters()))
     mx.eval(model.parameters())
-    contexts = [int(c) for c in args.contexts.split(",")]
     schemes = [s for s in args.schemes.split(",") if s]
     rows = run_kv_memory(model, contexts, schemes, args.decode,
                          progress=lambda r: print(f"  {r.context:>6} {r.scheme:<14} peak {r.peak_decode_bytes / 2**20:9.1f} MiB "

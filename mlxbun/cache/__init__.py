@@ -1,7 +1,9 @@
 """Caches for attention (and recurrent) layers: mlx-lm's layouts plus the spec-round
-contract `spec_begin() / spec_commit(n_accepted) / spec_rollback()`."""
+contract `spec_begin() / spec_commit(n_accepted) / spec_rollback()`. Each KV cache
+attends over what it fetched: `cache.attention(queries, keys, values, scale, mask, sinks)`."""
 
 from mlxbun.cache.arrays import ArraysCache, begin_spec_round, commit_spec_round, rollback_spec_round
+from mlxbun.cache.convert import maybe_quantize_kv_cache, quantize_cache
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.cache.mixed import KVPlan, KVPlanError
 from mlxbun.cache.prompt_cache import (
@@ -15,21 +17,14 @@ from mlxbun.cache.prompt_cache import (
     reuse_prefix,
     save_prompt_cache,
 )
-from mlxbun.cache.quantized import (
-    KVQuantError,
-    QuantizedKVCache,
-    check_kv_quant,
-    chunked_quantized_sdpa,
-    maybe_quantize_kv_cache,
-    quantize_cache,
-)
+from mlxbun.cache.quantized import KVQuantError, QuantizedKVCache, check_kv_quant
 from mlxbun.cache.turboquant import TurboQuantKVCache, patch_mlxlm_attention, turboquant_sdpa
 
 __all__ = [
     "ArraysCache", "KVCache", "RotatingKVCache", "QuantizedKVCache", "TurboQuantKVCache",
     "KVPlan", "KVPlanError", "KVQuantError", "PromptCacheError",
     "begin_spec_round", "commit_spec_round", "rollback_spec_round",
-    "check_kv_quant", "chunked_quantized_sdpa", "maybe_quantize_kv_cache", "quantize_cache",
+    "check_kv_quant", "maybe_quantize_kv_cache", "quantize_cache",
     "save_prompt_cache", "load_prompt_cache", "model_identity", "cache_layout", "cached_tokens",
     "common_prefix_length", "reuse_prefix", "register_cache_class",
     "patch_mlxlm_attention", "turboquant_sdpa",

@@ -28,7 +28,7 @@ from typing import Any, List, Optional, Sequence
 
 import mlx.core as mx
 
-from mlxbun.cache.kv import _snapshot
+from mlxbun.cache.spec_round import snapshot
 
 __all__ = ["ArraysCache", "begin_spec_round", "commit_spec_round", "rollback_spec_round"]
 
@@ -199,9 +199,9 @@ class ArraysCache:
     def spec_begin(self):
         self._spec = {
             # copies: a model may write a slot in place (`cache[0][...] = x`)
-            "cache": [_snapshot(c) for c in self.cache],
-            "left_padding": _snapshot(self.left_padding),
-            "lengths": _snapshot(self.lengths),
+            "cache": [snapshot(c) for c in self.cache],
+            "left_padding": snapshot(self.left_padding),
+            "lengths": snapshot(self.lengths),
             "seen": self.tokens_seen,
         }
 

@@ -7,15 +7,14 @@ mlx-lm model: its code probes only `offset`, `update_and_fetch`, `make_mask`,
 truthiness, `bits` (absent here: full-precision sdpa), `state`, `is_trimmable`
 and `trim`.
 
-Spec-round contract (speculative decoding):
-  spec_begin()            remember the cache as it is now
-  spec_commit(n)          keep the first n tokens added since spec_begin, drop the rest
-  spec_rollback()         drop every token added since spec_begin
-A KVCache trims (its buffer prefix is never rewritten). A RotatingKVCache may
-overwrite or reorder its ring buffer while the round runs, so spec_begin keeps a
-reference to its arrays and position, and commit restores that snapshot and
-re-appends the accepted keys/values as one chunk, exactly as if only those had
-been fed.
+Attention: `cache.attention(q, k, v, scale=, mask=, sinks=)` is the fused kernel over
+what `update_and_fetch` returned (what mlx-lm's sdpa does for a cache without `bits`).
+
+Spec rounds (`mlxbun.cache.spec_round`): a KVCache trims (its buffer prefix is never
+rewritten). A RotatingKVCache may overwrite or reorder its ring buffer while the round
+runs, so spec_begin keeps a snapshot of its arrays and position, and commit restores
+that snapshot and re-appends the accepted keys/values as one chunk, exactly as if only
+those had been fed.
 """
 
 from __future__ import annotations
@@ -24,94 +23,22 @@ from typing import Optional
 
 import mlx.core as mx
 
+from mlxbun.attention import cached_causal_mask, create_causal_mask, fused_sdpa
+from mlxbun.cache.quantized import QuantizedKVCache
+from mlxbun.cache.spec_round import SpecRound, TrimSpecRound, snapshot
 from mlxbun.errors import UnsupportedModelError
-from mlxbun.models.base import create_causal_mask
 
-__all__ = ["KVCache", "RotatingKVCache", "create_attention_mask"]
-
-
-def create_attention_mask(
-    N: int, offset: int, return_array: bool, window_size: Optional[int]
-):
-    """cache.py's own mask helper (distinct from base.create_attention_mask)."""
-    if window_size is not None:
-        return create_causal_mask(N, offset, window_size=window_size)
-    elif N == 1:
-        return None
-    elif return_array:
-        return create_causal_mask(N, offset, window_size=window_size)
-    else:
-        return "causal"
+__all__ = ["KVCache", "RotatingKVCache"]
 
 
-def _snapshot(x: Optional[mx.array]) -> Optional[mx.array]:
-    # A new array object: `cache.keys[...] = v` overwrites the *object's*
-    # descriptor, so a plain reference would follow the in-place update.
-    return None if x is None else mx.array(x)
+class _FusedAttention:
+    """Full-precision caches attend with the fused kernel over their fetched keys/values."""
+
+    def attention(self, queries, keys, values, scale, mask, sinks=None):
+        return fused_sdpa(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
 
 
-class _SpecRound:
-    """Bookkeeping shared by the caches: what was added since spec_begin."""
-
-    def _spec_reset(self):
-        self._spec = None
-
-    def _spec_state(self):
-        spec = getattr(self, "_spec", None)
-        if spec is None:
-            raise RuntimeError(
-                f"{type(self).__name__}: spec_commit/spec_rollback without spec_begin"
-            )
-        return spec
-
-    def _spec_added(self, spec) -> int:
-        return self.offset - spec["offset"]
-
-    def _check_accepted(self, n_accepted: int, added: int) -> int:
-        if isinstance(n_accepted, bool) or not isinstance(n_accepted, int):
-            raise TypeError(f"n_accepted must be an int, got {n_accepted!r}")
-        if not 0 <= n_accepted <= added:
-            raise ValueError(
-                f"{type(self).__name__}: n_accepted={n_accepted} but {added} tokens "
-                "were added since spec_begin"
-            )
-        return n_accepted
-
-    @property
-    def in_spec_round(self) -> bool:
-        return getattr(self, "_spec", None) is not None
-
-
-class _TrimSpecRound(_SpecRound):
-    """The spec-round contract for caches whose prefix below `offset` is never rewritten
-    (growth copies it unchanged): trimming moves `offset` back, and rolling back a round is
-    trimming what it added."""
-
-    def is_trimmable(self):
-        return True
-
-    def trim(self, n):
-        n = min(self.offset, n)
-        self.offset -= n
-        return n
-
-    def spec_begin(self):
-        self._spec = {"offset": self.offset}
-
-    def spec_commit(self, n_accepted: int):
-        spec = self._spec_state()
-        added = self._spec_added(spec)
-        n = self._check_accepted(n_accepted, added)
-        self.trim(added - n)
-        self._spec = None
-
-    def spec_rollback(self):
-        spec = self._spec_state()
-        self.trim(self._spec_added(spec))
-        self._spec = None
-
-
-class KVCache(_TrimSpecRound):
+class KVCache(_FusedAttention, TrimSpecRound):
     step = 256
 
     def __init__(self):
@@ -181,12 +108,11 @@ class KVCache(_TrimSpecRound):
 
     def to_quantized(self, group_size: int = 64, bits: int = 4):
         # mlx-lm's generate(kv_bits=...) calls this: same conversion as mlx-lm's KVCache.
-        from mlxbun.cache.quantized import quantize_cache  # quantized imports this module
-
-        return quantize_cache(self, group_size=group_size, bits=bits)
+        return QuantizedKVCache.from_buffers(self.keys, self.values, self.offset,
+                                             group_size=group_size, bits=bits)
 
     def make_mask(self, *args, **kwargs):
-        return create_attention_mask(*args, offset=self.offset, **kwargs)
+        return cached_causal_mask(*args, offset=self.offset, **kwargs)
 
     def empty(self):
         return self.keys is None
@@ -198,8 +124,7 @@ class KVCache(_TrimSpecRound):
         return self.keys.nbytes + self.values.nbytes
 
 
-
-class RotatingKVCache(_SpecRound):
+class RotatingKVCache(_FusedAttention, SpecRound):
     step = 256
 
     def __init__(self, max_size, keep=0):
@@ -392,8 +317,8 @@ class RotatingKVCache(_SpecRound):
 
     def spec_begin(self):
         self._spec = {
-            "keys": _snapshot(self.keys),
-            "values": _snapshot(self.values),
+            "keys": snapshot(self.keys),
+            "values": snapshot(self.values),
             "offset": self.offset,
             "idx": self._idx,
             "added": [],

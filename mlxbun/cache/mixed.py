@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
+from mlxbun.cache.convert import quantize_cache
 from mlxbun.cache.kv import KVCache, RotatingKVCache
-from mlxbun.cache.quantized import KVQuantError, QuantizedKVCache, check_kv_quant, quantize_cache
+from mlxbun.cache.quantized import KVQuantError, QuantizedKVCache, check_kv_quant
 
 __all__ = ["KVPlan", "KVPlanError"]
 

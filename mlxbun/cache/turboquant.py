@@ -5,21 +5,20 @@ kv head a float16 norm and uint32-packed codeword indices; keys use
 `key_bits`, values `value_bits` (bits=3.5 -> 3-bit keys, 4-bit values), the
 key codec seeded `seed`, the value codec `seed + 1`, as in mlx-vlm.
 
-Attention inside mlx-lm models. mlx-lm's `scaled_dot_product_attention` sends a
-cache that has a `bits` attribute to `mx.quantized_matmul` (affine group
-quantization), which would be wrong here, so this cache deliberately has no
-`bits` (the width is `kv_bits`). Its `update_and_fetch` returns the
-dequantized keys and values as ordinary arrays, so any model (mlx-lm's or
-mlxbun's) computes correct attention over them with plain SDPA; this is
-mlx-vlm's prefill path (dequantize + SDPA). For decode,
-`patch_mlxlm_attention()` routes the models' sdpa through `turboquant_sdpa`,
-which computes attention in the rotated space straight from the packed codes
-(`decode_attention`, mlx-vlm's decode maths). It only does so when the keys and
-values it is handed are the very arrays this cache's last `update_and_fetch`
-returned (so they stand for the whole packed cache) and there are no sinks;
-anything else falls through to plain SDPA on the arrays given. The returned
-arrays are lazy: on the routed path they are never evaluated, so decode never
-dequantizes the cache.
+Attention. mlx-lm's `scaled_dot_product_attention` sends a cache that has a
+`bits` attribute to `mx.quantized_matmul` (affine group quantization), which
+would be wrong here, so this cache deliberately has no `bits` (the width is
+`kv_bits`). Its `update_and_fetch` returns the dequantized keys and values as
+ordinary arrays, so any model computes correct attention over them with plain
+SDPA; this is mlx-vlm's prefill path (dequantize + SDPA). For decode,
+`TurboQuantKVCache.attention` (what mlxbun's graphs call through their sdpa, and
+what `patch_mlxlm_attention()` routes mlx-lm's sdpa to) computes attention in the
+rotated space straight from the packed codes (`decode_attention`, mlx-vlm's
+decode maths). It only does so when the keys and values it is handed are the
+very arrays this cache's last `update_and_fetch` returned (so they stand for the
+whole packed cache) and there are no sinks; anything else falls through to plain
+SDPA on the arrays given. The returned arrays are lazy: on the routed path they
+are never evaluated, so decode never dequantizes the cache.
 
 Decode memory. The rotated-space decode needs a float32 codeword per key and
 value coordinate (mlx-vlm's op sequence), 2x an fp16 cache each, so one pass over
@@ -28,7 +27,8 @@ a long context raised the step's peak far above fp16 SDPA's. Over more than
 softmax (mlx-vlm's own chunked loop, bit-exact to it; float32 rounding away from
 the one pass), and codewords come from byte-wide indices (same values as
 mlx-vlm's uint32 unpack, a quarter of its temporaries). One layer, 8 kv x 128,
-32 query heads, float16, one decode query, CPU (`measure_decode_memory`; MiB):
+32 query heads, float16, one decode query, CPU (`mlxbun.bench.kv_memory.measure_decode_memory`;
+MiB):
 
     context  scheme                        cache  transient  cache+transient
     4096     fp16 KV + fast SDPA           16.00       0.27    16.27 (1.00x)
@@ -51,7 +51,8 @@ from typing import Optional
 
 import mlx.core as mx
 
-from mlxbun.cache.kv import _TrimSpecRound, create_attention_mask
+from mlxbun.attention import cached_causal_mask, fused_sdpa
+from mlxbun.cache.spec_round import TrimSpecRound
 from mlxbun.cache.turboquant_codec import (
     TurboQuantCodec,
     TurboQuantState,
@@ -64,8 +65,6 @@ from mlxbun.errors import ConfigError
 __all__ = [
     "DEFAULT_ATTENTION_CHUNK",
     "TurboQuantKVCache",
-    "decode_memory_table",
-    "measure_decode_memory",
     "patch_mlxlm_attention",
     "turboquant_sdpa",
 ]
@@ -76,7 +75,7 @@ __all__ = [
 # the fp16 cache costs 4 per coordinate of the context, the 3.5-bit one 0.9. So at
 # 512 a TurboQuant decode step (cache + transient) is under the fp16 cache alone
 # from ~3k keys (0.76x at 4k, 0.36x at 16k); 1024 crosses at ~6k (1.3x at 4k).
-# See `measure_decode_memory`.
+# See `measure_decode_memory` in `mlxbun.bench.kv_memory`.
 DEFAULT_ATTENTION_CHUNK = 512
 
 
@@ -106,7 +105,7 @@ def _grow(state: Optional[TurboQuantState], used: int, like: TurboQuantState,
     return grown
 
 
-class TurboQuantKVCache(_TrimSpecRound):
+class TurboQuantKVCache(TrimSpecRound):
     """A KV cache storing TurboQuant-packed keys and values (mlx-lm cache interface).
 
     TurboQuantKVCache(bits=3.5, seed=0, key_bits=None, value_bits=None, *,
@@ -297,7 +296,7 @@ class TurboQuantKVCache(_TrimSpecRound):
         return super().trim(n)
 
     def make_mask(self, *args, **kwargs):
-        return create_attention_mask(*args, offset=self.offset, **kwargs)
+        return cached_causal_mask(*args, offset=self.offset, **kwargs)
 
     def empty(self):
         return self.keys is None
@@ -338,6 +337,14 @@ class TurboQuantKVCache(_TrimSpecRound):
         live = self._live_fetch()
         return live is not None and keys is live[0] and values is live[1]
 
+    def attention(self, queries, keys, values, scale, mask, sinks=None):
+        """Attention over (keys, values): single-query attention over this cache's own
+        fetch runs in the rotated space from the packed codes (`decode_attention`);
+        anything else (prefill, sinks, other arrays) is the fused kernel over the
+        arrays given, which for the fetch is mlx-vlm's prefill (dequantize + SDPA)."""
+        if sinks is None and queries.shape[-2] == 1 and self.serves(keys, values):
+            return self.decode_attention(queries, scale=scale, mask=mask)
+        return fused_sdpa(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
 
 
 # -- routing mlx-lm's attention -------------------------------------------------------
@@ -350,17 +357,11 @@ def _default_sdpa():
 
 
 def turboquant_sdpa(queries, keys, values, cache, scale, mask, sinks=None, *, fallback=None):
-    """mlx-lm's `scaled_dot_product_attention` signature; single-query attention
-    over a TurboQuantKVCache's own fetch runs in the rotated space from the packed
-    codes, everything else goes to `fallback` (mlx-lm's sdpa by default), which
-    for this cache is plain SDPA on the dequantized arrays it was handed."""
-    if (
-        isinstance(cache, TurboQuantKVCache)
-        and sinks is None
-        and queries.shape[-2] == 1
-        and cache.serves(keys, values)
-    ):
-        return cache.decode_attention(queries, scale=scale, mask=mask)
+    """mlx-lm's `scaled_dot_product_attention` signature: a TurboQuantKVCache attends
+    itself (`TurboQuantKVCache.attention`), any other cache goes to `fallback`
+    (mlx-lm's sdpa by default)."""
+    if isinstance(cache, TurboQuantKVCache):
+        return cache.attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
     fallback = fallback or _default_sdpa()
     return fallback(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
@@ -376,147 +377,39 @@ def _routed(original):
     return sdpa
 
 
-_PATCHED_PACKAGES = ("mlx_lm.models", "mlxbun.models")
-
-
-def _model_modules():
+def _mlxlm_model_modules():
     for name, module in list(sys.modules.items()):
-        if module is not None and any(
-            name == p or name.startswith(p + ".") for p in _PATCHED_PACKAGES
-        ):
+        if module is not None and (name == "mlx_lm.models" or name.startswith("mlx_lm.models.")):
             yield module
 
 
 @contextlib.contextmanager
 def patch_mlxlm_attention():
-    """Route mlx-lm's (and mlxbun's) `scaled_dot_product_attention` through
-    `turboquant_sdpa` while the block runs, so decode over TurboQuantKVCache
-    layers runs in the rotated space without dequantizing.
+    """Route mlx-lm's `scaled_dot_product_attention` through `turboquant_sdpa` while the
+    block runs, so decode over TurboQuantKVCache layers of an mlx-lm model runs in the
+    rotated space without dequantizing. (mlxbun's own graphs need no patch: their
+    sdpa asks the cache.)
 
-    Model modules bind the function by name (`from .base import ...`), so every
-    loaded `mlx_lm.models.*` / `mlxbun.models.*` module whose binding is a base
-    sdpa is rebound, as are the bases (modules imported inside the block pick the
-    routed one up); all are restored on exit. Without the patch the cache is
-    still correct: attention then runs over the dequantized arrays."""
-    bases = []
-    for name in ("mlx_lm.models.base", "mlxbun.models.base"):
-        try:
-            bases.append(__import__(name, fromlist=["scaled_dot_product_attention"]))
-        except ImportError:
-            continue
-    originals = {id(b.scaled_dot_product_attention): b.scaled_dot_product_attention
-                 for b in bases
-                 if not hasattr(b.scaled_dot_product_attention, "_turboquant_original")}
-    if not originals:  # already inside a patch: nothing to add
+    Model modules bind the function by name (`from .base import ...`), so every loaded
+    `mlx_lm.models.*` module bound to it is rebound, as is the base (modules imported
+    inside the block pick the routed one up); all are restored on exit. Without the
+    patch the cache is still correct: attention then runs over the dequantized arrays."""
+    try:
+        from mlx_lm.models import base
+    except ImportError:  # no mlx-lm: nothing to route
         yield
         return
-    routed = {key: _routed(fn) for key, fn in originals.items()}
+    original = base.scaled_dot_product_attention
+    if hasattr(original, "_turboquant_original"):  # already inside a patch
+        yield
+        return
+    routed = _routed(original)
     try:
-        for module in _model_modules():
-            fn = getattr(module, "scaled_dot_product_attention", None)
-            if fn is not None and id(fn) in routed and fn is originals[id(fn)]:
-                module.scaled_dot_product_attention = routed[id(fn)]
+        for module in _mlxlm_model_modules():
+            if getattr(module, "scaled_dot_product_attention", None) is original:
+                module.scaled_dot_product_attention = routed
         yield
     finally:
-        wrappers = {id(w): w for w in routed.values()}
-        for module in _model_modules():
-            fn = getattr(module, "scaled_dot_product_attention", None)
-            if fn is not None and id(fn) in wrappers and fn is wrappers[id(fn)]:
-                module.scaled_dot_product_attention = fn._turboquant_original
-
-
-# -- decode memory measurement ----------------------------------------------------------
-
-
-def _transient_peak(run, repeats: int):
-    """(bytes above what was live before `run()`, median seconds) over `repeats` runs."""
-    import statistics
-    import time
-
-    mx.eval(run())  # warm-up: first-call allocations and lazy constants
-    peaks, times = [], []
-    for _ in range(repeats):
-        mx.synchronize()
-        mx.clear_cache()
-        base = mx.get_active_memory()
-        mx.reset_peak_memory()
-        t0 = time.perf_counter()
-        mx.eval(run())
-        mx.synchronize()
-        times.append(time.perf_counter() - t0)
-        peaks.append(mx.get_peak_memory() - base)
-    return max(peaks), statistics.median(times)
-
-
-def measure_decode_memory(
-    contexts=(4096, 16384),
-    *,
-    n_kv_heads: int = 8,
-    n_q_heads: int = 32,
-    head_dim: int = 128,
-    bits: float = 3.5,
-    chunks=(None, DEFAULT_ATTENTION_CHUNK),
-    dtype=mx.float16,
-    repeats: int = 3,
-    cache_cls=None,
-    label: str = "turboquant",
-) -> list[dict]:
-    """Peak memory of one decode step of one attention layer (batch 1, one query).
-
-    Per context: fp16 keys/values + `mx.fast.scaled_dot_product_attention`, then a
-    `cache_cls` (TurboQuantKVCache) of `bits` holding the same keys/values (random
-    normal), decoding through `decode_attention` with each `attention_chunk` in
-    `chunks` (None: the one-pass path). Rows: context, scheme, cache_bytes (the
-    stored K/V), transient_bytes (peak above everything live before the step:
-    what attention materializes), peak_bytes = cache + transient, seconds (median
-    of `repeats`; transient is their max). `decode_memory_table(rows)` formats them:
-
-        from mlxbun.cache.turboquant import measure_decode_memory, decode_memory_table
-        print(decode_memory_table(measure_decode_memory((4096, 16384))))
-    """
-    cache_cls = cache_cls or TurboQuantKVCache
-    scale = head_dim ** -0.5
-
-    def rows_at(T):  # a function, so each context's arrays are gone before the next
-        shape = (1, n_kv_heads, T, head_dim)
-        keys = mx.random.normal(shape, key=mx.random.key(1)).astype(dtype)
-        values = mx.random.normal(shape, key=mx.random.key(2)).astype(dtype)
-        q = mx.random.normal((1, n_q_heads, 1, head_dim), key=mx.random.key(3)).astype(dtype)
-        mx.eval(keys, values, q)
-        transient, secs = _transient_peak(
-            lambda: mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=None),
-            repeats)
-        fp16_bytes = keys.nbytes + values.nbytes
-        out = [dict(context=T, scheme=f"{dtype} sdpa".replace("mlx.core.", ""),
-                    cache_bytes=fp16_bytes, transient_bytes=transient,
-                    peak_bytes=fp16_bytes + transient, seconds=secs)]
-        cache = cache_cls(bits=bits)
-        cache.update_and_fetch(keys, values)
-        mx.eval(cache.keys, cache.values)
-        keys = values = None  # only the packed cache stays live
-        cache._fetched = None  # nor its (never evaluated) dequantized fetch
-        for chunk in chunks:
-            cache.attention_chunk = chunk
-            transient, secs = _transient_peak(
-                lambda: cache.decode_attention(q, scale=scale), repeats)
-            out.append(dict(context=T, scheme=f"{label} {bits:g} "
-                            + ("one pass" if chunk is None else f"chunk {chunk}"),
-                            cache_bytes=cache.nbytes, transient_bytes=transient,
-                            peak_bytes=cache.nbytes + transient, seconds=secs))
-        return out
-
-    return [row for T in contexts for row in rows_at(T)]
-
-
-def decode_memory_table(rows: list[dict]) -> str:
-    """Markdown table of `measure_decode_memory` rows (MiB, ms; peak vs fp16 per context)."""
-    mib = 1024 ** 2
-    ref = {}
-    lines = ["| context | scheme | cache MiB | transient MiB | cache + transient MiB | vs fp16 | ms |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        ref.setdefault(r["context"], r["peak_bytes"])  # the first row per context: fp16
-        lines.append(f"| {r['context']} | {r['scheme']} | {r['cache_bytes'] / mib:.2f} | "
-                     f"{r['transient_bytes'] / mib:.2f} | {r['peak_bytes'] / mib:.2f} | "
-                     f"{r['peak_bytes'] / ref[r['context']]:.2f}x | {r['seconds'] * 1e3:.0f} |")
-    return "\n".join(lines)
+        for module in _mlxlm_model_modules():
+            if getattr(module, "scaled_dot_product_attention", None) is routed:
+                module.scaled_dot_product_attention = original

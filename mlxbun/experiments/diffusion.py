@@ -29,7 +29,7 @@ from mlxbun.experiments.common import model_path, optional_tokenizer
 from mlxbun.lab import plots
 from mlxbun.lab.plots import cmap, figure, token_label
 from mlxbun.lab.recording import recording
-from mlxbun.models.diffusion_gemma import load_diffusion_gemma
+from mlxbun.models.diffusion_gemma.loader import load_diffusion_gemma
 
 __all__ = [
     "EXPERIMENT", "SWEEP_COLUMNS", "ZOO_SPEC", "DiffusionCheckpoint", "agreement", "agreement_plot",

@@ -128,7 +128,8 @@ def _hf_name(param: str) -> str:
 
 def build_weights(seed: int, dtype: str = "float32") -> dict[str, mx.array]:
     """HF-named tensors of the tiny graph: seeded init, perturbed by name, cast."""
-    from mlxbun.models.diffusion_gemma import DiffusionGemmaModel, config_from_dict
+    from mlxbun.models.diffusion_gemma.config import config_from_dict
+    from mlxbun.models.diffusion_gemma.model import DiffusionGemmaModel
     from mlxbun.zoo.weights import _perturb
 
     mx.random.seed(seed)
@@ -227,8 +228,9 @@ def cached_diffusion_checkpoint(*, seed: int = 0, dtype: str = "float32", root=N
     from mlxbun.zoo.cache import build_once, default_root, zoo_fingerprint
 
     _check(seed, dtype)
-    graph_src = Path(__file__).parent.parent / "models" / "diffusion_gemma.py"
-    h = hashlib.sha256((zoo_fingerprint() + "\0").encode() + graph_src.read_bytes()).hexdigest()[:16]
+    graph = Path(__file__).parent.parent / "models" / "diffusion_gemma"
+    graph_src = b"".join(p.read_bytes() for p in sorted(graph.glob("*.py")))
+    h = hashlib.sha256((zoo_fingerprint() + "\0").encode() + graph_src).hexdigest()[:16]
     key_dir = (Path(root) if root is not None else default_root()) / f"{ARCH}-{h}"
     return build_once(key_dir, _name(seed, dtype), lambda out: build_files(out, seed=seed, dtype=dtype))
 

@@ -22,15 +22,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from mlxbun.attention import softcapped_attention
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.errors import MlxbunError
 from mlxbun.models import layers as L
 from mlxbun.models import rope as R
-from mlxbun.models.base import (
-    create_attention_mask,
-    scaled_dot_product_attention,
-    softcapped_attention,
-)
+from mlxbun.models.base import create_attention_mask, scaled_dot_product_attention
 from mlxbun.models.universal.archs import ArchDescriptor, LayerSpec, UniversalArgs
 
 __all__ = ["UniversalDense"]
