@@ -812,7 +812,7 @@ def checkpoint_name(param: str, present) -> str:
 
 def drop_rules():
     """Tensors a DiffusionGemma checkpoint carries that the text graph reads elsewhere or not at all."""
-    from mlxbun.weights import DropRule
+    from mlxbun.weight_audit import DropRule
 
     return [
         DropRule(r"^lm_head\.weight$", "the head is tied to model.decoder.embed_tokens (as mlx-vlm)"),
@@ -826,7 +826,8 @@ def drop_rules():
 
 def load_diffusion_gemma(path, *, lazy: bool = False) -> DiffusionGemmaModel:
     """Load a DiffusionGemma checkpoint directory (HF or mlx-vlm-converted layout), audited."""
-    from mlxbun.weights import WeightAudit, read_index
+    from mlxbun.weight_audit import WeightAudit
+    from mlxbun.weights import read_index
 
     root = Path(path)
     config = load_config(root)
