@@ -64,7 +64,9 @@ _FP_MODE_OF = {pair: mode for mode, pair in QUANT_MODES.items() if pair is not N
 # ---------------------------------------------------------------- parse
 
 
-def parse_quantization(full: Mapping, label: str, directory: Path | None):
+def parse_quantization(
+    full: Mapping, label: str, directory: Path | None
+) -> tuple[QuantSpec | None, dict[str, QuantSpec | None], str | None]:
     """(global spec, per-module overrides, quant_method) of a config.json dict.
 
     Overrides map module paths to a QuantSpec, or None for "left unquantized". A Hugging
