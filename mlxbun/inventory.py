@@ -71,7 +71,7 @@ def describe_checkpoint(path: Path, repo: str, revision: str | None, size_bytes:
     """One listing row for a checkpoint directory; never raises for a bad checkpoint."""
     from mlxbun.config import load_model_config
     from mlxbun.profile import support_tier, unsupported_reason
-    from mlxbun.weights import logical_parameters, read_index
+    from mlxbun.weights import read_index
 
     size = _dir_size(path) if size_bytes is None else size_bytes
     row = dict(repo=repo, revision=revision, path=str(path), model_type=None, parameters=None,
@@ -91,7 +91,7 @@ def describe_checkpoint(path: Path, repo: str, revision: str | None, size_bytes:
     try:
         index = read_index(path)
         row["weights_bytes"] = index.total_bytes
-        row["parameters"] = logical_parameters(index)  # reads the quantization block itself
+        row["parameters"] = index.num_parameters()  # reads the quantization block itself
         row["fits_memory"] = index.total_bytes <= FIT_FRACTION * physical_memory_bytes()
     except MlxbunError as e:
         row["reason"] = (row["reason"] + "; " if row["reason"] else "") + str(e)

@@ -179,7 +179,7 @@ def unsupported_reason(model_type: str) -> str:
 
 def resolve_model_profile(config: "TextConfig", path=None) -> ModelProfile:
     """Resolve the one profile for a checkpoint, before any weight is opened."""
-    from mlxbun.weights import artifact_fingerprint
+    from mlxbun.snapshot_identity import artifact_fingerprint
 
     fingerprint = artifact_fingerprint(path) if path is not None else None
     if fingerprint and fingerprint in EXACT_PROFILES:

@@ -1,25 +1,27 @@
-"""Safetensors checkpoints: header-only index, lazy load, weight audit, HF snapshot identity.
+"""Safetensors checkpoints: header-only index and lazy load.
 
 Every header is validated in Python before mlx opens the file, so a corrupt or
 hostile checkpoint becomes a `WeightsError` naming the file (and tensor), never
-a crash inside mlx's C++ loader.
+a crash inside mlx's C++ loader. Checking a graph against the tensors is
+`mlxbun.weight_audit`; a checkpoint's hub identity is `mlxbun.snapshot_identity`;
+packed-weight bit counts are `mlxbun.quant`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 import mlx.core as mx
 
-from mlxbun.errors import LoadError, WeightsError
+from mlxbun.errors import WeightsError
+from mlxbun.quant import logical_parameters
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -265,8 +267,14 @@ class WeightIndex:
         return sum(t.nbytes for t in self.tensors.values())
 
     def num_parameters(self, quantization: Mapping | None = None) -> int:
-        """Logical parameter count; see `logical_parameters`."""
-        return logical_parameters(self, quantization)
+        """Parameter count with packed weights unpacked (`mlxbun.quant.logical_parameters`).
+
+        `quantization` is mlx-lm's config["quantization"]; when None it is read from the
+        checkpoint's config.json if there is one.
+        """
+        if quantization is None:
+            quantization = _config_quantization(self.root)
+        return logical_parameters(self.tensors, quantization)
 
     def load(self, names: Iterable[str] | None = None) -> dict[str, mx.array]:
         """Lazily load the named tensors (all when None); only their files are opened."""
@@ -399,280 +407,12 @@ def _check_weight_map(index_file: Path, root: Path, wmap: dict[str, str], tensor
 
 # ----------------------------------------------------------------- parameter counts
 
-# (bits, group_size) of mlx's float-scaled modes, keyed by bits * group_size.
-_FP_MODES = {64: (4, 16), 128: (4, 32), 256: (8, 32)}  # nvfp4, mxfp4, mxfp8
-_AFFINE_BITS = (1, 2, 3, 4, 5, 6, 8)
-_QUANT_AUX = ("scales", "biases", "global_scale")
-
-
-def _is_packed(tensors: Mapping[str, TensorInfo], module: str) -> bool:
-    w = tensors.get(f"{module}.weight")
-    return w is not None and w.dtype == "U32" and f"{module}.scales" in tensors
-
-
-def quantized_bits(module: str, weight: TensorInfo, scales: TensorInfo, quantization: Mapping | None) -> int:
-    """Bits per element of an mlx-packed weight, from shapes plus the group size.
-
-    in_features = packed_cols * 32 / bits = scale_cols * group_size. uint8 scales
-    mean an mx/nv fp mode, whose (bits, group_size) pair the product fixes; affine
-    needs the group size from mlx-lm's `quantization` config (per-module entry first).
-    """
-    if not weight.shape or not scales.shape or scales.shape[-1] == 0:
-        raise WeightsError(f"{weight.file}: tensor {weight.name!r}: packed weight and scales need a last dimension")
-    packed, groups = weight.shape[-1] * 32, scales.shape[-1]
-    if scales.dtype == "U8":
-        mode = _FP_MODES.get(packed // groups) if packed % groups == 0 else None
-        if mode is None:
-            raise WeightsError(
-                f"{weight.file}: tensor {weight.name!r}: shapes {weight.shape}/{scales.shape} "
-                "fit no fp quantization mode"
-            )
-        return mode[0]
-    cfg = quantization.get(module) if quantization else None
-    if not isinstance(cfg, Mapping):
-        cfg = quantization
-    gs = cfg.get("group_size") if cfg else None
-    if not _is_int(gs) or gs <= 0:
-        raise WeightsError(
-            f"{weight.file}: tensor {weight.name!r} is packed (U32 with {module}.scales) but its group size "
-            "is unknown; pass quantization={'group_size': ..., 'bits': ...} (mlx-lm's config key)"
-        )
-    bits, rem = divmod(packed, groups * gs)
-    if rem or bits not in _AFFINE_BITS:
-        raise WeightsError(
-            f"{weight.file}: tensor {weight.name!r}: shapes {weight.shape}/{scales.shape} "
-            f"do not fit group size {gs}"
-        )
-    return bits
-
 
 def _config_quantization(root: Path) -> Mapping | None:
-    # mlx-lm checkpoints record their packing in config.json's "quantization".
+    # mlx-lm checkpoints record their packing in config.json's "quantization"; a missing or
+    # unreadable file means "unknown" (counting then refuses affine packing rather than guess).
     try:
         q = json.loads((root / "config.json").read_text(encoding="utf-8")).get("quantization")
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return q if isinstance(q, Mapping) else None
-
-
-def logical_parameters(index: WeightIndex | Mapping[str, TensorInfo], quantization: Mapping | None = None) -> int:
-    """Parameter count with packed weights unpacked, as mlx-lm's get_total_parameters.
-
-    A U32 `X.weight` with `X.scales` counts elements * 32 / bits; its scales,
-    biases and global_scale are packing overhead and not counted. `quantization`
-    is mlx-lm's config["quantization"]; when None it is read from the
-    checkpoint's config.json if there is one.
-    """
-    tensors = index.tensors if isinstance(index, WeightIndex) else index
-    if quantization is None and isinstance(index, WeightIndex):
-        quantization = _config_quantization(index.root)
-    total = 0
-    for name, info in tensors.items():
-        module, _, leaf = name.rpartition(".")
-        if leaf in _QUANT_AUX and _is_packed(tensors, module):
-            continue
-        if leaf == "weight" and _is_packed(tensors, module):
-            bits = quantized_bits(module, info, tensors[f"{module}.scales"], quantization)
-            total += info.size * 32 // bits
-        else:
-            total += info.size
-    return total
-
-
-# ----------------------------------------------------------------- weight audit
-
-
-@dataclass(frozen=True)
-class DropRule:
-    """Present tensors an arch deliberately ignores (regex searched in the name, or a predicate)."""
-
-    pattern: str | re.Pattern | Callable[[str], bool]
-    reason: str
-    _match: Callable[[str], bool] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if callable(self.pattern) and not isinstance(self.pattern, re.Pattern):
-            match = self.pattern
-        else:
-            regex = re.compile(self.pattern)
-            match = lambda name: regex.search(name) is not None  # noqa: E731
-        object.__setattr__(self, "_match", match)
-
-    def matches(self, name: str) -> bool:
-        return bool(self._match(name))
-
-
-class TensorSpec(NamedTuple):
-    shape: tuple[int, ...] | None  # None: not known / not checked
-    dtype: str | None  # canonical name (see dtype_name)
-
-    def __str__(self) -> str:
-        return f"{'?' if self.shape is None else self.shape} {self.dtype or '?'}"
-
-
-class Mismatch(NamedTuple):
-    name: str
-    expected: TensorSpec
-    found: TensorSpec
-
-
-@dataclass(frozen=True)
-class AuditReport:
-    consumed: tuple[str, ...]
-    dropped: Mapping[str, str]  # name -> reason
-    missing: tuple[str, ...]
-    unconsumed: tuple[str, ...]
-    mismatched: tuple[Mismatch, ...]
-    source: str = "weights"
-
-    @property
-    def ok(self) -> bool:
-        return not (self.missing or self.unconsumed or self.mismatched)
-
-    def describe(self) -> str:
-        if self.ok:
-            return f"{self.source}: {len(self.consumed)} consumed, {len(self.dropped)} dropped, all match"
-        parts = []
-        if self.missing:
-            parts.append(f"{len(self.missing)} missing: {name_list(self.missing)}")
-        if self.unconsumed:
-            parts.append(f"{len(self.unconsumed)} unconsumed: {name_list(self.unconsumed)}")
-        if self.mismatched:
-            shown = [f"{m.name} (expected {m.expected}, found {m.found})" for m in self.mismatched]
-            parts.append(f"{len(self.mismatched)} mismatched: {name_list(shown)}")
-        return f"{self.source} do not match the graph: " + "; ".join(parts)
-
-
-def _spec_of(value: Any) -> TensorSpec | None:
-    if isinstance(value, TensorInfo):
-        return TensorSpec(value.shape, dtype_name(value.dtype))
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return TensorSpec(tuple(value.shape), dtype_name(value.dtype))
-    return None
-
-
-class WeightAudit:
-    """Diff the tensors a graph consumes against those present, minus drop rules.
-
-    Works from headers alone (a dry run) when given a `WeightIndex`; also takes
-    a dict of loaded arrays, or bare names (then only presence is checked).
-    """
-
-    def __init__(self, index_or_names: WeightIndex | Mapping[str, Any] | Iterable[str],
-                 drop_rules: Sequence[DropRule] = ()) -> None:
-        if isinstance(index_or_names, WeightIndex):
-            self._source = f"weights in {index_or_names.root}"
-            items = index_or_names.tensors.items()
-        elif isinstance(index_or_names, Mapping):
-            self._source, items = "weights", index_or_names.items()
-        else:
-            self._source, items = "weights", ((n, None) for n in index_or_names)
-        self._present: dict[str, TensorSpec | None] = {n: _spec_of(v) for n, v in items}
-        self._rules = tuple(drop_rules)
-        self._expected: dict[str, TensorSpec] = {}
-
-    def expect(self, name: str, shape: Sequence[int] | None = None, dtype: Any = None) -> None:
-        """Record that the graph consumes `name`; shape/dtype None means unchecked."""
-        spec = TensorSpec(None if shape is None else tuple(shape), None if dtype is None else dtype_name(dtype))
-        if self._expected.get(name, spec) != spec:
-            raise ValueError(f"{name!r} expected twice with different specs: {self._expected[name]} vs {spec}")
-        self._expected[name] = spec
-
-    def expect_params(self, params: Mapping[str, Any], *, dtype: bool = True) -> None:
-        """Expect every array of a (possibly nested, as `Module.parameters()`) dict.
-
-        dtype=False checks shapes only, as mlx-lm's load_weights does (it keeps
-        the checkpoint's dtype rather than the graph's init dtype).
-        """
-        from mlx.utils import tree_flatten
-
-        for name, a in tree_flatten(params):
-            self.expect(name, a.shape, a.dtype if dtype else None)
-
-    def finish(self) -> AuditReport:
-        consumed, missing, mismatched = [], [], []
-        for name, want in self._expected.items():
-            if name not in self._present:
-                missing.append(name)
-                continue
-            consumed.append(name)
-            have = self._present[name]
-            if have is None:
-                continue
-            if (want.shape is not None and want.shape != have.shape) or (
-                want.dtype is not None and want.dtype != have.dtype
-            ):
-                mismatched.append(Mismatch(name, want, have))
-        dropped, unconsumed = {}, []
-        for name in self._present:
-            if name in self._expected:
-                continue
-            rule = next((r for r in self._rules if r.matches(name)), None)
-            if rule is None:
-                unconsumed.append(name)
-            else:
-                dropped[name] = rule.reason
-        return AuditReport(
-            consumed=tuple(sorted(consumed)),
-            dropped=MappingProxyType(dict(sorted(dropped.items()))),
-            missing=tuple(sorted(missing)),
-            unconsumed=tuple(sorted(unconsumed)),
-            mismatched=tuple(sorted(mismatched, key=lambda m: m.name)),
-            source=self._source,
-        )
-
-    def check(self) -> AuditReport:
-        """The report, or a LoadError naming missing / unconsumed / mismatched tensors."""
-        report = self.finish()
-        if not report.ok:
-            raise LoadError(report.describe())
-        return report
-
-
-# ----------------------------------------------------------------- artifact identity
-
-_REV = re.compile(r"[0-9a-f]{40,64}")
-_REPO_PREFIX = "models--"
-
-
-def _snapshot_identity(parts: Sequence[str]) -> str | None:
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    for k in range(len(parts) - 2, 0, -1):
-        if parts[k] != "snapshots" or not parts[k - 1].startswith(_REPO_PREFIX) or not _REV.fullmatch(parts[k + 1]):
-            continue
-        # huggingface_hub's repo_folder_name joins "models" and the repo id's parts with "--".
-        pieces = parts[k - 1][len(_REPO_PREFIX):].split("--")
-        if len(pieces) > 2 or not all(pieces):
-            return None
-        repo_id = "/".join(pieces)
-        try:
-            validate_repo_id(repo_id)
-        except HFValidationError:
-            return None
-        return f"hf:{repo_id}@{parts[k + 1]}"
-    return None
-
-
-def artifact_fingerprint(path: str | os.PathLike) -> str | None:
-    """`hf:<org>/<repo>@<rev>` when `path` is in an immutable HF hub cache snapshot, else None.
-
-    Only `models--<org>--<repo>/snapshots/<40-64 lowercase hex>` counts, so
-    mutable aliases (a snapshot named "main") and plain directories give None.
-    The identity comes from the path's shape, so relocating the cache keeps it.
-    Symlinks are followed: the given path first, then each ancestor resolved
-    (a snapshot file itself links into blobs/, so resolving it whole loses the snapshot).
-    """
-    given = Path(os.path.abspath(path))
-    candidates = [given]
-    parts = given.parts
-    for i in range(len(parts), 0, -1):
-        try:
-            candidates.append(Path(*parts[:i]).resolve().joinpath(*parts[i:]))
-        except (OSError, RuntimeError):  # symlink loops
-            continue
-    for cand in candidates:
-        fp = _snapshot_identity(cand.parts)
-        if fp is not None:
-            return fp
-    return None

@@ -15,10 +15,10 @@ from mlxbun import config as C  # noqa: E402
 from mlxbun.config import (  # noqa: E402
     ConfigError,
     KVLayerSpec,
-    QuantSpec,
     config_from_dict,
     load_model_config,
 )
+from mlxbun.quant import QuantSpec  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
 
@@ -83,8 +83,8 @@ def test_dense_sizes_match_transformers(cls, tmp_path):
     assert cfg.tie_word_embeddings is hf.tie_word_embeddings
     assert cfg.tie_word_embeddings_raw is hf.tie_word_embeddings
     assert cfg.max_position_embeddings == hf.max_position_embeddings
-    assert cfg.layer_types == tuple(getattr(hf, "layer_types", None) or ["full_attention"] * hf.num_hidden_layers)
-    assert len(cfg.use_rope) == cfg.num_hidden_layers
+    assert cfg.layers.types == tuple(getattr(hf, "layer_types", None) or ["full_attention"] * hf.num_hidden_layers)
+    assert len(cfg.layers.use_rope) == cfg.num_hidden_layers
     assert not cfg.is_vlm and cfg.weight_prefix == "" and not cfg.has_vision and not cfg.has_audio
     assert cfg.path == tmp_path / "ckpt"
 
@@ -104,16 +104,16 @@ def test_head_dim_and_kv_heads_fallbacks_and_defaults():
     assert (cfg.num_key_value_heads, cfg.head_dim) == (8, 8)
     assert cfg.intermediate_size is None and cfg.max_position_embeddings is None
     assert cfg.tie_word_embeddings_raw is None and cfg.tie_word_embeddings is True
-    assert cfg.dtype is None and cfg.partial_rotary_factor == 1.0
-    assert cfg.attn_logit_softcap is None and cfg.final_logit_softcap is None
-    assert cfg.rope_for("full_attention") == {"rope_type": "default", "rope_theta": None}
+    assert cfg.dtype is None and cfg.layers.partial_rotary_factor == 1.0
+    assert cfg.layers.attn_logit_softcap is None and cfg.layers.final_logit_softcap is None
+    assert cfg.layers.rope_for("full_attention") == {"rope_type": "default", "rope_theta": None}
     assert config_from_dict({**d, "torch_dtype": "bfloat16"}).dtype == "bfloat16"
     assert config_from_dict({**d, "dtype": "float16", "torch_dtype": "bfloat16"}).dtype == "float16"
 
 
 def test_softcaps_gemma2():
     cfg = config_from_dict(T.Gemma2Config(**TINY, num_hidden_layers=2).to_dict())
-    assert (cfg.attn_logit_softcap, cfg.final_logit_softcap) == (50.0, 30.0)
+    assert (cfg.layers.attn_logit_softcap, cfg.layers.final_logit_softcap) == (50.0, 30.0)
 
 
 # ---------------------------------------------------------------- layer types
@@ -124,20 +124,20 @@ def test_gemma3_text_layer_types_pattern_and_rope_per_type():
     d = hf.to_dict()
     expected = _expect_types(lambda i: (i + 1) % 6 == 0, 14)
     cfg = config_from_dict(d)
-    assert cfg.layer_types == expected == tuple(hf.layer_types)
-    assert cfg.sliding_window == 32
-    assert cfg.rope_for("sliding_attention")["rope_theta"] == 10000.0
-    assert cfg.rope_for("full_attention")["rope_theta"] == 1_000_000.0
+    assert cfg.layers.types == expected == tuple(hf.layer_types)
+    assert cfg.layers.sliding_window == 32
+    assert cfg.layers.rope_for("sliding_attention")["rope_theta"] == 10000.0
+    assert cfg.layers.rope_for("full_attention")["rope_theta"] == 1_000_000.0
     # the same checkpoint as written before transformers 5: a pattern and per-kind bases
     old = {k: v for k, v in d.items() if k not in ("layer_types", "_sliding_window_pattern", "rope_parameters")}
     old.update(sliding_window_pattern=6, rope_theta=1_000_000.0, rope_local_base_freq=10000.0)
     old_cfg = config_from_dict(old)
-    assert old_cfg.layer_types == expected
-    assert dict(old_cfg.rope) == dict(cfg.rope)
+    assert old_cfg.layers.types == expected
+    assert dict(old_cfg.layers.rope) == dict(cfg.layers.rope)
     assert old_cfg.fingerprint() == cfg.fingerprint()
     # no pattern at all: mlx-lm's gemma3_text default of 6
     del old["sliding_window_pattern"]
-    assert config_from_dict(old).layer_types == expected
+    assert config_from_dict(old).layers.types == expected
 
 
 def test_gemma3_old_style_scaling_applies_to_global_layers_only():
@@ -147,23 +147,23 @@ def test_gemma3_old_style_scaling_applies_to_global_layers_only():
     d.update(sliding_window_pattern=6, rope_theta=1e6, rope_local_base_freq=1e4,
              rope_scaling={"factor": 8.0, "rope_type": "linear"})
     cfg = config_from_dict(d)
-    assert cfg.rope_for("full_attention") == {"factor": 8.0, "rope_type": "linear", "rope_theta": 1e6}
-    assert cfg.rope_for("sliding_attention") == {"rope_type": "default", "rope_theta": 1e4}
+    assert cfg.layers.rope_for("full_attention") == {"factor": 8.0, "rope_type": "linear", "rope_theta": 1e6}
+    assert cfg.layers.rope_for("sliding_attention") == {"rope_type": "default", "rope_theta": 1e4}
     # the transformers-5 form of the same thing
     new = T.Gemma3TextConfig(**TINY, num_hidden_layers=6, rope_parameters={
         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}).to_dict()
-    assert dict(config_from_dict(new).rope) == dict(cfg.rope)
+    assert dict(config_from_dict(new).layers.rope) == dict(cfg.layers.rope)
 
 
 def test_gemma2_alternates_like_transformers():
     hf = T.Gemma2Config(**TINY, num_hidden_layers=5, sliding_window=16)
     d = hf.to_dict()
-    assert config_from_dict(d).layer_types == tuple(hf.layer_types)
+    assert config_from_dict(d).layers.types == tuple(hf.layer_types)
     d.pop("layer_types")  # pre-transformers-5 gemma-2 configs carry no layer_types
     cfg = config_from_dict(d)
-    assert cfg.layer_types == tuple(hf.layer_types) == _expect_types(lambda i: i % 2 == 1, 5)
-    assert cfg.sliding_window == 16
+    assert cfg.layers.types == tuple(hf.layer_types) == _expect_types(lambda i: i % 2 == 1, 5)
+    assert cfg.layers.sliding_window == 16
 
 
 @pytest.mark.parametrize("cls", [T.Qwen2Config, T.Qwen3Config], ids=lambda c: c.__name__)
@@ -174,15 +174,15 @@ def test_qwen_use_sliding_window_and_max_window_layers(cls):
     assert tuple(hf.layer_types) == expected
     d.pop("layer_types")  # derive from use_sliding_window + max_window_layers
     cfg = config_from_dict(d)
-    assert cfg.layer_types == expected and cfg.sliding_window == 128
+    assert cfg.layers.types == expected and cfg.layers.sliding_window == 128
     # the window is declared but switched off (Qwen2.5 ships configs like this)
     off = config_from_dict({**d, "use_sliding_window": False, "sliding_window": 32768})
-    assert off.layer_types == ("full_attention",) * 6 and off.sliding_window is None
+    assert off.layers.types == ("full_attention",) * 6 and off.layers.sliding_window is None
 
 
 def test_declared_window_without_sliding_layers_is_none():
     cfg = config_from_dict(T.MistralConfig(**TINY, num_hidden_layers=2, sliding_window=4096).to_dict())
-    assert cfg.layer_types == ("full_attention",) * 2 and cfg.sliding_window is None
+    assert cfg.layers.types == ("full_attention",) * 2 and cfg.layers.sliding_window is None
     assert cfg.raw["sliding_window"] == 4096
 
 
@@ -191,29 +191,29 @@ def test_cohere2_rope_only_on_sliding_layers():
     d = hf.to_dict()
     for dd in (d, {k: v for k, v in d.items() if k != "layer_types"}):
         cfg = config_from_dict(dd)
-        assert cfg.layer_types == tuple(hf.layer_types) == _expect_types(lambda i: (i + 1) % 4 == 0, 8)
-        assert cfg.use_rope == tuple(t == "sliding_attention" for t in cfg.layer_types)
+        assert cfg.layers.types == tuple(hf.layer_types) == _expect_types(lambda i: (i + 1) % 4 == 0, 8)
+        assert cfg.layers.use_rope == tuple(t == "sliding_attention" for t in cfg.layers.types)
 
 
 def test_exaone4_patterns_int_and_string():
     hf = T.Exaone4Config(**TINY, num_hidden_layers=8, sliding_window=64, sliding_window_pattern=4)
     d = hf.to_dict()
     expected = _expect_types(lambda i: (i + 1) % 4 == 0, 8)
-    assert config_from_dict(d).layer_types == expected == tuple(hf.layer_types)
+    assert config_from_dict(d).layers.types == expected == tuple(hf.layer_types)
     d.pop("layer_types")
     cfg = config_from_dict({**d, "sliding_window_pattern": "LLLG"})  # the released EXAONE 4.0 form
-    assert cfg.layer_types == expected
-    assert cfg.use_rope == tuple(t == "sliding_attention" for t in expected)  # global layers are NoPE
+    assert cfg.layers.types == expected
+    assert cfg.layers.use_rope == tuple(t == "sliding_attention" for t in expected)  # global layers are NoPE
     no_window = config_from_dict({**d, "sliding_window": None, "sliding_window_pattern": None})
-    assert no_window.layer_types == ("full_attention",) * 8 and all(no_window.use_rope)
+    assert no_window.layers.types == ("full_attention",) * 8 and all(no_window.layers.use_rope)
 
 
 def test_olmo3_layer_types_and_rope_parameters_per_type():
     hf = T.Olmo3Config(**TINY, num_hidden_layers=8, sliding_window=32)
     cfg = config_from_dict(hf.to_dict())
-    assert cfg.layer_types == tuple(hf.layer_types)
-    assert set(cfg.rope) == {"full_attention", "sliding_attention"}
-    assert cfg.rope_for("sliding_attention")["rope_theta"] == hf.rope_parameters["sliding_attention"]["rope_theta"]
+    assert cfg.layers.types == tuple(hf.layer_types)
+    assert set(cfg.layers.rope) == {"full_attention", "sliding_attention"}
+    assert cfg.layers.rope_for("sliding_attention")["rope_theta"] == hf.rope_parameters["sliding_attention"]["rope_theta"]
 
 
 def test_explicit_layer_types_keep_other_kinds_and_truncate():
@@ -221,8 +221,8 @@ def test_explicit_layer_types_keep_other_kinds_and_truncate():
          "num_attention_heads": 4,
          "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention", "x"]}
     cfg = config_from_dict(d)
-    assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",)
-    assert set(cfg.rope) == {"linear_attention", "full_attention"}
+    assert cfg.layers.types == ("linear_attention",) * 3 + ("full_attention",)
+    assert set(cfg.layers.rope) == {"linear_attention", "full_attention"}
     with pytest.raises(ConfigError, match=r"config\.json.*'layer_types'.*3 entries for 4 layers"):
         config_from_dict({**d, "layer_types": d["layer_types"][:3]})
 
@@ -231,10 +231,10 @@ def test_hybrid_block_pattern_nemotron_h():
     d = T.NemotronHConfig().to_dict()
     cfg = config_from_dict(d)
     assert cfg.num_hidden_layers == len(d["layers_block_type"])
-    assert cfg.layer_types == tuple(d["layers_block_type"])
+    assert cfg.layers.types == tuple(d["layers_block_type"])
     d.pop("layers_block_type")
     cfg = config_from_dict({**d, "hybrid_override_pattern": "M-M*E"})  # the pre-transformers-5 form
-    assert cfg.layer_types == ("linear_attention", "mlp", "linear_attention", "full_attention", "moe")
+    assert cfg.layers.types == ("linear_attention", "mlp", "linear_attention", "full_attention", "moe")
     with pytest.raises(ConfigError, match=r"'hybrid_override_pattern' must be a string of"):
         config_from_dict({**d, "hybrid_override_pattern": "MX"})
 
@@ -243,17 +243,17 @@ def test_smollm3_use_rope_and_sliding_on_nope_layers():
     hf = T.SmolLM3Config(**TINY, num_hidden_layers=8)
     d = hf.to_dict()
     expected = tuple(bool((i + 1) % 4) for i in range(8))
-    assert config_from_dict(d).use_rope == expected == tuple(map(bool, hf.no_rope_layers))
+    assert config_from_dict(d).layers.use_rope == expected == tuple(map(bool, hf.no_rope_layers))
     d.pop("no_rope_layers")
-    assert config_from_dict(d).use_rope == expected  # from no_rope_layer_interval
+    assert config_from_dict(d).layers.use_rope == expected  # from no_rope_layer_interval
     hf = T.SmolLM3Config(**TINY, num_hidden_layers=8, no_rope_layers=[1, 0, 1, 1, 0, 1, 1, 1],
                          use_sliding_window=True, sliding_window=16)
     d = hf.to_dict()
     d.pop("layer_types")
     cfg = config_from_dict(d)
-    assert cfg.use_rope == (True, False, True, True, False, True, True, True)
-    assert cfg.layer_types == tuple(hf.layer_types)
-    assert cfg.layer_types[1] == "sliding_attention" and cfg.sliding_window == 16
+    assert cfg.layers.use_rope == (True, False, True, True, False, True, True, True)
+    assert cfg.layers.types == tuple(hf.layer_types)
+    assert cfg.layers.types[1] == "sliding_attention" and cfg.layers.sliding_window == 16
 
 
 # ---------------------------------------------------------------- rope
@@ -267,8 +267,8 @@ def test_llama31_old_style_equals_transformers5_style():
     old = {k: v for k, v in new.items() if k != "rope_parameters"}
     old.update(rope_theta=500000.0, rope_scaling=dict(LLAMA31_SCALING))
     a, b = config_from_dict(new), config_from_dict(old)
-    assert a.rope_for("full_attention") == {**LLAMA31_SCALING, "rope_theta": 500000.0}
-    assert dict(a.rope) == dict(b.rope) and a.fingerprint() == b.fingerprint()
+    assert a.layers.rope_for("full_attention") == {**LLAMA31_SCALING, "rope_theta": 500000.0}
+    assert dict(a.layers.rope) == dict(b.layers.rope) and a.fingerprint() == b.fingerprint()
 
 
 def test_phi3_longrope_old_style_with_top_level_original_max():
@@ -277,36 +277,36 @@ def test_phi3_longrope_old_style_with_top_level_original_max():
     d.pop("rope_parameters")
     short, long = [1.0] * 8, [1.5] * 8
     d.update(rope_theta=10000.0, rope_scaling={"type": "longrope", "short_factor": short, "long_factor": long})
-    r = config_from_dict(d).rope_for("full_attention")
+    r = config_from_dict(d).layers.rope_for("full_attention")
     assert r["rope_type"] == "longrope" and r["rope_theta"] == 10000.0
     assert r["short_factor"] == tuple(short) and r["long_factor"] == tuple(long)
     assert r["original_max_position_embeddings"] == 4096 and "type" not in r
     d["rope_scaling"]["type"] = "su"  # the older name, kept as written
-    assert config_from_dict(d).rope_for("full_attention")["rope_type"] == "su"
+    assert config_from_dict(d).layers.rope_for("full_attention")["rope_type"] == "su"
 
 
 def test_type_key_wins_over_rope_type_like_mlx_lm():
     cfg = config_from_dict(T.Ministral3Config(**TINY, num_hidden_layers=2).to_dict())
-    r = cfg.rope_for("full_attention")
+    r = cfg.layers.rope_for("full_attention")
     assert r["rope_type"] == "yarn" and r["factor"] == 16.0 and r["rope_theta"] == 1e6
     d = {**T.LlamaConfig(**TINY, num_hidden_layers=2).to_dict(),
          "rope_scaling": {"type": "linear", "rope_type": "default", "factor": 2.0}}
-    assert config_from_dict(d).rope_for("full_attention")["rope_type"] == "linear"
+    assert config_from_dict(d).layers.rope_for("full_attention")["rope_type"] == "linear"
 
 
 def test_partial_rotary_factor_sources():
     base = {"model_type": "x", "vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4}
-    assert config_from_dict(T.Glm4Config(**TINY, num_hidden_layers=2).to_dict()).partial_rotary_factor == 0.5
-    assert config_from_dict({**base, "partial_rotary_factor": 0.4}).partial_rotary_factor == 0.4
-    assert config_from_dict({**base, "rotary_pct": 0.25}).partial_rotary_factor == 0.25
-    assert config_from_dict({**base, "rope_pct": 0.5}).partial_rotary_factor == 0.5
-    assert config_from_dict({**base, "rotary_dim": 4}).partial_rotary_factor == 0.25
+    assert config_from_dict(T.Glm4Config(**TINY, num_hidden_layers=2).to_dict()).layers.partial_rotary_factor == 0.5
+    assert config_from_dict({**base, "partial_rotary_factor": 0.4}).layers.partial_rotary_factor == 0.4
+    assert config_from_dict({**base, "rotary_pct": 0.25}).layers.partial_rotary_factor == 0.25
+    assert config_from_dict({**base, "rope_pct": 0.5}).layers.partial_rotary_factor == 0.5
+    assert config_from_dict({**base, "rotary_dim": 4}).layers.partial_rotary_factor == 0.25
 
 
 def test_rope_for_unknown_kind_names_it():
     cfg = config_from_dict(T.LlamaConfig(**TINY, num_hidden_layers=2).to_dict())
     with pytest.raises(ConfigError, match="sliding_attention"):
-        cfg.rope_for("sliding_attention")
+        cfg.layers.rope_for("sliding_attention")
 
 
 # ---------------------------------------------------------------- VLM wrappers
@@ -325,7 +325,7 @@ def test_gemma3_vlm_wrapper(tmp_path):
     assert "text_config" in cfg.raw_full and "text_config" not in cfg.raw
     # gemma3.py overrides the text vocab with the top level's (default 262208)
     assert cfg.vocab_size == 262208
-    assert cfg.layer_types == _expect_types(lambda i: (i + 1) % 6 == 0, 7)
+    assert cfg.layers.types == _expect_types(lambda i: (i + 1) % 6 == 0, 7)
     spec = QuantSpec(8, 32)
     assert cfg.quant_for("language_model.model.layers.0.mlp.down_proj") == spec
     assert cfg.quant_for("model.layers.0.mlp.down_proj") == spec
@@ -587,7 +587,7 @@ def test_immutable_and_json_roundtrip(tmp_path):
     cfg = config_from_dict(T.Gemma3Config(text_config=dict(TINY, num_hidden_layers=2)).to_dict())
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.hidden_size = 1
-    for m in (cfg.raw, cfg.raw_full, cfg.raw_full["text_config"], cfg.rope, cfg.rope["full_attention"],
+    for m in (cfg.raw, cfg.raw_full, cfg.raw_full["text_config"], cfg.layers.rope, cfg.layers.rope["full_attention"],
               cfg.quant_overrides, cfg.generation_config):
         with pytest.raises(TypeError):
             m["x"] = 1
@@ -604,7 +604,7 @@ def test_config_json_path_and_tagged_floats(tmp_path):
     d = {**T.LlamaConfig(**TINY, num_hidden_layers=2).to_dict(), "final_logit_softcapping": {"__float__": "Infinity"}}
     ck = _write(tmp_path, d)
     cfg = load_model_config(ck / "config.json")
-    assert cfg.path == ck and cfg.final_logit_softcap == float("inf")
+    assert cfg.path == ck and cfg.layers.final_logit_softcap == float("inf")
 
 
 def test_fingerprint_structural_only():
@@ -647,13 +647,14 @@ def test_gemma3_4b_sparse_text_config_matches_mlx_lm_args():
     for ours, theirs in [("vocab_size", "vocab_size"), ("hidden_size", "hidden_size"),
                          ("num_hidden_layers", "num_hidden_layers"), ("intermediate_size", "intermediate_size"),
                          ("num_attention_heads", "num_attention_heads"), ("num_key_value_heads", "num_key_value_heads"),
-                         ("head_dim", "head_dim"), ("norm_eps", "rms_norm_eps"), ("sliding_window", "sliding_window"),
+                         ("head_dim", "head_dim"), ("norm_eps", "rms_norm_eps"),
                          ("max_position_embeddings", "max_position_embeddings")]:
         assert getattr(cfg, ours) == getattr(args, theirs), ours
+    assert cfg.layers.sliding_window == args.sliding_window
     p = args.sliding_window_pattern
-    assert cfg.layer_types == _expect_types(lambda i: (i + 1) % p == 0, args.num_hidden_layers)
-    assert cfg.rope_for("full_attention") == {**args.rope_scaling, "rope_theta": args.rope_theta}
-    assert cfg.rope_for("sliding_attention") == {"rope_type": "default", "rope_theta": args.rope_local_base_freq}
+    assert cfg.layers.types == _expect_types(lambda i: (i + 1) % p == 0, args.num_hidden_layers)
+    assert cfg.layers.rope_for("full_attention") == {**args.rope_scaling, "rope_theta": args.rope_theta}
+    assert cfg.layers.rope_for("sliding_attention") == {"rope_type": "default", "rope_theta": args.rope_local_base_freq}
     assert cfg.eos_token_ids == (1, 106) and cfg.bos_token_id == 2 and cfg.pad_token_id == 0
     assert cfg.weight_prefix == "language_model." and cfg.dtype == "bfloat16" and cfg.has_vision
 
@@ -664,7 +665,7 @@ def test_llama32_mlx_community_4bit_matches_mlx_lm_args():
     cfg, d = _fixture("Llama-3.2-1B-Instruct-4bit")
     args = llama.ModelArgs.from_dict(d)
     assert (cfg.head_dim, cfg.num_key_value_heads, cfg.norm_eps) == (args.head_dim, args.num_key_value_heads, args.rms_norm_eps)
-    assert cfg.rope_for("full_attention") == {**args.rope_scaling, "rope_theta": args.rope_theta}
+    assert cfg.layers.rope_for("full_attention") == {**args.rope_scaling, "rope_theta": args.rope_theta}
     assert cfg.tie_word_embeddings is args.tie_word_embeddings is True
     assert cfg.quantization == QuantSpec(4, 64) and dict(cfg.quant_overrides) == {}
     assert cfg.eos_token_ids == (128001, 128008, 128009) and cfg.bos_token_id == 128000
@@ -675,8 +676,8 @@ def test_qwen25_declared_window_off_and_tokenizer_specials():
 
     cfg, d = _fixture("Qwen2.5-0.5B-Instruct")
     args = qwen2.ModelArgs.from_dict(d)
-    assert cfg.rope_for("full_attention") == {"rope_type": "default", "rope_theta": args.rope_theta}
-    assert cfg.layer_types == ("full_attention",) * 24 and cfg.sliding_window is None
+    assert cfg.layers.rope_for("full_attention") == {"rope_type": "default", "rope_theta": args.rope_theta}
+    assert cfg.layers.types == ("full_attention",) * 24 and cfg.layers.sliding_window is None
     assert cfg.head_dim == args.hidden_size // args.num_attention_heads == 64
     assert cfg.eos_token_ids == (151645, 151643)
     assert (cfg.bos_token_id, cfg.pad_token_id) == (151643, 151643)

@@ -21,9 +21,11 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tokenizers.implementations import SentencePieceBPETokenizer
 
-import mlxbun.tokenizer as mtok
+import mlxbun.chat_template as chat_template
+from mlxbun.chat_template import ChatTemplateError
+from mlxbun.detokenizer import StreamingDetokenizer
 from mlxbun.errors import TokenizerError
-from mlxbun.tokenizer import ChatTemplateError, StreamingDetokenizer, load_tokenizer
+from mlxbun.tokenizer import load_tokenizer
 
 TEMPLATE_DIR = Path("/work/shared/fixtures/chat_templates")
 TEMPLATES = {p.stem: p.read_text(encoding="utf-8") for p in sorted(TEMPLATE_DIR.glob("*.jinja"))}
@@ -776,7 +778,7 @@ def frozen_clock(monkeypatch):
     import transformers.utils.chat_template_utils as hf_ctu
 
     monkeypatch.setattr(hf_ctu, "datetime", _FrozenDatetime)
-    monkeypatch.setattr(mtok, "datetime", _FrozenDatetime)
+    monkeypatch.setattr(chat_template, "datetime", _FrozenDatetime)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""mlxbun.weights: header-only index, corrupt-file refusal, lazy load, audit, HF identity."""
+"""mlxbun.weights (header-only index, corrupt-file refusal, lazy load, parameter counts),
+mlxbun.weight_audit and mlxbun.snapshot_identity."""
 
 from __future__ import annotations
 
@@ -19,16 +20,14 @@ from mlx.utils import tree_flatten
 from safetensors.numpy import save_file
 
 from mlxbun.errors import LoadError, WeightsError
+from mlxbun.snapshot_identity import artifact_fingerprint
+from mlxbun.weight_audit import DropRule, WeightAudit
 from mlxbun.weights import (
     INDEX_FILE,
     SAFETENSORS_DTYPE_BITS,
-    DropRule,
     TensorInfo,
-    WeightAudit,
     WeightIndex,
-    artifact_fingerprint,
     dtype_name,
-    logical_parameters,
     read_index,
     read_safetensors_header,
 )
@@ -517,14 +516,14 @@ def test_logical_parameters_match_mlx_lm(tmp_path, llama_args, scheme):
         nn.quantize(model, group_size=gs, bits=4, mode=scheme)
     ix = read_index(save_model(model, tmp_path))
     expected = get_total_parameters(model)
-    assert logical_parameters(ix, quantization) == expected
+    assert ix.num_parameters(quantization) == expected
     if scheme == "affine":
         assert ix.tensors[f"{OVERRIDE}.weight"].dtype == "U32"
         # without the per-module entry the override layer is counted wrongly or refused
         with pytest.raises(WeightsError, match=OVERRIDE):
-            logical_parameters(ix, {"group_size": 32, "bits": 4})
+            ix.num_parameters({"group_size": 32, "bits": 4})
         with pytest.raises(WeightsError, match="group size"):
-            logical_parameters(ix)  # no config.json, no quantization: refuse rather than guess
+            ix.num_parameters()  # no config.json, no quantization: refuse rather than guess
         (tmp_path / "config.json").write_text(json.dumps({"quantization": quantization}))
         assert ix.num_parameters() == expected  # read from the checkpoint's config.json
     else:

@@ -138,7 +138,7 @@ def _share_into_mlxlm(path: Path, mb_params: dict) -> nn.Module:
 
 def _from_checkpoint(path: Path, spec: str, kind: str, engines: tuple[str, ...]) -> ModelUnderTest:
     from mlxbun.factory import open_model
-    from mlxbun.models.layers import resolve_quantization
+    from mlxbun.quant import resolve_quantization
     from mlxbun.results.identity import model_identity
 
     mb = open_model(path)
@@ -187,7 +187,7 @@ def _from_random(label: str, cfg: dict, spec: str, dtype: str, quant: Optional[i
                  engines: tuple[str, ...]) -> ModelUnderTest:
     from mlx_lm.utils import _get_classes, quantize_model as lm_quantize_model
 
-    from mlxbun.models.layers import quantize_model, resolve_quantization
+    from mlxbun.quant import quantize_model, resolve_quantization
     from mlxbun.models.universal.coverage import require_coverage
     from mlxbun.models.universal.loader import build_model
 

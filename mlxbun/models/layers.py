@@ -1,23 +1,18 @@
-"""Layers, norms, activations and load-time quantization as mlx-lm 0.32.2 computes them.
+"""Layers, norms and activations as mlx-lm 0.32.2 computes them.
 
 Where mlx-lm uses an `mlx.nn` class or function we re-export it unchanged;
 what a target arch file defines itself is copied op-for-op (same ops, order,
 dtypes, python-float constants, and `mx.compile` where the oracle compiles:
 compiled and eager kernels may differ in the last bit). The source of each is
-named in its docstring.
+named in its docstring. Load-time quantization lives in `mlxbun.quant`.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Mapping
-from functools import lru_cache, partial
-from typing import Any, Optional, Union
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
-
-from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 
 __all__ = [
     # mlx.nn classes used as-is by mlx-lm
@@ -30,9 +25,6 @@ __all__ = [
     "gelu_mul", "gelu_approx_mul",
     # residual / logits
     "clip_residual", "logit_softcap", "softcap_compiled",
-    # quantization
-    "QUANT_MODES", "quant_mode_supported", "check_quant_params", "infer_quant_config",
-    "resolve_quantization", "quantize_model",
 ]
 
 # ---------------------------------------------------------------- mlx.nn as-is
@@ -228,230 +220,3 @@ def softcap_compiled(logits, cap: float = 15.0):
     if cap == 15.0:
         return _nanochat_softcap(logits)
     return _nanochat_softcap(logits, cap)
-
-
-# ---------------------------------------------------------------- quantization
-
-# mode -> the one (bits, group_size) pair it allows, or None when free (affine).
-QUANT_MODES: Mapping[str, Optional[tuple[int, int]]] = {
-    "affine": None,
-    "mxfp4": (4, 32),
-    "nvfp4": (4, 16),
-    "mxfp8": (8, 32),
-}
-# What mlx.nn fills in for a missing bits / group_size (nn's _defaults_for_mode).
-_MODE_DEFAULTS = {"affine": (4, 64), "mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}
-
-
-@lru_cache(maxsize=None)
-def quant_mode_supported(mode: str, bits: int, group_size: int) -> bool:
-    """Whether this mlx build/backend quantizes (mode, bits, group_size): probed once."""
-    try:
-        # several groups wide: some kernels (nvfp4) refuse a single-group row
-        w = mx.ones((2, 8 * group_size), dtype=mx.float32)
-        out = mx.quantize(w, group_size=group_size, bits=bits, mode=mode)
-        mx.eval(out)
-        return True
-    except (ValueError, RuntimeError, TypeError):
-        return False
-
-
-def check_quant_params(params: Mapping, where: str) -> None:
-    """Refuse (mode, bits, group_size) mlx cannot run here, naming `where`."""
-    mode = params.get("mode", "affine")
-    if mode not in QUANT_MODES:
-        raise UnsupportedModelError(
-            f"{where}: quantization mode {mode!r} is not supported "
-            f"(supported: {', '.join(QUANT_MODES)})"
-        )
-    bits, group_size = params.get("bits"), params.get("group_size")
-    # None means "mlx's default for the mode", as QuantizedLinear resolves it.
-    bits = _MODE_DEFAULTS[mode][0] if bits is None else bits
-    group_size = _MODE_DEFAULTS[mode][1] if group_size is None else group_size
-    for key, val in (("bits", bits), ("group_size", group_size)):
-        if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
-            raise ConfigError(f"{where}: quantization {key} must be a positive int, got {val!r}")
-    fixed = QUANT_MODES[mode]
-    if fixed is not None and (bits, group_size) != fixed:
-        raise UnsupportedModelError(
-            f"{where}: mode {mode!r} needs bits={fixed[0]}, group_size={fixed[1]}; "
-            f"got bits={bits}, group_size={group_size}"
-        )
-    if not quant_mode_supported(mode, bits, group_size):
-        raise UnsupportedModelError(
-            f"{where}: mlx {mx.__version__} on {mx.default_device()} cannot quantize "
-            f"mode={mode!r} bits={bits} group_size={group_size}"
-        )
-
-
-def _dtype_of(t: Any):
-    # mx.array -> .dtype; mlxbun.weights.TensorInfo -> .mx_dtype (dtype is a code there).
-    d = getattr(t, "mx_dtype", None)
-    return d if d is not None else t.dtype
-
-
-def infer_quant_config(path: str, module: nn.Module, weights: Mapping[str, Any]) -> dict:
-    """mlx-lm `utils.infer_quant_config`: params a saved weight was packed with.
-
-    `weights` maps names to mx.arrays or `TensorInfo`s (only shapes/dtypes are read).
-    """
-    scales = weights[f"{path}.scales"]
-    in_dims = module.weight.shape[-1]
-    group_size = in_dims // scales.shape[-1]
-    bits = (weights[f"{path}.weight"].shape[-1] * 32) // in_dims
-    # Only affine keeps the scales in the weight dtype. Each of the other modes
-    # allows exactly one (bits, group_size) pair.
-    if _dtype_of(scales) != mx.uint8:
-        return {"group_size": group_size, "bits": bits, "mode": "affine"}
-    if (bits, group_size) == (4, 16):
-        return {"group_size": group_size, "bits": bits, "mode": "nvfp4"}
-    if (bits, group_size) == (4, 32):
-        return {"group_size": group_size, "bits": bits, "mode": "mxfp4"}
-    if (bits, group_size) == (8, 32):
-        return {"group_size": group_size, "bits": bits, "mode": "mxfp8"}
-
-    raise LoadError(
-        f"Cannot infer the quantization mode of {path}: "
-        f"{bits} bits with group size {group_size}."
-    )
-
-
-def _takes_global_scale(module: nn.Module) -> bool:
-    """Only some layers hold an nvfp4 tensor scale (mlx-lm `_takes_global_scale`)."""
-    params = inspect.signature(module.to_quantized).parameters
-    return "global_scale" in params
-
-
-def resolve_quantization(config: Mapping) -> Optional[dict]:
-    """The mlx quantization dict mlx-lm's `load_model` would apply, or None.
-
-    `config` is the raw config.json dict. mlx-lm's own "quantization" key wins
-    (it may hold per-module overrides keyed by module path); otherwise a
-    `quantization_config` (top-level, or under text_config) is mapped the way
-    load_model maps it. Formats mlx-lm handles by rewriting weights (awq/gptq,
-    bitnet) or by quantizing activations are refused.
-    """
-    if config.get("quantize_activations", False):
-        raise UnsupportedModelError("config.json: quantize_activations is not supported")
-    quantization = config.get("quantization")
-    if quantization is not None:
-        if not isinstance(quantization, Mapping):
-            raise ConfigError(f"config.json: 'quantization' must be an object, got {quantization!r}")
-        return dict(quantization)
-    qc = config.get("quantization_config")
-    if qc is None:
-        qc = (config.get("text_config") or {}).get("quantization_config")
-    if not qc:
-        return None
-    if not isinstance(qc, Mapping):
-        raise ConfigError(f"config.json: 'quantization_config' must be an object, got {qc!r}")
-    method = qc.get("quant_method")
-    if method == "mxfp4":
-        return {"group_size": 32, "bits": 4, "mode": "mxfp4"}
-    if method == "mxfp8":
-        return {"group_size": 32, "bits": 8, "mode": "mxfp8"}
-    if (
-        method == "fp8"
-        and qc.get("scale_fmt") == "ue8m0"
-        and list(qc.get("weight_block_size", ())) == [32, 32]
-    ):
-        return {"group_size": 32, "bits": 8, "mode": "mxfp8"}
-    if method == "compressed-tensors":
-        fmt = qc.get("format")
-        if fmt == "nvfp4-pack-quantized":
-            return {"group_size": 16, "bits": 4, "mode": "nvfp4"}
-        if fmt == "mxfp4-pack-quantized":
-            return {"group_size": 32, "bits": 4, "mode": "mxfp4"}
-        if fmt == "pack-quantized":
-            return {"group_size": 32, "bits": 4, "mode": "affine"}
-        raise UnsupportedModelError(
-            f"config.json: compressed-tensors format {fmt!r} is not supported"
-        )
-    if method == "modelopt":
-        settings = qc.get("quantization", qc)
-        algo = settings.get("quant_algo")
-        if algo != "NVFP4":
-            raise UnsupportedModelError(f"config.json: unsupported modelopt quant_algo {algo!r}")
-        return {"group_size": settings.get("group_size", 16), "bits": 4, "mode": "nvfp4"}
-    raise UnsupportedModelError(
-        f"config.json: quantization_config.quant_method {method!r} is not supported "
-        "(mlxbun loads mlx-packed weights: mlx-lm 'quantization', mxfp4, mxfp8, "
-        "fp8/ue8m0 32x32, compressed-tensors, modelopt NVFP4)"
-    )
-
-
-QuantRule = Callable[[str, nn.Module], Union[bool, dict]]
-
-
-def quantize_model(
-    model: nn.Module,
-    quantization: Mapping,
-    weights: Optional[Mapping[str, Any]] = None,
-    *,
-    quant_for: Optional[QuantRule] = None,
-) -> nn.Module:
-    """Swap Linear/Embedding modules for quantized ones, as mlx-lm's `load_model`.
-
-    `quantization` is mlx-lm's dict: defaults `group_size`, `bits`, `mode`, plus
-    per-module overrides keyed by module path (a params dict, or False = dense);
-    an override always wins, as in mlx-lm. For every other module that has
-    `to_quantized`:
-      - `quant_for(path, module)`, when given, decides (False / True / params);
-      - else with `weights` (names -> mx.array or TensorInfo): quantized only if
-        `{path}.scales` is present, with params inferred from the packed shapes;
-      - else (no weights, no rule): quantized with the defaults.
-    Every resulting params set is checked first; unsupported ones raise
-    `UnsupportedModelError` naming the module. The model is updated in place
-    and returned.
-    """
-    if not isinstance(quantization, Mapping):
-        raise ConfigError(f"quantization must be a mapping, got {quantization!r}")
-    defaults = {
-        "group_size": quantization.get("group_size"),
-        "bits": quantization.get("bits"),
-        "mode": quantization.get("mode", "affine"),
-    }
-
-    def rule(p, m):
-        if p in quantization:
-            return quantization[p]
-        if not hasattr(m, "to_quantized"):
-            return False
-        if quant_for is not None:
-            return quant_for(p, m)
-        if weights is None:
-            return True
-        if f"{p}.scales" not in weights:
-            return False
-        params = infer_quant_config(p, m, weights)
-        if f"{p}.global_scale" in weights and _takes_global_scale(m):
-            params["global_scale"] = True
-        return params
-
-    def class_predicate(p, m):
-        decision = rule(p, m)
-        if not decision:
-            return decision
-        if not hasattr(m, "to_quantized"):
-            raise UnsupportedModelError(
-                f"quantization names module {p!r} ({type(m).__name__}), which cannot be quantized"
-            )
-        if isinstance(decision, bool):
-            check_quant_params(defaults, f"module {p!r} (default quantization)")
-        elif isinstance(decision, Mapping):
-            check_quant_params(decision, f"module {p!r}")
-            decision = dict(decision)  # nn.quantize pops keys; keep the config intact
-        else:
-            raise ConfigError(
-                f"quantization for module {p!r} must be a bool or a params object, got {decision!r}"
-            )
-        return decision
-
-    nn.quantize(
-        model,
-        group_size=defaults["group_size"],
-        bits=defaults["bits"],
-        mode=defaults["mode"],
-        class_predicate=class_predicate,
-    )
-    return model

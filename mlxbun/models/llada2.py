@@ -38,7 +38,8 @@ from mlxbun.errors import ConfigError, LoadError, MlxbunError, UnsupportedModelE
 from mlxbun.models.base import scaled_dot_product_attention
 from mlxbun.models.layers import swiglu
 from mlxbun.models.switch_layers import SwitchLinear, gather_sort, scatter_unsort
-from mlxbun.weights import DropRule, WeightAudit, name_list, read_index
+from mlxbun.weight_audit import DropRule, WeightAudit
+from mlxbun.weights import name_list, read_index
 
 __all__ = ["LLaDA2Args", "LLaDA2Model", "load_llada2", "MODEL_TYPE"]
 

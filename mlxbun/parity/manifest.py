@@ -188,7 +188,7 @@ def write_manifest(path: str | os.PathLike, *, config: Any = None, checkpoint: A
     `checkpoint_label` replaces the (machine-specific) checkpoint path in the
     identity, e.g. `zoo:llama/q4` for a zoo build.
     """
-    from mlxbun.weights import artifact_fingerprint
+    from mlxbun.snapshot_identity import artifact_fingerprint
 
     path = Path(path)
     src = result if result is not None else trajectory

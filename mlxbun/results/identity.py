@@ -169,7 +169,7 @@ def _from_config(config: Any) -> tuple[str | None, str | None]:
 def _fingerprint(path: str | None) -> str | None:
     if path is None:
         return None
-    from mlxbun.weights import artifact_fingerprint
+    from mlxbun.snapshot_identity import artifact_fingerprint
 
     try:
         return artifact_fingerprint(path)

@@ -12,6 +12,8 @@ from mlx.utils import tree_flatten
 from mlxbun.errors import LoadError, UnsupportedModelError
 from mlxbun.models.diffusion_gemma.config import load_config
 from mlxbun.models.diffusion_gemma.model import DiffusionGemmaModel
+from mlxbun.weight_audit import DropRule, WeightAudit
+from mlxbun.weights import read_index
 
 __all__ = ["checkpoint_name", "drop_rules", "load_diffusion_gemma"]
 
@@ -29,8 +31,6 @@ def checkpoint_name(param: str, present) -> str:
 
 def drop_rules():
     """Tensors a DiffusionGemma checkpoint carries that the text graph reads elsewhere or not at all."""
-    from mlxbun.weights import DropRule
-
     return [
         DropRule(r"^lm_head\.weight$", "the head is tied to model.decoder.embed_tokens (as mlx-vlm)"),
         DropRule(r"rotary_emb", "precomputed RoPE tables; the graph computes RoPE itself"),
@@ -43,8 +43,6 @@ def drop_rules():
 
 def load_diffusion_gemma(path, *, lazy: bool = False) -> DiffusionGemmaModel:
     """Load a DiffusionGemma checkpoint directory (HF or mlx-vlm-converted layout), audited."""
-    from mlxbun.weights import WeightAudit, read_index
-
     root = Path(path)
     config = load_config(root)
     index = read_index(root)

@@ -23,7 +23,6 @@ from mlx.utils import tree_flatten
 
 from mlxbun.config import MODEL_REMAPPING, load_model_config
 from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
-from mlxbun.models.layers import quantize_model, resolve_quantization
 from mlxbun.models.universal.archs import (
     DESCRIPTORS,
     NOT_COVERED,
@@ -33,7 +32,9 @@ from mlxbun.models.universal.archs import (
     resolve_args,
 )
 from mlxbun.models.universal.dense import UniversalDense
-from mlxbun.weights import AuditReport, DropRule, WeightAudit, name_list, read_index
+from mlxbun.quant import quantize_model, resolve_quantization
+from mlxbun.weight_audit import AuditReport, DropRule, WeightAudit
+from mlxbun.weights import name_list, read_index
 
 __all__ = ["audit_checkpoint", "build_model", "descriptor_for", "load_universal", "sanitize_weights"]
 
