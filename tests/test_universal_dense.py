@@ -16,7 +16,9 @@ import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
-from mlxbun.models.universal.archs import DESCRIPTORS, NOT_COVERED, REQUIRED
+from mlxbun.models.universal.not_covered import NOT_COVERED
+from mlxbun.models.universal.schema import REQUIRED
+from mlxbun.models.universal.table import DESCRIPTORS
 from mlxbun.models.universal.coverage import check_coverage, require_coverage
 from mlxbun.models.universal.loader import audit_checkpoint, build_model, load_universal
 
