@@ -21,8 +21,8 @@ from typing import Any
 
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.models.rope import rope_type_of
+from mlxbun.models.universal.kinds import HeadDim, LayerKinds
 from mlxbun.models.universal.resolve import descriptor_for, layer_kinds, model_args, thaw
-from mlxbun.models.universal.schema import HeadDim, LayerKinds
 
 __all__ = ["CoverageReport", "HARMLESS_KEYS", "check_coverage", "require_coverage"]
 

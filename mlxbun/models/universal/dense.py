@@ -32,14 +32,12 @@ from mlxbun.models.base import (
     scaled_dot_product_attention,
     softcapped_attention,
 )
-from mlxbun.models.universal.resolve import LayerSpec, RopeSpec, UniversalArgs
-from mlxbun.models.universal.schema import (
+from mlxbun.models.universal.kinds import (
     FUSED_ACTS,
     GATED_ACTS,
     PLAIN_ACTS,
     QKV,
     Act,
-    ArchDescriptor,
     AttnKind,
     EmbedScale,
     FinalSoftcap,
@@ -57,6 +55,8 @@ from mlxbun.models.universal.schema import (
     TiedOp,
     exhaustive,
 )
+from mlxbun.models.universal.resolve import LayerSpec, RopeSpec, UniversalArgs
+from mlxbun.models.universal.schema import ArchDescriptor
 
 __all__ = ["UniversalDense"]
 

@@ -26,8 +26,9 @@ from mlxbun.errors import ConfigError, LoadError
 from mlxbun.models.layers import quantize_model, resolve_quantization
 from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.dense import UniversalDense
+from mlxbun.models.universal.kinds import SanitizeOp, TieRule
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args, thaw
-from mlxbun.models.universal.schema import ArchDescriptor, SanitizeOp, SanitizeRule, TieRule
+from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule
 from mlxbun.weights import AuditReport, DropRule, WeightAudit, name_list, read_index
 
 __all__ = ["audit_checkpoint", "build_model", "load_universal", "sanitize_weights"]

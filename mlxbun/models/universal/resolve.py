@@ -17,10 +17,7 @@ from typing import Any
 
 from mlxbun.config import MODEL_REMAPPING
 from mlxbun.errors import ConfigError, UnsupportedModelError
-from mlxbun.models.universal.not_covered import NOT_COVERED
-from mlxbun.models.universal.schema import (
-    REQUIRED,
-    ArchDescriptor,
+from mlxbun.models.universal.kinds import (
     AttnKind,
     AttnScale,
     EmbedScale,
@@ -40,6 +37,8 @@ from mlxbun.models.universal.schema import (
     TieRule,
     exhaustive,
 )
+from mlxbun.models.universal.not_covered import NOT_COVERED
+from mlxbun.models.universal.schema import REQUIRED, ArchDescriptor
 from mlxbun.models.universal.table import DESCRIPTORS
 
 __all__ = ["LayerSpec", "RopeSpec", "UniversalArgs", "descriptor_for", "layer_kinds",
