@@ -126,13 +126,13 @@ FAMILY_PROFILES: list[FamilyProfile] = [
 
 
 def _generic_types() -> dict:
-    from mlxbun.models.universal.archs import DESCRIPTORS
+    from mlxbun.models.universal.table import DESCRIPTORS
 
     return DESCRIPTORS
 
 
 def _not_covered() -> dict[str, str]:
-    from mlxbun.models.universal.archs import NOT_COVERED
+    from mlxbun.models.universal.not_covered import NOT_COVERED
 
     return NOT_COVERED
 

@@ -41,7 +41,7 @@ def test_unknown_model_type_refuses_naming_supported_types():
 
 
 def test_not_covered_type_refuses_with_its_documented_reason():
-    from mlxbun.models.universal.archs import NOT_COVERED
+    from mlxbun.models.universal.not_covered import NOT_COVERED
 
     mt, reason = sorted(NOT_COVERED.items())[0]
     with pytest.raises(UnsupportedModelError) as e:
@@ -98,7 +98,7 @@ def test_validate_profile_refuses_inconsistent_profiles(change, message):
 
 
 def test_supported_model_types_lists_every_descriptor_as_generic():
-    from mlxbun.models.universal.archs import DESCRIPTORS
+    from mlxbun.models.universal.table import DESCRIPTORS
 
     tiers = P.supported_model_types()
     assert set(DESCRIPTORS) <= set(tiers)

@@ -16,11 +16,25 @@ import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
-from mlxbun.models.universal.archs import DESCRIPTORS, NOT_COVERED, REQUIRED
 from mlxbun.models.universal.coverage import check_coverage, require_coverage
+from mlxbun.models.universal.kinds import BlockKind, FinalSoftcap, PostInit, QKNormAt
 from mlxbun.models.universal.loader import audit_checkpoint, build_model, load_universal
+from mlxbun.models.universal.not_covered import NOT_COVERED
+from mlxbun.models.universal.schema import (
+    REQUIRED,
+    ArchDescriptor,
+    BlockKnobs,
+    DescriptorError,
+    HeadKnobs,
+    MlpKnobs,
+    QKNormKnobs,
+    RopeKnobs,
+    SanitizeRule,
+)
+from mlxbun.models.universal.table import DESCRIPTORS
+from tests.universal_manifest import MANIFEST
 
-ARCHS = sorted(DESCRIPTORS) + ["mistral"]  # mistral: mlx-lm remaps it to llama
+ARCHS = sorted(MANIFEST)  # every row's arch (+ mistral, which mlx-lm remaps to llama)
 VARIANTS = {
     "float32": dict(dtype="float32"),
     "float16": dict(dtype="float16"),
@@ -221,12 +235,56 @@ def test_descriptor_fields_are_mlx_lm_model_args():
         assert mt not in NOT_COVERED
 
 
-def test_table_covers_the_target_archs():
-    target = {"llama", "smollm3", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo2", "glm4",
-              "granite", "starcoder2", "gemma3_text", "olmo3", "cohere", "cohere2", "ernie4_5",
-              "exaone4", "helium", "internlm3", "seed_oss", "minicpm", "nemotron", "stablelm",
-              "lille-130m", "gpt_neox", "phi", "hunyuan_v1_dense", "apertus", "ministral3", "nanochat"}
-    assert set(DESCRIPTORS) == target
+def test_table_manifest_and_zoo_agree():
+    """A new arch that fits the knobs is one row + one zoo entry + one manifest entry."""
+    from mlxbun.config import MODEL_REMAPPING
+    from mlxbun.zoo import ARCHS as ZOO_ARCHS
+
+    assert set(MANIFEST) == set(ZOO_ARCHS), (
+        f"zoo archs without a manifest entry: {sorted(set(ZOO_ARCHS) - set(MANIFEST))}; "
+        f"manifest entries without a zoo arch: {sorted(set(MANIFEST) - set(ZOO_ARCHS))}")
+    remapped = {MODEL_REMAPPING.get(a, a) for a in MANIFEST}
+    assert remapped == set(DESCRIPTORS), (
+        f"rows without a manifest/zoo entry: {sorted(set(DESCRIPTORS) - remapped)}; "
+        f"entries without a row: {sorted(remapped - set(DESCRIPTORS))}")
+    assert len(DESCRIPTORS) >= 30
+
+
+_OLMO2_FIELDS = DESCRIPTORS["olmo2"].fields
+
+
+@pytest.mark.parametrize("build, knob, accepted", [
+    (lambda: ArchDescriptor("my_arch", _OLMO2_FIELDS, mlp=MlpKnobs(act="geluu")),
+     "mlp.act = 'geluu'", "'gelu_approx'"),
+    (lambda: ArchDescriptor("my_arch", _OLMO2_FIELDS, qk_norm=QKNormKnobs("rms", "flatt")),
+     "qk_norm.at = 'flatt'", "'heads_transposed'"),
+    (lambda: ArchDescriptor("my_arch", _OLMO2_FIELDS, attention="sdpaa"),
+     "attention = 'sdpaa'", "'sdpa_qk_f32'"),
+    (lambda: ArchDescriptor("my_arch", _OLMO2_FIELDS, post_init=("kv_head_default",)),
+     "post_init[0] = 'kv_head_default'", "'kv_heads_default'"),
+    (lambda: ArchDescriptor("my_arch", _OLMO2_FIELDS, sanitize=(SanitizeRule("drop"),)),
+     "sanitize[0].op = 'drop'", "'drop_containing'"),
+    (lambda: ArchDescriptor("my_arch", _OLMO2_FIELDS, mlp=MlpKnobs("plain", act="silu")),
+     "mlp.act = 'silu' with mlp.kind 'plain'", "'relu2'"),
+    (lambda: ArchDescriptor("my_arch", _OLMO2_FIELDS, rope=RopeKnobs(theta="rope_thetaa")),
+     "rope.theta reads the field 'rope_thetaa'", "rope_theta"),
+    (lambda: ArchDescriptor("my_arch", _OLMO2_FIELDS, head=HeadKnobs(tie="weights")),
+     "head.tie = 'weights'", "'checkpoint'"),
+    (lambda: ArchDescriptor("my_arch", _OLMO2_FIELDS, block=BlockKnobs("post")),
+     "norm slot(s) post_attn, post_mlp", "unnamed"),
+])
+def test_a_bad_row_fails_when_built_naming_the_row_knob_and_accepted_values(build, knob, accepted):
+    with pytest.raises(DescriptorError) as e:
+        build()
+    msg = str(e.value)
+    assert msg.startswith("descriptor 'my_arch': ") and knob in msg and accepted in msg
+
+
+def test_rows_hold_enums_after_construction():
+    d = DESCRIPTORS["olmo2"]
+    assert d.block.kind is BlockKind.POST and d.qk_norm.at is QKNormAt.FLAT
+    assert all(isinstance(step, PostInit) for step in d.post_init)
+    assert DESCRIPTORS["nanochat"].head.softcap is FinalSoftcap.COMPILED
 
 
 def test_gemma3_text_ties_when_the_checkpoint_has_no_head(zoo, tmp_path):

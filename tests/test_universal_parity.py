@@ -12,7 +12,7 @@ CASES = [(e.arch, v) for e in MANIFEST.values() for v in e.variants]
 
 @pytest.mark.parametrize("arch,variant", CASES, ids=[f"{a}-{v}" for a, v in CASES])
 def test_gate_is_bit_exact(zoo, arch, variant):
-    from mlxbun.parity.port import ZOO_VARIANTS
+    from mlxbun.names import ZOO_VARIANTS
 
     path = zoo(arch, **ZOO_VARIANTS[variant])
     res = port_one(Target(f"zoo:{arch}", Path(path), variant), decode_steps=16, prompt_len=40)
@@ -24,7 +24,7 @@ def test_gate_is_bit_exact(zoo, arch, variant):
 
 def test_manifest_covers_every_descriptor():
     from mlxbun.config import MODEL_REMAPPING
-    from mlxbun.models.universal.archs import DESCRIPTORS
+    from mlxbun.models.universal.table import DESCRIPTORS
 
     covered = {MODEL_REMAPPING.get(a, a) for a in MANIFEST}
     assert covered == set(DESCRIPTORS), (
@@ -36,7 +36,8 @@ def test_manifest_covers_every_descriptor():
 def test_every_mlx_lm_model_file_is_covered_or_explained():
     import mlx_lm.models as models_pkg
 
-    from mlxbun.models.universal.archs import DESCRIPTORS, INFRASTRUCTURE_FILES, NOT_COVERED
+    from mlxbun.models.universal.not_covered import INFRASTRUCTURE_FILES, NOT_COVERED
+    from mlxbun.models.universal.table import DESCRIPTORS
 
     files = {p.stem for p in Path(models_pkg.__file__).parent.glob("*.py") if p.stem != "__init__"}
     arch_files = files - set(INFRASTRUCTURE_FILES)

@@ -21,7 +21,9 @@ from typing import Any
 
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.models.rope import rope_type_of
-from mlxbun.models.universal.archs import _thaw, model_args
+from mlxbun.models.universal.kinds import HeadDim, LayerKinds
+from mlxbun.config_reader import thaw
+from mlxbun.models.universal.resolve import descriptor_for, layer_kinds, model_args
 
 __all__ = ["CoverageReport", "HARMLESS_KEYS", "check_coverage", "require_coverage"]
 
@@ -87,10 +89,8 @@ class CoverageReport:
 
 def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport:
     """Sort the config's keys; see the module docstring. Unknown model_types refuse."""
-    from mlxbun.models.universal.loader import descriptor_for
-
     d = descriptor_for(model_type)
-    config = _thaw(config)  # read-only configs hold tuples where the json had lists
+    config = thaw(config)  # read-only configs hold tuples where the json had lists
     a = model_args(d, config)  # ConfigError for a config mlx-lm could not build
     understood, harmless, unknown = [], [], []
     ignored: dict[str, str] = {}
@@ -111,13 +111,15 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
                 offending[key] = "disagrees with the rope keys mlx-lm reads: " + "; ".join(problems)
             else:
                 understood.append(key)
-        elif key == "layer_types" and d.layers.kinds in ("period", "exaone") and value is not None:
+        elif (key == "layer_types" and d.layers.kinds in (LayerKinds.PERIOD, LayerKinds.EXAONE)
+              and value is not None):
             problem = _layer_types_problem(d, a, value)
             if problem:
                 offending[key] = problem
             else:
                 understood.append(key)
-        elif key in d.fields or key in d.accepted_values or (key == "head_dim" and d.head_dim == "split"):
+        elif (key in d.fields or key in d.accepted_values
+              or (key == "head_dim" and d.head_dim is HeadDim.SPLIT)):
             understood.append(key)  # a split head_dim is checked against hidden // heads below
         elif key in d.ignored_keys:
             ignored[key] = d.ignored_keys[key] or "not read by mlx-lm for this arch"
@@ -129,7 +131,7 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
             offending[key] = f"unknown key with value {value!r} could change numerics"
     _check_layer_types(d, config, offending)
     hd = config.get("head_dim")
-    if d.head_dim == "split" and hd is not None and hd != a[d.hidden] // a[d.n_heads]:
+    if d.head_dim is HeadDim.SPLIT and hd is not None and hd != a[d.hidden] // a[d.n_heads]:
         offending["head_dim"] = (f"{hd!r}, but mlx-lm's {d.model_type} uses hidden_size // "
                                  f"num_attention_heads = {a[d.hidden] // a[d.n_heads]}")
     return CoverageReport(d.model_type, tuple(understood), tuple(harmless), ignored,
@@ -173,9 +175,7 @@ def _field(a: Mapping, spec: str) -> Any:
 
 def _layer_types_problem(d, a: Mapping, layer_types: Any) -> str | None:
     """period / exaone archs: mlx-lm derives the kinds from the pattern; they must agree."""
-    from mlxbun.models.universal.archs import _layer_kinds
-
-    kinds = _layer_kinds(d, a, a[d.n_layers])
+    kinds = layer_kinds(d, a, a[d.n_layers])
     want = ["sliding_attention" if s else "full_attention" for s in kinds]
     if list(layer_types) != want:
         return (f"{list(layer_types)} disagrees with the kinds mlx-lm derives from "

@@ -4,8 +4,9 @@ Each branch is a transcription of the mlx-lm 0.32.2 file of the arch that takes
 it (same ops, order, casts, python-float constants, compiled kernels, mask and
 attention dispatch), and the module tree uses that file's attribute names, so
 parameter paths, safetensors keys and tap paths are identical to mlx-lm's.
-The descriptor (`archs.ArchDescriptor`) selects branches; `archs.resolve_args`
-supplies the numbers.
+The descriptor (`schema.ArchDescriptor`, a row of `table.py`) selects branches,
+as enums the row checked when it was built; `resolve.resolve_args` supplies the
+numbers.
 
 `forward_hidden` returns the final-normed hidden state (what feeds the head);
 `logits_from_hidden` applies the head and its post-processing, so
@@ -28,55 +29,114 @@ from mlxbun.errors import MlxbunError
 from mlxbun.models import layers as L
 from mlxbun.models import rope as R
 from mlxbun.models.base import create_attention_mask, scaled_dot_product_attention
-from mlxbun.models.universal.archs import ArchDescriptor, LayerSpec, UniversalArgs
+from mlxbun.models.universal.kinds import (
+    FUSED_ACTS,
+    GATED_ACTS,
+    PLAIN_ACTS,
+    QKV,
+    Act,
+    AttnKind,
+    EmbedScale,
+    FinalSoftcap,
+    MakeCache,
+    MlpKind,
+    NormKind,
+    NormSlot,
+    ParallelMlpNorm,
+    ParallelSum,
+    PostOp,
+    QKNormAt,
+    QKNormKind,
+    Residual,
+    RopeKind,
+    TiedOp,
+    exhaustive,
+)
+from mlxbun.models.universal.resolve import LayerSpec, RopeSpec, UniversalArgs
+from mlxbun.models.universal.schema import ArchDescriptor
 
 __all__ = ["UniversalDense"]
 
 
-def _make_rope(spec: tuple | None) -> nn.Module:
-    if spec is None:
-        return R.NoPE()
-    kind = spec[0]
-    if kind == "initialize":
-        _, dims, base, traditional, scaling, max_pos = spec
-        return R.initialize_rope(dims, base, traditional, scaling, max_pos)
-    if kind == "phi3":  # phi3.py builds its rope by hand
-        _, dims, base, traditional, scaling, max_pos, orig_max_pos = spec
-        if scaling and scaling["type"] in ["longrope", "su"]:
-            return R.SuScaledRoPE(
-                dims, base=base, max_position_embeddings=max_pos,
-                original_max_position_embeddings=orig_max_pos,
-                short_factor=scaling["short_factor"], long_factor=scaling["long_factor"],
-            )
-        rope_scale = 1.0
-        if scaling and scaling["type"] == "linear":
-            rope_scale = 1 / scaling["factor"]
-        return nn.RoPE(dims, traditional=traditional, base=base, scale=rope_scale)
-    if kind == "nemotron":
-        _, dims, base, scale = spec
-        return nn.RoPE(dims, base=base, scale=scale)
-    if kind == "hunyuan_alpha":
-        _, dims, base, alpha = spec
-        return R.DynamicNTKAlphaRoPE(dims, base=base, scaling_alpha=alpha)
-    if kind == "nanochat":
-        _, dims, base = spec
-        return R.NanochatRoPE(dims, base=base)
-    raise ValueError(f"unknown rope kind {kind!r}")
+def _phi3_rope(s: RopeSpec) -> nn.Module:
+    # phi3.py builds its rope by hand
+    if s.scaling and s.scaling["type"] in ["longrope", "su"]:
+        return R.SuScaledRoPE(
+            s.dims, base=s.base, max_position_embeddings=s.max_positions,
+            original_max_position_embeddings=s.original_max_positions,
+            short_factor=s.scaling["short_factor"], long_factor=s.scaling["long_factor"],
+        )
+    rope_scale = 1.0
+    if s.scaling and s.scaling["type"] == "linear":
+        rope_scale = 1 / s.scaling["factor"]
+    return nn.RoPE(s.dims, traditional=s.traditional, base=s.base, scale=rope_scale)
 
 
-def _make_norm(kind: str, dims: int, eps: float, bias: bool):
-    """A norm module, or None for the parameter-free functional RMSNorm."""
-    if kind == "rms":
-        return nn.RMSNorm(dims, eps=eps)
-    if kind == "gemma_rms":
-        return L.GemmaRMSNorm(dims, eps=eps)
-    if kind == "layernorm":
-        return nn.LayerNorm(dims, eps=eps, bias=bias)
-    if kind == "layernorm1p":
-        return L.NemotronLayerNorm1P(dims, eps=eps)
-    if kind == "functional_rms":
-        return None
-    raise ValueError(f"unknown norm kind {kind!r}")
+_ROPES = exhaustive(RopeKind, {
+    RopeKind.INITIALIZE: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
+                                                     s.max_positions),
+    RopeKind.PHI3: _phi3_rope,
+    RopeKind.NEMOTRON: lambda s: nn.RoPE(s.dims, base=s.base, scale=s.scale),
+    RopeKind.HUNYUAN_ALPHA: lambda s: R.DynamicNTKAlphaRoPE(s.dims, base=s.base, scaling_alpha=s.alpha),
+    RopeKind.NANOCHAT: lambda s: R.NanochatRoPE(s.dims, base=s.base),
+})
+
+
+def _make_rope(spec: RopeSpec | None) -> nn.Module:
+    return R.NoPE() if spec is None else _ROPES[spec.kind](spec)
+
+
+# a norm module, or None for the parameter-free functional RMSNorm
+_NORMS = exhaustive(NormKind, {
+    NormKind.RMS: lambda dims, eps, bias: nn.RMSNorm(dims, eps=eps),
+    NormKind.GEMMA_RMS: lambda dims, eps, bias: L.GemmaRMSNorm(dims, eps=eps),
+    NormKind.LAYERNORM: lambda dims, eps, bias: nn.LayerNorm(dims, eps=eps, bias=bias),
+    NormKind.LAYERNORM1P: lambda dims, eps, bias: L.NemotronLayerNorm1P(dims, eps=eps),
+    NormKind.FUNCTIONAL_RMS: lambda dims, eps, bias: None,
+})
+
+# (q norm, k norm) modules for H query heads, KV key heads of width hd (None: functional)
+_QK_NORMS = exhaustive(QKNormKind, {
+    QKNormKind.RMS: lambda qd, kd, H, KV, hd, eps: (nn.RMSNorm(qd, eps=eps), nn.RMSNorm(kd, eps=eps)),
+    QKNormKind.GEMMA_RMS: lambda qd, kd, H, KV, hd, eps: (L.GemmaRMSNorm(qd, eps=eps),
+                                                          L.GemmaRMSNorm(kd, eps=eps)),
+    QKNormKind.LAYERNORM_2D: lambda qd, kd, H, KV, hd, eps: (L.LayerNorm2D(H, hd, eps=eps),
+                                                             L.LayerNorm2D(KV, hd, eps=eps)),
+    QKNormKind.LAYERNORM_PER_HEAD: lambda qd, kd, H, KV, hd, eps: (L.LayerNormPerHead(hd, H, eps=eps),
+                                                                   L.LayerNormPerHead(hd, KV, eps=eps)),
+    QKNormKind.FUNCTIONAL_RMS: lambda qd, kd, H, KV, hd, eps: None,
+})
+
+
+def _sdpa_f32_if_f16(queries, keys, values, cache, scale, mask, softcap):  # cohere2
+    sdpa_type = mx.float32 if queries.dtype == mx.float16 else queries.dtype
+    return scaled_dot_product_attention(
+        queries.astype(sdpa_type), keys, values, cache=cache, scale=scale, mask=mask,
+    ).astype(queries.dtype)
+
+
+def _sdpa_q_f32(queries, keys, values, cache, scale, mask, softcap):  # phi
+    return scaled_dot_product_attention(
+        queries.astype(mx.float32), keys, values, cache=cache, scale=scale, mask=mask,
+    ).astype(values.dtype)
+
+
+def _sdpa_qk_f32(queries, keys, values, cache, scale, mask, softcap):  # stablelm
+    queries = queries.astype(mx.float32)
+    keys = keys.astype(mx.float32)
+    return scaled_dot_product_attention(
+        queries, keys, values, cache=cache, scale=scale, mask=mask).astype(values.dtype)
+
+
+_ATTENTION = exhaustive(AttnKind, {
+    AttnKind.SDPA: lambda q, k, v, cache, scale, mask, softcap: scaled_dot_product_attention(
+        q, k, v, cache=cache, scale=scale, mask=mask),
+    AttnKind.SOFTCAP: lambda q, k, v, cache, scale, mask, softcap: softcapped_attention(
+        q, k, v, scale, softcap, mask),
+    AttnKind.SDPA_F32_IF_F16: _sdpa_f32_if_f16,
+    AttnKind.SDPA_Q_F32: _sdpa_q_f32,
+    AttnKind.SDPA_QK_F32: _sdpa_qk_f32,
+})
 
 
 class Attention(nn.Module):
@@ -85,35 +145,25 @@ class Attention(nn.Module):
         self._d, self._n = d, d.names
         self._h, self._kv, self._hd = H, KV, hd = a.n_heads, a.n_kv_heads, a.head_dim
         self._scale, self._softcap = a.attn_scale, a.attn_softcap
+        self._attend = _ATTENTION[d.attention]
         D, n = a.hidden, d.names
-        if d.qkv == "separate":
+        if d.qkv is QKV.SEPARATE:
             setattr(self, n.q, nn.Linear(D, H * hd, bias=a.attn_bias))
             setattr(self, n.k, nn.Linear(D, KV * hd, bias=a.attn_bias))
             setattr(self, n.v, nn.Linear(D, KV * hd, bias=a.attn_bias))
-        elif d.qkv == "fused":
+        elif d.qkv is QKV.FUSED:
             setattr(self, n.qkv, nn.Linear(D, H * hd + 2 * (KV * hd), bias=a.attn_bias))
-        elif d.qkv == "fused_neox":
+        else:  # QKV.FUSED_NEOX
             setattr(self, n.qkv, nn.Linear(D, 3 * D, bias=a.attn_bias))
-        else:
-            raise ValueError(f"unknown qkv layout {d.qkv!r}")
         setattr(self, n.o, nn.Linear(H * hd, D, bias=a.out_bias))
 
         self._qk = d.qk_norm if a.qk_norm else None
         if self._qk is not None:
-            kind, (qn, kn) = self._qk.kind, self._qk.names
-            if kind in ("rms", "gemma_rms"):
-                cls = nn.RMSNorm if kind == "rms" else L.GemmaRMSNorm
-                qd, kd = (H * hd, KV * hd) if self._qk.at == "flat" else (hd, hd)
-                setattr(self, qn, cls(qd, eps=a.eps))
-                setattr(self, kn, cls(kd, eps=a.eps))
-            elif kind == "layernorm2d":
-                setattr(self, qn, L.LayerNorm2D(H, hd, eps=a.eps))
-                setattr(self, kn, L.LayerNorm2D(KV, hd, eps=a.eps))
-            elif kind == "layernorm_per_head":
-                setattr(self, qn, L.LayerNormPerHead(hd, H, eps=a.eps))
-                setattr(self, kn, L.LayerNormPerHead(hd, KV, eps=a.eps))
-            elif kind != "functional_rms":
-                raise ValueError(f"unknown qk-norm kind {kind!r}")
+            qd, kd = (H * hd, KV * hd) if self._qk.at is QKNormAt.FLAT else (hd, hd)
+            modules = _QK_NORMS[self._qk.kind](qd, kd, H, KV, hd, a.eps)
+            if modules is not None:
+                for name, module in zip(self._qk.names, modules):
+                    setattr(self, name, module)
         if d.block.inner_norms:
             setattr(self, n.inner_norm, nn.RMSNorm(D, eps=a.eps))
         rope = _make_rope(spec.rope)
@@ -123,7 +173,7 @@ class Attention(nn.Module):
             self.rope = rope
 
     def _qk_norm(self, q, k):
-        if self._qk.kind == "functional_rms":
+        if self._qk.kind is QKNormKind.FUNCTIONAL_RMS:
             return L.rms_norm_no_weight(q), L.rms_norm_no_weight(k)
         qn, kn = self._qk.names
         return self[qn](q), self[kn](k)
@@ -136,63 +186,50 @@ class Attention(nn.Module):
             x = self[n.inner_norm](x)
         at = self._qk.at if self._qk is not None else None
 
-        if d.qkv == "fused_neox":
+        if d.qkv is QKV.FUSED_NEOX:
             qkv = self[n.qkv](x)
             qkv = qkv.reshape(*(qkv.shape[:-1] + (H, 3 * hd)))
             queries, keys, values = [t.transpose(0, 2, 1, 3) for t in qkv.split(3, -1)]
         else:
-            if d.qkv == "fused":
+            if d.qkv is QKV.FUSED:
                 qkv = self[n.qkv](x)
                 q_size = H * hd
                 queries, keys, values = mx.split(qkv, [q_size, q_size + KV * hd], axis=-1)
             else:
                 queries, keys, values = self[n.q](x), self[n.k](x), self[n.v](x)
-            if at == "flat":
+            if at is QKNormAt.FLAT:
                 queries, keys = self._qk_norm(queries, keys)
             queries = queries.reshape(B, L_, H, -1)
             keys = keys.reshape(B, L_, KV, -1)
-            if at == "heads":
+            if at is QKNormAt.HEADS:
                 queries, keys = self._qk_norm(queries, keys)
             queries = queries.transpose(0, 2, 1, 3)
             keys = keys.transpose(0, 2, 1, 3)
             values = values.reshape(B, L_, KV, -1).transpose(0, 2, 1, 3)
-            if at == "heads_transposed":
+            if at is QKNormAt.HEADS_TRANSPOSED:
                 queries, keys = self._qk_norm(queries, keys)
 
         offset = cache.offset if cache is not None else 0
         queries = self._rope_fn(queries, offset=offset)
         keys = self._rope_fn(keys, offset=offset)
-        if at == "after_rope":
+        if at is QKNormAt.AFTER_ROPE:
             queries, keys = self._qk_norm(queries, keys)
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
         if attn_scale is not None:
             queries = queries * attn_scale
 
-        kind, scale = d.attention, self._scale
-        if kind == "sdpa":
-            output = scaled_dot_product_attention(
-                queries, keys, values, cache=cache, scale=scale, mask=mask)
-        elif kind == "softcap":
-            output = softcapped_attention(queries, keys, values, scale, self._softcap, mask)
-        elif kind == "sdpa_f32_if_f16":  # cohere2
-            sdpa_type = mx.float32 if queries.dtype == mx.float16 else queries.dtype
-            output = scaled_dot_product_attention(
-                queries.astype(sdpa_type), keys, values, cache=cache, scale=scale, mask=mask,
-            ).astype(queries.dtype)
-        elif kind == "sdpa_q_f32":  # phi
-            output = scaled_dot_product_attention(
-                queries.astype(mx.float32), keys, values, cache=cache, scale=scale, mask=mask,
-            ).astype(values.dtype)
-        elif kind == "sdpa_qk_f32":  # stablelm
-            queries = queries.astype(mx.float32)
-            keys = keys.astype(mx.float32)
-            output = scaled_dot_product_attention(
-                queries, keys, values, cache=cache, scale=scale, mask=mask).astype(values.dtype)
-        else:
-            raise ValueError(f"unknown attention kind {kind!r}")
+        output = self._attend(queries, keys, values, cache, self._scale, mask, self._softcap)
         output = output.transpose(0, 2, 1, 3).reshape(B, L_, -1)
         return self[n.o](output)
+
+
+_GATED = exhaustive(GATED_ACTS, {Act.SILU: L.swiglu, Act.GELU: L.gelu_mul,
+                                 Act.GELU_APPROX: L.gelu_approx_mul})
+_FUSED = exhaustive(FUSED_ACTS, {Act.SILU: L.swiglu})
+_PLAIN = exhaustive(PLAIN_ACTS, {Act.GELU: nn.gelu, Act.GELU_APPROX: nn.gelu_approx,
+                                 Act.RELU_SQUARED: L.relu_squared, Act.RELU2: nn.relu2,
+                                 Act.XIELU: None})  # None: the XieLU child module
 
 
 class MLP(nn.Module):
@@ -200,60 +237,46 @@ class MLP(nn.Module):
         super().__init__()
         self._d, self._n = d, d.names
         D, I, bias, n = a.hidden, a.intermediate, a.mlp_bias, d.names
-        kind = d.mlp.kind
-        if kind == "gated":
+        kind, act = d.mlp.kind, d.mlp.act
+        if kind is MlpKind.GATED:
             setattr(self, n.gate, nn.Linear(D, I, bias=bias))
             setattr(self, n.up, nn.Linear(D, I, bias=bias))
-        elif kind == "gated_fused":
+            act_fn = _GATED[act]
+        elif kind is MlpKind.GATED_FUSED:
             setattr(self, n.gate_up, nn.Linear(D, 2 * I, bias=bias))
-        elif kind == "plain":
+            act_fn = _FUSED[act]
+        else:  # MlpKind.PLAIN
             setattr(self, n.up, nn.Linear(D, I, bias=bias))
-            if d.mlp.act == "xielu":
+            if act is Act.XIELU:
                 setattr(self, n.act, L.XieLU())
-        else:
-            raise ValueError(f"unknown MLP kind {kind!r}")
+            act_fn = _PLAIN[act] or self[n.act]
         setattr(self, n.down, nn.Linear(I, D, bias=bias))
         if d.block.inner_norms:
             setattr(self, n.inner_norm, nn.RMSNorm(D, eps=a.eps))
+        # outside the module tree (a module here would be listed twice)
+        object.__setattr__(self, "_act_fn", act_fn)
 
     def __call__(self, x):
         d, n = self._d, self._n
-        kind, act = d.mlp.kind, d.mlp.act
+        kind = d.mlp.kind
         if d.block.inner_norms:
             x = self[n.inner_norm](x)
-        if kind == "gated":
-            gate, up = self[n.gate](x), self[n.up](x)
-            if act == "silu":
-                h = L.swiglu(gate, up)
-            elif act == "gelu":
-                h = L.gelu_mul(gate, up)
-            elif act == "gelu_approx":
-                h = L.gelu_approx_mul(gate, up)
-            else:
-                raise ValueError(f"unknown gated activation {act!r}")
-        elif kind == "gated_fused":
+        if kind is MlpKind.GATED:
+            h = self._act_fn(self[n.gate](x), self[n.up](x))
+        elif kind is MlpKind.GATED_FUSED:
             x = self[n.gate_up](x)
             gate, x = mx.split(x, 2, axis=-1)
-            h = L.swiglu(gate, x)
-        else:
-            h = self[n.up](x)
-            if act == "gelu":
-                h = nn.gelu(h)
-            elif act == "gelu_approx":
-                h = nn.gelu_approx(h)
-            elif act == "relu_squared":
-                h = L.relu_squared(h)
-            elif act == "relu2":
-                h = nn.relu2(h)
-            elif act == "xielu":
-                h = self[n.act](h)
-            else:
-                raise ValueError(f"unknown activation {act!r}")
+            h = self._act_fn(gate, x)
+        else:  # MlpKind.PLAIN
+            h = self._act_fn(self[n.up](x))
         return self[n.down](h)
 
 
-# which of Names.norms (pre-attn, post-attn, pre-mlp, post-mlp) each block kind uses
-_SLOTS = {"pre": (0, 2), "sandwich": (0, 1, 2, 3), "post": (1, 3)}
+_RESIDUAL = exhaustive(Residual, {
+    Residual.PLAIN: lambda x, r, s: x + r,
+    Residual.SCALED: lambda x, r, s: x + r * s,
+    Residual.CLIP_F16: lambda x, r, s: L.clip_residual(x, r),
+})
 
 
 class Block(nn.Module):
@@ -262,55 +285,43 @@ class Block(nn.Module):
         self._d, self._n = d, d.names
         self._parallel = a.parallel
         self._residual_scale = a.residual_scale
+        self._residual = _RESIDUAL[d.block.residual]
         self.use_sliding = spec.sliding  # mlx-lm's llama/ministral3 attribute
         setattr(self, d.names.attn, Attention(a, d, spec))
         setattr(self, d.names.mlp, MLP(a, d))
-        if d.block.inner_norms:
-            slots: tuple[int, ...] = ()
-        elif a.parallel:
-            slots = (0, 2) if d.block.parallel_mlp_norm == "own" else (0,)
-        else:
-            slots = _SLOTS[d.block.kind]
+        slots = d.block.norm_slots(a.parallel)
         self._slots = frozenset(slots)  # a tuple would join the module tree
-        for s in slots:
-            name = d.names.norms[s]
-            norm = _make_norm(d.norm.kind, a.hidden, a.eps, a.norm_bias)
-            if name is None:
-                raise ValueError(f"{d.model_type}: norm slot {s} has no name")
+        for slot in slots:
+            norm = _NORMS[d.norm.kind](a.hidden, a.eps, a.norm_bias)
             if norm is not None:
-                setattr(self, name, norm)
+                setattr(self, d.names.norms.of(slot), norm)
 
-    def _norm(self, slot: int, x):
+    def _norm(self, slot: NormSlot, x):
         if slot not in self._slots:
             return x
-        if self._d.norm.kind == "functional_rms":
+        if self._d.norm.kind is NormKind.FUNCTIONAL_RMS:
             return L.rms_norm_no_weight(x)
-        return self[self._n.norms[slot]](x)
+        return self[self._n.norms.of(slot)](x)
 
     def _add(self, x, r):
-        kind = self._d.block.residual
-        if kind == "plain":
-            return x + r
-        if kind == "scaled":
-            return x + r * self._residual_scale
-        if kind == "clip_f16":
-            return L.clip_residual(x, r)
-        raise ValueError(f"unknown residual kind {kind!r}")
+        return self._residual(x, r, self._residual_scale)
 
     def __call__(self, x, mask=None, cache=None, attn_scale=None):
         attn, mlp = self[self._n.attn], self[self._n.mlp]
         if self._parallel:
-            h = self._norm(0, x)
+            b = self._d.block
+            h = self._norm(NormSlot.PRE_ATTN, x)
             attn_h = attn(h, mask, cache, attn_scale)
-            ff_h = mlp(h if self._d.block.parallel_mlp_norm == "shared" else self._norm(2, x))
-            if self._d.block.parallel_sum == "attn_ff_x":
+            ff_h = mlp(h if b.parallel_mlp_norm is ParallelMlpNorm.SHARED
+                       else self._norm(NormSlot.PRE_MLP, x))
+            if b.parallel_sum is ParallelSum.ATTN_FF_X:
                 return attn_h + ff_h + x
             return x + attn_h + ff_h
-        r = attn(self._norm(0, x), mask, cache, attn_scale)
-        r = self._norm(1, r)
+        r = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache, attn_scale)
+        r = self._norm(NormSlot.POST_ATTN, r)
         h = self._add(x, r)
-        r = mlp(self._norm(2, h))
-        r = self._norm(3, r)
+        r = mlp(self._norm(NormSlot.PRE_MLP, h))
+        r = self._norm(NormSlot.POST_MLP, r)
         return self._add(h, r)
 
 
@@ -323,7 +334,7 @@ class Backbone(nn.Module):
         setattr(self, n.embed, nn.Embedding(a.vocab, a.hidden))
         setattr(self, n.layers, [Block(a, d, spec) for spec in a.layers])
         if n.final_norm is not None:
-            norm = _make_norm(d.norm.kind, a.hidden, a.eps, a.norm_bias)
+            norm = _NORMS[d.norm.kind](a.hidden, a.eps, a.norm_bias)
             if norm is not None:
                 setattr(self, n.final_norm, norm)
         if d.head.in_root:
@@ -331,7 +342,7 @@ class Backbone(nn.Module):
 
 
 class UniversalDense(nn.Module):
-    """A dense decoder for any descriptor in `archs.DESCRIPTORS`, parameter tree == mlx-lm's."""
+    """A dense decoder for any descriptor in `table.DESCRIPTORS`, parameter tree == mlx-lm's."""
 
     def __init__(self, args: UniversalArgs, descriptor: ArchDescriptor,
                  config: Any = None, raw_config: Optional[Mapping] = None):
@@ -383,7 +394,7 @@ class UniversalDense(nn.Module):
         if kv_options:
             raise MlxbunError(f"{self.model_type}: cache options not supported by the universal "
                               f"graph: {', '.join(sorted(kv_options))}")
-        if self.descriptor.layers.make_cache == "rotating_sliding":
+        if self.descriptor.layers.make_cache is MakeCache.ROTATING_SLIDING:
             # mlx-lm's file ignores max_kv_size here; mlxbun bounds the full-attention layers too.
             w = self.args.sliding_window
             full = (lambda: RotatingKVCache(max_size=max_kv_size, keep=4)) if max_kv_size else KVCache
@@ -404,9 +415,9 @@ class UniversalDense(nn.Module):
         d, a, n, root = self.descriptor, self.args, self.descriptor.names, self.backbone
         h = root[n.embed](ids)
         es = d.embed_scale
-        if es == "sqrt_hidden":
+        if es is EmbedScale.SQRT_HIDDEN:
             h = h * (a.fields["hidden_size"] ** 0.5)
-        elif es == "sqrt_hidden_bf16":
+        elif es is EmbedScale.SQRT_HIDDEN_BF16:
             h = h * mx.array(a.fields["hidden_size"] ** 0.5, mx.bfloat16).astype(h.dtype)
         elif es is not None:
             h = h * a.embed_scale
@@ -429,7 +440,7 @@ class UniversalDense(nn.Module):
         for layer, c in zip(blocks, cache):
             h = layer(h, swa_mask if layer.use_sliding else fa_mask, c, attn_scale)
 
-        if d.norm.kind == "functional_rms":
+        if d.norm.kind is NormKind.FUNCTIONAL_RMS:
             return L.rms_norm_no_weight(h)
         return root[n.final_norm](h)
 
@@ -439,18 +450,18 @@ class UniversalDense(nn.Module):
             out = self.backbone[n.head](h)
         elif self._tied:
             embed = self.backbone[n.embed]
-            out = embed.as_linear(h) if d.head.tied_op == "as_linear" else h @ embed.weight.T
+            out = embed.as_linear(h) if d.head.tied_op is TiedOp.AS_LINEAR else h @ embed.weight.T
         else:
             if a.head_pre_divide is not None:
                 h = h / a.head_pre_divide
             out = self[n.head](h)
         if a.head_post is not None:
             op, value = a.head_post
-            out = out / value if op == "div" else out * value
-        if a.final_softcap == "nanochat":
+            out = out / value if op is PostOp.DIV else out * value
+        if a.final_softcap is FinalSoftcap.COMPILED:
             out = L.softcap_compiled(out)
-        elif a.final_softcap is not None:
-            out = L.logit_softcap(out, a.final_softcap)
+        elif a.final_softcap_value is not None:
+            out = L.logit_softcap(out, a.final_softcap_value)
         return out
 
     def __call__(self, ids: mx.array, cache: Optional[list] = None) -> mx.array:

@@ -21,37 +21,19 @@ from typing import Any, Optional
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from mlxbun.config import MODEL_REMAPPING, load_model_config
-from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
-from mlxbun.models.universal.archs import (
-    DESCRIPTORS,
-    NOT_COVERED,
-    ArchDescriptor,
-    SanitizeRule,
-    _thaw,
-    resolve_args,
-)
+from mlxbun.config import load_model_config
+from mlxbun.errors import ConfigError, LoadError
+from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.dense import UniversalDense
+from mlxbun.models.universal.kinds import SanitizeOp, TieRule
+from mlxbun.config_reader import thaw
+from mlxbun.models.universal.resolve import descriptor_for, resolve_args
+from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule
 from mlxbun.quant import quantize_model, resolve_quantization
 from mlxbun.weight_audit import AuditReport, DropRule, WeightAudit
 from mlxbun.weights import name_list, read_index
 
-__all__ = ["audit_checkpoint", "build_model", "descriptor_for", "load_universal", "sanitize_weights"]
-
-
-def descriptor_for(model_type: str) -> ArchDescriptor:
-    """The descriptor row of a model_type (after mlx-lm's remapping), or a refusal."""
-    mt = MODEL_REMAPPING.get(model_type, model_type)
-    d = DESCRIPTORS.get(mt)
-    if d is not None:
-        return d
-    supported = ", ".join(sorted(DESCRIPTORS))
-    why = f" ({NOT_COVERED[mt]})" if mt in NOT_COVERED else ""
-    shown = model_type if mt == model_type else f"{model_type} (mlx-lm: {mt})"
-    raise UnsupportedModelError(
-        f"model_type '{shown}' is not supported by the universal dense graph{why}; "
-        f"supported: {supported}"
-    )
+__all__ = ["audit_checkpoint", "build_model", "load_universal", "sanitize_weights"]
 
 
 def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
@@ -64,7 +46,7 @@ def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
     """
     if not isinstance(config, Mapping):
         raise ConfigError(f"config must be a JSON object, got {type(config).__name__}")
-    raw = _thaw(config)
+    raw = thaw(config)
     mt = model_type or raw.get("model_type")
     if not isinstance(mt, str):
         raise ConfigError("config.json: required key 'model_type' is missing or not a string")
@@ -108,14 +90,14 @@ _NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".attention.rotary
 def _apply_rule(rule: SanitizeRule, w: dict, tied: bool) -> tuple[dict, dict[str, str]]:
     dropped: dict[str, str] = {}
     op = rule.op
-    if op == "drop_containing":
+    if op is SanitizeOp.DROP_CONTAINING:
         dropped = {k: rule.reason for k in w if rule.arg in k}
-    elif op == "drop_suffixes":
+    elif op is SanitizeOp.DROP_SUFFIXES:
         dropped = {k: rule.reason for k in w if k.endswith(tuple(rule.arg))}
-    elif op == "drop_tied_head":
+    elif op is SanitizeOp.DROP_TIED_HEAD:
         if tied and "lm_head.weight" in w:
             dropped = {"lm_head.weight": rule.reason}
-    elif op == "neox_rename":  # gpt_neox.sanitize
+    elif op is SanitizeOp.NEOX_RENAME:  # gpt_neox.sanitize
         out = {}
         for k, v in w.items():
             if k.endswith(_NEOX_BUFFERS):
@@ -126,13 +108,13 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool) -> tuple[dict, dict[str
             k = k.replace(".gpt_neox.layers.", ".h.").replace(".gpt_neox.", ".")
             out[k] = v
         return out, dropped
-    elif op == "copy_if_missing":
+    elif op is SanitizeOp.COPY_IF_MISSING:
         dst, src = rule.arg
         if dst not in w and src in w:
             return {**w, dst: w[src]}, {}
-    elif op == "squeeze_suffixes":
+    elif op is SanitizeOp.SQUEEZE_SUFFIXES:
         return {k: v.squeeze() if k.endswith(tuple(rule.arg)) else v for k, v in w.items()}, {}
-    elif op == "fp8_scale_inv":  # ministral3.sanitize
+    else:  # SanitizeOp.FP8_SCALE_INV: ministral3.sanitize
         out = {}
         for k, v in w.items():
             if "weight_scale_inv" in k:
@@ -146,8 +128,6 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool) -> tuple[dict, dict[str
             elif k not in out:
                 out[k] = v
         return out, dropped
-    else:
-        raise ValueError(f"unknown sanitize op {op!r}")
     return {k: v for k, v in w.items() if k not in dropped}, dropped
 
 
@@ -191,7 +171,7 @@ def _audit(model: UniversalDense, weights: Mapping[str, Any], dropped: Mapping[s
 def _prepare(path: Path, config, *, headers_only: bool):
     if config is None:
         config = load_model_config(path)
-    raw = _thaw(config.raw_full)
+    raw = thaw(config.raw_full)
     model = build_model(raw, config.model_type, text_config=config)
     index = read_index(path)
     if headers_only:
@@ -202,7 +182,7 @@ def _prepare(path: Path, config, *, headers_only: bool):
     else:
         originals = index.load()
     weights, dropped = sanitize_weights(model.descriptor, originals, model.tied)
-    if model.descriptor.head.tie == "weights" and f"{model.descriptor.names.head}.weight" not in weights:
+    if model.descriptor.head.tie is TieRule.CHECKPOINT and f"{model.descriptor.names.head}.weight" not in weights:
         model.tie_to_embedding()
     quantization = resolve_quantization(raw)
     if quantization is not None:
@@ -228,9 +208,7 @@ def load_universal(path, config=None, *, check_coverage: bool = True) -> Univers
     if config is None:
         config = load_model_config(path)
     if check_coverage:
-        from mlxbun.models.universal.coverage import require_coverage
-
-        require_coverage(config.model_type, _thaw(config.raw_full))
+        require_coverage(config.model_type, thaw(config.raw_full))
     model, weights, report = _prepare(path, config, headers_only=False)
     model.eval()
     model.load_weights(list(weights.items()), strict=True)

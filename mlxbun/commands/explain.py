@@ -1,0 +1,26 @@
+"""`mlxbun explain ARCH|DIR`: the resolved forward of a covered arch, as a short listing."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="print the forward pass the universal graph runs for an arch or a checkpoint",
+        description="Print the forward pass the universal graph runs (mlx-lm-style listing): "
+                    "ARCH is a model_type or zoo arch (sized by the zoo's tiny config), "
+                    "DIR a checkpoint directory (its config.json).",
+    )
+    p.add_argument("target", metavar="ARCH|DIR", help="model_type / zoo:ARCH, or a checkpoint directory")
+    p.add_argument("--json", action="store_true", help="the structured form, as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from mlxbun.models.universal.explain import explain
+
+    explanation = explain(args.target)
+    print(json.dumps(explanation.as_dict(), indent=2) if args.json else explanation.text())
+    return 0

@@ -1,0 +1,496 @@
+"""`explain(arch_or_dir)`: the resolved forward of a covered arch, as a short mlx-lm-style listing.
+
+The listing is read off the descriptor row and its resolution against a config
+(a checkpoint's config.json, or the zoo's tiny config of an arch): embedding,
+block form, attention step by step (projections, q/k norm and where it sits,
+rope, cache, scale, dtype casts), MLP, final norm and head, then the layers
+grouped by what differs between them (sliding window, rope, NoPE, cache).
+Sizes stay symbolic (D, H, KV, hd, I, V, N) and are given once in the header,
+so the structure reads the same for any checkpoint of the arch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlxbun.config import MODEL_REMAPPING, load_model_config
+from mlxbun.errors import ConfigError, UnsupportedModelError
+from mlxbun.models.rope import rope_type_of
+from mlxbun.models.universal.coverage import check_coverage
+from mlxbun.models.universal.kinds import (
+    COMPILED_SOFTCAP,
+    QKV,
+    Act,
+    AttnKind,
+    AttnScale,
+    BlockKind,
+    EmbedScale,
+    FinalSoftcap,
+    HeadDim,
+    MakeCache,
+    MlpKind,
+    MlpSize,
+    NormKind,
+    NormSlot,
+    ParallelMlpNorm,
+    ParallelSum,
+    PostOp,
+    PreDivide,
+    QKNormAt,
+    QKNormKind,
+    Residual,
+    ResidualScale,
+    RopeKind,
+    TiedOp,
+    TieRule,
+)
+from mlxbun.config_reader import thaw
+from mlxbun.models.universal.resolve import (
+    LayerSpec,
+    UniversalArgs,
+    descriptor_for,
+    resolve_args,
+)
+from mlxbun.models.universal.schema import ArchDescriptor
+
+__all__ = ["Explanation", "Line", "explain", "explain_config"]
+
+
+@dataclass(frozen=True)
+class Line:
+    code: str  # mlx-lm-style pseudo-code
+    note: str = ""  # shapes, constants, where a value comes from
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    layers: tuple[int, ...]
+    attention: str  # "global" or "sliding window W"
+    rope: str  # the layer's rope, "NoPE" when it has none
+    cache: str
+
+
+@dataclass(frozen=True)
+class Explanation:
+    model_type: str
+    target: str
+    config_source: str
+    mlx_lm_file: str
+    sizes: tuple[tuple[str, str, Any], ...]  # (symbol, where it comes from, value)
+    sections: tuple[tuple[str, tuple[Line, ...]], ...]
+    layers: tuple[LayerGroup, ...]
+    coverage: str
+    notes: str = ""
+    descriptor: Mapping[str, Any] = field(default_factory=dict)
+
+    def text(self) -> str:
+        out = [f"{self.model_type}: the universal graph's forward, as mlx-lm 0.32.2 "
+               f"{self.mlx_lm_file} runs it",
+               f"config: {self.config_source}",
+               f"coverage: {self.coverage}",
+               textwrap.fill("sizes: " + ", ".join(f"{s} = {src} = {v}" for s, src, v in self.sizes),
+                             width=100, subsequent_indent="  ")]
+        for title, lines in self.sections:
+            out.append(title)
+            width = max(len(ln.code) for ln in lines) + 4
+            for ln in lines:
+                out.append(f"  {ln.code:<{width}}# {ln.note}".rstrip() if ln.note else f"  {ln.code}")
+        out.append("layers")
+        for g in self.layers:
+            out.append(f"  {_ranges(g.layers)}: {g.attention}; {g.rope}; cache {g.cache}")
+        if self.notes:
+            out.append(f"note: {self.notes}")
+        return "\n".join(out)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model_type": self.model_type, "target": self.target,
+            "config_source": self.config_source, "mlx_lm_file": self.mlx_lm_file,
+            "coverage": self.coverage,
+            "sizes": [{"symbol": s, "from": src, "value": v} for s, src, v in self.sizes],
+            "sections": {title: [dataclasses.asdict(ln) for ln in lines]
+                         for title, lines in self.sections},
+            "layers": [dataclasses.asdict(g) for g in self.layers],
+            "notes": self.notes, "descriptor": dict(self.descriptor),
+        }
+
+
+def explain(target: str | Path) -> Explanation:
+    """Explain a model_type / zoo arch (`llama`, `zoo:llama`) or a checkpoint directory."""
+    text = str(target)
+    arch = text.removeprefix("zoo:")
+    path = Path(text).expanduser()
+    if not text.startswith("zoo:") and (path.exists() or "/" in text or path.suffix == ".json"):
+        if not path.exists():
+            raise ConfigError(f"{text}: no such checkpoint directory")
+        config = load_model_config(path)
+        return explain_config(thaw(config.raw_full), target=text,
+                              source=f"{path / 'config.json' if path.is_dir() else path}",
+                              model_type=config.model_type)
+    d = descriptor_for(arch)  # refuses unknown and not-covered model_types, naming them
+    from mlxbun.zoo import ARCHS, tiny_config  # the zoo only for arch targets
+
+    if arch not in ARCHS:
+        raise UnsupportedModelError(f"'{arch}' ({d.model_type}) has no zoo config to size it; "
+                                    f"explain a checkpoint directory instead")
+    return explain_config(tiny_config(arch), target=text,
+                          source=f"the zoo's tiny config (mlxbun.zoo.tiny_config({arch!r}))")
+
+
+def explain_config(config: Mapping[str, Any], *, target: str, source: str,
+                   model_type: str | None = None) -> Explanation:
+    """Explain the forward a config.json dict resolves to."""
+    raw = thaw(config)
+    mt = model_type or raw.get("model_type")
+    if not isinstance(mt, str):
+        raise ConfigError(f"{source}: required key 'model_type' is missing or not a string")
+    raw.setdefault("model_type", mt)
+    d = descriptor_for(mt)
+    a = resolve_args(d, raw)
+    report = check_coverage(mt, raw)
+    coverage = (f"ok ({len(report.understood)} keys understood)" if report.ok
+                else "REFUSED: " + report.describe())
+    return Explanation(
+        model_type=d.model_type, target=target, config_source=source,
+        mlx_lm_file=f"models/{MODEL_REMAPPING.get(mt, mt)}.py", sizes=_sizes(d, a),
+        sections=_sections(d, a), layers=_layer_groups(d, a), coverage=coverage,
+        notes=d.notes, descriptor=_descriptor_dict(d),
+    )
+
+
+# ----------------------------------------------------------------- sizes
+
+
+def _sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any], ...]:
+    head_dim = {HeadDim.SPLIT: "D // H", HeadDim.FIELD: "head_dim",
+                HeadDim.OR_SPLIT: "head_dim or D // H"}[d.head_dim]
+    inter = d.mlp.intermediate
+    inter = {MlpSize.FOUR_X_HIDDEN: "4 * D",
+             MlpSize.LILLE: "256 * round(int(8 * D / 3) / 256)"}.get(inter, inter)
+    return (("D", d.hidden, a.hidden), ("N", d.n_layers, a.n_layers), ("H", d.n_heads, a.n_heads),
+            ("KV", d.n_kv_heads or "H (multi-head)", a.n_kv_heads), ("hd", head_dim, a.head_dim),
+            ("I", inter, a.intermediate), ("V", d.vocab, a.vocab))
+
+
+# ----------------------------------------------------------------- sections
+
+
+def _field_note(spec: bool | str, value: Any) -> str:
+    return f"{value} ({spec})" if isinstance(spec, str) else str(value)
+
+
+_NORM_TEXT = {
+    NormKind.RMS: "RMSNorm({dims}, eps={eps})",
+    NormKind.GEMMA_RMS: "GemmaRMSNorm({dims}, eps={eps}): x * (1 + weight)",
+    NormKind.LAYERNORM: "LayerNorm({dims}, eps={eps}, bias={bias})",
+    NormKind.LAYERNORM1P: "LayerNorm1P({dims}, eps={eps}): weight + 1",
+    NormKind.FUNCTIONAL_RMS: "rms_norm, no weight, eps 1e-5",
+}
+
+
+def _norm(d: ArchDescriptor, a: UniversalArgs, dims: str = "D") -> str:
+    return _NORM_TEXT[d.norm.kind].format(dims=dims, eps=a.eps, bias=a.norm_bias)
+
+
+def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Line, ...]], ...]:
+    n = d.names
+    return (
+        ("embedding", tuple(_embedding(d, a))),
+        (f"block ({n.root}.{n.layers}[i], i < N): {_block_form(d, a)}", tuple(_block(d, a))),
+        ("norms", (Line(_norm(d, a), "every block norm" + (
+            f"; eps from {d.norm.eps}" if d.norm.kind is not NormKind.FUNCTIONAL_RMS else "")),)),
+        (f"attention ({n.root}.{n.layers}[i].{n.attn})", tuple(_attention(d, a))),
+        (f"mlp ({n.root}.{n.layers}[i].{n.mlp})", tuple(_mlp(d, a))),
+        ("final norm and head", tuple(_head(d, a))),
+    )
+
+
+def _embedding(d: ArchDescriptor, a: UniversalArgs):
+    n = d.names
+    yield Line(f"h = {n.root}.{n.embed}(ids)", "Embedding(V, D)")
+    es = d.embed_scale
+    if es is EmbedScale.SQRT_HIDDEN:
+        yield Line("h = h * D**0.5", f"= {a.fields['hidden_size'] ** 0.5}")
+    elif es is EmbedScale.SQRT_HIDDEN_BF16:
+        yield Line("h = h * array(D**0.5, bfloat16).astype(h.dtype)",
+                   "the factor rounded to bfloat16 first")
+    elif es is not None:
+        yield Line(f"h = h * {es}", f"= {a.embed_scale}")
+    if d.embed_norm:
+        yield Line("h = rms_norm(h)", "no weight, eps 1e-5")
+
+
+def _block_form(d: ArchDescriptor, a: UniversalArgs) -> str:
+    if d.block.inner_norms:
+        form = "pre-norm inside attention and mlp"
+    elif a.parallel:
+        form = "parallel attention and mlp"
+    else:
+        form = {BlockKind.PRE: "pre-norm", BlockKind.SANDWICH: "sandwich norms",
+                BlockKind.POST: "post-norm"}[d.block.kind]
+    if isinstance(d.block.parallel, str):
+        form += f" ({d.block.parallel} = {a.parallel})"
+    return form
+
+
+def _block(d: ArchDescriptor, a: UniversalArgs):
+    n, b = d.names, d.block
+    slots = set(b.norm_slots(a.parallel))
+    functional = d.norm.kind is NormKind.FUNCTIONAL_RMS
+
+    def norm(slot: NormSlot, x: str) -> str:
+        if slot not in slots:
+            return x
+        return f"rms_norm({x})" if functional else f"{n.norms.of(slot)}({x})"
+
+    if a.parallel:
+        if b.parallel_mlp_norm is ParallelMlpNorm.SHARED:
+            yield Line(f"x = {norm(NormSlot.PRE_ATTN, 'h')}", "attention and mlp share it")
+            attn, ff = f"{n.attn}(x)", f"{n.mlp}(x)"
+        else:
+            attn = f"{n.attn}({norm(NormSlot.PRE_ATTN, 'h')})"
+            ff = f"{n.mlp}({norm(NormSlot.PRE_MLP, 'h')})"
+        total = (f"{attn} + {ff} + h" if b.parallel_sum is ParallelSum.ATTN_FF_X
+                 else f"h + {attn} + {ff}")
+        yield Line(f"h = {total}", "one residual, summed in this order")
+        return
+    add = {Residual.PLAIN: "h = h + {r}",
+           Residual.SCALED: "h = h + {r} * s",
+           Residual.CLIP_F16: "h = clip_residual(h, {r})"}[b.residual]
+    note = {Residual.PLAIN: "",
+            Residual.SCALED: f"s = {_residual_scale(d)} = {a.residual_scale}",
+            Residual.CLIP_F16: "float16: added in float32, clipped to the float16 range"}[b.residual]
+    attn = norm(NormSlot.POST_ATTN, f"{n.attn}({norm(NormSlot.PRE_ATTN, 'h')})")
+    ff = norm(NormSlot.POST_MLP, f"{n.mlp}({norm(NormSlot.PRE_MLP, 'h')})")
+    yield Line(add.format(r=attn), note)
+    yield Line(add.format(r=ff), note)
+
+
+def _residual_scale(d: ArchDescriptor) -> str:
+    s = d.block.residual_scale
+    return "scale_depth / N**0.5" if s is ResidualScale.MINICPM_DEPTH else str(s)
+
+
+_SCALE_TEXT = {
+    AttnScale.HEAD_DIM: "hd**-0.5",
+    AttnScale.QPAS_INV_SQRT: "1 / query_pre_attn_scalar**0.5",
+    AttnScale.QPAS_POW: "query_pre_attn_scalar**-0.5",
+    AttnScale.SQRT_INV: "sqrt(1 / hd)",
+    AttnScale.ATTENTION_MULTIPLIER: "attention_multiplier",
+}
+
+_QK_TEXT = {
+    QKNormKind.RMS: "RMSNorm({w}, eps={eps})",
+    QKNormKind.GEMMA_RMS: "GemmaRMSNorm({w}, eps={eps})",
+    QKNormKind.FUNCTIONAL_RMS: "rms_norm, no weight, eps 1e-5",
+    QKNormKind.LAYERNORM_2D: "LayerNorm2D: one LayerNorm weight per head, eps={eps}",
+    QKNormKind.LAYERNORM_PER_HEAD: "a LayerNorm module per head, eps={eps}",
+}
+
+_QK_PLACE = {
+    QKNormAt.FLAT: "flat, on the projections before the head split",
+    QKNormAt.HEADS: "per head, on [B, L, heads, hd] before the transpose",
+    QKNormAt.HEADS_TRANSPOSED: "per head, on [B, heads, L, hd]",
+    QKNormAt.AFTER_ROPE: "after rope",
+}
+
+
+def _attention(d: ArchDescriptor, a: UniversalArgs):
+    n = d.names
+    bias = _field_note(d.attn_bias, a.attn_bias)
+    if d.block.inner_norms:
+        yield Line(f"x = {n.inner_norm}(x)", "RMSNorm(D) inside the attention")
+    if d.qkv is QKV.SEPARATE:
+        yield Line(f"q, k, v = {n.q}(x), {n.k}(x), {n.v}(x)",
+                   f"Linear(D, H*hd), Linear(D, KV*hd) x2; bias={bias}")
+    elif d.qkv is QKV.FUSED:
+        yield Line(f"q, k, v = split({n.qkv}(x), [H*hd, H*hd + KV*hd])",
+                   f"Linear(D, (H + 2*KV)*hd); bias={bias}")
+    else:
+        yield Line(f"q, k, v = split({n.qkv}(x).reshape(B, L, H, 3*hd), 3)",
+                   f"Linear(D, 3*D), q|k|v interleaved per head; bias={bias}")
+    qk = d.qk_norm if a.qk_norm else None
+    qk_line = None
+    if qk is not None:
+        flat = qk.at is QKNormAt.FLAT
+        width = "H*hd / KV*hd" if flat else "hd"
+        code = ("q, k = rms_norm(q), rms_norm(k)" if qk.kind is QKNormKind.FUNCTIONAL_RMS
+                else f"q, k = {qk.names[0]}(q), {qk.names[1]}(k)")
+        qk_line = Line(code, f"{_QK_TEXT[qk.kind].format(w=width, eps=a.eps)}; {_QK_PLACE[qk.at]}")
+    elif d.qk_norm is not None:
+        yield Line("(no q/k norm)", f"{d.qk_norm.enabled} = False")
+    if qk_line and qk.at is QKNormAt.FLAT:
+        yield qk_line
+    if d.qkv is not QKV.FUSED_NEOX:
+        yield Line("q, k, v = heads(q), heads(k), heads(v)", "reshape [B, L, heads, hd], "
+                   "transpose [B, heads, L, hd]")
+    if qk_line and qk.at in (QKNormAt.HEADS, QKNormAt.HEADS_TRANSPOSED):
+        yield qk_line
+    ropes = {_rope_text(s, d, a) for s in a.layers}
+    where = ropes.pop() if len(ropes) == 1 else "per layer, see layers"
+    yield Line("q, k = rope(q, offset), rope(k, offset)", where)
+    if qk_line and qk.at is QKNormAt.AFTER_ROPE:
+        yield qk_line
+    yield Line("k, v = cache.update_and_fetch(k, v)")
+    if a.llama4 is not None:
+        beta, max_pos = a.llama4
+        yield Line("q = q * (1 + beta * log(1 + floor(pos / M)))",
+                   f"llama-4 query scale, beta = {beta}, M = {max_pos}; cast to h.dtype")
+    scale = f"scale = {_SCALE_TEXT[d.attn_scale]} = {a.attn_scale}"
+    mask = "; mask as a bool array" if d.layers.mask_array else ""
+    yield {
+        AttnKind.SDPA: Line("o = sdpa(q, k, v, scale, mask)", scale + mask),
+        AttnKind.SOFTCAP: Line("o = softmax(tanh((q * scale) @ k.T / c) * c + mask) @ v",
+                               f"{scale}; c = attn_logit_softcapping = {a.attn_softcap}; "
+                               f"eager, precise softmax{mask}"),
+        AttnKind.SDPA_F32_IF_F16: Line("o = sdpa(q.astype(f32 if q is f16), k, v).astype(q.dtype)",
+                                       scale + mask),
+        AttnKind.SDPA_Q_F32: Line("o = sdpa(q.astype(float32), k, v).astype(v.dtype)", scale + mask),
+        AttnKind.SDPA_QK_F32: Line("o = sdpa(q.astype(float32), k.astype(float32), v)"
+                                   ".astype(v.dtype)", scale + mask),
+    }[d.attention]
+    yield Line(f"out = {n.o}(o)", f"Linear(H*hd, D); bias={_field_note(d.out_bias, a.out_bias)}")
+
+
+_ACT_TEXT = {
+    Act.SILU: "silu", Act.GELU: "gelu", Act.GELU_APPROX: "gelu_approx",
+    Act.RELU_SQUARED: "relu_squared", Act.RELU2: "relu2",
+}
+
+
+def _mlp(d: ArchDescriptor, a: UniversalArgs):
+    n, m = d.names, d.mlp
+    bias = f"bias={_field_note(m.bias, a.mlp_bias)}"
+    if d.block.inner_norms:
+        yield Line(f"x = {n.inner_norm}(x)", "RMSNorm(D) inside the mlp")
+    act = _ACT_TEXT.get(m.act, n.act)
+    compiled = "; compiled swiglu" if m.act is Act.SILU else ""
+    if m.kind is MlpKind.GATED:
+        yield Line(f"out = {n.down}({act}({n.gate}(x)) * {n.up}(x))",
+                   f"{n.gate}/{n.up} Linear(D, I), {n.down} Linear(I, D); {bias}{compiled}")
+    elif m.kind is MlpKind.GATED_FUSED:
+        yield Line(f"gate, u = split({n.gate_up}(x), 2)", f"Linear(D, 2*I); {bias}")
+        yield Line(f"out = {n.down}({act}(gate) * u)", f"Linear(I, D){compiled}")
+    else:
+        note = {Act.GELU_APPROX: "; gelu with the tanh approximation",
+                Act.RELU_SQUARED: "; relu(x)**2, compiled",
+                Act.XIELU: f"; {n.act} is a XieLU module (learned alpha_p, alpha_n)"}.get(m.act, "")
+        yield Line(f"out = {n.down}({act}({n.up}(x)))",
+                   f"{n.up} Linear(D, I), {n.down} Linear(I, D); {bias}{note}")
+
+
+def _head(d: ArchDescriptor, a: UniversalArgs):
+    n, h = d.names, d.head
+    if d.norm.kind is NormKind.FUNCTIONAL_RMS:
+        yield Line("h = rms_norm(h)", "no weight, eps 1e-5")
+    else:
+        yield Line(f"h = {n.root}.{n.final_norm}(h)", _norm(d, a))
+    embed = f"{n.root}.{n.embed}"
+    tied_code = (f"logits = {embed}.as_linear(h)" if h.tied_op is TiedOp.AS_LINEAR
+                 else f"logits = h @ {embed}.weight.T")
+    if h.in_root:
+        yield Line(f"logits = {n.root}.{n.head}(h)", f"Linear(D, V), bias={h.bias}; never tied")
+    elif h.tie is TieRule.CHECKPOINT:
+        yield Line(f"logits = {n.head}(h)", "when the checkpoint has lm_head.weight, else: "
+                   + tied_code.removeprefix("logits = "))
+    elif a.tie:
+        yield Line(tied_code, "tied to the embedding" + (
+            f" ({h.tie} = True)" if isinstance(h.tie, str) else "")
+            + (f"; {n.head} exists anyway (mlx-lm builds it)" if h.always else ""))
+    else:
+        if h.pre_divide is PreDivide.WIDTH_RATIO:
+            yield Line("h = h / (hidden_size / dim_model_base)", f"= {a.head_pre_divide}")
+        yield Line(f"logits = {n.head}(h)", f"Linear(D, V), bias={h.bias}; untied"
+                   + (f" ({h.tie} = False)" if isinstance(h.tie, str) else ""))
+    if a.head_post is not None:
+        op, value = a.head_post
+        sym = "/" if op is PostOp.DIV else "*"
+        yield Line(f"logits = logits {sym} {h.post.by}", f"= {value}")
+    if h.softcap is FinalSoftcap.COMPILED:
+        yield Line("logits = c * tanh(logits / c)", f"compiled softcap, constant c = {COMPILED_SOFTCAP}")
+    elif a.final_softcap_value is not None:
+        yield Line("logits = tanh(logits / c) * c",
+                   f"c = final_logit_softcapping = {a.final_softcap_value}")
+    elif h.softcap is FinalSoftcap.FIELD:
+        yield Line("(no final softcap)", "final_logit_softcapping is null")
+
+
+# ----------------------------------------------------------------- layers
+
+
+def _rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
+    spec = layer.rope
+    if spec is None:
+        return "NoPE (no rotary embedding)"
+    dims = "hd"
+    if d.rope.partial:
+        dims = f"{spec.dims} of hd ({d.rope.partial} {a.fields[d.rope.partial]})"
+    trad = f", traditional {spec.traditional}" if spec.traditional else ""
+    if spec.kind is RopeKind.INITIALIZE:
+        kind = rope_type_of(spec.scaling)
+        params = {k: v for k, v in (spec.scaling or {}).items()
+                  if k not in ("type", "rope_type", "rope_theta")}
+        extra = f", {_short(params)}" if params else ""
+        local = (f" ({d.rope.sliding_theta}, unscaled)" if layer.sliding and d.rope.sliding_theta
+                 else "")
+        return f"{kind} rope, dims {dims}, base {spec.base}{local}{trad}{extra}"
+    if spec.kind is RopeKind.PHI3:
+        kind = spec.scaling["type"] if spec.scaling else "default"
+        if kind in ("longrope", "su"):
+            return (f"phi3 su-scaled rope (long factors), dims {dims}, base {spec.base}, "
+                    f"original_max_position_embeddings {spec.original_max_positions}")
+        scale = f", scale 1/{spec.scaling['factor']}" if kind == "linear" else ""
+        return f"phi3 rope, dims {dims}, base {spec.base}{trad}{scale}"
+    if spec.kind is RopeKind.NEMOTRON:
+        return f"nn.RoPE, dims {dims}, base {spec.base}, scale {spec.scale}"
+    if spec.kind is RopeKind.HUNYUAN_ALPHA:
+        return (f"NTK-alpha rope, dims {dims}, base {spec.base} * alpha**(dims / (dims - 2)), "
+                f"alpha {spec.alpha}")
+    return f"nanochat rope (negated exp frequencies), dims {dims}, base {spec.base}"
+
+
+def _short(params: Mapping[str, Any]) -> str:
+    def value(v):
+        return f"[{len(v)} values]" if isinstance(v, list) and len(v) > 4 else v
+    return ", ".join(f"{k} {value(v)}" for k, v in params.items())
+
+
+def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]:
+    rotating = d.layers.make_cache is MakeCache.ROTATING_SLIDING
+    one_rope = len({_rope_text(s, d, a) for s in a.layers}) == 1
+
+    def describe(s: LayerSpec) -> tuple[str, str, str]:
+        if s.sliding:
+            attention = f"sliding window {a.sliding_window}"
+            cache = f"RotatingKVCache({a.sliding_window})" if rotating else "KVCache (windowed mask)"
+        else:
+            attention, cache = "global", "KVCache"
+        return attention, "rope as above" if one_rope else _rope_text(s, d, a), cache
+
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for s in a.layers:
+        groups.setdefault(describe(s), []).append(s.index)
+    return tuple(LayerGroup(tuple(idx), *key) for key, idx in groups.items())
+
+
+def _ranges(idx: tuple[int, ...]) -> str:
+    """(0, 1, 2, 4) -> 'layers 0-2, 4'."""
+    parts, start = [], idx[0]
+    for prev, cur in zip(idx, idx[1:] + (None,)):
+        if cur != prev + 1:
+            parts.append(f"{start}-{prev}" if prev > start else f"{start}")
+            start = cur
+    return ("layers " if len(idx) > 1 else "layer ") + ", ".join(parts)
+
+
+def _descriptor_dict(d: ArchDescriptor) -> dict[str, Any]:
+    """The row's knobs (json-ready: enums are their string values)."""
+    row = dataclasses.asdict(d)
+    for key in ("fields", "ignored_keys", "accepted_values", "aliases", "notes"):
+        row.pop(key)
+    return row

@@ -1,0 +1,233 @@
+"""The kinds a descriptor row chooses from: one enum per branch point of the universal graph.
+
+Each member's comment says what the graph does for it; `schema.py` turns a
+row's strings into these members, and `dense.py` dispatches on them through
+tables that `exhaustive` checks at import, so no forward path has an
+"unknown kind" branch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+
+class QKV(StrEnum):
+    SEPARATE = "separate"  # q_proj, k_proj, v_proj
+    FUSED = "fused"  # one projection split [q | k | v] (phi3, lille-130m)
+    FUSED_NEOX = "fused_neox"  # one projection, per-head interleaved q/k/v (gpt_neox)
+
+
+class HeadDim(StrEnum):
+    OR_SPLIT = "or_split"  # head_dim field, else hidden // heads
+    SPLIT = "split"  # hidden // heads
+    FIELD = "field"  # the head_dim field
+
+
+class QKNormKind(StrEnum):
+    RMS = "rms"
+    GEMMA_RMS = "gemma_rms"
+    FUNCTIONAL_RMS = "functional_rms"  # parameter-free rms_norm (nanochat)
+    LAYERNORM_2D = "layernorm2d"  # cohere: one LayerNorm weight per head
+    LAYERNORM_PER_HEAD = "layernorm_per_head"  # stablelm: a LayerNorm module per head
+
+
+class QKNormAt(StrEnum):
+    FLAT = "flat"  # on the projections, before the head reshape (olmo2: width heads * head_dim)
+    HEADS = "heads"  # after the reshape to [B, L, heads, head_dim]
+    HEADS_TRANSPOSED = "heads_transposed"  # after the transpose to [B, heads, L, head_dim]
+    AFTER_ROPE = "after_rope"  # on the rotated queries / keys
+
+
+class AttnScale(StrEnum):
+    HEAD_DIM = "head_dim"  # head_dim**-0.5
+    QPAS_INV_SQRT = "qpas_inv_sqrt"  # 1.0 / (query_pre_attn_scalar ** 0.5)
+    QPAS_POW = "qpas_pow"  # query_pre_attn_scalar ** -0.5
+    SQRT_INV = "sqrt_inv"  # math.sqrt(1 / head_dim)
+    ATTENTION_MULTIPLIER = "attention_multiplier"  # the field itself
+
+
+class AttnKind(StrEnum):
+    SDPA = "sdpa"
+    SOFTCAP = "softcap"  # eager attention with tanh-capped scores (gemma2)
+    SDPA_F32_IF_F16 = "sdpa_f32_if_f16"  # cohere2: float16 queries run in float32
+    SDPA_Q_F32 = "sdpa_q_f32"  # phi: queries in float32, output cast to the values' dtype
+    SDPA_QK_F32 = "sdpa_qk_f32"  # stablelm: queries and keys in float32
+
+
+class QueryScale(StrEnum):
+    LLAMA4 = "llama4"  # ministral3: position-dependent query scale
+
+
+class RopeKind(StrEnum):
+    INITIALIZE = "initialize"  # rope_utils.initialize_rope (scaling dict selects the class)
+    PHI3 = "phi3"  # phi3.py builds its rope by hand (su/longrope, linear)
+    NEMOTRON = "nemotron"  # nn.RoPE with a linear scale
+    HUNYUAN_ALPHA = "hunyuan_alpha"  # NTK-alpha scaled base
+    NANOCHAT = "nanochat"  # negated exp-built frequencies, a function not a child module
+
+
+class NopeRule(StrEnum):
+    NO_ROPE_LAYERS = "no_rope_layers"  # smollm3: the per-layer no_rope_layers flags
+    GLOBAL_LAYERS = "global_layers"  # cohere2, exaone4: rope only on sliding layers
+
+
+class MlpKind(StrEnum):
+    GATED = "gated"  # down(act(gate(x)) * up(x))
+    GATED_FUSED = "gated_fused"  # one gate_up projection, split in two
+    PLAIN = "plain"  # down(act(up(x)))
+
+
+class Act(StrEnum):
+    SILU = "silu"  # compiled swiglu
+    GELU = "gelu"
+    GELU_APPROX = "gelu_approx"  # tanh approximation
+    RELU_SQUARED = "relu_squared"  # nemotron's compiled relu(x)**2
+    RELU2 = "relu2"  # nn.relu2 (nanochat)
+    XIELU = "xielu"  # apertus: the XieLU module (it has parameters)
+
+
+GATED_ACTS = (Act.SILU, Act.GELU, Act.GELU_APPROX)
+FUSED_ACTS = (Act.SILU,)
+PLAIN_ACTS = (Act.GELU, Act.GELU_APPROX, Act.RELU_SQUARED, Act.RELU2, Act.XIELU)
+
+
+class MlpSize(StrEnum):
+    FOUR_X_HIDDEN = "4x_hidden"  # gpt_neox: 4 * hidden_size
+    LILLE = "lille"  # 256 * round(int(8 * hidden / 3) / 256)
+
+
+class NormKind(StrEnum):
+    RMS = "rms"
+    GEMMA_RMS = "gemma_rms"  # x * (1 + weight)
+    LAYERNORM = "layernorm"
+    LAYERNORM1P = "layernorm1p"  # nemotron: weight + 1
+    FUNCTIONAL_RMS = "functional_rms"  # parameter-free, eps 1e-5 (nanochat)
+
+
+class NormSlot(StrEnum):
+    """The four places a block can hold a norm; values are `NormNames` field names."""
+
+    PRE_ATTN = "pre_attn"
+    POST_ATTN = "post_attn"
+    PRE_MLP = "pre_mlp"
+    POST_MLP = "post_mlp"
+
+
+class BlockKind(StrEnum):
+    PRE = "pre"  # x + attn(norm(x)); h + mlp(norm(h))
+    SANDWICH = "sandwich"  # x + norm(attn(norm(x))); h + norm(mlp(norm(h)))
+    POST = "post"  # x + norm(attn(x)); h + norm(mlp(h))
+
+
+# Slots in module-tree order (the order mlx-lm's __init__ assigns them).
+BLOCK_SLOTS: Mapping[BlockKind, tuple[NormSlot, ...]] = {
+    BlockKind.PRE: (NormSlot.PRE_ATTN, NormSlot.PRE_MLP),
+    BlockKind.SANDWICH: tuple(NormSlot),
+    BlockKind.POST: (NormSlot.POST_ATTN, NormSlot.POST_MLP),
+}
+
+
+class ParallelMlpNorm(StrEnum):
+    SHARED = "shared"  # the MLP reads the attention's normed input (cohere, phi, stablelm)
+    OWN = "own"  # the MLP has its own pre-norm (gpt_neox)
+
+
+class ParallelSum(StrEnum):
+    ATTN_FF_X = "attn_ff_x"  # attn + ff + x
+    X_ATTN_FF = "x_attn_ff"  # x + attn + ff
+
+
+class Residual(StrEnum):
+    PLAIN = "plain"  # x + r
+    SCALED = "scaled"  # x + r * residual_scale
+    CLIP_F16 = "clip_f16"  # gemma3: float16 adds in float32, clipped to the float16 range
+
+
+class ResidualScale(StrEnum):
+    MINICPM_DEPTH = "minicpm_depth"  # scale_depth / num_hidden_layers ** 0.5
+
+
+class EmbedScale(StrEnum):
+    SQRT_HIDDEN = "sqrt_hidden"  # h * hidden_size ** 0.5
+    SQRT_HIDDEN_BF16 = "sqrt_hidden_bf16"  # the factor rounded to bfloat16 first (gemma3)
+
+
+class TieRule(StrEnum):
+    CHECKPOINT = "checkpoint"  # tied iff the checkpoint has no head weight (gemma3_text)
+
+
+class TiedOp(StrEnum):
+    AS_LINEAR = "as_linear"  # embed.as_linear(h)
+    MATMUL = "matmul"  # h @ embed.weight.T
+
+
+class PreDivide(StrEnum):
+    WIDTH_RATIO = "width_ratio"  # minicpm: h / (hidden_size / dim_model_base), untied only
+
+
+class PostOp(StrEnum):
+    DIV = "div"
+    MUL = "mul"
+
+
+class FinalSoftcap(StrEnum):
+    NONE = "none"
+    FIELD = "field"  # gemma2: tanh(x / c) * c with c = final_logit_softcapping (None: no cap)
+    COMPILED = "compiled"  # nanochat: the compiled 15 * tanh(x / 15)
+
+
+COMPILED_SOFTCAP = 15.0  # the cap of nanochat's compiled softcap
+
+
+class LayerKinds(StrEnum):
+    ALL_FULL = "all_full"
+    LAYER_TYPES = "layer_types"  # sliding iff layer_types[i] == "sliding_attention"
+    LAYER_TYPES_OLMO3 = "layer_types_olmo3"  # sliding iff layer_types[i] != "full_attention"
+    PERIOD = "period"  # every period-th layer global (gemma3, cohere2)
+    EXAONE = "exaone"  # pattern string of L (local) and G (global), repeated
+
+
+class MakeCache(StrEnum):
+    DEFAULT = "default"  # make_prompt_cache's default: a KVCache per layer
+    ROTATING_SLIDING = "rotating_sliding"  # the file's make_cache: RotatingKVCache on sliding layers
+
+
+class SanitizeOp(StrEnum):
+    DROP_CONTAINING = "drop_containing"  # arg: substring
+    DROP_SUFFIXES = "drop_suffixes"  # arg: tuple of suffixes
+    DROP_TIED_HEAD = "drop_tied_head"
+    NEOX_RENAME = "neox_rename"
+    COPY_IF_MISSING = "copy_if_missing"  # arg: (dst, src)
+    SQUEEZE_SUFFIXES = "squeeze_suffixes"  # arg: tuple of suffixes
+    FP8_SCALE_INV = "fp8_scale_inv"
+
+
+class PostInit(StrEnum):
+    """Named `ModelArgs.__post_init__` steps (implemented in resolve.py)."""
+
+    KV_HEADS_DEFAULT = "kv_heads_default"
+    LAYER_TYPES_FULL = "layer_types_full"
+    REQUIRE_FULL_LAYER = "require_full_layer"
+    LAYER_TYPES_OLMO3 = "layer_types_olmo3"
+    OLMO3_REQUIRE_BOTH = "olmo3_require_both"
+    SMOLLM3_NO_ROPE = "smollm3_no_rope"
+    QWEN3_ROPE_PARAMETERS = "qwen3_rope_parameters"
+    PHI3_ROPE_SCALING = "phi3_rope_scaling"
+    INTERNLM3_ROPE_SCALING = "internlm3_rope_scaling"
+    NEMOTRON_ROPE_SCALING = "nemotron_rope_scaling"
+    HUNYUAN_ROPE_SCALING = "hunyuan_rope_scaling"
+    COHERE2_HEAD_DIM_CHECK = "cohere2_head_dim_check"
+    SPLIT_HEAD_DIM_CHECK = "split_head_dim_check"
+    NEOX_DIVISIBLE = "neox_divisible"
+    MINISTRAL3_ROPE = "ministral3_rope"
+
+
+def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:
+    """A dispatch table keyed by exactly `members` (an enum or some of its members).
+
+    Checked at import, so dispatch never needs an 'unknown kind' branch.
+    """
+    want = set(members)
+    if set(table) != want:
+        raise TypeError(f"dispatch table keys {sorted(map(str, table))} != {sorted(map(str, want))}")
+    return table

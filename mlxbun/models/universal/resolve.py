@@ -1,0 +1,419 @@
+"""A descriptor row applied to one config: mlx-lm's `ModelArgs` emulated, then every number.
+
+`model_args(descriptor, config)` reproduces `ModelArgs.from_dict` (+ its
+`__post_init__`, as the row's named steps); `resolve_args` turns the row into
+concrete numbers (`UniversalArgs`). Every value mlx-lm computes in python
+(scales, multipliers, rope bases) is computed here with the same python
+expression, so the float is the same bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from mlxbun.config import MODEL_REMAPPING
+from mlxbun.config_reader import thaw  # config mappings are read-only; mlx-lm sees plain json
+from mlxbun.errors import ConfigError, UnsupportedModelError
+from mlxbun.models.universal.kinds import (
+    AttnKind,
+    AttnScale,
+    EmbedScale,
+    FinalSoftcap,
+    HeadDim,
+    LayerKinds,
+    MakeCache,
+    MlpSize,
+    NopeRule,
+    NormKind,
+    PostInit,
+    PostOp,
+    PreDivide,
+    QueryScale,
+    ResidualScale,
+    RopeKind,
+    TieRule,
+    exhaustive,
+)
+from mlxbun.models.universal.not_covered import NOT_COVERED
+from mlxbun.models.universal.schema import REQUIRED, ArchDescriptor
+from mlxbun.models.universal.table import DESCRIPTORS
+
+__all__ = ["LayerSpec", "RopeSpec", "UniversalArgs", "descriptor_for", "layer_kinds",
+           "model_args", "resolve_args", "thaw"]
+
+
+def descriptor_for(model_type: str) -> ArchDescriptor:
+    """The descriptor row of a model_type (after mlx-lm's remapping), or a refusal."""
+    mt = MODEL_REMAPPING.get(model_type, model_type)
+    d = DESCRIPTORS.get(mt)
+    if d is not None:
+        return d
+    supported = ", ".join(sorted(DESCRIPTORS))
+    why = f" ({NOT_COVERED[mt]})" if mt in NOT_COVERED else ""
+    shown = model_type if mt == model_type else f"{model_type} (mlx-lm: {mt})"
+    raise UnsupportedModelError(
+        f"model_type '{shown}' is not supported by the universal dense graph{why}; "
+        f"supported: {supported}"
+    )
+
+
+# ----------------------------------------------------------------- resolved arguments
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """One layer's rope, as the constructor arguments of its class."""
+
+    kind: RopeKind
+    dims: int
+    base: Any
+    traditional: Any = False
+    scaling: Mapping | None = None  # initialize: the scaling dict; phi3: rope_scaling
+    max_positions: Any = None
+    original_max_positions: Any = None  # phi3
+    scale: Any = 1.0  # nemotron: 1 / factor for linear scaling
+    alpha: Any = 1.0  # hunyuan_alpha
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    index: int
+    sliding: bool
+    rope: RopeSpec | None  # None: NoPE
+
+
+@dataclass(frozen=True)
+class UniversalArgs:
+    """A descriptor applied to one config: every number the graph needs."""
+
+    model_type: str
+    fields: Mapping[str, Any]  # the ModelArgs view (after __post_init__)
+    hidden: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab: int
+    intermediate: int
+    eps: float
+    attn_bias: bool
+    out_bias: bool
+    mlp_bias: bool
+    norm_bias: bool
+    qk_norm: bool
+    attn_scale: float
+    attn_softcap: float | None
+    layers: tuple[LayerSpec, ...]
+    sliding_window: int | None
+    tie: bool  # for TieRule.CHECKPOINT: the constructor's choice (untied), the loader decides
+    embed_scale: Any  # the multiplier of an embed_scale field (the sqrt kinds compute theirs)
+    residual_scale: Any
+    head_pre_divide: Any
+    head_post: tuple[PostOp, Any] | None
+    final_softcap: FinalSoftcap
+    final_softcap_value: float | None  # None: no cap applied
+    llama4: tuple[float, int] | None  # (beta, original_max_position_embeddings)
+    parallel: bool
+
+
+# ----------------------------------------------------------------- ModelArgs emulation
+
+
+def _fail(model_type: str, msg: str) -> ConfigError:
+    return ConfigError(f"config.json ({model_type}): {msg}")
+
+
+def _kv_heads_default(a: dict, mt: str) -> None:
+    if a.get("num_key_value_heads") is None:
+        a["num_key_value_heads"] = a["num_attention_heads"]
+
+
+def _layer_types_full(a: dict, mt: str) -> None:
+    if a["layer_types"] is None:
+        a["layer_types"] = ["full_attention"] * a["num_hidden_layers"]
+
+
+def _require_full_layer(a: dict, mt: str) -> None:
+    if "full_attention" not in a["layer_types"]:
+        raise _fail(mt, "layer_types has no 'full_attention' layer (mlx-lm needs one)")
+
+
+def _layer_types_olmo3(a: dict, mt: str) -> None:
+    if a["layer_types"] is None:
+        a["layer_types"] = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention"
+                            for i in range(a["num_hidden_layers"])]
+
+
+def _olmo3_require_both(a: dict, mt: str) -> None:
+    for kind in ("sliding_attention", "full_attention"):
+        if kind not in a["layer_types"]:
+            raise _fail(mt, f"layer_types has no '{kind}' layer (mlx-lm's olmo3 needs both)")
+
+
+def _smollm3_no_rope(a: dict, mt: str) -> None:
+    if a["no_rope_layers"] is None:
+        a["no_rope_layers"] = [int((i + 1) % a["no_rope_layer_interval"] != 0)
+                               for i in range(a["num_hidden_layers"])]
+    elif len(a["no_rope_layers"]) != a["num_hidden_layers"]:
+        raise _fail(mt, "`no_rope_layers` length mismatch")
+
+
+def _qwen3_rope_parameters(a: dict, mt: str) -> None:
+    # transformers >= 5 nests rope_theta and rope_scaling under rope_parameters.
+    if a["rope_parameters"]:
+        if a["rope_theta"] is None:
+            a["rope_theta"] = a["rope_parameters"].get("rope_theta")
+        if a["rope_scaling"] is None:
+            a["rope_scaling"] = a["rope_parameters"]
+    if a["rope_theta"] is None:
+        raise _fail(mt, "rope_theta is missing from the model config.")
+
+
+def _phi3_rope_scaling(a: dict, mt: str) -> None:
+    rs = a["rope_scaling"]
+    if rs:
+        if not all(k in rs for k in ("long_factor", "type")):
+            raise _fail(mt, "rope_scaling must contain keys {'long_factor', 'type'}")
+        if rs["type"] not in ["longrope", "su", "linear"]:
+            a["rope_scaling"] = None  # mlx-lm warns and disables the scaling
+        elif rs["type"] == "linear" and not isinstance(rs.get("factor"), float):
+            raise _fail(mt, "rope_scaling.factor must be a float for linear scaling")
+        elif rs["type"] != "linear" and "short_factor" not in rs:
+            raise _fail(mt, "rope_scaling lacks 'short_factor'")
+
+
+def _internlm3_rope_scaling(a: dict, mt: str) -> None:
+    rs = a["rope_scaling"]
+    if rs:
+        if not all(k in rs for k in ("factor", "rope_type")):
+            raise _fail(mt, "rope_scaling must contain keys {'factor', 'rope_type'}")
+        if rs["rope_type"] not in ["linear", "dynamic"]:
+            raise _fail(mt, "rope_scaling 'rope_type' currently only supports 'linear' or 'dynamic'")
+
+
+def _nemotron_rope_scaling(a: dict, mt: str) -> None:
+    rs = a["rope_scaling"]
+    if rs:
+        if "factor" not in rs:
+            raise _fail(mt, "rope_scaling must contain 'factor'")
+        rope_type = rs.get("type") or rs.get("rope_type")
+        if rope_type is None:
+            raise _fail(mt, "rope_scaling must contain either 'type' or 'rope_type'")
+        if rope_type not in ["linear"]:
+            raise _fail(mt, "rope_scaling 'type' currently only supports 'linear'")
+        if "type" not in rs:  # the Attention reads rope_scaling["type"] (KeyError in mlx-lm)
+            raise _fail(mt, "rope_scaling needs the key 'type' (mlx-lm's nemotron reads it)")
+        if not isinstance(rs["factor"], float):  # mlx-lm asserts a float
+            raise _fail(mt, "rope_scaling.factor must be a float")
+
+
+def _hunyuan_rope_scaling(a: dict, mt: str) -> None:
+    rs = a["rope_scaling"]
+    if rs and not all(k in rs for k in ("alpha", "factor", "type")):
+        raise _fail(mt, "rope_scaling must contain keys {'alpha', 'factor', 'type'}")
+
+
+def _cohere2_head_dim_check(a: dict, mt: str) -> None:
+    if a["head_dim"] * a["num_attention_heads"] != a["hidden_size"]:
+        raise _fail(mt, "hidden_size must equal head_dim * num_attention_heads")
+
+
+def _split_head_dim_check(a: dict, mt: str) -> None:
+    if (a["hidden_size"] // a["num_attention_heads"]) * a["num_attention_heads"] != a["hidden_size"]:
+        raise _fail(mt, "hidden_size must be divisible by num_attention_heads")
+
+
+def _ministral3_rope(a: dict, mt: str) -> None:
+    rp = a["rope_parameters"]
+    if not isinstance(rp, Mapping):
+        raise _fail(mt, "rope_parameters is required (mlx-lm's ministral3 reads it)")
+    for key in ("rope_theta", "llama_4_scaling_beta", "original_max_position_embeddings"):
+        if key not in rp:
+            raise _fail(mt, f"rope_parameters lacks '{key}'")
+
+
+_POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit, {
+    PostInit.KV_HEADS_DEFAULT: _kv_heads_default,
+    PostInit.LAYER_TYPES_FULL: _layer_types_full,
+    PostInit.REQUIRE_FULL_LAYER: _require_full_layer,
+    PostInit.LAYER_TYPES_OLMO3: _layer_types_olmo3,
+    PostInit.OLMO3_REQUIRE_BOTH: _olmo3_require_both,
+    PostInit.SMOLLM3_NO_ROPE: _smollm3_no_rope,
+    PostInit.QWEN3_ROPE_PARAMETERS: _qwen3_rope_parameters,
+    PostInit.PHI3_ROPE_SCALING: _phi3_rope_scaling,
+    PostInit.INTERNLM3_ROPE_SCALING: _internlm3_rope_scaling,
+    PostInit.NEMOTRON_ROPE_SCALING: _nemotron_rope_scaling,
+    PostInit.HUNYUAN_ROPE_SCALING: _hunyuan_rope_scaling,
+    PostInit.COHERE2_HEAD_DIM_CHECK: _cohere2_head_dim_check,
+    PostInit.SPLIT_HEAD_DIM_CHECK: _split_head_dim_check,
+    PostInit.NEOX_DIVISIBLE: _split_head_dim_check,
+    PostInit.MINISTRAL3_ROPE: _ministral3_rope,
+})
+
+
+def model_args(d: ArchDescriptor, config: Mapping[str, Any]) -> dict[str, Any]:
+    """`ModelArgs.from_dict(config)` + `__post_init__`: only the fields, defaults filled."""
+    missing = [k for k, v in d.fields.items() if v is REQUIRED and k not in config]
+    if missing:
+        raise _fail(d.model_type, f"missing required key(s) {', '.join(missing)}")
+    a = {k: thaw(config[k]) if k in config else thaw(v) for k, v in d.fields.items()}
+    for step in d.post_init:
+        _POST_INIT[step](a, d.model_type)
+    return a
+
+
+def _get(a: Mapping[str, Any], spec: bool | str | None, mt: str) -> Any:
+    """A knob value: a literal, or a (dotted) ModelArgs field."""
+    if not isinstance(spec, str):
+        return spec
+    head, _, rest = spec.partition(".")
+    value = a[head]
+    if rest:
+        if not isinstance(value, Mapping) or rest not in value:
+            raise _fail(mt, f"'{head}' lacks '{rest}'")
+        value = value[rest]
+    return value
+
+
+# ----------------------------------------------------------------- resolution
+
+
+def layer_kinds(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
+    """Per layer: sliding (True) or global (False), as mlx-lm derives it."""
+    kind = d.layers.kinds
+    if kind is LayerKinds.ALL_FULL:
+        return [False] * n
+    if kind is LayerKinds.LAYER_TYPES:
+        return [lt == "sliding_attention" for lt in a["layer_types"]]
+    if kind is LayerKinds.LAYER_TYPES_OLMO3:
+        return [lt != "full_attention" for lt in a["layer_types"]]
+    pattern = a[d.layers.period]
+    if kind is LayerKinds.PERIOD:
+        if not isinstance(pattern, int) or isinstance(pattern, bool) or not 0 < pattern <= n:
+            # mlx-lm takes the global mask from cache[p - 1]
+            raise _fail(d.model_type, f"'{d.layers.period}' must be an integer in 1..{n}, "
+                                      f"got {pattern!r}")
+        return [(i + 1) % pattern != 0 for i in range(n)]
+    # LayerKinds.EXAONE: a string of L (local) and G (global), repeated
+    if pattern and (not isinstance(pattern, str) or "L" not in pattern or "G" not in pattern):
+        raise _fail(d.model_type, f"'{d.layers.period}' must be a string of L and G holding "
+                                  f"both, got {pattern!r}")
+    return [pattern[i % len(pattern)] == "L" if pattern else False for i in range(n)]
+
+
+def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int) -> RopeSpec | None:
+    r, mt = d.rope, d.model_type
+    if r.nope is NopeRule.NO_ROPE_LAYERS and not a["no_rope_layers"][i]:
+        return None
+    if r.nope is NopeRule.GLOBAL_LAYERS:
+        if d.layers.kinds is LayerKinds.EXAONE and not a[d.layers.period]:
+            pass  # exaone4 without a pattern: every layer ropes
+        elif not sliding:
+            return None
+    dims = int(head_dim * _get(a, r.partial, mt)) if r.partial else head_dim
+    base = _get(a, r.theta, mt)
+    if r.kind is RopeKind.INITIALIZE:
+        traditional = _get(a, r.traditional, mt)
+        if sliding and r.sliding_theta:
+            return RopeSpec(r.kind, dims, _get(a, r.sliding_theta, mt), traditional)
+        scaling = _get(a, r.scaling, mt) if r.scaling else None
+        max_pos = _get(a, r.max_positions, mt) if r.max_positions else None
+        return RopeSpec(r.kind, dims, base, traditional, scaling, max_pos)
+    if r.kind is RopeKind.PHI3:
+        return RopeSpec(r.kind, dims, base, a["rope_traditional"], a["rope_scaling"],
+                        a["max_position_embeddings"], a["original_max_position_embeddings"])
+    if r.kind is RopeKind.NEMOTRON:
+        rs = a["rope_scaling"]
+        scale = 1 / rs["factor"] if rs and rs["type"] == "linear" else 1.0
+        return RopeSpec(r.kind, dims, base, scale=scale)
+    if r.kind is RopeKind.HUNYUAN_ALPHA:
+        rs = a["rope_scaling"]
+        alpha = rs["alpha"] if rs and "alpha" in rs else 1.0
+        return RopeSpec(r.kind, dims, base, alpha=alpha)
+    return RopeSpec(r.kind, dims, base)  # RopeKind.NANOCHAT
+
+
+_ATTN_SCALES: Mapping[AttnScale, Callable[[dict, int], float]] = exhaustive(AttnScale, {
+    AttnScale.HEAD_DIM: lambda a, head_dim: head_dim**-0.5,
+    AttnScale.QPAS_INV_SQRT: lambda a, head_dim: 1.0 / (a["query_pre_attn_scalar"] ** 0.5),
+    AttnScale.QPAS_POW: lambda a, head_dim: a["query_pre_attn_scalar"] ** -0.5,
+    AttnScale.SQRT_INV: lambda a, head_dim: math.sqrt(1 / head_dim),
+    AttnScale.ATTENTION_MULTIPLIER: lambda a, head_dim: a["attention_multiplier"],
+})
+
+
+def _int_field(a: dict, name: str, mt: str) -> int:
+    v = a[name]
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise _fail(mt, f"'{name}' must be a positive integer, got {v!r}")
+    return v
+
+
+def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
+    """Apply a descriptor to a config dict (the whole config.json, as mlx-lm reads it)."""
+    mt = d.model_type
+    a = model_args(d, config)
+    hidden = _int_field(a, d.hidden, mt)
+    n_layers = _int_field(a, d.n_layers, mt)
+    n_heads = _int_field(a, d.n_heads, mt)
+    n_kv = _int_field(a, d.n_kv_heads, mt) if d.n_kv_heads else n_heads
+    vocab = _int_field(a, d.vocab, mt)
+    if d.head_dim is HeadDim.SPLIT:
+        head_dim = hidden // n_heads
+    elif d.head_dim is HeadDim.FIELD:
+        head_dim = _int_field(a, "head_dim", mt)
+    else:
+        head_dim = a.get("head_dim") or hidden // n_heads
+    if d.mlp.intermediate is MlpSize.FOUR_X_HIDDEN:
+        inter = 4 * hidden
+    elif d.mlp.intermediate is MlpSize.LILLE:
+        inter = 256 * round(int(8 * hidden / 3) / 256)
+    else:
+        inter = _int_field(a, d.mlp.intermediate, mt)
+
+    kinds = layer_kinds(d, a, n_layers)
+    if len(kinds) != n_layers:
+        raise _fail(mt, f"{len(kinds)} layer kinds for {n_layers} layers")
+    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, head_dim)) for i, s in enumerate(kinds))
+    window = a[d.layers.sliding_window] if d.layers.sliding_window else None
+    if any(kinds) and d.layers.make_cache is MakeCache.ROTATING_SLIDING:
+        if not isinstance(window, int) or window <= 0:
+            raise _fail(mt, f"sliding layers need a positive integer sliding_window, got {window!r}")
+
+    tie = False if d.head.tie is TieRule.CHECKPOINT else bool(_get(a, d.head.tie, mt))
+    b = d.block
+    if b.residual_scale is ResidualScale.MINICPM_DEPTH:
+        residual_scale = a["scale_depth"] / a["num_hidden_layers"] ** 0.5
+    else:
+        residual_scale = _get(a, b.residual_scale, mt)
+    embed_scale = d.embed_scale
+    if embed_scale is not None and not isinstance(embed_scale, EmbedScale):
+        embed_scale = a[embed_scale]
+    pre_divide = (a["hidden_size"] / a["dim_model_base"]
+                  if d.head.pre_divide is PreDivide.WIDTH_RATIO else None)
+    post = (d.head.post.op, a[d.head.post.by]) if d.head.post else None
+    softcap = d.head.softcap
+    softcap_value = a["final_logit_softcapping"] if softcap is FinalSoftcap.FIELD else None
+    llama4 = None
+    if d.query_scale is QueryScale.LLAMA4:
+        rp = a["rope_parameters"]
+        llama4 = (rp["llama_4_scaling_beta"], rp["original_max_position_embeddings"])
+
+    return UniversalArgs(
+        model_type=mt, fields=MappingProxyType(a), hidden=hidden, n_layers=n_layers,
+        n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab=vocab, intermediate=inter,
+        eps=a[d.norm.eps] if d.norm.kind is not NormKind.FUNCTIONAL_RMS else 1e-5,
+        attn_bias=bool(_get(a, d.attn_bias, mt)), out_bias=bool(_get(a, d.out_bias, mt)),
+        mlp_bias=bool(_get(a, d.mlp.bias, mt)), norm_bias=bool(_get(a, d.norm.bias, mt)),
+        qk_norm=bool(d.qk_norm and _get(a, d.qk_norm.enabled, mt)),
+        attn_scale=_ATTN_SCALES[d.attn_scale](a, head_dim),
+        attn_softcap=a["attn_logit_softcapping"] if d.attention is AttnKind.SOFTCAP else None,
+        layers=layers, sliding_window=window, tie=tie, embed_scale=embed_scale,
+        residual_scale=residual_scale, head_pre_divide=pre_divide, head_post=post,
+        final_softcap=softcap, final_softcap_value=softcap_value, llama4=llama4,
+        parallel=bool(_get(a, b.parallel, mt)),
+    )

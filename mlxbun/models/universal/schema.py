@@ -1,0 +1,411 @@
+"""The descriptor schema: what one row of the table (`table.py`) may say, checked when it is built.
+
+A row (`ArchDescriptor`) is declarative: which branch of each op the arch takes
+(qk-norm kind and place, norm kind and placement, MLP shape, attention dispatch,
+rope kind, head post-processing, ...), which mlx-lm `ModelArgs` fields it reads
+with their defaults, the module names of the mlx-lm file (so parameter paths and
+safetensors names are identical), and the `sanitize` rules of that file.
+
+Every branch choice is an enum. Rows may spell a kind as its string value; the
+row's `__post_init__` turns it into the enum member, and a typo, a field name
+the row does not declare, or a combination the graph has no branch for raises a
+`DescriptorError` naming the model_type, the knob and the accepted values, at
+import time instead of at the first forward.
+
+Knobs typed `bool | str` are a literal or the name of a `ModelArgs` field;
+knobs typed `SomeEnum | str` are a named computation or the name of a field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from mlxbun.errors import MlxbunError
+from mlxbun.models.universal.kinds import (
+    BLOCK_SLOTS,
+    FUSED_ACTS,
+    GATED_ACTS,
+    PLAIN_ACTS,
+    QKV,
+    Act,
+    AttnKind,
+    AttnScale,
+    BlockKind,
+    EmbedScale,
+    FinalSoftcap,
+    HeadDim,
+    LayerKinds,
+    MakeCache,
+    MlpKind,
+    MlpSize,
+    NopeRule,
+    NormKind,
+    NormSlot,
+    ParallelMlpNorm,
+    ParallelSum,
+    PostInit,
+    PostOp,
+    PreDivide,
+    QKNormAt,
+    QKNormKind,
+    QueryScale,
+    Residual,
+    ResidualScale,
+    RopeKind,
+    SanitizeOp,
+    TieRule,
+    TiedOp,
+)
+
+REQUIRED = "<required>"  # a ModelArgs field without a default
+
+
+class DescriptorError(MlxbunError):
+    """A descriptor row names a kind, field or combination the universal graph does not have."""
+
+
+def _kind(enum: type[StrEnum], default: Any = dataclasses.MISSING, *, or_field: bool = False,
+          or_bool: bool = False):
+    """A dataclass field holding a member of `enum`; None only where that is the default.
+
+    or_field: the value may instead name a ModelArgs field; or_bool: it may be a literal bool.
+    """
+    return field(default=default, metadata={"kind": enum, "or_field": or_field, "or_bool": or_bool,
+                                            "optional": default is None})
+
+
+# ----------------------------------------------------------------- descriptor parts
+
+
+@dataclass(frozen=True)
+class NormNames:
+    """The block's norm modules by slot; None = the slot holds no norm."""
+
+    pre_attn: str | None = "input_layernorm"
+    post_attn: str | None = None
+    pre_mlp: str | None = "post_attention_layernorm"
+    post_mlp: str | None = None
+
+    def of(self, slot: NormSlot) -> str | None:
+        return getattr(self, slot.value)
+
+
+@dataclass(frozen=True)
+class Names:
+    """mlx-lm attribute names: they are the parameter paths and the safetensors keys."""
+
+    root: str = "model"  # Model.<root> holds embed / layers / final norm
+    embed: str = "embed_tokens"
+    layers: str = "layers"
+    final_norm: str | None = "norm"
+    head: str = "lm_head"
+    attn: str = "self_attn"
+    mlp: str = "mlp"
+    q: str = "q_proj"
+    k: str = "k_proj"
+    v: str = "v_proj"
+    o: str = "o_proj"
+    qkv: str = "qkv_proj"  # fused projection (phi3, lille-130m, gpt_neox)
+    gate: str = "gate_proj"
+    up: str = "up_proj"  # the input projection of a plain 2-layer MLP too
+    down: str = "down_proj"
+    gate_up: str = "gate_up_proj"
+    norms: NormNames = NormNames()
+    inner_norm: str = "norm"  # lille-130m: the pre-norm lives inside attention / mlp
+    act: str = "act_fn"  # apertus: the XieLU module (it has parameters)
+
+
+@dataclass(frozen=True)
+class QKNormKnobs:
+    kind: QKNormKind = _kind(QKNormKind)
+    at: QKNormAt = _kind(QKNormAt)
+    enabled: bool | str = True  # literal, or the ModelArgs field that switches it
+    names: tuple[str, str] = ("q_norm", "k_norm")
+
+
+@dataclass(frozen=True)
+class RopeKnobs:
+    kind: RopeKind = _kind(RopeKind, RopeKind.INITIALIZE)
+    theta: str = "rope_theta"  # field (dotted = nested key, e.g. rope_parameters.rope_theta)
+    traditional: bool | str = "rope_traditional"
+    scaling: str | None = "rope_scaling"  # field holding the scaling dict, None = never scaled
+    max_positions: str | None = "max_position_embeddings"
+    partial: str | None = None  # field holding the rotary fraction: dims = int(head_dim * f)
+    nope: NopeRule | None = _kind(NopeRule, None)
+    sliding_theta: str | None = None  # sliding layers: plain rope with this base, no scaling
+    child: bool = True  # the rope is the attention's `rope` child module (nanochat: a function)
+    nope_child: bool = True  # NoPE layers still have a `rope` child (exaone4: none)
+
+
+@dataclass(frozen=True)
+class MlpKnobs:
+    kind: MlpKind = _kind(MlpKind, MlpKind.GATED)
+    act: Act = _kind(Act, Act.SILU)
+    bias: bool | str = False
+    intermediate: MlpSize | str = _kind(MlpSize, "intermediate_size", or_field=True)
+
+
+@dataclass(frozen=True)
+class NormKnobs:
+    kind: NormKind = _kind(NormKind, NormKind.RMS)
+    eps: str = "rms_norm_eps"  # field (functional_rms: unused, eps is 1e-5)
+    bias: bool | str = True  # layernorm kinds only
+
+
+@dataclass(frozen=True)
+class BlockKnobs:
+    kind: BlockKind = _kind(BlockKind, BlockKind.PRE)
+    parallel: bool | str = False  # attention and MLP read the same input
+    parallel_mlp_norm: ParallelMlpNorm = _kind(ParallelMlpNorm, ParallelMlpNorm.SHARED)
+    parallel_sum: ParallelSum = _kind(ParallelSum, ParallelSum.ATTN_FF_X)
+    residual: Residual = _kind(Residual, Residual.PLAIN)
+    residual_scale: ResidualScale | str | None = _kind(ResidualScale, None, or_field=True)
+    inner_norms: bool = False  # lille-130m: attention / mlp apply their own pre-norm
+
+    def norm_slots(self, parallel: bool) -> tuple[NormSlot, ...]:
+        """The slots holding a norm module, in module-tree order."""
+        if self.inner_norms:
+            return ()
+        if parallel:
+            if self.parallel_mlp_norm is ParallelMlpNorm.OWN:
+                return (NormSlot.PRE_ATTN, NormSlot.PRE_MLP)
+            return (NormSlot.PRE_ATTN,)
+        return BLOCK_SLOTS[self.kind]
+
+
+@dataclass(frozen=True)
+class LogitScale:
+    op: PostOp = _kind(PostOp)
+    by: str = ""  # the ModelArgs field holding the divisor / multiplier
+
+
+@dataclass(frozen=True)
+class HeadKnobs:
+    tie: bool | TieRule | str = _kind(TieRule, "tie_word_embeddings", or_field=True, or_bool=True)
+    tied_op: TiedOp = _kind(TiedOp, TiedOp.AS_LINEAR)
+    always: bool = False  # the lm_head module exists even when tied (helium)
+    bias: bool = False
+    in_root: bool = False  # the head is Model.<root>.<head> (gpt_neox embed_out)
+    pre_divide: PreDivide | None = _kind(PreDivide, None)
+    post: LogitScale | None = None
+    softcap: FinalSoftcap = _kind(FinalSoftcap, FinalSoftcap.NONE)
+
+
+@dataclass(frozen=True)
+class LayerKnobs:
+    kinds: LayerKinds = _kind(LayerKinds, LayerKinds.ALL_FULL)
+    sliding_window: str | None = None  # field
+    period: str | None = None  # field for "period" (int) and "exaone" (pattern string)
+    make_cache: MakeCache = _kind(MakeCache, MakeCache.DEFAULT)
+    mask_array: bool = False  # gemma2: create_attention_mask(..., return_array=True)
+
+
+@dataclass(frozen=True)
+class SanitizeRule:
+    """One step of the mlx-lm file's `sanitize`, applied to the weight dict in order."""
+
+    op: SanitizeOp = _kind(SanitizeOp)
+    arg: Any = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ArchDescriptor:
+    model_type: str
+    fields: Mapping[str, Any]  # mlx-lm ModelArgs fields -> default (REQUIRED: no default)
+    post_init: tuple[PostInit, ...] = ()  # named ModelArgs.__post_init__ steps
+    # sizes
+    hidden: str = "hidden_size"
+    n_layers: str = "num_hidden_layers"
+    n_heads: str = "num_attention_heads"
+    n_kv_heads: str | None = "num_key_value_heads"  # None: = n_heads (MHA)
+    vocab: str = "vocab_size"
+    head_dim: HeadDim = _kind(HeadDim, HeadDim.OR_SPLIT)
+    names: Names = Names()
+    # attention
+    qkv: QKV = _kind(QKV, QKV.SEPARATE)
+    attn_bias: bool | str = False
+    out_bias: bool | str = False
+    qk_norm: QKNormKnobs | None = None
+    attn_scale: AttnScale = _kind(AttnScale, AttnScale.HEAD_DIM)
+    attention: AttnKind = _kind(AttnKind, AttnKind.SDPA)
+    query_scale: QueryScale | None = _kind(QueryScale, None)
+    rope: RopeKnobs = RopeKnobs()
+    mlp: MlpKnobs = MlpKnobs()
+    norm: NormKnobs = NormKnobs()
+    block: BlockKnobs = BlockKnobs()
+    embed_scale: EmbedScale | str | None = _kind(EmbedScale, None, or_field=True)
+    embed_norm: bool = False  # nanochat: functional rms_norm after the embedding
+    head: HeadKnobs = HeadKnobs()
+    layers: LayerKnobs = LayerKnobs()
+    sanitize: tuple[SanitizeRule, ...] = ()
+    # config keys mlx-lm deliberately ignores for this arch (known; reported, never refused)
+    ignored_keys: Mapping[str, str] = field(default_factory=dict)
+    # config keys whose value must be one mlx-lm implements (e.g. hidden_act)
+    accepted_values: Mapping[str, tuple] = field(default_factory=dict)
+    # config keys mlx-lm does not read that must equal a field it does read (gpt_neox rope_theta)
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    notes: str = ""
+
+    def __post_init__(self):
+        _check_kinds(self, self, "")
+        post_init = tuple(_coerce(self, f"post_init[{i}]", PostInit, s)
+                          for i, s in enumerate(self.post_init))
+        object.__setattr__(self, "post_init", post_init)
+        _check_combinations(self)
+        for where, name in self.field_refs():
+            if name.partition(".")[0] not in self.fields:
+                raise self.error(f"{where} reads the field {name!r}, which is not among the row's "
+                                 f"ModelArgs fields ({', '.join(self.fields)})")
+
+    def error(self, msg: str) -> DescriptorError:
+        return DescriptorError(f"descriptor {self.model_type!r}: {msg}")
+
+    def field_refs(self) -> Iterator[tuple[str, str]]:
+        """(knob, ModelArgs field) for every field the resolution of this row reads."""
+        yield from (("hidden", self.hidden), ("n_layers", self.n_layers),
+                    ("n_heads", self.n_heads), ("vocab", self.vocab))
+        if self.n_kv_heads:
+            yield "n_kv_heads", self.n_kv_heads
+        if self.head_dim is not HeadDim.SPLIT:
+            yield "head_dim", "head_dim"
+        for knob, value in (("attn_bias", self.attn_bias), ("out_bias", self.out_bias),
+                            ("mlp.bias", self.mlp.bias), ("norm.bias", self.norm.bias),
+                            ("block.parallel", self.block.parallel),
+                            ("qk_norm.enabled", self.qk_norm.enabled if self.qk_norm else False)):
+            if isinstance(value, str):
+                yield knob, value
+        if self.attn_scale in (AttnScale.QPAS_INV_SQRT, AttnScale.QPAS_POW):
+            yield "attn_scale", "query_pre_attn_scalar"
+        elif self.attn_scale is AttnScale.ATTENTION_MULTIPLIER:
+            yield "attn_scale", "attention_multiplier"
+        if self.attention is AttnKind.SOFTCAP:
+            yield "attention", "attn_logit_softcapping"
+        if self.query_scale is QueryScale.LLAMA4:
+            yield "query_scale", "rope_parameters"
+        yield from self._rope_refs()
+        if not isinstance(self.mlp.intermediate, MlpSize):
+            yield "mlp.intermediate", self.mlp.intermediate
+        if self.norm.kind is not NormKind.FUNCTIONAL_RMS:
+            yield "norm.eps", self.norm.eps
+        b = self.block
+        if b.residual_scale is ResidualScale.MINICPM_DEPTH:
+            yield from (("block.residual_scale", "scale_depth"),
+                        ("block.residual_scale", "num_hidden_layers"))
+        elif b.residual_scale is not None:
+            yield "block.residual_scale", b.residual_scale
+        if self.embed_scale in (EmbedScale.SQRT_HIDDEN, EmbedScale.SQRT_HIDDEN_BF16):
+            yield "embed_scale", "hidden_size"
+        elif self.embed_scale is not None:
+            yield "embed_scale", self.embed_scale
+        h = self.head
+        if isinstance(h.tie, str) and not isinstance(h.tie, TieRule):
+            yield "head.tie", h.tie
+        if h.pre_divide is PreDivide.WIDTH_RATIO:
+            yield from (("head.pre_divide", "hidden_size"), ("head.pre_divide", "dim_model_base"))
+        if h.post is not None:
+            yield "head.post", h.post.by
+        if h.softcap is FinalSoftcap.FIELD:
+            yield "head.softcap", "final_logit_softcapping"
+        lk = self.layers
+        if lk.kinds in (LayerKinds.LAYER_TYPES, LayerKinds.LAYER_TYPES_OLMO3):
+            yield "layers.kinds", "layer_types"
+        if lk.period:
+            yield "layers.period", lk.period
+        if lk.sliding_window:
+            yield "layers.sliding_window", lk.sliding_window
+
+    def _rope_refs(self) -> Iterator[tuple[str, str]]:
+        r = self.rope
+        yield "rope.theta", r.theta
+        if r.partial:
+            yield "rope.partial", r.partial
+        if r.nope is NopeRule.NO_ROPE_LAYERS:
+            yield "rope.nope", "no_rope_layers"
+        if r.kind is RopeKind.INITIALIZE:
+            for knob, value in (("rope.traditional", r.traditional), ("rope.scaling", r.scaling),
+                                ("rope.max_positions", r.max_positions),
+                                ("rope.sliding_theta", r.sliding_theta)):
+                if isinstance(value, str):
+                    yield knob, value
+        elif r.kind is RopeKind.PHI3:
+            yield from (("rope", f) for f in ("rope_traditional", "rope_scaling",
+                                              "max_position_embeddings",
+                                              "original_max_position_embeddings"))
+        elif r.kind in (RopeKind.NEMOTRON, RopeKind.HUNYUAN_ALPHA):
+            yield "rope", "rope_scaling"
+
+
+# ----------------------------------------------------------------- checks
+
+
+def _coerce(d: ArchDescriptor, where: str, enum: type[StrEnum], value: Any, *,
+            or_field: bool = False, or_bool: bool = False, optional: bool = False):
+    if isinstance(value, enum) or (value is None and optional) or (isinstance(value, bool) and or_bool):
+        return value
+    if isinstance(value, str):
+        if value in enum._value2member_map_:
+            return enum(value)
+        if or_field and value.partition(".")[0] in d.fields:
+            return value
+    accepted = ", ".join(repr(m.value) for m in enum)
+    also = (" or one of the row's ModelArgs fields" if or_field else "") + \
+        (" or a bool" if or_bool else "") + (" or None" if optional else "")
+    raise d.error(f"{where} = {value!r} is not one of {accepted}{also}")
+
+
+def _check_kinds(d: ArchDescriptor, obj: Any, prefix: str) -> None:
+    """Turn every kind of `obj` (and its nested knob groups) into its enum member, in place."""
+    changes = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        where = f"{prefix}{f.name}"
+        if "kind" in f.metadata:
+            meta = f.metadata
+            new = _coerce(d, where, meta["kind"], value, or_field=meta["or_field"],
+                          or_bool=meta["or_bool"], optional=meta["optional"])
+            if new is not value:
+                changes[f.name] = new
+        elif dataclasses.is_dataclass(value):
+            changes[f.name] = _check_kinds(d, value, f"{where}.")
+        elif isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+            changes[f.name] = tuple(_check_kinds(d, v, f"{where}[{i}].") for i, v in enumerate(value))
+    if obj is d:
+        for name, value in changes.items():
+            object.__setattr__(d, name, value)
+        return d
+    return dataclasses.replace(obj, **changes) if changes else obj
+
+
+def _check_combinations(d: ArchDescriptor) -> None:
+    """Combinations the graph has no branch for."""
+    m = d.mlp
+    acts = {MlpKind.GATED: GATED_ACTS, MlpKind.GATED_FUSED: FUSED_ACTS, MlpKind.PLAIN: PLAIN_ACTS}[m.kind]
+    if m.act not in acts:
+        raise d.error(f"mlp.act = {m.act.value!r} with mlp.kind {m.kind.value!r}: accepted "
+                      f"{', '.join(repr(a.value) for a in acts)}")
+    b = d.block
+    # a literal `parallel` fixes the block form; a field name allows both
+    forms = (b.parallel,) if isinstance(b.parallel, bool) else (False, True)
+    slots = {s for parallel in forms for s in b.norm_slots(parallel)}
+    unnamed = sorted(s.value for s in slots if d.names.norms.of(s) is None)
+    if unnamed:
+        raise d.error(f"block uses norm slot(s) {', '.join(unnamed)} that names.norms leaves "
+                      f"unnamed")
+    if (b.residual is Residual.SCALED) != (b.residual_scale is not None):
+        raise d.error("block.residual 'scaled' and block.residual_scale go together")
+    if d.names.final_norm is None and d.norm.kind is not NormKind.FUNCTIONAL_RMS:
+        raise d.error("names.final_norm is None but norm.kind has a module")
+    if d.qkv is QKV.FUSED_NEOX and d.qk_norm and d.qk_norm.at is not QKNormAt.AFTER_ROPE:
+        raise d.error("a fused_neox projection takes q/k norms only after rope")
+    lk = d.layers
+    if lk.kinds in (LayerKinds.PERIOD, LayerKinds.EXAONE) and not lk.period:
+        raise d.error(f"layers.kinds {lk.kinds.value!r} needs layers.period (the pattern field)")
+    if lk.make_cache is MakeCache.ROTATING_SLIDING and not lk.sliding_window:
+        raise d.error("layers.make_cache 'rotating_sliding' needs layers.sliding_window")
+    if d.rope.nope is NopeRule.GLOBAL_LAYERS and lk.kinds is LayerKinds.ALL_FULL:
+        raise d.error("rope.nope 'global_layers' needs sliding layers (layers.kinds)")

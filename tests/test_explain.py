@@ -1,0 +1,139 @@
+"""`mlxbun explain`: the resolved forward of every covered arch, of a checkpoint, and the refusals."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from mlx.utils import tree_flatten
+
+from mlxbun.errors import ConfigError, UnsupportedModelError
+from mlxbun.models.universal.explain import explain
+from mlxbun.models.universal.loader import build_model
+from mlxbun.models.universal.not_covered import NOT_COVERED
+from mlxbun.zoo import ARCHS, tiny_config
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_covered_arch_renders_every_module_and_layer(arch):
+    e = explain(arch)
+    text = e.text()
+    assert text.splitlines()[0].startswith(f"{e.model_type}: ")
+    for title in ("embedding", "block (", "attention (", "mlp (", "final norm and head", "layers"):
+        assert f"\n{title}" in text, title
+    # every module of the parameter tree is named in the listing (parameter leaves and the
+    # per-head LayerNorm list of stablelm aside)
+    model = build_model(tiny_config(arch))
+    for name, _ in tree_flatten(model.parameters()):
+        for part in name.split(".")[:-1]:
+            if not part.isdigit() and part != "norms":
+                assert part in text, f"{arch}: module {part!r} ({name}) missing from\n{text}"
+    # the layer groups partition the layers, in order of first appearance
+    seen = [i for g in e.layers for i in g.layers]
+    assert sorted(seen) == list(range(model.args.n_layers))
+    assert json.loads(json.dumps(e.as_dict()))["model_type"] == e.model_type
+
+
+def _section(text: str, title: str) -> str:
+    """The lines of one section (title line excluded)."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(title))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("  ")), len(lines))
+    return "\n".join(lines[start + 1:end])
+
+
+def test_olmo2_shows_post_norms_and_flat_qk_norm():
+    text = explain("olmo2").text()
+    block = _section(text, "block (")
+    assert "h = h + post_attention_layernorm(self_attn(h))" in block
+    assert "h = h + post_feedforward_layernorm(mlp(h))" in block
+    assert "input_layernorm" not in text
+    attn = _section(text, "attention (").splitlines()
+    qk = next(i for i, ln in enumerate(attn) if "q_norm(q), k_norm(k)" in ln)
+    heads = next(i for i, ln in enumerate(attn) if "heads(q)" in ln)
+    assert qk < heads and "flat" in attn[qk] and "H*hd / KV*hd" in attn[qk]
+
+
+def test_gemma3_text_shows_the_sliding_pattern_and_the_local_rope_base():
+    e = explain("gemma3_text")
+    cfg = tiny_config("gemma3_text")
+    period = cfg["sliding_window_pattern"]
+    globals_ = [i for i in range(cfg["num_hidden_layers"]) if (i + 1) % period == 0]
+    by_kind = {g.attention: g for g in e.layers}
+    assert set(by_kind) == {f"sliding window {cfg['sliding_window']}", "global"}
+    assert list(by_kind["global"].layers) == globals_
+    local = by_kind[f"sliding window {cfg['sliding_window']}"]
+    assert f"base {cfg['rope_local_base_freq']} (rope_local_base_freq, unscaled)" in local.rope
+    assert local.cache == f"RotatingKVCache({cfg['sliding_window']})"
+    assert f"base {cfg['rope_theta']}" in by_kind["global"].rope and "linear" in by_kind["global"].rope
+    text = e.text()
+    assert "clip_residual" in text and "bfloat16" in text
+    assert "query_pre_attn_scalar**-0.5" in text
+
+
+def test_nanochat_shows_the_compiled_softcap_and_functional_norms():
+    text = explain("nanochat").text()
+    head = _section(text, "final norm and head")
+    assert "logits = c * tanh(logits / c)" in head and "c = 15.0" in head
+    assert "h = rms_norm(h)" in _section(text, "embedding")
+    assert "q, k = rms_norm(q), rms_norm(k)" in text and "after rope" in text
+
+
+@pytest.mark.parametrize("arch, expected", [
+    ("gemma2", ["c = attn_logit_softcapping = 50.0", "c = final_logit_softcapping = 30.0",
+                "embed_tokens.as_linear(h)", "h = h * D**0.5"]),
+    ("cohere2", ["NoPE", "sdpa(q.astype(f32 if q is f16)", "logits = logits * logit_scale"]),
+    ("gpt_neox", ["attention(input_layernorm(h)) + mlp(post_attention_layernorm(h)) + h",
+                  "model.embed_out(h)", "4 * D", "dims 4 of hd (rotary_pct 0.25)"]),
+    ("minicpm", ["scale_depth / N**0.5", "h = h / (hidden_size / dim_model_base)"]),
+    ("granite", ["scale = attention_multiplier", "logits = logits / logits_scaling"]),
+    ("ministral3", ["llama-4 query scale"]),
+    ("phi", ["sdpa(q.astype(float32), k, v).astype(v.dtype)", "x = input_layernorm(h)"]),
+    ("lille-130m", ["x = norm(x)", "transformer.tok_embeddings.as_linear(h)"]),
+])
+def test_arch_specific_steps_are_shown(arch, expected):
+    text = explain(arch).text()
+    for snippet in expected:
+        assert snippet in text, f"{arch}: {snippet!r} missing from\n{text}"
+
+
+def test_a_checkpoint_directory_explains_its_config(zoo):
+    path = zoo("olmo2", quant=4)
+    e = explain(path)
+    assert e.config_source == str(path / "config.json")
+    assert e.coverage.startswith("ok")
+    assert e.sections == explain("olmo2").sections  # the zoo checkpoint's config is the tiny config
+    assert explain(path / "config.json").sections == e.sections
+
+
+def test_the_cli_prints_the_listing_and_json():
+    run = [sys.executable, "-m", "mlxbun", "explain"]
+    out = subprocess.run([*run, "llama"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("llama: ") and "q_proj" in out.stdout and "layers 0-1" in out.stdout
+    out = subprocess.run([*run, "zoo:qwen3", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["model_type"] == "qwen3" and data["descriptor"]["qk_norm"]["at"] == "heads"
+    assert {s["symbol"] for s in data["sizes"]} == {"D", "N", "H", "KV", "hd", "I", "V"}
+
+
+@pytest.mark.parametrize("target, error, needle", [
+    ("definitely_not_an_arch", UnsupportedModelError, "definitely_not_an_arch"),
+    ("mixtral", UnsupportedModelError, NOT_COVERED["mixtral"]),
+    ("./no/such/checkpoint", ConfigError, "no/such/checkpoint"),
+])
+def test_refusals_name_the_culprit(target, error, needle):
+    with pytest.raises(error) as e:
+        explain(target)
+    assert needle in str(e.value)
+
+
+def test_cli_refusals_are_one_line_errors(tmp_path):
+    for target, needle in (("definitely_not_an_arch", "definitely_not_an_arch"),
+                           ("mixtral", "mixtral"), (str(tmp_path), "config.json")):
+        out = subprocess.run([sys.executable, "-m", "mlxbun", "explain", target],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1 and out.stdout == ""
+        assert out.stderr.count("\n") == 1 and needle in out.stderr
+        assert out.stderr.startswith("mlxbun explain: error: ")
