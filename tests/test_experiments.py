@@ -186,6 +186,7 @@ def test_bringup_of_a_diverging_graph_localizes_it(zoo, monkeypatch, tmp_path):
     b = bringup("zoo:llama", decode_steps=3, prompt_len=12, goldens_dir=tmp_path / "g",
                           results_path=tmp_path / "r.sqlite")
     assert b.verdict == "fail" and b.port.first_divergence["path"] == "model.layers.1.mlp"
+    assert b.explanation.model_type == "llama" and "q_proj" in b.explanation.text()
     with pytest.raises(MlxbunError, match=r"port fail: .*\(first divergence: model.layers.1.mlp\)"):
         b.require_pass()
     heat = b.heatmap()
@@ -209,7 +210,7 @@ def test_bringup_of_a_refused_checkpoint_records_the_refusal(zoo, tmp_path):
     (odd / "config.json").write_text(json.dumps(cfg))
     b = bringup(str(odd), results_path=tmp_path / "r.sqlite")
     assert b.verdict == "refused" and "mamba" in b.port.reason
-    assert b.layer_diff is None and b.trajectory is None and b.manifest is None
+    assert b.layer_diff is None and b.trajectory is None and b.manifest is None and b.explanation is None
     with pytest.raises(MlxbunError, match="refused"):
         b.heatmap()
     with pytest.raises(MlxbunError, match="port refused.*mamba"):

@@ -7,7 +7,7 @@ import sys
 import pytest
 from mlx.utils import tree_flatten
 
-from mlxbun.errors import ConfigError, UnsupportedModelError
+from mlxbun.errors import ConfigError, MlxbunError, UnsupportedModelError
 from mlxbun.models.universal.explain import explain
 from mlxbun.models.universal.loader import build_model
 from mlxbun.models.universal.not_covered import NOT_COVERED
@@ -137,3 +137,15 @@ def test_cli_refusals_are_one_line_errors(tmp_path):
         assert out.returncode == 1 and out.stdout == ""
         assert out.stderr.count("\n") == 1 and needle in out.stderr
         assert out.stderr.startswith("mlxbun explain: error: ")
+
+
+def test_model_names_resolve_through_the_grammar(zoo_root, monkeypatch):
+    """A zoo name with options explains that checkpoint's own config (here: wider heads)."""
+    monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
+    wide = explain("zoo:llama,head_dim=32")
+    assert wide.config_source.endswith("tiny-llama-hd32/config.json")
+    assert ("hd", "head_dim or D // H", 32) in wide.sizes and ("hd", "head_dim or D // H", 16) in explain("llama").sizes
+    with pytest.raises(MlxbunError, match="unknown zoo variant 'q9'"):
+        explain("zoo:llama@q9")
+    with pytest.raises(MlxbunError, match="repo 'org/repo' not found"):
+        explain("org/repo")

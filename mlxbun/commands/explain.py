@@ -1,4 +1,4 @@
-"""`mlxbun explain ARCH|DIR`: the resolved forward of a covered arch, as a short listing."""
+"""`mlxbun explain ARCH|MODEL`: the resolved forward of a covered arch, as a short listing."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ def register(sub) -> None:
         "explain",
         help="print the forward pass the universal graph runs for an arch or a checkpoint",
         description="Print the forward pass the universal graph runs (mlx-lm-style listing): "
-                    "ARCH is a model_type or zoo arch (sized by the zoo's tiny config), "
-                    "DIR a checkpoint directory (its config.json).",
+                    "ARCH is a model_type or zoo:ARCH (sized by the zoo's tiny config), "
+                    "MODEL a checkpoint: a directory, a repo in the local hub cache, or a zoo name "
+                    "with options such as zoo:llama@q4,head_dim=32 (its config.json).",
     )
-    p.add_argument("target", metavar="ARCH|DIR", help="model_type / zoo:ARCH, or a checkpoint directory")
+    p.add_argument("target", metavar="ARCH|MODEL", help="model_type / zoo:ARCH, or a checkpoint (directory, "
+                                                         "hub repo id, zoo:ARCH@VARIANT,...)")
     p.add_argument("--json", action="store_true", help="the structured form, as JSON")
     p.set_defaults(func=run)
 

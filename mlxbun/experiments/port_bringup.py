@@ -24,6 +24,7 @@ from mlxbun.experiments.common import optional_tokenizer
 from mlxbun.factory import audit_dry_run, check_target_coverage
 from mlxbun.lab.recording import recording
 from mlxbun.locate import open_runtime
+from mlxbun.models.universal.explain import explain
 from mlxbun.parity.layer_diff import layer_diff
 from mlxbun.parity.oracle import default_prompt_ids, run_trajectory
 from mlxbun.parity.port import port_one, resolve_targets
@@ -44,6 +45,7 @@ class Bringup:
     audit: Any = None  # AuditReport from safetensors headers
     layer_diff: Any = None  # LayerDiff (None when refused)
     trajectory: Any = None  # TrajectoryDiff, a = mlx-lm (base), b = mlxbun
+    explanation: Any = None  # `mlxbun explain`'s listing of the forward (None when refused)
     manifest: dict | None = None  # the golden manifest entry as written
     manifest_path: str | None = None
     run_id: str | None = None
@@ -133,6 +135,7 @@ def bringup(model: str = "zoo:llama", *, variant: str = "float32", decode_steps:
         config = load_model_config(target.path)
         out.coverage = check_target_coverage(config, target.path)
         out.audit = audit_dry_run(target.path, config)
+        out.explanation = explain(target.path)
     if port.verdict != "refused" and config is not None:
         candidate, oracle = open_runtime(target.path, "mlxbun"), open_runtime(target.path, "mlx-lm")
         prompt = default_prompt_ids(config.vocab_size, length=prompt_len)

@@ -121,24 +121,40 @@ class Explanation:
 
 
 def explain(target: str | Path) -> Explanation:
-    """Explain a model_type / zoo arch (`llama`, `zoo:llama`) or a checkpoint directory."""
+    """Explain a model_type or zoo arch (`llama`, `zoo:llama`: sized by the zoo's tiny config), or
+    a checkpoint: a directory (or its config.json), a repo in the local hub cache, or a zoo name
+    with options (`zoo:llama@q4,head_dim=32`: that checkpoint's config)."""
+    from mlxbun.locate import locate  # a model name is only resolved here, for checkpoint targets
+    from mlxbun.names import parse_model
+
     text = str(target)
-    arch = text.removeprefix("zoo:")
     path = Path(text).expanduser()
-    if not text.startswith("zoo:") and (path.exists() or "/" in text or path.suffix == ".json"):
+    if text.startswith("zoo:"):
+        spec = parse_model(text)
+        if spec.variant is None and spec.seed is None and spec.head_dim is None:
+            return _explain_arch(spec.value, text)
+        path = locate(spec)
+    elif path.exists() or "/" in text or path.suffix == ".json":
         if not path.exists():
-            raise ConfigError(f"{text}: no such checkpoint directory")
-        config = load_model_config(path)
-        return explain_config(thaw(config.raw_full), target=text,
-                              source=f"{path / 'config.json' if path.is_dir() else path}",
-                              model_type=config.model_type)
+            if parse_model(text).kind != "hub":
+                raise ConfigError(f"{text}: no such checkpoint directory")
+            path = locate(text)
+    else:
+        return _explain_arch(text, text)
+    config = load_model_config(path)
+    return explain_config(thaw(config.raw_full), target=text,
+                          source=f"{path / 'config.json' if path.is_dir() else path}",
+                          model_type=config.model_type)
+
+
+def _explain_arch(arch: str, target: str) -> Explanation:
     d = descriptor_for(arch)  # refuses unknown and not-covered model_types, naming them
     from mlxbun.zoo import ARCHS, tiny_config  # the zoo only for arch targets
 
     if arch not in ARCHS:
         raise UnsupportedModelError(f"'{arch}' ({d.model_type}) has no zoo config to size it; "
                                     f"explain a checkpoint directory instead")
-    return explain_config(tiny_config(arch), target=text,
+    return explain_config(tiny_config(arch), target=target,
                           source=f"the zoo's tiny config (mlxbun.zoo.tiny_config({arch!r}))")
 
 
