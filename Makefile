@@ -13,17 +13,12 @@ PRELOAD  := $(if $(wildcard $(OPENBLAS)),LD_PRELOAD=$(OPENBLAS),)
 JOBS     ?= 2
 
 .PHONY: demo test
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml tests/oracles.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
-	# mlx-vlm is the L2 oracle for TurboQuant and DiffusionGemma. Its declared dependencies
-	# (opencv, mlx-audio, fastapi, datasets, ...) serve its apps, not the modules we compare
-	# against, which need only mlx + transformers: install it without them.
-	$(PY) -m pip install -q --no-deps 'mlx-vlm==0.7.10'
-	# mlx-optiq: the second reference for masked diffusion (its llada2 loop file is read by the
-	# tests, never imported as a package: importing optiq patches mlx-lm).
-	$(PY) -m pip install -q --no-deps 'mlx-optiq==0.7.7'
+	# the test oracles, pinned and without their app dependencies (see tests/oracles.txt)
+	$(PY) -m pip install -q --no-deps -r tests/oracles.txt
 	touch $@
 
 demo: $(VENV)/.installed

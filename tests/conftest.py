@@ -1,15 +1,67 @@
-"""Shared test fixtures. Tests never touch the network: hub and transformers run offline."""
+"""Shared test fixtures. Tests never touch the network: hub and transformers run offline.
+
+A run starts only when every pinned oracle is installed at its pinned version: a missing
+oracle is an error naming the package and the install step, never ~100 silently skipped tests.
+"""
 
 import os
+import re
 
 # before anything imports huggingface_hub / transformers (they read these at import)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+from importlib import metadata, util  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+ORACLES = REPO / "tests" / "oracles.txt"  # what `make` installs --no-deps
+OPTIQ_LOOP = "optiq/models/llada2.py"  # the one optiq file the tests read (importing optiq patches mlx-lm)
+
+
+def pinned_oracles() -> dict[str, str]:
+    """{distribution: version}: tests/oracles.txt plus mlx-lm's pin in pyproject.toml."""
+    pins = {}
+    for line in ORACLES.read_text().splitlines():
+        spec = line.split("#", 1)[0].strip()
+        if spec:
+            name, _, version = spec.partition("==")
+            pins[name.strip()] = version.strip()
+    pins["mlx-lm"] = re.search(r'"mlx-lm==([^"]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    return pins
+
+
+def _usable(dist: str) -> bool:
+    if dist == "mlx-optiq":
+        return Path(metadata.distribution(dist).locate_file(OPTIQ_LOOP)).is_file()
+    return util.find_spec(dist.replace("-", "_")) is not None
+
+
+def missing_oracle() -> str | None:
+    """One line naming the first pinned oracle that is missing or at another version."""
+    for dist, want in pinned_oracles().items():
+        try:
+            have = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            have = None
+        if have == want and _usable(dist):
+            continue
+        if dist == "mlx-optiq" and Path(os.environ.get("MLXBUN_OPTIQ_WHEEL", "")).is_file():
+            continue  # the tests read optiq's llada2 loop from this wheel instead
+        found = f"found {have}" if have else "not installed"
+        step = ("`make` (pip install -e .)" if dist == "mlx-lm"
+                else "`make` (its oracle step: pip install --no-deps -r tests/oracles.txt)")
+        return f"test oracle {dist}=={want} is {found}: run {step}"
+    return None
+
+
+def pytest_configure(config):
+    problem = missing_oracle()
+    if problem:
+        raise pytest.UsageError(problem)
 
 
 @pytest.fixture(scope="session")

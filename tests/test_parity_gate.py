@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import mlx.core as mx
@@ -15,7 +16,7 @@ from mlxbun.errors import ConfigError, LoadError, MlxbunError
 from mlxbun.models.mlxlm import MlxLmRuntimeModel, load_mlxlm
 from mlxbun.models.runtime import RuntimeModel
 from mlxbun.parity.gate import gate, second_prompt
-from mlxbun.parity.localize import first_divergence
+from mlxbun.parity.localize import bit_equal, first_divergence, max_abs_diff
 from mlxbun.parity.manifest import (
     ManifestError,
     config_fingerprint,
@@ -24,7 +25,13 @@ from mlxbun.parity.manifest import (
     save_logit_blobs,
     write_manifest,
 )
-from mlxbun.parity.oracle import default_prompt_ids, run_oracle, run_trajectory
+from mlxbun.parity.oracle import (
+    default_prompt_ids,
+    repeated_tokens,
+    run_oracle,
+    run_trajectory,
+    varied_prompt_ids,
+)
 
 BASE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=512)
@@ -218,6 +225,116 @@ def test_structural_divergence(ckpt, tmp_path):
     d = first_divergence(cand, load_mlxlm(ckpt["llama"]), PROMPT[:8])
     assert d.kind == "structural" and d.path == "model.layers.2.input_layernorm"
     assert d.layer_index == 2 and d.shape_b is None and d.shape_a == (1, 8, 64)
+
+
+# ------------------------------------------------------------------ non-finite logits
+
+
+def _nan_weight_copy(src: Path, dst: Path, param: str) -> Path:
+    """A copy of checkpoint `src` with one element of `param` overwritten by NaN."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    weights = mx.load(str(dst / "model.safetensors"))
+    w = weights[param]
+    weights[param] = mx.where(mx.arange(w.size).reshape(w.shape) == 0, mx.array(float("nan"), w.dtype), w)
+    mx.save_safetensors(str(dst / "model.safetensors"), weights)
+    return dst
+
+
+def test_nan_is_never_bit_equal():
+    nan = mx.array([1.0, float("nan")])
+    assert not bit_equal(nan, nan) and mx.isnan(mx.array(max_abs_diff(nan, nan))).item()
+    inf = mx.array([1.0, float("inf")])
+    assert not bit_equal(inf, inf)
+    ok = mx.array([1.0, 2.0])
+    assert bit_equal(ok, ok) and max_abs_diff(ok, ok) == 0.0
+
+
+def test_nan_weight_checkpoint_fails_on_both_sides_and_names_where(ckpt, tmp_path):
+    """The same NaN-weight checkpoint on both sides used to pass (NaN == NaN): now it fails at the
+    prefill, says the logits are not finite on both sides, and localizes the NaN's first module."""
+    bad = _nan_weight_copy(ckpt["llama"], tmp_path / "nan", "model.layers.1.mlp.down_proj.weight")
+    r = gate(load_mlxlm(bad), load_mlxlm(bad), PROMPT, decode_steps=4)
+    assert r.verdict == "fail" and not r.trajectory_equal and r.first_mismatch_step == 0
+    assert "prefill logits are not finite (NaN/inf) on the candidate and oracle" in r.reason
+    assert math.isnan(r.max_abs_diff) and math.isnan(r.per_step_max_abs_diff[0])
+    assert r.per_step_max_abs_diff[1:] == [None] * 4
+    d = r.first_divergence
+    assert (d.path, d.layer_index, d.step, d.kind, d.nonfinite) == (
+        "model.layers.1.mlp", 1, 0, "nonfinite", "candidate and oracle")
+    assert "model.layers.1.mlp (step 0, mlp, layer 1): non-finite values" in r.reason
+
+
+def test_nan_weight_on_one_side_names_that_side(ckpt, tmp_path):
+    bad = _nan_weight_copy(ckpt["gemma3_text"], tmp_path / "nan", "model.layers.0.self_attn.o_proj.weight")
+    r = gate(load_mlxlm(ckpt["gemma3_text"]), load_mlxlm(bad), PROMPT, decode_steps=2)
+    assert r.verdict == "fail" and "prefill logits are not finite (NaN/inf) on the oracle" in r.reason
+    d = r.first_divergence
+    assert (d.path, d.kind, d.nonfinite) == ("model.layers.0.self_attn", "nonfinite", "oracle")
+
+
+def test_nan_logits_in_a_decode_step_fail_at_that_step(ckpt):
+    class NanAtStep2(MlxLmRuntimeModel):
+        """A head bug that shows only in the second decode step (cache offset prompt + 2)."""
+
+        def __call__(self, ids, cache=None):
+            out = super().__call__(ids, cache)
+            return out * float("nan") if cache[0].offset == len(PROMPT) + 2 else out
+
+    path = ckpt["llama"]
+    r = gate(NanAtStep2(load_mlxlm(path).module), load_mlxlm(path), PROMPT, decode_steps=4)
+    assert r.verdict == "fail" and r.first_mismatch_step == 2
+    assert r.per_step_max_abs_diff[:2] == [0.0, 0.0] and math.isnan(r.per_step_max_abs_diff[2])
+    assert "decode step 2 logits are not finite (NaN/inf) on the candidate" in r.reason
+    d = r.first_divergence  # every tapped module is finite: the head's NaN is reported at the logits
+    assert (d.path, d.step, d.kind, d.nonfinite) == ("logits", 2, "nonfinite", "candidate")
+
+
+# ------------------------------------------------------------------ one-token trajectories
+
+
+def test_repeated_tokens():
+    assert repeated_tokens([5, 5, 5]) == [5] and repeated_tokens([5, 6, 5]) is None
+    assert repeated_tokens([[5, 5], [7, 7]]) == [5, 7] and repeated_tokens([[5, 5], [7, 8]]) is None
+
+
+def test_gate_warns_when_the_oracle_repeats_one_token(ckpt):
+    class Stuck(MlxLmRuntimeModel):
+        """Always predicts id 7 (a model that has collapsed onto one token)."""
+
+        def __call__(self, ids, cache=None):
+            out = super().__call__(ids, cache)
+            return out + 1e4 * (mx.arange(out.shape[-1]) == 7)
+
+    path = ckpt["llama"]
+    r = gate(Stuck(load_mlxlm(path).module), Stuck(load_mlxlm(path).module), PROMPT, decode_steps=3)
+    assert r.verdict == "pass" and r.greedy_ids == [7] * 4
+    assert r.warnings and "one token repeated (7)" in r.warnings[0] and "warning:" in r.reason
+    assert gate(load_mlxlm(path), load_mlxlm(path), PROMPT, decode_steps=3).warnings == []
+
+
+def test_varied_prompt_ids_skips_seeds_whose_trajectory_repeats_one_token(ckpt):
+    class StuckOnPrompt(MlxLmRuntimeModel):
+        """Collapses onto id 7 after a prefill of the seed-0 prompt, and only then."""
+
+        stuck = False
+
+        def __call__(self, ids, cache=None):
+            if ids.shape[1] > 1:  # a prefill
+                self.stuck = ids[0].tolist() == PROMPT
+            out = super().__call__(ids, cache)
+            return out + 1e4 * (mx.arange(out.shape[-1]) == 7) if self.stuck else out
+
+    m = StuckOnPrompt(load_mlxlm(ckpt["llama"]).module)
+    prompt, run = varied_prompt_ids(m, 512, decode_steps=3, tries=1)
+    assert prompt == PROMPT and run.greedy_ids == [7] * 4  # no other seed allowed: seed 0 kept
+    prompt, run = varied_prompt_ids(m, 512, decode_steps=3)
+    assert prompt == default_prompt_ids(512, seed=1) and repeated_tokens(run.greedy_ids) is None
+    r = gate(m, m, prompt, decode_steps=3, oracle_trajectory=run)  # the oracle's run is reused
+    assert r.verdict == "pass" and r.oracle_trajectory is run and r.warnings == []
+    with pytest.raises(MlxbunError, match="oracle_trajectory"):
+        gate(m, m, PROMPT, decode_steps=3, oracle_trajectory=run)
 
 
 def test_gate_accepts_bare_mlx_lm_modules(ckpt):

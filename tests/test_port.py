@@ -1,7 +1,9 @@
 """`mlxbun port`: targets, verdicts (pass / fail / refused), JSON, manifests, exit codes."""
 
 import json
+import math
 import shutil
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -104,6 +106,45 @@ def test_a_diverging_graph_fails_and_names_the_first_divergence(zoo, monkeypatch
     assert res.verdict == "fail" and res.max_abs_diff > 0
     assert res.first_divergence["path"] == "model.layers.1.mlp"
     assert res.first_divergence["layer_index"] == 1
+
+
+def test_a_nan_weight_checkpoint_fails_and_says_why(zoo, tmp_path, capsys):
+    """Both sides load the same NaN weight: their logits are NaN alike, which is a failure (not
+    "bit-equal"), reported at the prefill with both sides named and the NaN's first module."""
+    from safetensors.numpy import load_file, save_file
+
+    bad = tmp_path / "nan-llama"
+    shutil.copytree(zoo("llama"), bad)
+    name = "model.layers.1.mlp.down_proj.weight"
+    shard = bad / json.loads((bad / "model.safetensors.index.json").read_text())["weight_map"][name]
+    tensors = load_file(shard)
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, shard, metadata={"format": "mlx"})
+    code, rows = _run_json(capsys, ["port", str(bad), "--no-goldens", "--json"])
+    assert code == 1
+    (r,) = rows
+    assert r["verdict"] == "fail" and math.isnan(r["max_abs_diff"])  # not comparable: no |diff|
+    assert "prefill logits are not finite (NaN/inf) on the candidate and oracle" in r["reason"]
+    d = r["first_divergence"]
+    assert (d["path"], d["step"], d["kind"], d["nonfinite"]) == (
+        "model.layers.1.mlp", 0, "nonfinite", "candidate and oracle")
+
+
+def test_golden_manifests_match_the_zoo_and_vary():
+    """One tracked manifest per zoo arch and port variant, each a bit-exact pass whose oracle
+    trajectory is not one token repeated (every decode step fed the same id proves little)."""
+    from mlxbun.parity.manifest import read_manifest
+    from mlxbun.parity.oracle import repeated_tokens
+    from mlxbun.parity.port import ZOO_VARIANTS
+    from mlxbun.zoo import ARCHS
+
+    goldens = Path(__file__).parent.parent / "goldens"
+    files = sorted(goldens.glob("zoo-*-parity.json"))
+    assert {f.name for f in files} == {f"zoo-{a}-{v}-parity.json" for a in ARCHS for v in ZOO_VARIANTS}
+    for f in files:
+        m = read_manifest(f)
+        assert m.gate["verdict"] == "pass" and m.gate["max_abs_diff"] == 0.0, f.name
+        assert repeated_tokens(m.greedy_ids) is None, f"{f.name}: greedy ids are one token repeated"
 
 
 def test_bad_arguments_are_one_line_errors(capsys, tmp_path):

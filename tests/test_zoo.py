@@ -14,14 +14,16 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlxbun.errors import MlxbunError, UnsupportedModelError
-from mlxbun.zoo import ARCHS, ZooArgumentError, cached_checkpoint, make_checkpoint, tiny_config
+from mlxbun.zoo import (
+    ARCHS,
+    BUILDERS,
+    ORACLE_VLM_ARCHS,
+    ZooArgumentError,
+    cached_checkpoint,
+    make_checkpoint,
+    tiny_config,
+)
 from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID, IM_END_ID, PAD_ID, SPECIAL_TOKENS, VOCAB_SIZE
-
-TARGET_ARCHS = (
-    "llama mistral smollm3 qwen2 qwen3 gemma gemma2 gemma3_text phi3 olmo2 olmo3 glm4 granite "
-    "starcoder2 cohere cohere2 ernie4_5 exaone4 helium internlm3 seed_oss minicpm nemotron "
-    "stablelm lille-130m gpt_neox phi hunyuan_v1_dense apertus ministral3 nanochat"
-).split()
 
 # long enough (>= 40 tokens) to cross the 16-token sliding windows and ministral3's 32-token
 # original context
@@ -66,8 +68,39 @@ def _digest(path: Path) -> dict:
     return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.iterdir())}
 
 
-def test_archs_are_the_supported_model_types():
-    assert ARCHS == tuple(TARGET_ARCHS)
+def test_registry_has_one_builder_per_arch():
+    """Every arch is built through the registry: the dense table's rows (held to mlx-lm), then
+    the graphs held to mlx-vlm. (That the registry, the universal descriptor table and the
+    golden manifests agree is checked with the universal graph and in test_port.)"""
+    assert tuple(BUILDERS) == ARCHS + ORACLE_VLM_ARCHS
+    assert ARCHS and ORACLE_VLM_ARCHS == ("diffusion_gemma", "llada2_moe")
+    assert {BUILDERS[a].oracle for a in ARCHS} == {"mlx-lm"}
+    assert {BUILDERS[a].oracle for a in ORACLE_VLM_ARCHS} == {"mlx-vlm"}
+    assert len(set(ARCHS)) == len(ARCHS)
+
+
+@pytest.mark.parametrize("arch", ORACLE_VLM_ARCHS)
+def test_oracle_vlm_archs_build_through_the_registry(zoo, tmp_path, arch):
+    path = zoo(arch)
+    assert json.loads((path / "config.json").read_text())["model_type"] == arch
+    assert make_checkpoint(arch, tmp_path).name == path.name == f"tiny-{arch}"
+    assert _digest(tmp_path / path.name) == _digest(path)  # cached and direct builds: same bytes
+    with pytest.raises(ZooArgumentError, match="plain directory"):
+        make_checkpoint(arch, tmp_path / "hub", hf_cache=True)
+    with pytest.raises(ZooArgumentError, match="float weights only"):
+        cached_checkpoint(arch, quant=4, root=tmp_path)
+
+
+def test_common_imports_no_other_zoo_module():
+    """zoo.common is what every builder shares: importing a builder from it would be a cycle."""
+    import ast
+
+    import mlxbun.zoo.common as common
+
+    tree = ast.parse(Path(common.__file__).read_text())
+    imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in imported if m.startswith("mlxbun.zoo")]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -299,8 +332,6 @@ def test_cli_builds_lists_and_refuses(tmp_path, capsys):
     from mlxbun.cli import main
 
     assert main(["zoo", "list"]) == 0
-    from mlxbun.zoo import ORACLE_VLM_ARCHS
-
     lines = capsys.readouterr().out.splitlines()
     assert lines[: len(ARCHS)] == list(ARCHS)
     assert [line.split("\t")[0] for line in lines[len(ARCHS):]] == list(ORACLE_VLM_ARCHS)

@@ -5,9 +5,14 @@ explicit prompt ids. Pass means: the greedy ids are equal, every step's raw
 logits (the full prefill [B, L, V] at step 0, then each decode step) are
 bit-equal (same dtype, shape and values: `mx.array_equal`), and a batch-2
 run (two different prompts of equal length: prefill + a few decode steps) is
-bit-equal too. Differences are measured in float32 for the report only; no
-tolerance exists. On a failure the first diverging module is localized with
-layer taps.
+bit-equal too. Logits must be finite on both sides: a NaN or inf fails the
+step it shows in, naming the side (never "equal", not even NaN against NaN).
+Differences are measured in float32 for the report only; no tolerance exists.
+On a failure the first diverging module is localized with layer taps.
+
+A pass whose oracle trajectory is one token repeated carries a warning: every
+decode step then fed the same id, which proves less than a varied trajectory
+(`oracle.varied_prompt_ids` finds a prompt that avoids it).
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from mlxbun.errors import MlxbunError
-from mlxbun.parity.localize import Divergence, bit_equal, first_divergence, max_abs_diff
-from mlxbun.parity.oracle import Trajectory, as_batch, run_trajectory
+from mlxbun.parity.localize import Divergence, bit_equal, first_divergence, max_abs_diff, nonfinite_sides
+from mlxbun.parity.oracle import Trajectory, as_batch, repeated_tokens, run_trajectory
 
 __all__ = ["GateResult", "compare_trajectories", "gate", "second_prompt"]
 
@@ -28,8 +33,10 @@ class GateResult:
     verdict: str  # "pass" | "fail"
     trajectory_equal: bool  # greedy ids equal and every step's logits bit-equal
     first_mismatch_step: int | None  # first step whose logits (or greedy id) differ; None when equal
-    max_abs_diff: float  # float32 max |diff| over compared steps; 0.0 when bit-exact, inf if shapes differ
-    per_step_max_abs_diff: list[float | None]  # None: not comparable (shapes differ, or after ids diverged)
+    max_abs_diff: float  # float32 max |diff| over compared steps; 0.0 when bit-exact, inf if shapes
+    # differ, NaN when a side's logits are not finite
+    per_step_max_abs_diff: list[float | None]  # None: not comparable (shapes differ, or after ids diverged
+    # or a NaN); NaN: that step's logits are not finite
     batch2_equal: bool | None  # None when not run
     first_divergence: Divergence | None
     reason: str
@@ -39,6 +46,7 @@ class GateResult:
     decode_steps: int = 0
     logits_dtype: str = ""
     batch2_prompt_ids: list | None = None
+    warnings: list[str] = field(default_factory=list)  # a pass that proves less than it seems
     oracle_trajectory: Trajectory | None = field(default=None, repr=False, compare=False)
     candidate_trajectory: Trajectory | None = field(default=None, repr=False, compare=False)
 
@@ -48,13 +56,25 @@ class _Comparison:
     equal: bool
     first_mismatch_step: int | None
     per_step: list[float | None]
+    nonfinite: str | None = None  # the side(s) whose logits at first_mismatch_step hold NaN/inf
 
     @property
     def max_abs_diff(self) -> float:
         s = self.first_mismatch_step
+        if self.nonfinite:
+            return math.nan
         if s is not None and self.per_step[s] is None:
             return math.inf  # not comparable (shapes differ or a side has no such step)
         return max((d for d in self.per_step if d is not None), default=0.0)
+
+    def why(self) -> str:
+        """What failed at the first mismatching step, for the gate's reason."""
+        s = self.first_mismatch_step
+        what = "prefill logits" if s == 0 else f"decode step {s} logits"
+        if self.nonfinite:
+            return f"{what} are not finite (NaN/inf) on the {self.nonfinite}"
+        diff = self.per_step[s] if s < len(self.per_step) else None
+        return f"{what} differ (max |diff| {diff if diff is not None else 'n/a: shapes differ'})"
 
 
 def _step_arrays(t: Trajectory) -> list:
@@ -78,6 +98,12 @@ def compare_trajectories(candidate: Trajectory, oracle: Trajectory) -> _Comparis
             first = step if first is None else first
             per_step += [None] * (n - step)
             break
+        nonfinite = nonfinite_sides(sa[step], sb[step])
+        if nonfinite:  # nothing after a NaN means anything: greedy ids of NaN logits are arbitrary
+            if first is None:
+                return _Comparison(False, step, per_step + [math.nan] + [None] * (n - step - 1), nonfinite)
+            per_step += [None] * (n - step)
+            break
         equal = bit_equal(sa[step], sb[step])
         per_step.append(0.0 if equal else max_abs_diff(sa[step], sb[step]))
         ids_equal = _ids_at(candidate, step) == _ids_at(oracle, step)
@@ -97,23 +123,26 @@ def second_prompt(prompt: Sequence[int]) -> list[int]:
 
 
 def gate(candidate: Any, oracle: Any, prompt_ids: Sequence, decode_steps: int = 16, batch2: bool = True,
-         *, batch2_decode_steps: int = 2, localize: bool = True) -> GateResult:
-    """Run both trajectories (+ a batch-2 run) and compare them bit for bit."""
+         *, batch2_decode_steps: int = 2, localize: bool = True,
+         oracle_trajectory: Trajectory | None = None) -> GateResult:
+    """Run both trajectories (+ a batch-2 run) and compare them bit for bit. `oracle_trajectory`:
+    the oracle's run on these prompt ids and steps when already made (`varied_prompt_ids`)."""
     from mlxbun.models.mlxlm import ensure_runtime
 
     candidate, oracle = ensure_runtime(candidate), ensure_runtime(oracle)
     rows, batched = as_batch(prompt_ids)
-    ot = run_trajectory(oracle, prompt_ids, decode_steps)
+    ot = oracle_trajectory
+    if ot is None:
+        ot = run_trajectory(oracle, prompt_ids, decode_steps)
+    elif (ot.prompt_ids, ot.decode_steps) != ((rows if batched else rows[0]), decode_steps):
+        raise MlxbunError("oracle_trajectory was run on other prompt ids or decode steps than the gate's")
     ct = run_trajectory(candidate, prompt_ids, decode_steps)
     cmp = compare_trajectories(ct, ot)
     reasons = []
     if not cmp.equal:
         s = cmp.first_mismatch_step
-        ids_differ = s < len(cmp.per_step) and _ids_at(ct, s) != _ids_at(ot, s)
-        diff = cmp.per_step[s] if s < len(cmp.per_step) else None
-        what = "prefill logits" if s == 0 else f"decode step {s} logits"
-        reasons.append(f"{what} differ (max |diff| {diff if diff is not None else 'n/a: shapes differ'})"
-                       + (f"; greedy ids part at step {s}" if ids_differ else ""))
+        ids_differ = not cmp.nonfinite and s < len(cmp.per_step) and _ids_at(ct, s) != _ids_at(ot, s)
+        reasons.append(cmp.why() + (f"; greedy ids part at step {s}" if ids_differ else ""))
 
     b2_equal, b2_prompt, b2 = None, None, None
     if batch2 and not batched:
@@ -123,8 +152,7 @@ def gate(candidate: Any, oracle: Any, prompt_ids: Sequence, decode_steps: int = 
         b2 = compare_trajectories(bc, bo)
         b2_equal = b2.equal
         if not b2.equal:
-            reasons.append(f"batch-2 run differs from step {b2.first_mismatch_step} "
-                           f"(max |diff| {b2.max_abs_diff})")
+            reasons.append(f"batch-2 run: {b2.why()}")
 
     passed = cmp.equal and b2_equal is not False
     divergence = None
@@ -142,6 +170,12 @@ def gate(candidate: Any, oracle: Any, prompt_ids: Sequence, decode_steps: int = 
             reasons.append("localization replay found every tapped output and logit equal (nondeterminism?)")
     reason = "; ".join(reasons) if reasons else (
         f"bit-exact: {decode_steps + 1} steps, greedy ids equal" + (", batch-2 equal" if b2_equal else ""))
+    warnings = []
+    tokens = repeated_tokens(ot.greedy_ids)
+    if decode_steps and tokens is not None:
+        warnings.append(f"the oracle's greedy ids are one token repeated ({', '.join(map(str, tokens))}): every "
+                        "decode step fed the same id (a prompt from oracle.varied_prompt_ids avoids it)")
+        reason += f"; warning: {warnings[-1]}"
     return GateResult(
         verdict="pass" if passed else "fail",
         trajectory_equal=cmp.equal,
@@ -157,6 +191,7 @@ def gate(candidate: Any, oracle: Any, prompt_ids: Sequence, decode_steps: int = 
         decode_steps=decode_steps,
         logits_dtype=ot.dtype,
         batch2_prompt_ids=b2_prompt,
+        warnings=warnings,
         oracle_trajectory=ot,
         candidate_trajectory=ct,
     )

@@ -6,15 +6,18 @@ its own fresh cache. Each forward's recorded calls are walked in completion
 order (embedding, layer 0's sub-steps as they ran, layer 0's output, layer 1,
 ..., final norm, head); the first (path, call) whose output is not bit-equal
 is the divergence. Paths are matched by name; a call recorded on one side
-only is a structural divergence. If every tapped output agrees but the logits
-do not, the divergence is reported at "logits" (a head op outside the taps:
-tied `as_linear`, softcap, scaling).
+only is a structural divergence; an output holding NaN or inf on either side
+is a non-finite divergence (never "equal", even where both sides hold the same
+NaN: that is where a broken weight or an overflow first shows). If every
+tapped output agrees but the logits do not, the divergence is reported at
+"logits" (a head op outside the taps: tied `as_linear`, softcap, scaling).
 
 Side "a" is the candidate, side "b" the oracle.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -24,7 +27,7 @@ import mlx.nn as nn
 from mlxbun.errors import MlxbunError
 from mlxbun.parity.taps import Taps, block_paths, capture, layer_index_of, substep_of
 
-__all__ = ["Divergence", "bit_equal", "first_divergence", "max_abs_diff", "tap"]
+__all__ = ["Divergence", "bit_equal", "first_divergence", "max_abs_diff", "nonfinite_sides", "tap"]
 
 
 @dataclass
@@ -32,20 +35,24 @@ class Divergence:
     path: str  # module path, or "logits" for the head ops outside the taps
     layer_index: int | None  # block index, None outside the blocks
     substep: str  # 'embedding' | 'attention' | 'mlp' | 'norm' | 'layer' | 'head' | <child name>
-    max_abs_diff: float | None  # float32 max |a - b|; None when shapes differ or one side is missing
+    max_abs_diff: float | None  # float32 max |a - b|; None when shapes differ or one side is missing,
+    # NaN where a side is not finite
     shape_a: tuple[int, ...] | None  # candidate
     shape_b: tuple[int, ...] | None  # oracle
     dtype_a: str | None
     dtype_b: str | None
     step: int = 0  # 0 = prefill, k = k-th one-token decode forward
     call: int = 0  # which call of this module within that forward
-    kind: str = "numeric"  # "numeric" | "structural"
+    kind: str = "numeric"  # "numeric" | "structural" | "nonfinite"
+    nonfinite: str | None = None  # kind "nonfinite": "candidate" | "oracle" | "candidate and oracle"
 
     def __str__(self) -> str:
         where = f"{self.path} (step {self.step}, {self.substep}"
         where += f", layer {self.layer_index})" if self.layer_index is not None else ")"
         if self.kind == "structural":
             return f"{where}: recorded on {'the oracle' if self.shape_a is None else 'the candidate'} only"
+        if self.kind == "nonfinite":
+            return f"{where}: non-finite values (NaN/inf) on the {self.nonfinite}"
         return (f"{where}: max |diff| {self.max_abs_diff}, candidate {self.dtype_a}{list(self.shape_a or ())} "
                 f"vs oracle {self.dtype_b}{list(self.shape_b or ())}")
 
@@ -54,18 +61,33 @@ def _dtype(a: mx.array) -> str:
     return str(a.dtype).removeprefix("mlx.core.")
 
 
+def _finite(a: mx.array) -> bool:
+    return bool(mx.all(mx.isfinite(a)).item())
+
+
+def nonfinite_sides(a: mx.array, b: mx.array) -> str | None:
+    """Which side holds a NaN or inf: "candidate" (a), "oracle" (b), "candidate and oracle", or
+    None when both are finite."""
+    sides = [name for name, x in (("candidate", a), ("oracle", b)) if not _finite(x)]
+    return " and ".join(sides) or None
+
+
 def bit_equal(a: mx.array, b: mx.array) -> bool:
-    """Same dtype, same shape, same values (NaN where the other has NaN counts as equal)."""
-    return a.dtype == b.dtype and a.shape == b.shape and bool(mx.array_equal(a, b, equal_nan=True))
+    """Same dtype, same shape, same values, and finite: a NaN or inf is never equal, not even
+    to the same NaN or inf on the other side (a model that emits them has failed)."""
+    return (a.dtype == b.dtype and a.shape == b.shape and bool(mx.array_equal(a, b))
+            and _finite(a))
 
 
 def max_abs_diff(a: mx.array, b: mx.array) -> float | None:
-    """max |a - b| computed in float32 (0.0 where bit-equal); None when the shapes differ."""
+    """max |a - b| computed in float32 (0.0 where bit-equal); None when the shapes differ, NaN
+    when either side holds a NaN or inf."""
     if a.shape != b.shape:
         return None
+    if not (_finite(a) and _finite(b)):
+        return math.nan
     a32, b32 = a.astype(mx.float32), b.astype(mx.float32)
-    same = (a32 == b32) | (mx.isnan(a32) & mx.isnan(b32))
-    return float(mx.max(mx.where(same, 0.0, mx.abs(a32 - b32))).item()) if a.size else 0.0
+    return float(mx.max(mx.abs(a32 - b32)).item()) if a.size else 0.0
 
 
 def tap(model: Any, paths: Any = None):
@@ -109,8 +131,11 @@ def _compare_taps(a: Taps, b: Taps, step: int) -> Divergence | None:
 
 
 def _numeric(label: dict, xa: mx.array, xb: mx.array) -> Divergence:
+    """A value divergence: non-finite when either side holds NaN/inf, else numeric."""
+    sides = nonfinite_sides(xa, xb)
     return Divergence(**label, max_abs_diff=max_abs_diff(xa, xb), shape_a=tuple(xa.shape), shape_b=tuple(xb.shape),
-                      dtype_a=_dtype(xa), dtype_b=_dtype(xb))
+                      dtype_a=_dtype(xa), dtype_b=_dtype(xb), kind="nonfinite" if sides else "numeric",
+                      nonfinite=sides)
 
 
 def step_feeds(prompt_ids: Sequence, decode_ids: Sequence | None) -> list[mx.array]:

@@ -7,6 +7,10 @@ one-token decode forwards, so a trajectory holds decode_steps + 1 greedy ids
 and decode_steps + 1 step logits, plus the full prefill logits [B, L, V].
 Both the oracle and the candidate run this same driver, so any difference is
 the model's, not the loop's.
+
+Tiny random models often fall into one token repeated (with tied embeddings a
+fed token tends to be its own best successor); `varied_prompt_ids` picks the
+first prompt seed whose oracle trajectory is not, so decode feeds several ids.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import mlx.core as mx
 
 from mlxbun.errors import MlxbunError
 
-__all__ = ["Trajectory", "as_batch", "default_prompt_ids", "run_oracle", "run_trajectory"]
+__all__ = ["Trajectory", "as_batch", "default_prompt_ids", "repeated_tokens", "run_oracle", "run_trajectory",
+           "varied_prompt_ids"]
 
 
 @dataclass
@@ -126,3 +131,31 @@ def default_prompt_ids(vocab_size: int, length: int = 40, seed: int = 0, exclude
         if i > 1000 * length:
             raise MlxbunError("default_prompt_ids: exclude removes every candidate id")
     return out
+
+
+def repeated_tokens(greedy_ids: Sequence) -> list[int] | None:
+    """The token each row repeats when every row of `greedy_ids` (flat for one prompt, nested for
+    a batch) is one token repeated; None when some row varies."""
+    if not greedy_ids:
+        return None
+    rows = [greedy_ids] if isinstance(greedy_ids[0], numbers.Integral) else greedy_ids
+    if all(len(set(r)) == 1 for r in rows):
+        return [int(r[0]) for r in rows]
+    return None
+
+
+def varied_prompt_ids(oracle: Any, vocab_size: int, length: int = 40, decode_steps: int = 16,
+                      tries: int = 32) -> tuple[list[int], Trajectory]:
+    """`default_prompt_ids(vocab_size, length)`, or, when the oracle's greedy trajectory on it is
+    one token repeated, the prompt of the first later seed (up to `tries` seeds) whose trajectory
+    is not. Returns the prompt and the oracle's trajectory on it (to hand to the gate). When
+    every seed repeats one token, seed 0's prompt is kept (the gate's result warns)."""
+    first = None
+    for seed in range(max(1, tries)):
+        prompt = default_prompt_ids(vocab_size, length=length, seed=seed)
+        run = run_trajectory(oracle, prompt, decode_steps)
+        if first is None:
+            first = (prompt, run)
+        if decode_steps == 0 or repeated_tokens(run.greedy_ids) is None:
+            return prompt, run
+    return first

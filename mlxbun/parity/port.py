@@ -75,7 +75,7 @@ def port_one(target: Target, *, decode_steps: int = 16, prompt_len: int = 40, go
     from mlxbun.factory import audit_dry_run, check_target_coverage, open_model
     from mlxbun.models.mlxlm import load_mlxlm
     from mlxbun.parity.gate import gate
-    from mlxbun.parity.oracle import default_prompt_ids
+    from mlxbun.parity.oracle import varied_prompt_ids
 
     res = PortResult(target=target.label, path=str(target.path), dtype=target.variant)
     try:
@@ -95,8 +95,8 @@ def port_one(target: Target, *, decode_steps: int = 16, prompt_len: int = 40, go
         oracle = load_mlxlm(target.path)
         res.steps.append("oracle: mlx-lm loaded")
         candidate = open_model(target.path)
-        prompt = default_prompt_ids(config.vocab_size, length=prompt_len)
-        result = gate(candidate, oracle, prompt, decode_steps=decode_steps)
+        prompt, oracle_run = varied_prompt_ids(oracle, config.vocab_size, length=prompt_len, decode_steps=decode_steps)
+        result = gate(candidate, oracle, prompt, decode_steps=decode_steps, oracle_trajectory=oracle_run)
     except MlxbunError as e:
         res.verdict, res.reason = "fail", str(e)
         res.steps.append(f"fail: {e}")

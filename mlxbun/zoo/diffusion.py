@@ -12,19 +12,27 @@ linear temperature schedule, stability stop).
 
     make_diffusion_checkpoint(out_dir)            # -> out_dir/tiny-diffusion_gemma
     cached_diffusion_checkpoint(seed=1)           # built once per cache root
+
+(the registry also reaches it as `make_checkpoint("diffusion_gemma", ...)`).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map_with_path
 
-from mlxbun.zoo.build import DTYPES, REPO_ORG, ZooArgumentError, _replace_dir
+from mlxbun.zoo.common import (
+    Variant,
+    ZooArgumentError,
+    build_into,
+    build_once,
+    cache_root,
+    check_dtype_and_seed,
+    graph_fingerprint,
+)
 from mlxbun.zoo.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -45,6 +53,7 @@ __all__ = [
     "diffusion_generation_config",
     "make_diffusion_checkpoint",
     "tiny_diffusion_config",
+    "variant",
 ]
 
 
@@ -130,11 +139,11 @@ def build_weights(seed: int, dtype: str = "float32") -> dict[str, mx.array]:
     """HF-named tensors of the tiny graph: seeded init, perturbed by name, cast."""
     from mlxbun.models.diffusion_gemma.config import config_from_dict
     from mlxbun.models.diffusion_gemma.model import DiffusionGemmaModel
-    from mlxbun.zoo.weights import _perturb
+    from mlxbun.zoo.weights import perturb
 
     mx.random.seed(seed)
     model = DiffusionGemmaModel(config_from_dict(tiny_diffusion_config()))
-    model.update(tree_map_with_path(lambda name, p: _perturb(name, p, seed), model.parameters()))
+    model.update(tree_map_with_path(lambda name, p: perturb(name, p, seed), model.parameters()))
     # A sharper head than random init gives: confident positions, several reveals per step,
     # early stops and stable canvases, so the samplers' branches all run on the tiny model.
     norm = model.model.decoder.norm
@@ -148,52 +157,23 @@ def build_weights(seed: int, dtype: str = "float32") -> dict[str, mx.array]:
     return weights
 
 
-def save_shards(weights: dict[str, mx.array], out: Path) -> None:
-    """Two safetensors shards (cut by bytes, in insertion order) plus the HF index json."""
-    names = list(weights)
-    total = sum(v.nbytes for v in weights.values())
-    running, cut = 0, len(names) - 1
-    for i, name in enumerate(names):
-        if running >= total / 2:
-            cut = i
-            break
-        running += weights[name].nbytes
-    cut = max(1, min(cut, len(names) - 1))
-    shards = [names[:cut], names[cut:]]
-    index = {
-        "metadata": {"total_size": total, "total_parameters": sum(v.size for v in weights.values())},
-        "weight_map": {},
-    }
-    for i, shard in enumerate(shards):
-        shard_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        mx.save_safetensors(str(out / shard_name), {n: weights[n] for n in shard}, metadata={"format": "pt"})
-        for name in shard:
-            index["weight_map"][name] = shard_name
-    index["weight_map"] = dict(sorted(index["weight_map"].items()))
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=4), encoding="utf-8")
+def variant(arch: str = ARCH, *, quant=None, dtype: str = "float32", seed: int = 0,
+            head_dim: int | None = None) -> Variant:
+    """The checkpoint's variant: float weights only (mlx-vlm's loader takes no quantization)."""
+    if quant is not None or head_dim is not None:
+        raise ZooArgumentError(f"zoo arch {arch!r} is built in float weights only (no quant / head_dim)")
+    check_dtype_and_seed(dtype, seed)
+    return Variant(ARCH, None, dtype, seed)
 
 
-def _name(seed: int, dtype: str) -> str:
-    parts = [f"tiny-{ARCH}"]
-    if DTYPES[dtype]:
-        parts.append(DTYPES[dtype])
-    if seed:
-        parts.append(f"s{seed}")
-    return "-".join(parts)
-
-
-def _check(seed, dtype) -> None:
-    if dtype not in DTYPES:
-        raise ZooArgumentError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ZooArgumentError(f"seed must be a non-negative integer, got {seed!r}")
-
-
-def build_files(out: Path, *, seed: int = 0, dtype: str = "float32") -> None:
+def build_files(v: Variant, out: Path) -> None:
     """Every file of the checkpoint, into the existing empty directory `out`."""
+    from mlxbun.zoo.weights import save_shards
+
     config = tiny_diffusion_config()
-    config["torch_dtype"] = dtype
-    save_shards(build_weights(seed, dtype), out)
+    config["torch_dtype"] = v.dtype
+    weights = build_weights(v.seed, v.dtype)
+    save_shards(weights, out, total_parameters=sum(w.size for w in weights.values()), fmt="pt")
     (out / "config.json").write_text(json.dumps(dict(sorted(config.items())), indent=4), encoding="utf-8")
     write_tokenizer_files(out)
     # after the tokenizer files: this replaces their plain generation_config.json
@@ -202,38 +182,20 @@ def build_files(out: Path, *, seed: int = 0, dtype: str = "float32") -> None:
     )
 
 
+def cache_key() -> str:
+    """The cache directory: the zoo fingerprint plus this graph's source."""
+    from mlxbun.models import diffusion_gemma
+
+    return f"{ARCH}-{graph_fingerprint(Path(diffusion_gemma.__file__).parent)}"  # the package
+
+
 def make_diffusion_checkpoint(out_dir, *, seed: int = 0, dtype: str = "float32") -> Path:
     """Build `out_dir/tiny-diffusion_gemma[-<dtype>][-s<seed>]`; same arguments, same bytes."""
-    _check(seed, dtype)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    name = _name(seed, dtype)
-    work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
-    try:
-        built = work / name
-        built.mkdir()
-        build_files(built, seed=seed, dtype=dtype)
-        final = out_dir / name
-        _replace_dir(built, final)
-        return final
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    v = variant(seed=seed, dtype=dtype)
+    return build_into(out_dir, v.name, lambda out: build_files(v, out))
 
 
 def cached_diffusion_checkpoint(*, seed: int = 0, dtype: str = "float32", root=None) -> Path:
-    """The checkpoint in the zoo cache (keyed like `cached_checkpoint`: a hash of the zoo
-    package and library versions, plus this graph's source), built once under a file lock."""
-    import hashlib
-
-    from mlxbun.zoo.cache import build_once, default_root, zoo_fingerprint
-
-    _check(seed, dtype)
-    graph = Path(__file__).parent.parent / "models" / "diffusion_gemma"
-    graph_src = b"".join(p.read_bytes() for p in sorted(graph.glob("*.py")))
-    h = hashlib.sha256((zoo_fingerprint() + "\0").encode() + graph_src).hexdigest()[:16]
-    key_dir = (Path(root) if root is not None else default_root()) / f"{ARCH}-{h}"
-    return build_once(key_dir, _name(seed, dtype), lambda out: build_files(out, seed=seed, dtype=dtype))
-
-
-def repo_id(seed: int = 0, dtype: str = "float32") -> str:
-    return f"{REPO_ORG}/{_name(seed, dtype)}"
+    """The checkpoint in the zoo cache (`root`, else the default), built once under a file lock."""
+    v = variant(seed=seed, dtype=dtype)
+    return build_once(cache_root(root) / cache_key(), v.name, lambda out: build_files(v, out))

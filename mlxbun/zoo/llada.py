@@ -16,18 +16,27 @@ a larger head gives the peaked, varied confidences a threshold schedule needs.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map_with_path
 
+from mlxbun.zoo.common import (
+    Variant,
+    ZooArgumentError,
+    build_into,
+    build_once,
+    cache_root,
+    check_dtype_and_seed,
+    graph_fingerprint,
+)
 from mlxbun.zoo.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, write_tokenizer_files
 
-__all__ = ["MASK_ID", "llada2_tiny_config", "make_llada2_checkpoint"]
+__all__ = ["ARCH", "MASK_ID", "cached_llada2_checkpoint", "llada2_tiny_config", "make_llada2_checkpoint", "variant"]
 
+ARCH = "llada2_moe"
 MASK_ID = VOCAB_SIZE - 1
+LOGIT_SCALE = 8.0  # lm_head gain (see the module docstring)
 
 
 def llada2_tiny_config() -> dict:
@@ -93,19 +102,26 @@ def _hub_names(params: dict[str, mx.array], num_experts: int) -> dict[str, mx.ar
     return dict(sorted(out.items()))
 
 
-def _llada2_name(seed: int) -> str:
-    return "tiny-llada2_moe" + (f"-s{seed}" if seed else "")
+def variant(arch: str = ARCH, *, quant=None, dtype: str = "float32", seed: int = 0,
+            head_dim: int | None = None) -> Variant:
+    """The checkpoint's variant: float32 weights only."""
+    if quant is not None or head_dim is not None:
+        raise ZooArgumentError(f"zoo arch {arch!r} is built in float weights only (no quant / head_dim)")
+    check_dtype_and_seed(dtype, seed)
+    if dtype != "float32":
+        raise ZooArgumentError(f"zoo arch {arch!r} is built in float32 only")
+    return Variant(ARCH, None, dtype, seed)
 
 
 def _write_llada2(out: Path, *, seed: int, logit_scale: float) -> None:
     """Every file of the checkpoint, into the existing empty directory `out`."""
     from mlxbun.models.llada2 import LLaDA2Args, LLaDA2Model
-    from mlxbun.zoo.weights import _perturb
+    from mlxbun.zoo.weights import perturb
 
     config = llada2_tiny_config()
     mx.random.seed(seed)
     model = LLaDA2Model(LLaDA2Args.from_config(config))
-    model.update(tree_map_with_path(lambda n, p: _perturb(n, p, seed), model.parameters()))
+    model.update(tree_map_with_path(lambda n, p: perturb(n, p, seed), model.parameters()))
     model.lm_head.weight = model.lm_head.weight * logit_scale
     weights = _hub_names(dict(tree_flatten(model.parameters())), config["num_experts"])
     mx.eval(weights)
@@ -114,33 +130,25 @@ def _write_llada2(out: Path, *, seed: int, logit_scale: float) -> None:
     write_tokenizer_files(out)
 
 
-def make_llada2_checkpoint(out_dir, *, seed: int = 0, logit_scale: float = 8.0) -> Path:
+def build_files(v: Variant, out: Path) -> None:
+    _write_llada2(out, seed=v.seed, logit_scale=LOGIT_SCALE)
+
+
+def cache_key() -> str:
+    """The cache directory: the zoo fingerprint plus this graph's source."""
+    from mlxbun.models import llada2
+
+    return f"{ARCH}-{graph_fingerprint(Path(llada2.__file__))}"
+
+
+def make_llada2_checkpoint(out_dir, *, seed: int = 0, logit_scale: float = LOGIT_SCALE) -> Path:
     """Write the tiny checkpoint (config, one safetensors file, zoo tokenizer files) to
     `out_dir/tiny-llada2_moe[-s<seed>]` and return that directory. Same arguments, same bytes."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    name = _llada2_name(seed)
-    work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
-    try:
-        built = work / name
-        built.mkdir()
-        _write_llada2(built, seed=seed, logit_scale=logit_scale)
-        final = out_dir / name
-        if final.exists():
-            shutil.rmtree(final)
-        built.rename(final)
-        return final
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    v = variant(seed=seed)
+    return build_into(out_dir, v.name, lambda out: _write_llada2(out, seed=seed, logit_scale=logit_scale))
 
 
 def cached_llada2_checkpoint(*, seed: int = 0, root=None) -> Path:
-    """The checkpoint in the zoo cache, built once (keyed by the zoo's and this graph's source)."""
-    import hashlib
-
-    from mlxbun.zoo.cache import build_once, default_root, zoo_fingerprint
-
-    graph_src = Path(__file__).parent.parent / "models" / "llada2.py"
-    h = hashlib.sha256((zoo_fingerprint() + "\0").encode() + graph_src.read_bytes()).hexdigest()[:16]
-    key_dir = (Path(root) if root is not None else default_root()) / f"llada2_moe-{h}"
-    return build_once(key_dir, _llada2_name(seed), lambda out: _write_llada2(out, seed=seed, logit_scale=8.0))
+    """The checkpoint in the zoo cache (`root`, else the default), built once under a file lock."""
+    v = variant(seed=seed)
+    return build_once(cache_root(root) / cache_key(), v.name, lambda out: build_files(v, out))

@@ -26,12 +26,12 @@ def build_model(config: dict, seed: int) -> nn.Module:
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
-    model.update(tree_map_with_path(lambda name, p: _perturb(name, p, seed), model.parameters()))
+    model.update(tree_map_with_path(lambda name, p: perturb(name, p, seed), model.parameters()))
     mx.eval(model.parameters())
     return model
 
 
-def _perturb(name: str, p: mx.array, seed: int) -> mx.array:
+def perturb(name: str, p: mx.array, seed: int) -> mx.array:
     """Seeded noise on every float parameter, keyed by its name (independent of order): norm
     weights leave 1 (or 0 for 1+w norms), biases leave 0, so a dropped bias or a `w` vs `1+w`
     norm mix-up changes the logits."""
@@ -100,8 +100,14 @@ def save_weights(model: nn.Module, out: Path) -> None:
     """mlx_lm.utils.save_model's files, but in two shards (it would write one for a tiny model)."""
     from mlx_lm.utils import get_total_parameters
 
-    weights = dict(tree_flatten(model.parameters()))
-    names = list(weights)  # mlx-lm's order, cut in two halves by bytes (each non-empty)
+    save_shards(dict(tree_flatten(model.parameters())), out,
+                total_parameters=get_total_parameters(model), fmt="mlx")
+
+
+def save_shards(weights: dict[str, mx.array], out: Path, *, total_parameters: int, fmt: str) -> None:
+    """Two safetensors shards (cut in two halves by bytes, in the given order, each non-empty)
+    with metadata {"format": fmt}, plus the HF index json."""
+    names = list(weights)
     total = sum(v.nbytes for v in weights.values())
     running, cut = 0, len(names) - 1
     for i, name in enumerate(names):
@@ -110,16 +116,12 @@ def save_weights(model: nn.Module, out: Path) -> None:
             break
         running += weights[name].nbytes
     cut = max(1, min(cut, len(names) - 1))
-    shards = [{n: weights[n] for n in names[:cut]}, {n: weights[n] for n in names[cut:]}]
-    index = {
-        "metadata": {"total_size": total, "total_parameters": get_total_parameters(model)},
-        "weight_map": {},
-    }
+    shards = [names[:cut], names[cut:]]
+    index = {"metadata": {"total_size": total, "total_parameters": total_parameters}, "weight_map": {}}
     for i, shard in enumerate(shards):
         shard_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        mx.save_safetensors(str(out / shard_name), shard, metadata={"format": "mlx"})
+        mx.save_safetensors(str(out / shard_name), {n: weights[n] for n in shard}, metadata={"format": fmt})
         for name in shard:
             index["weight_map"][name] = shard_name
     index["weight_map"] = dict(sorted(index["weight_map"].items()))
-    with open(out / "model.safetensors.index.json", "w") as f:
-        json.dump(index, f, indent=4)
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=4), encoding="utf-8")

@@ -1,0 +1,172 @@
+"""What every zoo builder shares: the variant record and its checks, landing a build in place,
+and the cache (root, fingerprint, build-once). Imports no other zoo module, so every builder
+can use it and the registry can import every builder.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+from mlxbun.errors import MlxbunError
+
+DTYPES = {"float32": "", "float16": "fp16", "bfloat16": "bf16"}  # dtype -> name suffix
+QUANTS = (None, 4, 8, "mixed")
+REPO_ORG = "mlxbun"
+# the libraries whose versions shape a build's bytes (part of the cache key)
+_VERSIONED = ("mlx", "mlx-lm", "transformers", "tokenizers")
+
+
+class ZooArgumentError(MlxbunError, ValueError):
+    """A zoo variant argument (quant, dtype, seed, head_dim, layout) is not one the zoo builds."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A validated (arch, quant, dtype, seed, head_dim) and its checkpoint name."""
+
+    arch: str
+    quant: int | str | None
+    dtype: str
+    seed: int
+    head_dim: int | None = None  # a wider head than the zoo's 16 (quantized KV needs >= 32)
+
+    @property
+    def name(self) -> str:
+        parts = [f"tiny-{self.arch}"]
+        if self.head_dim is not None:
+            parts.append(f"hd{self.head_dim}")
+        if DTYPES[self.dtype]:
+            parts.append(DTYPES[self.dtype])
+        if self.quant is not None:
+            parts.append(f"q{self.quant}")
+        if self.seed:
+            parts.append(f"s{self.seed}")
+        return "-".join(parts)
+
+    @property
+    def repo_id(self) -> str:
+        return f"{REPO_ORG}/{self.name}"
+
+
+def parse_quant(quant) -> int | str | None:
+    """None, 4, 8 or "mixed" (the strings "4"/"8"/"none" are accepted too, as on the CLI)."""
+    if quant is None or quant == "none":
+        return None
+    if isinstance(quant, str) and quant.strip().isdigit():
+        quant = int(quant)
+    if quant in QUANTS and not isinstance(quant, bool):
+        return quant
+    raise ZooArgumentError(f"unknown quant {quant!r}; choose one of: none, 4, 8, mixed")
+
+
+def check_dtype_and_seed(dtype, seed) -> None:
+    if dtype not in DTYPES:
+        raise ZooArgumentError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ZooArgumentError(f"seed must be a non-negative integer, got {seed!r}")
+
+
+# ------------------------------------------------------------------ landing a build
+
+
+def replace_dir(new: Path, final: Path) -> None:
+    """Move `new` to `final`, replacing an existing `final` (moved aside first, then removed)."""
+    if final.exists():
+        trash = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, trash)
+        os.replace(new, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(new, final)
+
+
+def _land_in_place(built: Path, out_dir: Path) -> Path:
+    final = out_dir / built.name
+    replace_dir(built, final)
+    return final
+
+
+def build_into(out_dir, name: str, build: Callable[[Path], None],
+               land: Callable[[Path, Path], Path] = _land_in_place) -> Path:
+    """Run `build(empty_dir)` in a temp dir under `out_dir`, then `land(built, out_dir)` it
+    (default: as `out_dir/name`, replacing an older build). Nothing half-built is left behind."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
+    try:
+        built = work / name
+        built.mkdir()
+        build(built)
+        return land(built, out_dir)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ the cache
+
+
+def cache_root(root=None) -> Path:
+    """`root`, else $MLXBUN_ZOO_CACHE, else ~/.cache/mlxbun/zoo."""
+    if root is not None:
+        return Path(root)
+    env = os.environ.get("MLXBUN_ZOO_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "mlxbun" / "zoo"
+
+
+@functools.lru_cache(maxsize=1)
+def zoo_fingerprint() -> str:
+    """A hash of the zoo package's own files and the versions of the libraries that shape the
+    bytes: an edit to the zoo never serves a stale build."""
+    h = hashlib.sha256()
+    here = Path(__file__).parent
+    for f in sorted(here.iterdir()):
+        if f.is_file() and f.suffix in (".py", ".txt", ".jinja"):
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for dist in _VERSIONED:
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            version = "-"
+        h.update(f"{dist}={version}\0".encode())
+    return h.hexdigest()[:16]
+
+
+def graph_fingerprint(graph_source: Path) -> str:
+    """The zoo fingerprint plus the source of the mlxbun graph a builder initializes its
+    weights from (builders whose weights come from mlxbun's own graph, not mlx-lm's): one
+    module, or every module of a package directory."""
+    source = Path(graph_source)
+    files = sorted(source.glob("*.py")) if source.is_dir() else [source]
+    data = (zoo_fingerprint() + "\0").encode() + b"".join(f.read_bytes() for f in files)
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def build_once(key_dir: Path, name: str, build: Callable[[Path], None]) -> Path:
+    """`key_dir/name`, made by `build(empty_dir)` the first time (under a file lock, in a temp
+    dir renamed into place, so concurrent callers wait and a visible checkpoint is complete)."""
+    from filelock import FileLock
+
+    final = key_dir / name
+    if final.is_dir():
+        return final
+    key_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(key_dir / f".{name}.lock")):
+        if final.is_dir():  # another process built it while we waited
+            return final
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=key_dir))
+        try:
+            built = work / name
+            built.mkdir()
+            build(built)
+            os.replace(built, final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return final
