@@ -26,7 +26,7 @@ from mlxbun.lab.recording import recording
 from mlxbun.locate import open_runtime
 from mlxbun.models.universal.explain import explain
 from mlxbun.parity.layer_diff import layer_diff
-from mlxbun.parity.oracle import default_prompt_ids, run_trajectory
+from mlxbun.parity.oracle import run_trajectory, varied_prompt_ids
 from mlxbun.parity.port import port_one, resolve_targets
 from mlxbun.parity.trajectory_diff import compare_trajectories
 
@@ -138,8 +138,8 @@ def bringup(model: str = "zoo:llama", *, variant: str = "float32", decode_steps:
         out.explanation = explain(target.path)
     if port.verdict != "refused" and config is not None:
         candidate, oracle = open_runtime(target.path, "mlxbun"), open_runtime(target.path, "mlx-lm")
-        prompt = default_prompt_ids(config.vocab_size, length=prompt_len)
-        ot = run_trajectory(oracle, prompt, decode_steps)
+        # the prompt the gate used: a varied trajectory where one exists (see varied_prompt_ids)
+        prompt, ot = varied_prompt_ids(oracle, config.vocab_size, length=prompt_len, decode_steps=decode_steps)
         ct = run_trajectory(candidate, prompt, decode_steps)
         out.tokenizer = optional_tokenizer(target.path)
         out.trajectory = compare_trajectories(ot, ct, tokenizer=out.tokenizer, k=top_k)
