@@ -135,7 +135,7 @@ def test_golden_manifests_match_the_zoo_and_vary():
     trajectory is not one token repeated (every decode step fed the same id proves little)."""
     from mlxbun.parity.manifest import read_manifest
     from mlxbun.parity.oracle import repeated_tokens
-    from mlxbun.parity.port import ZOO_VARIANTS
+    from mlxbun.names import ZOO_VARIANTS
     from mlxbun.zoo import ARCHS
 
     goldens = Path(__file__).parent.parent / "goldens"
