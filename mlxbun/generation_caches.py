@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 from typing import Callable, Optional
 
+from mlxbun.cache.convert import maybe_quantize_kv_cache
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.cache.mixed import KVPlan
 from mlxbun.cache.prompt_cache import load_prompt_cache, model_identity
-from mlxbun.cache.convert import maybe_quantize_kv_cache
 from mlxbun.cache.turboquant import TurboQuantKVCache, patch_mlxlm_attention
 from mlxbun.config import TextConfig
 from mlxbun.errors import GenerationError, MlxbunError

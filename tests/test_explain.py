@@ -8,7 +8,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlxbun.errors import ConfigError, MlxbunError, UnsupportedModelError
-from mlxbun.models.universal.explain import explain
+from mlxbun.explain import explain
 from mlxbun.models.universal.loader import build_model
 from mlxbun.models.universal.not_covered import NOT_COVERED
 from mlxbun.zoo import ARCHS, tiny_config

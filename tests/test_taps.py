@@ -8,7 +8,7 @@ from mlx_lm.models import gemma3_text, llama
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxbun.errors import MlxbunError
-from mlxbun.parity.taps import TapError, block_paths, capture, layer_index_of, select_paths, substep_of
+from mlxbun.models.taps import TapError, block_paths, capture, layer_index_of, select_paths, substep_of
 
 IDS = mx.array([[300, 301, 302, 303, 304]])
 

@@ -61,7 +61,7 @@ def _oracle_cache(model):
 
 def _first_divergence(ref, ours, ids) -> str:
     """Localize a mismatch: the first module (in execution order) whose output differs."""
-    from mlxbun.parity.taps import capture
+    from mlxbun.models.taps import capture
 
     with capture(ref) as a:
         ref(ids)

@@ -21,7 +21,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from mlxbun.models.universal.explain import explain
+    from mlxbun.explain import explain
 
     explanation = explain(args.target)
     print(json.dumps(explanation.as_dict(), indent=2) if args.json else explanation.text())

@@ -21,10 +21,10 @@ from typing import Any
 from mlxbun.config import load_model_config
 from mlxbun.errors import MlxbunError
 from mlxbun.experiments.common import optional_tokenizer
+from mlxbun.explain import explain
 from mlxbun.factory import audit_dry_run, check_target_coverage
 from mlxbun.lab.recording import recording
 from mlxbun.locate import open_runtime
-from mlxbun.models.universal.explain import explain
 from mlxbun.parity.layer_diff import layer_diff
 from mlxbun.parity.oracle import run_trajectory, varied_prompt_ids
 from mlxbun.parity.port import port_one, resolve_targets

@@ -38,6 +38,7 @@ from mlxbun.errors import ConfigError, LoadError, MlxbunError, UnsupportedModelE
 from mlxbun.models.base import scaled_dot_product_attention
 from mlxbun.models.layers import swiglu
 from mlxbun.models.switch_layers import SwitchLinear, gather_sort, scatter_unsort
+from mlxbun.models.taps import capture
 from mlxbun.weight_audit import DropRule, WeightAudit
 from mlxbun.weights import name_list, read_index
 
@@ -417,8 +418,6 @@ class LLaDA2Model(nn.Module):
         return [KVCache() for _ in self.layers]
 
     def layers_tap(self, paths: Any = None):
-        from mlxbun.parity.taps import capture
-
         return capture(self, paths)
 
     def forward_hidden(self, ids: mx.array, cache: Optional[list] = None, mask=None) -> mx.array:

@@ -30,6 +30,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from mlxbun.errors import ConfigError, LoadError, MlxbunError
+from mlxbun.models.taps import capture
 
 __all__ = ["MlxLmRuntimeModel", "as_ids", "ensure_runtime", "find_inner_model", "load_mlxlm"]
 
@@ -156,8 +157,6 @@ class MlxLmRuntimeModel:
     # ------------------------------------------------------------ taps
 
     def layers_tap(self, paths: Any = None):
-        from mlxbun.parity.taps import capture
-
         return capture(self.module, paths)
 
 

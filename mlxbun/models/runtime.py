@@ -51,5 +51,5 @@ class RuntimeModel(Protocol):
         ...
 
     def layers_tap(self, paths: Any = None) -> AbstractContextManager[dict[str, list[mx.array]]]:
-        """Context manager recording module outputs by path (see `mlxbun.parity.taps.capture`)."""
+        """Context manager recording module outputs by path (see `mlxbun.models.taps.capture`)."""
         ...

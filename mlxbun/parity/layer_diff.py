@@ -26,8 +26,8 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from mlxbun.models.taps import Taps, block_paths, layer_index_of, substep_of
 from mlxbun.parity.localize import bit_equal, max_abs_diff, merged_order, tapped_steps
-from mlxbun.parity.taps import Taps, block_paths, layer_index_of, substep_of
 
 __all__ = ["LayerDiff", "layer_diff", "summarize"]
 
@@ -224,7 +224,7 @@ def layer_diff(model_a: Any, model_b: Any, prompt_ids: Sequence, decode_ids: Seq
                paths: Any = "all") -> LayerDiff:
     """Tap both models on the same forwards and report every module output of both sides.
 
-    `paths` is a tap selection (`mlxbun.parity.taps.select_paths`): "all"
+    `paths` is a tap selection (`mlxbun.models.taps.select_paths`): "all"
     (default: every module), None (blocks and their direct children),
     "layers", a list of module paths, or a predicate.
     """

@@ -25,7 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxbun.errors import MlxbunError
-from mlxbun.parity.taps import Taps, block_paths, capture, layer_index_of, substep_of
+from mlxbun.models.taps import Taps, block_paths, capture, layer_index_of, substep_of
 
 __all__ = ["Divergence", "bit_equal", "first_divergence", "max_abs_diff", "nonfinite_sides", "tap"]
 

@@ -16,6 +16,7 @@ from mlxbun.errors import MlxbunError
 from mlxbun.locate import locate
 from mlxbun.names import ModelSpec, parse_model
 
+
 @dataclass
 class PortResult:
     target: str

@@ -9,9 +9,9 @@
 from mlxbun.speculative.adaptive import AdaptiveDraftLength
 from mlxbun.speculative.drafters import (
     Draft,
+    Drafter,
     DraftModelDrafter,
     DraftSession,
-    Drafter,
     LayerSkipDrafter,
     NGramDrafter,
     VocabularyMismatchError,

@@ -27,8 +27,8 @@ from typing import Any, Iterator, Optional, Sequence
 import mlx.core as mx
 
 from mlxbun.errors import GenerationError, MlxbunError, UnsupportedModelError
-from mlxbun.names import DrafterSpec, parse_drafter
 from mlxbun.generation_caches import make_generation_cache
+from mlxbun.names import DrafterSpec, parse_drafter
 from mlxbun.speculative.kv import quantize_hook
 from mlxbun.speculative.verify import Sampling
 

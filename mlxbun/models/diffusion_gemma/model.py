@@ -27,6 +27,7 @@ from mlxbun.models.diffusion_gemma.layers import (
     cache_state,
     make_compiled_softcap,
 )
+from mlxbun.models.taps import capture
 
 __all__ = ["DiffusionGemmaModel"]
 
@@ -271,8 +272,6 @@ class DiffusionGemmaModel(nn.Module):
         return self.logits_from_hidden(h)
 
     def layers_tap(self, paths=None):
-        from mlxbun.parity.taps import capture
-
         return capture(self, paths)
 
 

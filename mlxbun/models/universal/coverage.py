@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxbun.config_reader import thaw
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.models.rope import rope_type_of
 from mlxbun.models.universal.kinds import HeadDim, LayerKinds
-from mlxbun.config_reader import thaw
 from mlxbun.models.universal.resolve import descriptor_for, layer_kinds, model_args
 
 __all__ = ["CoverageReport", "HARMLESS_KEYS", "check_coverage", "require_coverage"]

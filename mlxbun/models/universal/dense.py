@@ -29,6 +29,7 @@ from mlxbun.errors import MlxbunError
 from mlxbun.models import layers as L
 from mlxbun.models import rope as R
 from mlxbun.models.base import create_attention_mask, scaled_dot_product_attention
+from mlxbun.models.taps import capture
 from mlxbun.models.universal.kinds import (
     FUSED_ACTS,
     GATED_ACTS,
@@ -404,8 +405,6 @@ class UniversalDense(nn.Module):
         return [KVCache() for _ in self.args.layers]
 
     def layers_tap(self, paths: Any = None):
-        from mlxbun.parity.taps import capture
-
         return capture(self, paths)
 
     # ------------------------------------------------------------- forward

@@ -1,4 +1,5 @@
-"""`explain(arch_or_dir)`: the resolved forward of a covered arch, as a short mlx-lm-style listing.
+"""`explain_config(config)`: the forward a config resolves to on the universal graph, as a short
+mlx-lm-style listing (`mlxbun.explain.explain` takes arch and model names).
 
 The listing is read off the descriptor row and its resolution against a config
 (a checkpoint's config.json, or the zoo's tiny config of an arch): embedding,
@@ -15,11 +16,11 @@ import dataclasses
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from mlxbun.config import MODEL_REMAPPING, load_model_config
-from mlxbun.errors import ConfigError, UnsupportedModelError
+from mlxbun.config import MODEL_REMAPPING
+from mlxbun.config_reader import thaw
+from mlxbun.errors import ConfigError
 from mlxbun.models.rope import rope_type_of
 from mlxbun.models.universal.coverage import check_coverage
 from mlxbun.models.universal.kinds import (
@@ -49,7 +50,6 @@ from mlxbun.models.universal.kinds import (
     TiedOp,
     TieRule,
 )
-from mlxbun.config_reader import thaw
 from mlxbun.models.universal.resolve import (
     LayerSpec,
     UniversalArgs,
@@ -58,7 +58,7 @@ from mlxbun.models.universal.resolve import (
 )
 from mlxbun.models.universal.schema import ArchDescriptor
 
-__all__ = ["Explanation", "Line", "explain", "explain_config"]
+__all__ = ["Explanation", "Line", "explain_config"]
 
 
 @dataclass(frozen=True)
@@ -118,44 +118,6 @@ class Explanation:
             "layers": [dataclasses.asdict(g) for g in self.layers],
             "notes": self.notes, "descriptor": dict(self.descriptor),
         }
-
-
-def explain(target: str | Path) -> Explanation:
-    """Explain a model_type or zoo arch (`llama`, `zoo:llama`: sized by the zoo's tiny config), or
-    a checkpoint: a directory (or its config.json), a repo in the local hub cache, or a zoo name
-    with options (`zoo:llama@q4,head_dim=32`: that checkpoint's config)."""
-    from mlxbun.locate import locate  # a model name is only resolved here, for checkpoint targets
-    from mlxbun.names import parse_model
-
-    text = str(target)
-    path = Path(text).expanduser()
-    if text.startswith("zoo:"):
-        spec = parse_model(text)
-        if spec.variant is None and spec.seed is None and spec.head_dim is None:
-            return _explain_arch(spec.value, text)
-        path = locate(spec)
-    elif path.exists() or "/" in text or path.suffix == ".json":
-        if not path.exists():
-            if parse_model(text).kind != "hub":
-                raise ConfigError(f"{text}: no such checkpoint directory")
-            path = locate(text)
-    else:
-        return _explain_arch(text, text)
-    config = load_model_config(path)
-    return explain_config(thaw(config.raw_full), target=text,
-                          source=f"{path / 'config.json' if path.is_dir() else path}",
-                          model_type=config.model_type)
-
-
-def _explain_arch(arch: str, target: str) -> Explanation:
-    d = descriptor_for(arch)  # refuses unknown and not-covered model_types, naming them
-    from mlxbun.zoo import ARCHS, tiny_config  # the zoo only for arch targets
-
-    if arch not in ARCHS:
-        raise UnsupportedModelError(f"'{arch}' ({d.model_type}) has no zoo config to size it; "
-                                    f"explain a checkpoint directory instead")
-    return explain_config(tiny_config(arch), target=target,
-                          source=f"the zoo's tiny config (mlxbun.zoo.tiny_config({arch!r}))")
 
 
 def explain_config(config: Mapping[str, Any], *, target: str, source: str,

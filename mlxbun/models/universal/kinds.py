@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
+
 class QKV(StrEnum):
     SEPARATE = "separate"  # q_proj, k_proj, v_proj
     FUSED = "fused"  # one projection split [q | k | v] (phi3, lille-130m)

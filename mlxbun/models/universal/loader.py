@@ -22,11 +22,11 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from mlxbun.config import load_model_config
+from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError, LoadError
 from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.kinds import SanitizeOp, TieRule
-from mlxbun.config_reader import thaw
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule
 from mlxbun.quant import quantize_model, resolve_quantization

@@ -57,8 +57,8 @@ from mlxbun.models.universal.kinds import (
     ResidualScale,
     RopeKind,
     SanitizeOp,
-    TieRule,
     TiedOp,
+    TieRule,
 )
 
 REQUIRED = "<required>"  # a ModelArgs field without a default
