@@ -7,7 +7,7 @@ L2 references, both run in this process on the tiny checkpoint (`mlxbun.zoo.llad
   `masked_diffusion_generate` over mlxbun's graph and over mlx-vlm's own model;
 - mlx-optiq 0.7.7 `optiq/models/llada2.py` `diffusion_generate` (the per-step floor schedule
   mlx-vlm lacks): run from the wheel's single file (never `import optiq`, which patches
-  mlx-lm) when $MLXBUN_OPTIQ_WHEEL names the wheel or mlx-optiq is installed; else skipped.
+  mlx-lm), from $MLXBUN_OPTIQ_WHEEL when it names the wheel, else from the installed mlx-optiq.
 Hand-checked cases with scripted logits pin the transfer rule, the floor, EOS stop, mask
 predictions and the stats without any reference.
 """
@@ -24,6 +24,9 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from mlx_vlm.models.cache import StaticPrefixKVCache
+from mlx_vlm.models.llada2_moe.config import ModelConfig as VlmConfig
+from mlx_vlm.utils import load_model as vlm_load  # the L2 oracle (conftest refuses a run without it)
 
 from mlxbun.cache.kv import KVCache
 from mlxbun.diffusion.masked import (
@@ -36,14 +39,6 @@ from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 from mlxbun.models.llada2 import LLaDA2Args, load_llada2
 from mlxbun.zoo.llada import MASK_ID, llada2_tiny_config, make_llada2_checkpoint
 
-try:  # the L2 oracle (mlx-vlm 0.7.10, installed --no-deps)
-    from mlx_vlm.models.cache import StaticPrefixKVCache
-    from mlx_vlm.models.llada2_moe.config import ModelConfig as VlmConfig
-    from mlx_vlm.utils import load_model as vlm_load
-except ImportError:  # pragma: no cover
-    vlm_load = None
-vlm = pytest.mark.skipif(vlm_load is None, reason="mlx-vlm (the llada2_moe oracle) not installed")
-
 EOS = 2  # the zoo tokenizer's <|end_of_text|>
 
 
@@ -54,12 +49,9 @@ def _optiq_module():
     if wheel and Path(wheel).is_file():
         with zipfile.ZipFile(wheel) as z:
             source, where = z.read("optiq/models/llada2.py").decode(), f"{wheel}/optiq/models/llada2.py"
-    else:
-        try:
-            f = metadata.distribution("mlx-optiq").locate_file("optiq/models/llada2.py")
-            source, where = Path(f).read_text(), str(f)
-        except (metadata.PackageNotFoundError, OSError):
-            return None
+    else:  # conftest refuses a run where mlx-optiq is missing
+        f = metadata.distribution("mlx-optiq").locate_file("optiq/models/llada2.py")
+        source, where = Path(f).read_text(), str(f)
     name = "_optiq_llada2_reference"
     mod = types.ModuleType(name)
     sys.modules[name] = mod  # dataclasses look their module up while the class is built
@@ -68,8 +60,6 @@ def _optiq_module():
 
 
 optiq = _optiq_module()
-needs_optiq = pytest.mark.skipif(optiq is None, reason="mlx-optiq 0.7.7 not found "
-                                 "(set MLXBUN_OPTIQ_WHEEL to its wheel)")
 
 
 @pytest.fixture(scope="session")
@@ -84,8 +74,6 @@ def ours(ckpt):
 
 @pytest.fixture(scope="session")
 def ref(ckpt):
-    if vlm_load is None:
-        pytest.skip("mlx-vlm not installed")
     return vlm_load(ckpt)  # strict load
 
 
@@ -131,7 +119,6 @@ def ours_generate(model, prompt, *, gen, block, steps, threshold, temperature=0.
 # -- checkpoint and graph --------------------------------------------------------------
 
 
-@vlm
 def test_tiny_config_is_llada2_mini_shrunk():
     """Every key is one mlx-vlm's ModelConfig knows; every knob but the sizes, the token ids
     and the torch dtype is its default (the released model's)."""
@@ -162,7 +149,6 @@ def test_checkpoint_has_hub_layout(ckpt, ours):
     assert ours.mask_token_id == MASK_ID and set(ours.eos_token_ids) == {2, 4}  # generation_config
 
 
-@vlm
 @pytest.mark.parametrize("L", [1, 5, 8, 9, 40])  # <=8: mlx-vlm's tokenwise MoE; 40: sorted gather
 def test_forward_bit_exact(ours, ref, L):
     ids = mx.array([[(i * 37 + 5) % 512 for i in range(L)]])
@@ -172,7 +158,6 @@ def test_forward_bit_exact(ours, ref, L):
     assert mx.array_equal(ours.logits_from_hidden(ours.forward_hidden(ids)), b).item()
 
 
-@vlm
 @pytest.mark.parametrize("block", [4, 16])
 def test_cached_block_forward_bit_exact(ours, ref, block):
     """A block over a prefix cache, as both loops run it: mlx-vlm's StaticPrefixKVCache vs
@@ -231,7 +216,6 @@ VLM_CASES = [
 ]
 
 
-@vlm
 @pytest.mark.parametrize("seed,threshold,block,gen,temperature", VLM_CASES)
 def test_generate_equals_mlx_vlm(ours, ref, seed, threshold, block, gen, temperature):
     prompt = prompt_for(seed)
@@ -248,7 +232,6 @@ def test_generate_equals_mlx_vlm(ours, ref, seed, threshold, block, gen, tempera
         assert all(set(r) == {1} for r in stats.revealed_per_step)
 
 
-@vlm
 @pytest.mark.parametrize("seed,block,cut", [(0, 8, 13), (2, 4, 6), (3, 16, 20)])
 def test_eos_stop_equals_mlx_vlm(ours, ref, seed, block, cut):
     """EOS = a token the run generates at index `cut`: both stop after the block holding its
@@ -266,7 +249,6 @@ def test_eos_stop_equals_mlx_vlm(ours, ref, seed, block, cut):
     assert stats.blocks == first_block - len(prompt) // block + 1  # no block after the EOS one
 
 
-@vlm
 def test_mlx_vlm_leaves_masks_below_the_floor(ours, ref):
     """Why the even-split floor: with fewer steps than masked positions and nothing clearing
     the threshold, mlx-vlm returns mask tokens; this loop finishes each block within steps."""
@@ -310,9 +292,8 @@ OPTIQ_CASES = [  # (seed, threshold, block_length, steps, max_tokens)
 ]
 
 
-@needs_optiq
 @pytest.mark.parametrize("seed,threshold,block,steps,gen", OPTIQ_CASES)
-def test_generate_equals_optiq(ours, seed, threshold, block, steps, gen):
+def test_generate_equals_optiq_loop_both_over_the_mlxbun_graph(ours, seed, threshold, block, steps, gen):
     prompt = prompt_for(seed)
     want = optiq.diffusion_generate(OptiqWindow(ours, block), prompt, gen_length=gen,
                                     block_length=block, steps=steps, threshold=threshold,

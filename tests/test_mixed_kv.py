@@ -1,6 +1,7 @@
-"""mlxbun.cache.mixed: per-layer KV plans (optiq kv_config / args), their refusals,
-and a mixed 2-layer plan giving the same logits as the same caches built by hand
-(and as mlx-lm's own caches) in a tiny mlx-lm llama."""
+"""mlxbun.cache.mixed: per-layer KV plans (optiq kv_config / args), their refusals, a mixed
+2-layer plan giving the same logits as the same caches built by hand (and as mlx-lm's own
+caches) in a tiny mlx-lm llama, and generation under a plan token for token and logprob for
+logprob as mlx-optiq 0.7.7's own mixed-KV hook (`optiq.serve.install_mixed_kv`) drives mlx-lm."""
 
 import mlx.core as mx
 import pytest
@@ -97,7 +98,9 @@ def test_make_caches_refusals():
         plan.make_caches([c, KVCache()])
 
 
-def test_mixed_plan_logits_equal_hand_built(llama):
+def test_mixed_plan_equals_hand_built_mlxbun_caches_and_mlx_lm_caches(llama):
+    """mlxbun's plan vs the same mlxbun caches built by hand, and vs mlx-lm's own cache classes
+    (all inside mlx-lm's llama); optiq's own plan code is the oracle of the next test."""
     cfg = config_from_dict(LLAMA, kv_config=MIXED)
     plan = KVPlan.from_kv_config(cfg.kv_config, cfg.num_hidden_layers)
     base = [KVCache(), KVCache()]
@@ -133,3 +136,57 @@ def test_maybe_quantize_matches_per_layer_to_quantized(llama, start):
     assert isinstance(mine[1], QuantizedKVCache) and isinstance(mine[0], KVCache)
     with pytest.raises(KVPlanError, match="layer 1: is a sliding-window"):
         plan.maybe_quantize([KVCache(), RotatingKVCache(8)], start)
+
+
+# -- against optiq's own code --------------------------------------------------------------
+
+_OPTIQ_RUN = """
+import json, sys
+import mlx.core as mx
+import mlx_lm.generate
+from mlx_lm import load
+from optiq.serve import _LayerQuantConfig, install_mixed_kv  # patches mlx-lm: this process only
+
+path, plan, start, n, prompt = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+install_mixed_kv([_LayerQuantConfig(e["layer_idx"], e["bits"], e["group_size"]) for e in plan], start)
+model, tok = load(path)
+out = []
+# kv_bits only has to be non-None for mlx-lm to call the (patched) hook; optiq's map decides
+for r in sys.modules["mlx_lm.generate"].stream_generate(model, tok, prompt, max_tokens=n, kv_bits=8,
+                                                     quantized_kv_start=start):
+    out.append([r.token, r.logprobs.astype(mx.float32).tolist()])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("start", [0, 12])
+def test_generation_under_a_plan_equals_optiq_install_mixed_kv(zoo_root, tmp_path, start):
+    """mlxbun's `stream_generate(kv_config=...)` vs mlx-lm driven by optiq's per-layer hook, in a
+    subprocess (importing optiq patches mlx-lm): same tokens, bit-identical logprobs."""
+    import json
+    import subprocess
+    import sys
+
+    from mlxbun.factory import open_model
+    from mlxbun.generate import stream_generate
+    from mlxbun.locate import locate
+    from mlxbun.tokenizer import load_tokenizer
+
+    path = locate("zoo:llama,head_dim=32", zoo_root=zoo_root)
+    plan = [{"layer_idx": 0, "bits": 4, "group_size": 32}]
+    (tmp_path / "kv_config.json").write_text(json.dumps(plan))
+    prompt, n = "The quick brown fox jumps over the lazy dog. Once upon a time", 10
+    proc = subprocess.run([sys.executable, "-c", _OPTIQ_RUN, str(path), json.dumps(plan), str(start), str(n), prompt],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    model, tok = open_model(path), load_tokenizer(path)
+
+    def run(**kv):
+        return [(r.token, r.logprobs.astype(mx.float32).tolist())
+                for r in stream_generate(model, tok, prompt, max_tokens=n, quantized_kv_start=start, **kv)]
+
+    ours = run(kv_config=tmp_path / "kv_config.json")
+    assert [t for t, _ in ours] == [t for t, _ in theirs]
+    assert [lp for _, lp in ours] == [lp for _, lp in theirs]  # float32 values, compared exactly
+    assert [lp for _, lp in run()] != [lp for _, lp in ours]  # layer 0 really is 4-bit

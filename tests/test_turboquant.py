@@ -13,6 +13,8 @@ import math
 import weakref
 
 import mlx.core as mx
+import mlx_vlm.models.base as vbase
+import mlx_vlm.turboquant as vtq  # the L2 oracle (conftest refuses a run without it)
 import numpy as np
 import pytest
 from mlx_lm.models import base as lm_base
@@ -37,13 +39,6 @@ from mlxbun.cache.turboquant_codec import (
 )
 from mlxbun.errors import ConfigError, UnsupportedModelError
 
-try:  # the L2 oracle (mlx-vlm 0.7.10, installed --no-deps); only oracle tests need it
-    import mlx_vlm.models.base as vbase
-    import mlx_vlm.turboquant as vtq
-except ImportError:  # pragma: no cover
-    vbase = vtq = None
-oracle = pytest.mark.skipif(vtq is None, reason="mlx-vlm (the TurboQuant oracle) not installed")
-
 DIMS = (64, 128, 80, 96)  # two powers of two (Hadamard), two not (dense QR rotation)
 BITS = (2, 3, 3.5, 4)
 
@@ -59,7 +54,6 @@ def rand(shape, seed, dtype=mx.float32, scale=1.0):
 # -- codec pieces --------------------------------------------------------------------
 
 
-@oracle
 @pytest.mark.parametrize("dim", DIMS + (1, 2, 16, 256))
 def test_codebooks_equal_mlx_vlm(dim):
     for bits in (1, 2, 3, 4, 5):
@@ -89,7 +83,6 @@ def test_codebook_is_the_lloyd_max_quantizer_of_a_unit_vector_coordinate():
     assert mse(cb) < min(mse(uni), mse(cb * 0.95), mse(cb * 1.05))
 
 
-@oracle
 @pytest.mark.parametrize("dim", DIMS)
 def test_rotation_equals_mlx_vlm(dim):
     for seed in (0, 7):
@@ -107,7 +100,6 @@ def test_rotation_equals_mlx_vlm(dim):
     assert not eq(TurboQuantCodec(dim, 3, 0).rotate(x), TurboQuantCodec(dim, 3, 1).rotate(x))
 
 
-@oracle
 @pytest.mark.parametrize("bits", range(1, 9))
 def test_pack_equals_mlx_vlm_and_roundtrips(bits):
     for length in (1, 7, 64, 80, 96, 128):
@@ -133,7 +125,6 @@ def test_nearest_codeword_counts_midpoints_below_even_on_ties():
         assert eq(codec._nearest(x), count)
 
 
-@oracle
 @pytest.mark.parametrize("dim", DIMS)
 @pytest.mark.parametrize("bits", (1, 2, 3, 4, 5))
 def test_codec_equals_mlx_vlm(dim, bits):
@@ -183,7 +174,6 @@ def drive_both(dim, bits, dtype=mx.float32, seed=3, prefill=37, steps=3):
         yield ours, theirs, q, ours.update_and_fetch(k, v), theirs.update_and_fetch(k, v)
 
 
-@oracle
 @pytest.mark.parametrize("dim", DIMS)
 @pytest.mark.parametrize("bits", BITS)
 def test_cache_equals_mlx_vlm(dim, bits):
@@ -208,7 +198,6 @@ def test_cache_equals_mlx_vlm(dim, bits):
         assert eq(mine, theirs_out), step
 
 
-@oracle
 def test_cache_equals_mlx_vlm_float16():
     for step, (ours, theirs, q, (kh, vh), (kp, vp)) in enumerate(
         drive_both(64, 3.5, dtype=mx.float16)
@@ -410,7 +399,6 @@ def test_mlxlm_llama_chunked_decode_close_to_one_pass(tiny_llama):
     assert mx.allclose(chunked, one_pass, atol=1e-4, rtol=0).item()  # observed 2e-6
 
 
-@oracle
 @pytest.mark.parametrize("bits", (2, 3, 3.5, 4))
 def test_mlxlm_llama_equals_mlx_vlm(tiny_llama, bits, monkeypatch):
     run, _ = tiny_llama

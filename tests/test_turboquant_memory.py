@@ -9,6 +9,7 @@ different rounding (observed <= 1e-6 on outputs of size ~1).
 """
 
 import mlx.core as mx
+import mlx_vlm.turboquant as vtq  # the L2 oracle (conftest refuses a run without it)
 import pytest
 
 from mlxbun.bench.kv_memory import measure_decode_memory
@@ -22,12 +23,6 @@ from mlxbun.cache.turboquant_codec import (
     unpack_indices_u8,
 )
 from mlxbun.errors import ConfigError
-
-try:  # the L2 oracle (mlx-vlm 0.7.10); only the oracle test needs it
-    import mlx_vlm.turboquant as vtq
-except ImportError:  # pragma: no cover
-    vtq = None
-oracle = pytest.mark.skipif(vtq is None, reason="mlx-vlm (the TurboQuant oracle) not installed")
 
 
 def eq(a, b):
@@ -65,7 +60,6 @@ def test_byte_unpack_gives_the_uint32_unpack_integers():
             assert eq(codec.codewords(state), want), (bits, length)
 
 
-@oracle
 @pytest.mark.parametrize("dim", (64, 80))
 @pytest.mark.parametrize("bits", (2, 3.5, 4))
 def test_chunked_decode_equals_mlx_vlm_chunked_loop(dim, bits):

@@ -18,7 +18,7 @@ def _run(model, prompt, steps, caches):
     return logits
 
 
-def test_universal_graph_uses_rotated_decode_and_matches_mlx_lm(zoo, monkeypatch):
+def test_universal_graph_uses_rotated_decode_and_matches_mlx_lm_both_on_mlxbun_turboquant_caches(zoo, monkeypatch):
     path = zoo("qwen3")
     ours, ref = mlxbun.open_model(path), load_mlxlm(path)
     prompt = mx.array([list(range(40, 64))])
