@@ -313,6 +313,11 @@ class KVSettings:
             return cls("plain", start=quantized_kv_start)
         return cls.of(kv_scheme, kv_bits, kv_group_size, quantized_kv_start)
 
+    def as_options(self) -> dict[str, Any]:
+        """The same settings as mlx-lm-style options (`stream_generate`'s keyword arguments)."""
+        return dict(kv_bits=self.bits, kv_group_size=self.group, quantized_kv_start=self.start,
+                    kv_scheme="uniform" if self.scheme == "plain" else self.scheme)
+
     @property
     def group(self) -> int:
         """The group size the quantizer uses (64 where none is set, mlx-lm's default)."""

@@ -18,7 +18,7 @@ from mlxbun.commands.speculative_flags import (
     spec_requested,
 )
 from mlxbun.errors import MlxbunError
-from mlxbun.names import MODEL_FORMS, parse_engine, whole
+from mlxbun.names import KV_FORMS, MODEL_FORMS, parse_engine, parse_kv, whole
 
 
 def register(sub) -> None:
@@ -48,6 +48,9 @@ def register(sub) -> None:
     p.add_argument("--kv-group-size", type=int, default=64)
     p.add_argument("--quantized-kv-start", type=int, default=0)
     p.add_argument("--kv-scheme", default="uniform", metavar="{uniform,turboquant}")
+    p.add_argument("--kv", metavar="SETTING", default=None,
+                   help=f"the KV setting in one name ({KV_FORMS}), instead of --kv-bits / --kv-group-size "
+                        "/ --kv-scheme / --quantized-kv-start")
     p.add_argument("--kv-config", metavar="FILE", help="per-layer KV plan (mixed caches)")
     p.add_argument("--max-kv-size", type=int, default=None, help="bound every full-attention cache")
     p.add_argument("--prompt-cache", metavar="FILE", help="continue from a saved prompt cache")
@@ -114,6 +117,7 @@ def run(args) -> int:
     from mlxbun.locate import locate, open_runtime
     from mlxbun.tokenizer import load_tokenizer
 
+    _apply_kv_setting(args)
     if args.prompt_cache is not None and args.max_kv_size is not None:
         raise MlxbunError("--prompt-cache brings its own caches; --max-kv-size cannot change them")
     path = locate(args.model)
@@ -180,6 +184,20 @@ def run(args) -> int:
               file=sys.stderr)
         print(f"Peak memory: {last.peak_memory:.3f} GB", file=sys.stderr)
     return 0
+
+
+_KV_FLAGS = {"kv_bits": None, "kv_group_size": 64, "kv_scheme": "uniform", "quantized_kv_start": 0}
+
+
+def _apply_kv_setting(args) -> None:
+    """`--kv NAME` fills the four KV flags (which must then stay at their defaults)."""
+    if args.kv is None:
+        return
+    given = [f"--{k.replace('_', '-')}" for k, default in _KV_FLAGS.items() if getattr(args, k) != default]
+    if given:
+        raise MlxbunError(f"--kv {args.kv} already sets the KV cache; drop {', '.join(given)}")
+    for key, value in parse_kv(args.kv).as_options().items():
+        setattr(args, key, value)
 
 
 _AUTOREGRESSIVE_ONLY = ("kv_bits", "kv_config", "max_kv_size", "prompt_cache", "save_prompt_cache", "stop",

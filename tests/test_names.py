@@ -1,0 +1,172 @@
+"""mlxbun.names (the naming grammar) and mlxbun.locate (a name -> a directory -> a model):
+every form parses and prints back, every bad name quotes the token and lists the forms, and the
+CLI's `--kv NAME` is the same cache as the four --kv-* flags."""
+
+import json
+
+import pytest
+
+from mlxbun import cli
+from mlxbun.errors import GenerationError, MlxbunError
+from mlxbun.locate import locate, open_runtime
+from mlxbun.names import (
+    DRAFTER_FORMS,
+    KV_FORMS,
+    MODEL_FORMS,
+    DrafterSpec,
+    KVSettings,
+    ModelSpec,
+    NamingError,
+    parse_drafter,
+    parse_engine,
+    parse_kv,
+    parse_model,
+)
+
+
+@pytest.mark.parametrize("text, spec, canonical", [
+    ("zoo:llama", ModelSpec("zoo", "llama"), "zoo:llama"),
+    ("zoo:llama@q4", ModelSpec("zoo", "llama", "q4"), "zoo:llama@q4"),
+    ("zoo:llama@bf16", ModelSpec("zoo", "llama", "bfloat16"), "zoo:llama@bfloat16"),
+    ("zoo:llama@q8,seed=1,head_dim=32", ModelSpec("zoo", "llama", "q8", 1, 32), "zoo:llama@q8,seed=1,head_dim=32"),
+    ("zoo:llama,head_dim=64", ModelSpec("zoo", "llama", head_dim=64), "zoo:llama,head_dim=64"),
+    ("zoo:llama@seed1", ModelSpec("zoo", "llama", seed=1), "zoo:llama,seed=1"),  # the first wave's form
+    ("zoo:llama@q8,seed1", ModelSpec("zoo", "llama", "q8", 1), "zoo:llama@q8,seed=1"),
+    ("random:llama-3-8b", ModelSpec("random", "llama-3-8b"), "random:llama-3-8b"),
+    ("HuggingFaceTB/SmolLM2-135M", ModelSpec("hub", "HuggingFaceTB/SmolLM2-135M"), "HuggingFaceTB/SmolLM2-135M"),
+    ("model.gguf", ModelSpec("gguf", "model.gguf"), "model.gguf"),
+    ("./some/dir", ModelSpec("dir", "./some/dir"), "./some/dir"),
+])
+def test_model_names_parse_and_print_back(text, spec, canonical):
+    assert parse_model(text) == spec
+    assert str(spec) == canonical and parse_model(canonical) == spec
+
+
+def test_an_existing_directory_wins_over_a_repo_id(tmp_path, monkeypatch):
+    (tmp_path / "org" / "repo").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert parse_model("org/repo").kind == "dir"
+    assert parse_model("other/repo").kind == "hub"
+
+
+@pytest.mark.parametrize("text, why", [
+    ("zoo:", "no arch after 'zoo:'"),
+    ("zoo:llama@q5", "unknown zoo variant 'q5'"),
+    ("zoo:llama@q4@q8", "zoo option 'variant' given twice"),
+    ("zoo:llama,depth=3", "unknown zoo option 'depth=3'"),
+    ("zoo:llama,head_dim=0", "head_dim must be a positive whole number"),
+    ("zoo:llama,seed=-1", "seed must be a whole number >= 0"),
+    ("random:", "no shape after 'random:'"),
+    ("", "empty name"),
+])
+def test_bad_model_names_quote_the_token_and_list_the_forms(text, why):
+    with pytest.raises(NamingError) as e:
+        parse_model(text)
+    assert f"model {text!r}: {why}" in str(e.value) and MODEL_FORMS in str(e.value)
+
+
+def test_zoo_options_and_with_options():
+    assert parse_model("zoo:llama@q4,seed=2").zoo_options == {"quant": 4, "seed": 2}
+    assert parse_model("zoo:llama").zoo_options == {"dtype": "float32"}
+    spec = parse_model("zoo:llama").with_options(variant="fp16", head_dim=32)
+    assert spec == ModelSpec("zoo", "llama", "float16", None, 32)
+    assert parse_model("zoo:llama@q8").with_options(variant="q4").variant == "q8"  # the name wins
+    with pytest.raises(NamingError, match="only applies to zoo models"):
+        parse_model("/some/dir").with_options(head_dim=32)
+    with pytest.raises(NamingError, match="not a zoo model"):
+        parse_model("/some/dir").zoo_options
+
+
+def test_engines():
+    assert parse_engine("mlxbun") == "mlxbun" and parse_engine("mlx_lm") == "mlx-lm"
+    with pytest.raises(NamingError, match=r"--engine 'torch': unknown engine; accepted forms: mlxbun \| mlx-lm"):
+        parse_engine("torch", what="--engine")
+
+
+@pytest.mark.parametrize("text, spec, canonical", [
+    ("ngram", DrafterSpec("ngram", n=3), "ngram:3"),
+    ("ngram:5", DrafterSpec("ngram", n=5), "ngram:5"),
+    ("lookup", DrafterSpec("ngram", n=3), "ngram:3"),
+    ("self", DrafterSpec("self", n=1), "self:1"),
+    ("self:2", DrafterSpec("self", n=2), "self:2"),
+    ("layer_skip:2", DrafterSpec("self", n=2), "self:2"),
+    ("model:zoo:llama@q8", DrafterSpec("model", ModelSpec("zoo", "llama", "q8")), "model:zoo:llama@q8"),
+    ("zoo:llama,seed=1", DrafterSpec("model", ModelSpec("zoo", "llama", seed=1)), "model:zoo:llama,seed=1"),
+])
+def test_drafter_names(text, spec, canonical):
+    assert parse_drafter(text) == spec and str(spec) == canonical and parse_drafter(canonical) == spec
+
+
+@pytest.mark.parametrize("text, why", [("ngram:0", "N must be a positive whole number"),
+                                       ("self:x", "L must be a positive whole number"),
+                                       ("model:", "no model after 'model:'")])
+def test_bad_drafter_names(text, why):
+    with pytest.raises(NamingError) as e:
+        parse_drafter(text)
+    assert why in str(e.value) and DRAFTER_FORMS in str(e.value)
+
+
+@pytest.mark.parametrize("text, settings, label", [
+    ("plain", KVSettings(), "plain"),
+    ("uniform:4", KVSettings("uniform", 4), "uniform 4-bit g64"),
+    ("uniform:8,group=32,start=16", KVSettings("uniform", 8, 32, 16), "uniform 8-bit g32"),
+    ("turboquant:3.5", KVSettings("turboquant", 3.5), "turboquant 3.5-bit"),
+    ("turboquant:4,start=5", KVSettings("turboquant", 4, None, 5), "turboquant 4-bit"),
+])
+def test_kv_names(text, settings, label):
+    assert parse_kv(text) == settings and settings.label == label
+    assert parse_kv(str(settings)) == settings
+
+
+@pytest.mark.parametrize("text, error, why", [
+    ("q4", NamingError, "unknown scheme"),
+    ("uniform:four", NamingError, "bits must be a number"),
+    ("turboquant:3.5,group=32", NamingError, "unknown or repeated option 'group=32'"),
+    ("uniform:4,start=x", NamingError, "start must be a whole number"),
+    ("uniform:3.5", GenerationError, "fractional widths are kv_scheme='turboquant'"),
+    ("uniform:4,group=16", GenerationError, "kv_group_size 16 is not supported"),
+])
+def test_bad_kv_names(text, error, why):
+    with pytest.raises(error, match=why):
+        parse_kv(text)
+    if error is NamingError:
+        with pytest.raises(NamingError) as e:
+            parse_kv(text)
+        assert KV_FORMS in str(e.value)
+
+
+def test_kv_settings_from_mlx_lm_style_options():
+    assert KVSettings.from_flags() == KVSettings(start=0)
+    assert KVSettings.from_flags(kv_bits=4.0, kv_group_size=32) == KVSettings("uniform", 4, 32)
+    assert KVSettings.from_flags(kv_bits=3.5, kv_scheme="turboquant", kv_group_size=64) == KVSettings("turboquant", 3.5)
+    s = parse_kv("uniform:8,group=32,start=16")
+    assert KVSettings.from_flags(**s.as_options()) == s
+    assert parse_kv("plain").as_options()["kv_bits"] is None
+
+
+def test_locate_and_open_runtime(zoo, zoo_root, tmp_path):
+    assert locate("zoo:llama", zoo_root=zoo_root) == zoo("llama")
+    assert locate("zoo:llama@q4", zoo_root=zoo_root) == zoo("llama", quant=4)
+    assert locate(str(zoo("llama"))) == zoo("llama")
+    assert open_runtime(zoo("llama")).model_type == "llama"
+    assert type(open_runtime(zoo("llama"), "mlx-lm")).__name__ == "MlxLmRuntimeModel"
+    for name, why in (("random:llama-3-8b", "for `mlxbun bench` only"), ("x.gguf", "GGUF files cannot be opened"),
+                      (str(tmp_path / "none"), "no such checkpoint directory"), ("zoo:all", "give one zoo:ARCH"),
+                      ("org/repo", "repo 'org/repo' not found")):
+        with pytest.raises(MlxbunError, match=why):
+            locate(name, cache_dir=tmp_path)
+
+
+def test_generate_kv_name_is_the_four_flags(zoo_root, monkeypatch, capsys):
+    monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
+    base = ["generate", "--model", "zoo:llama,head_dim=32", "--prompt", "Once upon a time", "--max-tokens", "6",
+            "--json"]
+
+    def tokens(*flags):
+        assert cli.main(base + list(flags)) == 0
+        return json.loads(capsys.readouterr().out)["tokens"]
+
+    named = tokens("--kv", "uniform:4,group=32,start=3")
+    assert named == tokens("--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "3")
+    assert cli.main(base + ["--kv", "uniform:4", "--kv-bits", "8"]) == 1
+    assert "--kv uniform:4 already sets the KV cache; drop --kv-bits" in capsys.readouterr().err
