@@ -78,6 +78,17 @@ def freeze(value: Any) -> Any:
     return value
 
 
+def json_safe(obj: Any) -> Any:
+    """`obj` with every non-finite float as None: strict JSON has no NaN or Infinity."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
 def thaw(value: Any) -> Any:
     """The inverse of `freeze`: plain dicts and lists again."""
     if isinstance(value, Mapping):

@@ -85,3 +85,21 @@ def zoo(zoo_root):
         return cached_checkpoint(arch, quant=quant, dtype=dtype, seed=seed, root=zoo_root)
 
     return get
+
+
+def nan_weight_copy(src: Path, dst: Path, param: str) -> Path:
+    """A copy of checkpoint `src` with the first element of tensor `param` overwritten by NaN
+    (single-file or sharded: the shard that holds it is rewritten)."""
+    import json
+    import shutil
+
+    import mlx.core as mx
+
+    shutil.copytree(src, dst)
+    index = dst / "model.safetensors.index.json"
+    shard = dst / (json.loads(index.read_text())["weight_map"][param] if index.is_file() else "model.safetensors")
+    weights = dict(mx.load(str(shard)))
+    w = weights[param]
+    weights[param] = mx.where(mx.arange(w.size).reshape(w.shape) == 0, mx.array(float("nan"), w.dtype), w)
+    mx.save_safetensors(str(shard), weights, metadata={"format": "mlx"})
+    return dst

@@ -59,19 +59,9 @@ def test_notebooks_end_by_asserting_their_verdicts():
 def test_port_bringup_fails_headless_when_the_port_does_not_pass(zoo, zoo_root, tmp_path, monkeypatch, capsys):
     """A checkpoint with a NaN weight: the gate's verdict is fail (non-finite logits), and the
     notebook run fails on its last cell instead of rendering a red table."""
-    import json
-    import shutil
+    from tests.conftest import nan_weight_copy
 
-    import mlx.core as mx
-
-    bad = tmp_path / "nan-llama"
-    shutil.copytree(zoo("llama"), bad)
-    name = "model.layers.1.mlp.down_proj.weight"
-    shard = bad / json.loads((bad / "model.safetensors.index.json").read_text())["weight_map"][name]
-    tensors = dict(mx.load(str(shard)))
-    w = tensors[name]
-    tensors[name] = mx.where(mx.arange(w.size).reshape(w.shape) == 0, mx.array(float("nan"), w.dtype), w)
-    mx.save_safetensors(str(shard), tensors, metadata={"format": "mlx"})
+    bad = nan_weight_copy(zoo("llama"), tmp_path / "nan-llama", "model.layers.1.mlp.down_proj.weight")
     monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
     code = cli.main(["lab", "run", "port_bringup", "-p", "model", str(bad), "--out", str(tmp_path / "out"),
                      "--results", str(tmp_path / "r.sqlite"), "--no-progress", "--timeout", "120"])

@@ -32,6 +32,7 @@ from mlxbun.parity.oracle import (
     run_trajectory,
     varied_prompt_ids,
 )
+from tests.conftest import nan_weight_copy
 
 BASE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=512)
@@ -230,18 +231,6 @@ def test_structural_divergence(ckpt, tmp_path):
 # ------------------------------------------------------------------ non-finite logits
 
 
-def _nan_weight_copy(src: Path, dst: Path, param: str) -> Path:
-    """A copy of checkpoint `src` with one element of `param` overwritten by NaN."""
-    import shutil
-
-    shutil.copytree(src, dst)
-    weights = mx.load(str(dst / "model.safetensors"))
-    w = weights[param]
-    weights[param] = mx.where(mx.arange(w.size).reshape(w.shape) == 0, mx.array(float("nan"), w.dtype), w)
-    mx.save_safetensors(str(dst / "model.safetensors"), weights)
-    return dst
-
-
 def test_nan_is_never_bit_equal():
     nan = mx.array([1.0, float("nan")])
     assert not bit_equal(nan, nan) and mx.isnan(mx.array(max_abs_diff(nan, nan))).item()
@@ -254,7 +243,7 @@ def test_nan_is_never_bit_equal():
 def test_nan_weight_checkpoint_fails_on_both_sides_and_names_where(ckpt, tmp_path):
     """The same NaN-weight checkpoint on both sides used to pass (NaN == NaN): now it fails at the
     prefill, says the logits are not finite on both sides, and localizes the NaN's first module."""
-    bad = _nan_weight_copy(ckpt["llama"], tmp_path / "nan", "model.layers.1.mlp.down_proj.weight")
+    bad = nan_weight_copy(ckpt["llama"], tmp_path / "nan", "model.layers.1.mlp.down_proj.weight")
     r = gate(load_mlxlm(bad), load_mlxlm(bad), PROMPT, decode_steps=4)
     assert r.verdict == "fail" and not r.trajectory_equal and r.first_mismatch_step == 0
     assert "prefill logits are not finite (NaN/inf) on the candidate and oracle" in r.reason
@@ -267,7 +256,7 @@ def test_nan_weight_checkpoint_fails_on_both_sides_and_names_where(ckpt, tmp_pat
 
 
 def test_nan_weight_on_one_side_names_that_side(ckpt, tmp_path):
-    bad = _nan_weight_copy(ckpt["gemma3_text"], tmp_path / "nan", "model.layers.0.self_attn.o_proj.weight")
+    bad = nan_weight_copy(ckpt["gemma3_text"], tmp_path / "nan", "model.layers.0.self_attn.o_proj.weight")
     r = gate(load_mlxlm(ckpt["gemma3_text"]), load_mlxlm(bad), PROMPT, decode_steps=2)
     assert r.verdict == "fail" and "prefill logits are not finite (NaN/inf) on the oracle" in r.reason
     d = r.first_divergence

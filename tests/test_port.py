@@ -1,7 +1,6 @@
 """`mlxbun port`: targets, verdicts (pass / fail / refused), JSON, manifests, exit codes."""
 
 import json
-import math
 import shutil
 from pathlib import Path
 
@@ -15,9 +14,13 @@ from mlxbun.parity.port import Target, port_one, resolve_targets
 JSON_KEYS = {"target", "model_type", "dtype", "verdict", "max_abs_diff", "first_divergence", "reason"}
 
 
+def _strict(constant):
+    raise AssertionError(f"--json printed {constant}, which is not JSON")
+
+
 def _run_json(capsys, argv):
     code = main(argv)
-    return code, json.loads(capsys.readouterr().out)
+    return code, json.loads(capsys.readouterr().out, parse_constant=_strict)
 
 
 def test_zoo_targets_pass_and_write_manifests(zoo_root, tmp_path, capsys):
@@ -111,19 +114,13 @@ def test_a_diverging_graph_fails_and_names_the_first_divergence(zoo, monkeypatch
 def test_a_nan_weight_checkpoint_fails_and_says_why(zoo, tmp_path, capsys):
     """Both sides load the same NaN weight: their logits are NaN alike, which is a failure (not
     "bit-equal"), reported at the prefill with both sides named and the NaN's first module."""
-    from safetensors.numpy import load_file, save_file
+    from tests.conftest import nan_weight_copy
 
-    bad = tmp_path / "nan-llama"
-    shutil.copytree(zoo("llama"), bad)
-    name = "model.layers.1.mlp.down_proj.weight"
-    shard = bad / json.loads((bad / "model.safetensors.index.json").read_text())["weight_map"][name]
-    tensors = load_file(shard)
-    tensors[name][0, 0] = float("nan")
-    save_file(tensors, shard, metadata={"format": "mlx"})
+    bad = nan_weight_copy(zoo("llama"), tmp_path / "nan-llama", "model.layers.1.mlp.down_proj.weight")
     code, rows = _run_json(capsys, ["port", str(bad), "--no-goldens", "--json"])
     assert code == 1
     (r,) = rows
-    assert r["verdict"] == "fail" and math.isnan(r["max_abs_diff"])  # not comparable: no |diff|
+    assert r["verdict"] == "fail" and r["max_abs_diff"] is None  # not comparable: no |diff| (null)
     assert "prefill logits are not finite (NaN/inf) on the candidate and oracle" in r["reason"]
     d = r["first_divergence"]
     assert (d["path"], d["step"], d["kind"], d["nonfinite"]) == (
@@ -133,9 +130,9 @@ def test_a_nan_weight_checkpoint_fails_and_says_why(zoo, tmp_path, capsys):
 def test_golden_manifests_match_the_zoo_and_vary():
     """One tracked manifest per zoo arch and port variant, each a bit-exact pass whose oracle
     trajectory is not one token repeated (every decode step fed the same id proves little)."""
+    from mlxbun.names import ZOO_VARIANTS
     from mlxbun.parity.manifest import read_manifest
     from mlxbun.parity.oracle import repeated_tokens
-    from mlxbun.names import ZOO_VARIANTS
     from mlxbun.zoo import ARCHS
 
     goldens = Path(__file__).parent.parent / "goldens"

@@ -14,10 +14,10 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Any, Optional
 
+from mlxbun.config_reader import json_safe
 from mlxbun.errors import MlxbunError
 from mlxbun.names import DRAFTER_FORMS, parse_drafter, parse_engine, whole
 
@@ -109,4 +109,4 @@ def finish_spec_from_args(args, last, model, tokenizer, prompt, *, model_path=No
     if not quiet:
         print(f"Speculative: {stats.summary()}", file=file or sys.stderr)
     # JSON has no NaN: a statistic with nothing to measure (e.g. speedup without a plain run) is null
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in stats.as_dict().items()}
+    return json_safe(stats.as_dict())

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from mlxbun.config_reader import json_safe
 from mlxbun.models.taps import Taps, block_paths, layer_index_of, substep_of
 from mlxbun.parity.localize import bit_equal, max_abs_diff, merged_order, tapped_steps
 
@@ -188,7 +189,7 @@ class LayerDiff:
 
     def to_json(self, path: Any = None, indent: int = 2) -> str:
         """The tree as JSON (NaN/inf statistics as null); written to `path` when given."""
-        text = json.dumps(_json_safe(self.tree), indent=indent, allow_nan=False)
+        text = json.dumps(json_safe(self.tree), indent=indent, allow_nan=False)
         if path is not None:
             from pathlib import Path
 
@@ -203,16 +204,6 @@ def _parent_node(path: str, nodes: dict[str, dict]) -> dict | None:
         if node is not None:
             return node
     return None
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 def _root_name(model: Any) -> str:

@@ -12,6 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mlxbun.config_reader import json_safe
 from mlxbun.errors import MlxbunError
 from mlxbun.locate import locate
 from mlxbun.names import ModelSpec, parse_model
@@ -34,7 +35,8 @@ class PortResult:
     steps: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """A JSON-safe dict: a |diff| that is not finite (NaN logits) is None."""
+        return json_safe(asdict(self))
 
 
 @dataclass(frozen=True)
