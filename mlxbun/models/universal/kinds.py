@@ -9,7 +9,14 @@ tables that `exhaustive` checks at import, so no forward path has an
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from enum import StrEnum
+from enum import Enum
+
+try:
+    from enum import StrEnum
+except ImportError:  # Python 3.10 (mlxbun supports it): the same str-valued enum, by hand
+    class StrEnum(str, Enum):
+        def __str__(self) -> str:
+            return self.value
 
 
 class QKV(StrEnum):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from mlxbun.errors import MlxbunError
@@ -57,6 +56,7 @@ from mlxbun.models.universal.kinds import (
     ResidualScale,
     RopeKind,
     SanitizeOp,
+    StrEnum,
     TiedOp,
     TieRule,
 )
