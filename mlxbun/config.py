@@ -45,6 +45,7 @@ __all__ = [
     "MODEL_ARCHITECTURE_REMAPPING",
     "MODEL_REMAPPING",
     "TextConfig",
+    "checkpoint_kv_config",
     "config_from_dict",
     "kv_config_entries",
     "load_model_config",
@@ -204,13 +205,8 @@ def load_model_config(path: str | Path) -> TextConfig:
     config = read_json(path / "config.json", required=True)
     generation = read_json(path / "generation_config.json", required=False)
     tokenizer = read_json(path / "tokenizer_config.json", required=False)
-    kv = None
-    for kv_file in (path / "kv_config.json", path / "optiq" / "kv_config.json"):
-        if kv_file.is_file():
-            kv = (read_json(kv_file, required=True, expect=(list, dict)), kv_file)
-            break
     return _build(config, path=path, generation_config=generation, tokenizer_config=tokenizer,
-                  kv_config=kv)
+                  kv_config=_find_kv_config(path))
 
 
 def config_from_dict(
@@ -366,7 +362,23 @@ def kv_config_entries(data: Any, where: str | Path) -> list:
     raise ConfigError(f"{where}: expected {KV_CONFIG_FORMS}, got {got}")
 
 
-def _kv_config(data: Any, file: Path, n_layers: int) -> tuple[KVLayerSpec, ...]:
+def _find_kv_config(directory: Path) -> tuple[Any, Path] | None:
+    for file in (directory / "kv_config.json", directory / "optiq" / "kv_config.json"):
+        if file.is_file():
+            return read_json(file, required=True, expect=(list, dict)), file
+    return None
+
+
+def checkpoint_kv_config(directory: str | Path) -> tuple[tuple[KVLayerSpec, ...], Path] | None:
+    """A checkpoint directory's own per-layer KV plan (kv_config.json, or optiq/kv_config.json) as
+    (entries, file), None when it has none; for a checkpoint whose config.json mlxbun cannot
+    normalize (`load_model_config` reads the plan into `TextConfig.kv_config` otherwise). Layer
+    indices are checked against the model's caches by whoever applies the plan."""
+    found = _find_kv_config(Path(directory).expanduser())
+    return None if found is None else (_kv_config(found[0], found[1], None), found[1])
+
+
+def _kv_config(data: Any, file: Path, n_layers: int | None) -> tuple[KVLayerSpec, ...]:
     out, seen = [], set()
     for i, e in enumerate(kv_config_entries(data, file)):
         where = f"{file}: entry {i}"
@@ -375,7 +387,7 @@ def _kv_config(data: Any, file: Path, n_layers: int) -> tuple[KVLayerSpec, ...]:
         idx, bits, group = e.get("layer_idx"), e.get("bits"), e.get("group_size", 64)
         if not is_int(idx) or idx < 0:
             raise ConfigError(f"{where}: key 'layer_idx' must be a non-negative integer, got {idx!r}")
-        if idx >= n_layers:
+        if n_layers is not None and idx >= n_layers:
             raise ConfigError(f"{where}: key 'layer_idx' {idx} is not a layer of this model "
                               f"(num_hidden_layers {n_layers}: layers 0..{n_layers - 1})")
         if not is_number(bits) or bits < 0:

@@ -21,7 +21,7 @@ from mlxbun.cache.mixed import KVPlan
 from mlxbun.cache.prompt_cache import load_prompt_cache, model_identity
 from mlxbun.cache.quantized import KV_QUANT_GROUP_SIZES
 from mlxbun.cache.turboquant import TurboQuantKVCache, patch_mlxlm_attention
-from mlxbun.config import TextConfig, kv_config_entries
+from mlxbun.config import TextConfig, checkpoint_kv_config, kv_config_entries
 from mlxbun.errors import GenerationError, MlxbunError
 from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.names import KVSettings, is_int
@@ -109,13 +109,19 @@ def load_kv_plan(kv_config, num_layers: int):
 
 
 def checkpoint_kv_plan(model) -> Optional[KVPlan]:
-    """The per-layer plan a checkpoint ships (its kv_config.json, read into `TextConfig.kv_config`),
-    checked against the model's cache layers; None when it ships none."""
+    """The per-layer plan a checkpoint ships (its kv_config.json: `TextConfig.kv_config`, or read
+    from the model's directory when mlxbun could not normalize its config, as under an mlx-lm
+    model), checked against the model's cache layers; None when it ships none."""
     model = ensure_runtime(model)
     config = getattr(model, "config", None)
-    if not isinstance(config, TextConfig) or not config.kv_config:
+    if isinstance(config, TextConfig):
+        entries, file = config.kv_config, config.kv_config_file
+    else:
+        path = getattr(model, "path", None)
+        entries, file = (checkpoint_kv_config(path) if path is not None else None) or (None, None)
+    if not entries:
         return None
-    return KVPlan.from_kv_config(config.kv_config, len(model.make_cache()), source=str(config.kv_config_file))
+    return KVPlan.from_kv_config(entries, len(model.make_cache()), source=str(file))
 
 
 def resolve_kv_config(model, kv_config=None, *, kv_bits=None, kv_scheme: str = "uniform",

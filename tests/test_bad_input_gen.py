@@ -277,9 +277,21 @@ def test_checkpoint_plan_applies_by_default_and_says_so(run, wide, tmp_path):
 def test_checkpoint_plan_past_the_layers_is_refused_naming_file_entry_and_count(run, wide, tmp_path):
     ck = _with_plan(wide, tmp_path / "ck", [{"layer_idx": 0, "bits": 8}, {"layer_idx": 9, "bits": 4}])
     before = checksums(tmp_path)
-    refused(run("--model", str(ck), "--prompt", "hi", "--max-tokens", "2"),
+    refused(run("--model", str(ck), "--prompt", "hi", "--max-tokens", "2"),  # at load
             str(ck / "kv_config.json"), "entry 1", "'layer_idx' 9", "num_hidden_layers 2")
+    # mlx-lm's graph runs on mlx-lm's reading of config.json: the plan is checked when generation starts
+    refused(run("--model", str(ck), "--engine", "mlx-lm", "--prompt", "hi", "--max-tokens", "2"),
+            str(ck / "kv_config.json"), "entry 1", "layer index 9 does not exist", "2 cache layers")
     assert checksums(tmp_path) == before
+
+
+def test_checkpoint_plan_applies_under_the_mlx_lm_engine_too(run, wide, tmp_path):
+    ck = _with_plan(wide, tmp_path / "ck", PLAN)
+    argv = ("--model", str(ck), "--prompt", "Once upon a time", "--max-tokens", "6", "--json")
+    ours, theirs = (json.loads(run(*argv, "--engine", e)[1]) for e in ("mlxbun", "mlx-lm"))
+    assert ours["kv_config"] == theirs["kv_config"] == {"file": str(ck / "kv_config.json"),
+                                                        "from_checkpoint": True, "layers": PLAN}
+    assert ours["tokens"] == theirs["tokens"]
 
 
 def test_checkpoint_plan_on_a_sliding_window_layer_is_refused_at_start(run, zoo, tmp_path):

@@ -490,6 +490,19 @@ def test_kv_config_layer_past_the_model_is_refused_at_load(tmp_path):
     assert str(d / "kv_config.json") in str(e.value)
 
 
+def test_checkpoint_kv_config_reads_either_place(tmp_path):
+    from mlxbun.config import checkpoint_kv_config
+
+    d = _write(tmp_path, "not json {")  # a config.json mlxbun cannot read: the plan is still found
+    assert checkpoint_kv_config(d) is None
+    (d / "optiq").mkdir()
+    (d / "optiq" / "kv_config.json").write_text(json.dumps({"layers": [{"layer_idx": 7, "bits": 4}]}))
+    assert checkpoint_kv_config(d) == ((KVLayerSpec(7, 4, 64),), d / "optiq" / "kv_config.json")
+    (d / "kv_config.json").write_text(json.dumps([{"layer_idx": 1, "bits": "4"}]))
+    with pytest.raises(ConfigError, match=r"kv_config\.json: entry 0: key 'bits'"):
+        checkpoint_kv_config(d)
+
+
 @pytest.mark.parametrize("data, got", [
     ({"kv_config": [{"layer_idx": 0, "bits": 4}]}, r"an object with keys \['kv_config'\]"),
     ({"layers": {"layer_idx": 0}}, r"an object whose 'layers' is an object"),
