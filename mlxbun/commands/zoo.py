@@ -40,16 +40,15 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _build(args) -> int:
-    from mlxbun.zoo import ARCHS, ORACLE_VLM_ARCHS, make_checkpoint
-    from mlxbun.zoo.build import variant
+    from mlxbun.zoo import ARCHS, check_build, make_checkpoint
 
     archs = list(ARCHS) if "all" in args.archs else list(dict.fromkeys(args.archs))
-    for arch in archs:  # refuse every bad argument before building anything
-        if arch not in ORACLE_VLM_ARCHS:
-            variant(arch, quant=args.quant, dtype=args.dtype, seed=args.seed, head_dim=args.head_dim)
+    options = dict(quant=args.quant, dtype=args.dtype, seed=args.seed, hf_cache=args.hf_cache,
+                   head_dim=args.head_dim)
+    for arch in archs:  # refuse every bad argument and destination before building anything
+        check_build(arch, args.out, **options)
     for arch in archs:
-        path = make_checkpoint(arch, args.out, quant=args.quant, dtype=args.dtype,
-                               seed=args.seed, hf_cache=args.hf_cache, head_dim=args.head_dim)
+        path = make_checkpoint(arch, args.out, **options)
         print(f"{arch}\t{path}", flush=True)
     return 0
 
