@@ -14,7 +14,7 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND",
                                 parser_class=type(parser))
 
-    build = sub.add_parser("build", help="build checkpoints (one line per checkpoint: arch, path)")
+    build = sub.add_parser("build", help="build checkpoints (one line per checkpoint: arch, the directory written)")
     build.add_argument("archs", nargs="+", metavar="ARCH", help="arch names, or `all`")
     build.add_argument("--out", required=True, metavar="DIR", help="output directory")
     build.add_argument("--quant", default=None, metavar="{4,8,mixed}",
@@ -22,8 +22,9 @@ def register(subparsers) -> None:
     build.add_argument("--dtype", default="float32", metavar="{float32,float16,bfloat16}",
                        help="dtype of the unquantized parameters (default float32)")
     build.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
-    build.add_argument("--head-dim", type=int, default=None,
-                       help="widen the heads (zoo default 16; quantized KV needs 32+)")
+    build.add_argument("--head-dim", type=int, default=None, metavar="N",
+                       help="widen the heads (zoo default 16; quantized KV needs 32+); "
+                            "the same checkpoint as the name zoo:ARCH,head_dim=N")
     build.add_argument("--hf-cache", action="store_true",
                        help="lay out as a hub cache: DIR/models--mlxbun--tiny-ARCH/snapshots/REV")
     build.set_defaults(func=_build)
