@@ -83,7 +83,8 @@ class AuditReport:
             parts.append(f"{len(self.mismatched)} mismatched: {name_list(shown)}")
         if self.nonfinite:
             parts.append(f"{len(self.nonfinite)} holding NaN/inf: {name_list(self.nonfinite)}")
-        fault = "do not match the graph" if self.missing or self.unconsumed or self.mismatched else "fail the value check"
+        mismatch = self.missing or self.unconsumed or self.mismatched
+        fault = "do not match the graph" if mismatch else "fail the value check"
         return f"{self.source} {fault}: " + "; ".join(parts)
 
 

@@ -61,7 +61,8 @@ def test_zoo_build_out_naming_a_file_is_one_line(tmp_path, capsys, hf_cache):
     (tmp_path / "afile").write_text("mine")
     before = tree(tmp_path)
     flags = ["--hf-cache"] if hf_cache else []
-    refused(capsys, ["zoo", "build", "llama", "--out", str(tmp_path / "afile"), *flags], tmp_path / "afile", "is a file")
+    refused(capsys, ["zoo", "build", "llama", "--out", str(tmp_path / "afile"), *flags],
+            tmp_path / "afile", "is a file")
     refused(capsys, ["zoo", "build", "llama", "--out", str(tmp_path / "afile" / "sub"), *flags], "afile", "is a file")
     assert tree(tmp_path) == before
 

@@ -1,9 +1,9 @@
 """`mlxbun port`: bring a checkpoint up on the universal graph and prove it bit-exact.
 
 Steps per target, each reported: descriptor coverage (config keys), weight audit
-dry run from safetensors headers (plus every tensor's values with `check_values`), oracle run (mlx-lm, live, same process), the
-gate (greedy trajectory + every step's raw logits bit-exact, batch-2 forward),
-verdict, and the golden manifest entry.
+dry run from safetensors headers (plus every tensor's values with `check_values`),
+oracle run (mlx-lm, live, same process), the gate (greedy trajectory + every step's
+raw logits bit-exact, batch-2 forward), verdict, and the golden manifest entry.
 """
 
 from __future__ import annotations
