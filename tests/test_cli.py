@@ -36,3 +36,10 @@ def test_version_through_the_entry_point_exits_0_before_any_command():
                            timeout=120)
         assert r.returncode == 0 and r.stderr == "", r.stderr
         assert r.stdout.startswith(f"mlxbun {mlxbun.__version__} (") and "\nmlx-lm 0.32.2\n" in r.stdout
+
+
+def test_the_version_is_the_one_pyproject_declares():
+    import re
+
+    declared = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert mlxbun.__version__ == declared
