@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Order is the order `mlxbun --help` lists them.
@@ -65,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mlxbun: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`mlxbun port ... --json | head`): stop quietly, as `cat` does;
+        # stdout goes to /dev/null so the interpreter's last flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE
 
 
 if __name__ == "__main__":

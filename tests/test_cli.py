@@ -1,4 +1,4 @@
-"""The top-level `mlxbun` command: --version."""
+"""The top-level `mlxbun` command: --version, and a reader that closes the pipe early."""
 
 import os
 import subprocess
@@ -43,3 +43,15 @@ def test_the_version_is_the_one_pyproject_declares():
 
     declared = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
     assert mlxbun.__version__ == declared
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback():
+    """`mlxbun explain llama --json | head -0`: the pipe closes before the output is written."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "mlxbun", "explain", "llama", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader leaves at once
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
