@@ -3,11 +3,8 @@ exit code, that no traceback is printed, that the message names the culprit, and
 outside the intended output changed (checksums before and after). Ends with a hypothesis fuzz of
 the CLI argument parser."""
 
-import hashlib
 import json
-import os
 import shutil
-import stat
 from pathlib import Path
 
 import pytest
@@ -17,41 +14,7 @@ from hypothesis import strategies as st
 from mlxbun.cli import build_parser, main
 from mlxbun.zoo import BUILDERS
 from mlxbun.zoo.common import MARKER
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Every entry under `root` (hidden ones too): a file's sha256, a link's target, a dir's mode."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = str(p.relative_to(root))
-        if p.is_symlink():
-            out[rel] = "-> " + os.readlink(p)
-        elif p.is_dir():
-            out[rel] = "dir"
-        else:
-            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() + f" {stat.S_IMODE(p.stat().st_mode):o}"
-    return out
-
-
-def run(capsys, argv) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse's own errors and --help
-        code = e.code or 0
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return code, out, err
-
-
-def refused(capsys, argv, *culprits) -> str:
-    """`argv` exits 1 with one line on stderr naming every culprit."""
-    code, _, err = run(capsys, argv)
-    assert code == 1, err
-    assert len(err.strip().splitlines()) == 1 and err.startswith(f"mlxbun {argv[0]}: error: "), err
-    for c in culprits:
-        assert str(c) in err, (c, err)
-    return err
-
+from tests.bad_input.helpers import refused, run, tree
 
 # ------------------------------------------------------------------ zoo build
 

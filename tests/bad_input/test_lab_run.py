@@ -3,31 +3,19 @@ point (`python -m mlxbun`) and asserts the exit code, that no traceback is print
 message names the culprit, and that no file outside the intended output changed (a refusal
 creates nothing: neither --out nor a results file)."""
 
-import hashlib
-import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bad_input.helpers import subprocess_mlxbun, tree
 
 
 def mlxbun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "MLXBUN_RESULTS": str(cwd / "default-results.sqlite")}
-    return subprocess.run([sys.executable, "-m", "mlxbun", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Every file (sha256) and directory under root."""
-    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))}
+    return subprocess_mlxbun(*args, cwd=cwd, env={"MLXBUN_RESULTS": str(cwd / "default-results.sqlite")})
 
 
 def notebook(path: Path, *cells: str, params: str | None = "x = 1") -> Path:
