@@ -461,6 +461,9 @@ def _responses(model, prompt, cache, detokenizer, eos, stops, *, seed, max_token
             if n == 0:
                 prompt_time = time.perf_counter() - tic
                 prompt_tps = prompt.size / prompt_time
+                if mx.any(mx.isnan(logprobs)).item():  # NaN weights: every token after this is noise
+                    raise GenerationError("the model's first logits are NaN: its weights are not finite "
+                                          "(`mlxbun port CHECKPOINT --check-values` names the tensors)")
                 tic = time.perf_counter()
             if token in eos:
                 break

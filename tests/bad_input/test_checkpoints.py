@@ -168,3 +168,12 @@ def test_bad_option_values_are_named(ckpt, tmp_path, capsys, flags, culprit):
     if "--prompt-ids" not in flags:
         argv += ["--prompt", "hello"]
     _refused_unchanged(capsys, tmp_path, argv, culprit)
+
+
+def test_nan_weights_stop_generation_with_the_reason(zoo, tmp_path, capsys, monkeypatch):
+    """NaN logits used to stream `<pad>` tokens without a word."""
+    from tests.conftest import nan_weight_copy
+
+    monkeypatch.chdir(tmp_path)
+    bad = nan_weight_copy(zoo("llama"), tmp_path / "nan-llama", "model.layers.1.mlp.down_proj.weight")
+    _refused_unchanged(capsys, tmp_path, _generate(bad), "logits are NaN", "--check-values")
