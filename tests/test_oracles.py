@@ -17,6 +17,7 @@ def _run_with_pins(tmp_path: Path, pins: str) -> subprocess.CompletedProcess:
     shutil.copy(HERE / "conftest.py", tmp_path / "tests" / "conftest.py")
     shutil.copy(HERE.parent / "pyproject.toml", tmp_path / "pyproject.toml")
     (tmp_path / "tests" / "oracles.txt").write_text(pins)
+    shutil.copy(HERE / "real-models.txt", tmp_path / "tests" / "real-models.txt")
     (tmp_path / "tests" / "test_one.py").write_text("def test_one():\n    pass\n")
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "tests")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -29,6 +30,6 @@ def test_a_missing_or_wrong_oracle_stops_the_run(tmp_path, pin, found):
     (line,) = [x for x in r.stderr.splitlines() if x.strip()]
     name, version = pin.split("==")
     assert line == (f"ERROR: test oracle {name}=={version} is {found}: "
-                    "run `make` (its oracle step: pip install --no-deps -r tests/oracles.txt)")
+                    "run `make` (its step: pip install --no-deps -r tests/oracles.txt)")
     assert "passed" not in r.stdout and "skipped" not in r.stdout
 
