@@ -32,6 +32,7 @@ from mlxbun.gguf.archs import arch_for, hf_name, undo_converter
 from mlxbun.gguf.blocks import Packed
 from mlxbun.gguf.reader import GGUFError, Metadata, fingerprint, open_gguf, read_metadata
 from mlxbun.gguf.tensors import DTYPES, FLOAT_TYPES, read_tensor, readable, to_mlx
+from mlxbun.gguf.tokenizer import tokenizer_files
 from mlxbun.gguf.writer import SHARD_BYTES, ShardWriter, land, staging, write_json
 
 __all__ = ["DEFAULT_DTYPE", "MARKER", "QUANTS", "ImportResult", "cache_root", "cached_import", "import_gguf"]
@@ -153,15 +154,6 @@ def _generation_config(meta: Metadata) -> dict:
     return out
 
 
-def _tokenizer_files(meta: Metadata) -> dict[str, Any]:
-    """tokenizer.json, tokenizer_config.json, ... rebuilt from the metadata."""
-    try:  # TEMPORARY until mlxbun/gguf/tokenizer.py lands (the lead writes it): ids only
-        from mlxbun.gguf.tokenizer import tokenizer_files
-    except ImportError:
-        return {}
-    return tokenizer_files(meta)
-
-
 def _self_check(built: Path) -> None:
     """The checkpoint passes mlxbun's coverage and weight audit (headers only), or nothing lands."""
     from mlxbun.config import load_model_config
@@ -191,7 +183,7 @@ def import_gguf(path: Union[str, os.PathLike], out: Union[str, os.PathLike], *, 
     arch, cfg, placed = _plan(reader, meta)
     res = ImportResult(out=out, arch=arch.gguf, model_type=cfg["model_type"], dtype=dtype, quant=quant)
     bits = None if quant == "keep" else int(quant)
-    tokenizer = _tokenizer_files(meta)
+    tokenizer = tokenizer_files(meta)  # before writing: a tokenizer it cannot rebuild refuses here
     with staging(out) as work:
         built = work / out.name
         built.mkdir()
