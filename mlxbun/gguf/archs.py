@@ -84,6 +84,7 @@ def _base(meta: Metadata, a: str, tensors: Mapping, model_type: str, architectur
         "max_position_embeddings": meta.need(f"{a}.context_length"),
         "rope_theta": meta.opt(f"{a}.rope.freq_base", float, 10000.0),
         "vocab_size": int(tensors["token_embd.weight"].shape[1]),  # GGML order: (hidden, vocab)
+        "hidden_act": "silu",
         "tie_word_embeddings": "output.weight" not in tensors,
     }
     for key in ("bos", "eos", "padding"):
@@ -188,7 +189,8 @@ def _gemma3(meta: Metadata, tensors: Mapping) -> dict:
     cfg = _base(meta, a, tensors, "gemma3_text", "Gemma3ForCausalLM")
     head_dim = meta.need(f"{a}.attention.key_length", int, "Gemma-3's head_dim")
     layers = cfg["num_hidden_layers"]
-    pattern = 6  # 5 local : 1 global (not in the metadata)
+    pattern = _swa_pattern(meta, f"{a}.attention.sliding_window_pattern", layers)
+    del cfg["hidden_act"]
     cfg.update({
         "head_dim": head_dim,
         "hidden_activation": "gelu_pytorch_tanh",
@@ -204,6 +206,22 @@ def _gemma3(meta: Metadata, tensors: Mapping) -> dict:
         if (v := meta.opt(f"{a}.{key}", float)) is not None:
             cfg[key] = v
     return cfg
+
+
+def _swa_pattern(meta: Metadata, key: str, layers: int) -> int:
+    """Every how many layers one is global: llama.cpp's key when the file has it (an int, or one
+    bool per layer, True = sliding), else Gemma-3's 6 (5 local : 1 global)."""
+    value = meta.get(key)
+    if value is None:
+        return 6
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, list) and len(value) == layers and all(isinstance(b, bool) for b in value):
+        pattern = value.index(False) + 1 if False in value else layers + 1
+        if value == [(i + 1) % pattern != 0 for i in range(layers)]:
+            return pattern
+    raise GGUFError(f"{meta.path}: {key} = {value!r:.80} is not one global layer every N "
+                    "(the only layer pattern mlx-lm's gemma3_text runs)")
 
 
 def _phi3(meta: Metadata, tensors: Mapping) -> dict:
