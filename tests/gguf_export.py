@@ -74,11 +74,12 @@ def export_gguf(ckpt: Path, out: Path, *, qtype: str = "F32", skip_tensors=(), s
     from gguf import Keys
 
     cfg = json.loads((ckpt / "config.json").read_text())
-    arch = arch_name or GGUF_ARCH[cfg["model_type"]]
+    arch = GGUF_ARCH[cfg["model_type"]]
+    header_arch = arch_name or arch  # another name: a file whose architecture mlxbun does not know
     n_layers, heads = cfg["num_hidden_layers"], cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads", heads)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    w = gguf.GGUFWriter(str(out), arch)
+    w = gguf.GGUFWriter(str(out), header_arch)
     keys = {
         Keys.LLM.BLOCK_COUNT: ("uint32", n_layers),
         Keys.LLM.CONTEXT_LENGTH: ("uint32", cfg["max_position_embeddings"]),
@@ -102,7 +103,7 @@ def export_gguf(ckpt: Path, out: Path, *, qtype: str = "F32", skip_tensors=(), s
     if rope_type == "longrope":
         keys[Keys.Rope.SCALING_ORIG_CTX_LEN] = ("uint32", cfg["original_max_position_embeddings"])
     for key, (kind, value) in keys.items():
-        key = key.format(arch=arch)
+        key = key.format(arch=header_arch)
         if key.split(".", 1)[1] not in skip_keys:
             getattr(w, f"add_{kind}")(key, value)
     if arch == "gemma3" and "sliding_window_pattern" not in skip_keys:  # llama.cpp writes one bool per layer

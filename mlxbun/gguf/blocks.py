@@ -12,7 +12,8 @@ bits*j), one scale and one bias per group of 32 along the row. GGML's 4-bit bloc
 element i in the low nibble of byte i and element i+16 in its high nibble; its 8-bit block
 is one int8 per element. `repack` reorders the codes and nothing else, so dequantizing the
 result gives the same numbers as GGML's own dequantization (exactly, with float32 scales:
-every product and the one addition are exact or rounded once, as GGML rounds them).
+every product and the one addition are exact or rounded once, as GGML rounds them; the one
+difference is the sign of a zero, Q4_0's code 8 under a negative scale: -0 there, +0 here).
 """
 
 from __future__ import annotations
