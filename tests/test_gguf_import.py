@@ -218,7 +218,7 @@ def test_smollm2_llama_cpp_layout_with_interleaved_rope_is_the_import(real, tmp_
             if f".{proj}." in k:
                 w[k] = mx.array(_permute(np.array(w[k]), n))
     mx.save_safetensors(str(layout / "model.safetensors"), w, metadata={"format": "mlx"})
-    ids = mx.array([[504, 3575, 282, 4649, 314, 7042, 30, 198, 198, 504, 2988, 314]])
+    ids = mx.array([[504, 3575, 282, 4649, 314, 7042, 30]])
     want = load_mlxlm(out)(ids)
     diffs = {}
     for traditional in (True, False):
@@ -259,7 +259,7 @@ def test_real_imports_port_bit_exact_and_load_in_mlx_lm(real, name):
     from mlxbun.parity.port import Target, port_one
 
     _, out = real(name)
-    res = port_one(Target(name, out), decode_steps=4, prompt_len=12)
+    res = port_one(Target(name, out), decode_steps=3, prompt_len=8)
     assert res.verdict == "pass" and res.max_abs_diff == 0.0, res.steps
     load(str(out))  # strict: every tensor consumed, tokenizer files read
 
@@ -274,7 +274,7 @@ def test_real_greedy_continuation(real, name, prompt, word):
     path, out = real(name)
     ids = _reference_ids(path, prompt)
     tokens = open_gguf(path).metadata["tokenizer.ggml.tokens"]
-    got = "".join(tokens[i] for i in _greedy(open_model(out), ids, 4)).replace("Ġ", " ").replace("▁", " ")
+    got = "".join(tokens[i] for i in _greedy(open_model(out), ids, 2)).replace("Ġ", " ").replace("▁", " ")
     assert got.startswith(word), (prompt, got)
 
 
@@ -333,18 +333,19 @@ def test_zoo_round_trip_packed_types_stay_packed(qtype, tiny_gguf, tmp_path):
     _port(res.out)
 
 
-@pytest.mark.parametrize("qtype, quant, dtype", [("Q5_0", "keep", "bfloat16"), ("Q5_0", "4", "float32"),
-                                                 ("F16", "8", "float16"), ("BF16", "keep", "float32")])
+@pytest.mark.parametrize("qtype, quant, dtype", [("Q5_0", "keep", "bfloat16"), ("Q5_0", "keep", "float32"),
+                                                 ("Q5_0", "4", "float32"), ("F16", "8", "float16"),
+                                                 ("BF16", "keep", "float32"), ("Q4_1", "none", "float32")])
 def test_zoo_round_trip_other_types(qtype, quant, dtype, tiny_gguf, tmp_path):
     path = tiny_gguf("qwen3", qtype)
     res = import_gguf(path, tmp_path / "out", dtype=dtype, quant=quant)
     cfg = json.loads((res.out / "config.json").read_text())
     w = _weights(res.out)
-    if quant == "keep":
+    if quant in ("keep", "none"):  # Q4_1 with none: unpacked too
         assert "quantization" not in cfg and w["model.layers.0.mlp.up_proj.weight"].dtype == getattr(mx, dtype)
-        if qtype == "Q5_0" and dtype == "float32":
+        if dtype == "float32":
             t = _tensor(path, "blk.0.ffn_up.weight")
-            assert np.array_equal(np.array(w["model.layers.0.mlp.up_proj.weight"]), quants.dequantize(t.data, T.Q5_0))
+            assert np.array_equal(np.array(w["model.layers.0.mlp.up_proj.weight"]), quants.dequantize(t.data, T[qtype]))
     else:
         assert (cfg["quantization"]["bits"], cfg["quantization"]["group_size"]) == (int(quant), 64)
         assert res.requantized == (res.dequantized if qtype != "F16" else 0)

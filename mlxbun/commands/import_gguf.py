@@ -15,15 +15,16 @@ def register(subparsers) -> None:
         description="Import a llama.cpp GGUF file: config.json, model.safetensors, tokenizer files, "
                     "generation_config.json. Q4_0 / Q4_1 / Q8_0 tensors stay quantized with the same "
                     "bits (MLX affine, group 32); other GGML types are dequantized (or re-quantized with "
-                    "--quant 4|8). The directory is written in a temp dir and renamed into place.")
+                    "--quant 4|8; --quant none dequantizes everything). The directory is written in a temp dir and renamed into place.")
     g.add_argument("file", metavar="FILE", help="the .gguf file")
     g.add_argument("--out", required=True, metavar="DIR",
                    help="output directory (refused when not empty, unless it holds an import of the same file)")
     g.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                    help="dtype of float tensors and of packed scales/biases (default float32: exact, and "
                         "MLX's fastest on CPU; bfloat16 rounds the fp16 scales of packed tensors)")
-    g.add_argument("--quant", default="keep", choices=("keep", "4", "8"),
-                   help="keep: other GGML types become float; 4|8: re-quantize them (affine, group 64)")
+    g.add_argument("--quant", default="keep", choices=("keep", "none", "4", "8"),
+                   help="keep (default): Q4_0/Q4_1/Q8_0 stay packed, other GGML types become float; "
+                        "4|8: re-quantize those others (affine, group 64); none: dequantize everything")
     g.add_argument("--force", action="store_true", help="replace a non-empty --out whatever it holds")
     g.set_defaults(func=_import_gguf)
     parser.set_defaults(func=lambda args: _help(parser))

@@ -12,7 +12,8 @@ temp directory, checked by mlxbun's coverage and weight audit, then renamed into
 
 quant "keep": Q4_0 / Q4_1 / Q8_0 stay packed (the same bits), every other type is dequantized
 to `dtype`. quant 4 | 8: those other types are re-quantized (affine, group 64) after the cast;
-the packed ones stay as they are. F32 / F16 / BF16 tensors are cast to `dtype`, as are the
+the packed ones stay as they are. quant "none": every tensor dequantized to `dtype` (nothing
+packed: the float reference of a quantized file). F32 / F16 / BF16 tensors are cast to `dtype`, as are the
 scales and biases of packed tensors (float32 and float16 keep them exact; bfloat16 rounds).
 """
 
@@ -40,7 +41,7 @@ __all__ = ["DEFAULT_DTYPE", "MARKER", "QUANTS", "ImportResult", "cache_root", "c
 # float32: exact for packed scales and by far the fastest on MLX's CPU backend (quantized
 # matmuls with half-precision scales run 10-40x slower there)
 DEFAULT_DTYPE = "float32"
-QUANTS = ("keep", "4", "8")
+QUANTS = ("keep", "none", "4", "8")
 MARKER = "gguf_import.json"
 
 
@@ -155,15 +156,19 @@ def _generation_config(meta: Metadata) -> dict:
 
 
 def _self_check(built: Path) -> None:
-    """The checkpoint passes mlxbun's coverage and weight audit (headers only), or nothing lands."""
+    """The checkpoint passes mlxbun's coverage and weight audit (headers only), or nothing lands
+    (what `factory.check_target_coverage` and `audit_dry_run` check; factory imports this module)."""
     from mlxbun.config import load_model_config
     from mlxbun.errors import MlxbunError
-    from mlxbun.factory import audit_dry_run, check_target_coverage
+    from mlxbun.models.universal.coverage import require_coverage
+    from mlxbun.models.universal.loader import audit_checkpoint
+    from mlxbun.profile import resolve_model_profile, validate_profile
 
     try:
         config = load_model_config(built)
-        check_target_coverage(config, built)
-        audit_dry_run(built, config)
+        validate_profile(resolve_model_profile(config, built))
+        require_coverage(config.model_type, dict(config.raw))
+        audit_checkpoint(built, config)
     except MlxbunError as e:
         raise GGUFError(f"the imported checkpoint fails mlxbun's own checks: {e}") from None
 
@@ -182,7 +187,7 @@ def import_gguf(path: Union[str, os.PathLike], out: Union[str, os.PathLike], *, 
     meta = Metadata(read_metadata(reader), path)
     arch, cfg, placed = _plan(reader, meta)
     res = ImportResult(out=out, arch=arch.gguf, model_type=cfg["model_type"], dtype=dtype, quant=quant)
-    bits = None if quant == "keep" else int(quant)
+    bits = int(quant) if quant.isdigit() else None
     tokenizer = tokenizer_files(meta)  # before writing: a tokenizer it cannot rebuild refuses here
     with staging(out) as work:
         built = work / out.name
@@ -192,7 +197,7 @@ def import_gguf(path: Union[str, os.PathLike], out: Union[str, os.PathLike], *, 
         for t, name in placed:
             kind = t.tensor_type.name
             try:
-                value = undo_converter(arch, t.name, read_tensor(t, path=str(path)), cfg)
+                value = undo_converter(arch, t.name, read_tensor(t, path=str(path), unpack=quant == "none"), cfg)
                 arrays, spec = to_mlx(name, value, dtype=dtype, quant=bits, quantizable=True)
             except GGUFError as e:
                 raise GGUFError(f"{path}: {e}") from None

@@ -1,6 +1,7 @@
 """One GGUF tensor as MLX arrays: kept packed, dequantized, or re-quantized.
 
-    read_tensor(t)             Q4_0 / Q4_1 / Q8_0 -> `Packed` (the same bits, `blocks.repack`);
+    read_tensor(t)             Q4_0 / Q4_1 / Q8_0 -> `Packed` (the same bits, `blocks.repack`;
+                               with unpack=True dequantized like every other type);
                                F32 / F16 / BF16 / F64 and every other GGML type -> float32 numpy
                                (other types through `gguf.quants.dequantize`, llama.cpp's own code)
     to_mlx(value, ...)         -> {suffix: mx.array} and the module's packing (bits, group) or None
@@ -40,11 +41,12 @@ def readable(t) -> Optional[str]:
     return None
 
 
-def read_tensor(t, *, path: str = "GGUF file") -> Union[np.ndarray, Packed]:
-    """A `gguf.ReaderTensor` as `Packed` (exact types) or a float32 array, rows first."""
+def read_tensor(t, *, path: str = "GGUF file", unpack: bool = False) -> Union[np.ndarray, Packed]:
+    """A tensor of the directory as `Packed` (exact types, unless `unpack`) or a float32 array,
+    rows first."""
     type_name = t.tensor_type.name
     cols = int(t.shape[0])  # GGML lists dimensions innermost first
-    if type_name in EXACT_TYPES:
+    if type_name in EXACT_TYPES and not unpack:
         if t.data.ndim != 2:
             raise GGUFError(f"{path}: tensor {t.name!r} is {type_name} with {t.data.ndim - 1} dimensions; "
                             "only matrices are imported packed")
