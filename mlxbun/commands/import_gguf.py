@@ -36,6 +36,8 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _import_gguf(args) -> int:
+    import sys
+
     from mlxbun.gguf.importer import DEFAULT_DTYPE, import_gguf
 
     res = import_gguf(args.file, args.out, dtype=args.dtype or DEFAULT_DTYPE, quant=args.quant, force=args.force)
@@ -44,4 +46,7 @@ def _import_gguf(args) -> int:
                                                    if res.requantized else ""))
     print(f"{res.out}\t{res.arch} -> {res.model_type}, {res.dtype}: {kept}{changed}, {res.floats} float; "
           f"{', '.join(res.files)}; {res.seconds:.1f} s")
+    if res.dtype == "bfloat16" and res.packed:
+        print(f"note: bfloat16 rounds the fp16 scales of the {res.packed} packed tensors "
+              "(float16 and float32 keep them exact)", file=sys.stderr)
     return 0
