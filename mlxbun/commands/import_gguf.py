@@ -41,10 +41,9 @@ def _import_gguf(args) -> int:
     from mlxbun.gguf.importer import DEFAULT_DTYPE, import_gguf
 
     res = import_gguf(args.file, args.out, dtype=args.dtype or DEFAULT_DTYPE, quant=args.quant, force=args.force)
-    kept = f"{res.packed} kept packed, " if res.packed else ""
-    changed = (f"{res.dequantized} dequantized" + (f" ({res.requantized} re-quantized to {res.quant}-bit)"
-                                                   if res.requantized else ""))
-    print(f"{res.out}\t{res.arch} -> {res.model_type}, {res.dtype}: {kept}{changed}, {res.floats} float; "
+    quantized = f" ({res.requantized} of them quantized to {res.quant}-bit g64)" if res.requantized else ""
+    print(f"{res.out}\t{res.arch} -> {res.model_type}, {res.dtype}: {res.packed} kept packed, "
+          f"{res.dequantized} dequantized, {res.floats} float{quantized}; "
           f"{', '.join(res.files)}; {res.seconds:.1f} s")
     if res.dtype == "bfloat16" and res.packed:
         print(f"note: bfloat16 rounds the fp16 scales of the {res.packed} packed tensors "

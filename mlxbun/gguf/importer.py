@@ -53,9 +53,9 @@ class ImportResult:
     dtype: str
     quant: str
     packed: int = 0  # tensors kept with their GGML bits
-    dequantized: int = 0  # GGML-quantized tensors made float (or re-quantized)
-    requantized: int = 0
+    dequantized: int = 0  # GGML-quantized tensors made float (then maybe quantized by --quant)
     floats: int = 0  # F32 / F16 / BF16 tensors
+    requantized: int = 0  # of those two, quantized by --quant 4|8 (affine, group 64)
     files: list[str] = field(default_factory=list)
     tokenizer: bool = False
     seconds: float = 0.0
@@ -206,12 +206,11 @@ def import_gguf(path: Union[str, os.PathLike], out: Union[str, os.PathLike], *, 
             shards.add(arrays)
             if name.endswith(".weight") and arrays[name].ndim == 2:
                 specs[name[: -len(".weight")]] = spec
-            if kind in FLOAT_TYPES:
-                res.floats += 1
-            elif isinstance(value, Packed):
+            if isinstance(value, Packed):
                 res.packed += 1
             else:
-                res.dequantized += 1
+                res.floats += kind in FLOAT_TYPES
+                res.dequantized += kind not in FLOAT_TYPES
                 res.requantized += spec is not None
         res.files = shards.close()
         cfg["torch_dtype"] = dtype
