@@ -41,7 +41,7 @@ def _import_gguf(args) -> int:
     from mlxbun.gguf.importer import DEFAULT_DTYPE, import_gguf
 
     res = import_gguf(args.file, args.out, dtype=args.dtype or DEFAULT_DTYPE, quant=args.quant, force=args.force)
-    quantized = f" ({res.requantized} of them quantized to {res.quant}-bit g64)" if res.requantized else ""
+    quantized = f", {res.requantized} of those quantized to {res.quant}-bit g64" if res.requantized else ""
     print(f"{res.out}\t{res.arch} -> {res.model_type}, {res.dtype}: {res.packed} kept packed, "
           f"{res.dequantized} dequantized, {res.floats} float{quantized}; "
           f"{', '.join(res.files)}; {res.seconds:.1f} s")
