@@ -9,10 +9,28 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Order is the order `mlxbun --help` lists them.
 COMMAND_MODULES = ["zoo", "import_gguf", "ls", "port", "explain", "generate", "bench", "lab", "results"]
+
+
+class VersionAction(argparse.Action):
+    """`mlxbun --version`: mlxbun (and its git revision), mlx, mlx-lm, the backend and the device, as
+    the results table records them (`mlxbun.results.identity.environment()`); exit 0."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from mlxbun.results.identity import environment
+
+        env = environment()
+        device = env["device"] + (f" ({env['device_name']})" if env["device_name"] else "")
+        print(f"mlxbun {env['mlxbun_version']} ({env['revision']})\nmlx {env['mlx_version']}\n"
+              f"mlx-lm {env['mlx_lm_version']}\nbackend {env['backend']}\ndevice {device}")
+        parser.exit(0)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -24,6 +42,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="mlxbun", description="mlxbun: a research workbench for language-model inference on MLX.")
+    parser.add_argument("--version", action=VersionAction,
+                        help="print the versions of mlxbun, mlx and mlx-lm, the backend and the device, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name in COMMAND_MODULES:
         importlib.import_module(f"mlxbun.commands.{name}").register(sub)
@@ -46,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mlxbun: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`mlxbun port ... --json | head`): stop quietly, as `cat` does;
+        # stdout goes to /dev/null so the interpreter's last flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE
 
 
 if __name__ == "__main__":

@@ -41,10 +41,13 @@ from mlxbun.quant import QuantSpec, module_spec, parse_quantization
 __all__ = [
     "ConfigError",
     "KVLayerSpec",
+    "KV_CONFIG_FORMS",
     "MODEL_ARCHITECTURE_REMAPPING",
     "MODEL_REMAPPING",
     "TextConfig",
+    "checkpoint_kv_config",
     "config_from_dict",
+    "kv_config_entries",
     "load_model_config",
 ]
 
@@ -131,6 +134,7 @@ class TextConfig:
     quant_overrides: Mapping[str, QuantSpec | None]
     quant_method: str | None
     kv_config: tuple[KVLayerSpec, ...] | None
+    kv_config_file: Path | None  # where kv_config was read (for messages)
     is_vlm: bool
     weight_prefix: str
     has_vision: bool
@@ -201,13 +205,8 @@ def load_model_config(path: str | Path) -> TextConfig:
     config = read_json(path / "config.json", required=True)
     generation = read_json(path / "generation_config.json", required=False)
     tokenizer = read_json(path / "tokenizer_config.json", required=False)
-    kv = None
-    for kv_file in (path / "kv_config.json", path / "optiq" / "kv_config.json"):
-        if kv_file.is_file():
-            kv = (read_json(kv_file, required=True, expect=(list, dict)), kv_file)
-            break
     return _build(config, path=path, generation_config=generation, tokenizer_config=tokenizer,
-                  kv_config=kv)
+                  kv_config=_find_kv_config(path))
 
 
 def config_from_dict(
@@ -345,19 +344,52 @@ class _TokenResolver:
 # ---------------------------------------------------------------- kv_config
 
 
-def _kv_config(data: Any, file: Path) -> tuple[KVLayerSpec, ...]:
-    entries = data.get("layers") if isinstance(data, Mapping) else data
-    if not isinstance(entries, list):
-        raise ConfigError(f"{file}: expected a JSON list of layer entries (or an object with a "
-                          f"'layers' list), got {json_type(entries)}")
+KV_CONFIG_FORMS = ('a JSON list of layer entries [{"layer_idx": I, "bits": B, "group_size": G}, ...] '
+                   '(optiq\'s kv_config.json) or an object {"layers": [...]}')
+
+
+def kv_config_entries(data: Any, where: str | Path) -> list:
+    """The entry list of a per-layer KV plan in either accepted form (KV_CONFIG_FORMS); any
+    other shape is refused, showing the forms (a file's plan and a caller's read alike)."""
+    entries = data.get("layers") if isinstance(data, Mapping) and "layers" in data else data
+    if isinstance(entries, (list, tuple)):
+        return list(entries)
+    if isinstance(data, Mapping):
+        got = (f"an object whose 'layers' is {json_type(entries)}" if "layers" in data
+               else f"an object with keys {sorted(map(str, data))}")
+    else:
+        got = json_type(data)
+    raise ConfigError(f"{where}: expected {KV_CONFIG_FORMS}, got {got}")
+
+
+def _find_kv_config(directory: Path) -> tuple[Any, Path] | None:
+    for file in (directory / "kv_config.json", directory / "optiq" / "kv_config.json"):
+        if file.is_file():
+            return read_json(file, required=True, expect=(list, dict)), file
+    return None
+
+
+def checkpoint_kv_config(directory: str | Path) -> tuple[tuple[KVLayerSpec, ...], Path] | None:
+    """A checkpoint directory's own per-layer KV plan (kv_config.json, or optiq/kv_config.json) as
+    (entries, file), None when it has none; for a checkpoint whose config.json mlxbun cannot
+    normalize (`load_model_config` reads the plan into `TextConfig.kv_config` otherwise). Layer
+    indices are checked against the model's caches by whoever applies the plan."""
+    found = _find_kv_config(Path(directory).expanduser())
+    return None if found is None else (_kv_config(found[0], found[1], None), found[1])
+
+
+def _kv_config(data: Any, file: Path, n_layers: int | None) -> tuple[KVLayerSpec, ...]:
     out, seen = [], set()
-    for i, e in enumerate(entries):
+    for i, e in enumerate(kv_config_entries(data, file)):
         where = f"{file}: entry {i}"
         if not isinstance(e, Mapping):
             raise ConfigError(f"{where} must be an object, got {json_type(e)}")
         idx, bits, group = e.get("layer_idx"), e.get("bits"), e.get("group_size", 64)
         if not is_int(idx) or idx < 0:
             raise ConfigError(f"{where}: key 'layer_idx' must be a non-negative integer, got {idx!r}")
+        if n_layers is not None and idx >= n_layers:
+            raise ConfigError(f"{where}: key 'layer_idx' {idx} is not a layer of this model "
+                              f"(num_hidden_layers {n_layers}: layers 0..{n_layers - 1})")
         if not is_number(bits) or bits < 0:
             raise ConfigError(f"{where}: key 'bits' must be a non-negative number, got {bits!r}")
         if not is_int(group) or group <= 0:
@@ -443,9 +475,9 @@ def _build(full: dict, *, path: Path | None, generation_config: dict | None,
 
     quant, overrides, method = parse_quantization(full, label, path)
 
-    kv = None
+    kv = kv_file = None
     if kv_config is not None:
-        kv = _kv_config(kv_config[0], kv_config[1])
+        kv, kv_file = _kv_config(kv_config[0], kv_config[1], n_layers), kv_config[1]
 
     sidecar = None
     if path is not None:
@@ -480,6 +512,7 @@ def _build(full: dict, *, path: Path | None, generation_config: dict | None,
         quant_overrides=FrozenDict(overrides),
         quant_method=method,
         kv_config=kv,
+        kv_config_file=kv_file,
         is_vlm=full.get("text_config") is not None or full.get("vision_config") is not None,
         weight_prefix=_WRAPPER_PREFIX.get(model_type, ""),
         has_vision=full.get("vision_config") is not None or sidecar is not None,

@@ -38,11 +38,19 @@ def check_target_coverage(config, path=None):
     return require_coverage(config.model_type, dict(config.raw))
 
 
-def audit_dry_run(path, config):
-    """The weight audit from safetensors headers only: no tensor data is read."""
+def audit_dry_run(path, config, *, check_values: bool = False):
+    """The weight audit from safetensors headers only: no tensor data is read, so NaN/inf
+    weights go unseen. `check_values` also reads every floating tensor's values: one holding
+    NaN or inf fails the audit (a LoadError naming it)."""
     from mlxbun.models.universal.loader import audit_checkpoint
 
-    return audit_checkpoint(path, config)
+    report = audit_checkpoint(path, config)
+    if check_values:
+        from mlxbun.weight_audit import check_values as scan_values
+        from mlxbun.weights import read_index
+
+        report = scan_values(report, read_index(path))
+    return report
 
 
 def _open_universal(path: Path, config, profile):

@@ -18,9 +18,10 @@ What mlxbun adds, none of it changing the stream:
   is exactly mlx-lm's choice for the archs where it does apply the option;
 - the KV options of `mlxbun.cache`: affine quantization (`kv_bits`, mlx-lm's rule and timing),
   TurboQuant (`kv_scheme="turboquant"`, mlx-vlm's rule), a per-layer plan (`kv_config`, optiq's
-  kv_config.json, applied at the same points with the same `quantized_kv_start` rule), saved
-  prompt caches;
-- stop strings, EOS ids from the tokenizer and the model config, option checking.
+  kv_config.json, applied at the same points with the same `quantized_kv_start` rule; by default
+  the checkpoint's own, when it ships one and no other KV option is given), saved prompt caches;
+- stop strings, EOS ids from the tokenizer and the model config, option checking; token ids
+  outside the model's vocabulary are refused (`check_token_ids`) before any forward.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import contextlib
 import math
 import operator
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Generator, Iterable, List, Optional, Sequence, Union
@@ -44,6 +46,7 @@ from mlxbun.generation_caches import (
     load_kv_plan,
     load_prompt_cache_for,
     make_generation_cache,
+    resolve_kv_config,
 )
 from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.names import is_int
@@ -58,6 +61,7 @@ __all__ = [
     "GenerationResponse",
     "StopText",
     "check_generation_options",
+    "check_token_ids",
     "eos_token_ids",
     "generate",
     "generate_step",
@@ -65,6 +69,7 @@ __all__ = [
     "make_detokenizer",
     "prepare_prompt",
     "stream_generate",
+    "vocab_size_of",
     "wired_limit",
 ]
 
@@ -114,11 +119,41 @@ def check_generation_options(max_tokens, prefill_step_size, stop) -> tuple[str, 
 
 # ----------------------------------------------------------------------------- prompt, EOS
 
+# Token ids are int32 in every graph: a larger one cannot be an id whatever the vocabulary.
+_MAX_IDS = 2**31
 
-def prepare_prompt(tokenizer, prompt) -> mx.array:
+
+def vocab_size_of(model) -> int:
+    """How many token ids `model` embeds and scores: its config's `vocab_size` (the text
+    config's, for a wrapper), else the width of its logits for one token."""
+    config = getattr(model, "config", None)
+    for c in (config, getattr(config, "text_config", None),
+              config.get("text_config") if isinstance(config, Mapping) else None):
+        n = c.get("vocab_size") if isinstance(c, Mapping) else getattr(c, "vocab_size", None)
+        if is_int(n) and n > 0:
+            return n
+    return int(model(mx.array([[0]], dtype=mx.int32)).shape[-1])
+
+
+def check_token_ids(ids, vocab_size: Optional[int], what: str = "prompt", error: type = GenerationError) -> None:
+    """Refuse an id outside [0, vocab_size) (an out-of-range id would read past the embedding
+    table), naming the id, its position and the valid range; `vocab_size` None: only ids that
+    no vocabulary holds (negative, or past int32)."""
+    values = ids.reshape(-1).tolist() if isinstance(ids, mx.array) else ids
+    bound = _MAX_IDS if vocab_size is None else vocab_size
+    for pos, t in enumerate(values):
+        if not 0 <= t < bound:
+            if vocab_size is None:
+                raise error(f"{what}: token {t} at position {pos} is not a token id (ids are 0..{bound - 1})")
+            raise error(f"{what}: token {t} at position {pos} is outside the model's vocabulary "
+                        f"(valid ids: 0..{bound - 1})")
+
+
+def prepare_prompt(tokenizer, prompt, vocab_size: Optional[int] = None) -> mx.array:
     """The prompt as a 1-D id array: text is encoded with the tokenizer's BOS policy
     (`encode_prompt`: special tokens unless the text already starts with BOS, as mlx-lm does);
-    a list or array of ids is used as given."""
+    a list or array of ids is used as given. Every id must lie in [0, vocab_size) (see
+    `check_token_ids`; `vocab_size_of(model)` gives a model's)."""
     if isinstance(prompt, str):
         if tokenizer is None:
             raise GenerationError("a text prompt needs a tokenizer")
@@ -127,6 +162,7 @@ def prepare_prompt(tokenizer, prompt) -> mx.array:
         else:  # an mlx-lm / HF tokenizer: mlx-lm's rule
             bos = getattr(tokenizer, "bos_token", None)
             ids = tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+        check_token_ids(ids, vocab_size)
         arr = mx.array(ids)
     elif isinstance(prompt, mx.array):
         arr = prompt
@@ -139,6 +175,7 @@ def prepare_prompt(tokenizer, prompt) -> mx.array:
             ) from None
         if any(isinstance(i, bool) for i in prompt):
             raise GenerationError("prompt token ids must be integers, not booleans")
+        check_token_ids(ids, vocab_size)
         arr = mx.array(ids, dtype=mx.int32)
     if arr.ndim == 2 and arr.shape[0] == 1:
         arr = arr[0]
@@ -148,6 +185,8 @@ def prepare_prompt(tokenizer, prompt) -> mx.array:
         raise GenerationError("the prompt is empty: at least one token is needed")
     if not mx.issubdtype(arr.dtype, mx.integer):
         raise GenerationError(f"prompt ids must be integers, got dtype {arr.dtype}")
+    if isinstance(prompt, mx.array):
+        check_token_ids(arr, vocab_size)
     return arr
 
 
@@ -343,7 +382,9 @@ def stream_generate(
     logits_processors: run after the repetition penalty's processor.
     prompt_cache: a cache list (already holding the prompt's prefix; updated in place) or the
         path of a saved prompt cache; the prompt is then the tokens after that prefix.
-    kv_config: a per-layer KV plan (`mlxbun.cache.mixed.KVPlan`, or a path/dict it reads).
+    kv_config: a per-layer KV plan (`mlxbun.cache.mixed.KVPlan`, or a path/dict it reads);
+        by default the checkpoint's own kv_config.json when the model has one and no other KV
+        option is given; "none": no plan.
     Raises `GenerationError` (an `MlxbunError`) for a bad option, before any work.
     """
     if temp is not None:
@@ -364,7 +405,9 @@ def stream_generate(
     ) + list(logits_processors or ())
 
     model = ensure_runtime(model)
-    prompt_ids = prepare_prompt(tokenizer, prompt)
+    prompt_ids = prepare_prompt(tokenizer, prompt, vocab_size_of(model))
+    check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
+    kv_config = resolve_kv_config(model, kv_config, kv_bits=kv_bits, kv_scheme=kv_scheme, max_kv_size=max_kv_size)
     if prompt_cache is None:
         cache = make_generation_cache(model, kv_bits=kv_bits, kv_group_size=kv_group_size,
                                       kv_scheme=kv_scheme, kv_config=kv_config, max_kv_size=max_kv_size,
@@ -372,7 +415,6 @@ def stream_generate(
     else:
         if max_kv_size is not None:
             raise GenerationError("prompt_cache brings its own caches; max_kv_size cannot change them")
-        check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
         cache = load_prompt_cache_for(model, prompt_cache)[0] if isinstance(prompt_cache, (str, Path)) else prompt_cache
         if not isinstance(cache, list):
             raise GenerationError(f"prompt_cache must be a list of caches or a file path, got {type(cache).__name__}")

@@ -19,19 +19,29 @@ from mlxbun.cache.convert import maybe_quantize_kv_cache
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.cache.mixed import KVPlan
 from mlxbun.cache.prompt_cache import load_prompt_cache, model_identity
+from mlxbun.cache.quantized import KV_QUANT_GROUP_SIZES
 from mlxbun.cache.turboquant import TurboQuantKVCache, patch_mlxlm_attention
-from mlxbun.config import TextConfig
+from mlxbun.config import TextConfig, checkpoint_kv_config, kv_config_entries
 from mlxbun.errors import GenerationError, MlxbunError
 from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.names import KVSettings, is_int
 
 __all__ = [
-    "ROTATING_KEEP", "attention_routing", "check_kv_options", "check_plan_options", "kv_quantizer",
-    "load_kv_plan", "load_prompt_cache_for", "make_generation_cache", "maybe_turboquant_kv_cache",
-    "model_identity_of",
+    "KVHeadDimError", "NO_KV_CONFIG", "ROTATING_KEEP", "attention_routing", "check_kv_options",
+    "check_plan_options", "checkpoint_kv_plan", "kv_quantizer", "load_kv_plan", "load_prompt_cache_for",
+    "make_generation_cache", "maybe_turboquant_kv_cache", "model_identity_of", "resolve_kv_config",
 ]
 
 ROTATING_KEEP = 4  # mlx-lm's make_prompt_cache keeps the first 4 tokens (attention sinks)
+NO_KV_CONFIG = "none"  # kv_config: no per-layer plan, not even the checkpoint's own
+
+
+class KVHeadDimError(GenerationError):
+    """A layer's head dim is not a multiple of its KV group size (`head_dim`, `group_size`)."""
+
+    def __init__(self, message: str, head_dim: int, group_size: int):
+        super().__init__(message)
+        self.head_dim, self.group_size = head_dim, group_size
 
 
 def check_kv_options(
@@ -80,8 +90,9 @@ def _base_caches(model, max_kv_size: Optional[int]) -> list:
 
 
 def load_kv_plan(kv_config, num_layers: int):
-    """A `KVPlan` from a plan, a kv_config.json path (optiq's format: a list of {layer_idx, bits,
-    group_size} entries, or an object with a "layers" list), or the parsed entries."""
+    """A `KVPlan` from a plan, a kv_config.json path or the parsed JSON, in either form
+    (`mlxbun.config.KV_CONFIG_FORMS`: optiq's list of {layer_idx, bits, group_size} entries, or an
+    object with a "layers" list; the forms a checkpoint's own kv_config.json is read in)."""
     if isinstance(kv_config, KVPlan):
         return kv_config
     source = "kv_config"
@@ -94,9 +105,33 @@ def load_kv_plan(kv_config, num_layers: int):
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise GenerationError(f"kv_config {path}: not a readable JSON file ({e})") from None
         source = str(path)
-    if isinstance(kv_config, dict):
-        kv_config = kv_config.get("layers")
-    return KVPlan.from_kv_config(kv_config, num_layers, source=source)
+    return KVPlan.from_kv_config(kv_config_entries(kv_config, source), num_layers, source=source)
+
+
+def checkpoint_kv_plan(model) -> Optional[KVPlan]:
+    """The per-layer plan a checkpoint ships (its kv_config.json: `TextConfig.kv_config`, or read
+    from the model's directory when mlxbun could not normalize its config, as under an mlx-lm
+    model), checked against the model's cache layers; None when it ships none."""
+    model = ensure_runtime(model)
+    config = getattr(model, "config", None)
+    if isinstance(config, TextConfig):
+        entries, file = config.kv_config, config.kv_config_file
+    else:
+        path = getattr(model, "path", None)
+        entries, file = (checkpoint_kv_config(path) if path is not None else None) or (None, None)
+    if not entries:
+        return None
+    return KVPlan.from_kv_config(entries, len(model.make_cache()), source=str(file))
+
+
+def resolve_kv_config(model, kv_config=None, *, kv_bits=None, kv_scheme: str = "uniform",
+                      max_kv_size: Optional[int] = None):
+    """The per-layer plan a run uses: `kv_config` as given; `NO_KV_CONFIG` ("none"): no plan; by
+    default (None) the checkpoint's own (`checkpoint_kv_plan`) unless another KV option is given
+    (kv_bits, a kv_scheme other than uniform, max_kv_size)."""
+    if kv_config is None and kv_bits is None and kv_scheme == "uniform" and max_kv_size is None:
+        return checkpoint_kv_plan(model)
+    return None if _no_plan(kv_config) else kv_config
 
 
 def make_generation_cache(
@@ -110,13 +145,15 @@ def make_generation_cache(
     quantized_kv_start: int = 0,
 ) -> list:
     """A fresh per-layer cache list for `model` as `stream_generate` would build it (pass it as
-    `prompt_cache` to keep a handle on it, e.g. to save it afterwards)."""
+    `prompt_cache` to keep a handle on it, e.g. to save it afterwards). A per-layer plan
+    (`kv_config`; None or "none": no plan) only leaves its layers at full precision until the
+    quantization points, so it is checked here, not applied."""
     model = ensure_runtime(model)
     check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
                      kv_scheme=kv_scheme, max_kv_size=max_kv_size)
     check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
     caches = _base_caches(model, max_kv_size)
-    if kv_config is not None:
+    if not _no_plan(kv_config):
         # Refuse a plan that names a missing, sliding-window or recurrent layer now, not mid-run.
         # The caches stay full precision until the quantization points (as with kv_bits).
         load_kv_plan(kv_config, len(caches)).make_caches(_base_caches(model, None))
@@ -125,9 +162,13 @@ def make_generation_cache(
 
 def check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size) -> None:
     """A per-layer plan sets each layer's precision: refuse uniform options next to it."""
-    if kv_config is not None and (kv_bits is not None or max_kv_size is not None or kv_scheme != "uniform"):
+    if not _no_plan(kv_config) and (kv_bits is not None or max_kv_size is not None or kv_scheme != "uniform"):
         raise GenerationError("kv_config sets each layer's KV precision; do not combine it with "
                               "kv_bits, kv_scheme or max_kv_size")
+
+
+def _no_plan(kv_config) -> bool:
+    return kv_config is None or (isinstance(kv_config, str) and kv_config == NO_KV_CONFIG)
 
 
 def model_identity_of(model) -> Optional[dict]:
@@ -146,24 +187,66 @@ def load_prompt_cache_for(model, path) -> tuple[list, dict]:
 
 
 def kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan=None) -> Callable[[list], None]:
-    """What runs at mlx-lm's `quantize_cache_fn` points."""
+    """What runs at mlx-lm's `quantize_cache_fn` points. Its first call (the caches hold the first
+    prefill chunk; nothing is generated yet) refuses a head dim the group size does not divide."""
     if plan is not None:  # optiq's per-layer hook: same points, same start rule
-        return lambda cache: plan.maybe_quantize(cache, quantized_kv_start)
+        def group_of(i):
+            return plan.layers[i][1] if i in plan.layers else None
+
+        return _checked(lambda cache: plan.maybe_quantize(cache, quantized_kv_start), group_of,
+                        lambda i: f"{plan.source}: layer {i}")
     if kv_bits is None:
         return lambda cache: None
     hook = maybe_quantize_kv_cache if kv_scheme == "uniform" else maybe_turboquant_kv_cache
     fn = functools.partial(hook, quantized_kv_start=quantized_kv_start,
                            kv_group_size=kv_group_size, kv_bits=kv_bits)
+    where = f"cannot quantize the KV cache with kv_bits={kv_bits}, kv_group_size={kv_group_size}"
 
     def quantize(cache):
         try:
             fn(cache)
-        except (ValueError, MlxbunError) as e:  # head_dim vs group size, a window cache, ...
-            raise GenerationError(
-                f"cannot quantize the KV cache with kv_bits={kv_bits}, kv_group_size={kv_group_size}: {e}"
-            ) from None
+        except (ValueError, MlxbunError) as e:  # a window cache, ...
+            raise GenerationError(f"{where}: {e}") from None
 
-    return quantize
+    if kv_scheme != "uniform":  # TurboQuant has no groups
+        return quantize
+    return _checked(quantize, lambda i: kv_group_size, lambda i: f"{where}: layer {i}")
+
+
+def _checked(quantize, group_of, where) -> Callable[[list], None]:
+    checked = False
+
+    def hook(cache):
+        nonlocal checked
+        if not checked:
+            _check_head_dims(cache, group_of, where)
+            checked = True
+        quantize(cache)
+
+    return hook
+
+
+def _check_head_dims(cache: list, group_of, where) -> None:
+    """Refuse (`KVHeadDimError`) a filled KVCache whose key or value head dim is not a multiple of
+    its layer's group size (`group_of(i)`, None: not quantized), saying which group size would do."""
+    for i, c in enumerate(cache):
+        group = group_of(i)
+        if group is None or not isinstance(c, KVCache) or c.keys is None:
+            continue
+        for dim in dict.fromkeys((c.keys.shape[-1], c.values.shape[-1])):
+            if dim % group:
+                raise KVHeadDimError(f"{where(i)}: head dim {dim} is not a multiple of the group size "
+                                     f"{group}; {_group_advice(dim)}", dim, group)
+
+
+def _group_advice(dim: int) -> str:
+    sizes = KV_QUANT_GROUP_SIZES
+    fits = [g for g in sizes if dim % g == 0]
+    if fits:
+        return f"use a group size that divides it: {' or '.join(map(str, fits))} (kv_group_size, --kv-group-size)"
+    why = "below every" if dim < min(sizes) else "not a multiple of any"
+    return (f"it is {why} KV group size ({', '.join(map(str, sizes))}), so uniform KV quantization cannot "
+            "run on this model; TurboQuant has no groups (kv_scheme='turboquant', --kv turboquant:BITS)")
 
 
 def maybe_turboquant_kv_cache(prompt_cache: list, quantized_kv_start: int, kv_group_size: int, kv_bits) -> None:

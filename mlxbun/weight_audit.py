@@ -2,14 +2,15 @@
 
 Works from safetensors headers alone (a dry run, given a `WeightIndex`), from loaded
 arrays, or from bare names; tensors an architecture deliberately ignores are named by
-`DropRule`s, and everything else missing, unconsumed or mismatched is reported.
+`DropRule`s, and everything else missing, unconsumed or mismatched is reported. Headers
+cannot show values: `check_values` reads them and fails a report on NaN/inf tensors.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -42,7 +43,9 @@ class TensorSpec(NamedTuple):
     dtype: str | None  # canonical name (see dtype_name)
 
     def __str__(self) -> str:
-        return f"{'?' if self.shape is None else self.shape} {self.dtype or '?'}"
+        """What is known: "(64,) float32", "(64,)" (any dtype), "uint32" (any shape), or "any"."""
+        known = [str(part) for part in (self.shape, self.dtype) if part is not None]
+        return " ".join(known) or "any"
 
 
 class Mismatch(NamedTuple):
@@ -59,14 +62,17 @@ class AuditReport:
     unconsumed: tuple[str, ...]
     mismatched: tuple[Mismatch, ...]
     source: str = "weights"
+    values_checked: bool = False  # False: from headers (or names) alone, NaN/inf unseen
+    nonfinite: tuple[str, ...] = ()  # floating tensors holding NaN or inf (when values_checked)
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.unconsumed or self.mismatched)
+        return not (self.missing or self.unconsumed or self.mismatched or self.nonfinite)
 
     def describe(self) -> str:
         if self.ok:
-            return f"{self.source}: {len(self.consumed)} consumed, {len(self.dropped)} dropped, all match"
+            values = ", values finite" if self.values_checked else ""
+            return f"{self.source}: {len(self.consumed)} consumed, {len(self.dropped)} dropped, all match{values}"
         parts = []
         if self.missing:
             parts.append(f"{len(self.missing)} missing: {name_list(self.missing)}")
@@ -75,7 +81,11 @@ class AuditReport:
         if self.mismatched:
             shown = [f"{m.name} (expected {m.expected}, found {m.found})" for m in self.mismatched]
             parts.append(f"{len(self.mismatched)} mismatched: {name_list(shown)}")
-        return f"{self.source} do not match the graph: " + "; ".join(parts)
+        if self.nonfinite:
+            parts.append(f"{len(self.nonfinite)} holding NaN/inf: {name_list(self.nonfinite)}")
+        mismatch = self.missing or self.unconsumed or self.mismatched
+        fault = "do not match the graph" if mismatch else "fail the value check"
+        return f"{self.source} {fault}: " + "; ".join(parts)
 
 
 def _spec_of(value: Any) -> TensorSpec | None:
@@ -162,3 +172,21 @@ class WeightAudit:
         if not report.ok:
             raise LoadError(report.describe())
         return report
+
+
+def check_values(report: AuditReport, index: WeightIndex) -> AuditReport:
+    """`report` with the values of `index`'s floating tensors read (all but the dropped ones,
+    one file at a time): a LoadError naming the tensors that hold NaN or inf, else the report
+    marked `values_checked`."""
+    import mlx.core as mx
+
+    names = [n for n, t in index.tensors.items()
+             if n not in report.dropped and t.mx_dtype is not None and mx.issubdtype(t.mx_dtype, mx.floating)]
+    bad = []
+    for file in index.files:
+        arrays = index.load([n for n in names if index.tensors[n].file == file])
+        bad += [n for n, a in arrays.items() if not mx.all(mx.isfinite(a)).item()]
+    checked = replace(report, values_checked=True, nonfinite=tuple(sorted(bad)))
+    if not checked.ok:
+        raise LoadError(checked.describe())
+    return checked

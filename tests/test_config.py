@@ -477,8 +477,42 @@ def test_kv_config_list_and_layers_dict(tmp_path):
     entries = [{"layer_idx": 0, "bits": 8, "group_size": 64}, {"layer_idx": 1, "bits": 4.5, "group_size": 32}]
     cfg = load_model_config(_write(tmp_path, base, kv_config__json=entries))
     assert cfg.kv_config == (KVLayerSpec(0, 8, 64), KVLayerSpec(1, 4.5, 32))
-    assert config_from_dict(base, kv_config={"layers": [{"layer_idx": 3, "bits": 0}]}).kv_config == (KVLayerSpec(3, 0, 64),)
+    assert config_from_dict(base, kv_config={"layers": [{"layer_idx": 1, "bits": 0}]}).kv_config == (KVLayerSpec(1, 0, 64),)
     assert config_from_dict(base).kv_config is None
+
+
+def test_kv_config_layer_past_the_model_is_refused_at_load(tmp_path):
+    d = _write(tmp_path, T.LlamaConfig(**TINY, num_hidden_layers=2).to_dict(),
+               kv_config__json=[{"layer_idx": 0, "bits": 8}, {"layer_idx": 9, "bits": 4}])
+    with pytest.raises(ConfigError, match=r"kv_config\.json: entry 1: key 'layer_idx' 9 is not a layer of this "
+                                          r"model \(num_hidden_layers 2: layers 0\.\.1\)") as e:
+        load_model_config(d)
+    assert str(d / "kv_config.json") in str(e.value)
+
+
+def test_checkpoint_kv_config_reads_either_place(tmp_path):
+    from mlxbun.config import checkpoint_kv_config
+
+    d = _write(tmp_path, "not json {")  # a config.json mlxbun cannot read: the plan is still found
+    assert checkpoint_kv_config(d) is None
+    (d / "optiq").mkdir()
+    (d / "optiq" / "kv_config.json").write_text(json.dumps({"layers": [{"layer_idx": 7, "bits": 4}]}))
+    assert checkpoint_kv_config(d) == ((KVLayerSpec(7, 4, 64),), d / "optiq" / "kv_config.json")
+    (d / "kv_config.json").write_text(json.dumps([{"layer_idx": 1, "bits": "4"}]))
+    with pytest.raises(ConfigError, match=r"kv_config\.json: entry 0: key 'bits'"):
+        checkpoint_kv_config(d)
+
+
+@pytest.mark.parametrize("data, got", [
+    ({"kv_config": [{"layer_idx": 0, "bits": 4}]}, r"an object with keys \['kv_config'\]"),
+    ({"layers": {"layer_idx": 0}}, r"an object whose 'layers' is an object"),
+])
+def test_kv_config_other_shapes_show_the_forms(tmp_path, data, got):
+    d = _write(tmp_path, T.LlamaConfig(**TINY, num_hidden_layers=2).to_dict(), kv_config__json=data)
+    with pytest.raises(ConfigError, match=r"kv_config\.json: expected a JSON list of layer entries "
+                                          r'\[\{"layer_idx": I, "bits": B, "group_size": G\}, \.\.\.\].* or an object '
+                                          r'\{"layers": \[\.\.\.\]\}, got ' + got):
+        load_model_config(d)
 
 
 @pytest.mark.parametrize("entries, key", [

@@ -492,6 +492,31 @@ def test_bad_prompts(loaded, prompt):
         stream_generate(model, tok, prompt)
 
 
+def test_vocab_size_of_reads_every_config_form_and_falls_back_to_the_logits():
+    from types import SimpleNamespace
+
+    from mlxbun.generate import check_token_ids, vocab_size_of
+
+    class Logits:  # no config: the width of its logits for one token
+        config = None
+
+        def __call__(self, ids):
+            return mx.zeros((1, ids.shape[1], 40))
+
+    assert vocab_size_of(SimpleNamespace(config=SimpleNamespace(vocab_size=7))) == 7  # TextConfig
+    assert vocab_size_of(SimpleNamespace(config={"vocab_size": 9})) == 9  # a raw config.json dict
+    assert vocab_size_of(SimpleNamespace(config={"text_config": {"vocab_size": 11}})) == 11  # a VLM wrapper's
+    assert vocab_size_of(SimpleNamespace(config=SimpleNamespace(text_config=SimpleNamespace(vocab_size=13)))) == 13
+    assert vocab_size_of(Logits()) == 40
+    check_token_ids([0, 39], 40)
+    check_token_ids(mx.array([[0, 39]]), 40)
+    with pytest.raises(GenerationError, match=r"ids: token 40 at position 1 is outside the model's vocabulary "
+                                              r"\(valid ids: 0\.\.39\)"):
+        check_token_ids(mx.array([[0, 40]]), 40, "ids")
+    with pytest.raises(GenerationError, match=r"prompt: token -1 at position 0 is not a token id"):
+        check_token_ids([-1], None)
+
+
 def test_top_k_not_below_vocab_is_an_mlxbun_error(loaded):
     model, tok = loaded("qwen3", "mlxbun")
     with pytest.raises(MlxbunError, match="vocabulary size 512"):

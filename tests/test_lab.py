@@ -11,7 +11,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 import mlxbun.cli as cli
 from mlxbun.errors import MlxbunError
 from mlxbun.lab.catalog import list_notebooks, resolve_notebook
-from mlxbun.lab.runner import kernel_for_this_python, parse_parameters, parse_value
+from mlxbun.lab.runner import KERNEL, kernel_for_this_python, parse_parameters, parse_value
 from mlxbun.results import open_results
 
 
@@ -20,7 +20,7 @@ def main(argv):
     return cli.main(argv)
 
 
-def write_nb(path, *cells, params="x = 1\ny = 'text'"):
+def write_nb(path, *cells, params="x = 1\ny = 'text'", kernelspec=True):
     cs = [new_markdown_cell("# test notebook")]
     if params is not None:
         p = new_code_cell(params)
@@ -28,8 +28,9 @@ def write_nb(path, *cells, params="x = 1\ny = 'text'"):
         cs.append(p)
     cs += [new_code_cell(c) for c in cells]
     path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(new_notebook(cells=cs, metadata={"kernelspec": {"name": "python3", "language": "python",
-                                                                   "display_name": "Python 3"}}), path)
+    metadata = {"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}} if kernelspec \
+        else {}
+    nbformat.write(new_notebook(cells=cs, metadata=metadata), path)
     return path
 
 
@@ -132,22 +133,39 @@ def test_lab_list_finds_the_repo_notebooks(monkeypatch, tmp_path):
 # ---------------------------------------------------------------- kernel
 
 
-def test_kernel_is_this_python(tmp_path, monkeypatch):
+def test_kernel_is_this_python_through_the_quiet_launcher(tmp_path, monkeypatch):
+    """The default kernel runs sys.executable through mlxbun.lab.kernel, declares CurveZMQ, is found
+    first (a python3 or mlxbun-python spec of another interpreter on $JUPYTER_PATH does not shadow
+    it) and is gone after the run."""
     from jupyter_client.kernelspec import KernelSpecManager
 
-    with kernel_for_this_python() as name:
-        assert name == "python3"
-    # a python3 spec that launches another interpreter is not used: a temporary one for this Python is
-    spec = tmp_path / "jp" / "kernels" / "python3"
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({"argv": ["/opt/other/python", "-m", "ipykernel_launcher", "-f",
-                                                           "{connection_file}"], "display_name": "other",
-                                                  "language": "python"}))
+    for name in ("python3", KERNEL):
+        spec = tmp_path / "jp" / "kernels" / name
+        spec.mkdir(parents=True)
+        (spec / "kernel.json").write_text(json.dumps({"argv": ["/opt/other/python", "-m", "ipykernel_launcher", "-f",
+                                                               "{connection_file}"], "display_name": "other",
+                                                      "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jp"))
     with kernel_for_this_python() as name:
-        assert name == "mlxbun-python"
-        assert KernelSpecManager().get_kernel_spec(name).argv[0] == sys.executable
-    assert "mlxbun-python" not in KernelSpecManager().find_kernel_specs()
+        spec = KernelSpecManager().get_kernel_spec(name)
+        assert name == KERNEL and spec.argv[:3] == [sys.executable, "-m", "mlxbun.lab.kernel"]
+        assert spec.language == "python" and "curve" in spec.metadata["supported_encryption"]
+    assert KernelSpecManager().get_kernel_spec(KERNEL).argv[0] == "/opt/other/python"
+
+
+def test_the_launcher_drops_the_shutdown_interrupt_record_only():
+    import logging
+
+    from mlxbun.lab.kernel import ShutdownInterruptFilter
+
+    def record(msg, *args):
+        return logging.LogRecord("IPKernelApp", logging.ERROR, __file__, 1, msg, args, None)
+
+    f = ShutdownInterruptFilter()
+    assert not f.filter(record("KeyboardInterrupt caught in kernel."))
+    assert not f.filter(record("KeyboardInterrupt caught in kernel"))
+    assert f.filter(record("Exception in message handler:"))
+    assert f.filter(record("%s", "a KeyboardInterrupt caught in kernel code is the user's"))
 
 
 # ---------------------------------------------------------------- lab run
@@ -168,7 +186,9 @@ def test_a_failing_notebook_exits_non_zero_and_records_the_failure(dirs, tmp_pat
     assert "broken failed" in err and "ZeroDivisionError" in err
     rows = _lab_rows(db)
     assert len(rows) == 1 and rows.metric[0] == "error" and rows.value.isna().all()
-    assert "ZeroDivisionError" in rows["params.error"][0] and "cell 3" in rows["params.error"][0]
+    # 1-based over every cell of broken.ipynb: markdown, parameters, print, x / 0 (the 4th of 5)
+    assert "cell 4 of 5 (execution count 3) raised ZeroDivisionError" in err
+    assert "ZeroDivisionError" in rows["params.error"][0] and "cell 4 of 5" in rows["params.error"][0]
     assert rows["params.notebook"][0] == "broken" and rows["params.duration_s"][0] > 0
     executed = nbformat.read(out / "broken.ipynb", 4)
     outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
@@ -212,3 +232,116 @@ def test_lab_run_refuses_mistakes_before_running(dirs, tmp_path, capsys):
     assert main(["lab", "run", "hello", "--results", str(junk), "--out", str(tmp_path)]) == 1
     assert "not an SQLite database" in capsys.readouterr().err
     assert not db.exists() and not (tmp_path / "hello.ipynb").exists()
+
+
+def test_a_failing_cell_is_numbered_in_the_notebook_as_written(dirs, tmp_path, capsys):
+    """papermill injects a cell of parameters after the `parameters` cell: the number is the one of
+    the notebook file (1-based, every cell), not of the executed copy."""
+    nb = write_nb(tmp_path / "broken.ipynb", "print(x)", "1 / 0", params="x = 1")
+    code = main(["lab", "run", str(nb), "-p", "x", "5", "--out", str(tmp_path / "out"), "--results",
+                 str(tmp_path / "r.sqlite"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1 and "cell 4 of 4 (execution count 4) raised ZeroDivisionError" in err, err
+
+
+def test_cell_names_around_papermill_s_injected_cell(tmp_path):
+    from mlxbun.lab.runner import _cell_name
+
+    nb = write_nb(tmp_path / "a.ipynb", "a", "b")  # markdown, parameters, a, b
+    assert _cell_name(nb, {}, 3, 2) == "cell 4 of 4 (execution count 2)"
+    # executed: markdown, parameters, injected, a, b
+    assert _cell_name(nb, {"x": 1}, 1, 1) == "cell 2 of 4 (execution count 1)"
+    assert _cell_name(nb, {"x": 1}, 2, 2) == "the injected parameters cell (execution count 2)"
+    assert _cell_name(nb, {"x": 1}, 4, 4) == "cell 4 of 4 (execution count 4)"
+    # a notebook saved from a papermill run keeps its injected cell, which papermill replaces in place
+    saved = nbformat.read(nb, 4)
+    injected = new_code_cell("x = 2")
+    injected.metadata["tags"] = ["injected-parameters"]
+    saved.cells.insert(2, injected)
+    nbformat.write(saved, tmp_path / "b.ipynb")
+    assert _cell_name(tmp_path / "b.ipynb", {"x": 1}, 4, 4) == "cell 5 of 5 (execution count 4)"
+
+
+@pytest.mark.parametrize("kernel", [None, "python3"], ids=["default", "--kernel python3"])
+def test_a_notebook_without_kernelspec_runs_in_the_kernel_asked_for(kernel, tmp_path, capsys):
+    nb = write_nb(tmp_path / "bare.ipynb", "import sys\nprint('x is', x, sys.executable)", params="x = 1",
+                  kernelspec=False)
+    db, out = tmp_path / "r.sqlite", tmp_path / "out"
+    code = main(["lab", "run", str(nb), "-p", "x", "7", "--out", str(out), "--results", str(db), "--no-progress"]
+                + (["--kernel", kernel] if kernel else []))
+    assert code == 0, capsys.readouterr().err
+    executed = nbformat.read(out / "bare.ipynb", 4)
+    text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+    assert f"x is 7 {sys.executable}" in text
+
+
+def test_lab_list_reads_a_notebook_without_kernelspec_as_python(dirs):
+    nbs, _ = dirs
+    write_nb(nbs / "bare.ipynb", params="speed = 2.5  # how fast", kernelspec=False)
+    assert list_notebooks(with_parameters=True)[0].parameters["speed"]["default"] == "2.5"
+
+
+def test_a_good_run_prints_nothing_from_the_kernel_but_its_real_errors(tmp_path, capfd):
+    """No TCP-encryption warning (the kernel runs over CurveZMQ) and no "KeyboardInterrupt caught in
+    kernel" (the shutdown's SIGINT landing in the kernel's last reply, provoked here on purpose);
+    an error the kernel logs still reaches the terminal."""
+    provoke = (
+        "import inspect\n"
+        "kernel = get_ipython().kernel\n"
+        "kernel_info = kernel.shell_handlers['kernel_info_request']\n"
+        "async def kernel_info_then_interrupted(*args):\n"
+        "    reply = kernel_info(*args)\n"
+        "    if inspect.isawaitable(reply):\n"
+        "        await reply\n"
+        "    raise KeyboardInterrupt  # as jupyter_client's SIGINT before the shutdown request\n"
+        "kernel.shell_handlers['kernel_info_request'] = kernel_info_then_interrupted\n"
+        "kernel.log.error('a real kernel error')")
+    nb = write_nb(tmp_path / "quiet.ipynb", provoke, params=None)
+    argv = ["lab", "run", str(nb), "--out", str(tmp_path / "out"), "--results", str(tmp_path / "r.sqlite"),
+            "--no-progress"]
+    assert main(argv) == 0
+    err = capfd.readouterr().err
+    assert err.strip() == "[IPKernelApp] ERROR | a real kernel error", err
+    # the kernel as installed (ipykernel_launcher) does print the line the launcher drops
+    assert main(argv + ["--kernel", "python3"]) == 0
+    assert "KeyboardInterrupt caught in kernel" in capfd.readouterr().err
+
+
+def test_running_mean_keeps_its_level_to_the_ends():
+    """A constant series has a constant running mean (the zero-padded convolution dipped at both
+    ends); every point is the mean of exactly the values its centred window covers."""
+    import numpy as np
+
+    from mlxbun.lab.plots import running_mean
+
+    assert np.array_equal(running_mean(np.full(40, 0.25), 8), np.full(40, 0.25))
+    assert np.convolve(np.full(40, 0.25), np.ones(8) / 8, mode="same")[0] < 0.25  # the old dip
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 40):
+        x = rng.random(n)
+        for w in (1, 2, 3, 4, 5, 8, 64):
+            lo = np.maximum(np.arange(n) - w // 2, 0)
+            hi = np.minimum(np.arange(n) - w // 2 + w, n)
+            want = np.array([x[a:b].mean() for a, b in zip(lo, hi)])
+            np.testing.assert_allclose(running_mean(x, w), want, rtol=1e-12, err_msg=f"n={n} w={w}")
+            if w <= n:  # away from the ends: the plain box filter
+                inner = slice(w // 2, n - (w - 1) // 2)
+                np.testing.assert_allclose(running_mean(x, w)[inner],
+                                           np.convolve(x, np.ones(w) / w, mode="same")[inner], rtol=1e-12)
+    assert running_mean([], 4).shape == (0,)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="window"):
+            running_mean([1.0, 2.0], bad)
+
+
+def test_the_kld_plot_draws_the_running_mean():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from mlxbun.lab.plots import kld_per_position_plot
+
+    kld = np.full(64, 0.5)
+    fig = kld_per_position_plot(SimpleNamespace(kld_values=kld, top_base=np.zeros(64), top_new=np.zeros(64)))
+    line = next(l for l in fig.axes[0].lines if l.get_label().startswith("running mean"))
+    assert np.array_equal(line.get_ydata(), kld)

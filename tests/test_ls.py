@@ -42,9 +42,18 @@ def test_cli_json_and_table(hub_cache, capsys):
     assert "qwen3" in out and "generic" in out
 
 
-def test_empty_cache_says_so(tmp_path, capsys):
-    assert main(["ls", "--cache", str(tmp_path)]) == 0
-    assert "No models found" in capsys.readouterr().out
+def test_empty_cache_says_so_and_how_to_put_a_model_there(tmp_path, capsys):
+    cache = tmp_path / "my cache"
+    cache.mkdir()
+    assert main(["ls", "--cache", str(cache)]) == 0
+    out = capsys.readouterr().out
+    assert f"No models found in {cache}." in out
+    assert f"mlxbun zoo build ARCH --hf-cache --out '{cache}'" in out and "mlxbun ls DIR" in out
+    # the hint works as printed
+    assert main(["zoo", "build", "llama", "--hf-cache", "--out", str(cache)]) == 0
+    assert main(["ls", "--cache", str(cache)]) == 0
+    out = capsys.readouterr().out
+    assert "mlxbun/tiny-llama" in out and "No models found" not in out
 
 
 def test_directories_unsupported_type_and_broken_config(tmp_path, capsys):

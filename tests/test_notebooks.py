@@ -1,6 +1,7 @@
 """Every notebook in notebooks/ runs headless on its defaults through `mlxbun lab run`, with no
 cell error, and leaves its rows (tied to the lab run) in the results table."""
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -15,6 +16,8 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 def test_the_standard_notebooks_are_there_and_stored_clean():
     assert {p.stem for p in NOTEBOOKS} >= {"port_bringup", "logit_diff", "kv_quant", "benchmark"}
     for p in NOTEBOOKS:
+        stored = json.loads(p.read_text())  # as stored: nbformat.read would fill in missing ids (and warn)
+        assert all(c.get("id") for c in stored["cells"]), f"{p.name}: a cell without an id"
         nb = nbformat.read(p, 4)
         nbformat.validate(nb)
         code = [c for c in nb.cells if c.cell_type == "code"]
@@ -25,12 +28,14 @@ def test_the_standard_notebooks_are_there_and_stored_clean():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_headless_and_records_rows(path, zoo_root, tmp_path, monkeypatch, capsys):
+def test_notebook_runs_headless_and_records_rows(path, zoo_root, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))  # the kernel inherits it: the test zoo
     db, out = tmp_path / "results.sqlite", tmp_path / "out"
     code = cli.main(["lab", "run", str(path), "--out", str(out), "--results", str(db), "--no-progress",
                      "--timeout", "120"])
-    assert code == 0, capsys.readouterr().err
+    err = capfd.readouterr().err
+    assert code == 0, err
+    assert err == "", f"a good run prints nothing on stderr (the kernel's included):\n{err}"
     executed = nbformat.read(out / f"{path.stem}.ipynb", 4)
     errors = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors

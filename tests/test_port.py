@@ -1,7 +1,9 @@
 """`mlxbun port`: targets, verdicts (pass / fail / refused), JSON, manifests, exit codes."""
 
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import mlx.core as mx
@@ -149,3 +151,55 @@ def test_bad_arguments_are_one_line_errors(capsys, tmp_path):
         assert main(argv) == 1
         err = capsys.readouterr().err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_check_values_refuses_nan_weights_by_name_and_the_default_audit_says_headers_only(zoo, tmp_path, capsys):
+    from tests.conftest import nan_weight_copy
+
+    name = "model.layers.1.mlp.down_proj.weight"
+    bad = nan_weight_copy(zoo("llama"), tmp_path / "nan-llama", name)
+    code, rows = _run_json(capsys, ["port", str(bad), "--no-goldens", "--check-values", "--json"])
+    assert code == 1
+    (r,) = rows
+    assert r["verdict"] == "refused" and r["trajectory"] == "-"  # refused at the audit: no oracle run
+    assert r["reason"] == f"weights in {bad} fail the value check: 1 holding NaN/inf: {name}"
+    good = port_one(Target("zoo:llama", zoo("llama"), "float32"), decode_steps=2, prompt_len=8, check_values=True)
+    assert good.verdict == "pass" and good.audit == "clean (21 tensors, values finite)"
+    assert "audit (headers and values): clean (21 tensors, values finite)" in good.steps
+    plain = port_one(Target("zoo:llama", zoo("llama"), "float32"), decode_steps=2, prompt_len=8)
+    assert plain.audit == "clean (21 tensors)" and "audit (headers only): clean (21 tensors)" in plain.steps
+
+
+def test_manifests_go_to_the_checkouts_goldens_or_to_goldens_dir_only(zoo_root, tmp_path, monkeypatch, capsys):
+    """Outside the checkout `port` writes no manifest and says so in one line; `--goldens DIR`
+    writes world-readable files there (mkstemp's 0600 is not kept)."""
+    from mlxbun.parity.port import checkout_goldens
+
+    repo = Path(__file__).resolve().parent.parent
+    assert checkout_goldens(repo) == repo / "goldens"
+    fake = tmp_path / "elsewhere"
+    (fake / "goldens").mkdir(parents=True)
+    (fake / "pyproject.toml").write_text('[project]\nname = "other"\n')
+    (fake / "goldens" / "README.md").write_text("x")
+    assert checkout_goldens(fake) is None
+    (fake / "pyproject.toml").write_text('[project]\nname = "mlxbun"\n')
+    assert checkout_goldens(fake) == fake / "goldens"
+    (fake / "goldens" / "README.md").unlink()
+    assert checkout_goldens(fake) is None
+
+    monkeypatch.chdir(fake)
+    argv = ["port", "zoo:llama", "--variants", "q4", "--zoo-cache", str(zoo_root), "--decode-steps", "2",
+            "--prompt-len", "8"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert err == ("mlxbun port: no golden manifests written: not run in the mlxbun checkout "
+                   "(pass --goldens DIR to write them)\n")
+    assert list((fake / "goldens").iterdir()) == []
+    old = os.umask(0o022)
+    try:
+        assert main([*argv, "--goldens", "out"]) == 0
+    finally:
+        os.umask(old)
+    (written,) = (fake / "out").iterdir()
+    assert written.name == "zoo-llama-q4-parity.json" and stat.S_IMODE(written.stat().st_mode) == 0o644
+    assert "no golden manifests" not in capsys.readouterr().err

@@ -3,6 +3,7 @@ and mlxbun.cache.arrays (ArraysCache vs mlx-lm's, spec rounds by snapshot/replay
 
 import json
 import struct
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -16,6 +17,7 @@ from mlxbun.cache.prompt_cache import (
     PromptCacheError,
     cache_layout,
     cached_tokens,
+    check_save_path,
     common_prefix_length,
     load_prompt_cache,
     model_identity,
@@ -255,6 +257,41 @@ def test_save_refusals(tmp_path):
     with pytest.raises(PromptCacheError, match="'tokens' is reserved"):
         save_prompt_cache(tmp_path / "a.safetensors", [KVCache()] * 2, {"tokens": "1"},
                           model_identity=IDENTITY, tokens=[1])
+
+
+def test_save_path_is_checked_before_writing(tmp_path):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    for target, match in [(tmp_path / "missing" / "c.safetensors", r"directory .*missing does not exist"),
+                          (tmp_path / "adir", r"adir: is a directory"),
+                          (tmp_path / "afile" / "c.safetensors", r"directory .*afile is not a directory")]:
+        with pytest.raises(PromptCacheError, match=match):
+            check_save_path(target)
+        with pytest.raises(PromptCacheError, match=match):
+            save_prompt_cache(target, fill([KVCache(), KVCache()]), model_identity=IDENTITY)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["adir", "afile"]
+    assert check_save_path(tmp_path / "c.safetensors") == tmp_path / "c.safetensors"
+
+
+@pytest.mark.parametrize("fail", ["write", "replace"])
+def test_a_failed_save_leaves_no_temp_file(tmp_path, monkeypatch, fail):
+    import mlxbun.cache.prompt_cache as pc
+
+    def half_written(file, *args):
+        Path(file).write_bytes(b"partial")
+        raise RuntimeError(f"[save_safetensors] Failed to write {file}")
+
+    def refused(src, dst):
+        raise PermissionError(13, "Permission denied", str(dst))
+
+    if fail == "write":
+        monkeypatch.setattr(pc.mx, "save_safetensors", half_written)
+    else:
+        monkeypatch.setattr(pc.os, "replace", refused)
+    target = tmp_path / "c.safetensors"
+    with pytest.raises(PromptCacheError, match=r"c\.safetensors: cannot write the prompt cache"):
+        save_prompt_cache(target, fill([KVCache(), KVCache()]), model_identity=IDENTITY)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_corrupt_files_refuse_naming_the_file(tmp_path):

@@ -149,6 +149,30 @@ def test_greedy_equals_plain_on_quantized_kv(models, kv):
     assert _mismatches(models, "wide", "wide", **kv) == []
 
 
+def test_greedy_equals_plain_under_the_checkpoint_kv_plan(zoo_root, tmp_path):
+    """A checkpoint's own kv_config.json applies by default on both sides ("none" on neither)."""
+    import json
+    import shutil
+
+    from mlxbun.factory import open_model
+    from mlxbun.locate import locate
+    from mlxbun.tokenizer import load_tokenizer
+
+    ck = tmp_path / "ck"
+    shutil.copytree(locate("zoo:llama,head_dim=32", zoo_root=zoo_root), ck)
+    (ck / "kv_config.json").write_text(json.dumps(PLAN["layers"]))
+    target, tok = open_model(ck), load_tokenizer(ck)
+    for kv in ({}, {"kv_config": "none"}):
+        plain = list(stream_generate(target, tok, PROMPT, max_tokens=N, **kv))
+        for make in (NGramDrafter, lambda: LayerSkipDrafter(1)):
+            spec = list(speculative_generate(target, tok, PROMPT, drafter=make(), num_draft=3, max_tokens=N, **kv))
+            assert [r.token for r in spec] == [r.token for r in plain]
+            assert max(mx.abs(a.logprobs - b.logprobs).max().item() for a, b in zip(spec, plain)) <= LOGPROB_TOL
+        if not kv:
+            planned = plain
+    assert not all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(planned, plain))
+
+
 def test_greedy_equals_plain_on_turboquant_kv(models):
     assert _mismatches(models, "llama", None, kv_bits=3.5, kv_scheme="turboquant") == []
 

@@ -21,7 +21,7 @@ from safetensors.numpy import save_file
 
 from mlxbun.errors import LoadError, WeightsError
 from mlxbun.snapshot_identity import artifact_fingerprint
-from mlxbun.weight_audit import DropRule, WeightAudit
+from mlxbun.weight_audit import DropRule, TensorSpec, WeightAudit, check_values
 from mlxbun.weights import (
     INDEX_FILE,
     SAFETENSORS_DTYPE_BITS,
@@ -611,6 +611,9 @@ def test_audit_missing_and_mismatched(audit_ckpt):
     audit3 = WeightAudit(ix, [ROTARY, VISION])
     audit3.expect_params(params, dtype=False)
     assert [m.name for m in audit3.finish().mismatched] == ["model.norm.weight"]
+    # an unchecked dtype is left out of the message (it printed as a bare "?")
+    assert "model.norm.weight (expected (32,), found (64,) float32)" in audit3.finish().describe()
+    assert (str(TensorSpec(None, "uint32")), str(TensorSpec(None, None))) == ("uint32", "any")
 
 
 def test_audit_lists_ten_names_then_counts():
@@ -635,6 +638,31 @@ def test_audit_on_loaded_arrays_and_conflicting_expect():
     assert audit.check().consumed == ("w",)
     with pytest.raises(ValueError):
         audit.expect("w", (3, 2))
+
+
+def test_check_values_names_nan_and_inf_tensors_and_skips_dropped_ones(tmp_path, llama_args):
+    """Headers cannot show values: the header-only report says so (values_checked False), and
+    `check_values` reads every floating tensor but the dropped ones, failing on NaN/inf by name."""
+    model = tiny_llama(llama_args)
+    weights = dict(tree_flatten(model.parameters()))
+    weights["model.norm.weight"] = mx.full((64,), float("nan"))
+    weights["model.layers.0.mlp.up_proj.weight"] = mx.full((128, 64), float("inf"))
+    extra = {"model.layers.0.self_attn.rotary_emb.inv_freq": mx.full((8,), float("nan")),
+             "ids": mx.zeros((4,), dtype=mx.int32)}
+    ix = read_index(save_model(model, tmp_path / "ckpt", extra | weights))
+    audit = WeightAudit(ix, [ROTARY, DropRule(r"^ids$", "not a weight")])
+    audit.expect_params(model.parameters())
+    report = audit.check()
+    assert report.ok and not report.values_checked and report.nonfinite == ()
+    with pytest.raises(LoadError) as e:
+        check_values(report, ix)
+    assert str(e.value) == (f"weights in {ix.root} fail the value check: 2 holding NaN/inf: "
+                            "model.layers.0.mlp.up_proj.weight, model.norm.weight")
+    clean = read_index(save_model(model, tmp_path / "clean", extra))
+    audit = WeightAudit(clean, [ROTARY, DropRule(r"^ids$", "not a weight")])
+    audit.expect_params(model.parameters())
+    checked = check_values(audit.check(), clean)
+    assert checked.values_checked and checked.ok and checked.describe().endswith("all match, values finite")
 
 
 def test_consumed_beats_drop_rule():

@@ -373,3 +373,56 @@ def test_head_dim_widens_the_heads_and_refuses_where_mlx_lm_ignores_it(tmp_path)
         make_checkpoint("gpt_neox", tmp_path, head_dim=32)  # its ModelArgs has no head_dim
     with pytest.raises(ZooArgumentError, match="even integer"):
         make_checkpoint("qwen3", tmp_path, head_dim=7)
+
+
+def test_a_rebuild_replaces_only_the_zoos_own_builds(tmp_path):
+    """Every build carries the marker naming the files the zoo wrote; a rebuild replaces such a
+    directory, and refuses (before building, deleting nothing) a directory without the marker, one
+    holding any other file, or a file in the way."""
+    from mlxbun.zoo.common import MARKER
+
+    path = make_checkpoint("llama", tmp_path)
+    marker = json.loads((path / MARKER).read_text())
+    assert set(marker["files"]) == {p.name for p in path.iterdir()} - {MARKER}
+    assert _digest(make_checkpoint("llama", tmp_path)) == _digest(path)  # its own build: replaced
+    cached = cached_checkpoint("llama", root=tmp_path / "cache")
+    assert (cached / MARKER).read_bytes() == (path / MARKER).read_bytes()
+
+    (path / "NOTES.txt").write_text("mine")
+    before = _digest(path)
+    with pytest.raises(ZooArgumentError, match=r"tiny-llama holds files the zoo did not write \(NOTES.txt\)"):
+        make_checkpoint("llama", tmp_path)
+    assert _digest(path) == before
+    (path / "NOTES.txt").unlink()
+    (path / MARKER).unlink()
+    with pytest.raises(ZooArgumentError, match=f"tiny-llama exists and was not built by the zoo.*{MARKER}"):
+        make_checkpoint("llama", tmp_path)
+    (path / MARKER).write_text("not json")
+    with pytest.raises(ZooArgumentError, match="not built by the zoo"):
+        make_checkpoint("llama", tmp_path)
+    (tmp_path / "tiny-qwen3").write_text("a file in the way")
+    with pytest.raises(ZooArgumentError, match="tiny-qwen3 exists and is not a directory the zoo built"):
+        make_checkpoint("qwen3", tmp_path)
+    with pytest.raises(ZooArgumentError, match="tiny-qwen3 is a file, not a directory"):
+        make_checkpoint("llama", tmp_path / "tiny-qwen3", hf_cache=True)
+    with pytest.raises(ZooArgumentError, match="lies under .*tiny-qwen3, which is a file"):
+        make_checkpoint("llama", tmp_path / "tiny-qwen3" / "sub")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
+
+
+def test_hf_cache_builds_add_to_a_cache_and_replace_nothing(tmp_path):
+    """The hub layout carries no marker (a snapshot holds the model's files only); it adds blobs,
+    a snapshot and refs/main, and a repo folder in the wrong shape is refused."""
+    from mlxbun.zoo.common import MARKER
+
+    (tmp_path / "NOTES.txt").write_text("mine")
+    snap = make_checkpoint("llama", tmp_path, hf_cache=True)
+    assert not (snap / MARKER).exists()
+    (snap.parent / "NOTES.txt").write_text("also mine")
+    assert make_checkpoint("llama", tmp_path, hf_cache=True) == snap
+    assert (tmp_path / "NOTES.txt").read_text() == "mine" and (snap.parent / "NOTES.txt").is_file()
+    repo = tmp_path / "models--mlxbun--tiny-phi"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").mkdir()
+    with pytest.raises(ZooArgumentError, match=r"refs/main exists and is not a file"):
+        make_checkpoint("phi", tmp_path, hf_cache=True)

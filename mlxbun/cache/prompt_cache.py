@@ -35,6 +35,7 @@ __all__ = [
     "PromptCacheError",
     "cache_layout",
     "cached_tokens",
+    "check_save_path",
     "common_prefix_length",
     "load_prompt_cache",
     "model_identity",
@@ -148,7 +149,7 @@ def save_prompt_cache(
     its num_layers must equal len(caches). `tokens`: the token ids the caches
     hold, stored as metadata["tokens"] for `reuse_prefix`.
     """
-    path = Path(path)
+    path = check_save_path(path)
     identity = {str(k): str(v) for k, v in dict(model_identity).items()}
     missing = [k for k in IDENTITY_KEYS if k not in identity]
     if missing:
@@ -187,8 +188,29 @@ def save_prompt_cache(
     }
     # mlx appends ".safetensors" to a name without it; write where we were asked
     tmp = path.with_name(path.name + ".tmp.safetensors")
-    mx.save_safetensors(str(tmp), tensors, file_meta)
-    os.replace(tmp, path)
+    try:
+        mx.save_safetensors(str(tmp), tensors, file_meta)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # mlx raises RuntimeError when it cannot write
+        raise PromptCacheError(f"{path}: cannot write the prompt cache ({e})") from None
+    finally:
+        if tmp.is_file():  # left behind by a failed write
+            tmp.unlink()
+
+
+def check_save_path(path: str | os.PathLike) -> Path:
+    """Where `save_prompt_cache` can write, checked before the work that fills the caches: the
+    directory exists and is writable, and the path is not a directory."""
+    path = Path(path).expanduser()
+    parent = path.parent
+    if path.is_dir():
+        raise PromptCacheError(f"{path}: is a directory; give a file path (e.g. {path / 'prompt.safetensors'})")
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise PromptCacheError(f"{path}: directory {parent} {what}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PromptCacheError(f"{path}: directory {parent} is not writable")
+    return path
 
 
 def _differences(got: Mapping[str, str], want: Mapping[str, Any]) -> list[str]:

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from mlxbun.commands.diffusion_flags import add_diffusion_arguments, run_diffusion
 from mlxbun.commands.speculative_flags import (
     add_spec_arguments,
+    check_spec_results,
     finish_spec_from_args,
     run_spec_from_args,
     spec_requested,
 )
 from mlxbun.errors import MlxbunError
-from mlxbun.names import KV_FORMS, MODEL_FORMS, parse_engine, parse_kv, whole
+from mlxbun.names import KV_FORMS, MODEL_FORMS, parse_engine, parse_kv, parse_model, whole
 
 
 def register(sub) -> None:
@@ -51,7 +53,9 @@ def register(sub) -> None:
     p.add_argument("--kv", metavar="SETTING", default=None,
                    help=f"the KV setting in one name ({KV_FORMS}), instead of --kv-bits / --kv-group-size "
                         "/ --kv-scheme / --quantized-kv-start")
-    p.add_argument("--kv-config", metavar="FILE", help="per-layer KV plan (mixed caches)")
+    p.add_argument("--kv-config", metavar="FILE|none",
+                   help="per-layer KV plan (mixed caches; optiq's kv_config.json). Default: the checkpoint's "
+                        "own kv_config.json when it has one and no other KV option is given; 'none': no plan")
     p.add_argument("--max-kv-size", type=int, default=None, help="bound every full-attention cache")
     p.add_argument("--prompt-cache", metavar="FILE", help="continue from a saved prompt cache")
     p.add_argument("--save-prompt-cache", metavar="FILE", help="save the cache after generating")
@@ -112,26 +116,36 @@ def build_prompt(args, tokenizer) -> list[int]:
 
 
 def run(args) -> int:
-    from mlxbun.generate import stream_generate
-    from mlxbun.generation_caches import make_generation_cache, model_identity_of
+    from mlxbun.cache.prompt_cache import check_save_path
+    from mlxbun.generate import check_token_ids, stream_generate, vocab_size_of
+    from mlxbun.generation_caches import KVHeadDimError, make_generation_cache, model_identity_of
     from mlxbun.locate import locate, open_runtime
     from mlxbun.tokenizer import load_tokenizer
 
     _apply_kv_setting(args)
     if args.prompt_cache is not None and args.max_kv_size is not None:
         raise MlxbunError("--prompt-cache brings its own caches; --max-kv-size cannot change them")
+    if args.save_prompt_cache is not None:  # where the cache goes, before any work
+        try:
+            check_save_path(args.save_prompt_cache)
+        except MlxbunError as e:
+            raise MlxbunError(f"--save-prompt-cache {e}") from None
+    check_spec_results(args)
     path = locate(args.model)
     model = open_runtime(path, parse_engine(args.engine, what="--engine/--backend"))
     if args.save_prompt_cache is not None and model_identity_of(model) is None:
         raise MlxbunError(f"--save-prompt-cache: {path} has no mlxbun config to record with the cache")
     tokenizer = load_tokenizer(path)
     prompt = build_prompt(args, tokenizer)
+    if args.prompt_ids is not None:
+        check_token_ids(prompt, vocab_size_of(model), "--prompt-ids")
     profile = getattr(model, "profile", None)
     if profile is not None and profile.execution.loop != "autoregressive":
         return _run_diffusion(args, model, tokenizer, prompt)
 
     kv = dict(kv_bits=whole(args.kv_bits), kv_group_size=args.kv_group_size,
               kv_scheme=args.kv_scheme, quantized_kv_start=args.quantized_kv_start)
+    plan, from_checkpoint = _kv_plan(args, model, kv)
     prior: list[int] = []  # tokens a loaded prompt cache already holds
     if args.prompt_cache is not None:
         cache, prior = _load_cache(args.prompt_cache, model, kv)
@@ -153,13 +167,19 @@ def run(args) -> int:
             max_kv_size=args.max_kv_size if cache is None else None,
             prompt_cache=cache, stop=args.stop, prefill_step_size=args.prefill_step_size, **kv,
         )
+    if from_checkpoint and not args.json:  # (the plan passed the stream's checks)
+        print(f"KV: the checkpoint's per-layer plan {plan.source} ({plan.describe()}); "
+              "--kv-config none to opt out", file=sys.stderr)
     text, tokens, last = "", [], None
-    for last in stream:
-        text += last.text
-        tokens.append(last.token)
-        if not args.json:
-            sys.stdout.write(last.text)
-            sys.stdout.flush()
+    try:
+        for last in stream:
+            text += last.text
+            tokens.append(last.token)
+            if not args.json:
+                sys.stdout.write(last.text)
+                sys.stdout.flush()
+    except KVHeadDimError as e:
+        raise MlxbunError(f"{e}{_zoo_hint(args.model, e.group_size)}") from None
     spec_info = finish_spec_from_args(args, last, model, tokenizer, prompt, model_path=path) if spec else None
     if args.save_prompt_cache is not None:
         # Every yielded token (EOS included) has been fed to the cache: it holds prior + prompt + tokens.
@@ -175,6 +195,9 @@ def run(args) -> int:
             "generation_tokens": last.generation_tokens,
             "generation_tps": last.generation_tps,
             "peak_memory_gb": last.peak_memory,
+            "kv_config": None if plan is None else {
+                "file": plan.source, "from_checkpoint": from_checkpoint,
+                "layers": [{"layer_idx": i, "bits": b, "group_size": g} for i, (b, g) in plan.layers.items()]},
             **({"spec": spec_info} if spec else {}),
         }))
     else:
@@ -184,6 +207,28 @@ def run(args) -> int:
               file=sys.stderr)
         print(f"Peak memory: {last.peak_memory:.3f} GB", file=sys.stderr)
     return 0
+
+
+def _kv_plan(args, model, kv: dict):
+    """(the per-layer KV plan the run uses or None, whether it is the checkpoint's own default);
+    `args.kv_config` becomes that plan, or "none" (None would ask the library for the default)."""
+    from mlxbun.generation_caches import NO_KV_CONFIG, load_kv_plan, resolve_kv_config
+
+    given = args.kv_config
+    plan = resolve_kv_config(model, given, kv_bits=kv["kv_bits"], kv_scheme=kv["kv_scheme"],
+                             max_kv_size=args.max_kv_size)
+    if plan is not None:
+        plan = load_kv_plan(plan, len(model.make_cache()))
+    args.kv_config = NO_KV_CONFIG if plan is None else plan
+    return plan, plan is not None and given is None
+
+
+def _zoo_hint(model: str, group_size: int) -> str:
+    """For a zoo model, the wide form of its name whose head dim the group size divides."""
+    spec = parse_model(model)
+    if spec.kind != "zoo":
+        return ""
+    return f"; the zoo builds wider heads on request: --model {replace(spec, head_dim=group_size)}"
 
 
 _KV_FLAGS = {"kv_bits": None, "kv_group_size": 64, "kv_scheme": "uniform", "quantized_kv_start": 0}
@@ -205,7 +250,10 @@ _AUTOREGRESSIVE_ONLY = ("kv_bits", "kv_config", "max_kv_size", "prompt_cache", "
 
 
 def _run_diffusion(args, model, tokenizer, prompt) -> int:
-    used = [n for n in _AUTOREGRESSIVE_ONLY if getattr(args, n) is not None]
+    from mlxbun.generation_caches import NO_KV_CONFIG
+
+    used = [n for n in _AUTOREGRESSIVE_ONLY if getattr(args, n) is not None
+            and not (n == "kv_config" and args.kv_config == NO_KV_CONFIG)]
     if used:
         flags = ", ".join("--" + n.replace("_", "-") for n in used)
         raise MlxbunError(f"{flags}: autoregressive-only options; {model.profile.id} decodes by diffusion")

@@ -19,7 +19,9 @@ def register(sub) -> None:
                      help="results database for the notebook's rows and the run's (default: $MLXBUN_RESULTS "
                           "or the user cache)")
     run.add_argument("--timeout", type=float, metavar="S", help="per-cell time limit in seconds (default none)")
-    run.add_argument("--kernel", metavar="NAME", help="Jupyter kernel (default: one running this Python)")
+    run.add_argument("--kernel", metavar="NAME",
+                     help="an installed Jupyter kernel, as `jupyter kernelspec list` names it (default: one "
+                          "running this Python)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(func=run_run)
     ls = lsub.add_parser("list", help="the notebooks in notebooks/ and lab/, with their parameters")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 
 
@@ -12,6 +13,11 @@ def register(sub) -> None:
     p.add_argument("--cache", help="hub cache directory (default: huggingface_hub's)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
+
+
+_EMPTY_HINT = """To put a model there, build a tiny one: mlxbun zoo build ARCH --hf-cache --out {cache}
+  (`mlxbun zoo list` names the archs; models downloaded from the Hugging Face hub land there too).
+To list a checkpoint directory elsewhere: mlxbun ls DIR"""
 
 
 def _human_bytes(n: int | None) -> str:
@@ -48,6 +54,7 @@ def run(args) -> int:
     where = args.cache or str(default_cache_dir())
     if not entries:
         console.print(f"No models found in {where}" + (f" or {', '.join(args.paths)}" if args.paths else "") + ".")
+        console.print(_EMPTY_HINT.format(cache=shlex.quote(where)), markup=False, highlight=False)
     else:
         table = Table(title=f"models ({where})")
         for col in ("repo", "revision", "model_type", "params", "size", "quant", "tier", "fits", "note"):

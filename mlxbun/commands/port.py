@@ -17,8 +17,14 @@ def register(sub) -> None:
                    help=f"zoo targets: comma-separated of {','.join(ZOO_VARIANTS)} or 'all' (default: all)")
     p.add_argument("--decode-steps", type=int, default=16, help="greedy decode steps after the prefill (default 16)")
     p.add_argument("--prompt-len", type=int, default=40, help="prompt length in tokens (default 40)")
-    p.add_argument("--goldens", default="goldens", help="where manifest entries go (default ./goldens)")
-    p.add_argument("--no-goldens", action="store_true", help="do not write manifest entries")
+    goldens = p.add_mutually_exclusive_group()
+    goldens.add_argument("--goldens", metavar="DIR",
+                         help="where manifest entries go (default: goldens/ when run in the mlxbun checkout, "
+                              "else none)")
+    goldens.add_argument("--no-goldens", action="store_true", help="do not write manifest entries")
+    p.add_argument("--check-values", action="store_true",
+                   help="the weight audit also reads every tensor's values: NaN/inf tensors refuse the target "
+                        "(default: headers only)")
     p.add_argument("--cache", help="hub cache directory for repo-id targets")
     p.add_argument("--zoo-cache", help="where zoo checkpoints are built (default ~/.cache/mlxbun/zoo)")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per checkpoint")
@@ -44,10 +50,11 @@ def run(args) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from mlxbun.parity.port import port_one, resolve_targets
+    from mlxbun.parity.port import checkout_goldens, port_one, resolve_targets
 
     if args.decode_steps < 1 or args.prompt_len < 2:
         raise MlxbunError("--decode-steps must be >= 1 and --prompt-len >= 2")
+    goldens_dir = None if args.no_goldens else (args.goldens or checkout_goldens())
     err = Console(stderr=True)
     with err.status("preparing targets (building zoo checkpoints if needed)..."):
         targets = resolve_targets(args.targets, variants=_variants(args.variants),
@@ -58,7 +65,7 @@ def run(args) -> int:
         for t in targets:
             progress.update(task, description=f"{t.label} {t.variant or ''}")
             results.append(port_one(t, decode_steps=args.decode_steps, prompt_len=args.prompt_len,
-                                    goldens_dir=None if args.no_goldens else args.goldens))
+                                    goldens_dir=goldens_dir, check_values=args.check_values))
             progress.advance(task)
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=2))
@@ -78,4 +85,7 @@ def run(args) -> int:
                 console.print(f"[{style[r.verdict]}]{r.target} {r.dtype}[/]: {r.reason}{where}")
         n_pass = sum(r.verdict == "pass" for r in results)
         console.print(f"{n_pass}/{len(results)} bit-exact")
+    if goldens_dir is None and not args.no_goldens:
+        print("mlxbun port: no golden manifests written: not run in the mlxbun checkout "
+              "(pass --goldens DIR to write them)", file=sys.stderr)
     return 0 if all(r.verdict == "pass" for r in results) else 1

@@ -15,14 +15,15 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 from mlxbun.config_reader import json_safe
 from mlxbun.errors import MlxbunError
 from mlxbun.names import DRAFTER_FORMS, parse_drafter, parse_engine, whole
 
-__all__ = ["add_spec_arguments", "build_drafter", "finish_spec_from_args", "run_spec_from_args",
-           "spec_requested"]
+__all__ = ["add_spec_arguments", "build_drafter", "check_spec_results", "finish_spec_from_args",
+           "run_spec_from_args", "spec_requested"]
 
 
 def add_spec_arguments(parser) -> None:
@@ -45,6 +46,20 @@ def add_spec_arguments(parser) -> None:
 
 def spec_requested(args) -> bool:
     return getattr(args, "draft", None) is not None
+
+
+def check_spec_results(args) -> None:
+    """Before any work: --spec-results needs --draft, and an existing file there must be an mlxbun
+    results database (`open_results(create=False)` refuses any other; a missing one is created
+    when the statistics are recorded)."""
+    if args.spec_results is None:
+        return
+    if not spec_requested(args):
+        raise MlxbunError("--spec-results records speculative decoding statistics: it needs --draft")
+    if Path(args.spec_results).expanduser().exists():
+        from mlxbun.results import open_results
+
+        open_results(args.spec_results, create=False).close()
 
 
 def build_drafter(args):

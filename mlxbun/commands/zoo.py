@@ -14,7 +14,7 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND",
                                 parser_class=type(parser))
 
-    build = sub.add_parser("build", help="build checkpoints (one line per checkpoint: arch, path)")
+    build = sub.add_parser("build", help="build checkpoints (one line per checkpoint: arch, the directory written)")
     build.add_argument("archs", nargs="+", metavar="ARCH", help="arch names, or `all`")
     build.add_argument("--out", required=True, metavar="DIR", help="output directory")
     build.add_argument("--quant", default=None, metavar="{4,8,mixed}",
@@ -22,8 +22,9 @@ def register(subparsers) -> None:
     build.add_argument("--dtype", default="float32", metavar="{float32,float16,bfloat16}",
                        help="dtype of the unquantized parameters (default float32)")
     build.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
-    build.add_argument("--head-dim", type=int, default=None,
-                       help="widen the heads (zoo default 16; quantized KV needs 32+)")
+    build.add_argument("--head-dim", type=int, default=None, metavar="N",
+                       help="widen the heads (zoo default 16; quantized KV needs 32+); "
+                            "the same checkpoint as the name zoo:ARCH,head_dim=N")
     build.add_argument("--hf-cache", action="store_true",
                        help="lay out as a hub cache: DIR/models--mlxbun--tiny-ARCH/snapshots/REV")
     build.set_defaults(func=_build)
@@ -40,16 +41,15 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _build(args) -> int:
-    from mlxbun.zoo import ARCHS, ORACLE_VLM_ARCHS, make_checkpoint
-    from mlxbun.zoo.build import variant
+    from mlxbun.zoo import ARCHS, check_build, make_checkpoint
 
     archs = list(ARCHS) if "all" in args.archs else list(dict.fromkeys(args.archs))
-    for arch in archs:  # refuse every bad argument before building anything
-        if arch not in ORACLE_VLM_ARCHS:
-            variant(arch, quant=args.quant, dtype=args.dtype, seed=args.seed, head_dim=args.head_dim)
+    options = dict(quant=args.quant, dtype=args.dtype, seed=args.seed, hf_cache=args.hf_cache,
+                   head_dim=args.head_dim)
+    for arch in archs:  # refuse every bad argument and destination before building anything
+        check_build(arch, args.out, **options)
     for arch in archs:
-        path = make_checkpoint(arch, args.out, quant=args.quant, dtype=args.dtype,
-                               seed=args.seed, hf_cache=args.hf_cache, head_dim=args.head_dim)
+        path = make_checkpoint(arch, args.out, **options)
         print(f"{arch}\t{path}", flush=True)
     return 0
 

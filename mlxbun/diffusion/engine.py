@@ -27,7 +27,7 @@ import mlx.core as mx
 from mlxbun.diffusion import samplers
 from mlxbun.diffusion.schedule import block_canvas_length, linear_temperature, resolve_settings
 from mlxbun.diffusion.stats import BlockStats, DiffusionStats, reveal_steps
-from mlxbun.generate import prepare_prompt
+from mlxbun.generate import check_token_ids, prepare_prompt, vocab_size_of
 from mlxbun.sampling import GenerationError
 
 __all__ = ["DiffusionBlock", "StepEvent", "collect", "diffusion_generate", "stop_token_ids"]
@@ -161,7 +161,8 @@ def diffusion_generate(
         isinstance(prefill_step_size, bool) or not isinstance(prefill_step_size, int) or prefill_step_size <= 0
     ):
         raise GenerationError(f"prefill_step_size must be a positive integer, got {prefill_step_size!r}")
-    input_ids = prepare_prompt(tokenizer, prompt)[None]
+    vocab = vocab_size_of(model)
+    input_ids = prepare_prompt(tokenizer, prompt, vocab)[None]
     if decoder_input_ids is not None:
         decoder_input_ids = mx.array(decoder_input_ids)
         if decoder_input_ids.ndim == 1:
@@ -170,6 +171,7 @@ def diffusion_generate(
             raise GenerationError(
                 f"decoder_input_ids must be [length] or [1, length], got {tuple(decoder_input_ids.shape)}"
             )
+        check_token_ids(decoder_input_ids, vocab, "decoder_input_ids")
         decoder_input_ids = decoder_input_ids.astype(input_ids.dtype)
     stops = stop_token_ids(model, tokenizer, eos_token_ids)
     return _run(model, tokenizer, input_ids, settings, seed, stops, prefill_step_size,

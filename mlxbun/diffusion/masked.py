@@ -41,6 +41,7 @@ from typing import Any, Optional
 import mlx.core as mx
 
 from mlxbun.errors import MlxbunError, UnsupportedModelError
+from mlxbun.generate import check_token_ids, vocab_size_of
 
 __all__ = [
     "DiffusionArgumentError",
@@ -126,8 +127,6 @@ def _check_args(prompt: list[int], *, mask_token_id, max_tokens, block_length, s
 
     if not prompt:
         fail("prompt_ids", prompt, "need at least one prompt token")
-    if not all(is_int(t) and t >= 0 for t in prompt):
-        fail("prompt_ids", prompt[:8], "must be non-negative token ids")
     for name, value in (("max_tokens", max_tokens), ("block_length", block_length),
                         ("steps", steps), ("min_transfer", min_transfer)):
         if not is_int(value) or value < 1:
@@ -147,9 +146,12 @@ def _check_vocab(vocab: int, prompt: list[int], mask_token_id: int) -> None:
     if mask_token_id >= vocab:
         raise DiffusionArgumentError(f"mask_token_id = {mask_token_id}: outside the model's "
                                      f"vocabulary (size {vocab})")
-    if max(prompt) >= vocab:
-        raise DiffusionArgumentError(f"prompt_ids: token {max(prompt)} outside the model's "
-                                     f"vocabulary (size {vocab})")
+    check_token_ids(prompt, vocab, "prompt_ids", DiffusionArgumentError)
+
+
+def _config_vocab(model: Any) -> Optional[int]:
+    """The vocabulary a model's config declares (None: no config, e.g. a scripted test model)."""
+    return vocab_size_of(model) if getattr(model, "config", None) is not None else None
 
 
 def _eos_set(eos_token_ids: Any) -> frozenset[int]:
@@ -250,6 +252,13 @@ def masked_diffusion_generate(
                 min_transfer=min_transfer, temperature=temperature, seed=seed)
     eos = _eos_set(eos_token_ids)
     _require_model(model)
+    # before any forward: an id past the embedding table would be read out of bounds (a model
+    # without a config is checked against its logits' width at the first forward)
+    vocab = _config_vocab(model)
+    if vocab is None:
+        check_token_ids(prompt, None, "prompt_ids", DiffusionArgumentError)
+    else:
+        _check_vocab(vocab, prompt, mask_token_id)
     return _generate(model, prompt, mask_token_id=mask_token_id, max_tokens=max_tokens,
                      block_length=block_length, steps=steps, threshold=float(threshold),
                      min_transfer=min_transfer, sampler=_Sampler(temperature, seed), eos=eos)

@@ -26,6 +26,7 @@ from mlxbun.diffusion.schedule import SAMPLERS
 from mlxbun.diffusion.stats import DiffusionStats
 from mlxbun.errors import MlxbunError
 from mlxbun.experiments.common import model_path, optional_tokenizer
+from mlxbun.generate import prepare_prompt, vocab_size_of
 from mlxbun.lab import plots
 from mlxbun.lab.plots import cmap, figure, token_label
 from mlxbun.lab.recording import recording
@@ -120,13 +121,19 @@ def _grid(name: str, values, cast) -> list:
     return out
 
 
-def _prompts(prompts) -> list:
+def _prompts(prompts, ckpt: DiffusionCheckpoint) -> list:
     if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and all(
             isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in prompts)):
         prompts = [prompts]  # one text or one id list
     prompts = list(prompts)
     if not prompts:
         raise MlxbunError("prompts is empty: the sweep needs at least one prompt")
+    vocab = vocab_size_of(ckpt.model)
+    for n, prompt in enumerate(prompts):  # every prompt, before any run
+        try:
+            prepare_prompt(ckpt.tokenizer, prompt, vocab)
+        except MlxbunError as e:
+            raise MlxbunError(f"prompts[{n}]: {e}") from None
     return prompts
 
 
@@ -154,7 +161,7 @@ def diffusion_sweep(model_path_or_model, prompts, *, samplers: Sequence[str] = S
     import pandas as pd
 
     ckpt = load_diffusion(model_path_or_model, tokenizer)
-    prompts = _prompts(prompts)
+    prompts = _prompts(prompts, ckpt)
     samplers = [samplers] if isinstance(samplers, str) else list(dict.fromkeys(samplers))
     bad = [s for s in samplers if s not in _BOUND_NAME]
     if bad:

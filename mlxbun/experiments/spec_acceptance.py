@@ -31,6 +31,7 @@ import pandas as pd
 
 from mlxbun.errors import MlxbunError
 from mlxbun.experiments.common import model_path, optional_tokenizer
+from mlxbun.generate import prepare_prompt, vocab_size_of
 from mlxbun.lab.plots import figure
 from mlxbun.lab.recording import recording
 from mlxbun.locate import open_runtime
@@ -175,6 +176,12 @@ def spec_sweep(model: str = "zoo:llama", drafters: Sequence[str] = DEFAULT_DRAFT
     tok = optional_tokenizer(path)
     if tok is None:
         raise MlxbunError(f"{path}: no tokenizer to encode the prompts")
+    vocab = vocab_size_of(target)
+    for pname, prompt in prompts.items():  # every prompt, before any run
+        try:
+            prepare_prompt(tok, prompt, vocab)
+        except MlxbunError as e:
+            raise MlxbunError(f"prompt {pname!r}: {e}") from None
     sampling = dict(max_tokens=max_tokens, temperature=temperature, seed=seed)
     out = SpecSweep(str(model), prompt_set, dict(prompts), drafters, ks, temperature)
     params = {"model": str(model), "variant": variant, "engine": engine, "prompt_set": prompt_set,

@@ -3,6 +3,7 @@
 
 - `catalog`: where notebooks live, their papermill parameters (`mlxbun lab list`);
 - `runner`: headless execution through papermill + HTML + a results row (`mlxbun lab run`);
+- `kernel`: the kernel process the runner starts by default (ipykernel, less a misleading log line);
 - `recording`: a results `Run` per experiment call, tied to the `mlxbun lab run` that started it;
 - `plots`: plot primitives (pyplot-free figures, `show`), the parity plots the notebooks share, and
   ipywidgets extras that degrade to static output headless.

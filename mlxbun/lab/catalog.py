@@ -80,14 +80,31 @@ def list_notebooks(with_parameters: bool = False) -> list[NotebookInfo]:
     return infos
 
 
-def notebook_parameters(path) -> dict:
-    """papermill's view of the notebook's `parameters` cell: name -> {name, inferred_type_name, default, help}."""
-    import papermill
+def notebook_parameters(path, language: str | None = None) -> dict:
+    """papermill's view of the notebook's `parameters` cell: name -> {name, inferred_type_name, default,
+    help}. The cell is read as `language` (the kernel's), else the notebook's own language, else
+    Python: the language of the kernel `mlxbun lab run` starts (a notebook without a kernelspec)."""
+    import nbformat
+    from papermill.exceptions import PapermillException
+    from papermill.translators import papermill_translators
 
     try:
-        return papermill.inspect_notebook(str(path))
+        nb = nbformat.read(str(path), as_version=4)
     except Exception as e:  # noqa: BLE001 - nbformat/JSON errors of a broken file
         raise MlxbunError(f"{path}: cannot read the notebook's parameters ({type(e).__name__}: {e})") from None
+    cell = next((c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if cell is None:
+        return {}
+    kernelspec = nb.metadata.get("kernelspec", {})
+    language = language or nb.metadata.get("language_info", {}).get("name") or kernelspec.get("language") or "python"
+    try:
+        translator = papermill_translators.find_translator(kernelspec.get("name"), language)
+    except PapermillException:
+        raise MlxbunError(f"{path}: papermill cannot parameterize a notebook in {language!r}") from None
+    try:
+        return {p.name: p._asdict() for p in translator.inspect(cell)}
+    except NotImplementedError:  # a translator without introspection: as papermill, no parameters known
+        return {}
 
 
 def resolve_notebook(name_or_path) -> Path:

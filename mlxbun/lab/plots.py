@@ -19,7 +19,7 @@ import numpy as np
 
 __all__ = [
     "FRONTEND_ENV", "HEADLESS_ENV", "INTERACTIVE_ENV", "cmap", "delta_p_hist", "display", "figure", "heatmap_plot",
-    "interactive", "kld_per_position_plot", "layer_explorer", "show", "token_label", "topk_plot",
+    "interactive", "kld_per_position_plot", "layer_explorer", "running_mean", "show", "token_label", "topk_plot",
     "trajectory_explorer", "trajectory_plot",
 ]
 
@@ -176,6 +176,25 @@ def topk_plot(step, labels: tuple[str, str] = ("a", "b"), tokenizer=None):
 # ---------------------------------------------------------------- logit diff
 
 
+def running_mean(values, window: int) -> np.ndarray:
+    """The centred running mean of `values` over `window` points, one per value: the window
+    shrinks at both ends, so each point is the mean of the values its window covers (a
+    zero-padded `np.convolve(..., mode="same")` divides the ends' partial sums by the full window
+    and dips there). Position i's window is values[i - window // 2 : i - window // 2 + window]."""
+    x = np.asarray(values, dtype=float)
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"running mean: window must be a positive integer, got {window!r}")
+    if x.ndim != 1:
+        raise ValueError(f"running mean: values must be one-dimensional, got shape {x.shape}")
+    n, box = len(x), np.ones(int(window))
+    if n == 0:
+        return x
+    start = (len(box) - 1) // 2  # np.convolve's "same" slice of the full convolution
+    sums = np.convolve(x, box)[start:start + n]
+    counts = np.convolve(np.ones(n), box)[start:start + n]
+    return sums / counts
+
+
 def kld_per_position_plot(stats, title: str = "KLD per position"):
     """KL(base || new) at every scored position (log scale), top-1 disagreements marked."""
     fig = figure(8, 3.2)
@@ -185,7 +204,7 @@ def kld_per_position_plot(stats, title: str = "KLD per position"):
     ax.plot(pos, kld, lw=1, label="KLD")
     if len(kld) >= 8:
         w = max(4, len(kld) // 16)
-        ax.plot(pos, np.convolve(kld, np.ones(w) / w, mode="same"), lw=2, label=f"running mean ({w})")
+        ax.plot(pos, running_mean(kld, w), lw=2, label=f"running mean ({w})")
     miss = np.flatnonzero(np.asarray(stats.top_base) != np.asarray(stats.top_new))
     ax.scatter(miss, kld[miss], color="red", s=14, zorder=3, label=f"top-1 differs ({len(miss)})")
     if (kld > 0).any():

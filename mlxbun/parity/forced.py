@@ -18,6 +18,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from mlxbun.errors import MlxbunError
+from mlxbun.generate import check_token_ids, vocab_size_of
 from mlxbun.generation_caches import attention_routing, kv_quantizer, make_generation_cache
 from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.names import KVSettings
@@ -87,6 +88,7 @@ def teacher_forced(model, ids: Sequence[int], *, prefill: int, kv: KVSettings = 
     if not 2 <= prefill < len(ids):
         raise MlxbunError(f"prefill must be in [2, {len(ids) - 1}] for {len(ids)} ids, got {prefill}")
     model = ensure_runtime(model)
+    check_token_ids(ids, vocab_size_of(model), "ids")
     cache = make_generation_cache(model)
     quantize = kv_quantizer(kv.scheme if kv.quantized else "uniform", kv.bits, kv.group, kv.start)
     mx.synchronize()

@@ -242,6 +242,7 @@ def write_manifest(path: str | os.PathLike, *, config: Any = None, checkpoint: A
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # what open() would give (mkstemp makes 0600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(_dumps(doc))
         os.replace(tmp, path)
@@ -249,6 +250,12 @@ def write_manifest(path: str | os.PathLike, *, config: Any = None, checkpoint: A
         Path(tmp).unlink(missing_ok=True)
         raise
     return manifest
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _dumps(doc: Mapping) -> str:

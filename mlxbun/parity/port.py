@@ -1,9 +1,9 @@
 """`mlxbun port`: bring a checkpoint up on the universal graph and prove it bit-exact.
 
 Steps per target, each reported: descriptor coverage (config keys), weight audit
-dry run from safetensors headers, oracle run (mlx-lm, live, same process), the
-gate (greedy trajectory + every step's raw logits bit-exact, batch-2 forward),
-verdict, and the golden manifest entry.
+dry run from safetensors headers (plus every tensor's values with `check_values`),
+oracle run (mlx-lm, live, same process), the gate (greedy trajectory + every step's
+raw logits bit-exact, batch-2 forward), verdict, and the golden manifest entry.
 """
 
 from __future__ import annotations
@@ -72,8 +72,10 @@ def _dtype_label(config) -> str:
     return "mixed" if config.quant_overrides else f"q{q.bits}"
 
 
-def port_one(target: Target, *, decode_steps: int = 16, prompt_len: int = 40, goldens_dir=None) -> PortResult:
-    """Run every step for one checkpoint; never raises for a bad checkpoint."""
+def port_one(target: Target, *, decode_steps: int = 16, prompt_len: int = 40, goldens_dir=None,
+             check_values: bool = False) -> PortResult:
+    """Run every step for one checkpoint; never raises for a bad checkpoint. The audit reads
+    headers only unless `check_values` (then a NaN/inf tensor refuses the target, by name)."""
     from mlxbun.config import load_model_config
     from mlxbun.factory import audit_dry_run, check_target_coverage, open_model
     from mlxbun.models.mlxlm import load_mlxlm
@@ -87,9 +89,12 @@ def port_one(target: Target, *, decode_steps: int = 16, prompt_len: int = 40, go
         report = check_target_coverage(config, target.path)  # profile + config keys; raises on refusal
         res.coverage = f"ok ({len(report.understood)} keys)"
         res.steps.append(f"coverage: {res.coverage}")
-        audit = audit_dry_run(target.path, config)
-        res.audit = f"clean ({len(audit.consumed)} tensors" + (f", {len(audit.dropped)} dropped)" if audit.dropped else ")")
-        res.steps.append(f"audit: {res.audit}")
+        audit = audit_dry_run(target.path, config, check_values=check_values)
+        notes = [f"{len(audit.consumed)} tensors"]
+        notes += [f"{len(audit.dropped)} dropped"] if audit.dropped else []
+        notes += ["values finite"] if audit.values_checked else []
+        res.audit = f"clean ({', '.join(notes)})"
+        res.steps.append(f"audit ({'headers and values' if check_values else 'headers only'}): {res.audit}")
     except MlxbunError as e:
         res.verdict, res.reason = "refused", str(e)
         res.steps.append(f"refused: {e}")
@@ -113,6 +118,18 @@ def port_one(target: Target, *, decode_steps: int = 16, prompt_len: int = 40, go
     if goldens_dir is not None:
         res.manifest = str(_write_golden(goldens_dir, target, config, result))
     return res
+
+
+def checkout_goldens(cwd=None) -> Path | None:
+    """`cwd/goldens` when `cwd` (default: the working directory) is the mlxbun checkout: its
+    pyproject.toml names the project mlxbun and goldens/README.md is there. Else None."""
+    root = Path("." if cwd is None else cwd)
+    try:
+        pyproject = (root / "pyproject.toml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    named = re.search(r'^name\s*=\s*"mlxbun"\s*$', pyproject, re.M)
+    return root / "goldens" if named and (root / "goldens" / "README.md").is_file() else None
 
 
 def golden_prefix(target: Target, config) -> str:

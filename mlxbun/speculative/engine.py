@@ -43,9 +43,16 @@ from mlxbun.generate import (
     generation_stream,
     make_detokenizer,
     prepare_prompt,
+    vocab_size_of,
     wired_limit,
 )
-from mlxbun.generation_caches import attention_routing, check_kv_options, make_generation_cache
+from mlxbun.generation_caches import (
+    attention_routing,
+    check_kv_options,
+    check_plan_options,
+    make_generation_cache,
+    resolve_kv_config,
+)
 from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.names import is_int
 from mlxbun.sampling import GenerationError, LogitsProcessor, make_logits_processors
@@ -243,7 +250,9 @@ def speculative_generate(
     drafter = make_drafter(drafter)
 
     target = ensure_runtime(target)
-    prompt_ids = prepare_prompt(tokenizer, prompt)
+    prompt_ids = prepare_prompt(tokenizer, prompt, vocab_size_of(target))
+    check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
+    kv_config = resolve_kv_config(target, kv_config, kv_bits=kv_bits, kv_scheme=kv_scheme, max_kv_size=max_kv_size)
     kv = dict(kv_bits=kv_bits, kv_group_size=kv_group_size, kv_scheme=kv_scheme, kv_config=kv_config,
               max_kv_size=max_kv_size, quantized_kv_start=quantized_kv_start)
     cache = make_generation_cache(target, **kv)

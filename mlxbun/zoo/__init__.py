@@ -16,7 +16,7 @@ from mlxbun.zoo.archs import ARCHS, tiny_config
 from mlxbun.zoo.common import DTYPES, QUANTS, ZooArgumentError
 from mlxbun.zoo.diffusion import cached_diffusion_checkpoint, make_diffusion_checkpoint
 from mlxbun.zoo.llada import cached_llada2_checkpoint, make_llada2_checkpoint
-from mlxbun.zoo.registry import BUILDERS, ORACLE_VLM_ARCHS, cached_checkpoint, make_checkpoint
+from mlxbun.zoo.registry import BUILDERS, ORACLE_VLM_ARCHS, cached_checkpoint, check_build, make_checkpoint
 
 __all__ = [
     "ARCHS",
@@ -30,6 +30,7 @@ __all__ = [
     "QUANTS",
     "ZooArgumentError",
     "cached_checkpoint",
+    "check_build",
     "make_checkpoint",
     "tiny_config",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -76,6 +77,55 @@ def check_dtype_and_seed(dtype, seed) -> None:
 
 # ------------------------------------------------------------------ landing a build
 
+# Written into every directory the zoo builds: the names of the files it wrote there. A rebuild
+# replaces a directory only when it carries this marker and holds nothing else.
+MARKER = ".mlxbun-zoo.json"
+
+
+def write_marker(built: Path) -> None:
+    files = sorted(p.name for p in built.iterdir())
+    doc = {"built_by": "mlxbun zoo", "files": files}
+    (built / MARKER).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def _marked_files(path: Path) -> set[str] | None:
+    """The files the zoo's marker in `path` lists, or None when there is no readable marker."""
+    try:
+        doc = json.loads((path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return None
+    return set(files)
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an output directory that is a file (or lies under one)."""
+    for p in (out_dir, *out_dir.parents):
+        if p.is_dir():
+            return
+        if p.exists() or p.is_symlink():
+            what = "is a file" if p == out_dir else f"lies under {p}, which is a file"
+            raise ZooArgumentError(f"output directory {out_dir} {what}, not a directory")
+
+
+def check_replaceable(final: Path) -> None:
+    """Refuse to replace `final` unless it is absent or a zoo build holding only the zoo's files."""
+    if not (final.exists() or final.is_symlink()):
+        return
+    if final.is_symlink() or not final.is_dir():
+        raise ZooArgumentError(f"{final} exists and is not a directory the zoo built: "
+                               "move it away or build into another directory")
+    written = _marked_files(final)
+    if written is None:
+        raise ZooArgumentError(f"{final} exists and was not built by the zoo (no {MARKER} in it); "
+                               "the zoo replaces only its own builds: move it away or build into another directory")
+    others = sorted(set(os.listdir(final)) - written - {MARKER})
+    if others:
+        raise ZooArgumentError(f"{final} holds files the zoo did not write ({', '.join(others)}): "
+                               "move them away before rebuilding, or build into another directory")
+
 
 def replace_dir(new: Path, final: Path) -> None:
     """Move `new` to `final`, replacing an existing `final` (moved aside first, then removed)."""
@@ -90,17 +140,27 @@ def replace_dir(new: Path, final: Path) -> None:
 
 def _land_in_place(built: Path, out_dir: Path) -> Path:
     final = out_dir / built.name
+    check_replaceable(final)  # again: it may have changed while building
+    write_marker(built)
     replace_dir(built, final)
     return final
 
 
 def build_into(out_dir, name: str, build: Callable[[Path], None],
-               land: Callable[[Path, Path], Path] = _land_in_place) -> Path:
+               land: Callable[[Path, Path], Path] | None = None) -> Path:
     """Run `build(empty_dir)` in a temp dir under `out_dir`, then `land(built, out_dir)` it
-    (default: as `out_dir/name`, replacing an older build). Nothing half-built is left behind."""
+    (default: as `out_dir/name` with the zoo's marker, replacing only an earlier zoo build that
+    holds nothing else). Nothing half-built is left behind; a refusal comes before any build."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
+    check_out_dir(out_dir)
+    if land is None:
+        check_replaceable(out_dir / name)
+        land = _land_in_place
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
+    except OSError as e:
+        raise ZooArgumentError(f"cannot write into output directory {out_dir}: {e.strerror or e}") from None
     try:
         built = work / name
         built.mkdir()
@@ -166,6 +226,7 @@ def build_once(key_dir: Path, name: str, build: Callable[[Path], None]) -> Path:
             built = work / name
             built.mkdir()
             build(built)
+            write_marker(built)
             os.replace(built, final)
         finally:
             shutil.rmtree(work, ignore_errors=True)

@@ -15,6 +15,8 @@ import os
 import shutil
 from pathlib import Path
 
+from mlxbun.zoo.common import ZooArgumentError
+
 LFS_SUFFIXES = (".safetensors",)
 
 
@@ -27,6 +29,17 @@ def _blob_name(path: Path) -> str:
     if path.name.endswith(LFS_SUFFIXES):
         return hashlib.sha256(data).hexdigest()
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git's object id
+
+
+def check_repo(cache_root: Path, repo_id: str) -> None:
+    """Refuse a cache where the repo folder of `repo_id` or its blobs/snapshots/refs is not a
+    directory (or refs/main not a file): the zoo adds to a hub cache and replaces nothing there."""
+    repo = Path(cache_root) / repo_folder_name(repo_id)
+    for p, kind in ((repo, "directory"), (repo / "blobs", "directory"), (repo / "snapshots", "directory"),
+                    (repo / "refs", "directory"), (repo / "refs" / "main", "file")):
+        if (p.exists() or p.is_symlink()) and not (p.is_dir() if kind == "directory" else p.is_file()):
+            raise ZooArgumentError(f"{p} exists and is not a {kind}, so {repo} is not a hub cache repo "
+                                   "the zoo can add to: move it away or build into another directory")
 
 
 def install_snapshot(src: Path, cache_root: Path, repo_id: str) -> Path:

@@ -14,7 +14,15 @@ from types import ModuleType
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.zoo import build, diffusion, llada
 from mlxbun.zoo.archs import ARCHS
-from mlxbun.zoo.common import ZooArgumentError, build_into, build_once, cache_root
+from mlxbun.zoo.common import (
+    Variant,
+    ZooArgumentError,
+    build_into,
+    build_once,
+    cache_root,
+    check_out_dir,
+    check_replaceable,
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,25 @@ def builder(arch: str) -> Builder:
         raise UnsupportedModelError(f"unknown zoo arch {arch!r}; known archs: {', '.join(BUILDERS)}") from None
 
 
+def check_build(arch: str, out_dir, *, quant=None, dtype: str = "float32", seed: int = 0,
+                hf_cache: bool = False, head_dim: int | None = None) -> Variant:
+    """Everything `make_checkpoint` would refuse, refused before anything is built: the variant's
+    arguments, an output directory that is a file, a destination the zoo may not replace."""
+    b = builder(arch)
+    v = b.module.variant(arch, quant=quant, dtype=dtype, seed=seed, head_dim=head_dim)
+    out_dir = Path(out_dir)
+    check_out_dir(out_dir)
+    if not hf_cache:
+        check_replaceable(out_dir / v.name)
+    elif not b.hub_layout:
+        raise ZooArgumentError(f"zoo arch {arch!r} is built as a plain directory only (no hf-cache)")
+    else:
+        from mlxbun.zoo.hfcache import check_repo
+
+        check_repo(out_dir, v.repo_id)
+    return v
+
+
 def make_checkpoint(
     arch: str,
     out_dir,
@@ -53,13 +80,12 @@ def make_checkpoint(
     """Build the tiny `arch` checkpoint under `out_dir` and return its directory:
     `out_dir/tiny-<arch>[-<variant>]`, or with `hf_cache` the snapshot dir of
     `out_dir/models--mlxbun--tiny-<arch>[-<variant>]`. Same arguments, same bytes.
-    `head_dim` widens the heads (the zoo's are 16; quantized KV needs a group of 32+)."""
+    `head_dim` widens the heads (the zoo's are 16; quantized KV needs a group of 32+).
+    A plain directory replaces only an earlier zoo build holding nothing else (see `check_build`)."""
     b = builder(arch)
-    v = b.module.variant(arch, quant=quant, dtype=dtype, seed=seed, head_dim=head_dim)
+    v = check_build(arch, out_dir, quant=quant, dtype=dtype, seed=seed, hf_cache=hf_cache, head_dim=head_dim)
     if not hf_cache:
         return build_into(out_dir, v.name, lambda out: b.module.build_files(v, out))
-    if not b.hub_layout:
-        raise ZooArgumentError(f"zoo arch {arch!r} is built as a plain directory only (no hf-cache)")
     from mlxbun.zoo.hfcache import install_snapshot
 
     return build_into(out_dir, v.name, lambda out: b.module.build_files(v, out),
