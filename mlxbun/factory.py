@@ -14,6 +14,10 @@ from mlxbun.errors import MlxbunError, UnsupportedModelError
 
 def _checkpoint_dir(path) -> Path:
     p = Path(path).expanduser()
+    if p.suffix.lower() == ".gguf" and not p.is_dir():  # a GGUF file: imported once, then the import
+        from mlxbun.gguf.importer import cached_import
+
+        return cached_import(p)
     if not p.exists():
         raise MlxbunError(f"{p}: no such checkpoint directory")
     if not p.is_dir():
@@ -77,7 +81,8 @@ GRAPH_BUILDERS = {
 
 
 def open_model(path):
-    """Open a checkpoint directory as a RuntimeModel (with `.profile` set)."""
+    """Open a checkpoint directory (or a .gguf file, imported into the GGUF cache on first open)
+    as a RuntimeModel (with `.profile` set)."""
     from mlxbun.config import load_model_config
     from mlxbun.profile import resolve_model_profile, validate_profile
 

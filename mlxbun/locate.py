@@ -2,6 +2,7 @@
 
     locate("zoo:llama@q4")            # the zoo checkpoint, built once in the zoo cache
     locate("HuggingFaceTB/SmolLM2")   # the newest snapshot in the local hub cache
+    locate("model.gguf")              # imported once into the GGUF cache ($MLXBUN_GGUF_CACHE)
     open_runtime(path, "mlx-lm")      # mlx-lm's graph through the adapter (default: mlxbun's)
 
 Names follow `mlxbun.names`; nothing downloads. Every caller that turns a user's model name into
@@ -34,8 +35,9 @@ def locate(name: Union[str, os.PathLike, ModelSpec], *, zoo_root=None, cache_dir
     if spec.kind == "random":
         raise NamingError(f"model '{spec}': random:SHAPE builds random weights for `mlxbun bench` only")
     if spec.kind == "gguf":
-        raise NamingError(f"model '{spec}': GGUF files cannot be opened yet (no GGUF importer); "
-                          "convert it to a Hugging Face-layout MLX checkpoint first")
+        from mlxbun.gguf.importer import cached_import
+
+        return cached_import(spec.value)
     path = Path(spec.value).expanduser()
     if not path.is_dir():
         raise MlxbunError(f"model '{spec.value}': no such checkpoint directory (nor a repo id in the local "

@@ -14,7 +14,8 @@ Model names (`parse_model`):
                                           (aliases fp32 fp16 bf16 4 8); `@seedN` is accepted
                                           for seed=N
     random:SHAPE                          real shapes, random weights (`mlxbun bench` only)
-    FILE.gguf                             a GGUF file (refused until GGUF import exists)
+    FILE.gguf                             a GGUF file, imported once into the GGUF cache
+                                          (`mlxbun.gguf.importer.cached_import`)
 
 Engines (`parse_engine`): `mlxbun` (the universal graph) | `mlx-lm` (mlx-lm's own model file
 through the adapter; `mlx_lm` is accepted).

@@ -150,7 +150,7 @@ def test_locate_and_open_runtime(zoo, zoo_root, tmp_path):
     assert locate(str(zoo("llama"))) == zoo("llama")
     assert open_runtime(zoo("llama")).model_type == "llama"
     assert type(open_runtime(zoo("llama"), "mlx-lm")).__name__ == "MlxLmRuntimeModel"
-    for name, why in (("random:llama-3-8b", "for `mlxbun bench` only"), ("x.gguf", "GGUF files cannot be opened"),
+    for name, why in (("random:llama-3-8b", "for `mlxbun bench` only"), (str(tmp_path / "x.gguf"), "no such GGUF file"),
                       (str(tmp_path / "none"), "no such checkpoint directory"), ("zoo:all", "give one zoo:ARCH"),
                       ("org/repo", "repo 'org/repo' not found")):
         with pytest.raises(MlxbunError, match=why):

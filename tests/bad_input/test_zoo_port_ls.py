@@ -203,7 +203,8 @@ def _harmless(text: str) -> bool:
 
 VALUE = st.sampled_from(VALUES) | st.text(max_size=12).filter(_harmless)
 # the flags argparse requires, so that most examples get past it
-REQUIRED = {("generate",): ["--model"], ("bench",): ["--model"], ("zoo", "build"): ["--out", "out"]}
+REQUIRED = {("generate",): ["--model"], ("bench",): ["--model"], ("zoo", "build"): ["--out", "out"],
+            ("import", "gguf"): ["--out", "out"]}
 COMMANDS = _commands(build_parser()) + [(["nope"], [])]
 
 
@@ -219,13 +220,13 @@ def argvs(draw) -> list[str]:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(argv=argvs())
 def test_fuzz_the_cli_never_tracebacks(tmp_path, monkeypatch, capsys, argv):
-    """Random argv through `mlxbun.cli.main` (in a temp HOME, results database, zoo cache, hub
+    """Random argv through `mlxbun.cli.main` (in a temp HOME, results database, zoo and GGUF caches, hub
     cache and working directory): it returns or exits with 0, 1 or 2, never raises, never
     prints a traceback."""
     import huggingface_hub.constants
 
     for var, sub in (("HOME", "home"), ("MLXBUN_RESULTS", "results.sqlite"), ("MLXBUN_ZOO_CACHE", "zoo"),
-                     ("HF_HOME", "hf")):
+                     ("MLXBUN_GGUF_CACHE", "gguf"), ("HF_HOME", "hf")):
         monkeypatch.setenv(var, str(tmp_path / sub))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     work = tmp_path / "cwd"
