@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -27,9 +28,10 @@ from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.names import KVSettings, is_int
 
 __all__ = [
-    "KVHeadDimError", "NO_KV_CONFIG", "ROTATING_KEEP", "attention_routing", "check_kv_options",
-    "check_plan_options", "checkpoint_kv_plan", "kv_quantizer", "load_kv_plan", "load_prompt_cache_for",
-    "make_generation_cache", "maybe_turboquant_kv_cache", "model_identity_of", "resolve_kv_config",
+    "KVCoverage", "KVHeadDimError", "NO_KV_CONFIG", "ROTATING_KEEP", "attention_routing", "check_kv_options",
+    "check_plan_options", "checkpoint_kv_plan", "kv_layers", "kv_quantizer", "load_kv_plan",
+    "load_prompt_cache_for", "make_generation_cache", "maybe_turboquant_kv_cache", "model_identity_of",
+    "resolve_kv_config", "turboquant_layers",
 ]
 
 ROTATING_KEEP = 4  # mlx-lm's make_prompt_cache keeps the first 4 tokens (attention sinks)
@@ -255,14 +257,57 @@ def maybe_turboquant_kv_cache(prompt_cache: list, quantized_kv_start: int, kv_gr
     filled one once it holds `quantized_kv_start` tokens); window caches stay; and, as mlx-vlm
     does, the last layer stays full precision when the model has more than 2 layers.
     `kv_group_size` is unused (TurboQuant has no groups)."""
-    last = len(prompt_cache) - 1 if len(prompt_cache) > 2 else -1
-    for i, c in enumerate(prompt_cache):
-        if i == last or not isinstance(c, KVCache):
-            continue
+    for i in turboquant_layers(prompt_cache):
+        c = prompt_cache[i]
         if c.offset == 0:
             prompt_cache[i] = TurboQuantKVCache(bits=kv_bits)
         elif c.offset >= quantized_kv_start:
             prompt_cache[i] = TurboQuantKVCache.from_cache(c, bits=kv_bits)
+
+
+def turboquant_layers(caches: list) -> list[int]:
+    """The cache layers mlx-vlm's TurboQuant rule converts: full-attention KVCaches, except the
+    last layer of a model with more than 2 (window caches and the last layer stay full precision)."""
+    last = len(caches) - 1 if len(caches) > 2 else -1
+    return [i for i, c in enumerate(caches) if i != last and isinstance(c, KVCache)]
+
+
+@dataclass(frozen=True)
+class KVCoverage:
+    """Which cache layers KV settings quantize (`layers` of `total`), and what the others keep."""
+
+    layers: tuple[int, ...]
+    total: int
+    others: str = ""  # why the other layers stay full precision ("" when there are none)
+
+    def describe(self) -> str:
+        runs: list[list[int]] = []
+        for i in self.layers:
+            if runs and i == runs[-1][-1] + 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        where = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) or "none"
+        return f"{len(self.layers)} layer(s) {where} of {self.total}" + (f"; {self.others}" if self.others else "")
+
+
+def kv_layers(model, *, kv_bits=None, kv_scheme: str = "uniform", plan: Optional[KVPlan] = None) -> KVCoverage:
+    """The cache layers these KV settings quantize: e.g. TurboQuant on Gemma-3 touches only its
+    full-attention layers, and not the last one."""
+    caches = _base_caches(ensure_runtime(model), None)
+    n = len(caches)
+    if plan is not None:
+        return KVCoverage(tuple(sorted(plan.layers)), n, "the others full precision (the per-layer plan)")
+    if kv_bits is None:
+        return KVCoverage((), n, "no KV quantization")
+    if kv_scheme == "turboquant":
+        windows = sum(isinstance(c, RotatingKVCache) for c in caches)
+        kept = [f"{windows} sliding-window layers"] if windows else []
+        kept += [f"layer {n - 1} (mlx-vlm keeps the last)"] if n > 2 and isinstance(caches[-1], KVCache) else []
+        return KVCoverage(tuple(turboquant_layers(caches)), n,
+                          f"full precision: {', '.join(kept)}" if kept else "")
+    layers = tuple(i for i, c in enumerate(caches) if isinstance(c, KVCache))  # mlx-lm's rule: every KVCache
+    return KVCoverage(layers, n, f"{n - len(layers)} other caches stay as they are" if len(layers) < n else "")
 
 
 def attention_routing(turboquant: bool):

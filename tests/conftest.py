@@ -136,3 +136,23 @@ def real_gguf(name: str, tmp_path_factory) -> Path:
         if not target.is_file():
             package.assemble(target)  # checks the package's sha256
     return target
+
+
+@pytest.fixture(scope="session")
+def gguf_cache(tmp_path_factory) -> Path:
+    """The GGUF import cache every xdist worker of this run shares (cached_import locks per file)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gguf-imports"
+
+
+@pytest.fixture(scope="session")
+def real(tmp_path_factory, gguf_cache):
+    """`real(name, **import options) -> (gguf path, imported dir)`: a real model, imported once per
+    run and options (float32 scales by default: fast on this CPU)."""
+    from mlxbun.gguf.importer import cached_import
+
+    def get(name, **options):
+        path = real_gguf(name, tmp_path_factory)
+        return path, cached_import(path, root=gguf_cache, **options)
+
+    return get

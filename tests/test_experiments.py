@@ -226,13 +226,22 @@ def test_bringup_of_a_refused_checkpoint_records_the_refusal(zoo, tmp_path):
 def test_logit_diff_of_identical_sides_is_zero(tmp_path, monkeypatch):
     monkeypatch.setenv("MLXBUN_LAB_RUN", "lab-run-123")
     side = Side("zoo:llama")
-    d = logit_diff(side, side, n_tokens=40, prefill=16, results_path=tmp_path / "r.sqlite")
+    d = logit_diff(side, side, n_tokens=40, prefill=16, allow_identical=True, results_path=tmp_path / "r.sqlite")
     assert d.stats.count == 24 and d.stats.kld_max == 0.0 and d.stats.same_top_p == 1.0
     assert d.stats.dp_values is not None and not d.stats.dp_values.any()
     rows = _rows(tmp_path / "r.sqlite", experiment="logit_diff")
     assert set(rows["params.lab_run"]) == {"lab-run-123"}
     assert {"kld_mean", "same_top_p", "ppl_ratio"} <= set(rows.metric)
     assert len(rows) == len(d.stats.as_rows())
+
+
+def test_logit_diff_refuses_to_compare_a_model_with_itself(zoo):
+    with pytest.raises(MlxbunError, match="both sides are .* nothing would be compared"):
+        logit_diff(Side("zoo:llama"), Side("zoo:llama"), n_tokens=40, prefill=16, record=False)
+    real = str(zoo("llama"))  # a directory: the zoo's variants and head width do not apply to it
+    assert Side(real, "q4", head_dim=32).path == Side(real).path == zoo("llama")
+    with pytest.raises(MlxbunError, match="both sides are"):
+        logit_diff(Side(real, "float32"), Side(real, "q4"), n_tokens=40, prefill=16, record=False)
 
 
 def test_logit_diff_of_weights_and_of_kv(tmp_path):
@@ -277,6 +286,7 @@ def test_kv_sweep_table_and_rows(tmp_path):
     q4, q8, bad, tq = (df.iloc[i] for i in range(1, 5))
     assert 0 < q8.kld_mean < q4.kld_mean and q4.kv_bytes < q8.kv_bytes < plain.kv_bytes
     assert 0 < tq.kv_bytes_ratio < 1 and tq.kld_mean > 0
+    assert list(df.layers) == ["0/2", "2/2", "2/2", "2/2", "2/2"]  # plain quantizes none; 2 layers: all
     assert math.isnan(bad.kld_mean) and "group size" in bad.error
     rows = _rows(db, experiment="kv_quant")
     fail = rows[rows.metric == "error"]

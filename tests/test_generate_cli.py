@@ -61,8 +61,9 @@ def test_json_output_is_the_library_stream(run, qwen3):
     assert got["prompt_tokens"] == len(tok.encode_prompt(PROMPT))
     assert got["prompt_tps"] > 0 and got["generation_tps"] > 0 and got["peak_memory_gb"] > 0
     assert set(got) == {"text", "tokens", "finish_reason", "prompt_tokens", "prompt_tps",
-                        "generation_tokens", "generation_tps", "peak_memory_gb", "kv_config"}
+                        "generation_tokens", "generation_tps", "peak_memory_gb", "kv_config", "kv_layers"}
     assert got["kv_config"] is None  # the zoo ships no per-layer KV plan
+    assert got["kv_layers"] == []  # and nothing asked for KV quantization
 
 
 def test_checkpoint_path_sampling_and_backends(run, qwen3):
@@ -215,3 +216,18 @@ def test_quantized_kv(run, wide_qwen3):
     assert not all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(ref, plain))
     code, _, err = run("--model", "zoo:qwen3", "--prompt", PROMPT, "--kv-bits", "4", "--kv-group-size", "32")
     assert code == 1 and "head dim 16" in err and err.count("\n") == 1
+
+
+def test_kv_quantization_says_which_layers_it_touches(run, zoo_root):
+    """TurboQuant converts full-attention caches only, and not the last layer (mlx-vlm's rule):
+    on a sliding-window model most layers stay full precision, and the output says which."""
+    code, out, err = run("--model", "zoo:gemma3_text,head_dim=32", "--prompt", PROMPT, "--max-tokens", "2",
+                         "--kv", "turboquant:3.5")
+    assert code == 0, err
+    assert "KV: quantized on 1 layer(s) 2 of 4; full precision: 3 sliding-window layers" in err
+    code, out, _ = run("--model", "zoo:llama,head_dim=32", "--prompt", PROMPT, "--max-tokens", "2",
+                       "--kv", "turboquant:3.5", "--json")
+    assert code == 0 and json.loads(out)["kv_layers"] == [0, 1]  # 2 layers: the last is converted too
+    code, out, _ = run("--model", "zoo:llama,head_dim=32", "--prompt", PROMPT, "--max-tokens", "2",
+                       "--kv", "uniform:4,group=32", "--json")
+    assert code == 0 and json.loads(out)["kv_layers"] == [0, 1]

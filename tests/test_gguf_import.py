@@ -17,7 +17,6 @@ keys back, port bit-exact. Bad files fail with a named GGUFError: exit 1, one li
 """
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -29,29 +28,12 @@ from gguf import quants
 
 from mlxbun import cli
 from mlxbun.gguf.blocks import repack
-from mlxbun.gguf.importer import MARKER, cached_import, import_gguf
+from mlxbun.gguf.importer import MARKER, import_gguf
 from mlxbun.gguf.reader import GGUFError, open_gguf
 from tests.conftest import real_gguf
 from tests.gguf_export import _permute, export_gguf
 
 # ------------------------------------------------------------------ fixtures
-
-
-@pytest.fixture(scope="session")
-def gguf_cache(tmp_path_factory) -> Path:
-    """The import cache every xdist worker of this run shares (cached_import locks per file)."""
-    base = tmp_path_factory.getbasetemp()
-    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gguf-imports"
-
-
-@pytest.fixture(scope="session")
-def real(tmp_path_factory, gguf_cache):
-    """`real(name) -> (gguf path, imported dir)`, imported once per run."""
-    def get(name):
-        path = real_gguf(name, tmp_path_factory)
-        return path, cached_import(path, root=gguf_cache)
-
-    return get
 
 
 @pytest.fixture(scope="session")

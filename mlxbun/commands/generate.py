@@ -118,7 +118,7 @@ def build_prompt(args, tokenizer) -> list[int]:
 def run(args) -> int:
     from mlxbun.cache.prompt_cache import check_save_path
     from mlxbun.generate import check_token_ids, stream_generate, vocab_size_of
-    from mlxbun.generation_caches import KVHeadDimError, make_generation_cache, model_identity_of
+    from mlxbun.generation_caches import KVHeadDimError, kv_layers, make_generation_cache, model_identity_of
     from mlxbun.locate import locate, open_runtime
     from mlxbun.tokenizer import load_tokenizer
 
@@ -170,9 +170,14 @@ def run(args) -> int:
     if from_checkpoint and not args.json:  # (the plan passed the stream's checks)
         print(f"KV: the checkpoint's per-layer plan {plan.source} ({plan.describe()}); "
               "--kv-config none to opt out", file=sys.stderr)
+    coverage = kv_layers(model, kv_bits=kv["kv_bits"], kv_scheme=kv["kv_scheme"], plan=plan)
+    say_kv = (plan is not None or kv["kv_bits"] is not None) and not args.json
     text, tokens, last = "", [], None
     try:
         for last in stream:
+            if say_kv:  # once the first token is out: the caches passed the first quantize point
+                print(f"KV: quantized on {coverage.describe()}", file=sys.stderr)
+                say_kv = False
             text += last.text
             tokens.append(last.token)
             if not args.json:
@@ -198,6 +203,7 @@ def run(args) -> int:
             "kv_config": None if plan is None else {
                 "file": plan.source, "from_checkpoint": from_checkpoint,
                 "layers": [{"layer_idx": i, "bits": b, "group_size": g} for i, (b, g) in plan.layers.items()]},
+            "kv_layers": list(coverage.layers),
             **({"spec": spec_info} if spec else {}),
         }))
     else:

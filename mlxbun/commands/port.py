@@ -83,6 +83,8 @@ def run(args) -> int:
             if r.verdict != "pass":
                 where = f" first divergence: {r.first_divergence['path']}" if r.first_divergence else ""
                 console.print(f"[{style[r.verdict]}]{r.target} {r.dtype}[/]: {r.reason}{where}")
+            if r.note:
+                console.print(f"{r.target}: note: {r.note}")
         n_pass = sum(r.verdict == "pass" for r in results)
         console.print(f"{n_pass}/{len(results)} bit-exact")
     if goldens_dir is None and not args.no_goldens:

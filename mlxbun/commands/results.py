@@ -58,9 +58,8 @@ def run_show(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from mlxbun.results.export import format_cell
-
     from mlxbun.results import ResultsError, default_results_path
+    from mlxbun.results.export import format_cell
 
     try:
         store = _open(args)

@@ -11,6 +11,7 @@ import numpy as np
 
 from mlxbun.errors import MlxbunError
 from mlxbun.experiments.common import model_path, optional_tokenizer
+from mlxbun.generation_caches import kv_layers
 from mlxbun.lab.plots import cmap, figure
 from mlxbun.lab.recording import recording
 from mlxbun.locate import open_runtime
@@ -28,14 +29,14 @@ def kv_grid(uniform_bits: Iterable[int] = (4, 8), group_sizes: Iterable[int] = (
     return specs + [KVSettings("turboquant", float(b)) for b in turboquant_bits]
 
 
-KV_COLUMNS = ["scheme", "bits", "group_size", "label", "context", "kld_mean", "kld_p99", "kld_max",
+KV_COLUMNS = ["scheme", "bits", "group_size", "label", "layers", "context", "kld_mean", "kld_p99", "kld_max",
               "top1_agreement", "kv_bytes", "kv_bytes_ratio", "kv_bytes_allocated", "peak_memory",
               "decode_tps", "error"]
 
 
 def kv_sweep(model: str = "zoo:llama", specs: Sequence[KVSettings] | None = None, *, context_lengths=(64, 192),
              n_eval: int = 32, variant: str = "float32", head_dim: int | None = 64, engine: str = "mlxbun",
-             results_path=None, record: bool = True):
+             text: str | None = None, results_path=None, record: bool = True):
     """Every KV spec at every context length against plain KV on the same model and text.
 
     Per (spec, context): the prompt is `context` tokens, then `n_eval` teacher-forced decode
@@ -43,6 +44,8 @@ def kv_sweep(model: str = "zoo:llama", specs: Sequence[KVSettings] | None = None
     configuration the model cannot take (e.g. a group size that does not divide head_dim)
     gets a failure row in the results table and its message in the `error` column.
     `head_dim` widens a zoo model's heads (`zoo:ARCH,head_dim=N`); other models keep their own.
+    `text` is the evaluation text (None: the zoo corpus). `layers` says which cache layers a
+    configuration quantizes ("2/18": TurboQuant leaves sliding-window layers and the last alone).
     Returns a pandas DataFrame (KV_COLUMNS; plain rows included, ratio 1).
     """
     import pandas as pd
@@ -55,34 +58,36 @@ def kv_sweep(model: str = "zoo:llama", specs: Sequence[KVSettings] | None = None
     tok = optional_tokenizer(path)
     if tok is None:
         raise MlxbunError(f"{path}: no tokenizer to encode the evaluation text")
+    coverage = {spec: kv_layers(m, kv_bits=spec.bits, kv_scheme=spec.scheme) for spec in specs}
     rows = []
     params = {"model": str(model), "variant": variant, "head_dim": head_dim, "engine": engine, "n_eval": n_eval}
     with recording("kv_quant", model=path, params=params, results_path=results_path, record=record) as run:
         for ctx in context_lengths:
-            ids = eval_ids(tok, int(ctx) + n_eval)
+            ids = eval_ids(tok, int(ctx) + n_eval, text)
             base = teacher_forced(m, ids, prefill=int(ctx), kv=KVSettings())
-            rows.append(_kv_row(KVSettings(), ctx, base, None, base.kv_bytes))
+            rows.append(_kv_row(KVSettings(), ctx, base, None, base.kv_bytes, kv_layers(m)))
             if run is not None:
                 _record_kv(run, rows[-1])
             for spec in specs:
                 try:
                     r = teacher_forced(m, ids, prefill=int(ctx), kv=spec)
                 except MlxbunError as e:
-                    rows.append({**_kv_row(spec, ctx, None, None, base.kv_bytes), "error": str(e)})
+                    rows.append({**_kv_row(spec, ctx, None, None, base.kv_bytes, coverage[spec]), "error": str(e)})
                     if run is not None:
                         run.record_failure(str(e), **_kv_params(rows[-1]))
                     continue
                 stats = compare_logits(base.logits, r.logits, r.next_tokens)
-                rows.append(_kv_row(spec, ctx, r, stats, base.kv_bytes))
+                rows.append(_kv_row(spec, ctx, r, stats, base.kv_bytes, coverage[spec]))
                 if run is not None:
                     _record_kv(run, rows[-1])
     return pd.DataFrame(rows, columns=KV_COLUMNS)
 
 
-def _kv_row(spec: KVSettings, ctx: int, r, stats, plain_bytes: int) -> dict:
+def _kv_row(spec: KVSettings, ctx: int, r, stats, plain_bytes: int, coverage) -> dict:
     """One table row; `r` None: the configuration failed; `stats` None: the plain baseline itself."""
     row = dict.fromkeys(KV_COLUMNS, math.nan)
     row.update(scheme=spec.scheme, label=spec.label, context=int(ctx), error=None,
+               layers=f"{len(coverage.layers)}/{coverage.total}",
                bits=spec.bits if spec.bits is not None else math.nan,
                group_size=(spec.group_size or 64) if spec.scheme == "uniform" else math.nan)
     if r is None:
@@ -100,7 +105,7 @@ def _kv_row(spec: KVSettings, ctx: int, r, stats, plain_bytes: int) -> dict:
 def _kv_params(row: dict) -> dict:
     return {"kv": row["label"], "scheme": row["scheme"], "kv_bits": None if math.isnan(row["bits"]) else row["bits"],
             "kv_group_size": None if math.isnan(row["group_size"]) else int(row["group_size"]),
-            "context": row["context"]}
+            "context": row["context"], "layers": row["layers"]}
 
 
 _KV_METRICS = (("kld_mean", "nats"), ("kld_p99", "nats"), ("kld_max", "nats"), ("top1_agreement", None),

@@ -20,7 +20,8 @@ __all__ = ["LogitDiff", "Side", "logit_diff"]
 
 @dataclass(frozen=True)
 class Side:
-    """One configuration of a model: checkpoint (zoo spec + variant / head_dim, or a path),
+    """One configuration of a model: checkpoint (a model name; `variant` and `head_dim` are the
+    zoo's options and mean nothing for another model, whose weights and heads are what they are),
     engine (mlxbun's graph or mlx-lm's) and KV cache."""
 
     model: str = "zoo:llama"
@@ -30,13 +31,17 @@ class Side:
     kv: KVSettings = field(default_factory=KVSettings)
 
     @property
+    def zoo(self) -> bool:
+        return str(self.model).startswith("zoo:")
+
+    @property
     def path(self) -> Path:
-        return model_path(self.model, variant=self.variant, head_dim=self.head_dim)
+        return model_path(self.model, variant=self.variant, head_dim=self.head_dim if self.zoo else None)
 
     @property
     def label(self) -> str:
-        name = self.model + (f"/{self.variant}" if self.model.startswith("zoo:") else "")
-        if self.head_dim is not None:
+        name = str(self.model) + (f"/{self.variant}" if self.zoo else "")
+        if self.head_dim is not None and self.zoo:
             name += f" hd{self.head_dim}"
         return f"{name} [{self.engine}] kv={self.kv.label}"
 
@@ -62,15 +67,23 @@ class LogitDiff:
 
 
 def logit_diff(base: Side, new: Side, *, n_tokens: int = 128, prefill: int = 32, comparison: str | None = None,
-               results_path=None, record: bool = True) -> LogitDiff:
-    """KLD statistics of `new` against `base` over the same text, teacher-forced as decode
-    (see `mlxbun.parity.forced.teacher_forced`): the first `prefill` ids are context, the other positions
-    are scored against the actual next token (so delta-p and perplexities are reported too)."""
+               text: str | None = None, allow_identical: bool = False, results_path=None,
+               record: bool = True) -> LogitDiff:
+    """KLD statistics of `new` against `base` over the same text (`text`, None: the zoo corpus),
+    teacher-forced as decode (see `mlxbun.parity.forced.teacher_forced`): the first `prefill` ids
+    are context, the other positions are scored against the actual next token (so delta-p and
+    perplexities are reported too). Two sides that are the same configuration (same checkpoint,
+    engine and KV cache: e.g. zoo variants asked of a real model) are refused unless
+    `allow_identical` (a self-check: every statistic must then be exact)."""
     pa, pb = base.path, new.path
+    if (pa, base.engine, base.kv) == (pb, new.engine, new.kv) and not allow_identical:
+        raise MlxbunError(f"both sides are {base.label} at {pa}: nothing would be compared (for a model "
+                          "other than the zoo, give the new side its own checkpoint, e.g. an `mlxbun import "
+                          "gguf --quant none` of the same file)")
     tok = optional_tokenizer(pa)
     if tok is None:
         raise MlxbunError(f"{pa}: no tokenizer to encode the evaluation text")
-    ids = eval_ids(tok, n_tokens)
+    ids = eval_ids(tok, n_tokens, text)
     ra = teacher_forced(open_runtime(pa, base.engine), ids, prefill=prefill, kv=base.kv)
     rb = teacher_forced(open_runtime(pb, new.engine), ids, prefill=prefill, kv=new.kv)
     if ra.logits.shape != rb.logits.shape:

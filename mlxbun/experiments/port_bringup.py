@@ -100,6 +100,8 @@ class Bringup:
                 ("max |diff|", p.max_abs_diff), ("verdict", p.verdict), ("reason", p.reason)]
         if p.first_divergence:
             rows.append(("first divergence", p.first_divergence.get("path")))
+        if p.note:
+            rows.append(("note", p.note))
         return pd.DataFrame(rows, columns=["step", "result"]).set_index("step")
 
     def heatmap(self, step: int | None = None):

