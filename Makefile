@@ -12,7 +12,7 @@ OPENBLAS := /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
 PRELOAD  := $(if $(wildcard $(OPENBLAS)),LD_PRELOAD=$(OPENBLAS),)
 JOBS     ?= 2
 
-.PHONY: demo test
+.PHONY: demo test oracle
 # A line per step, and pip's own progress (what it collects, downloads and installs).
 $(VENV)/.installed: pyproject.toml tests/oracles.txt tests/real-models.txt
 	@echo "==> [1/5] $(VENV): a virtual environment of $(PYTHON)"
@@ -33,3 +33,12 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PRELOAD) $(PY) -m pytest -n $(JOBS) -q
+
+# llama.cpp itself, the independent reference of the real (GGUF) models: not part of `make test`.
+# Builds llama-cpp-python from source (cmake + a C compiler; about 9 minutes on 2 cores), then
+# compares it with mlxbun on both real models and rewrites goldens/real-*-llamacpp.json.
+oracle: $(VENV)/.installed
+	@echo "==> llama.cpp (llama-cpp-python 0.3.36, built from source)"
+	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(PY) -m pip install --no-binary llama-cpp-python 'llama-cpp-python==0.3.36'
+	$(PRELOAD) $(PY) benchmarks/llama_cpp_reference.py
