@@ -385,3 +385,13 @@ def test_kv_sweep_of_a_checkpoint_directory_keeps_its_heads(zoo):
                             context_lengths=(16,), n_eval=4, record=False)  # head_dim=64 applies to zoo: only
     assert df.label.tolist() == ["plain", "turboquant 3.5-bit", "uniform 4-bit g32"]
     assert df.kld_mean.iloc[1] > 0 and "group size" in df.error.iloc[2]  # the zoo's head_dim is 16
+
+
+def test_kv_sweep_takes_per_layer_plans():
+    plan = [{"layer_idx": 0, "bits": 4, "group_size": 64}]  # optiq's kv_config entries
+    df = kv_quant.kv_sweep("zoo:llama", [KVSettings("uniform", 4, 64)], plans={"layer 0 at 4 bits": plan},
+                           context_lengths=(24,), n_eval=8, record=False)
+    plain, q4, mixed = (df.iloc[i] for i in range(3))
+    assert mixed.scheme == "mixed" and mixed.label == "layer 0 at 4 bits" and mixed.layers == "1/2"
+    assert 0 < mixed.kld_mean and q4.kv_bytes < mixed.kv_bytes < plain.kv_bytes  # half the layers at 4 bits
+    assert plain.ppl_ratio == 1.0 and q4.ppl_ratio > 0 and q4.kld_p999 >= q4.kld_p99

@@ -5,13 +5,13 @@ same model and text: KLD, top-1 agreement, KV bytes, peak memory, decode speed, 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from mlxbun.errors import MlxbunError
 from mlxbun.experiments.common import model_path, optional_tokenizer
-from mlxbun.generation_caches import kv_layers
+from mlxbun.generation_caches import kv_layers, load_kv_plan, make_generation_cache
 from mlxbun.lab.plots import cmap, figure
 from mlxbun.lab.recording import recording
 from mlxbun.locate import open_runtime
@@ -29,14 +29,15 @@ def kv_grid(uniform_bits: Iterable[int] = (4, 8), group_sizes: Iterable[int] = (
     return specs + [KVSettings("turboquant", float(b)) for b in turboquant_bits]
 
 
-KV_COLUMNS = ["scheme", "bits", "group_size", "label", "layers", "context", "kld_mean", "kld_p99", "kld_max",
-              "top1_agreement", "kv_bytes", "kv_bytes_ratio", "kv_bytes_allocated", "peak_memory",
+KV_COLUMNS = ["scheme", "bits", "group_size", "label", "layers", "context", "kld_mean", "kld_p99", "kld_p999",
+              "kld_max", "top1_agreement", "ppl_ratio", "kv_bytes", "kv_bytes_ratio", "kv_bytes_allocated", "peak_memory",
               "decode_tps", "error"]
 
 
 def kv_sweep(model: str = "zoo:llama", specs: Sequence[KVSettings] | None = None, *, context_lengths=(64, 192),
              n_eval: int = 32, variant: str = "float32", head_dim: int | None = 64, engine: str = "mlxbun",
-             text: str | None = None, results_path=None, record: bool = True):
+             text: str | None = None, plans: Mapping[str, Any] | None = None, results_path=None,
+             record: bool = True):
     """Every KV spec at every context length against plain KV on the same model and text.
 
     Per (spec, context): the prompt is `context` tokens, then `n_eval` teacher-forced decode
@@ -46,6 +47,8 @@ def kv_sweep(model: str = "zoo:llama", specs: Sequence[KVSettings] | None = None
     `head_dim` widens a zoo model's heads (`zoo:ARCH,head_dim=N`); other models keep their own.
     `text` is the evaluation text (None: the zoo corpus). `layers` says which cache layers a
     configuration quantizes ("2/18": TurboQuant leaves sliding-window layers and the last alone).
+    `plans` adds per-layer KV plans (name -> a KVPlan or an optiq kv_config: entries or a file),
+    each a row of scheme "mixed".
     Returns a pandas DataFrame (KV_COLUMNS; plain rows included, ratio 1).
     """
     import pandas as pd
@@ -58,35 +61,40 @@ def kv_sweep(model: str = "zoo:llama", specs: Sequence[KVSettings] | None = None
     tok = optional_tokenizer(path)
     if tok is None:
         raise MlxbunError(f"{path}: no tokenizer to encode the evaluation text")
-    coverage = {spec: kv_layers(m, kv_bits=spec.bits, kv_scheme=spec.scheme) for spec in specs}
+    n_layers = len(make_generation_cache(m))
+    configs = [(spec, spec.label, None) for spec in specs]
+    configs += [(KVSettings(), name, load_kv_plan(plan, n_layers)) for name, plan in (plans or {}).items()]
+    coverage = {label: kv_layers(m, kv_bits=spec.bits, kv_scheme=spec.scheme, plan=plan)
+                for spec, label, plan in configs}
     rows = []
     params = {"model": str(model), "variant": variant, "head_dim": head_dim, "engine": engine, "n_eval": n_eval}
     with recording("kv_quant", model=path, params=params, results_path=results_path, record=record) as run:
         for ctx in context_lengths:
             ids = eval_ids(tok, int(ctx) + n_eval, text)
             base = teacher_forced(m, ids, prefill=int(ctx), kv=KVSettings())
-            rows.append(_kv_row(KVSettings(), ctx, base, None, base.kv_bytes, kv_layers(m)))
+            rows.append(_kv_row(KVSettings(), "plain", ctx, base, None, base.kv_bytes, kv_layers(m)))
             if run is not None:
                 _record_kv(run, rows[-1])
-            for spec in specs:
+            for spec, label, plan in configs:
                 try:
-                    r = teacher_forced(m, ids, prefill=int(ctx), kv=spec)
+                    r = teacher_forced(m, ids, prefill=int(ctx), kv=spec, plan=plan)
                 except MlxbunError as e:
-                    rows.append({**_kv_row(spec, ctx, None, None, base.kv_bytes, coverage[spec]), "error": str(e)})
+                    rows.append({**_kv_row(spec, label, ctx, None, None, base.kv_bytes, coverage[label], plan),
+                                 "error": str(e)})
                     if run is not None:
                         run.record_failure(str(e), **_kv_params(rows[-1]))
                     continue
                 stats = compare_logits(base.logits, r.logits, r.next_tokens)
-                rows.append(_kv_row(spec, ctx, r, stats, base.kv_bytes, coverage[spec]))
+                rows.append(_kv_row(spec, label, ctx, r, stats, base.kv_bytes, coverage[label], plan))
                 if run is not None:
                     _record_kv(run, rows[-1])
     return pd.DataFrame(rows, columns=KV_COLUMNS)
 
 
-def _kv_row(spec: KVSettings, ctx: int, r, stats, plain_bytes: int, coverage) -> dict:
+def _kv_row(spec: KVSettings, label: str, ctx: int, r, stats, plain_bytes: int, coverage, plan=None) -> dict:
     """One table row; `r` None: the configuration failed; `stats` None: the plain baseline itself."""
     row = dict.fromkeys(KV_COLUMNS, math.nan)
-    row.update(scheme=spec.scheme, label=spec.label, context=int(ctx), error=None,
+    row.update(scheme="mixed" if plan is not None else spec.scheme, label=label, context=int(ctx), error=None,
                layers=f"{len(coverage.layers)}/{coverage.total}",
                bits=spec.bits if spec.bits is not None else math.nan,
                group_size=(spec.group_size or 64) if spec.scheme == "uniform" else math.nan)
@@ -95,10 +103,11 @@ def _kv_row(spec: KVSettings, ctx: int, r, stats, plain_bytes: int, coverage) ->
     row.update(kv_bytes=r.kv_bytes, kv_bytes_ratio=r.kv_bytes / plain_bytes if plain_bytes else math.nan,
                kv_bytes_allocated=r.kv_bytes_allocated, peak_memory=r.peak_memory, decode_tps=r.decode_tps)
     if stats is None:
-        row.update(kld_mean=0.0, kld_p99=0.0, kld_max=0.0, top1_agreement=1.0)
+        row.update(kld_mean=0.0, kld_p99=0.0, kld_p999=0.0, kld_max=0.0, top1_agreement=1.0, ppl_ratio=1.0)
     else:
-        row.update(kld_mean=stats.kld_mean, kld_p99=stats.kld_percentiles["99"], kld_max=stats.kld_max,
-                   top1_agreement=stats.same_top_p)
+        row.update(kld_mean=stats.kld_mean, kld_p99=stats.kld_percentiles["99"],
+                   kld_p999=stats.kld_percentiles["99.9"], kld_max=stats.kld_max, top1_agreement=stats.same_top_p,
+                   ppl_ratio=stats.ppl_ratio if stats.ppl_ratio is not None else math.nan)
     return row
 
 
@@ -108,7 +117,8 @@ def _kv_params(row: dict) -> dict:
             "context": row["context"], "layers": row["layers"]}
 
 
-_KV_METRICS = (("kld_mean", "nats"), ("kld_p99", "nats"), ("kld_max", "nats"), ("top1_agreement", None),
+_KV_METRICS = (("kld_mean", "nats"), ("kld_p99", "nats"), ("kld_p999", "nats"), ("kld_max", "nats"),
+               ("top1_agreement", None), ("ppl_ratio", None),
                ("kv_bytes", "bytes"), ("kv_bytes_allocated", "bytes"), ("peak_memory", "bytes"),
                ("decode_tps", "tok/s"))
 

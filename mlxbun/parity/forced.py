@@ -19,7 +19,7 @@ from mlx.utils import tree_flatten
 
 from mlxbun.errors import MlxbunError
 from mlxbun.generate import check_token_ids, vocab_size_of
-from mlxbun.generation_caches import attention_routing, kv_quantizer, make_generation_cache
+from mlxbun.generation_caches import attention_routing, kv_quantizer, load_kv_plan, make_generation_cache
 from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.names import KVSettings
 
@@ -76,8 +76,10 @@ def cache_nbytes(cache: Sequence[Any]) -> tuple[int, int]:
     return sum(_used_bytes(c) for c in cache), int(sum(getattr(c, "nbytes", 0) or 0 for c in cache))
 
 
-def teacher_forced(model, ids: Sequence[int], *, prefill: int, kv: KVSettings = KVSettings()) -> ForcedRun:
+def teacher_forced(model, ids: Sequence[int], *, prefill: int, kv: KVSettings = KVSettings(),
+                   plan=None) -> ForcedRun:
     """Feed `ids` as generation would, but with the known next token instead of a sampled one.
+    `plan`: a per-layer KV plan (a `KVPlan`, or what `load_kv_plan` reads) instead of `kv`.
 
     ids[:prefill-1] go in as one prefill forward; the KV cache is then quantized (as mlx-lm's
     generate_step does after each prefill chunk), and ids[prefill-1:-1] follow one token at a
@@ -90,7 +92,11 @@ def teacher_forced(model, ids: Sequence[int], *, prefill: int, kv: KVSettings = 
     model = ensure_runtime(model)
     check_token_ids(ids, vocab_size_of(model), "ids")
     cache = make_generation_cache(model)
-    quantize = kv_quantizer(kv.scheme if kv.quantized else "uniform", kv.bits, kv.group, kv.start)
+    if plan is not None:
+        if kv.quantized:
+            raise MlxbunError("give a per-layer KV plan or quantized KV settings, not both")
+        plan = load_kv_plan(plan, len(cache))
+    quantize = kv_quantizer(kv.scheme if kv.quantized else "uniform", kv.bits, kv.group, kv.start, plan)
     mx.synchronize()
     mx.reset_peak_memory()
     with attention_routing(kv.scheme == "turboquant"):
