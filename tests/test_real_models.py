@@ -132,3 +132,12 @@ def test_the_import_predicts_what_llama_cpp_predicts(real, name):
             out.append(int(mx.argmax(logits[0, -1])))
             logits = model(mx.array([[out[-1]]]), cache=cache)
         assert out == p["greedy"][:4], (p["text"], out, p["greedy"][:4])
+
+
+def test_the_readme_real_model_example(real, capsys):
+    """README: `mlxbun generate --model smollm2 --chat --prompt "What is the capital of France?"`."""
+    _, smollm2 = real("smollm2")
+    code = cli.main(["generate", "--model", str(smollm2), "--chat", "--prompt", "What is the capital of France?",
+                     "--max-tokens", "16", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["text"] == "The capital of France is Paris." and out["finish_reason"] == "stop"

@@ -17,7 +17,8 @@ def register(sub) -> None:
 
 _EMPTY_HINT = """To put a model there, build a tiny one: mlxbun zoo build ARCH --hf-cache --out {cache}
   (`mlxbun zoo list` names the archs; models downloaded from the Hugging Face hub land there too).
-To list a checkpoint directory elsewhere: mlxbun ls DIR"""
+To list a checkpoint directory elsewhere: mlxbun ls DIR
+A llama.cpp GGUF file becomes one with: mlxbun import gguf FILE --out DIR"""
 
 
 def _human_bytes(n: int | None) -> str:
