@@ -19,7 +19,7 @@ PACKAGE = ROOT / "mlxbun"
 # its own unit; `mlxbun` is the package's own __init__, the lazy `load_model_config` /
 # `open_model` facade).
 LAYERS = [
-    ("foundation", {"errors", "attention", "config_reader", "sampling", "chat_template", "detokenizer",
+    ("foundation", {"errors", "atomic", "attention", "config_reader", "sampling", "chat_template", "detokenizer",
                     "quant", "layer_facts", "tokenizer", "config", "weights", "weight_audit",
                     "snapshot_identity"}),
     ("caches", {"cache"}),

@@ -29,12 +29,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from mlxbun.atomic import replace_dir
 from mlxbun.gguf.archs import arch_for, hf_name, undo_converter
 from mlxbun.gguf.blocks import Packed
 from mlxbun.gguf.reader import GGUFError, Metadata, fingerprint, open_gguf, read_metadata
 from mlxbun.gguf.tensors import DTYPES, FLOAT_TYPES, read_tensor, readable, to_mlx
 from mlxbun.gguf.tokenizer import tokenizer_files
-from mlxbun.gguf.writer import SHARD_BYTES, ShardWriter, land, staging, write_json
+from mlxbun.gguf.writer import SHARD_BYTES, ShardWriter, staging, write_json
 
 __all__ = ["DEFAULT_DTYPE", "MARKER", "QUANTS", "ImportResult", "cache_root", "cached_import", "import_gguf"]
 
@@ -226,7 +227,7 @@ def import_gguf(path: Union[str, os.PathLike], out: Union[str, os.PathLike], *, 
             "source": str(path.resolve()), "fingerprint": fp, "dtype": dtype, "quant": quant,
             "arch": arch.gguf, "importer": importer_version()})
         _self_check(built)
-        land(built, out)
+        replace_dir(built, out)
     res.seconds = time.perf_counter() - start
     return res
 

@@ -3,7 +3,7 @@
     ShardWriter(dir).add({...}); ShardWriter.close()   model.safetensors, or model-0000i-of-0000n
                                                        shards + model.safetensors.index.json
     write_json(dir, name, obj)
-    land(built, out)                                   rename into place (an older `out` is moved
+    mlxbun.atomic.replace_dir(built, out)              rename into place (an older `out` is moved
                                                        aside first, then removed)
 
 Everything is written into a temp directory next to the target first (`staging`), so a
@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["SHARD_BYTES", "ShardWriter", "land", "staging", "write_json"]
+__all__ = ["SHARD_BYTES", "ShardWriter", "staging", "write_json"]
 
 SHARD_BYTES = 5 * 2**30  # mlx-lm's shard size
 
@@ -84,7 +84,7 @@ def write_json(directory: Path, name: str, obj: Any) -> None:
 @contextlib.contextmanager
 def staging(out: Path) -> Iterator[Path]:
     """An empty temp directory next to `out`, removed on the way out whatever happened
-    (after a successful `land` it is already gone)."""
+    (after a successful `replace_dir` it is already gone)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
     try:
@@ -93,14 +93,3 @@ def staging(out: Path) -> Iterator[Path]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def land(built: Path, out: Path) -> None:
-    """Move `built` to `out`, replacing an existing `out` (moved aside first, then removed)."""
-    if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
-    if out.exists():
-        trash = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, trash)
-        os.replace(built, out)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(built, out)

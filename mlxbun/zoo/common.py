@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
+from mlxbun.atomic import replace_dir
 from mlxbun.errors import MlxbunError
 
 DTYPES = {"float32": "", "float16": "fp16", "bfloat16": "bf16"}  # dtype -> name suffix
@@ -125,17 +126,6 @@ def check_replaceable(final: Path) -> None:
     if others:
         raise ZooArgumentError(f"{final} holds files the zoo did not write ({', '.join(others)}): "
                                "move them away before rebuilding, or build into another directory")
-
-
-def replace_dir(new: Path, final: Path) -> None:
-    """Move `new` to `final`, replacing an existing `final` (moved aside first, then removed)."""
-    if final.exists():
-        trash = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.replace(final, trash)
-        os.replace(new, final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(new, final)
 
 
 def _land_in_place(built: Path, out_dir: Path) -> Path:

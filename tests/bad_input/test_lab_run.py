@@ -9,25 +9,17 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from tests.bad_input.helpers import subprocess_mlxbun, tree
+from tests.test_lab import write_nb
 
 
 def mlxbun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess_mlxbun(*args, cwd=cwd, env={"MLXBUN_RESULTS": str(cwd / "default-results.sqlite")})
 
 
-def notebook(path: Path, *cells: str, params: str | None = "x = 1") -> Path:
-    cs = [new_markdown_cell("# a notebook")]
-    if params is not None:
-        p = new_code_cell(params)
-        p.metadata["tags"] = ["parameters"]
-        cs.append(p)
-    cs += [new_code_cell(c) for c in cells]
-    nbformat.write(new_notebook(cells=cs, metadata={"kernelspec": {"name": "python3", "language": "python",
-                                                                   "display_name": "Python 3"}}), path)
-    return path
+def notebook(path: Path, *cells: str) -> Path:
+    return write_nb(path, *cells, params="x = 1")
 
 
 @pytest.fixture
