@@ -17,6 +17,7 @@ Every number comes from a library call (the experiment drivers of `mlxbun.experi
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import platform
 import sys
@@ -81,7 +82,7 @@ def kv_section(name: str, model: Path, results) -> list[str]:
              "| KV cache | layers quantized | KV bytes / token | mean KLD | 99.9 % KLD | same top-1 | PPL ratio |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in df.itertuples():
-        if r.error:
+        if isinstance(r.error, str):  # a configuration the model cannot take (the table says why)
             lines.append(f"| {r.label} | {r.layers} | refused: {r.error.split(':')[-1].strip()[:90]} | | | | |")
             continue
         lines.append(f"| {r.label} | {r.layers} | {r.kv_bytes / tokens:,.0f} | {_fmt(r.kld_mean, '.5f')} | "
@@ -134,26 +135,33 @@ def main(argv=None) -> int:
     p.add_argument("--work", default=str(ROOT / ".oracle-work"), help="where the imports go")
     p.add_argument("--results", default=None, help="results table path (default: the user's)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "real-models.md"))
+    p.add_argument("--models", default=",".join(MODELS), help="measure these again (others: their saved tables)")
     args = p.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     env = environment()
     sections: dict[str, list[str]] = {"kv": [], "weights": [], "spec": [], "speed": []}
     tic = time.perf_counter()
-    for name in MODELS:
+    for name in args.models.split(","):  # each model's tables saved as measured
         gguf = real_gguf(name, _Factory(work))
         dense = cached_import(gguf, root=work, quant="none")  # float32: BLAS matmuls, seconds not minutes
-        sections["kv"] += kv_section(name, dense, args.results) + [""]
-        sections["weights"] += weights_section(name, gguf, work, args.results) + [""]
-        sections["spec"] += spec_section(name, dense, args.results) + [""]
-        sections["speed"] += speed_section(name, cached_import(gguf, root=work), args.results) + [""]
+        tables = {"kv": kv_section(name, dense, args.results),
+                  "weights": weights_section(name, gguf, work, args.results),
+                  "spec": spec_section(name, dense, args.results),
+                  "speed": speed_section(name, cached_import(gguf, root=work), args.results)}
+        (work / f"real-{name}-tables.json").write_text(json.dumps(tables))
+    for name in MODELS:
+        saved = work / f"real-{name}-tables.json"
+        if saved.is_file():
+            for key, lines in json.loads(saved.read_text()).items():
+                sections[key] += lines + [""]
     oracle = work / "llama-cpp-table.md"
     text = "\n".join([
         "# Real models: SmolLM2-135M-Instruct and Gemma-3-270M",
         "",
         f"Machine: {platform.machine()} {env.get('cpu') or platform.processor()}, {env.get('cpu_count')} cores, "
         f"mlx {mx.__version__} ({env.get('backend')}), mlxbun at {env.get('revision') or 'unknown revision'}; "
-        f"took {(time.perf_counter() - tic) / 60:.0f} minutes.",
+        f"this run took {(time.perf_counter() - tic) / 60:.0f} minutes.",
         "",
         "Command: `LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 .venv/bin/python "
         "benchmarks/real_models.py` (the mlxbun-vs-llama.cpp section: `make oracle`). The models are the GGUF "
