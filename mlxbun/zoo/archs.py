@@ -99,6 +99,16 @@ def _gpt_neox_post(cfg: dict) -> None:
     cfg["rotary_pct"] = cfg["partial_rotary_factor"]
 
 
+def _qwen3_moe_post(cfg: dict) -> None:
+    # transformers 5 spells the expert count num_local_experts; Qwen3 MoE hub configs (and
+    # mlx-lm) say num_experts
+    cfg["num_experts"] = cfg.pop("num_local_experts")
+
+
+# MoE rows: 4 experts, 2 per token, expert width 64 (a quantization group), so a 40-token
+# prompt routes 80 picks (mlx-lm's sorted-indices path) and a decode step 2 (the unsorted one)
+MOE_EXPERTS, MOE_TOP_K, MOE_INTERMEDIATE = 4, 2, 64
+
 _ROWS = (
     Arch("llama", "LlamaForCausalLM", "LlamaConfig", kv_heads=2,
          knobs={"rope_parameters": _llama3(500000.0, 8.0)}),
@@ -182,6 +192,20 @@ _ROWS = (
              "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
              "llama_4_scaling_beta": 0.1}}),
     Arch("nanochat", "NanoChatForCausalLM", "NanoChatConfig"),
+    # ---- mixture of experts
+    # Qwen3-30B-A3B's knobs: renormalized top-k, every layer MoE
+    Arch("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", kv_heads=2,
+         knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "norm_topk_prob": True},
+         extra={"head_dim": HEAD_DIM}, post=_qwen3_moe_post),
+    Arch("qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig", kv_heads=2,
+         knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE,
+                "shared_expert_intermediate_size": INTERMEDIATE}),
+    Arch("mixtral", "MixtralForCausalLM", "MixtralConfig", kv_heads=2,
+         knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K}),
+    Arch("olmoe", "OlmoeForCausalLM", "OlmoeConfig",
+         knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K}),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS}
@@ -195,6 +219,22 @@ def get_arch(arch: str) -> Arch:
         raise UnsupportedModelError(
             f"unknown zoo arch {arch!r}; known archs: {', '.join(ARCHS)}"
         ) from None
+
+
+def runnable_variants(arch: str) -> tuple[str, ...]:
+    """The weight variants (`mlxbun.names.ZOO_VARIANTS`) of `arch` that mlx can run on this
+    device: all six, except unquantized float16 / bfloat16 experts where `gather_mm` takes
+    float32 only (mlx's CPU backend). `mlxbun port`'s default 'all' means these."""
+    from mlxbun.config import MODEL_REMAPPING
+    from mlxbun.models.switch_layers import gather_mm_supported
+    from mlxbun.models.universal.table import DESCRIPTORS
+    from mlxbun.names import ZOO_VARIANTS
+
+    get_arch(arch)
+    d = DESCRIPTORS.get(MODEL_REMAPPING.get(arch, arch))
+    experts = d is not None and d.moe is not None
+    return tuple(v for v, opts in ZOO_VARIANTS.items()
+                 if not (experts and "dtype" in opts and not gather_mm_supported(opts["dtype"])))
 
 
 def _transformers_config_class(name: str):

@@ -20,12 +20,17 @@ from mlxbun.models.universal.schema import (
     LayerKnobs,
     LogitScale,
     MlpKnobs,
+    MoEKnobs,
+    MoENames,
     Names,
     NormKnobs,
     NormNames,
     QKNormKnobs,
     RopeKnobs,
+    RouterKnobs,
     SanitizeRule,
+    SharedKnobs,
+    StackExperts,
 )
 
 __all__ = ["DESCRIPTORS"]
@@ -502,4 +507,93 @@ _ROWS = [
     ),
 ]
 
-DESCRIPTORS: dict[str, ArchDescriptor] = {d.model_type: d for d in _ROWS}
+# ----------------------------------------------------------------- mixture of experts
+
+_STACK = SanitizeRule("stack_experts", StackExperts(),
+                      "per-expert HF tensors stacked into the fused SwitchGLU weights")
+_STACK_W123 = SanitizeRule("stack_experts", StackExperts(
+    (("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj"))),
+    "per-expert HF tensors (w1/w2/w3) stacked into the fused SwitchGLU weights")
+_HF_WINDOW = {k: "mlx-lm runs every layer with global attention"
+              for k in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")}
+_ROUTER_TRAINING = {"output_router_logits": "training-time router loss output",
+                    "router_jitter_noise": "training-time router noise"}
+
+_MOE_ROWS = [
+    ArchDescriptor(
+        "qwen3_moe",
+        _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
+                "num_attention_heads", "num_experts", "num_experts_per_tok", "decoder_sparse_step",
+                "mlp_only_layers", "moe_intermediate_size", "rms_norm_eps", "vocab_size",
+                "num_key_value_heads", "head_dim", "rope_theta", "tie_word_embeddings",
+                "max_position_embeddings", "norm_topk_prob", rope_scaling=None),
+        head_dim="field", qk_norm=QKNormKnobs("rms", "heads"),
+        rope=RopeKnobs(traditional=False, scaling=None, max_positions=None),
+        moe=MoEKnobs(router=RouterKnobs("softmax_topk", select="last", norm_topk="norm_topk_prob"),
+                     layers="sparse_step", combine="sum_cast"),
+        sanitize=(_DROP_TIED, SanitizeRule("stack_experts", StackExperts(keys=("weight",)),
+                                           "per-expert HF weights stacked into the fused SwitchGLU")),
+        accepted_values=_SILU,
+        ignored_keys={**_HF_WINDOW, **_ROUTER_TRAINING,
+                      "attention_bias": "mlx-lm's qwen3_moe has no attention biases"},
+        notes="rope_scaling is read but never applied by mlx-lm (plain RoPE); the router gate is "
+              "quantized at 8 bits by mlx-lm's convert.",
+    ),
+    ArchDescriptor(
+        "qwen2_moe",
+        _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
+                "num_attention_heads", "num_experts_per_tok", "num_experts", "moe_intermediate_size",
+                "shared_expert_intermediate_size", "rms_norm_eps", "vocab_size",
+                num_key_value_heads=None, rope_theta=1000000, rope_traditional=False,
+                rope_scaling=None, tie_word_embeddings=False),
+        ("kv_heads_default", "linear_rope_scaling"), head_dim="split", attn_bias=True, out_bias=False,
+        rope=RopeKnobs(scaling=None, max_positions=None), head=HeadKnobs(tie=False),
+        moe=MoEKnobs(shared=SharedKnobs("sigmoid_gated", size="shared_expert_intermediate_size"),
+                     names=MoENames(shared="shared_expert")),
+        sanitize=(_STACK,), accepted_values=_SILU,
+        ignored_keys={**_HF_WINDOW, **_ROUTER_TRAINING,
+                      "decoder_sparse_step": "mlx-lm's qwen2_moe puts the MoE block on every layer",
+                      "mlp_only_layers": "mlx-lm's qwen2_moe puts the MoE block on every layer",
+                      "norm_topk_prob": "mlx-lm's qwen2_moe never renormalizes the top-k weights",
+                      "qkv_bias": "mlx-lm's qwen2_moe always has q/k/v biases",
+                      "max_position_embeddings": "mlx-lm's qwen2_moe rope is unscaled"},
+        notes="every layer is MoE and the top-k weights are never renormalized (decoder_sparse_step, "
+              "mlp_only_layers, norm_topk_prob ignored); lm_head always untied.",
+    ),
+    ArchDescriptor(
+        "mixtral",
+        dict(model_type=REQUIRED, vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+             num_hidden_layers=32, num_attention_heads=32, num_experts_per_tok=2,
+             num_key_value_heads=8, num_local_experts=8, rms_norm_eps=1e-5, rope_theta=1e6,
+             rope_traditional=False, rope_scaling=None, tie_word_embeddings=False),
+        ("kv_heads_default",), head_dim="split",
+        rope=RopeKnobs(scaling=None, max_positions=None),
+        moe=MoEKnobs(experts="num_local_experts", size="intermediate_size",
+                     router=RouterKnobs("topk_softmax"), names=MoENames(block="block_sparse_moe")),
+        sanitize=(_DROP_TIED, _STACK_W123), accepted_values=_SILU,
+        ignored_keys={**_ROUTER_TRAINING,
+                      "sliding_window": "mlx-lm's mixtral has no sliding window",
+                      "max_position_embeddings": "mlx-lm's mixtral rope is unscaled"},
+        notes="softmax over the top-k logits only; rope_scaling is read but never applied.",
+    ),
+    ArchDescriptor(
+        "olmoe",
+        _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
+                "num_attention_heads", "rms_norm_eps", "vocab_size", "num_experts",
+                "num_experts_per_tok", norm_topk_prob=False, head_dim=None,
+                max_position_embeddings=None, num_key_value_heads=None, attention_bias=False,
+                mlp_bias=False, rope_theta=10000, rope_traditional=False, rope_scaling=None,
+                tie_word_embeddings=True),
+        ("kv_heads_default",), attn_bias="attention_bias", out_bias="attention_bias",
+        qk_norm=QKNormKnobs("rms", "flat"),
+        moe=MoEKnobs(size="intermediate_size", expert_bias="mlp_bias", flat_tokens=True,
+                     router=RouterKnobs("softmax_topk", norm_topk="norm_topk_prob")),
+        sanitize=(_STACK,), accepted_values=_SILU,
+        ignored_keys={**_ROUTER_TRAINING,
+                      "clip_qkv": "mlx-lm's olmoe does not clip q/k/v (null in OLMoE's configs)"},
+        notes="tokens are routed flattened ([B*L, D]); mlx-lm's olmoe does not drop lm_head.weight "
+              "when tied.",
+    ),
+]
+
+DESCRIPTORS: dict[str, ArchDescriptor] = {d.model_type: d for d in _ROWS + _MOE_ROWS}
