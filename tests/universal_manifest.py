@@ -64,5 +64,9 @@ MANIFEST = {
         Entry("qwen2_moe", EXPERT_VARIANTS),
         Entry("mixtral", EXPERT_VARIANTS),
         Entry("olmoe", EXPERT_VARIANTS),
+        Entry("granitemoe", EXPERT_VARIANTS),
+        Entry("glm4_moe", EXPERT_VARIANTS),
+        Entry("dots1", EXPERT_VARIANTS),
+        Entry("deepseek", EXPERT_VARIANTS),
     ]
 }

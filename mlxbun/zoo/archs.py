@@ -206,6 +206,33 @@ _ROWS = (
          knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K}),
     Arch("olmoe", "OlmoeForCausalLM", "OlmoeConfig",
          knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K}),
+    # granite-3 MoE multipliers, as the dense granite row
+    Arch("granitemoe", "GraniteMoeForCausalLM", "GraniteMoeConfig", kv_heads=2,
+         knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "embedding_multiplier": 12.0, "attention_multiplier": 0.0625,
+                "residual_multiplier": 0.22, "logits_scaling": 8.0}),
+    # GLM-4.5's knobs: layer 0 dense, one shared expert, routed scaling 2.5, q/k biases
+    Arch("glm4_moe", "Glm4MoeForCausalLM", "Glm4MoeConfig", kv_heads=2,
+         knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "n_shared_experts": 1,
+                "first_k_dense_replace": 1, "routed_scaling_factor": 2.5, "attention_bias": True},
+         extra={"head_dim": HEAD_DIM}),
+    # dots.llm1's knobs: layer 0 dense, renormalized top-k, routed scaling 2.5
+    Arch("dots1", "Dots1ForCausalLM", "Dots1Config", kv_heads=2,
+         knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "n_shared_experts": 2,
+                "first_k_dense_replace": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True}),
+    # no transformers class: the keys of deepseek-ai/deepseek-moe-16b-base's config
+    Arch("deepseek", "DeepseekForCausalLM", base={
+        "model_type": "deepseek", "attention_bias": False, "attention_dropout": 0.0,
+        "aux_loss_alpha": 0.001, "first_k_dense_replace": 1, "hidden_act": "silu",
+        "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": INTERMEDIATE,
+        "max_position_embeddings": MAX_POSITIONS, "moe_intermediate_size": MOE_INTERMEDIATE,
+        "moe_layer_freq": 1, "n_routed_experts": MOE_EXPERTS, "n_shared_experts": 2,
+        "norm_topk_prob": False, "num_attention_heads": HEADS, "num_experts_per_tok": MOE_TOP_K,
+        "num_hidden_layers": 2, "num_key_value_heads": HEADS, "pretraining_tp": 1,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000, "scoring_func": "softmax",
+        "seq_aux": True, "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS}

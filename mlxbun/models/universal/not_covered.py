@@ -47,7 +47,6 @@ NOT_COVERED: dict[str, str] = {
     "solar_open": f"{_MOE}: glm4_moe's graph under its own ModelArgs; not yet a row",
     "step3p5": f"{_MOE}: clamped SwiGLU, zero-centred RMSNorm, gated attention, moe_layers_enum",
     "laguna": f"{_MOE}: its own MoE gate and sliding / global attention pattern",
-    **dict.fromkeys(["deepseek", "dots1", "glm4_moe", "granitemoe"], _MOE),
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3", "falcon_h1",
          "gear", "granitemoehybrid", "jamba", "kimi_linear", "lfm2", "lfm2_moe", "longcat_flash_ngram",
