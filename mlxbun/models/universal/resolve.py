@@ -60,7 +60,7 @@ def descriptor_for(model_type: str) -> ArchDescriptor:
     why = f" ({NOT_COVERED[mt]})" if mt in NOT_COVERED else ""
     shown = model_type if mt == model_type else f"{model_type} (mlx-lm: {mt})"
     raise UnsupportedModelError(
-        f"model_type '{shown}' is not supported by the universal dense graph{why}; "
+        f"model_type '{shown}' is not supported by the universal graph{why}; "
         f"supported: {supported}"
     )
 
