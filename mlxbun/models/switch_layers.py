@@ -113,6 +113,11 @@ class SwiGLU(nn.Module):
         return swiglu(gate, x)
 
 
+# mlx-lm's SwitchGLU default `activation=SwiGLU()` is one instance shared by every SwitchGLU;
+# mlxbun shares one too, so taps record its calls under the same paths on both sides.
+_SHARED_SWIGLU = SwiGLU()
+
+
 class SwitchGLU(nn.Module):
     """mlx-lm's SwitchGLU: gate/up/down SwitchLinears, tokens sorted by expert from 64 picks."""
 
@@ -125,7 +130,7 @@ class SwitchGLU(nn.Module):
         setattr(self, gate, SwitchLinear(input_dims, hidden_dims, num_experts, bias=bias))
         setattr(self, up, SwitchLinear(input_dims, hidden_dims, num_experts, bias=bias))
         setattr(self, down, SwitchLinear(hidden_dims, input_dims, num_experts, bias=bias))
-        self.activation = activation if activation is not None else SwiGLU()
+        self.activation = activation if activation is not None else _SHARED_SWIGLU
 
     def __call__(self, x, indices) -> mx.array:
         gate, up, down = self._names

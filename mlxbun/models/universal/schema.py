@@ -536,7 +536,8 @@ def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
         raise d.error(f"moe.router.norm_topk with {r.kind.value!r}: the softmax over the k chosen "
                       "experts is already normalized (no such branch)")
     if m.shared is not None and m.shared.size is SharedSize.MOE_TIMES_N and m.shared.count is None:
-        raise d.error("moe.shared.size 'moe_times_n' needs moe.shared.count (the shared-expert count field)")
+        raise d.error("moe.shared.size 'moe_times_n' needs moe.shared.count (the shared-expert count "
+                      "field, e.g. n_shared_experts)")
     n = m.names
     block = n.block or d.names.mlp
     inside = [n.gate, n.switch] + ([n.router] if r.gate is GateKind.LINEAR else [])
