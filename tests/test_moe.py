@@ -331,3 +331,14 @@ def test_resolve_refuses_top_k_above_the_expert_count():
     dense = build_model({**tiny_config("qwen3_moe"), "mlp_only_layers": [0, 1]})
     assert dense.args.moe is None and not any(isinstance(layer["mlp"], MoEBlock) for layer in dense.layers)
     assert [s.moe for s in dense.args.layers] == [False, False]
+
+
+def test_layer_diff_against_mlx_lm_is_all_equal_on_an_moe_model(zoo):
+    from mlxbun.parity.layer_diff import layer_diff
+
+    path = zoo("mixtral", quant=4)
+    ref, ours = _oracle(path), load_universal(path)
+    diff = layer_diff(ours, ref, _prompt(40)[0].tolist(), [7, 3], paths=lambda p, m: "layers" in p)
+    assert diff.first_difference() is None
+    assert any(r["path"].endswith("block_sparse_moe.switch_mlp") for r in diff.records)
+    assert not any(r["path"].endswith(".router") for r in diff.records)
