@@ -277,18 +277,22 @@ _QWEN3_MOE, _GLM = "qwen3_moe", "glm4_moe"
     (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(experts="n_experts")),
      "moe.experts reads the field 'n_experts'", "num_experts"),
     (lambda: _row(_GLM, moe=MoEKnobs(
-        experts="n_routed_experts", router=RouterKnobs("noaux_tc", gate="weight", n_group="n_group",
-                                                       topk_group="topk_group"))),
-     "'noaux_tc' needs moe.router.scaling", "routed_scaling_factor"),
+        experts="n_routed_experts", router=RouterKnobs("noaux_tc", gate="weight",
+                                                       params={"n_group": "n_group", "topk_group": "topk_group"}))),
+     "moe.router.params for kind 'noaux_tc' must name exactly scaling, n_group, topk_group", "got n_group"),
     (lambda: _row(_GLM, moe=MoEKnobs(
-        experts="n_routed_experts", router=RouterKnobs("noaux_tc", scaling="routed_scaling_factor",
-                                                       n_group="n_group", topk_group="topk_group"))),
+        experts="n_routed_experts", router=RouterKnobs("noaux_tc", params={
+            "scaling": "routed_scaling_factor", "n_group": "n_group", "topk_group": "topk_group"}))),
      "moe.router.gate must be 'weight' or 'nested'", "correction bias"),
+    (lambda: _row(_GLM, moe=MoEKnobs(
+        experts="n_routed_experts", router=RouterKnobs("noaux_tc", gate="weight", params={
+            "scaling": "routed_scaling", "n_group": 1, "topk_group": 1}))),
+     "moe.router.params['scaling'] reads the field 'routed_scaling'", "routed_scaling_factor"),
     (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(
         router=RouterKnobs("topk_softmax", norm_topk="norm_topk_prob"))),
      "moe.router.norm_topk with 'topk_softmax'", "already normalized"),
-    (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(router=RouterKnobs("softmax_topk", n_group="num_experts"))),
-     "belong to 'noaux_tc'", "'softmax_topk'"),
+    (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(router=RouterKnobs("softmax_topk", params={"n_group": "num_experts"}))),
+     "for kind 'softmax_topk' must name exactly nothing", "got n_group"),
     (lambda: _row(_GLM, moe=MoEKnobs(experts="n_routed_experts", shared=SharedKnobs())),
      "'moe_times_n' needs moe.shared.count", "n_shared_experts"),
     (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(names=MoENames(router="switch_mlp"))),

@@ -94,12 +94,13 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line("s = sigmoid(logits.astype(float32))",
                    f"compiled with the rest of the selection; {n.correction_bias} [E] on {n.gate}")
         yield Line(f"sel = s + {n.correction_bias}", "the bias steers the choice, not the weights")
-        yield Line("sel: zero all but the topk_group best groups", f"if {guard}: n_group = {spec.n_group}, "
-                   f"topk_group = {spec.topk_group}, a group's score = its top-2 sum")
+        p = spec.params
+        yield Line("sel: zero all but the topk_group best groups", f"if {guard}: n_group = {p['n_group']}, "
+                   f"topk_group = {p['topk_group']}, a group's score = its top-2 sum")
         yield Line("experts = argpartition(-sel, kth=k - 1)[..., :k]")
         yield Line("w = take_along_axis(s, experts)" + (" / sum" if spec.norm_topk and spec.top_k > 1 else ""),
                    f"sigmoid scores{renorm if spec.top_k > 1 else ''}")
-        yield Line(f"w = w * {r.scaling}", f"= {spec.scaling}")
+        yield Line(f"w = w * {r.params['scaling']}", f"= {spec.params['scaling']}")
 
 
 def moe_lines(d: ArchDescriptor, a: UniversalArgs):

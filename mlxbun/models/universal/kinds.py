@@ -228,6 +228,16 @@ class RouterKind(StrEnum):
     # (deepseek-v3 style: glm4_moe, dots1)
 
 
+# The numbers each router kind reads, by the name its routing function uses; a row maps each
+# to a ModelArgs field (or a literal) in `RouterKnobs.params`, checked when the row is built.
+ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
+    RouterKind.SOFTMAX_TOPK: (),
+    RouterKind.TOPK_SOFTMAX: (),
+    RouterKind.TOPK_SOFTMAX_F32: (),
+    RouterKind.NOAUX_TC: ("scaling", "n_group", "topk_group"),  # routed_scaling_factor, ...
+}
+
+
 class TopKSelect(StrEnum):
     """The top-k op (the index order it leaves is the order the expert outputs are summed in)."""
 
@@ -314,3 +324,6 @@ def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:
     if set(table) != want:
         raise TypeError(f"dispatch table keys {sorted(map(str, table))} != {sorted(map(str, want))}")
     return table
+
+
+exhaustive(RouterKind, dict(ROUTER_PARAMS))

@@ -135,11 +135,14 @@ _GROUP_SELECT = exhaustive(GroupGuard, {GroupGuard.N_GROUP_GT_1: _group_select_n
 
 
 def _noaux_tc(r: "Router", logits, bias):  # glm4_moe, dots1 (deepseek-v3 style)
-    return _GROUP_SELECT[r.group_guard](logits, bias, r.top_k, r.n_group, r.topk_group,
-                                        r.scaling, r.norm_topk)
+    p = r.params
+    return _GROUP_SELECT[r.group_guard](logits, bias, r.top_k, p["n_group"], p["topk_group"],
+                                        p["scaling"], r.norm_topk)
 
 
-# (router, gate logits, correction bias or None) -> (experts, weights)
+# (router, gate logits, correction bias or None) -> (experts, weights). A new kind: its enum
+# member (kinds.RouterKind), the numbers it reads (kinds.ROUTER_PARAMS, then `r.params[name]`
+# here), its function here, its lines in explain_moe.py.
 _ROUTE = exhaustive(RouterKind, {
     RouterKind.SOFTMAX_TOPK: _softmax_topk,
     RouterKind.TOPK_SOFTMAX: _topk_softmax,
@@ -169,7 +172,7 @@ class Router(nn.Module):
         self.kind, self.select, self.gate_kind, self.group_guard = r.kind, r.select, r.gate, r.group_guard
         self.top_k, self.norm_topk = spec.top_k, spec.norm_topk
         self.n_experts = spec.experts
-        self.scaling, self.n_group, self.topk_group = spec.scaling, spec.n_group, spec.topk_group
+        object.__setattr__(self, "params", spec.params)  # numbers, outside the module tree
         self._inner, self._bias = n.gate_inner, n.correction_bias
         if r.gate is GateKind.WEIGHT:
             self.weight = mx.zeros((spec.experts, hidden))

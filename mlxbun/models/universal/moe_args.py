@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from mlxbun.models.universal.fields import fail, get, int_field
@@ -28,9 +29,7 @@ class MoESpec:
     gate_bias: bool
     expert_bias: bool
     norm_topk: bool
-    scaling: Any = None  # noaux_tc: routed_scaling_factor, as the config holds it
-    n_group: Any = None
-    topk_group: Any = None
+    params: Mapping[str, Any]  # the router kind's numbers (kinds.ROUTER_PARAMS), as the config holds them
     shared_size: int | None = None  # None: no shared expert
     shared_bias: bool = False
 
@@ -85,7 +84,7 @@ def resolve_moe(d: ArchDescriptor, a: Mapping, layers: list[bool]) -> MoESpec | 
         experts=experts, top_k=top_k, size=int_field(a, m.size, mt),
         gate_bias=bool(get(a, r.gate_bias, mt)), expert_bias=bool(get(a, m.expert_bias, mt)),
         norm_topk=bool(get(a, r.norm_topk, mt)),
-        scaling=get(a, r.scaling, mt), n_group=get(a, r.n_group, mt),
-        topk_group=get(a, r.topk_group, mt), shared_size=shared_size,
+        params=MappingProxyType({k: get(a, v, mt) for k, v in r.params.items()}),
+        shared_size=shared_size,
         shared_bias=bool(get(a, sh.bias, mt)) if sh is not None else False,
     )

@@ -26,6 +26,7 @@ from typing import Any
 from mlxbun.errors import MlxbunError
 from mlxbun.models.universal.kinds import (
     BLOCK_SLOTS,
+    ROUTER_PARAMS,
     FUSED_ACTS,
     GATED_ACTS,
     PLAIN_ACTS,
@@ -237,10 +238,10 @@ class RouterKnobs:
     gate: GateKind = _kind(GateKind, GateKind.LINEAR)
     gate_bias: bool | str = False
     norm_topk: bool | str = False  # renormalize the k weights: literal, or the field (norm_topk_prob)
-    scaling: str | None = None  # noaux_tc: the routed_scaling_factor field
-    n_group: str | None = None  # noaux_tc: the expert-group count field
-    topk_group: str | None = None  # noaux_tc: the kept-group count field
-    group_guard: GroupGuard = _kind(GroupGuard, GroupGuard.N_GROUP_GT_1)
+    # the kind's numbers (kinds.ROUTER_PARAMS names them): a ModelArgs field, or a non-str literal;
+    # noaux_tc: {"scaling": "routed_scaling_factor", "n_group": "n_group", "topk_group": "topk_group"}
+    params: Mapping[str, Any] = field(default_factory=dict)
+    group_guard: GroupGuard = _kind(GroupGuard, GroupGuard.N_GROUP_GT_1)  # noaux_tc
 
 
 @dataclass(frozen=True)
@@ -401,8 +402,8 @@ class ArchDescriptor:
         yield from (("moe.experts", m.experts), ("moe.top_k", m.top_k), ("moe.size", m.size))
         r = m.router
         for knob, value in (("moe.router.gate_bias", r.gate_bias), ("moe.router.norm_topk", r.norm_topk),
-                            ("moe.router.scaling", r.scaling), ("moe.router.n_group", r.n_group),
-                            ("moe.router.topk_group", r.topk_group), ("moe.expert_bias", m.expert_bias)):
+                            ("moe.expert_bias", m.expert_bias),
+                            *((f"moe.router.params[{k!r}]", v) for k, v in r.params.items())):
             if isinstance(value, str):
                 yield knob, value
         if m.layers is MoeLayers.SPARSE_STEP:
@@ -521,17 +522,14 @@ _MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS)
 
 def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
     r = m.router
-    grouped = (r.scaling, r.n_group, r.topk_group)
-    if r.kind is RouterKind.NOAUX_TC:
-        if None in grouped:
-            raise d.error("moe.router.kind 'noaux_tc' needs moe.router.scaling, n_group and topk_group "
-                          "(the routed_scaling_factor, n_group, topk_group fields)")
-        if r.gate is GateKind.LINEAR:
-            raise d.error("moe.router.kind 'noaux_tc' keeps its correction bias on the router module: "
-                          "moe.router.gate must be 'weight' or 'nested'")
-    elif any(v is not None for v in grouped):
-        raise d.error(f"moe.router.scaling / n_group / topk_group belong to 'noaux_tc', "
-                      f"not {r.kind.value!r}")
+    want = ROUTER_PARAMS[r.kind]
+    if set(r.params) != set(want):
+        raise d.error(f"moe.router.params for kind {r.kind.value!r} must name exactly "
+                      f"{', '.join(want) or 'nothing'} (each a ModelArgs field or a literal); got "
+                      f"{', '.join(r.params) or 'nothing'}")
+    if r.kind is RouterKind.NOAUX_TC and r.gate is GateKind.LINEAR:
+        raise d.error("moe.router.kind 'noaux_tc' keeps its correction bias on the router module: "
+                      "moe.router.gate must be 'weight' or 'nested'")
     if r.kind in (RouterKind.TOPK_SOFTMAX, RouterKind.TOPK_SOFTMAX_F32) and r.norm_topk is not False:
         raise d.error(f"moe.router.norm_topk with {r.kind.value!r}: the softmax over the k chosen "
                       "experts is already normalized (no such branch)")

@@ -516,6 +516,7 @@ _STACK_W123 = SanitizeRule("stack_experts", StackExperts(
     "per-expert HF tensors (w1/w2/w3) stacked into the fused SwitchGLU weights")
 _HF_WINDOW = {k: "mlx-lm runs every layer with global attention"
               for k in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")}
+_NOAUX_PARAMS = {"scaling": "routed_scaling_factor", "n_group": "n_group", "topk_group": "topk_group"}
 _ROUTER_TRAINING = {"output_router_logits": "training-time router loss output",
                     "router_jitter_noise": "training-time router noise"}
 
@@ -632,8 +633,7 @@ _MOE_ROWS = [
         head=HeadKnobs(tie=False),
         moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense",
                      router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
-                                        scaling="routed_scaling_factor", n_group="n_group",
-                                        topk_group="topk_group"),
+                                        params=_NOAUX_PARAMS),
                      shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
         sanitize=(_STACK, SanitizeRule("drop_layer_n", None, "the multi-token-prediction layer")),
         accepted_values={**_SILU, "scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",)},
@@ -656,8 +656,7 @@ _MOE_ROWS = [
         mlp=MlpKnobs(bias="mlp_bias"),
         moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense",
                      router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
-                                        scaling="routed_scaling_factor", n_group="n_group",
-                                        topk_group="topk_group", group_guard="k_nonzero"),
+                                        params=_NOAUX_PARAMS, group_guard="k_nonzero"),
                      shared=SharedKnobs("plain", count="n_shared_experts", bias="mlp_bias"),
                      names=MoENames(switch="experts")),
         sanitize=(_DROP_TIED, _STACK, SanitizeRule("drop_containing", "rotary_emb.inv_freq",
