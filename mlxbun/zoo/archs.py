@@ -217,6 +217,13 @@ _ROWS = (
                 "moe_intermediate_size": MOE_INTERMEDIATE, "n_shared_experts": 1,
                 "first_k_dense_replace": 1, "routed_scaling_factor": 2.5, "attention_bias": True},
          extra={"head_dim": HEAD_DIM}),
+    # transformers' class has no dense-layer, MLP-width or rotary-fraction keys, which mlx-lm's
+    # ModelArgs require: every layer MoE and full rotary (what the class means), dense width 128
+    Arch("solar_open", "SolarOpenForCausalLM", "SolarOpenConfig", kv_heads=2,
+         knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "routed_scaling_factor": 2.5},
+         extra={"intermediate_size": INTERMEDIATE, "first_k_dense_replace": 0,
+                "partial_rotary_factor": 1.0}),
     # dots.llm1's knobs: layer 0 dense, renormalized top-k, routed scaling 2.5
     Arch("dots1", "Dots1ForCausalLM", "Dots1Config", kv_heads=2,
          knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,

@@ -44,7 +44,6 @@ NOT_COVERED: dict[str, str] = {
                "RMSNorm q/k norms",
     "phimoe": f"{_MOE}: the sparsemixer router (two masked softmax rounds)",
     "phixtral": f"{_MOE}: SwitchMLP (fc1/fc2 GELU) experts in a phi-2 parallel block",
-    "solar_open": f"{_MOE}: glm4_moe's graph under its own ModelArgs; not yet a row",
     "step3p5": f"{_MOE}: clamped SwiGLU, zero-centred RMSNorm, gated attention, moe_layers_enum",
     "laguna": f"{_MOE}: its own MoE gate and sliding / global attention pattern",
     **dict.fromkeys(
