@@ -346,3 +346,20 @@ def test_layer_diff_against_mlx_lm_is_all_equal_on_an_moe_model(zoo):
     assert diff.first_difference() is None
     assert any(r["path"].endswith("block_sparse_moe.switch_mlp") for r in diff.records)
     assert not any(r["path"].endswith(".router") for r in diff.records)
+
+
+def test_router_gates_keep_the_precision_mlx_lm_quantizes_them_at(zoo):
+    """mlx-lm's convert quantizes qwen3_moe's mlp.gate and granitemoe's router.layer at 8 bits
+    (their quant_predicate; granitemoe's "mlp.down_proj" suffix also catches switch_mlp.down_proj)
+    and the other experts at the requested 4; deepseek-style raw gate weights
+    are never quantized. The loader follows the checkpoint, module by module."""
+    from mlxbun.models.switch_layers import QuantizedSwitchLinear
+
+    qwen = load_universal(zoo("qwen3_moe", quant=4)).layers[0]["mlp"]
+    assert isinstance(qwen["gate"], nn.QuantizedLinear) and qwen["gate"].bits == 8
+    assert isinstance(qwen["switch_mlp"]["up_proj"], QuantizedSwitchLinear) and qwen["switch_mlp"]["up_proj"].bits == 4
+    granite = load_universal(zoo("granitemoe", quant=4)).layers[0]["block_sparse_moe"]
+    assert granite["router"]["layer"].bits == 8 and granite["switch_mlp"]["down_proj"].bits == 8
+    assert granite["switch_mlp"]["up_proj"].bits == 4
+    glm = load_universal(zoo("glm4_moe", quant=4)).layers[1]["mlp"]
+    assert glm["gate"]["weight"].dtype == mx.float32 and glm["switch_mlp"]["gate_proj"].bits == 4
