@@ -120,7 +120,7 @@ def test_the_cli_prints_the_listing_and_json():
 
 @pytest.mark.parametrize("target, error, needle", [
     ("definitely_not_an_arch", UnsupportedModelError, "definitely_not_an_arch"),
-    ("mixtral", UnsupportedModelError, NOT_COVERED["mixtral"]),
+    ("jamba", UnsupportedModelError, NOT_COVERED["jamba"]),
     ("./no/such/checkpoint", ConfigError, "no/such/checkpoint"),
 ])
 def test_refusals_name_the_culprit(target, error, needle):
@@ -131,7 +131,7 @@ def test_refusals_name_the_culprit(target, error, needle):
 
 def test_cli_refusals_are_one_line_errors(tmp_path):
     for target, needle in (("definitely_not_an_arch", "definitely_not_an_arch"),
-                           ("mixtral", "mixtral"), (str(tmp_path), "config.json")):
+                           ("jamba", "jamba"), (str(tmp_path), "config.json")):
         out = subprocess.run([sys.executable, "-m", "mlxbun", "explain", target],
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 1 and out.stdout == ""
@@ -149,3 +149,28 @@ def test_model_names_resolve_through_the_grammar(zoo_root, monkeypatch):
         explain("zoo:llama@q9")
     with pytest.raises(MlxbunError, match="repo 'org/repo' not found"):
         explain("org/repo")
+
+
+def test_moe_layers_render_the_router_experts_and_which_layers_route():
+    e = explain("glm4_moe")
+    text = e.text()
+    assert {s: v for s, _, v in e.sizes if s in ("E", "k", "Ie", "Is")} == {"E": 4, "k": 2, "Ie": 64, "Is": 64}
+    dense = _section(text, "mlp (model.layers[i].mlp) on the dense layers")
+    assert "down_proj(silu(gate_proj(x)) * up_proj(x))" in dense
+    moe = _section(text, "mlp (model.layers[i].mlp): mixture of experts")
+    assert "x @ gate.weight.T" in moe and "sigmoid(logits.astype(float32))" in moe
+    assert "e_score_correction_bias" in moe and "routed_scaling_factor" in moe and "= 2.5" in moe
+    assert "y = y + shared_experts(x)" in moe and "i >= first_k_dense_replace" in moe
+    assert [(g.layers, g.mlp) for g in e.layers] == [((0,), "dense mlp"), ((1,), "MoE (4 experts, top 2)")]
+    assert "layer 1: global; rope as above; cache KVCache; MoE (4 experts, top 2)" in text
+
+    mixtral = explain("mixtral").text()
+    assert "\nmlp (model.layers[i].mlp)" not in mixtral  # every layer routes: no dense mlp section
+    moe = _section(mixtral, "mlp (model.layers[i].block_sparse_moe): mixture of experts")
+    assert "argpartition(-logits, kth=k - 1)[..., :k]" in moe and "precise=True" in moe
+    assert "routed in router (parameter-free, mlxbun only" in moe
+    qwen2 = _section(explain("qwen2_moe").text(), "mlp (model.layers[i].mlp): mixture of experts")
+    assert "y = y + sigmoid(shared_expert_gate(x)) * shared_expert(x)" in qwen2
+    qwen3 = _section(explain("qwen3_moe").text(), "mlp (model.layers[i].mlp): mixture of experts")
+    assert "argpartition(p, kth=-k)[..., -k:]" in qwen3 and "renormalized (norm_topk_prob = True)" in qwen3
+    assert "(no mlp" not in qwen3

@@ -117,6 +117,20 @@ def test_greedy_matches_mlx_lm(loaded, arch, side):
     assert text == tok.decode([r.token for r in ours])  # mlxbun's text = the tokens' text
 
 
+# 79 tokens: the prefill routes 158 picks (mlx-lm's sorted-indices expert path), decode 2
+LONG_PROMPT = ("The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy cat. "
+               "Once upon a time the quick brown")
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_moe_greedy_sampled_and_chunked_match_mlx_lm(loaded, arch, side):
+    for options in (dict(), dict(temperature=0.8, top_p=0.9, seed=21), dict(prefill_step_size=7)):
+        ours, theirs = _run_both(loaded, arch, side, prompt=LONG_PROMPT, **options)
+        _assert_same_stream(ours, theirs)
+    assert len({r.token for r in ours}) > 1
+
+
 SAMPLED = {
     "top_p": dict(temperature=0.8, top_p=0.9, seed=11),
     "top_k": dict(temperature=0.8, top_k=20, seed=12),

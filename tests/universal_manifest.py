@@ -10,6 +10,10 @@ Adding a descriptor without an entry here is the one thing the design forbids
 from dataclasses import dataclass
 
 ALL_VARIANTS = ("float32", "float16", "bfloat16", "q4", "q8", "mixed")
+# MoE rows: mlx's CPU gather_mm (unquantized experts) takes float32 only, so mlx-lm cannot run
+# float16 / bfloat16 experts here at all; quantized experts (gather_qmm) run in every dtype.
+# tests/test_universal_dense.py holds this to `mlxbun.zoo.archs.runnable_variants`.
+EXPERT_VARIANTS = ("float32", "q4", "q8", "mixed")
 
 
 @dataclass(frozen=True)
@@ -55,5 +59,15 @@ MANIFEST = {
         Entry("apertus"),
         Entry("ministral3"),
         Entry("nanochat"),
+        # mixture of experts (models/universal/moe.py)
+        Entry("qwen3_moe", EXPERT_VARIANTS),
+        Entry("qwen2_moe", EXPERT_VARIANTS),
+        Entry("mixtral", EXPERT_VARIANTS),
+        Entry("olmoe", EXPERT_VARIANTS),
+        Entry("granitemoe", EXPERT_VARIANTS),
+        Entry("glm4_moe", EXPERT_VARIANTS),
+        Entry("solar_open", EXPERT_VARIANTS),
+        Entry("dots1", EXPERT_VARIANTS),
+        Entry("deepseek", EXPERT_VARIANTS),
     ]
 }

@@ -12,6 +12,12 @@ Each call appends one output, so a prefill and its decode steps are all kept;
 `Taps.order` lists (path, call index) in completion order, which is execution
 order for localization: a block's children finish before the block does.
 
+A module that returns a tuple of arrays (an MoE router's `Routing`: experts, weights,
+logits) is recorded by its first array like any other, and whole in `Taps.tuples`.
+A module whose `observer` attribute is true exists in mlxbun's tree only (the MoE
+router where mlx-lm routes inline); its paths are listed in `Taps.observers`, so a
+comparison with another engine's taps need not find it there.
+
 Selections (`paths=`):
 - None (default): "layers" plus each block's direct children (attention, mlp,
   norms): layer and sub-step granularity.
@@ -49,6 +55,8 @@ class Taps(dict):
     def __init__(self, paths: Iterable[str]):
         super().__init__((p, []) for p in paths)
         self.order: list[tuple[str, int]] = []
+        self.tuples: dict[str, list[tuple]] = {}  # path -> whole tuple outputs, one per call
+        self.observers: set[str] = set()  # paths of modules only mlxbun's tree has
 
     def called(self) -> list[str]:
         """Paths in the order their first call completed."""
@@ -120,6 +128,14 @@ def _first_array(out):
     return None
 
 
+def _whole_tuple(out):
+    """A tuple output of arrays, each handle copied (a NamedTuple keeps its type)."""
+    if not isinstance(out, tuple) or len(out) < 2 or not all(isinstance(x, mx.array) for x in out):
+        return None
+    items = [copy.copy(x) for x in out]
+    return type(out)(*items) if hasattr(out, "_fields") else tuple(items)
+
+
 @contextmanager
 def capture(module: nn.Module, paths: Selection = None) -> Iterator[Taps]:
     """Record the outputs of the selected modules of `module` for the duration of the block."""
@@ -128,6 +144,7 @@ def capture(module: nn.Module, paths: Selection = None) -> Iterator[Taps]:
     chosen = select_paths(module, paths)
     by_path = dict(module.named_modules())
     taps = Taps(chosen)
+    taps.observers = {p for p in chosen if getattr(by_path[p], "observer", False) is True}
     # One instance may sit at several paths (shared modules): record under each.
     where: dict[int, list[str]] = {}
     for p in chosen:
@@ -143,9 +160,12 @@ def capture(module: nn.Module, paths: Selection = None) -> Iterator[Taps]:
                 out = orig_call(self, *args, **kwargs)
                 value = _first_array(out)
                 if value is not None:
+                    whole = _whole_tuple(out)
                     for p in where.get(id(self), ()):
                         taps[p].append(value)
                         taps.order.append((p, len(taps[p]) - 1))
+                        if whole is not None:
+                            taps.tuples.setdefault(p, []).append(whole)
                 return out
 
             subclasses[cls] = type(cls.__name__, (cls,), {

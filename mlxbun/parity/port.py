@@ -51,8 +51,11 @@ class Target:
 
 def resolve_targets(specs, *, variants=("float32",), zoo_root=None, cache_dir=None) -> list[Target]:
     """Expand model names (`mlxbun.names`: `zoo:ARCH` / `zoo:all` per variant, hub repo ids,
-    directories) into checkpoint dirs. A zoo name's own `@VARIANT` wins over `variants`."""
+    directories) into checkpoint dirs. A zoo name's own `@VARIANT` wins over `variants`;
+    `variants=None` means each arch's variants this device can run (`zoo.archs.runnable_variants`:
+    unquantized half-precision experts are left out where mlx's gather_mm takes float32 only)."""
     from mlxbun import zoo
+    from mlxbun.zoo.archs import runnable_variants
 
     out: list[Target] = []
     for text in specs:
@@ -62,7 +65,8 @@ def resolve_targets(specs, *, variants=("float32",), zoo_root=None, cache_dir=No
             continue
         archs = zoo.ARCHS if spec.value == "all" else (spec.value,)
         for arch in archs:
-            for variant in ((spec.variant,) if spec.variant else variants):
+            chosen = variants if variants is not None else runnable_variants(arch)
+            for variant in ((spec.variant,) if spec.variant else chosen):
                 one = ModelSpec("zoo", arch, seed=spec.seed, head_dim=spec.head_dim).with_options(variant=variant)
                 out.append(Target(f"zoo:{arch}", locate(one, zoo_root=zoo_root), one.variant))
     return out

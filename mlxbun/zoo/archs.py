@@ -99,6 +99,16 @@ def _gpt_neox_post(cfg: dict) -> None:
     cfg["rotary_pct"] = cfg["partial_rotary_factor"]
 
 
+def _qwen3_moe_post(cfg: dict) -> None:
+    # transformers 5 spells the expert count num_local_experts; Qwen3 MoE hub configs (and
+    # mlx-lm) say num_experts
+    cfg["num_experts"] = cfg.pop("num_local_experts")
+
+
+# MoE rows: 4 experts, 2 per token, expert width 64 (a quantization group), so a 40-token
+# prompt routes 80 picks (mlx-lm's sorted-indices path) and a decode step 2 (the unsorted one)
+MOE_EXPERTS, MOE_TOP_K, MOE_INTERMEDIATE = 4, 2, 64
+
 _ROWS = (
     Arch("llama", "LlamaForCausalLM", "LlamaConfig", kv_heads=2,
          knobs={"rope_parameters": _llama3(500000.0, 8.0)}),
@@ -182,6 +192,54 @@ _ROWS = (
              "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
              "llama_4_scaling_beta": 0.1}}),
     Arch("nanochat", "NanoChatForCausalLM", "NanoChatConfig"),
+    # ---- mixture of experts
+    # Qwen3-30B-A3B's knobs: renormalized top-k, every layer MoE
+    Arch("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", kv_heads=2,
+         knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "norm_topk_prob": True},
+         extra={"head_dim": HEAD_DIM}, post=_qwen3_moe_post),
+    Arch("qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig", kv_heads=2,
+         knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE,
+                "shared_expert_intermediate_size": INTERMEDIATE}),
+    Arch("mixtral", "MixtralForCausalLM", "MixtralConfig", kv_heads=2,
+         knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K}),
+    Arch("olmoe", "OlmoeForCausalLM", "OlmoeConfig",
+         knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K}),
+    # granite-3 MoE multipliers, as the dense granite row
+    Arch("granitemoe", "GraniteMoeForCausalLM", "GraniteMoeConfig", kv_heads=2,
+         knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "embedding_multiplier": 12.0, "attention_multiplier": 0.0625,
+                "residual_multiplier": 0.22, "logits_scaling": 8.0}),
+    # GLM-4.5's knobs: layer 0 dense, one shared expert, routed scaling 2.5, q/k biases
+    Arch("glm4_moe", "Glm4MoeForCausalLM", "Glm4MoeConfig", kv_heads=2,
+         knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "n_shared_experts": 1,
+                "first_k_dense_replace": 1, "routed_scaling_factor": 2.5, "attention_bias": True},
+         extra={"head_dim": HEAD_DIM}),
+    # transformers' class has no dense-layer, MLP-width or rotary-fraction keys, which mlx-lm's
+    # ModelArgs require: every layer MoE and full rotary (what the class means), dense width 128
+    Arch("solar_open", "SolarOpenForCausalLM", "SolarOpenConfig", kv_heads=2,
+         knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "routed_scaling_factor": 2.5},
+         extra={"intermediate_size": INTERMEDIATE, "first_k_dense_replace": 0,
+                "partial_rotary_factor": 1.0}),
+    # dots.llm1's knobs: layer 0 dense, renormalized top-k, routed scaling 2.5
+    Arch("dots1", "Dots1ForCausalLM", "Dots1Config", kv_heads=2,
+         knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "n_shared_experts": 2,
+                "first_k_dense_replace": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True}),
+    # no transformers class: the keys of deepseek-ai/deepseek-moe-16b-base's config
+    Arch("deepseek", "DeepseekForCausalLM", base={
+        "model_type": "deepseek", "attention_bias": False, "attention_dropout": 0.0,
+        "aux_loss_alpha": 0.001, "first_k_dense_replace": 1, "hidden_act": "silu",
+        "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": INTERMEDIATE,
+        "max_position_embeddings": MAX_POSITIONS, "moe_intermediate_size": MOE_INTERMEDIATE,
+        "moe_layer_freq": 1, "n_routed_experts": MOE_EXPERTS, "n_shared_experts": 2,
+        "norm_topk_prob": False, "num_attention_heads": HEADS, "num_experts_per_tok": MOE_TOP_K,
+        "num_hidden_layers": 2, "num_key_value_heads": HEADS, "pretraining_tp": 1,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000, "scoring_func": "softmax",
+        "seq_aux": True, "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS}
@@ -195,6 +253,22 @@ def get_arch(arch: str) -> Arch:
         raise UnsupportedModelError(
             f"unknown zoo arch {arch!r}; known archs: {', '.join(ARCHS)}"
         ) from None
+
+
+def runnable_variants(arch: str) -> tuple[str, ...]:
+    """The weight variants (`mlxbun.names.ZOO_VARIANTS`) of `arch` that mlx can run on this
+    device: all six, except unquantized float16 / bfloat16 experts where `gather_mm` takes
+    float32 only (mlx's CPU backend). `mlxbun port`'s default 'all' means these."""
+    from mlxbun.config import MODEL_REMAPPING
+    from mlxbun.models.switch_layers import gather_mm_supported
+    from mlxbun.models.universal.table import DESCRIPTORS
+    from mlxbun.names import ZOO_VARIANTS
+
+    get_arch(arch)
+    d = DESCRIPTORS.get(MODEL_REMAPPING.get(arch, arch))
+    experts = d is not None and d.moe is not None
+    return tuple(v for v, opts in ZOO_VARIANTS.items()
+                 if not (experts and "dtype" in opts and not gather_mm_supported(opts["dtype"])))
 
 
 def _transformers_config_class(name: str):

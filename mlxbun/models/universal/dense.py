@@ -1,4 +1,7 @@
-"""UniversalDense: one config-driven module for every dense arch in the descriptor table.
+"""UniversalDense: one config-driven module for every arch in the descriptor table.
+
+(The name predates the MoE rows: a row with `moe` knobs runs `moe.py`'s MoEBlock in
+place of the dense MLP on the layers its rule picks; everything else is shared.)
 
 Each branch is a transcription of the mlx-lm 0.32.2 file of the arch that takes
 it (same ops, order, casts, python-float constants, compiled kernels, mask and
@@ -31,16 +34,11 @@ from mlxbun.models import rope as R
 from mlxbun.models.base import create_attention_mask, scaled_dot_product_attention
 from mlxbun.models.taps import capture
 from mlxbun.models.universal.kinds import (
-    FUSED_ACTS,
-    GATED_ACTS,
-    PLAIN_ACTS,
     QKV,
-    Act,
     AttnKind,
     EmbedScale,
     FinalSoftcap,
     MakeCache,
-    MlpKind,
     NormKind,
     NormSlot,
     ParallelMlpNorm,
@@ -53,6 +51,8 @@ from mlxbun.models.universal.kinds import (
     TiedOp,
     exhaustive,
 )
+from mlxbun.models.universal.mlp import MLP
+from mlxbun.models.universal.moe import MoEBlock
 from mlxbun.models.universal.resolve import LayerSpec, RopeSpec, UniversalArgs
 from mlxbun.models.universal.schema import ArchDescriptor
 
@@ -225,54 +225,6 @@ class Attention(nn.Module):
         return self[n.o](output)
 
 
-_GATED = exhaustive(GATED_ACTS, {Act.SILU: L.swiglu, Act.GELU: L.gelu_mul,
-                                 Act.GELU_APPROX: L.gelu_approx_mul})
-_FUSED = exhaustive(FUSED_ACTS, {Act.SILU: L.swiglu})
-_PLAIN = exhaustive(PLAIN_ACTS, {Act.GELU: nn.gelu, Act.GELU_APPROX: nn.gelu_approx,
-                                 Act.RELU_SQUARED: L.relu_squared, Act.RELU2: nn.relu2,
-                                 Act.XIELU: None})  # None: the XieLU child module
-
-
-class MLP(nn.Module):
-    def __init__(self, a: UniversalArgs, d: ArchDescriptor):
-        super().__init__()
-        self._d, self._n = d, d.names
-        D, I, bias, n = a.hidden, a.intermediate, a.mlp_bias, d.names
-        kind, act = d.mlp.kind, d.mlp.act
-        if kind is MlpKind.GATED:
-            setattr(self, n.gate, nn.Linear(D, I, bias=bias))
-            setattr(self, n.up, nn.Linear(D, I, bias=bias))
-            act_fn = _GATED[act]
-        elif kind is MlpKind.GATED_FUSED:
-            setattr(self, n.gate_up, nn.Linear(D, 2 * I, bias=bias))
-            act_fn = _FUSED[act]
-        else:  # MlpKind.PLAIN
-            setattr(self, n.up, nn.Linear(D, I, bias=bias))
-            if act is Act.XIELU:
-                setattr(self, n.act, L.XieLU())
-            act_fn = _PLAIN[act] or self[n.act]
-        setattr(self, n.down, nn.Linear(I, D, bias=bias))
-        if d.block.inner_norms:
-            setattr(self, n.inner_norm, nn.RMSNorm(D, eps=a.eps))
-        # outside the module tree (a module here would be listed twice)
-        object.__setattr__(self, "_act_fn", act_fn)
-
-    def __call__(self, x):
-        d, n = self._d, self._n
-        kind = d.mlp.kind
-        if d.block.inner_norms:
-            x = self[n.inner_norm](x)
-        if kind is MlpKind.GATED:
-            h = self._act_fn(self[n.gate](x), self[n.up](x))
-        elif kind is MlpKind.GATED_FUSED:
-            x = self[n.gate_up](x)
-            gate, x = mx.split(x, 2, axis=-1)
-            h = self._act_fn(gate, x)
-        else:  # MlpKind.PLAIN
-            h = self._act_fn(self[n.up](x))
-        return self[n.down](h)
-
-
 _RESIDUAL = exhaustive(Residual, {
     Residual.PLAIN: lambda x, r, s: x + r,
     Residual.SCALED: lambda x, r, s: x + r * s,
@@ -289,7 +241,9 @@ class Block(nn.Module):
         self._residual = _RESIDUAL[d.block.residual]
         self.use_sliding = spec.sliding  # mlx-lm's llama/ministral3 attribute
         setattr(self, d.names.attn, Attention(a, d, spec))
-        setattr(self, d.names.mlp, MLP(a, d))
+        # the MoE block on the layers the row's moe rule picks, else the dense MLP
+        self._mlp_name = (d.moe.names.block or d.names.mlp) if spec.moe else d.names.mlp
+        setattr(self, self._mlp_name, MoEBlock(a, d) if spec.moe else MLP(a, d))
         slots = d.block.norm_slots(a.parallel)
         self._slots = frozenset(slots)  # a tuple would join the module tree
         for slot in slots:
@@ -308,7 +262,7 @@ class Block(nn.Module):
         return self._residual(x, r, self._residual_scale)
 
     def __call__(self, x, mask=None, cache=None, attn_scale=None):
-        attn, mlp = self[self._n.attn], self[self._n.mlp]
+        attn, mlp = self[self._n.attn], self[self._mlp_name]
         if self._parallel:
             b = self._d.block
             h = self._norm(NormSlot.PRE_ATTN, x)

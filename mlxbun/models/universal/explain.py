@@ -23,6 +23,7 @@ from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError
 from mlxbun.models.rope import rope_type_of
 from mlxbun.models.universal.coverage import check_coverage
+from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
 from mlxbun.models.universal.kinds import (
     COMPILED_SOFTCAP,
     QKV,
@@ -73,6 +74,7 @@ class LayerGroup:
     attention: str  # "global" or "sliding window W"
     rope: str  # the layer's rope, "NoPE" when it has none
     cache: str
+    mlp: str = ""  # MoE rows: "MoE (E experts, top k)" or "dense mlp"; "" otherwise
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,8 @@ class Explanation:
                 out.append(f"  {ln.code:<{width}}# {ln.note}".rstrip() if ln.note else f"  {ln.code}")
         out.append("layers")
         for g in self.layers:
-            out.append(f"  {_ranges(g.layers)}: {g.attention}; {g.rope}; cache {g.cache}")
+            out.append(f"  {_ranges(g.layers)}: {g.attention}; {g.rope}; cache {g.cache}"
+                       + (f"; {g.mlp}" if g.mlp else ""))
         if self.notes:
             out.append(f"note: {self.notes}")
         return "\n".join(out)
@@ -152,7 +155,7 @@ def _sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any], .
              MlpSize.LILLE: "256 * round(int(8 * D / 3) / 256)"}.get(inter, inter)
     return (("D", d.hidden, a.hidden), ("N", d.n_layers, a.n_layers), ("H", d.n_heads, a.n_heads),
             ("KV", d.n_kv_heads or "H (multi-head)", a.n_kv_heads), ("hd", head_dim, a.head_dim),
-            ("I", inter, a.intermediate), ("V", d.vocab, a.vocab))
+            ("I", inter, a.intermediate), ("V", d.vocab, a.vocab)) + moe_sizes(d, a)
 
 
 # ----------------------------------------------------------------- sections
@@ -183,9 +186,20 @@ def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Lin
         ("norms", (Line(_norm(d, a), "every block norm" + (
             f"; eps from {d.norm.eps}" if d.norm.kind is not NormKind.FUNCTIONAL_RMS else "")),)),
         (f"attention ({n.root}.{n.layers}[i].{n.attn})", tuple(_attention(d, a))),
-        (f"mlp ({n.root}.{n.layers}[i].{n.mlp})", tuple(_mlp(d, a))),
+        *_mlp_sections(d, a),
         ("final norm and head", tuple(_head(d, a))),
     )
+
+
+def _mlp_sections(d: ArchDescriptor, a: UniversalArgs):
+    """The dense mlp (where a layer runs it), then the MoE block (where a layer routes)."""
+    n = d.names
+    routed = [s.moe for s in a.layers]
+    if not all(routed):
+        mixed = " on the dense layers" if any(routed) else ""
+        yield f"mlp ({n.root}.{n.layers}[i].{n.mlp}){mixed}", tuple(_mlp(d, a))
+    if any(routed):
+        yield moe_title(d), tuple(Line(code, note) for code, note in moe_lines(d, a))
 
 
 def _embedding(d: ArchDescriptor, a: UniversalArgs):
@@ -442,15 +456,16 @@ def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]
     rotating = d.layers.make_cache is MakeCache.ROTATING_SLIDING
     one_rope = len({_rope_text(s, d, a) for s in a.layers}) == 1
 
-    def describe(s: LayerSpec) -> tuple[str, str, str]:
+    def describe(s: LayerSpec) -> tuple[str, str, str, str]:
         if s.sliding:
             attention = f"sliding window {a.sliding_window}"
             cache = f"RotatingKVCache({a.sliding_window})" if rotating else "KVCache (windowed mask)"
         else:
             attention, cache = "global", "KVCache"
-        return attention, "rope as above" if one_rope else _rope_text(s, d, a), cache
+        rope = "rope as above" if one_rope else _rope_text(s, d, a)
+        return attention, rope, cache, moe_layer_label(d, a, s)
 
-    groups: dict[tuple[str, str, str], list[int]] = {}
+    groups: dict[tuple[str, str, str, str], list[int]] = {}
     for s in a.layers:
         groups.setdefault(describe(s), []).append(s.index)
     return tuple(LayerGroup(tuple(idx), *key) for key, idx in groups.items())

@@ -208,6 +208,88 @@ class SanitizeOp(StrEnum):
     COPY_IF_MISSING = "copy_if_missing"  # arg: (dst, src)
     SQUEEZE_SUFFIXES = "squeeze_suffixes"  # arg: tuple of suffixes
     FP8_SCALE_INV = "fp8_scale_inv"
+    STACK_EXPERTS = "stack_experts"  # arg: StackExperts; experts.N.<src>.<k> -> <switch>.<dst>.<k>
+    SPLIT_GLU_EXPERTS = "split_glu_experts"  # granitemoe: input_linear -> gate_proj | up_proj,
+    # output_linear -> down_proj (arg: (block name, switch name))
+    DROP_LAYER_N = "drop_layer_n"  # keys starting "model.layers.{num_hidden_layers}" (MTP layer)
+
+
+# ----------------------------------------------------------------- mixture of experts
+
+
+class RouterKind(StrEnum):
+    """How a router turns gate logits into (chosen experts, their weights); `moe.py`'s `_ROUTE`."""
+
+    SOFTMAX_TOPK = "softmax_topk"  # softmax(precise) over all experts, top-k, optional renorm
+    # (qwen*_moe, olmoe, deepseek, hunyuan, mellum)
+    TOPK_SOFTMAX = "topk_softmax"  # top-k of the logits, precise softmax over those k (mixtral)
+    TOPK_SOFTMAX_F32 = "topk_softmax_f32"  # top-k of the logits, softmax of them in float32 (granitemoe)
+    NOAUX_TC = "noaux_tc"  # compiled: sigmoid(f32) + correction bias, grouped top-k, renorm, scale
+    # (deepseek-v3 style: glm4_moe, dots1)
+
+
+# The numbers each router kind reads, by the name its routing function uses; a row maps each
+# to a ModelArgs field (or a literal) in `RouterKnobs.params`, checked when the row is built.
+ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
+    RouterKind.SOFTMAX_TOPK: (),
+    RouterKind.TOPK_SOFTMAX: (),
+    RouterKind.TOPK_SOFTMAX_F32: (),
+    RouterKind.NOAUX_TC: ("scaling", "n_group", "topk_group"),  # routed_scaling_factor, ...
+}
+
+
+class TopKSelect(StrEnum):
+    """The top-k op (the index order it leaves is the order the expert outputs are summed in)."""
+
+    NEG_FIRST = "neg_first"  # argpartition(-s, kth=k - 1)[..., :k]
+    LAST = "last"  # argpartition(s, kth=-k)[..., -k:]
+
+
+class GateKind(StrEnum):
+    """Where the router's projection lives (its parameter paths are mlx-lm's)."""
+
+    LINEAR = "linear"  # a Linear child of the MoE block (`gate`); routing in a parameter-free
+    # `router` module that mlx-lm's tree does not have (taps see routing there)
+    WEIGHT = "weight"  # the router module holds a raw `weight` [E, D]: logits = x @ weight.T
+    NESTED = "nested"  # the router module holds a Linear child (granitemoe router.layer)
+
+
+class GroupGuard(StrEnum):
+    """noaux_tc: when the grouped masking runs."""
+
+    N_GROUP_GT_1 = "n_group_gt_1"  # if n_group > 1 (glm4_moe)
+    K_NONZERO = "k_nonzero"  # if n_group - topk_group != 0 (dots1)
+
+
+class Combine(StrEnum):
+    """How the k expert outputs y [.., k, D] and weights s [.., k] are summed."""
+
+    SUM = "sum"  # (y * s[..., None]).sum(axis=-2)
+    SUM_CAST = "sum_cast"  # (y * s[..., None]).sum(axis=-2).astype(y.dtype)
+    F32_SUM_CAST = "f32_sum_cast"  # (y * s[..., None].astype(float32)).sum(axis=-2).astype(y.dtype)
+
+
+class ExpertKind(StrEnum):
+    GLU = "glu"  # SwitchGLU: down(swiglu(gate(x), up(x))) per expert
+
+
+class SharedKind(StrEnum):
+    PLAIN = "plain"  # y + shared(x) (deepseek's shared_experts)
+    SIGMOID_GATED = "sigmoid_gated"  # y + sigmoid(shared_gate(x)) * shared(x) (qwen2_moe)
+
+
+class SharedSize(StrEnum):
+    MOE_TIMES_N = "moe_times_n"  # expert width * the shared-expert count field
+
+
+class MoeLayers(StrEnum):
+    """Which decoder layers hold the MoE block (the others a dense MLP), as the file decides."""
+
+    ALL = "all"
+    SPARSE_STEP = "sparse_step"  # i not in mlp_only_layers and experts > 0 and
+    # (i + 1) % decoder_sparse_step == 0 (qwen3_moe)
+    FIRST_K_DENSE = "first_k_dense"  # experts is not None and i >= first_k_dense_replace
+    FIRST_K_DENSE_FREQ = "first_k_dense_freq"  # ... and i % moe_layer_freq == 0 (deepseek)
 
 
 class PostInit(StrEnum):
@@ -228,6 +310,9 @@ class PostInit(StrEnum):
     SPLIT_HEAD_DIM_CHECK = "split_head_dim_check"
     NEOX_DIVISIBLE = "neox_divisible"
     MINISTRAL3_ROPE = "ministral3_rope"
+    LINEAR_ROPE_SCALING = "linear_rope_scaling"  # qwen2_moe: rope_scaling needs factor and
+    # type, type 'linear' only (validated, never applied)
+    DEEPSEEK_ROPE_SCALING = "deepseek_rope_scaling"  # rope_scaling needs 'type'; linear: float factor
 
 
 def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:
@@ -239,3 +324,6 @@ def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:
     if set(table) != want:
         raise TypeError(f"dispatch table keys {sorted(map(str, table))} != {sorted(map(str, want))}")
     return table
+
+
+exhaustive(RouterKind, dict(ROUTER_PARAMS))

@@ -13,6 +13,7 @@ safetensors headers alone.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -23,12 +24,13 @@ from mlx.utils import tree_flatten
 
 from mlxbun.config import load_model_config
 from mlxbun.config_reader import thaw
-from mlxbun.errors import ConfigError, LoadError
+from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
+from mlxbun.models.switch_layers import SwitchLinear, gather_mm_supported
 from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.kinds import SanitizeOp, TieRule
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
-from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule
+from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule, StackExperts
 from mlxbun.quant import quantize_model, resolve_quantization
 from mlxbun.weight_audit import AuditReport, DropRule, WeightAudit
 from mlxbun.weights import name_list, read_index
@@ -87,10 +89,76 @@ class _Meta:
 _NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".attention.rotary_emb.inv_freq")
 
 
-def _apply_rule(rule: SanitizeRule, w: dict, tied: bool) -> tuple[dict, dict[str, str]]:
+_EXPERT_KEY = re.compile(r"^(.*)\.experts\.(\d+)\.([^.]+)\.([^.]+)$")
+
+
+def _stack_experts(d: ArchDescriptor, spec: StackExperts, w: dict, fields: Mapping) -> dict:
+    """mlx-lm's sanitize loop: per layer, each (src, dst) and key present for expert 0 is
+    stacked over experts 0..E-1 into <block>.<switch>.<dst>.<key>."""
+    m = d.moe
+    n_experts = fields[m.experts]
+    block = m.names.block or d.names.mlp
+    rename = dict(spec.names)
+    firsts = []
+    for k in w:
+        hit = _EXPERT_KEY.match(k)
+        if (hit and hit.group(2) == "0" and hit.group(1).endswith(f".{block}")
+                and hit.group(3) in rename and hit.group(4) in spec.keys):
+            firsts.append(hit)
+    out = dict(w)
+    for hit in firsts:
+        prefix, src, key = hit.group(1), hit.group(3), hit.group(4)
+        names = [f"{prefix}.experts.{e}.{src}.{key}" for e in range(n_experts)]
+        missing = [name for name in names if name not in out]
+        if missing:
+            raise LoadError(f"cannot stack experts: {name_list(missing)} missing "
+                            f"({m.experts} = {n_experts})")
+        out[f"{prefix}.{m.names.switch}.{rename[src]}.{key}"] = _stack([out.pop(name) for name in names])
+    return out
+
+
+def _stack(tensors: list):
+    if isinstance(tensors[0], _Meta):
+        return _Meta((len(tensors), *tensors[0].shape), tensors[0].dtype)
+    return mx.stack(tensors)
+
+
+def _split_glu_experts(d: ArchDescriptor, w: dict, fields: Mapping) -> dict:
+    """granitemoe.sanitize: input_linear [E, 2I, D] -> gate_proj | up_proj, output_linear -> down_proj."""
+    n, block = d.moe.names, d.moe.names.block or d.names.mlp
+    if f"model.layers.0.{block}.input_linear.weight" not in w:
+        return w
+    out = dict(w)
+    for layer in range(fields[d.n_layers]):
+        prefix = f"model.layers.{layer}.{block}"
+        value = out.pop(f"{prefix}.input_linear.weight")
+        gate, up = _split_half(value)
+        out[f"{prefix}.{n.switch}.{n.gate_proj}.weight"] = gate
+        out[f"{prefix}.{n.switch}.{n.up_proj}.weight"] = up
+        out[f"{prefix}.{n.switch}.{n.down_proj}.weight"] = out.pop(f"{prefix}.output_linear.weight")
+    return out
+
+
+def _split_half(value):
+    if isinstance(value, _Meta):
+        e, two_i, dims = value.shape
+        half = _Meta((e, two_i // 2, dims), value.dtype)
+        return half, half
+    return mx.split(value, 2, axis=1)
+
+
+def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
+                fields: Mapping) -> tuple[dict, dict[str, str]]:
     dropped: dict[str, str] = {}
     op = rule.op
-    if op is SanitizeOp.DROP_CONTAINING:
+    if op is SanitizeOp.STACK_EXPERTS:
+        return _stack_experts(d, rule.arg, w, fields), {}
+    if op is SanitizeOp.SPLIT_GLU_EXPERTS:
+        return _split_glu_experts(d, w, fields), {}
+    if op is SanitizeOp.DROP_LAYER_N:  # startswith, as mlx-lm writes it
+        head = f"model.layers.{fields[d.n_layers]}"
+        dropped = {k: rule.reason for k in w if k.startswith(head)}
+    elif op is SanitizeOp.DROP_CONTAINING:
         dropped = {k: rule.reason for k in w if rule.arg in k}
     elif op is SanitizeOp.DROP_SUFFIXES:
         dropped = {k: rule.reason for k in w if k.endswith(tuple(rule.arg))}
@@ -131,12 +199,14 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool) -> tuple[dict, dict[str
     return {k: v for k, v in w.items() if k not in dropped}, dropped
 
 
-def sanitize_weights(d: ArchDescriptor, weights: Mapping[str, Any], tied: bool
+def sanitize_weights(d: ArchDescriptor, weights: Mapping[str, Any], tied: bool,
+                     fields: Mapping[str, Any] = MappingProxyType({})
                      ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Apply the arch's sanitize rules in order: (weights, dropped name -> reason)."""
+    """Apply the arch's sanitize rules in order: (weights, dropped name -> reason).
+    `fields` is the emulated ModelArgs (`model.args.fields`): the MoE rules read it."""
     w, dropped = dict(weights), {}
     for rule in d.sanitize:
-        w, gone = _apply_rule(rule, w, tied)
+        w, gone = _apply_rule(rule, w, tied, d, fields)
         dropped.update(gone)
     return w, dropped
 
@@ -181,14 +251,28 @@ def _prepare(path: Path, config, *, headers_only: bool):
             raise LoadError(f"{path}: tensor(s) with dtypes mlx cannot load: {name_list(unloadable)}")
     else:
         originals = index.load()
-    weights, dropped = sanitize_weights(model.descriptor, originals, model.tied)
+    weights, dropped = sanitize_weights(model.descriptor, originals, model.tied, model.args.fields)
     if model.descriptor.head.tie is TieRule.CHECKPOINT and f"{model.descriptor.names.head}.weight" not in weights:
         model.tie_to_embedding()
     quantization = resolve_quantization(raw)
     if quantization is not None:
         quantize_model(model, quantization, weights)
     report = _audit(model, weights, dropped, str(path), originals)
+    _check_experts_runnable(model, weights, path)
     return model, weights, report
+
+
+def _check_experts_runnable(model: UniversalDense, weights: Mapping[str, Any], path) -> None:
+    """Unquantized experts run through `gather_mm`, which mlx's CPU backend takes in float32
+    only: refuse (mlx-lm fails at the first forward) rather than load what cannot run."""
+    dtypes = {str(weights[f"{p}.weight"].dtype).removeprefix("mlx.core.")
+              for p, m in model.named_modules() if isinstance(m, SwitchLinear)}
+    bad = sorted(dt for dt in dtypes if not gather_mm_supported(dt))
+    if bad:
+        raise UnsupportedModelError(
+            f"{path}: unquantized {'/'.join(bad)} experts: mlx {mx.__version__} on "
+            f"{mx.default_device()} runs gather_mm in float32 only (mlx-lm cannot run them here "
+            f"either); quantize the experts or convert them to float32")
 
 
 def audit_checkpoint(path, config=None) -> AuditReport:

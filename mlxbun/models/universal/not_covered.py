@@ -12,17 +12,40 @@ INFRASTRUCTURE_FILES = (
     "gated_delta", "mla", "bitlinear_layers", "pipeline",
 )
 
-_MOE = "mixture-of-experts MLP (router + SwitchGLU): UniversalMoE's job, not a dense descriptor"
+_MOE = ("mixture-of-experts: needs a router / layer rule / expert kind the MoE knobs "
+        "(models/universal/moe.py) do not have yet")
 _HYBRID = "recurrent / SSM / linear-attention layers: needs a dedicated port"
 _MLA = "multi-head latent attention (low-rank q/kv, split rope dims): needs the MLA module"
 _WRAP = "multimodal wrapper (text stack under language_model.*): needs a wrapper shim"
 
 NOT_COVERED: dict[str, str] = {
-    **dict.fromkeys(
-        ["Klear", "afmoe", "bailing_moe", "dbrx", "deepseek", "dots1", "ernie4_5_moe", "exaone_moe",
-         "glm4_moe", "gpt_oss", "granitemoe", "hunyuan", "llama4", "mellum", "mimo_v2_flash",
-         "minimax", "mixtral", "olmoe", "phimoe", "phixtral", "qwen2_moe", "qwen3_moe", "solar_open",
-         "step3p5", "laguna"], _MOE),
+    "Klear": f"{_MOE}: sigmoid router with an expert bias, and a softmax coefficient mixing the "
+             "routed and shared experts",
+    "afmoe": f"{_MOE}: a router module with score-function choice and grouped selection, plus "
+             "sigmoid-gated attention output",
+    "bailing_moe": f"{_MOE}: compiled grouped router (softmax or sigmoid, weights cast to the input "
+                   "dtype), compiled combine, fused query_key_value attention",
+    "dbrx": f"{_MOE}: its own router module and per-expert weights split at load; NormAttnNorm blocks",
+    "ernie4_5_moe": f"{_MOE}: float32 gate activation (softmax / sigmoid), renorm by max(sum, eps), "
+                    "start/end/interval MoE layers",
+    "exaone_moe": f"{_MOE}: noaux_tc router (glm4_moe's) with an is_moe_layer list and exaone "
+                  "attention",
+    "gpt_oss": f"{_MOE}: its own top-k op, clamped SwiGLU experts with biases, attention sinks, "
+               "alternating sliding layers, mxfp4 experts",
+    "hunyuan": f"{_MOE}: cross-layer KV sharing (CLA), per-layer top-k / shared-expert lists, "
+               "float32 combine",
+    "llama4": f"{_MOE}: a text_config wrapper around chunked-attention layers; top-1 sigmoid "
+              "router that scales the expert input, shared expert, interleaved MoE layers",
+    "mellum": f"{_MOE}: sliding / global layer pattern and its own cache layout around a "
+              "qwen3_moe-style router",
+    "mimo_v2_flash": f"{_MOE}: sliding layers with their own head counts / dims and attention "
+                     "sink biases",
+    "minimax": f"{_MOE}: float32 sigmoid router with a block-level correction bias, sharded "
+               "RMSNorm q/k norms",
+    "phimoe": f"{_MOE}: the sparsemixer router (two masked softmax rounds)",
+    "phixtral": f"{_MOE}: SwitchMLP (fc1/fc2 GELU) experts in a phi-2 parallel block",
+    "step3p5": f"{_MOE}: clamped SwiGLU, zero-centred RMSNorm, gated attention, moe_layers_enum",
+    "laguna": f"{_MOE}: its own MoE gate and sliding / global attention pattern",
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3", "falcon_h1",
          "gear", "granitemoehybrid", "jamba", "kimi_linear", "lfm2", "lfm2_moe", "longcat_flash_ngram",

@@ -17,7 +17,7 @@ from typing import Any
 
 from mlxbun.config import MODEL_REMAPPING
 from mlxbun.config_reader import thaw  # config mappings are read-only; mlx-lm sees plain json
-from mlxbun.errors import ConfigError, UnsupportedModelError
+from mlxbun.errors import UnsupportedModelError
 from mlxbun.models.universal.kinds import (
     AttnKind,
     AttnScale,
@@ -38,11 +38,15 @@ from mlxbun.models.universal.kinds import (
     TieRule,
     exhaustive,
 )
+from mlxbun.models.universal.fields import fail as _fail
+from mlxbun.models.universal.fields import get as _get
+from mlxbun.models.universal.fields import int_field as _int_field
+from mlxbun.models.universal.moe_args import MoESpec, moe_layers, resolve_moe
 from mlxbun.models.universal.not_covered import NOT_COVERED
 from mlxbun.models.universal.schema import REQUIRED, ArchDescriptor
 from mlxbun.models.universal.table import DESCRIPTORS
 
-__all__ = ["LayerSpec", "RopeSpec", "UniversalArgs", "descriptor_for", "layer_kinds",
+__all__ = ["LayerSpec", "MoESpec", "RopeSpec", "UniversalArgs", "descriptor_for", "layer_kinds",
            "model_args", "resolve_args", "thaw"]
 
 
@@ -56,7 +60,7 @@ def descriptor_for(model_type: str) -> ArchDescriptor:
     why = f" ({NOT_COVERED[mt]})" if mt in NOT_COVERED else ""
     shown = model_type if mt == model_type else f"{model_type} (mlx-lm: {mt})"
     raise UnsupportedModelError(
-        f"model_type '{shown}' is not supported by the universal dense graph{why}; "
+        f"model_type '{shown}' is not supported by the universal graph{why}; "
         f"supported: {supported}"
     )
 
@@ -84,6 +88,7 @@ class LayerSpec:
     index: int
     sliding: bool
     rope: RopeSpec | None  # None: NoPE
+    moe: bool = False  # the MoE block (args.moe) instead of the dense MLP
 
 
 @dataclass(frozen=True)
@@ -118,13 +123,10 @@ class UniversalArgs:
     final_softcap_value: float | None  # None: no cap applied
     llama4: tuple[float, int] | None  # (beta, original_max_position_embeddings)
     parallel: bool
+    moe: MoESpec | None = None  # the MoE block's numbers (layers[i].moe says where it runs)
 
 
 # ----------------------------------------------------------------- ModelArgs emulation
-
-
-def _fail(model_type: str, msg: str) -> ConfigError:
-    return ConfigError(f"config.json ({model_type}): {msg}")
 
 
 def _kv_heads_default(a: dict, mt: str) -> None:
@@ -236,6 +238,24 @@ def _ministral3_rope(a: dict, mt: str) -> None:
             raise _fail(mt, f"rope_parameters lacks '{key}'")
 
 
+def _linear_rope_scaling(a: dict, mt: str) -> None:  # qwen2_moe
+    rs = a["rope_scaling"]
+    if rs:
+        if not all(k in rs for k in ("factor", "type")):
+            raise _fail(mt, "rope_scaling must contain keys {'factor', 'type'}")
+        if rs["type"] != "linear":
+            raise _fail(mt, "rope_scaling 'type' currently only supports 'linear'")
+
+
+def _deepseek_rope_scaling(a: dict, mt: str) -> None:
+    rs = a["rope_scaling"]
+    if rs:  # the attention reads rope_scaling["type"] (KeyError in mlx-lm) and asserts a float
+        if "type" not in rs:
+            raise _fail(mt, "rope_scaling needs the key 'type' (mlx-lm's deepseek reads it)")
+        if rs["type"] == "linear" and not isinstance(rs.get("factor"), float):
+            raise _fail(mt, "rope_scaling.factor must be a float")
+
+
 _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit, {
     PostInit.KV_HEADS_DEFAULT: _kv_heads_default,
     PostInit.LAYER_TYPES_FULL: _layer_types_full,
@@ -252,6 +272,8 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.SPLIT_HEAD_DIM_CHECK: _split_head_dim_check,
     PostInit.NEOX_DIVISIBLE: _split_head_dim_check,
     PostInit.MINISTRAL3_ROPE: _ministral3_rope,
+    PostInit.LINEAR_ROPE_SCALING: _linear_rope_scaling,
+    PostInit.DEEPSEEK_ROPE_SCALING: _deepseek_rope_scaling,
 })
 
 
@@ -264,19 +286,6 @@ def model_args(d: ArchDescriptor, config: Mapping[str, Any]) -> dict[str, Any]:
     for step in d.post_init:
         _POST_INIT[step](a, d.model_type)
     return a
-
-
-def _get(a: Mapping[str, Any], spec: bool | str | None, mt: str) -> Any:
-    """A knob value: a literal, or a (dotted) ModelArgs field."""
-    if not isinstance(spec, str):
-        return spec
-    head, _, rest = spec.partition(".")
-    value = a[head]
-    if rest:
-        if not isinstance(value, Mapping) or rest not in value:
-            raise _fail(mt, f"'{head}' lacks '{rest}'")
-        value = value[rest]
-    return value
 
 
 # ----------------------------------------------------------------- resolution
@@ -346,13 +355,6 @@ _ATTN_SCALES: Mapping[AttnScale, Callable[[dict, int], float]] = exhaustive(Attn
 })
 
 
-def _int_field(a: dict, name: str, mt: str) -> int:
-    v = a[name]
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise _fail(mt, f"'{name}' must be a positive integer, got {v!r}")
-    return v
-
-
 def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
     """Apply a descriptor to a config dict (the whole config.json, as mlx-lm reads it)."""
     mt = d.model_type
@@ -378,7 +380,9 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
     kinds = layer_kinds(d, a, n_layers)
     if len(kinds) != n_layers:
         raise _fail(mt, f"{len(kinds)} layer kinds for {n_layers} layers")
-    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, head_dim)) for i, s in enumerate(kinds))
+    routed = moe_layers(d, a, n_layers)
+    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, head_dim), routed[i])
+                   for i, s in enumerate(kinds))
     window = a[d.layers.sliding_window] if d.layers.sliding_window else None
     if any(kinds) and d.layers.make_cache is MakeCache.ROTATING_SLIDING:
         if not isinstance(window, int) or window <= 0:
@@ -415,5 +419,5 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
         layers=layers, sliding_window=window, tie=tie, embed_scale=embed_scale,
         residual_scale=residual_scale, head_pre_divide=pre_divide, head_post=post,
         final_softcap=softcap, final_softcap_value=softcap_value, llama4=llama4,
-        parallel=bool(_get(a, b.parallel, mt)),
+        parallel=bool(_get(a, b.parallel, mt)), moe=resolve_moe(d, a, routed),
     )

@@ -26,6 +26,7 @@ from typing import Any
 from mlxbun.errors import MlxbunError
 from mlxbun.models.universal.kinds import (
     BLOCK_SLOTS,
+    ROUTER_PARAMS,
     FUSED_ACTS,
     GATED_ACTS,
     PLAIN_ACTS,
@@ -34,13 +35,18 @@ from mlxbun.models.universal.kinds import (
     AttnKind,
     AttnScale,
     BlockKind,
+    Combine,
     EmbedScale,
+    ExpertKind,
     FinalSoftcap,
+    GateKind,
+    GroupGuard,
     HeadDim,
     LayerKinds,
     MakeCache,
     MlpKind,
     MlpSize,
+    MoeLayers,
     NopeRule,
     NormKind,
     NormSlot,
@@ -55,10 +61,14 @@ from mlxbun.models.universal.kinds import (
     Residual,
     ResidualScale,
     RopeKind,
+    RouterKind,
     SanitizeOp,
+    SharedKind,
+    SharedSize,
     StrEnum,
     TiedOp,
     TieRule,
+    TopKSelect,
 )
 
 REQUIRED = "<required>"  # a ModelArgs field without a default
@@ -205,6 +215,72 @@ class LayerKnobs:
 
 
 @dataclass(frozen=True)
+class MoENames:
+    """mlx-lm attribute names inside the MoE block (parameter paths and safetensors keys)."""
+
+    block: str | None = None  # the MoE block in the decoder layer; None: names.mlp
+    gate: str = "gate"  # the router's projection (LINEAR) or the router module (WEIGHT, NESTED)
+    gate_inner: str = "layer"  # NESTED: the Linear inside the router module
+    router: str = "router"  # LINEAR: the parameter-free routing module (not in mlx-lm's tree)
+    switch: str = "switch_mlp"  # the fused experts (SwitchGLU)
+    gate_proj: str = "gate_proj"
+    up_proj: str = "up_proj"
+    down_proj: str = "down_proj"
+    shared: str = "shared_experts"
+    shared_gate: str = "shared_expert_gate"  # SIGMOID_GATED: Linear(D, 1)
+    correction_bias: str = "e_score_correction_bias"  # noaux_tc: on the router module
+
+
+@dataclass(frozen=True)
+class RouterKnobs:
+    kind: RouterKind = _kind(RouterKind)
+    select: TopKSelect = _kind(TopKSelect, TopKSelect.NEG_FIRST)
+    gate: GateKind = _kind(GateKind, GateKind.LINEAR)
+    gate_bias: bool | str = False
+    norm_topk: bool | str = False  # renormalize the k weights: literal, or the field (norm_topk_prob)
+    # the kind's numbers (kinds.ROUTER_PARAMS names them): a ModelArgs field, or a non-str literal;
+    # noaux_tc: {"scaling": "routed_scaling_factor", "n_group": "n_group", "topk_group": "topk_group"}
+    params: Mapping[str, Any] = field(default_factory=dict)
+    group_guard: GroupGuard = _kind(GroupGuard, GroupGuard.N_GROUP_GT_1)  # noaux_tc
+
+
+@dataclass(frozen=True)
+class SharedKnobs:
+    kind: SharedKind = _kind(SharedKind, SharedKind.PLAIN)
+    size: SharedSize | str = _kind(SharedSize, SharedSize.MOE_TIMES_N, or_field=True)
+    count: str | None = None  # MOE_TIMES_N: the shared-expert count field (n_shared_experts)
+    when: str | None = None  # built only when this field is not None (deepseek n_shared_experts)
+    bias: bool | str = False  # the shared MLP's biases (dots1: mlp_bias)
+
+
+@dataclass(frozen=True)
+class MoEKnobs:
+    """The MoE block of the layers `layers` selects; the other layers keep the row's MLP."""
+
+    experts: str = "num_experts"  # field: routed experts
+    top_k: str = "num_experts_per_tok"  # field
+    size: str = "moe_intermediate_size"  # field: one expert's intermediate width
+    router: RouterKnobs = RouterKnobs(RouterKind.SOFTMAX_TOPK)
+    layers: MoeLayers = _kind(MoeLayers, MoeLayers.ALL)
+    expert: ExpertKind = _kind(ExpertKind, ExpertKind.GLU)
+    expert_bias: bool | str = False
+    combine: Combine = _kind(Combine, Combine.SUM)
+    shared: SharedKnobs | None = None
+    flat_tokens: bool = False  # olmoe: route x.reshape(-1, D), reshape the sum back to [B, L, D]
+    names: MoENames = MoENames()
+
+
+@dataclass(frozen=True)
+class StackExperts:
+    """mlx-lm's sanitize loop stacking per-expert HF tensors into the fused SwitchGLU ones:
+    <layer>.<block>.experts.<e>.<src>.<key> for e < experts -> <layer>.<block>.<switch>.<dst>.<key>."""
+
+    names: tuple[tuple[str, str], ...] = (("gate_proj", "gate_proj"), ("up_proj", "up_proj"),
+                                          ("down_proj", "down_proj"))
+    keys: tuple[str, ...] = ("weight", "scales", "biases")  # qwen3_moe stacks "weight" only
+
+
+@dataclass(frozen=True)
 class SanitizeRule:
     """One step of the mlx-lm file's `sanitize`, applied to the weight dict in order."""
 
@@ -242,6 +318,7 @@ class ArchDescriptor:
     embed_norm: bool = False  # nanochat: functional rms_norm after the embedding
     head: HeadKnobs = HeadKnobs()
     layers: LayerKnobs = LayerKnobs()
+    moe: MoEKnobs | None = None
     sanitize: tuple[SanitizeRule, ...] = ()
     # config keys mlx-lm deliberately ignores for this arch (known; reported, never refused)
     ignored_keys: Mapping[str, str] = field(default_factory=dict)
@@ -318,6 +395,31 @@ class ArchDescriptor:
             yield "layers.period", lk.period
         if lk.sliding_window:
             yield "layers.sliding_window", lk.sliding_window
+        if self.moe is not None:
+            yield from self._moe_refs(self.moe)
+
+    def _moe_refs(self, m: MoEKnobs) -> Iterator[tuple[str, str]]:
+        yield from (("moe.experts", m.experts), ("moe.top_k", m.top_k), ("moe.size", m.size))
+        r = m.router
+        for knob, value in (("moe.router.gate_bias", r.gate_bias), ("moe.router.norm_topk", r.norm_topk),
+                            ("moe.expert_bias", m.expert_bias),
+                            *((f"moe.router.params[{k!r}]", v) for k, v in r.params.items())):
+            if isinstance(value, str):
+                yield knob, value
+        if m.layers is MoeLayers.SPARSE_STEP:
+            yield from (("moe.layers", "mlp_only_layers"), ("moe.layers", "decoder_sparse_step"))
+        elif m.layers in (MoeLayers.FIRST_K_DENSE, MoeLayers.FIRST_K_DENSE_FREQ):
+            yield "moe.layers", "first_k_dense_replace"
+            if m.layers is MoeLayers.FIRST_K_DENSE_FREQ:
+                yield "moe.layers", "moe_layer_freq"
+        sh = m.shared
+        if sh is not None:
+            if not isinstance(sh.size, SharedSize):
+                yield "moe.shared.size", sh.size
+            for knob, value in (("moe.shared.count", sh.count), ("moe.shared.when", sh.when),
+                                ("moe.shared.bias", sh.bias)):
+                if isinstance(value, str):
+                    yield knob, value
 
     def _rope_refs(self) -> Iterator[tuple[str, str]]:
         r = self.rope
@@ -409,3 +511,40 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error("layers.make_cache 'rotating_sliding' needs layers.sliding_window")
     if d.rope.nope is NopeRule.GLOBAL_LAYERS and lk.kinds is LayerKinds.ALL_FULL:
         raise d.error("rope.nope 'global_layers' needs sliding layers (layers.kinds)")
+    if d.moe is not None:
+        _check_moe(d, d.moe)
+    elif any(r.op in _MOE_SANITIZE for r in d.sanitize):
+        raise d.error("sanitize rules stack_experts / split_glu_experts need a moe block")
+
+
+_MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS)
+
+
+def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
+    r = m.router
+    want = ROUTER_PARAMS[r.kind]
+    if set(r.params) != set(want):
+        raise d.error(f"moe.router.params for kind {r.kind.value!r} must name exactly "
+                      f"{', '.join(want) or 'nothing'} (each a ModelArgs field or a literal); got "
+                      f"{', '.join(r.params) or 'nothing'}")
+    if r.kind is RouterKind.NOAUX_TC and r.gate is GateKind.LINEAR:
+        raise d.error("moe.router.kind 'noaux_tc' keeps its correction bias on the router module: "
+                      "moe.router.gate must be 'weight' or 'nested'")
+    if r.kind in (RouterKind.TOPK_SOFTMAX, RouterKind.TOPK_SOFTMAX_F32) and r.norm_topk is not False:
+        raise d.error(f"moe.router.norm_topk with {r.kind.value!r}: the softmax over the k chosen "
+                      "experts is already normalized (no such branch)")
+    if m.shared is not None and m.shared.size is SharedSize.MOE_TIMES_N and m.shared.count is None:
+        raise d.error("moe.shared.size 'moe_times_n' needs moe.shared.count (the shared-expert count "
+                      "field, e.g. n_shared_experts)")
+    n = m.names
+    block = n.block or d.names.mlp
+    inside = [n.gate, n.switch] + ([n.router] if r.gate is GateKind.LINEAR else [])
+    if m.shared is not None:
+        inside.append(n.shared)
+        if m.shared.kind is SharedKind.SIGMOID_GATED:
+            inside.append(n.shared_gate)
+    if len(set(inside)) != len(inside):
+        raise d.error(f"moe.names give two children of the MoE block ({block}) one name: {inside}")
+    for rule in d.sanitize:
+        if rule.op is SanitizeOp.STACK_EXPERTS and not isinstance(rule.arg, StackExperts):
+            raise d.error("sanitize 'stack_experts' takes a StackExperts arg")

@@ -1,0 +1,137 @@
+"""The MoE part of `mlxbun explain`: the block's sizes, its forward line by line, and the label
+each layer gets (MoE or dense). `explain.py` places them; a new router kind, combine, shared
+kind or layer rule adds its text here (the tables are checked exhaustive at import).
+Lines are (code, note) pairs; explain.py makes them its `Line`s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxbun.models.universal.kinds import (
+    Combine,
+    GateKind,
+    GroupGuard,
+    MoeLayers,
+    RouterKind,
+    SharedKind,
+    SharedSize,
+    TopKSelect,
+    exhaustive,
+)
+from mlxbun.models.universal.resolve import LayerSpec, UniversalArgs
+from mlxbun.models.universal.schema import ArchDescriptor
+
+
+def Line(code: str, note: str = "") -> tuple[str, str]:  # noqa: N802 (explain.Line's shape)
+    return code, note
+
+__all__ = ["moe_layer_label", "moe_lines", "moe_sizes", "moe_title"]
+
+_SELECT = exhaustive(TopKSelect, {
+    TopKSelect.NEG_FIRST: "argpartition(-{s}, kth=k - 1)[..., :k]",
+    TopKSelect.LAST: "argpartition({s}, kth=-k)[..., -k:]",
+})
+
+_COMBINE = exhaustive(Combine, {
+    Combine.SUM: "y = (y * w[..., None]).sum(axis=-2)",
+    Combine.SUM_CAST: "y = (y * w[..., None]).sum(axis=-2).astype(y.dtype)",
+    Combine.F32_SUM_CAST: "y = (y * w[..., None].astype(float32)).sum(axis=-2).astype(y.dtype)",
+})
+
+_LAYER_RULE = exhaustive(MoeLayers, {
+    MoeLayers.ALL: "every layer",
+    MoeLayers.SPARSE_STEP: "i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0",
+    MoeLayers.FIRST_K_DENSE: "i >= first_k_dense_replace",
+    MoeLayers.FIRST_K_DENSE_FREQ: "i >= first_k_dense_replace and i % moe_layer_freq == 0",
+})
+
+
+def moe_sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any], ...]:
+    """E, k, Ie (and Is, the shared expert's width) for the sizes header."""
+    m, spec = d.moe, a.moe
+    if m is None or spec is None:
+        return ()
+    sizes = (("E", m.experts, spec.experts), ("k", m.top_k, spec.top_k), ("Ie", m.size, spec.size))
+    if spec.shared_size is not None:
+        sh = m.shared
+        src = f"{m.size} * {sh.count}" if sh.size is SharedSize.MOE_TIMES_N else sh.size
+        sizes += (("Is", src, spec.shared_size),)
+    return sizes
+
+
+def moe_title(d: ArchDescriptor) -> str:
+    n = d.names
+    return f"mlp ({n.root}.{n.layers}[i].{d.moe.names.block or n.mlp}): mixture of experts"
+
+
+def _router_lines(d: ArchDescriptor, a: UniversalArgs):
+    m, spec = d.moe, a.moe
+    r, n = m.router, m.names
+    where = {GateKind.LINEAR: f"{n.gate}(x)",
+             GateKind.WEIGHT: f"x @ {n.gate}.weight.T",
+             GateKind.NESTED: f"{n.gate}.{n.gate_inner}(x)"}[r.gate]
+    note = {GateKind.LINEAR: f"Linear(D, E), bias={spec.gate_bias}; routed in {n.router} "
+                             f"(parameter-free, mlxbun only: taps read routing there)",
+            GateKind.WEIGHT: f"{n.gate} is the router module, weight [E, D] (never quantized)",
+            GateKind.NESTED: f"{n.gate} is the router module, {n.gate_inner} Linear(D, E), "
+                             f"bias={spec.gate_bias}"}[r.gate]
+    yield Line(f"logits = {where}", note)
+    renorm = (f"; renormalized ({r.norm_topk} = {spec.norm_topk})" if isinstance(r.norm_topk, str)
+              else "; renormalized" if spec.norm_topk else "")
+    if r.kind is RouterKind.SOFTMAX_TOPK:
+        yield Line("p = softmax(logits, precise=True)")
+        yield Line(f"experts = {_SELECT[r.select].format(s='p')}", "the order the outputs are summed in")
+        yield Line("w = take_along_axis(p, experts)" + (" / sum" if spec.norm_topk else ""),
+                   "top-k probabilities" + renorm)
+    elif r.kind in (RouterKind.TOPK_SOFTMAX, RouterKind.TOPK_SOFTMAX_F32):
+        yield Line(f"experts = {_SELECT[r.select].format(s='logits')}", "top-k of the raw logits")
+        yield Line("w = softmax(take_along_axis(logits, experts)"
+                   + (".astype(float32))" if r.kind is RouterKind.TOPK_SOFTMAX_F32 else ", precise=True)"),
+                   "softmax over the k chosen only")
+    else:  # RouterKind.NOAUX_TC
+        guard = {GroupGuard.N_GROUP_GT_1: "n_group > 1",
+                 GroupGuard.K_NONZERO: "n_group != topk_group"}[r.group_guard]
+        yield Line("s = sigmoid(logits.astype(float32))",
+                   f"compiled with the rest of the selection; {n.correction_bias} [E] on {n.gate}")
+        yield Line(f"sel = s + {n.correction_bias}", "the bias steers the choice, not the weights")
+        p = spec.params
+        yield Line("sel: zero all but the topk_group best groups", f"if {guard}: n_group = {p['n_group']}, "
+                   f"topk_group = {p['topk_group']}, a group's score = its top-2 sum")
+        yield Line("experts = argpartition(-sel, kth=k - 1)[..., :k]")
+        yield Line("w = take_along_axis(s, experts)" + (" / sum" if spec.norm_topk and spec.top_k > 1 else ""),
+                   f"sigmoid scores{renorm if spec.top_k > 1 else ''}")
+        yield Line(f"w = w * {r.params['scaling']}", f"= {spec.params['scaling']}")
+
+
+def moe_lines(d: ArchDescriptor, a: UniversalArgs):
+    """The MoE block's forward, mlx-lm style."""
+    m, spec = d.moe, a.moe
+    n = m.names
+    if m.flat_tokens:
+        yield Line("x = x.reshape(-1, D)", "tokens routed flattened; the sum is reshaped back")
+    yield from _router_lines(d, a)
+    yield Line(f"y = {n.switch}(x, experts)",
+               f"SwitchGLU: {n.down_proj}(silu({n.gate_proj}(x)) * {n.up_proj}(x)) per chosen expert, "
+               f"[E, Ie, D] weights, bias={spec.expert_bias}; gather_mm (gather_qmm quantized), tokens "
+               f"sorted by expert from 64 picks")
+    yield Line(_COMBINE[m.combine])
+    if spec.shared_size is not None:
+        if m.shared.kind is SharedKind.PLAIN:
+            yield Line(f"y = y + {n.shared}(x)", f"a dense MLP of width Is; bias={spec.shared_bias}")
+        else:
+            yield Line(f"y = y + sigmoid({n.shared_gate}(x)) * {n.shared}(x)",
+                       f"{n.shared}: a dense MLP of width Is; {n.shared_gate} Linear(D, 1)")
+    elif m.shared is not None:
+        yield Line("(no shared expert)", f"{m.shared.when} is null")
+    dense = not all(s.moe for s in a.layers)
+    yield Line("routed on: " + _LAYER_RULE[m.layers],
+               "the other layers run the dense mlp above" if dense else "")
+
+
+def moe_layer_label(d: ArchDescriptor, a: UniversalArgs, spec: LayerSpec) -> str:
+    """'' for a row without MoE, else what the layer's mlp is."""
+    if d.moe is None:
+        return ""
+    if spec.moe:
+        return f"MoE ({a.moe.experts} experts, top {a.moe.top_k})"
+    return "dense mlp"

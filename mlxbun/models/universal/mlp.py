@@ -1,0 +1,69 @@
+"""The row's dense MLP (gated, gated-fused or plain), op for op as the mlx-lm files write it.
+
+Used by `dense.py`'s blocks and, at another width, as the shared expert of `moe.py`'s block.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxbun.models import layers as L
+from mlxbun.models.universal.kinds import FUSED_ACTS, GATED_ACTS, PLAIN_ACTS, Act, MlpKind, exhaustive
+from mlxbun.models.universal.resolve import UniversalArgs
+from mlxbun.models.universal.schema import ArchDescriptor
+
+__all__ = ["MLP"]
+
+
+_GATED = exhaustive(GATED_ACTS, {Act.SILU: L.swiglu, Act.GELU: L.gelu_mul,
+                                 Act.GELU_APPROX: L.gelu_approx_mul})
+_FUSED = exhaustive(FUSED_ACTS, {Act.SILU: L.swiglu})
+_PLAIN = exhaustive(PLAIN_ACTS, {Act.GELU: nn.gelu, Act.GELU_APPROX: nn.gelu_approx,
+                                 Act.RELU_SQUARED: L.relu_squared, Act.RELU2: nn.relu2,
+                                 Act.XIELU: None})  # None: the XieLU child module
+
+
+class MLP(nn.Module):
+    """The row's dense MLP; `width` / `bias` override its size and biases (MoE shared experts)."""
+
+    def __init__(self, a: UniversalArgs, d: ArchDescriptor, width: int | None = None,
+                 bias: bool | None = None):
+        super().__init__()
+        self._d, self._n = d, d.names
+        D, n = a.hidden, d.names
+        I = a.intermediate if width is None else width
+        bias = a.mlp_bias if bias is None else bias
+        kind, act = d.mlp.kind, d.mlp.act
+        if kind is MlpKind.GATED:
+            setattr(self, n.gate, nn.Linear(D, I, bias=bias))
+            setattr(self, n.up, nn.Linear(D, I, bias=bias))
+            act_fn = _GATED[act]
+        elif kind is MlpKind.GATED_FUSED:
+            setattr(self, n.gate_up, nn.Linear(D, 2 * I, bias=bias))
+            act_fn = _FUSED[act]
+        else:  # MlpKind.PLAIN
+            setattr(self, n.up, nn.Linear(D, I, bias=bias))
+            if act is Act.XIELU:
+                setattr(self, n.act, L.XieLU())
+            act_fn = _PLAIN[act] or self[n.act]
+        setattr(self, n.down, nn.Linear(I, D, bias=bias))
+        if d.block.inner_norms:
+            setattr(self, n.inner_norm, nn.RMSNorm(D, eps=a.eps))
+        # outside the module tree (a module here would be listed twice)
+        object.__setattr__(self, "_act_fn", act_fn)
+
+    def __call__(self, x):
+        d, n = self._d, self._n
+        kind = d.mlp.kind
+        if d.block.inner_norms:
+            x = self[n.inner_norm](x)
+        if kind is MlpKind.GATED:
+            h = self._act_fn(self[n.gate](x), self[n.up](x))
+        elif kind is MlpKind.GATED_FUSED:
+            x = self[n.gate_up](x)
+            gate, x = mx.split(x, 2, axis=-1)
+            h = self._act_fn(gate, x)
+        else:  # MlpKind.PLAIN
+            h = self._act_fn(self[n.up](x))
+        return self[n.down](h)
