@@ -8,7 +8,7 @@ import mlx.core as mx
 import pytest
 
 from mlxbun import cli
-from mlxbun.bench import run_bench, shape_config
+from mlxbun.bench import run_bench, scale_down, shape_config
 from mlxbun.bench import runner as bench_runner
 from mlxbun.bench.engines import load_engines
 from mlxbun.results import open_results
@@ -140,7 +140,7 @@ def test_random_llama_3_2_1b_config_is_the_published_one():
 @pytest.mark.parametrize("name, params", [
     ("llama-3.2-1b", 1_235_814_400), ("llama-3.2-3b", 3_212_749_824), ("llama-3-8b", 8_030_261_248),
     ("llama-3.1-8b", 8_030_261_248), ("qwen3-0.6b", 596_049_920), ("qwen3-4b", 4_022_468_096),
-    ("qwen3-8b", 8_190_735_360)])
+    ("qwen3-8b", 8_190_735_360), ("qwen3-30b-a3b", 30_532_122_624)])
 def test_random_shapes_have_the_published_parameter_counts(name, params):
     """mlx-lm's model of each shape (built lazily: nothing is allocated) counts the real models' params."""
     from mlx_lm.utils import _get_classes, get_total_parameters
@@ -162,6 +162,18 @@ def test_random_model_end_to_end_quantized():
     assert len(r.tokens["mlxbun"]) == 4 and r.tokens["mlxbun"] == r.tokens["mlx-lm"]
     assert all(t.mean > 0 for t in r.tests) and r.ratio("tg4") > 0
     assert "| random:llama-3.2-1b/32 bfloat16 affine 4-bit g64 |" in r.to_markdown()
+
+
+def test_random_moe_shape_end_to_end():
+    """Qwen3-30B-A3B scaled down keeps its structure (top-8 of fewer, narrower experts) and runs
+    mlxbun's MoE graph bit for bit with mlx-lm's (float32: mlx's CPU gather_mm takes no other)."""
+    cfg = scale_down(shape_config("qwen3-30b-a3b"), 32)
+    assert (cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]) == (8, 8, 24)
+    assert scale_down(shape_config("qwen3-30b-a3b"), 4)["num_experts"] == 32
+    r = run_bench("random:qwen3-30b-a3b", scale_down=32, dtype="float32", prompt_len=16, gen_len=4, trials=1,
+                  warmup=0, record=False, progress=False)
+    assert r.model_type == "qwen3_moe"
+    assert r.checks == {"weights_shared": True, "same_greedy_tokens": True, "prefill_logits_bit_exact": True}
 
 
 def test_random_weights_are_shared_quantized_and_seeded():

@@ -1,6 +1,6 @@
 """Real model shapes for `random:SHAPE` benchmarks: the published config.json of each model.
 
-The dicts are the hub config.json files (meta-llama/*, Qwen/*) with their numerics-relevant keys
+The dicts are the hub config.json files (meta-llama/*, Qwen/*; Qwen3-30B-A3B for mixture of experts) with their numerics-relevant keys
 as published: hidden/intermediate sizes, heads, KV heads, head_dim, layers, vocab, rope (theta
 and llama3 scaling), norm eps, tied embeddings. Random weights of these shapes run the same
 kernels at the same sizes as the real models, which is what a speed benchmark needs.
@@ -129,6 +129,14 @@ SHAPES: Mapping[str, dict] = {
         hidden_size=4096, intermediate_size=12288, max_window_layers=36, num_attention_heads=32,
         num_hidden_layers=36, tie_word_embeddings=False,
     ),
+    # Qwen/Qwen3-30B-A3B: 128 experts, 8 routed per token, every layer MoE
+    "qwen3-30b-a3b": _qwen3(
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048,
+        intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], max_window_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, num_hidden_layers=48, output_router_logits=False,
+        router_aux_loss_coef=0.001, tie_word_embeddings=False,
+    ),
 }
 
 
@@ -171,7 +179,8 @@ def _int(cfg: Mapping[str, Any], key: str) -> int:
 
 def scale_down(cfg: Mapping[str, Any], factor: int) -> dict:
     """The shape shrunk by `factor`: hidden, intermediate, heads, KV heads, layers and vocab
-    divided (heads >= 1, layers >= 2), head_dim, GQA grouping, rope and tying kept."""
+    divided (heads >= 1, layers >= 2), head_dim, GQA grouping, rope and tying kept; a mixture of
+    experts also gets narrower experts and fewer of them (at least top-k)."""
     if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
         raise MlxbunError(f"scale-down factor must be an int >= 1, got {factor!r}")
     out = copy.deepcopy(dict(cfg))
@@ -195,4 +204,9 @@ def scale_down(cfg: Mapping[str, Any], factor: int) -> dict:
     )
     if "max_window_layers" in out:
         out["max_window_layers"] = out["num_hidden_layers"]
+    if "moe_intermediate_size" in cfg:
+        out["moe_intermediate_size"] = max(8, _int(cfg, "moe_intermediate_size") // factor)
+    if "num_experts" in cfg:
+        top_k = _int(cfg, "num_experts_per_tok")
+        out["num_experts"] = max(top_k, _int(cfg, "num_experts") // factor)
     return out
