@@ -219,7 +219,7 @@ def test_glm4_moe_drops_the_mtp_layer_and_stacks_experts(zoo, tmp_path):
 
 def test_half_precision_experts_refuse_where_gather_mm_takes_float32_only(zoo):
     from mlxbun.models.switch_layers import gather_mm_supported
-    from mlxbun.zoo.archs import runnable_variants
+    from mlxbun.zoo.archs import ARCHS, moe_archs, runnable_variants
 
     if gather_mm_supported("float16"):
         pytest.skip("this device runs gather_mm in float16")
@@ -230,6 +230,9 @@ def test_half_precision_experts_refuse_where_gather_mm_takes_float32_only(zoo):
     # the manifest gates exactly what this device runs
     for arch in MANIFEST:
         assert MANIFEST[arch].variants == runnable_variants(arch), arch
+    # the MoE archs (the H200 run's list: benchmarks/gpu_h200.sh moe) are those that lose them
+    assert moe_archs() == tuple(a for a in ARCHS if "float16" not in runnable_variants(a))
+    assert {"mixtral", "qwen3_moe", "deepseek"} <= set(moe_archs()) and "llama" not in moe_archs()
 
 
 # ----------------------------------------------------------------- taps

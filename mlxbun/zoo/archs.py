@@ -255,18 +255,29 @@ def get_arch(arch: str) -> Arch:
         ) from None
 
 
+def has_experts(arch: str) -> bool:
+    """True when the zoo arch's descriptor row routes through mixture-of-experts blocks."""
+    from mlxbun.config import MODEL_REMAPPING
+    from mlxbun.models.universal.table import DESCRIPTORS
+
+    get_arch(arch)
+    d = DESCRIPTORS.get(MODEL_REMAPPING.get(arch, arch))
+    return d is not None and d.moe is not None
+
+
+def moe_archs() -> tuple[str, ...]:
+    """The zoo archs with mixture-of-experts layers, in table order."""
+    return tuple(a for a in ARCHS if has_experts(a))
+
+
 def runnable_variants(arch: str) -> tuple[str, ...]:
     """The weight variants (`mlxbun.names.ZOO_VARIANTS`) of `arch` that mlx can run on this
     device: all six, except unquantized float16 / bfloat16 experts where `gather_mm` takes
     float32 only (mlx's CPU backend). `mlxbun port`'s default 'all' means these."""
-    from mlxbun.config import MODEL_REMAPPING
     from mlxbun.models.switch_layers import gather_mm_supported
-    from mlxbun.models.universal.table import DESCRIPTORS
     from mlxbun.names import ZOO_VARIANTS
 
-    get_arch(arch)
-    d = DESCRIPTORS.get(MODEL_REMAPPING.get(arch, arch))
-    experts = d is not None and d.moe is not None
+    experts = has_experts(arch)
     return tuple(v for v, opts in ZOO_VARIANTS.items()
                  if not (experts and "dtype" in opts and not gather_mm_supported(opts["dtype"])))
 
