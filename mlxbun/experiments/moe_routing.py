@@ -32,7 +32,7 @@ configurations part.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -233,7 +233,6 @@ class MoERouting:
     ids: list[int]
     agreement_table: object = None  # `agreement(base, new)` (a DataFrame), None with one side
     run_id: str | None = None
-    tokenizer: object = field(default=None, repr=False)
 
     @property
     def sides(self) -> list[tuple[str, RoutingStats]]:
@@ -310,7 +309,7 @@ def moe_routing(base: Side, new: Side | None = None, *, n_tokens: int = 128, tex
     a = route(base, ids)
     b = route(new, ids) if new is not None else None
     table = agreement(a, b) if b is not None else None
-    out = MoERouting(base=a, new=b, ids=ids, agreement_table=table, tokenizer=tok)
+    out = MoERouting(base=a, new=b, ids=ids, agreement_table=table)
     params = {"comparison": comparison or (f"{base.label} vs {new.label}" if new is not None else base.label),
               "base": base.as_params(), "new": new.as_params() if new is not None else None, "n_tokens": n_tokens,
               "text_sha1": None if text is None else hashlib.sha1(text.encode("utf-8")).hexdigest()[:12]}
