@@ -8,6 +8,7 @@
 | `benchmark`      | notebooks/benchmark         | `benchmark(model)` -> `Benchmark`         |
 | `spec_acceptance`| notebooks/spec_acceptance   | `spec_sweep(model, drafters, ks)`         |
 | `diffusion`      | notebooks/diffusion         | `diffusion_sweep(model, prompts)`         |
+| `moe_routing`    | notebooks/moe_routing       | `moe_routing(Side(...), Side(...))`       |
 
 Dependencies run one way: experiments -> features (speculative, diffusion, cache, parity, bench)
 -> core (models, config, weights, tokenizer); experiments also use `mlxbun.lab` (plots,

@@ -1,4 +1,5 @@
-"""Plot primitives and the parity plots the notebooks share, plus interactive extras.
+"""Plot primitives, the parity plots the notebooks share, per-layer plots (a layers x experts
+load heatmap, per-layer lines: moe_routing's), plus interactive extras.
 
 The primitives (`figure`, `cmap`, `show`, `token_label`, `interactive`) are what every
 experiment's own plots (in `mlxbun.experiments.*`) are built from. Every plot function returns a `matplotlib.figure.Figure` built without pyplot (no global
@@ -18,9 +19,9 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "FRONTEND_ENV", "HEADLESS_ENV", "INTERACTIVE_ENV", "cmap", "delta_p_hist", "display", "figure", "heatmap_plot",
-    "interactive", "kld_per_position_plot", "layer_explorer", "running_mean", "show", "token_label", "topk_plot",
-    "trajectory_explorer", "trajectory_plot",
+    "FRONTEND_ENV", "HEADLESS_ENV", "INTERACTIVE_ENV", "cmap", "delta_p_hist", "display", "expert_load_heatmap",
+    "figure", "heatmap_plot", "interactive", "kld_per_position_plot", "layer_explorer", "layer_lines_plot",
+    "running_mean", "show", "token_label", "topk_plot", "trajectory_explorer", "trajectory_plot",
 ]
 
 HEADLESS_ENV = "MLXBUN_HEADLESS"  # set (not "" / "0") to force static output
@@ -232,6 +233,51 @@ def delta_p_hist(stats, bins: int = 40, title: str = "delta-p: p_new(token) - p_
     ax.set_ylabel("positions")
     ax.set_title(title)
     ax.legend(fontsize=8)
+    return fig
+
+
+# ---------------------------------------------------------------- per layer
+
+
+def expert_load_heatmap(load, title: str = "expert load"):
+    """A layers x experts heatmap of token counts (`moe_routing`'s `RoutingStats.load()`), each
+    layer's row as its share of the layer's routed slots (the uniform share is 1/E); cells
+    annotated when there are few."""
+    vals = load.to_numpy(dtype=float)
+    share = vals / np.nansum(vals, axis=1, keepdims=True)
+    fig = figure(min(14.0, 3.0 + 0.5 * max(1, vals.shape[1])), min(12.0, 1.6 + 0.4 * max(1, vals.shape[0])))
+    ax = fig.subplots()
+    im = ax.imshow(np.ma.masked_invalid(share), cmap=cmap("magma").with_extremes(bad="#eeeeee"), aspect="auto",
+                   vmin=0)
+    if vals.size <= 256:
+        ax.set_xticks(range(vals.shape[1]), [str(c) for c in load.columns])
+        for (i, j), v in np.ndenumerate(vals):
+            if not np.isnan(v):
+                ax.text(j, i, f"{int(v)}", ha="center", va="center", fontsize=7,
+                        color="white" if share[i, j] < np.nanmax(share) / 2 else "black")
+    ax.set_yticks(range(vals.shape[0]), [str(r) for r in load.index])
+    ax.set_xlabel("expert")
+    ax.set_ylabel("layer")
+    fig.colorbar(im, ax=ax, label="share of routed slots")
+    ax.set_title(title)
+    return fig
+
+
+def layer_lines_plot(df, title: str = "per layer", ylabel: str = "", reference: float | None = None,
+                     reference_label: str = "reference"):
+    """One line per column of `df` over its index (the layers), e.g. a statistic of two
+    configurations side by side; `reference` draws a dashed horizontal line (e.g. ln E)."""
+    fig = figure(7, 3.2)
+    ax = fig.subplots()
+    for column in df.columns:
+        ax.plot(df.index, df[column].to_numpy(dtype=float), "o-", label=str(column))
+    if reference is not None:
+        ax.axhline(reference, color="gray", ls="--", lw=1, label=f"{reference_label} ({reference:.3g})")
+    ax.set_xticks(list(df.index))
+    ax.set_xlabel(str(df.index.name or "layer"))
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(loc="best", fontsize=8)
     return fig
 
 
