@@ -174,6 +174,25 @@ def test_random_moe_shape_end_to_end():
                   warmup=0, record=False, progress=False)
     assert r.model_type == "qwen3_moe"
     assert r.checks == {"weights_shared": True, "same_greedy_tokens": True, "prefill_logits_bit_exact": True}
+    # top-8 of 8 experts: a decoded token reads every weight
+    assert r.read_bytes == r.weights_bytes and "the routed experts' top-k share" not in r.to_markdown()
+
+
+def test_moe_bandwidth_wall_counts_the_experts_a_token_reads():
+    """A decoded token reads top_k / E of each MoE layer's fused experts: the bandwidth wall is
+    computed from those bytes, not from every weight (Qwen3-30B-A3B's 3B active parameters)."""
+    from mlx.utils import tree_flatten
+
+    from mlxbun.bench.engines import unread_expert_bytes
+
+    mut = load_engines("random:qwen3-30b-a3b", scale_down=8, dtype="float32", engines=("mlx-lm",))
+    cfg = mut.config
+    experts = {k: v for k, v in tree_flatten(mut.engines["mlx-lm"].module.parameters()) if ".switch_mlp." in k}
+    E, k = cfg["num_experts"], cfg["num_experts_per_tok"]
+    assert (E, k) == (16, 8) and len(experts) == 3 * cfg["num_hidden_layers"]
+    unread = sum(v.nbytes for v in experts.values()) * (E - k) // E
+    assert unread_expert_bytes(mut.engines["mlx-lm"].module) == 0  # mlx-lm's tree: no universal MoE blocks
+    assert mut.decode_bytes == mut.weights_bytes - unread
 
 
 def test_random_weights_are_shared_quantized_and_seeded():

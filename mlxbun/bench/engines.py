@@ -63,6 +63,7 @@ class ModelUnderTest:
     weights_bytes: int
     n_params: int
     vocab_size: int
+    decode_bytes: int  # the weight bytes one decoded token reads (MoE: the routed experts' top-k share)
     config: dict
     engines: dict[str, Engine]
     identity: dict  # model columns for the results table
@@ -103,6 +104,22 @@ def _float_dtype(params: dict) -> str:
         if mx.issubdtype(v.dtype, mx.floating) and not name.endswith((".scales", ".biases")):
             return str(v.dtype).rsplit(".", 1)[-1]
     return "?"
+
+
+def unread_expert_bytes(model) -> int:
+    """Bytes of routed-expert weights that one decoded token does not read: each MoE layer reads
+    top_k of its E experts, so (E - top_k) / E of its fused expert tensors stay untouched.
+    `model`: an nn.Module, or a runtime model wrapping its graph in `.module`."""
+    from mlxbun.models.universal.moe import MoEBlock
+
+    module = model if isinstance(model, nn.Module) else model.module
+    unread = 0
+    for _, m in module.named_modules():
+        if isinstance(m, MoEBlock):
+            size = sum(v.nbytes for _, v in tree_flatten(m.experts.parameters()))
+            n, k = m.router.n_experts, m.router.top_k
+            unread += size * (n - k) // n
+    return unread
 
 
 def _n_params(module: nn.Module) -> int:
@@ -159,6 +176,7 @@ def _from_checkpoint(path: Path, spec: str, kind: str, engines: tuple[str, ...])
         spec=spec, label=spec if kind == "zoo" else path.name, kind=kind, model_type=mb.model_type,
         dtype=_float_dtype(params), quant=_quant_label(resolve_quantization(raw)),
         weights_bytes=mb.weights_bytes, n_params=_n_params(lm_module), vocab_size=int(mb.config.vocab_size),
+        decode_bytes=mb.weights_bytes - unread_expert_bytes(mb),
         config=raw, engines=built, identity=model_identity(path), path=path,
     )
 
@@ -212,12 +230,14 @@ def _from_random(label: str, cfg: dict, spec: str, dtype: str, quant: Optional[i
         mx.eval(lm_module.parameters())
     params = dict(tree_flatten(lm_module.parameters()))
     built: dict[str, Engine] = {}
+    # mlxbun's graph over the same arrays (no copies), also when only mlx-lm runs: it counts the
+    # bytes a decoded token reads
+    mb = build_model(qcfg)
+    quantization = resolve_quantization(qcfg)
+    if quantization is not None:  # as the loader: modules whose .scales are present
+        quantize_model(mb, quantization, params)
+    mb.load_weights(list(params.items()), strict=True)
     if "mlxbun" in engines:
-        mb = build_model(qcfg)
-        quantization = resolve_quantization(qcfg)
-        if quantization is not None:  # as the loader: modules whose .scales are present
-            quantize_model(mb, quantization, params)
-        mb.load_weights(list(params.items()), strict=True)
         built["mlxbun"] = _mlxbun_engine(mb)
     if "mlx-lm" in engines:
         built["mlx-lm"] = _mlxlm_engine(lm_module)
@@ -228,6 +248,7 @@ def _from_random(label: str, cfg: dict, spec: str, dtype: str, quant: Optional[i
         spec=spec, label=f"random:{Path(label).stem if label.endswith('.json') else label}", kind="random",
         model_type=cfg["model_type"], dtype=dtype, quant=quant_label,
         weights_bytes=sum(v.nbytes for v in params.values()), n_params=_n_params(lm_module),
+        decode_bytes=sum(v.nbytes for v in params.values()) - unread_expert_bytes(mb),
         vocab_size=int(cfg["vocab_size"]), config=qcfg, engines=built, identity=identity,
     )
 

@@ -97,6 +97,7 @@ class BenchResult:
     checks: dict
     tokens: dict  # engine -> greedy tg tokens of its first run
     device_bandwidth_gb_s: Optional[float] = None
+    decode_bytes: Optional[int] = None  # weight bytes one decoded token reads (MoE: < weights_bytes)
     load_seconds: Optional[float] = None  # building both engines (random init, quantization, loading)
     run_id: Optional[str] = None
     results_path: Optional[str] = None
@@ -119,10 +120,15 @@ class BenchResult:
             return None
         return self.test("mlxbun", test).mean / self.test("mlx-lm", test).mean
 
+    @property
+    def read_bytes(self) -> int:
+        """The weight bytes a decoded token reads: all of them, except an MoE's unrouted experts."""
+        return self.weights_bytes if self.decode_bytes is None else self.decode_bytes
+
     def bandwidth_gb_s(self, engine: str) -> Optional[float]:
-        """The bandwidth-wall figure: weight bytes x decode tok/s (None without a tg test)."""
+        """The bandwidth-wall figure: weight bytes read per token x decode tok/s (None without a tg test)."""
         tg = [t for t in self.tests if t.engine == engine and t.kind == "tg"]
-        return self.weights_bytes * tg[0].mean / GB if tg else None
+        return self.read_bytes * tg[0].mean / GB if tg else None
 
     # ------------------------------------------------------------ JSON
 
@@ -133,6 +139,7 @@ class BenchResult:
             row = {
                 "model": self.label, "spec": self.model, "model_type": self.model_type, "dtype": self.dtype,
                 "quant": self.quant, "size_bytes": self.weights_bytes, "n_params": self.n_params,
+                "decode_bytes": self.read_bytes,
                 "backend": self.backend, "device": self.device, "device_name": self.device_name,
                 "engine": t.engine, "test": t.test, "n_tokens": t.n_tokens,
                 "tokens_per_s": t.mean, "tokens_per_s_sd": t.sd, "tokens_per_s_median": t.median,
@@ -183,7 +190,10 @@ class BenchResult:
         walls = [(e, self.bandwidth_gb_s(e)) for e in self.engines]
         walls = [(e, w) for e, w in walls if w is not None]
         if walls:
-            notes.append(f"bandwidth wall (weights {format_bytes(self.weights_bytes)} x decode t/s): "
+            read = format_bytes(self.read_bytes)
+            if self.read_bytes != self.weights_bytes:
+                read += f" of {format_bytes(self.weights_bytes)}: the routed experts' top-k share"
+            notes.append(f"bandwidth wall (weights read per token {read} x decode t/s): "
                          + ", ".join(f"{e} {w:.2f} GB/s" for e, w in walls))
         if self.device_bandwidth_gb_s is not None:
             notes.append(f"device copy bandwidth: {self.device_bandwidth_gb_s:.1f} GB/s")
@@ -212,7 +222,7 @@ class BenchResult:
         try:
             run = store.new_run("bench", model=self.identity,
                                 params={**self.params, "label": self.label, "n_params": self.n_params,
-                                        "weights_bytes": self.weights_bytes})
+                                        "weights_bytes": self.weights_bytes, "decode_bytes": self.read_bytes})
             rows: list[tuple] = []
             for t in self.tests:
                 p = {"engine": t.engine, "test": t.test}

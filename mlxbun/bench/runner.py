@@ -258,6 +258,7 @@ def run_bench(model: str, *, dtype: Optional[str] = None, quant: Optional[int] =
     result = BenchResult(
         model=mut.spec, label=mut.label, kind=mut.kind, model_type=mut.model_type, dtype=mut.dtype,
         quant=mut.quant, weights_bytes=mut.weights_bytes, n_params=mut.n_params, identity=mut.identity,
+        decode_bytes=mut.decode_bytes,
         backend=env["backend"], device=env["device"], device_name=env["device_name"],
         params={"model": mut.spec, "dtype": mut.dtype, "quant": quant, "prompt_len": prompt_len,
                 "gen_len": gen_len, "trials": trials, "warmup": warmup, "vs": "mlx-lm" if len(engines) == 2 else None,

@@ -224,6 +224,11 @@ class MoEBlock(nn.Module):
     def router(self) -> Router:
         return self[self._router_name]
 
+    @property
+    def experts(self) -> SwitchGLU:
+        """The fused routed experts (all of them; a token reads `router.top_k` of each tensor's rows)."""
+        return self[self._m.names.switch]
+
     def __call__(self, x: mx.array) -> mx.array:
         m = self._m
         n = m.names
