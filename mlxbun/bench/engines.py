@@ -203,11 +203,12 @@ def _random_fingerprint(cfg: dict, dtype: str, quant: Optional[int], seed: int) 
 
 def _from_random(label: str, cfg: dict, spec: str, dtype: str, quant: Optional[int], seed: int,
                  engines: tuple[str, ...]) -> ModelUnderTest:
-    from mlx_lm.utils import _get_classes, quantize_model as lm_quantize_model
+    from mlx_lm.utils import _get_classes
+    from mlx_lm.utils import quantize_model as lm_quantize_model
 
-    from mlxbun.quant import quantize_model, resolve_quantization
     from mlxbun.models.universal.coverage import require_coverage
     from mlxbun.models.universal.loader import build_model
+    from mlxbun.quant import quantize_model, resolve_quantization
 
     require_coverage(cfg["model_type"], cfg)  # refuse a shape mlxbun's graph does not understand
     try:
@@ -272,7 +273,8 @@ def load_engines(spec: str, *, dtype: Optional[str] = None, quant: Optional[int]
     if scale_down is not None and model.kind != "random":
         raise MlxbunError("scale-down applies to random:SHAPE models only")
     if model.kind == "random":
-        from mlxbun.bench.shapes import load_shape, scale_down as shrink
+        from mlxbun.bench.shapes import load_shape
+        from mlxbun.bench.shapes import scale_down as shrink
 
         label, cfg = load_shape(model.value)
         if scale_down is not None and scale_down != 1:
