@@ -52,6 +52,13 @@ def _pair(cfg: dict, seed: int = 0):
     return ref, ours
 
 
+def _two_layers(cfg: dict) -> dict:
+    """The config cut to two layers, per-layer lists (layer_types, is_moe_layer, ...) too."""
+    n = cfg["num_hidden_layers"]
+    cut = {k: v[:2] for k, v in cfg.items() if isinstance(v, list) and len(v) == n}
+    return {**cfg, **cut, "num_hidden_layers": 2}
+
+
 class _Experts(nn.Module):
     """Stands in for the fused experts on both sides: records the chosen experts and returns a
     deterministic [.., k, D] of x and the expert ids (no gather_mm, so any dtype runs)."""
@@ -77,7 +84,7 @@ def _moe_blocks(ref, ours, arch):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_routing_and_combine_match_mlx_lm_blocks(arch, dtype, gate):
-    cfg = {**tiny_config(arch), "num_hidden_layers": 2}
+    cfg = _two_layers(tiny_config(arch))
     ref, ours = _pair(cfg)
     if gate == "q4":  # the gates (and every other Linear) quantized, as a converted checkpoint
         nn.quantize(ref, group_size=32, bits=4)
@@ -363,3 +370,79 @@ def test_router_gates_keep_the_precision_mlx_lm_quantizes_them_at(zoo):
     assert granite["switch_mlp"]["up_proj"].bits == 4
     glm = load_universal(zoo("glm4_moe", quant=4)).layers[1]["mlp"]
     assert glm["gate"]["weight"].dtype == mx.float32 and glm["switch_mlp"]["gate_proj"].bits == 4
+
+
+# ----------------------------------------------------------------- exaone_moe
+
+
+@pytest.mark.parametrize("top_k, n_group, topk_group, scaling, norm", [
+    (2, 1, 1, 2.5, True), (2, 2, 1, 2.5, True), (3, 4, 2, 1.0, False), (1, 2, 1, 1.5, True),
+    (2, 8, 4, 1.0, True)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_exaone_moe_selection_adds_eps_to_the_renormalizing_sum(top_k, n_group, topk_group, scaling,
+                                                                 norm, dtype):
+    from mlx_lm.models.exaone_moe import group_expert_select
+
+    from mlxbun.models.universal.moe import _group_select_n_group_eps
+
+    gates = mx.random.normal((2, 13, 16), key=mx.random.key(top_k * 5 + n_group)).astype(getattr(mx, dtype))
+    bias = 0.1 * mx.random.normal((16,), key=mx.random.key(6))
+    want_inds, want = group_expert_select(gates, bias, top_k, n_group, topk_group, scaling, norm)
+    inds, got = _group_select_n_group_eps(gates, bias, top_k, n_group, topk_group, scaling, norm)
+    assert mx.array_equal(want_inds, inds) and mx.array_equal(want, got) and want.dtype == got.dtype
+
+
+def test_exaone_moe_gate_module_matches_mlx_lm_and_renorm_eps_is_checked():
+    ref, ours = _pair({**tiny_config("exaone_moe")}, seed=4)
+    blocks = list(_moe_blocks(ref, ours, "exaone_moe"))
+    assert [i for i, _, _ in blocks] == [1, 2, 3]  # is_moe_layer: layer 0 dense
+    for i, ref_block, our_block in blocks:
+        x = mx.random.normal((2, 9, 64), key=mx.random.key(i))
+        inds, scores = ref_block["gate"](x)
+        routing = our_block.router(x)
+        assert mx.array_equal(inds, routing.experts) and mx.array_equal(scores, routing.weights)
+    with pytest.raises(DescriptorError, match="renorm 'sum_eps' is a branch of kind 'noaux_tc'"):
+        _row(_QWEN3_MOE, moe=MoEKnobs(router=RouterKnobs("softmax_topk", renorm="sum_eps")))
+
+
+@pytest.mark.parametrize("edit", ["all_global", "no_shared", "bad_is_moe_layer"])
+def test_exaone_moe_config_branches_match_mlx_lm(edit):
+    """Every layer global (mlx-lm then ropes every layer), num_shared_experts 0 (no shared
+    expert), and an is_moe_layer list shorter than the layers (a clear refusal)."""
+    from mlxbun.errors import ConfigError
+
+    cfg = tiny_config("exaone_moe")
+    if edit == "all_global":
+        cfg["layer_types"] = ["full_attention"] * 4
+    elif edit == "no_shared":
+        cfg["num_shared_experts"] = 0
+    else:
+        with pytest.raises(ConfigError, match="'is_moe_layer' must be a list of 4 bools"):
+            build_model({**cfg, "is_moe_layer": [False, True]})
+        return
+    ref, ours = _pair(cfg, seed=2)
+    assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
+        sorted(k for k, _ in tree_flatten(ours.parameters()))
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+    if edit == "all_global":
+        assert all(s.rope is not None for s in ours.args.layers)
+
+
+def test_exaone_moe_hf_layout_is_sanitized_like_mlx_lm(zoo, tmp_path):
+    """Per-expert tensors stacked, the block-level correction bias moved onto the gate, mtp.*
+    dropped (MoE layers only, as mlx-lm's sanitize)."""
+    def to_hf(w):
+        out = _unstack(w, "mlp", "switch_mlp", _SAME)
+        for layer in (1, 2, 3):
+            p = f"model.layers.{layer}.mlp"
+            out[f"{p}.e_score_correction_bias"] = out.pop(f"{p}.gate.e_score_correction_bias")
+        out["mtp.fc.weight"] = mx.ones((64, 128))
+        return out
+
+    path = _rewrite(zoo("exaone_moe"), tmp_path / "exaone_moe", to_hf)
+    report = audit_checkpoint(path)
+    assert report.ok and set(report.dropped) == {"mtp.fc.weight"}
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))

@@ -105,6 +105,11 @@ def _qwen3_moe_post(cfg: dict) -> None:
     cfg["num_experts"] = cfg.pop("num_local_experts")
 
 
+def _exaone_moe_post(cfg: dict) -> None:
+    # mlx-lm reads is_moe_layer (K-EXAONE's hub config carries it); transformers writes mlp_layer_types
+    cfg["is_moe_layer"] = [t == "sparse" for t in cfg["mlp_layer_types"]]
+
+
 # MoE rows: 4 experts, 2 per token, expert width 64 (a quantization group), so a 40-token
 # prompt routes 80 picks (mlx-lm's sorted-indices path) and a decode step 2 (the unsorted one)
 MOE_EXPERTS, MOE_TOP_K, MOE_INTERMEDIATE = 4, 2, 64
@@ -224,6 +229,13 @@ _ROWS = (
                 "moe_intermediate_size": MOE_INTERMEDIATE, "routed_scaling_factor": 2.5},
          extra={"intermediate_size": INTERMEDIATE, "first_k_dense_replace": 0,
                 "partial_rotary_factor": 1.0}),
+    # K-EXAONE's knobs: layer 0 dense, one shared expert, 3 sliding layers then a global one
+    Arch("exaone_moe", "ExaoneMoEForCausalLM", "ExaoneMoeConfig", layers=4, kv_heads=2,
+         knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "num_shared_experts": 1,
+                "first_k_dense_replace": 1, "sliding_window_pattern": 4,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+         extra={"head_dim": HEAD_DIM}, post=_exaone_moe_post),
     # dots.llm1's knobs: layer 0 dense, renormalized top-k, routed scaling 2.5
     Arch("dots1", "Dots1ForCausalLM", "Dots1Config", kv_heads=2,
          knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,

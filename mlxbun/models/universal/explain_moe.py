@@ -15,6 +15,8 @@ from mlxbun.models.universal.kinds import (
     RouterKind,
     SharedKind,
     SharedSize,
+    SharedWhen,
+    TopKRenorm,
     TopKSelect,
     exhaustive,
 )
@@ -43,7 +45,13 @@ _LAYER_RULE = exhaustive(MoeLayers, {
     MoeLayers.SPARSE_STEP: "i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0",
     MoeLayers.FIRST_K_DENSE: "i >= first_k_dense_replace",
     MoeLayers.FIRST_K_DENSE_FREQ: "i >= first_k_dense_replace and i % moe_layer_freq == 0",
+    MoeLayers.IS_MOE_LAYER: "is_moe_layer[i]",
 })
+
+_RENORM = exhaustive(TopKRenorm, {TopKRenorm.SUM: " / sum", TopKRenorm.SUM_EPS: " / (sum + 1e-20)"})
+
+_SHARED_WHEN = exhaustive(SharedWhen, {SharedWhen.NOT_NONE: "is null",
+                                       SharedWhen.POSITIVE: "is null or 0"})
 
 
 def moe_sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any], ...]:
@@ -98,7 +106,8 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line("sel: zero all but the topk_group best groups", f"if {guard}: n_group = {p['n_group']}, "
                    f"topk_group = {p['topk_group']}, a group's score = its top-2 sum")
         yield Line("experts = argpartition(-sel, kth=k - 1)[..., :k]")
-        yield Line("w = take_along_axis(s, experts)" + (" / sum" if spec.norm_topk and spec.top_k > 1 else ""),
+        yield Line("w = take_along_axis(s, experts)"
+                   + (_RENORM[r.renorm] if spec.norm_topk and spec.top_k > 1 else ""),
                    f"sigmoid scores{renorm if spec.top_k > 1 else ''}")
         yield Line(f"w = w * {r.params['scaling']}", f"= {spec.params['scaling']}")
 
@@ -122,7 +131,7 @@ def moe_lines(d: ArchDescriptor, a: UniversalArgs):
             yield Line(f"y = y + sigmoid({n.shared_gate}(x)) * {n.shared}(x)",
                        f"{n.shared}: a dense MLP of width Is; {n.shared_gate} Linear(D, 1)")
     elif m.shared is not None:
-        yield Line("(no shared expert)", f"{m.shared.when} is null")
+        yield Line("(no shared expert)", f"{m.shared.when} {_SHARED_WHEN[m.shared.when_rule]}")
     dense = not all(s.moe for s in a.layers)
     yield Line("routed on: " + _LAYER_RULE[m.layers],
                "the other layers run the dense mlp above" if dense else "")

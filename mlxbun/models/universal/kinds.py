@@ -77,6 +77,8 @@ class RopeKind(StrEnum):
 class NopeRule(StrEnum):
     NO_ROPE_LAYERS = "no_rope_layers"  # smollm3: the per-layer no_rope_layers flags
     GLOBAL_LAYERS = "global_layers"  # cohere2, exaone4: rope only on sliding layers
+    SLIDING_OR_ALL = "sliding_or_all"  # exaone_moe: rope on sliding layers; on every layer when
+    # no layer slides (the rope child exists only where it runs)
 
 
 class MlpKind(StrEnum):
@@ -212,6 +214,9 @@ class SanitizeOp(StrEnum):
     SPLIT_GLU_EXPERTS = "split_glu_experts"  # granitemoe: input_linear -> gate_proj | up_proj,
     # output_linear -> down_proj (arg: (block name, switch name))
     DROP_LAYER_N = "drop_layer_n"  # keys starting "model.layers.{num_hidden_layers}" (MTP layer)
+    DROP_PREFIX = "drop_prefix"  # arg: prefix (exaone_moe's "mtp." heads)
+    RENAME_IN_MOE_LAYERS = "rename_in_moe_layers"  # arg: ((src, dst), ...) under the MoE block of
+    # each MoE layer: <layer>.<block>.<src> -> <layer>.<block>.<dst> (exaone_moe, bailing_moe)
 
 
 # ----------------------------------------------------------------- mixture of experts
@@ -243,6 +248,13 @@ class TopKSelect(StrEnum):
 
     NEG_FIRST = "neg_first"  # argpartition(-s, kth=k - 1)[..., :k]
     LAST = "last"  # argpartition(s, kth=-k)[..., -k:]
+
+
+class TopKRenorm(StrEnum):
+    """noaux_tc: how the k weights are renormalized (when norm_topk says so)."""
+
+    SUM = "sum"  # w / w.sum(-1) (glm4_moe, dots1)
+    SUM_EPS = "sum_eps"  # w / (w.sum(-1) + 1e-20) (exaone_moe)
 
 
 class GateKind(StrEnum):
@@ -278,6 +290,13 @@ class SharedKind(StrEnum):
     SIGMOID_GATED = "sigmoid_gated"  # y + sigmoid(shared_gate(x)) * shared(x) (qwen2_moe)
 
 
+class SharedWhen(StrEnum):
+    """When the shared expert exists, read from SharedKnobs.when (a field)."""
+
+    NOT_NONE = "not_none"  # the field is not None (deepseek n_shared_experts)
+    POSITIVE = "positive"  # the field is not None and > 0 (exaone_moe num_shared_experts)
+
+
 class SharedSize(StrEnum):
     MOE_TIMES_N = "moe_times_n"  # expert width * the shared-expert count field
 
@@ -290,6 +309,7 @@ class MoeLayers(StrEnum):
     # (i + 1) % decoder_sparse_step == 0 (qwen3_moe)
     FIRST_K_DENSE = "first_k_dense"  # experts is not None and i >= first_k_dense_replace
     FIRST_K_DENSE_FREQ = "first_k_dense_freq"  # ... and i % moe_layer_freq == 0 (deepseek)
+    IS_MOE_LAYER = "is_moe_layer"  # is_moe_layer[i], a per-layer bool list (exaone_moe)
 
 
 class PostInit(StrEnum):
@@ -313,6 +333,8 @@ class PostInit(StrEnum):
     LINEAR_ROPE_SCALING = "linear_rope_scaling"  # qwen2_moe: rope_scaling needs factor and
     # type, type 'linear' only (validated, never applied)
     DEEPSEEK_ROPE_SCALING = "deepseek_rope_scaling"  # rope_scaling needs 'type'; linear: float factor
+    ROPE_PARAMETERS_THETA = "rope_parameters_theta"  # exaone_moe: rope_parameters["rope_theta"],
+    # when present, replaces rope_theta
 
 
 def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:

@@ -29,6 +29,7 @@ from mlxbun.models.switch_layers import SwitchLinear, gather_mm_supported
 from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.kinds import SanitizeOp, TieRule
+from mlxbun.models.universal.moe_args import moe_layers
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule, StackExperts
 from mlxbun.quant import quantize_model, resolve_quantization
@@ -147,6 +148,18 @@ def _split_half(value):
     return mx.split(value, 2, axis=1)
 
 
+def _rename_in_moe_layers(d: ArchDescriptor, pairs, w: dict, fields: Mapping) -> dict:
+    """Keys under the MoE block of each MoE layer renamed (src -> dst), where present."""
+    n, block = d.names, d.moe.names.block or d.names.mlp
+    out = dict(w)
+    for layer, routed in enumerate(moe_layers(d, fields, fields[d.n_layers])):
+        prefix = f"{n.root}.{n.layers}.{layer}.{block}"
+        for src, dst in pairs if routed else ():
+            if f"{prefix}.{src}" in out:
+                out[f"{prefix}.{dst}"] = out.pop(f"{prefix}.{src}")
+    return out
+
+
 def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
                 fields: Mapping) -> tuple[dict, dict[str, str]]:
     dropped: dict[str, str] = {}
@@ -155,7 +168,11 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _stack_experts(d, rule.arg, w, fields), {}
     if op is SanitizeOp.SPLIT_GLU_EXPERTS:
         return _split_glu_experts(d, w, fields), {}
-    if op is SanitizeOp.DROP_LAYER_N:  # startswith, as mlx-lm writes it
+    if op is SanitizeOp.RENAME_IN_MOE_LAYERS:
+        return _rename_in_moe_layers(d, rule.arg, w, fields), {}
+    if op is SanitizeOp.DROP_PREFIX:
+        dropped = {k: rule.reason for k in w if k.startswith(rule.arg)}
+    elif op is SanitizeOp.DROP_LAYER_N:  # startswith, as mlx-lm writes it
         head = f"model.layers.{fields[d.n_layers]}"
         dropped = {k: rule.reason for k in w if k.startswith(head)}
     elif op is SanitizeOp.DROP_CONTAINING:

@@ -33,6 +33,7 @@ from mlxbun.models.universal.kinds import (
     GroupGuard,
     RouterKind,
     SharedKind,
+    TopKRenorm,
     TopKSelect,
     exhaustive,
 )
@@ -130,14 +131,43 @@ def _group_select_k_nonzero(gates, e_score_correction_bias, top_k, n_group, topk
     return inds, scores
 
 
+@mx.compile
+def _group_select_n_group_eps(gates, e_score_correction_bias, top_k, n_group, topk_group,
+                              routed_scaling_factor, norm_topk_prob):
+    # exaone_moe.group_expert_select, op for op (compiled there too): glm4_moe's but for the
+    # 1e-20 added to the renormalizing sum
+    scores = mx.sigmoid(gates.astype(mx.float32))
+    orig_scores = scores
+    scores = scores + e_score_correction_bias
+    if n_group > 1:
+        scores = mx.unflatten(scores, axis=-1, shape=(n_group, -1))
+        group_scores = mx.topk(scores, 2, axis=-1).sum(axis=-1, keepdims=True)
+        k = n_group - topk_group
+        group_idx = mx.argpartition(group_scores, kth=k - 1, axis=-2)[..., :k, :]
+        scores = mx.put_along_axis(scores, mx.stop_gradient(group_idx), mx.array(0.0), axis=-2)
+        scores = mx.flatten(scores, -2, -1)
+    k = top_k
+    inds = mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k]
+    inds = mx.stop_gradient(inds)
+    scores = mx.take_along_axis(orig_scores, inds, axis=-1)
+    if top_k > 1 and norm_topk_prob:
+        denominator = scores.sum(axis=-1, keepdims=True)
+        scores = scores / (denominator + 1e-20)
+    scores = scores * routed_scaling_factor
+    return inds, scores
+
+
 _GROUP_SELECT = exhaustive(GroupGuard, {GroupGuard.N_GROUP_GT_1: _group_select_n_group,
                                         GroupGuard.K_NONZERO: _group_select_k_nonzero})
+# renorm 'sum_eps' comes with the n_group > 1 guard only (the row is checked when built)
+_GROUP_SELECT_EPS = {GroupGuard.N_GROUP_GT_1: _group_select_n_group_eps}
 
 
-def _noaux_tc(r: "Router", logits, bias):  # glm4_moe, dots1 (deepseek-v3 style)
+def _noaux_tc(r: "Router", logits, bias):  # glm4_moe, dots1, exaone_moe (deepseek-v3 style)
     p = r.params
-    return _GROUP_SELECT[r.group_guard](logits, bias, r.top_k, p["n_group"], p["topk_group"],
-                                        p["scaling"], r.norm_topk)
+    table = _GROUP_SELECT if r.renorm is TopKRenorm.SUM else _GROUP_SELECT_EPS
+    return table[r.group_guard](logits, bias, r.top_k, p["n_group"], p["topk_group"],
+                                p["scaling"], r.norm_topk)
 
 
 # (router, gate logits, correction bias or None) -> (experts, weights). A new kind: its enum
@@ -170,6 +200,7 @@ class Router(nn.Module):
         super().__init__()
         r, n = m.router, m.names
         self.kind, self.select, self.gate_kind, self.group_guard = r.kind, r.select, r.gate, r.group_guard
+        self.renorm = r.renorm
         self.top_k, self.norm_topk = spec.top_k, spec.norm_topk
         self.n_experts = spec.experts
         object.__setattr__(self, "params", spec.params)  # numbers, outside the module tree

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mlxbun.models.universal.fields import fail, get, int_field
-from mlxbun.models.universal.kinds import MoeLayers, SharedSize, exhaustive
+from mlxbun.models.universal.kinds import MoeLayers, SharedSize, SharedWhen, exhaustive
 from mlxbun.models.universal.schema import ArchDescriptor, MoEKnobs
 
 __all__ = ["MoESpec", "moe_layers", "resolve_moe"]
@@ -48,11 +48,22 @@ def _first_k_dense_freq(a: Mapping, i: int, m: MoEKnobs) -> bool:  # deepseek
             and i % a["moe_layer_freq"] == 0)
 
 
+def _is_moe_layer(a: Mapping, i: int, m: MoEKnobs) -> bool:  # exaone_moe
+    return a["is_moe_layer"][i]
+
+
 _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exhaustive(MoeLayers, {
     MoeLayers.ALL: lambda a, i, m: True,
     MoeLayers.SPARSE_STEP: _sparse_step,
     MoeLayers.FIRST_K_DENSE: _first_k_dense,
     MoeLayers.FIRST_K_DENSE_FREQ: _first_k_dense_freq,
+    MoeLayers.IS_MOE_LAYER: _is_moe_layer,
+})
+
+
+_SHARED_WHEN: Mapping[SharedWhen, Callable[[Any], bool]] = exhaustive(SharedWhen, {
+    SharedWhen.NOT_NONE: lambda v: v is not None,
+    SharedWhen.POSITIVE: lambda v: v is not None and v > 0,
 })
 
 
@@ -61,6 +72,11 @@ def moe_layers(d: ArchDescriptor, a: Mapping, n_layers: int) -> list[bool]:
     if d.moe is None:
         return [False] * n_layers
     rule = _LAYER_RULES[d.moe.layers]
+    if d.moe.layers is MoeLayers.IS_MOE_LAYER:
+        flags = a["is_moe_layer"]
+        if not isinstance(flags, list) or len(flags) < n_layers:
+            raise fail(d.model_type, f"'is_moe_layer' must be a list of {n_layers} bools (one per "
+                                     f"layer), got {flags!r}")
     return [bool(rule(a, i, d.moe)) for i in range(n_layers)]
 
 
@@ -75,7 +91,7 @@ def resolve_moe(d: ArchDescriptor, a: Mapping, layers: list[bool]) -> MoESpec | 
     r = m.router
     shared_size = None
     sh = m.shared
-    if sh is not None and (sh.when is None or a[sh.when] is not None):
+    if sh is not None and (sh.when is None or _SHARED_WHEN[sh.when_rule](a[sh.when])):
         if sh.size is SharedSize.MOE_TIMES_N:
             shared_size = a[m.size] * a[sh.count]
         else:

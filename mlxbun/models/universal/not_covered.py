@@ -28,8 +28,6 @@ NOT_COVERED: dict[str, str] = {
     "dbrx": f"{_MOE}: its own router module and per-expert weights split at load; NormAttnNorm blocks",
     "ernie4_5_moe": f"{_MOE}: float32 gate activation (softmax / sigmoid), renorm by max(sum, eps), "
                     "start/end/interval MoE layers",
-    "exaone_moe": f"{_MOE}: noaux_tc router (glm4_moe's) with an is_moe_layer list and exaone "
-                  "attention",
     "gpt_oss": f"{_MOE}: its own top-k op, clamped SwiGLU experts with biases, attention sinks, "
                "alternating sliding layers, mxfp4 experts",
     "hunyuan": f"{_MOE}: cross-layer KV sharing (CLA), per-layer top-k / shared-expert lists, "

@@ -256,6 +256,11 @@ def _deepseek_rope_scaling(a: dict, mt: str) -> None:
             raise _fail(mt, "rope_scaling.factor must be a float")
 
 
+def _rope_parameters_theta(a: dict, mt: str) -> None:  # exaone_moe
+    if a["rope_parameters"] is not None and "rope_theta" in a["rope_parameters"]:
+        a["rope_theta"] = a["rope_parameters"]["rope_theta"]
+
+
 _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit, {
     PostInit.KV_HEADS_DEFAULT: _kv_heads_default,
     PostInit.LAYER_TYPES_FULL: _layer_types_full,
@@ -274,6 +279,7 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.MINISTRAL3_ROPE: _ministral3_rope,
     PostInit.LINEAR_ROPE_SCALING: _linear_rope_scaling,
     PostInit.DEEPSEEK_ROPE_SCALING: _deepseek_rope_scaling,
+    PostInit.ROPE_PARAMETERS_THETA: _rope_parameters_theta,
 })
 
 
@@ -314,9 +320,12 @@ def layer_kinds(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
     return [pattern[i % len(pattern)] == "L" if pattern else False for i in range(n)]
 
 
-def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int) -> RopeSpec | None:
+def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int,
+              any_sliding: bool) -> RopeSpec | None:
     r, mt = d.rope, d.model_type
     if r.nope is NopeRule.NO_ROPE_LAYERS and not a["no_rope_layers"][i]:
+        return None
+    if r.nope is NopeRule.SLIDING_OR_ALL and any_sliding and not sliding:
         return None
     if r.nope is NopeRule.GLOBAL_LAYERS:
         if d.layers.kinds is LayerKinds.EXAONE and not a[d.layers.period]:
@@ -381,7 +390,7 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
     if len(kinds) != n_layers:
         raise _fail(mt, f"{len(kinds)} layer kinds for {n_layers} layers")
     routed = moe_layers(d, a, n_layers)
-    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, head_dim), routed[i])
+    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, head_dim, any(kinds)), routed[i])
                    for i, s in enumerate(kinds))
     window = a[d.layers.sliding_window] if d.layers.sliding_window else None
     if any(kinds) and d.layers.make_cache is MakeCache.ROTATING_SLIDING:

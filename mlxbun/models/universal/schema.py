@@ -65,9 +65,11 @@ from mlxbun.models.universal.kinds import (
     SanitizeOp,
     SharedKind,
     SharedSize,
+    SharedWhen,
     StrEnum,
     TiedOp,
     TieRule,
+    TopKRenorm,
     TopKSelect,
 )
 
@@ -242,6 +244,7 @@ class RouterKnobs:
     # noaux_tc: {"scaling": "routed_scaling_factor", "n_group": "n_group", "topk_group": "topk_group"}
     params: Mapping[str, Any] = field(default_factory=dict)
     group_guard: GroupGuard = _kind(GroupGuard, GroupGuard.N_GROUP_GT_1)  # noaux_tc
+    renorm: TopKRenorm = _kind(TopKRenorm, TopKRenorm.SUM)  # noaux_tc: the renormalizing division
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,7 @@ class SharedKnobs:
     size: SharedSize | str = _kind(SharedSize, SharedSize.MOE_TIMES_N, or_field=True)
     count: str | None = None  # MOE_TIMES_N: the shared-expert count field (n_shared_experts)
     when: str | None = None  # built only when this field is not None (deepseek n_shared_experts)
+    when_rule: SharedWhen = _kind(SharedWhen, SharedWhen.NOT_NONE)  # what `when` must hold
     bias: bool | str = False  # the shared MLP's biases (dots1: mlp_bias)
 
 
@@ -412,6 +416,8 @@ class ArchDescriptor:
             yield "moe.layers", "first_k_dense_replace"
             if m.layers is MoeLayers.FIRST_K_DENSE_FREQ:
                 yield "moe.layers", "moe_layer_freq"
+        elif m.layers is MoeLayers.IS_MOE_LAYER:
+            yield "moe.layers", "is_moe_layer"
         sh = m.shared
         if sh is not None:
             if not isinstance(sh.size, SharedSize):
@@ -509,15 +515,16 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error(f"layers.kinds {lk.kinds.value!r} needs layers.period (the pattern field)")
     if lk.make_cache is MakeCache.ROTATING_SLIDING and not lk.sliding_window:
         raise d.error("layers.make_cache 'rotating_sliding' needs layers.sliding_window")
-    if d.rope.nope is NopeRule.GLOBAL_LAYERS and lk.kinds is LayerKinds.ALL_FULL:
-        raise d.error("rope.nope 'global_layers' needs sliding layers (layers.kinds)")
+    if d.rope.nope in (NopeRule.GLOBAL_LAYERS, NopeRule.SLIDING_OR_ALL) and lk.kinds is LayerKinds.ALL_FULL:
+        raise d.error(f"rope.nope {d.rope.nope.value!r} needs sliding layers (layers.kinds)")
     if d.moe is not None:
         _check_moe(d, d.moe)
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):
-        raise d.error("sanitize rules stack_experts / split_glu_experts need a moe block")
+        raise d.error("sanitize rules stack_experts / split_glu_experts / rename_in_moe_layers need "
+                      "a moe block")
 
 
-_MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS)
+_MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS, SanitizeOp.RENAME_IN_MOE_LAYERS)
 
 
 def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
@@ -530,9 +537,16 @@ def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
     if r.kind is RouterKind.NOAUX_TC and r.gate is GateKind.LINEAR:
         raise d.error("moe.router.kind 'noaux_tc' keeps its correction bias on the router module: "
                       "moe.router.gate must be 'weight' or 'nested'")
+    if r.renorm is TopKRenorm.SUM_EPS and (r.kind is not RouterKind.NOAUX_TC
+                                           or r.group_guard is not GroupGuard.N_GROUP_GT_1):
+        raise d.error("moe.router.renorm 'sum_eps' is a branch of kind 'noaux_tc' with group_guard "
+                      "'n_group_gt_1' only (exaone_moe)")
     if r.kind in (RouterKind.TOPK_SOFTMAX, RouterKind.TOPK_SOFTMAX_F32) and r.norm_topk is not False:
         raise d.error(f"moe.router.norm_topk with {r.kind.value!r}: the softmax over the k chosen "
                       "experts is already normalized (no such branch)")
+    if m.shared is not None and m.shared.when_rule is not SharedWhen.NOT_NONE and m.shared.when is None:
+        raise d.error(f"moe.shared.when_rule {m.shared.when_rule.value!r} needs moe.shared.when "
+                      "(the field it tests)")
     if m.shared is not None and m.shared.size is SharedSize.MOE_TIMES_N and m.shared.count is None:
         raise d.error("moe.shared.size 'moe_times_n' needs moe.shared.count (the shared-expert count "
                       "field, e.g. n_shared_experts)")
