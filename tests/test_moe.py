@@ -446,3 +446,72 @@ def test_exaone_moe_hf_layout_is_sanitized_like_mlx_lm(zoo, tmp_path):
     ref, ours = _oracle(path), load_universal(path)
     ids = _prompt(40)
     assert mx.array_equal(ref(ids), ours(ids))
+
+
+# ----------------------------------------------------------------- bailing_moe
+
+
+@pytest.mark.parametrize("score", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("top_k, n_group, topk_group, scaling, norm", [
+    (2, 1, 4, 1.0, True), (2, 2, 1, 2.5, True), (3, 4, 2, 1.0, False), (1, 2, 1, 1.5, True),
+    (2, 8, 4, 2.5, True)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_bailing_grouped_score_selection_matches_mlx_lm(score, with_bias, top_k, n_group, topk_group,
+                                                        scaling, norm, dtype):
+    from mlx_lm.models.bailing_moe import group_expert_select
+
+    from mlxbun.models.universal.moe import _grouped_score_select
+
+    gates = mx.random.normal((2, 13, 16), key=mx.random.key(top_k * 3 + n_group)).astype(getattr(mx, dtype))
+    bias = 0.1 * mx.random.normal((16,), key=mx.random.key(7)) if with_bias else None
+    args = (top_k, n_group, topk_group, scaling, norm, score)
+    want_inds, want = group_expert_select(gates, bias, *args)
+    inds, got = _grouped_score_select(gates, bias, *args)
+    assert mx.array_equal(want_inds, inds) and mx.array_equal(want, got)
+    assert got.dtype == want.dtype == gates.dtype  # the weights come back in the logits' dtype
+
+
+@pytest.mark.parametrize("edit", [
+    {"score_function": "softmax", "moe_router_enable_expert_bias": False, "n_group": 1},
+    {"rotary_dim": None, "moe_shared_expert_intermediate_size": None, "num_shared_experts": 2},
+    {"moe_router_enable_shared_expert": False, "use_bias": True, "use_qkv_bias": True,
+     "use_qk_norm": False, "first_k_dense_replace": 0},
+    {"tie_word_embeddings": True, "partial_rotary_factor": 1.0, "rotary_dim": None},
+], ids=["softmax_no_bias", "partial_rope_shared_x2", "no_shared_biases", "tied_full_rope"])
+def test_bailing_moe_config_branches_match_mlx_lm(edit):
+    """The Ling-1 style softmax router without expert bias, rope from partial_rotary_factor, the
+    shared expert switched off, biases on, tied head: same parameters, same logits."""
+    ref, ours = _pair({**tiny_config("bailing_moe"), **edit}, seed=5)
+    assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
+        sorted(k for k, _ in tree_flatten(ours.parameters()))
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+    for i, ref_block, our_block in _moe_blocks(ref, ours, "bailing_moe"):
+        x = mx.random.normal((2, 9, 64), key=mx.random.key(i)).astype(mx.bfloat16)
+        inds, scores = ref_block["gate"](x)
+        routing = our_block.router(x)
+        assert mx.array_equal(inds, routing.experts) and mx.array_equal(scores, routing.weights)
+
+
+def test_bailing_moe_hf_layout_and_norm_head_are_sanitized_like_mlx_lm(zoo, tmp_path):
+    """Per-expert tensors stacked, mlp.gate.weight moved to mlp.gate.gate_proj.weight (MoE layers
+    only), and norm_head: lm_head divided by its column norms at load, on both sides."""
+    def to_hf(w):
+        out = _unstack(w, "mlp", "switch_mlp", _SAME)
+        out["model.layers.1.mlp.gate.weight"] = out.pop("model.layers.1.mlp.gate.gate_proj.weight")
+        return out
+
+    path = _rewrite(zoo("bailing_moe"), tmp_path / "bailing_moe", to_hf,
+                    config=lambda c: {**c, "norm_head": True})
+    report = audit_checkpoint(path)
+    assert report.ok and not report.dropped
+    ref, ours = _oracle(path), load_universal(path)
+    norms = mx.linalg.norm(ours["lm_head"].weight, axis=0)
+    assert mx.allclose(norms, mx.ones_like(norms), atol=1e-5)
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+    tied = _rewrite(zoo("bailing_moe"), tmp_path / "tied", lambda w: w,
+                    config=lambda c: {**c, "norm_head": True, "tie_word_embeddings": True})
+    with pytest.raises(LoadError, match="norm_head is set but the checkpoint has no lm_head.weight"):
+        load_universal(tied)

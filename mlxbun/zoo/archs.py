@@ -236,6 +236,23 @@ _ROWS = (
                 "first_k_dense_replace": 1, "sliding_window_pattern": 4,
                 "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
          extra={"head_dim": HEAD_DIM}, post=_exaone_moe_post),
+    # no transformers class (5.24 has bailing_hybrid only): the keys mlx-lm's ModelArgs reads,
+    # with Ling-mini-2.0's knobs (sigmoid grouped router with expert bias, layer 0 dense, q/k
+    # norm, half rotary, one shared expert) shrunk
+    Arch("bailing_moe", "BailingMoeV2ForCausalLM", base={
+        "model_type": "bailing_moe", "hidden_act": "silu", "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE, "max_position_embeddings": MAX_POSITIONS,
+        "moe_intermediate_size": MOE_INTERMEDIATE, "num_experts": MOE_EXPERTS,
+        "num_shared_experts": 1, "moe_shared_expert_intermediate_size": MOE_INTERMEDIATE,
+        "norm_topk_prob": True, "num_attention_heads": HEADS, "num_experts_per_tok": MOE_TOP_K,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "rope_theta": 600000, "rope_scaling": None, "vocab_size": VOCAB_SIZE,
+        "first_k_dense_replace": 1, "use_bias": False, "use_qkv_bias": False, "norm_head": False,
+        "norm_softmax": False, "use_qk_norm": True, "tie_word_embeddings": False,
+        "partial_rotary_factor": 0.5, "rotary_dim": HEAD_DIM // 2,
+        "moe_router_enable_expert_bias": True, "routed_scaling_factor": 2.5,
+        "score_function": "sigmoid", "n_group": 2, "topk_group": 1, "head_dim": HEAD_DIM,
+        "initializer_range": 0.02, "use_cache": True, "output_router_logits": False}),
     # dots.llm1's knobs: layer 0 dense, renormalized top-k, routed scaling 2.5
     Arch("dots1", "Dots1ForCausalLM", "Dots1Config", kv_heads=2,
          knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,

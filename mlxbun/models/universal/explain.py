@@ -420,7 +420,9 @@ def _rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
     if spec is None:
         return "NoPE (no rotary embedding)"
     dims = "hd"
-    if d.rope.partial:
+    if d.rope.rotary_dim and a.fields[d.rope.rotary_dim] is not None:
+        dims = f"{spec.dims} of hd ({d.rope.rotary_dim})"
+    elif d.rope.partial:
         dims = f"{spec.dims} of hd ({d.rope.partial} {a.fields[d.rope.partial]})"
     trad = f", traditional {spec.traditional}" if spec.traditional else ""
     if spec.kind is RopeKind.INITIALIZE:

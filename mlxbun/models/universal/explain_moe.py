@@ -38,6 +38,7 @@ _COMBINE = exhaustive(Combine, {
     Combine.SUM: "y = (y * w[..., None]).sum(axis=-2)",
     Combine.SUM_CAST: "y = (y * w[..., None]).sum(axis=-2).astype(y.dtype)",
     Combine.F32_SUM_CAST: "y = (y * w[..., None].astype(float32)).sum(axis=-2).astype(y.dtype)",
+    Combine.SUM_CAST_COMPILED: "y = (y * w[..., None]).sum(axis=-2).astype(y.dtype)",
 })
 
 _LAYER_RULE = exhaustive(MoeLayers, {
@@ -62,7 +63,9 @@ def moe_sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any]
     sizes = (("E", m.experts, spec.experts), ("k", m.top_k, spec.top_k), ("Ie", m.size, spec.size))
     if spec.shared_size is not None:
         sh = m.shared
-        src = f"{m.size} * {sh.count}" if sh.size is SharedSize.MOE_TIMES_N else sh.size
+        src = {SharedSize.MOE_TIMES_N: f"{m.size} * {sh.count}",
+               SharedSize.SHARED_OR_MOE_TIMES_N: f"(moe_shared_expert_intermediate_size or {m.size}) "
+                                                 f"* {sh.count}"}.get(sh.size, sh.size)
         sizes += (("Is", src, spec.shared_size),)
     return sizes
 
@@ -96,6 +99,8 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line("w = softmax(take_along_axis(logits, experts)"
                    + (".astype(float32))" if r.kind is RouterKind.TOPK_SOFTMAX_F32 else ", precise=True)"),
                    "softmax over the k chosen only")
+    elif r.kind is RouterKind.GROUPED_SCORE:
+        yield from _grouped_score_lines(d, a, renorm)
     else:  # RouterKind.NOAUX_TC
         guard = {GroupGuard.N_GROUP_GT_1: "n_group > 1",
                  GroupGuard.K_NONZERO: "n_group != topk_group"}[r.group_guard]
@@ -112,6 +117,27 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line(f"w = w * {r.params['scaling']}", f"= {spec.params['scaling']}")
 
 
+def _grouped_score_lines(d: ArchDescriptor, a: UniversalArgs, renorm: str):
+    m, spec = d.moe, a.moe
+    r, n, p = m.router, m.names, spec.params
+    score = "sigmoid(logits.astype(float32))" if p["score"] == "sigmoid" else \
+        "softmax(logits.astype(float32))"
+    yield Line(f"s = {score}", f"{r.params['score']} = {p['score']!r}; compiled with the rest of "
+                               "the selection")
+    if spec.corrected:
+        yield Line(f"sel = s + {n.correction_bias}", f"[E] on {n.gate}; the bias steers the choice, "
+                                                      "not the weights")
+    else:
+        yield Line("sel = s", f"no correction bias ({r.corrected} = False)")
+    yield Line("sel: zero all but the topk_group best groups", f"if n_group > 1: n_group = "
+               f"{p['n_group']}, topk_group = {p['topk_group']}, a group's score = its top-2 sum")
+    yield Line("experts = argpartition(sel, kth=-k)[..., -k:]")
+    yield Line("w = take_along_axis(s, experts)"
+               + (" / (sum + 1e-20)" if spec.norm_topk and spec.top_k > 1 else ""),
+               f"scores{renorm if spec.top_k > 1 else ''}")
+    yield Line(f"w = (w * {r.params['scaling']}).astype(logits.dtype)", f"= {p['scaling']}")
+
+
 def moe_lines(d: ArchDescriptor, a: UniversalArgs):
     """The MoE block's forward, mlx-lm style."""
     m, spec = d.moe, a.moe
@@ -123,7 +149,8 @@ def moe_lines(d: ArchDescriptor, a: UniversalArgs):
                f"SwitchGLU: {n.down_proj}(silu({n.gate_proj}(x)) * {n.up_proj}(x)) per chosen expert, "
                f"[E, Ie, D] weights, bias={spec.expert_bias}; gather_mm (gather_qmm quantized), tokens "
                f"sorted by expert from 64 picks")
-    yield Line(_COMBINE[m.combine])
+    yield Line(_COMBINE[m.combine],
+               "compiled, shapeless (as mlx-lm)" if m.combine is Combine.SUM_CAST_COMPILED else "")
     if spec.shared_size is not None:
         if m.shared.kind is SharedKind.PLAIN:
             yield Line(f"y = y + {n.shared}(x)", f"a dense MLP of width Is; bias={spec.shared_bias}")

@@ -215,6 +215,8 @@ class SanitizeOp(StrEnum):
     # output_linear -> down_proj (arg: (block name, switch name))
     DROP_LAYER_N = "drop_layer_n"  # keys starting "model.layers.{num_hidden_layers}" (MTP layer)
     DROP_PREFIX = "drop_prefix"  # arg: prefix (exaone_moe's "mtp." heads)
+    NORM_HEAD = "norm_head"  # arg: the bool field; if set, lm_head.weight divided by its float32
+    # column norms (axis 0) + 1e-7, cast back (bailing_moe)
     RENAME_IN_MOE_LAYERS = "rename_in_moe_layers"  # arg: ((src, dst), ...) under the MoE block of
     # each MoE layer: <layer>.<block>.<src> -> <layer>.<block>.<dst> (exaone_moe, bailing_moe)
 
@@ -231,6 +233,8 @@ class RouterKind(StrEnum):
     TOPK_SOFTMAX_F32 = "topk_softmax_f32"  # top-k of the logits, softmax of them in float32 (granitemoe)
     NOAUX_TC = "noaux_tc"  # compiled: sigmoid(f32) + correction bias, grouped top-k, renorm, scale
     # (deepseek-v3 style: glm4_moe, dots1)
+    GROUPED_SCORE = "grouped_score"  # compiled: softmax or sigmoid (f32) scores, optional correction
+    # bias, grouped top-k (last k), renorm by sum + 1e-20, scale, cast to the logits' dtype (bailing_moe)
 
 
 # The numbers each router kind reads, by the name its routing function uses; a row maps each
@@ -240,6 +244,8 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
     RouterKind.TOPK_SOFTMAX: (),
     RouterKind.TOPK_SOFTMAX_F32: (),
     RouterKind.NOAUX_TC: ("scaling", "n_group", "topk_group"),  # routed_scaling_factor, ...
+    RouterKind.GROUPED_SCORE: ("scaling", "n_group", "topk_group", "score"),  # score: "sigmoid" or
+    # anything else (softmax), bailing_moe's score_function
 }
 
 
@@ -279,6 +285,7 @@ class Combine(StrEnum):
     SUM = "sum"  # (y * s[..., None]).sum(axis=-2)
     SUM_CAST = "sum_cast"  # (y * s[..., None]).sum(axis=-2).astype(y.dtype)
     F32_SUM_CAST = "f32_sum_cast"  # (y * s[..., None].astype(float32)).sum(axis=-2).astype(y.dtype)
+    SUM_CAST_COMPILED = "sum_cast_compiled"  # SUM_CAST in a shapeless mx.compile (bailing_moe)
 
 
 class ExpertKind(StrEnum):
@@ -299,6 +306,8 @@ class SharedWhen(StrEnum):
 
 class SharedSize(StrEnum):
     MOE_TIMES_N = "moe_times_n"  # expert width * the shared-expert count field
+    SHARED_OR_MOE_TIMES_N = "shared_or_moe_times_n"  # (moe_shared_expert_intermediate_size or the
+    # expert width) * the count field (bailing_moe)
 
 
 class MoeLayers(StrEnum):

@@ -160,6 +160,22 @@ def _rename_in_moe_layers(d: ArchDescriptor, pairs, w: dict, fields: Mapping) ->
     return out
 
 
+def _norm_head(flag: str, w: dict, fields: Mapping) -> dict:
+    """bailing_moe.sanitize: lm_head.weight / (its float32 column norms + 1e-7), in its dtype
+    (what is there: mlx-lm applies it to a packed quantized head too)."""
+    if not fields[flag]:
+        return w
+    if "lm_head.weight" not in w:
+        raise LoadError(f"{flag} is set but the checkpoint has no lm_head.weight (mlx-lm's sanitize "
+                        "normalizes it, and fails without it)")
+    v = w["lm_head.weight"]
+    if isinstance(v, _Meta):
+        return w
+    dtype = v.dtype
+    weight_norm = mx.linalg.norm(v.astype(mx.float32), axis=0, keepdims=True) + 1e-7
+    return {**w, "lm_head.weight": (v / weight_norm).astype(dtype)}
+
+
 def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
                 fields: Mapping) -> tuple[dict, dict[str, str]]:
     dropped: dict[str, str] = {}
@@ -170,6 +186,8 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _split_glu_experts(d, w, fields), {}
     if op is SanitizeOp.RENAME_IN_MOE_LAYERS:
         return _rename_in_moe_layers(d, rule.arg, w, fields), {}
+    if op is SanitizeOp.NORM_HEAD:
+        return _norm_head(rule.arg, w, fields), {}
     if op is SanitizeOp.DROP_PREFIX:
         dropped = {k: rule.reason for k in w if k.startswith(rule.arg)}
     elif op is SanitizeOp.DROP_LAYER_N:  # startswith, as mlx-lm writes it

@@ -21,6 +21,7 @@ does not have (`Router.observer`: the parity localizer does not ask the oracle f
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import NamedTuple, Optional
 
 import mlx.core as mx
@@ -170,6 +171,48 @@ def _noaux_tc(r: "Router", logits, bias):  # glm4_moe, dots1, exaone_moe (deepse
                                 p["scaling"], r.norm_topk)
 
 
+@mx.compile
+def _grouped_score_select(gates, e_score_correction_bias, top_k, n_group, topk_group,
+                          routed_scaling_factor, norm_topk_prob, score_function):
+    # bailing_moe.group_expert_select, op for op (compiled there too)
+    in_type = gates.dtype
+    if score_function == "sigmoid":
+        scores = mx.sigmoid(gates.astype(mx.float32))
+    else:
+        scores = mx.softmax(gates.astype(mx.float32), axis=-1)
+    orig_scores = scores
+    if e_score_correction_bias is not None:
+        scores = scores + e_score_correction_bias
+    if n_group > 1:
+        scores = mx.unflatten(scores, axis=-1, shape=(n_group, -1))
+        group_scores = mx.topk(scores, 2, axis=-1).sum(axis=-1, keepdims=True)
+        k = n_group - topk_group
+        group_idx = mx.argpartition(group_scores, kth=k - 1, axis=-2)[..., :k, :]
+        scores = mx.put_along_axis(scores, mx.stop_gradient(group_idx), mx.array(0.0, scores.dtype),
+                                   axis=-2)
+        scores = mx.flatten(scores, -2, -1)
+    k = top_k
+    inds = mx.argpartition(scores, kth=-k, axis=-1)[..., -k:]
+    inds = mx.stop_gradient(inds)
+    scores = mx.take_along_axis(orig_scores, inds, axis=-1)
+    if top_k > 1 and norm_topk_prob:
+        denominator = scores.sum(axis=-1, keepdims=True) + 1e-20
+        scores = scores / denominator
+    scores = scores * routed_scaling_factor
+    return inds, scores.astype(in_type)
+
+
+def _grouped_score(r: "Router", logits, bias):  # bailing_moe
+    p = r.params
+    return _grouped_score_select(logits, bias, r.top_k, p["n_group"], p["topk_group"], p["scaling"],
+                                 r.norm_topk, p["score"])
+
+
+@partial(mx.compile, shapeless=True)
+def _aggregate_expert_outputs(expert_outputs, scores):  # bailing_moe's, op for op
+    return (expert_outputs * scores[..., None]).sum(axis=-2).astype(expert_outputs.dtype)
+
+
 # (router, gate logits, correction bias or None) -> (experts, weights). A new kind: its enum
 # member (kinds.RouterKind), the numbers it reads (kinds.ROUTER_PARAMS, then `r.params[name]`
 # here), its function here, its lines in explain_moe.py.
@@ -178,14 +221,16 @@ _ROUTE = exhaustive(RouterKind, {
     RouterKind.TOPK_SOFTMAX: _topk_softmax,
     RouterKind.TOPK_SOFTMAX_F32: _topk_softmax_f32,
     RouterKind.NOAUX_TC: _noaux_tc,
+    RouterKind.GROUPED_SCORE: _grouped_score,
 })
-# the router kinds whose module holds a per-expert correction bias
-_CORRECTED = (RouterKind.NOAUX_TC,)
+# the router kinds whose module holds a per-expert correction bias (where `corrected` says so)
+_CORRECTED = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE)
 
 _COMBINE = exhaustive(Combine, {
     Combine.SUM: lambda y, s: (y * s[..., None]).sum(axis=-2),
     Combine.SUM_CAST: lambda y, s: (y * s[..., None]).sum(axis=-2).astype(y.dtype),
     Combine.F32_SUM_CAST: lambda y, s: (y * s[..., None].astype(mx.float32)).sum(axis=-2).astype(y.dtype),
+    Combine.SUM_CAST_COMPILED: _aggregate_expert_outputs,
 })
 
 
@@ -209,7 +254,8 @@ class Router(nn.Module):
             self.weight = mx.zeros((spec.experts, hidden))
         elif r.gate is GateKind.NESTED:
             setattr(self, n.gate_inner, nn.Linear(hidden, spec.experts, bias=spec.gate_bias))
-        if r.kind in _CORRECTED:
+        self._corrected = r.kind in _CORRECTED and spec.corrected
+        if self._corrected:
             setattr(self, n.correction_bias, mx.zeros((spec.experts,)))
 
     @property
@@ -222,7 +268,7 @@ class Router(nn.Module):
             logits = x @ self["weight"].T
         elif self.gate_kind is GateKind.NESTED:
             logits = self[self._inner](x)
-        bias = self[self._bias] if self.kind in _CORRECTED else None
+        bias = self[self._bias] if self._corrected else None
         inds, weights = _ROUTE[self.kind](self, logits, bias)
         return Routing(inds, weights, logits)
 

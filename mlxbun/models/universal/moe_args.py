@@ -32,6 +32,7 @@ class MoESpec:
     params: Mapping[str, Any]  # the router kind's numbers (kinds.ROUTER_PARAMS), as the config holds them
     shared_size: int | None = None  # None: no shared expert
     shared_bias: bool = False
+    corrected: bool = True  # the router kind's correction bias exists (kinds that have one)
 
 
 def _sparse_step(a: Mapping, i: int, m: MoEKnobs) -> bool:  # qwen3_moe's decoder layer
@@ -91,9 +92,12 @@ def resolve_moe(d: ArchDescriptor, a: Mapping, layers: list[bool]) -> MoESpec | 
     r = m.router
     shared_size = None
     sh = m.shared
-    if sh is not None and (sh.when is None or _SHARED_WHEN[sh.when_rule](a[sh.when])):
+    if (sh is not None and (sh.when is None or _SHARED_WHEN[sh.when_rule](a[sh.when]))
+            and get(a, sh.enabled, mt)):
         if sh.size is SharedSize.MOE_TIMES_N:
             shared_size = a[m.size] * a[sh.count]
+        elif sh.size is SharedSize.SHARED_OR_MOE_TIMES_N:  # bailing_moe
+            shared_size = (a["moe_shared_expert_intermediate_size"] or a[m.size]) * a[sh.count]
         else:
             shared_size = a[sh.size]
     return MoESpec(
@@ -103,4 +107,5 @@ def resolve_moe(d: ArchDescriptor, a: Mapping, layers: list[bool]) -> MoESpec | 
         params=MappingProxyType({k: get(a, v, mt) for k, v in r.params.items()}),
         shared_size=shared_size,
         shared_bias=bool(get(a, sh.bias, mt)) if sh is not None else False,
+        corrected=bool(get(a, r.corrected, mt)),
     )

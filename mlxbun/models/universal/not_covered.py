@@ -23,8 +23,6 @@ NOT_COVERED: dict[str, str] = {
              "routed and shared experts",
     "afmoe": f"{_MOE}: a router module with score-function choice and grouped selection, plus "
              "sigmoid-gated attention output",
-    "bailing_moe": f"{_MOE}: compiled grouped router (softmax or sigmoid, weights cast to the input "
-                   "dtype), compiled combine, fused query_key_value attention",
     "dbrx": f"{_MOE}: its own router module and per-expert weights split at load; NormAttnNorm blocks",
     "ernie4_5_moe": f"{_MOE}: float32 gate activation (softmax / sigmoid), renorm by max(sum, eps), "
                     "start/end/interval MoE layers",

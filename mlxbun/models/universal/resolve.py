@@ -333,6 +333,8 @@ def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int,
         elif not sliding:
             return None
     dims = int(head_dim * _get(a, r.partial, mt)) if r.partial else head_dim
+    if r.rotary_dim and a[r.rotary_dim] is not None:  # bailing_moe: rotary_dim wins
+        dims = _int_field(a, r.rotary_dim, mt)
     base = _get(a, r.theta, mt)
     if r.kind is RopeKind.INITIALIZE:
         traditional = _get(a, r.traditional, mt)

@@ -147,6 +147,7 @@ class RopeKnobs:
     scaling: str | None = "rope_scaling"  # field holding the scaling dict, None = never scaled
     max_positions: str | None = "max_position_embeddings"
     partial: str | None = None  # field holding the rotary fraction: dims = int(head_dim * f)
+    rotary_dim: str | None = None  # field holding the rope dims; when not None it wins over partial
     nope: NopeRule | None = _kind(NopeRule, None)
     sliding_theta: str | None = None  # sliding layers: plain rope with this base, no scaling
     child: bool = True  # the rope is the attention's `rope` child module (nanochat: a function)
@@ -245,6 +246,8 @@ class RouterKnobs:
     params: Mapping[str, Any] = field(default_factory=dict)
     group_guard: GroupGuard = _kind(GroupGuard, GroupGuard.N_GROUP_GT_1)  # noaux_tc
     renorm: TopKRenorm = _kind(TopKRenorm, TopKRenorm.SUM)  # noaux_tc: the renormalizing division
+    corrected: bool | str = True  # noaux_tc / grouped_score: the per-expert correction bias exists
+    # (literal, or the field that switches it: bailing_moe's moe_router_enable_expert_bias)
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,7 @@ class SharedKnobs:
     count: str | None = None  # MOE_TIMES_N: the shared-expert count field (n_shared_experts)
     when: str | None = None  # built only when this field is not None (deepseek n_shared_experts)
     when_rule: SharedWhen = _kind(SharedWhen, SharedWhen.NOT_NONE)  # what `when` must hold
+    enabled: bool | str = True  # and this (literal, or a bool field: moe_router_enable_shared_expert)
     bias: bool | str = False  # the shared MLP's biases (dots1: mlp_bias)
 
 
@@ -406,6 +410,7 @@ class ArchDescriptor:
         yield from (("moe.experts", m.experts), ("moe.top_k", m.top_k), ("moe.size", m.size))
         r = m.router
         for knob, value in (("moe.router.gate_bias", r.gate_bias), ("moe.router.norm_topk", r.norm_topk),
+                            ("moe.router.corrected", r.corrected),
                             ("moe.expert_bias", m.expert_bias),
                             *((f"moe.router.params[{k!r}]", v) for k, v in r.params.items())):
             if isinstance(value, str):
@@ -422,8 +427,10 @@ class ArchDescriptor:
         if sh is not None:
             if not isinstance(sh.size, SharedSize):
                 yield "moe.shared.size", sh.size
+            elif sh.size is SharedSize.SHARED_OR_MOE_TIMES_N:
+                yield "moe.shared.size", "moe_shared_expert_intermediate_size"
             for knob, value in (("moe.shared.count", sh.count), ("moe.shared.when", sh.when),
-                                ("moe.shared.bias", sh.bias)):
+                                ("moe.shared.bias", sh.bias), ("moe.shared.enabled", sh.enabled)):
                 if isinstance(value, str):
                     yield knob, value
 
@@ -432,6 +439,8 @@ class ArchDescriptor:
         yield "rope.theta", r.theta
         if r.partial:
             yield "rope.partial", r.partial
+        if r.rotary_dim:
+            yield "rope.rotary_dim", r.rotary_dim
         if r.nope is NopeRule.NO_ROPE_LAYERS:
             yield "rope.nope", "no_rope_layers"
         if r.kind is RopeKind.INITIALIZE:
@@ -534,9 +543,11 @@ def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
         raise d.error(f"moe.router.params for kind {r.kind.value!r} must name exactly "
                       f"{', '.join(want) or 'nothing'} (each a ModelArgs field or a literal); got "
                       f"{', '.join(r.params) or 'nothing'}")
-    if r.kind is RouterKind.NOAUX_TC and r.gate is GateKind.LINEAR:
-        raise d.error("moe.router.kind 'noaux_tc' keeps its correction bias on the router module: "
-                      "moe.router.gate must be 'weight' or 'nested'")
+    if r.kind in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.gate is GateKind.LINEAR:
+        raise d.error(f"moe.router.kind {r.kind.value!r} keeps its correction bias on the router "
+                      "module: moe.router.gate must be 'weight' or 'nested'")
+    if r.kind not in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.corrected is not True:
+        raise d.error(f"moe.router.corrected with {r.kind.value!r}: the kind has no correction bias")
     if r.renorm is TopKRenorm.SUM_EPS and (r.kind is not RouterKind.NOAUX_TC
                                            or r.group_guard is not GroupGuard.N_GROUP_GT_1):
         raise d.error("moe.router.renorm 'sum_eps' is a branch of kind 'noaux_tc' with group_guard "
@@ -547,9 +558,10 @@ def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
     if m.shared is not None and m.shared.when_rule is not SharedWhen.NOT_NONE and m.shared.when is None:
         raise d.error(f"moe.shared.when_rule {m.shared.when_rule.value!r} needs moe.shared.when "
                       "(the field it tests)")
-    if m.shared is not None and m.shared.size is SharedSize.MOE_TIMES_N and m.shared.count is None:
-        raise d.error("moe.shared.size 'moe_times_n' needs moe.shared.count (the shared-expert count "
-                      "field, e.g. n_shared_experts)")
+    if (m.shared is not None and m.shared.size in (SharedSize.MOE_TIMES_N, SharedSize.SHARED_OR_MOE_TIMES_N)
+            and m.shared.count is None):
+        raise d.error(f"moe.shared.size {m.shared.size.value!r} needs moe.shared.count (the "
+                      "shared-expert count field, e.g. n_shared_experts)")
     n = m.names
     block = n.block or d.names.mlp
     inside = [n.gate, n.switch] + ([n.router] if r.gate is GateKind.LINEAR else [])
