@@ -69,6 +69,7 @@ MANIFEST = {
         Entry("solar_open", EXPERT_VARIANTS),
         Entry("exaone_moe", EXPERT_VARIANTS),
         Entry("bailing_moe", EXPERT_VARIANTS),
+        Entry("hunyuan", EXPERT_VARIANTS),
         Entry("dots1", EXPERT_VARIANTS),
         Entry("deepseek", EXPERT_VARIANTS),
     ]

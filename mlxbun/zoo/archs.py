@@ -253,6 +253,22 @@ _ROWS = (
         "moe_router_enable_expert_bias": True, "routed_scaling_factor": 2.5,
         "score_function": "sigmoid", "n_group": 2, "topk_group": 1, "head_dim": HEAD_DIM,
         "initializer_range": 0.02, "use_cache": True, "output_router_logits": False}),
+    # no transformers class for mlx-lm's "hunyuan" (transformers' HunYuanMoEV1Config is
+    # hunyuan_v1_moe, without CLA or per-layer lists): the keys mlx-lm's ModelArgs reads, with
+    # Hunyuan-A13B's knobs (NTK-alpha rope, q/k norm, mixed MLP + MoE, tied head) and Hunyuan-Large's
+    # CLA (share factor 2); per-layer top-k / shared count / expert width lists that differ
+    Arch("hunyuan", "HunYuanMoEV1ForCausalLM", layers=4, base={
+        "model_type": "hunyuan", "hidden_act": "silu", "vocab_size": VOCAB_SIZE, "hidden_size": HIDDEN,
+        "num_hidden_layers": 4, "intermediate_size": INTERMEDIATE, "num_attention_heads": HEADS,
+        "num_key_value_heads": 2, "attention_bias": False, "moe_topk": [2, 1, 2, 2],
+        "num_experts": MOE_EXPERTS, "num_shared_expert": [1, 1, 2, 1], "use_mixed_mlp_moe": True,
+        "use_qk_norm": True, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "use_cla": True,
+        "cla_share_factor": 2, "moe_intermediate_size": [MOE_INTERMEDIATE, MOE_INTERMEDIATE,
+                                                         2 * MOE_INTERMEDIATE, MOE_INTERMEDIATE],
+        "rope_scaling": {"alpha": 1000.0, "beta_fast": 32, "beta_slow": 1, "factor": 1.0,
+                         "mscale": 1.0, "mscale_all_dim": 1.0, "type": "dynamic"},
+        "tie_word_embeddings": True, "max_position_embeddings": MAX_POSITIONS,
+        "initializer_range": 0.02, "use_cache": True}),
     # dots.llm1's knobs: layer 0 dense, renormalized top-k, routed scaling 2.5
     Arch("dots1", "Dots1ForCausalLM", "Dots1Config", kv_heads=2,
          knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,

@@ -47,6 +47,7 @@ _LAYER_RULE = exhaustive(MoeLayers, {
     MoeLayers.FIRST_K_DENSE: "i >= first_k_dense_replace",
     MoeLayers.FIRST_K_DENSE_FREQ: "i >= first_k_dense_replace and i % moe_layer_freq == 0",
     MoeLayers.IS_MOE_LAYER: "is_moe_layer[i]",
+    MoeLayers.NOT_SINGLE_EXPERT: "every layer unless the expert count is 1",
 })
 
 _RENORM = exhaustive(TopKRenorm, {TopKRenorm.SUM: " / sum", TopKRenorm.SUM_EPS: " / (sum + 1e-20)"})
@@ -60,6 +61,10 @@ def moe_sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any]
     m, spec = d.moe, a.moe
     if m is None or spec is None:
         return ()
+    if m.per_layer:  # int or per-layer list: each MoE layer's own numbers are in the layers
+        listed = " / ".join(f for f in (m.top_k, m.size, m.shared.count if m.shared else None) if f)
+        return (("E", m.experts, spec.experts),
+                ("k / Ie / Is", f"{listed} (int or per-layer list)", "per layer, see layers"))
     sizes = (("E", m.experts, spec.experts), ("k", m.top_k, spec.top_k), ("Ie", m.size, spec.size))
     if spec.shared_size is not None:
         sh = m.shared
@@ -169,5 +174,9 @@ def moe_layer_label(d: ArchDescriptor, a: UniversalArgs, spec: LayerSpec) -> str
     if d.moe is None:
         return ""
     if spec.moe:
-        return f"MoE ({a.moe.experts} experts, top {a.moe.top_k})"
+        moe = a.moe.at(spec.index)
+        if not d.moe.per_layer:
+            return f"MoE ({moe.experts} experts, top {moe.top_k})"
+        shared = f", Is {moe.shared_size}" if moe.shared_size is not None else ""
+        return f"MoE ({moe.experts} experts, top {moe.top_k}, Ie {moe.size}{shared})"
     return "dense mlp"

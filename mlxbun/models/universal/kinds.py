@@ -197,6 +197,15 @@ class LayerKinds(StrEnum):
     EXAONE = "exaone"  # pattern string of L (local) and G (global), repeated
 
 
+class KVShare(StrEnum):
+    """Cross-layer KV sharing: layers that take another layer's key/value projections."""
+
+    CLA = "cla"  # hunyuan: with use_cla, layer i projects k/v iff i % cla_share_factor == 0; the
+    # others have no k_proj / v_proj and take the last projecting layer's k_proj(x), v_proj(x) of
+    # this forward's tokens (pre-reshape), then rope / norm them and fill their OWN cache; the
+    # attention and the block return (output, kv projections), as mlx-lm's do
+
+
 class MakeCache(StrEnum):
     DEFAULT = "default"  # make_prompt_cache's default: a KVCache per layer
     ROTATING_SLIDING = "rotating_sliding"  # the file's make_cache: RotatingKVCache on sliding layers
@@ -306,6 +315,7 @@ class SharedWhen(StrEnum):
 
 class SharedSize(StrEnum):
     MOE_TIMES_N = "moe_times_n"  # expert width * the shared-expert count field
+    INTERMEDIATE_TIMES_N = "intermediate_times_n"  # int(intermediate_size * the count field) (hunyuan)
     SHARED_OR_MOE_TIMES_N = "shared_or_moe_times_n"  # (moe_shared_expert_intermediate_size or the
     # expert width) * the count field (bailing_moe)
 
@@ -319,6 +329,8 @@ class MoeLayers(StrEnum):
     FIRST_K_DENSE = "first_k_dense"  # experts is not None and i >= first_k_dense_replace
     FIRST_K_DENSE_FREQ = "first_k_dense_freq"  # ... and i % moe_layer_freq == 0 (deepseek)
     IS_MOE_LAYER = "is_moe_layer"  # is_moe_layer[i], a per-layer bool list (exaone_moe)
+    NOT_SINGLE_EXPERT = "not_single_expert"  # every layer, unless the expert count is 1 (then
+    # none: hunyuan)
 
 
 class PostInit(StrEnum):
@@ -342,6 +354,8 @@ class PostInit(StrEnum):
     LINEAR_ROPE_SCALING = "linear_rope_scaling"  # qwen2_moe: rope_scaling needs factor and
     # type, type 'linear' only (validated, never applied)
     DEEPSEEK_ROPE_SCALING = "deepseek_rope_scaling"  # rope_scaling needs 'type'; linear: float factor
+    HUNYUAN_MOE_ROPE_SCALING = "hunyuan_moe_rope_scaling"  # hunyuan: rope_scaling needs factor
+    # and type (post-init) and alpha (the attention reads it), so it cannot be null
     ROPE_PARAMETERS_THETA = "rope_parameters_theta"  # exaone_moe: rope_parameters["rope_theta"],
     # when present, replaces rope_theta
 

@@ -276,9 +276,9 @@ class Router(nn.Module):
 class MoEBlock(nn.Module):
     """The MoE block of one layer: route, run the k experts (SwitchGLU), combine, add shared."""
 
-    def __init__(self, a: UniversalArgs, d: ArchDescriptor):
+    def __init__(self, a: UniversalArgs, d: ArchDescriptor, layer: int):
         super().__init__()
-        m, spec = d.moe, a.moe
+        m, spec = d.moe, a.moe.at(layer)
         n = m.names
         self._m = m
         D = a.hidden

@@ -28,8 +28,6 @@ NOT_COVERED: dict[str, str] = {
                     "start/end/interval MoE layers",
     "gpt_oss": f"{_MOE}: its own top-k op, clamped SwiGLU experts with biases, attention sinks, "
                "alternating sliding layers, mxfp4 experts",
-    "hunyuan": f"{_MOE}: cross-layer KV sharing (CLA), per-layer top-k / shared-expert lists, "
-               "float32 combine",
     "llama4": f"{_MOE}: a text_config wrapper around chunked-attention layers; top-1 sigmoid "
               "router that scales the expert input, shared expert, interleaved MoE layers",
     "mellum": f"{_MOE}: sliding / global layer pattern and its own cache layout around a "

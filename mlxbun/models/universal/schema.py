@@ -42,6 +42,7 @@ from mlxbun.models.universal.kinds import (
     GateKind,
     GroupGuard,
     HeadDim,
+    KVShare,
     LayerKinds,
     MakeCache,
     MlpKind,
@@ -215,6 +216,7 @@ class LayerKnobs:
     period: str | None = None  # field for "period" (int) and "exaone" (pattern string)
     make_cache: MakeCache = _kind(MakeCache, MakeCache.DEFAULT)
     mask_array: bool = False  # gemma2: create_attention_mask(..., return_array=True)
+    kv_share: KVShare | None = _kind(KVShare, None)  # cla: fields use_cla, cla_share_factor
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,9 @@ class MoEKnobs:
     experts: str = "num_experts"  # field: routed experts
     top_k: str = "num_experts_per_tok"  # field
     size: str = "moe_intermediate_size"  # field: one expert's intermediate width
+    size_fallback: str | None = None  # field used when `size` is None (hunyuan: intermediate_size)
+    per_layer: bool = False  # top_k, size and the shared count may each be an int or a list
+    # indexed by layer (hunyuan's _int_or_list)
     router: RouterKnobs = RouterKnobs(RouterKind.SOFTMAX_TOPK)
     layers: MoeLayers = _kind(MoeLayers, MoeLayers.ALL)
     expert: ExpertKind = _kind(ExpertKind, ExpertKind.GLU)
@@ -403,11 +408,15 @@ class ArchDescriptor:
             yield "layers.period", lk.period
         if lk.sliding_window:
             yield "layers.sliding_window", lk.sliding_window
+        if lk.kv_share is KVShare.CLA:
+            yield from (("layers.kv_share", "use_cla"), ("layers.kv_share", "cla_share_factor"))
         if self.moe is not None:
             yield from self._moe_refs(self.moe)
 
     def _moe_refs(self, m: MoEKnobs) -> Iterator[tuple[str, str]]:
         yield from (("moe.experts", m.experts), ("moe.top_k", m.top_k), ("moe.size", m.size))
+        if m.size_fallback:
+            yield "moe.size_fallback", m.size_fallback
         r = m.router
         for knob, value in (("moe.router.gate_bias", r.gate_bias), ("moe.router.norm_topk", r.norm_topk),
                             ("moe.router.corrected", r.corrected),
@@ -429,6 +438,8 @@ class ArchDescriptor:
                 yield "moe.shared.size", sh.size
             elif sh.size is SharedSize.SHARED_OR_MOE_TIMES_N:
                 yield "moe.shared.size", "moe_shared_expert_intermediate_size"
+            elif sh.size is SharedSize.INTERMEDIATE_TIMES_N:
+                yield "moe.shared.size", "intermediate_size"
             for knob, value in (("moe.shared.count", sh.count), ("moe.shared.when", sh.when),
                                 ("moe.shared.bias", sh.bias), ("moe.shared.enabled", sh.enabled)):
                 if isinstance(value, str):
@@ -524,6 +535,8 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error(f"layers.kinds {lk.kinds.value!r} needs layers.period (the pattern field)")
     if lk.make_cache is MakeCache.ROTATING_SLIDING and not lk.sliding_window:
         raise d.error("layers.make_cache 'rotating_sliding' needs layers.sliding_window")
+    if lk.kv_share is not None and (d.qkv is not QKV.SEPARATE or d.block.parallel is not False):
+        raise d.error("layers.kv_share takes separate q/k/v projections and a sequential block")
     if d.rope.nope in (NopeRule.GLOBAL_LAYERS, NopeRule.SLIDING_OR_ALL) and lk.kinds is LayerKinds.ALL_FULL:
         raise d.error(f"rope.nope {d.rope.nope.value!r} needs sliding layers (layers.kinds)")
     if d.moe is not None:
@@ -558,7 +571,8 @@ def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
     if m.shared is not None and m.shared.when_rule is not SharedWhen.NOT_NONE and m.shared.when is None:
         raise d.error(f"moe.shared.when_rule {m.shared.when_rule.value!r} needs moe.shared.when "
                       "(the field it tests)")
-    if (m.shared is not None and m.shared.size in (SharedSize.MOE_TIMES_N, SharedSize.SHARED_OR_MOE_TIMES_N)
+    if (m.shared is not None and m.shared.size in (SharedSize.MOE_TIMES_N, SharedSize.SHARED_OR_MOE_TIMES_N,
+                                                   SharedSize.INTERMEDIATE_TIMES_N)
             and m.shared.count is None):
         raise d.error(f"moe.shared.size {m.shared.size.value!r} needs moe.shared.count (the "
                       "shared-expert count field, e.g. n_shared_experts)")

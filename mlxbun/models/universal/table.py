@@ -744,6 +744,34 @@ _MOE_ROWS = [
               "moe_router_enable_routed_scaling are read but unused.",
     ),
     ArchDescriptor(
+        "hunyuan",
+        _fields("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
+                "num_attention_heads", "num_key_value_heads", "attention_bias", "moe_topk",
+                "num_experts", "num_shared_expert", "use_mixed_mlp_moe", "use_qk_norm",
+                "rms_norm_eps", "rope_theta", "use_cla", "cla_share_factor",
+                moe_intermediate_size=None, rope_scaling=None, tie_word_embeddings=False),
+        ("hunyuan_moe_rope_scaling",), head_dim="split", attn_bias="attention_bias",
+        out_bias="attention_bias",
+        qk_norm=QKNormKnobs("rms", "after_rope", enabled="use_qk_norm",
+                            names=("query_layernorm", "key_layernorm")),
+        rope=RopeKnobs("hunyuan_alpha"), head=HeadKnobs(tie=True),
+        layers=LayerKnobs(kv_share="cla"),
+        moe=MoEKnobs(top_k="moe_topk", size_fallback="intermediate_size", per_layer=True,
+                     layers="not_single_expert", combine="f32_sum_cast",
+                     router=RouterKnobs("softmax_topk", gate="nested"),
+                     shared=SharedKnobs("plain", size="intermediate_times_n", count="num_shared_expert",
+                                        enabled="use_mixed_mlp_moe"),
+                     names=MoENames(gate_inner="wg", shared="shared_mlp")),
+        sanitize=(_STACK,), accepted_values=_SILU,
+        ignored_keys={**_ROUTER_TRAINING,
+                      "max_position_embeddings": "mlx-lm's hunyuan rope has no position limit"},
+        notes="cross-layer KV sharing (use_cla: layer i projects k/v iff i % cla_share_factor == 0, "
+              "the others reuse those projections and keep their own cache); per-layer moe_topk / "
+              "num_shared_expert / moe_intermediate_size lists; softmax router without "
+              "renormalization, float32 combine; q/k RMSNorm after the NTK-alpha rope; the head is always "
+              "the embedding (tie_word_embeddings is read but unused).",
+    ),
+    ArchDescriptor(
         "dots1",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", "max_position_embeddings",
