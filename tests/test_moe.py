@@ -515,3 +515,77 @@ def test_bailing_moe_hf_layout_and_norm_head_are_sanitized_like_mlx_lm(zoo, tmp_
                     config=lambda c: {**c, "norm_head": True, "tie_word_embeddings": True})
     with pytest.raises(LoadError, match="norm_head is set but the checkpoint has no lm_head.weight"):
         load_universal(tied)
+
+
+# ----------------------------------------------------------------- hunyuan
+
+
+@pytest.mark.parametrize("edit", [
+    {},
+    {"use_cla": False},
+    {"cla_share_factor": 3},
+    {"moe_topk": 1, "num_shared_expert": 2, "moe_intermediate_size": 64},
+    {"moe_intermediate_size": None, "use_mixed_mlp_moe": False},
+    {"num_experts": 1},
+    {"attention_bias": True, "use_qk_norm": False},
+], ids=["cla2", "no_cla", "cla3", "scalars", "fallback_width_no_shared", "single_expert", "bias_no_qk_norm"])
+def test_hunyuan_config_branches_match_mlx_lm(edit):
+    """CLA on / off / every third layer, int or per-layer-list MoE numbers, the expert width
+    falling back to intermediate_size, no shared MLP, one expert (every layer dense): the same
+    parameters (sharing layers have no k_proj / v_proj) and the same logits as mlx-lm's module."""
+    cfg = {**tiny_config("hunyuan"), **edit}
+    ref, ours = _pair(cfg, seed=6)
+    assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
+        sorted(k for k, _ in tree_flatten(ours.parameters()))
+    factor = cfg["cla_share_factor"] if cfg["use_cla"] else 1
+    assert [s.kv_proj for s in ours.args.layers] == [i % factor == 0 for i in range(4)]
+    assert [("k_proj" in layer["self_attn"]) for layer in ours.layers] == [s.kv_proj for s in ours.args.layers]
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+    for i, ref_block, our_block in _moe_blocks(ref, ours, "hunyuan"):
+        x = mx.random.normal((2, 9, 64), key=mx.random.key(i))
+        assert our_block.router(x).experts.shape[-1] == ref_block.top_k
+        assert mx.array_equal(ref_block(x), our_block(x))
+
+
+def test_hunyuan_decode_through_caches_matches_mlx_lm_layer_by_layer():
+    """Prefill then decode steps through each side's own caches: every decoder layer's output
+    (the block returns (h, kv projections), as mlx-lm's; taps record h) and every attention's
+    output bit-equal, sharing layers included."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxbun.models.taps import capture
+
+    ref, ours = _pair(tiny_config("hunyuan"), seed=8)
+    ref_cache, our_cache = make_prompt_cache(ref), ours.make_cache()
+    pick = lambda p, m: p.startswith("model.layers.") and p.count(".") in (2, 3) and "mlp" not in p  # noqa: E731
+    ids = _prompt(20)
+    for step in range(4):
+        with capture(ours, pick) as got, capture(ref, pick) as want:
+            ours(ids, cache=our_cache)
+            logits = ref(ids, cache=ref_cache)
+        assert sorted(got) == sorted(want) and "model.layers.1.self_attn" in got
+        for path in want:
+            assert mx.array_equal(want[path][0], got[path][0]).item(), f"step {step}: {path}"
+        ids = mx.argmax(logits[:, -1:], axis=-1)
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"rope_scaling": None}, "rope_scaling needs the key 'alpha'"),
+    ({"rope_scaling": {"factor": 1.0, "type": "dynamic"}}, "rope_scaling needs the key 'alpha'"),
+    ({"rope_scaling": {"alpha": 1000.0}}, r"rope_scaling must contain keys \{'factor', 'type'\}"),
+    ({"moe_topk": [2, 2]}, "'moe_topk' lists 2 values; layer 2 has none"),
+    ({"cla_share_factor": 0}, "'cla_share_factor' must be a positive integer"),
+])
+def test_hunyuan_configs_mlx_lm_cannot_build_are_refused_clearly(edit, match):
+    from mlxbun.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        build_model({**tiny_config("hunyuan"), **edit})
+
+
+def test_kv_share_needs_separate_projections_and_a_sequential_block():
+    from mlxbun.models.universal.schema import LayerKnobs
+
+    with pytest.raises(DescriptorError, match="layers.kv_share takes separate q/k/v projections"):
+        _row("bailing_moe", layers=LayerKnobs(kv_share="cla"))
