@@ -589,3 +589,33 @@ def test_kv_share_needs_separate_projections_and_a_sequential_block():
 
     with pytest.raises(DescriptorError, match="layers.kv_share takes separate q/k/v projections"):
         _row("bailing_moe", layers=LayerKnobs(kv_share="cla"))
+
+
+def test_hunyuan_fused_qkv_and_gate_up_layout_is_split_like_mlx_lm(zoo, tmp_path):
+    """Hunyuan's original layout (one expert, so dense MLPs): qkv_proj packed per kv head as
+    [q heads of the group | k | v] and gate_and_up_proj as [up | gate]; mlx-lm's sanitize splits
+    them (sharing layers have a plain q_proj)."""
+    cfg = {**tiny_config("hunyuan"), "num_experts": 1}
+    ref, _ = _pair(cfg, seed=9)
+    n_kv, groups, hd = cfg["num_key_value_heads"], cfg["num_attention_heads"] // cfg["num_key_value_heads"], 16
+
+    def fused(_):
+        w = dict(tree_flatten(ref.parameters()))
+        for i in range(4):
+            a, m = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+            if f"{a}.k_proj.weight" in w:
+                q, k, v = (w.pop(f"{a}.{n}_proj.weight").reshape(n_kv, -1, hd, 64) for n in "qkv")
+                w[f"{a}.qkv_proj.weight"] = mx.concatenate([q, k, v], axis=1).reshape(-1, 64)
+            w[f"{m}.gate_and_up_proj.weight"] = mx.concatenate(
+                [w.pop(f"{m}.up_proj.weight"), w.pop(f"{m}.gate_proj.weight")])
+        return w
+
+    path = _rewrite(zoo("hunyuan"), tmp_path / "hunyuan_fused", fused,
+                    config=lambda c: {**c, "num_experts": 1})
+    assert groups == 2 and "model.layers.0.self_attn.qkv_proj.weight" in mx.load(str(path / "model.safetensors"))
+    report = audit_checkpoint(path)
+    assert report.ok and not report.dropped
+    oracle, ours = _oracle(path), load_universal(path)
+    ids = _prompt(40)
+    want = oracle(ids)
+    assert mx.array_equal(want, ours(ids)) and mx.array_equal(want, ref(ids))

@@ -224,6 +224,8 @@ class SanitizeOp(StrEnum):
     # output_linear -> down_proj (arg: (block name, switch name))
     DROP_LAYER_N = "drop_layer_n"  # keys starting "model.layers.{num_hidden_layers}" (MTP layer)
     DROP_PREFIX = "drop_prefix"  # arg: prefix (exaone_moe's "mtp." heads)
+    HUNYUAN_FUSED = "hunyuan_fused"  # when layer 0 has mlp.gate_and_up_proj: every qkv_proj split
+    # per kv head into q | k | v, every gate_and_up_proj into up | gate (hunyuan's original layout)
     NORM_HEAD = "norm_head"  # arg: the bool field; if set, lm_head.weight divided by its float32
     # column norms (axis 0) + 1e-7, cast back (bailing_moe)
     RENAME_IN_MOE_LAYERS = "rename_in_moe_layers"  # arg: ((src, dst), ...) under the MoE block of

@@ -762,7 +762,9 @@ _MOE_ROWS = [
                      shared=SharedKnobs("plain", size="intermediate_times_n", count="num_shared_expert",
                                         enabled="use_mixed_mlp_moe"),
                      names=MoENames(gate_inner="wg", shared="shared_mlp")),
-        sanitize=(_STACK,), accepted_values=_SILU,
+        sanitize=(SanitizeRule("hunyuan_fused", None, "fused qkv_proj / gate_and_up_proj split"),
+                  _STACK),
+        accepted_values=_SILU,
         ignored_keys={**_ROUTER_TRAINING,
                       "max_position_embeddings": "mlx-lm's hunyuan rope has no position limit"},
         notes="cross-layer KV sharing (use_cla: layer i projects k/v iff i % cla_share_factor == 0, "
