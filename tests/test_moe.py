@@ -619,3 +619,19 @@ def test_hunyuan_fused_qkv_and_gate_up_layout_is_split_like_mlx_lm(zoo, tmp_path
     ids = _prompt(40)
     want = oracle(ids)
     assert mx.array_equal(want, ours(ids)) and mx.array_equal(want, ref(ids))
+
+
+@pytest.mark.parametrize("build, knob", [
+    (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(router=RouterKnobs("softmax_topk", corrected="norm_topk_prob"))),
+     "moe.router.corrected with 'softmax_topk': the kind has no correction bias"),
+    (lambda: _row(_GLM, moe=MoEKnobs(experts="n_routed_experts", router=RouterKnobs(
+        "grouped_score", gate="weight", params={"scaling": 1.0, "n_group": 1, "topk_group": 1}))),
+     "must name exactly scaling, n_group, topk_group, score"),
+    (lambda: _row(_GLM, moe=MoEKnobs(experts="n_routed_experts", shared=SharedKnobs(
+        count="n_shared_experts", when_rule="positive"))),
+     "moe.shared.when_rule 'positive' needs moe.shared.when"),
+])
+def test_the_new_moe_knobs_are_checked_when_a_row_is_built(build, knob):
+    with pytest.raises(DescriptorError, match="descriptor 'my_moe': ") as e:
+        build()
+    assert knob in str(e.value)

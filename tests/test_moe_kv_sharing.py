@@ -9,7 +9,8 @@ mlx-lm's own hunyuan module gives with the same cache: plain, rotating (max_kv_s
 sharing layers, and a prompt cache saved and loaded. Each run is compared, every step's
 log-probabilities bit for bit, with mlx-lm's module run by mlxbun's generate on mlxbun's caches
 (the same cache code, mlx-lm's CLA), and where mlx-lm has the cache kind itself, with mlx-lm's
-own stream_generate too.
+own stream_generate too. Speculative decoding (n-gram and layer-skip drafters, whose cut can fall
+inside a sharing group) equals plain greedy.
 """
 
 from __future__ import annotations
@@ -146,3 +147,22 @@ def test_hunyuan_caches_are_one_plain_cache_per_layer_as_mlx_lm(sides):
     assert [type(c).__name__ for c in make_prompt_cache(module)] == ["KVCache"] * 4
     assert [type(c) for c in ours.make_cache()] == [KVCache] * 4
     assert [type(c) for c in make_generation_cache(ours, max_kv_size=16)] == [RotatingKVCache] * 4
+
+
+def test_speculative_drafters_keep_the_sharing(sides):
+    """Speculative greedy equals plain greedy on a CLA model with every drafter kind: the
+    layer-skip self-draft cuts the stack inside a sharing group (self:1 keeps layer 0, which
+    projects; self:3 keeps layer 2's group half) and the target's own caches roll back per layer."""
+    from mlxbun.speculative.drafters import LayerSkipDrafter, NGramDrafter
+    from mlxbun.speculative.engine import speculative_generate
+
+    ours, _, _, tok, _ = sides
+    plain = list(stream_generate(ours, tok, PROMPT, max_tokens=N))
+    makers = [NGramDrafter] + [lambda n=n: LayerSkipDrafter(n) for n in (1, 2, 3, 4)]
+    for make in makers:
+        for k in (1, 3):
+            drafter = make()
+            spec = list(speculative_generate(ours, tok, PROMPT, drafter=drafter, num_draft=k, max_tokens=N))
+            assert [r.token for r in spec] == [r.token for r in plain], (drafter.name, k)
+            # tests/test_speculative.py's LOGPROB_TOL: a batched verify forward rounds differently
+            assert max(mx.abs(a.logprobs - b.logprobs).max().item() for a, b in zip(spec, plain)) < 1e-4

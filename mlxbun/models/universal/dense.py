@@ -415,7 +415,10 @@ class UniversalDense(nn.Module):
                 continue
             if spec.kv_proj:  # KVShare.CLA: a projecting layer starts a new sharing group
                 shared_kv = None
-            h, shared_kv = layer(h, mask, c, attn_scale, shared_kv)
+            out = layer(h, mask, c, attn_scale, shared_kv)
+            # a block the layer-skip drafter skips is the identity: h alone (the skipped blocks
+            # are the last ones, so no later layer reads the k / v they would have passed on)
+            h, shared_kv = out if isinstance(out, tuple) else (out, shared_kv)
 
         if d.norm.kind is NormKind.FUNCTIONAL_RMS:
             return L.rms_norm_no_weight(h)
