@@ -85,10 +85,14 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
     r, n = m.router, m.names
     where = {GateKind.LINEAR: f"{n.gate}(x)",
              GateKind.WEIGHT: f"x @ {n.gate}.weight.T",
-             GateKind.NESTED: f"{n.gate}.{n.gate_inner}(x)"}[r.gate]
+             GateKind.NESTED: f"{n.gate}.{n.gate_inner}(x)",
+             GateKind.WRAPPED: f"{n.gate}(x)"}[r.gate]
     note = {GateKind.LINEAR: f"Linear(D, E), bias={spec.gate_bias}; routed in {n.router} "
                              f"(parameter-free, mlxbun only: taps read routing there)",
             GateKind.WEIGHT: f"{n.gate} is the router module, weight [E, D] (never quantized)",
+            GateKind.WRAPPED: f"{n.gate} a module returning {n.gate_inner}(x), {n.gate_inner} "
+                              f"Linear(D, E), bias={spec.gate_bias}; routed in {n.router} "
+                              f"(parameter-free, mlxbun only: taps read routing there)",
             GateKind.NESTED: f"{n.gate} is the router module, {n.gate_inner} Linear(D, E), "
                              f"bias={spec.gate_bias}"}[r.gate]
     yield Line(f"logits = {where}", note)

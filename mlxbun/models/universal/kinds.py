@@ -281,6 +281,8 @@ class GateKind(StrEnum):
     # `router` module that mlx-lm's tree does not have (taps see routing there)
     WEIGHT = "weight"  # the router module holds a raw `weight` [E, D]: logits = x @ weight.T
     NESTED = "nested"  # the router module holds a Linear child (granitemoe router.layer)
+    WRAPPED = "wrapped"  # a module at `gate` holding the Linear `gate_inner` and returning its
+    # logits (hunyuan's Gate); routing in a parameter-free `router` child, as LINEAR
 
 
 class GroupGuard(StrEnum):

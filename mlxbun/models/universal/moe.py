@@ -43,7 +43,7 @@ from mlxbun.models.universal.moe_args import MoESpec
 from mlxbun.models.universal.resolve import UniversalArgs
 from mlxbun.models.universal.schema import ArchDescriptor, MoEKnobs
 
-__all__ = ["MoEBlock", "Router", "Routing"]
+__all__ = ["Gate", "MoEBlock", "Router", "Routing"]
 
 
 class Routing(NamedTuple):
@@ -237,9 +237,25 @@ _COMBINE = exhaustive(Combine, {
 # ----------------------------------------------------------------- modules
 
 
+# the gate kinds whose logits a sibling module computes (the Router is then mlxbun-only)
+_SIBLING_GATE = (GateKind.LINEAR, GateKind.WRAPPED)
+
+
+class Gate(nn.Module):
+    """GateKind.WRAPPED: hunyuan's Gate, a module holding the router Linear, returning its logits."""
+
+    def __init__(self, hidden: int, experts: int, bias: bool, inner: str):
+        super().__init__()
+        self._inner = inner
+        setattr(self, inner, nn.Linear(hidden, experts, bias=bias))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self[self._inner](x)
+
+
 class Router(nn.Module):
-    """Gate logits -> `Routing`. Holds the gate's parameters unless the gate is a sibling
-    Linear (GateKind.LINEAR), whose logits the block passes in."""
+    """Gate logits -> `Routing`. Holds the gate's parameters unless a sibling computes the
+    logits (GateKind.LINEAR, WRAPPED), which the block then passes in."""
 
     def __init__(self, m: MoEKnobs, spec: MoESpec, hidden: int):
         super().__init__()
@@ -260,8 +276,8 @@ class Router(nn.Module):
 
     @property
     def observer(self) -> bool:
-        """True when mlx-lm's tree has no module here (the gate is a sibling Linear)."""
-        return self.gate_kind is GateKind.LINEAR
+        """True when mlx-lm's tree has no module here (the gate is a sibling module)."""
+        return self.gate_kind in _SIBLING_GATE
 
     def __call__(self, x: mx.array, logits: Optional[mx.array] = None) -> Routing:
         if self.gate_kind is GateKind.WEIGHT:
@@ -282,8 +298,10 @@ class MoEBlock(nn.Module):
         n = m.names
         self._m = m
         D = a.hidden
-        if m.router.gate is GateKind.LINEAR:
-            setattr(self, n.gate, nn.Linear(D, spec.experts, bias=spec.gate_bias))
+        if m.router.gate in _SIBLING_GATE:
+            setattr(self, n.gate, nn.Linear(D, spec.experts, bias=spec.gate_bias)
+                    if m.router.gate is GateKind.LINEAR
+                    else Gate(D, spec.experts, spec.gate_bias, n.gate_inner))
             setattr(self, n.router, Router(m, spec, D))
             self._router_name = n.router
         else:
@@ -307,7 +325,7 @@ class MoEBlock(nn.Module):
         if m.flat_tokens:  # olmoe routes the flattened tokens
             B, L_, D = x.shape
             x = x.reshape(-1, D)
-        logits = self[n.gate](x) if m.router.gate is GateKind.LINEAR else None
+        logits = self[n.gate](x) if m.router.gate in _SIBLING_GATE else None
         routing = self.router(x, logits)
         y = self[n.switch](x, routing.experts)
         y = _COMBINE[m.combine](y, routing.weights)

@@ -556,7 +556,8 @@ def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
         raise d.error(f"moe.router.params for kind {r.kind.value!r} must name exactly "
                       f"{', '.join(want) or 'nothing'} (each a ModelArgs field or a literal); got "
                       f"{', '.join(r.params) or 'nothing'}")
-    if r.kind in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.gate is GateKind.LINEAR:
+    if r.kind in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.gate in (GateKind.LINEAR,
+                                                                              GateKind.WRAPPED):
         raise d.error(f"moe.router.kind {r.kind.value!r} keeps its correction bias on the router "
                       "module: moe.router.gate must be 'weight' or 'nested'")
     if r.kind not in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.corrected is not True:
@@ -578,7 +579,7 @@ def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
                       "shared-expert count field, e.g. n_shared_experts)")
     n = m.names
     block = n.block or d.names.mlp
-    inside = [n.gate, n.switch] + ([n.router] if r.gate is GateKind.LINEAR else [])
+    inside = [n.gate, n.switch] + ([n.router] if r.gate in (GateKind.LINEAR, GateKind.WRAPPED) else [])
     if m.shared is not None:
         inside.append(n.shared)
         if m.shared.kind is SharedKind.SIGMOID_GATED:

@@ -758,7 +758,7 @@ _MOE_ROWS = [
         layers=LayerKnobs(kv_share="cla"),
         moe=MoEKnobs(top_k="moe_topk", size_fallback="intermediate_size", per_layer=True,
                      layers="not_single_expert", combine="f32_sum_cast",
-                     router=RouterKnobs("softmax_topk", gate="nested"),
+                     router=RouterKnobs("softmax_topk", gate="wrapped"),
                      shared=SharedKnobs("plain", size="intermediate_times_n", count="num_shared_expert",
                                         enabled="use_mixed_mlp_moe"),
                      names=MoENames(gate_inner="wg", shared="shared_mlp")),
