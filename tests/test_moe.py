@@ -52,6 +52,13 @@ def _pair(cfg: dict, seed: int = 0):
     return ref, ours
 
 
+def _two_layers(cfg: dict) -> dict:
+    """The config cut to two layers, per-layer lists (layer_types, is_moe_layer, ...) too."""
+    n = cfg["num_hidden_layers"]
+    cut = {k: v[:2] for k, v in cfg.items() if isinstance(v, list) and len(v) == n}
+    return {**cfg, **cut, "num_hidden_layers": 2}
+
+
 class _Experts(nn.Module):
     """Stands in for the fused experts on both sides: records the chosen experts and returns a
     deterministic [.., k, D] of x and the expert ids (no gather_mm, so any dtype runs)."""
@@ -77,7 +84,7 @@ def _moe_blocks(ref, ours, arch):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_routing_and_combine_match_mlx_lm_blocks(arch, dtype, gate):
-    cfg = {**tiny_config(arch), "num_hidden_layers": 2}
+    cfg = _two_layers(tiny_config(arch))
     ref, ours = _pair(cfg)
     if gate == "q4":  # the gates (and every other Linear) quantized, as a converted checkpoint
         nn.quantize(ref, group_size=32, bits=4)
@@ -366,3 +373,270 @@ def test_router_gates_keep_the_precision_mlx_lm_quantizes_them_at(zoo):
     assert granite["switch_mlp"]["up_proj"].bits == 4
     glm = load_universal(zoo("glm4_moe", quant=4)).layers[1]["mlp"]
     assert glm["gate"]["weight"].dtype == mx.float32 and glm["switch_mlp"]["gate_proj"].bits == 4
+
+
+# ----------------------------------------------------------------- exaone_moe
+
+
+@pytest.mark.parametrize("top_k, n_group, topk_group, scaling, norm", [
+    (2, 1, 1, 2.5, True), (2, 2, 1, 2.5, True), (3, 4, 2, 1.0, False), (1, 2, 1, 1.5, True),
+    (2, 8, 4, 1.0, True)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_exaone_moe_selection_adds_eps_to_the_renormalizing_sum(top_k, n_group, topk_group, scaling,
+                                                                 norm, dtype):
+    from mlx_lm.models.exaone_moe import group_expert_select
+
+    from mlxbun.models.universal.moe import _group_select_n_group_eps
+
+    gates = mx.random.normal((2, 13, 16), key=mx.random.key(top_k * 5 + n_group)).astype(getattr(mx, dtype))
+    bias = 0.1 * mx.random.normal((16,), key=mx.random.key(6))
+    want_inds, want = group_expert_select(gates, bias, top_k, n_group, topk_group, scaling, norm)
+    inds, got = _group_select_n_group_eps(gates, bias, top_k, n_group, topk_group, scaling, norm)
+    assert mx.array_equal(want_inds, inds) and mx.array_equal(want, got) and want.dtype == got.dtype
+
+
+def test_exaone_moe_gate_module_matches_mlx_lm_and_renorm_eps_is_checked():
+    ref, ours = _pair({**tiny_config("exaone_moe")}, seed=4)
+    blocks = list(_moe_blocks(ref, ours, "exaone_moe"))
+    assert [i for i, _, _ in blocks] == [1, 2, 3]  # is_moe_layer: layer 0 dense
+    for i, ref_block, our_block in blocks:
+        x = mx.random.normal((2, 9, 64), key=mx.random.key(i))
+        inds, scores = ref_block["gate"](x)
+        routing = our_block.router(x)
+        assert mx.array_equal(inds, routing.experts) and mx.array_equal(scores, routing.weights)
+    with pytest.raises(DescriptorError, match="renorm 'sum_eps' is a branch of kind 'noaux_tc'"):
+        _row(_QWEN3_MOE, moe=MoEKnobs(router=RouterKnobs("softmax_topk", renorm="sum_eps")))
+
+
+@pytest.mark.parametrize("edit", ["all_global", "no_shared", "bad_is_moe_layer"])
+def test_exaone_moe_config_branches_match_mlx_lm(edit):
+    """Every layer global (mlx-lm then ropes every layer), num_shared_experts 0 (no shared
+    expert), and an is_moe_layer list shorter than the layers (a clear refusal)."""
+    from mlxbun.errors import ConfigError
+
+    cfg = tiny_config("exaone_moe")
+    if edit == "all_global":
+        cfg["layer_types"] = ["full_attention"] * 4
+    elif edit == "no_shared":
+        cfg["num_shared_experts"] = 0
+    else:
+        with pytest.raises(ConfigError, match="'is_moe_layer' must be a list of 4 bools"):
+            build_model({**cfg, "is_moe_layer": [False, True]})
+        return
+    ref, ours = _pair(cfg, seed=2)
+    assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
+        sorted(k for k, _ in tree_flatten(ours.parameters()))
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+    if edit == "all_global":
+        assert all(s.rope is not None for s in ours.args.layers)
+
+
+def test_exaone_moe_hf_layout_is_sanitized_like_mlx_lm(zoo, tmp_path):
+    """Per-expert tensors stacked, the block-level correction bias moved onto the gate, mtp.*
+    dropped (MoE layers only, as mlx-lm's sanitize)."""
+    def to_hf(w):
+        out = _unstack(w, "mlp", "switch_mlp", _SAME)
+        for layer in (1, 2, 3):
+            p = f"model.layers.{layer}.mlp"
+            out[f"{p}.e_score_correction_bias"] = out.pop(f"{p}.gate.e_score_correction_bias")
+        out["mtp.fc.weight"] = mx.ones((64, 128))
+        return out
+
+    path = _rewrite(zoo("exaone_moe"), tmp_path / "exaone_moe", to_hf)
+    report = audit_checkpoint(path)
+    assert report.ok and set(report.dropped) == {"mtp.fc.weight"}
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+
+
+# ----------------------------------------------------------------- bailing_moe
+
+
+@pytest.mark.parametrize("score", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("top_k, n_group, topk_group, scaling, norm", [
+    (2, 1, 4, 1.0, True), (2, 2, 1, 2.5, True), (3, 4, 2, 1.0, False), (1, 2, 1, 1.5, True),
+    (2, 8, 4, 2.5, True)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_bailing_grouped_score_selection_matches_mlx_lm(score, with_bias, top_k, n_group, topk_group,
+                                                        scaling, norm, dtype):
+    from mlx_lm.models.bailing_moe import group_expert_select
+
+    from mlxbun.models.universal.moe import _grouped_score_select
+
+    gates = mx.random.normal((2, 13, 16), key=mx.random.key(top_k * 3 + n_group)).astype(getattr(mx, dtype))
+    bias = 0.1 * mx.random.normal((16,), key=mx.random.key(7)) if with_bias else None
+    args = (top_k, n_group, topk_group, scaling, norm, score)
+    want_inds, want = group_expert_select(gates, bias, *args)
+    inds, got = _grouped_score_select(gates, bias, *args)
+    assert mx.array_equal(want_inds, inds) and mx.array_equal(want, got)
+    assert got.dtype == want.dtype == gates.dtype  # the weights come back in the logits' dtype
+
+
+@pytest.mark.parametrize("edit", [
+    {"score_function": "softmax", "moe_router_enable_expert_bias": False, "n_group": 1},
+    {"rotary_dim": None, "moe_shared_expert_intermediate_size": None, "num_shared_experts": 2},
+    {"moe_router_enable_shared_expert": False, "use_bias": True, "use_qkv_bias": True,
+     "use_qk_norm": False, "first_k_dense_replace": 0},
+    {"tie_word_embeddings": True, "partial_rotary_factor": 1.0, "rotary_dim": None},
+], ids=["softmax_no_bias", "partial_rope_shared_x2", "no_shared_biases", "tied_full_rope"])
+def test_bailing_moe_config_branches_match_mlx_lm(edit):
+    """The Ling-1 style softmax router without expert bias, rope from partial_rotary_factor, the
+    shared expert switched off, biases on, tied head: same parameters, same logits."""
+    ref, ours = _pair({**tiny_config("bailing_moe"), **edit}, seed=5)
+    assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
+        sorted(k for k, _ in tree_flatten(ours.parameters()))
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+    for i, ref_block, our_block in _moe_blocks(ref, ours, "bailing_moe"):
+        x = mx.random.normal((2, 9, 64), key=mx.random.key(i)).astype(mx.bfloat16)
+        inds, scores = ref_block["gate"](x)
+        routing = our_block.router(x)
+        assert mx.array_equal(inds, routing.experts) and mx.array_equal(scores, routing.weights)
+
+
+def test_bailing_moe_hf_layout_and_norm_head_are_sanitized_like_mlx_lm(zoo, tmp_path):
+    """Per-expert tensors stacked, mlp.gate.weight moved to mlp.gate.gate_proj.weight (MoE layers
+    only), and norm_head: lm_head divided by its column norms at load, on both sides."""
+    def to_hf(w):
+        out = _unstack(w, "mlp", "switch_mlp", _SAME)
+        out["model.layers.1.mlp.gate.weight"] = out.pop("model.layers.1.mlp.gate.gate_proj.weight")
+        return out
+
+    path = _rewrite(zoo("bailing_moe"), tmp_path / "bailing_moe", to_hf,
+                    config=lambda c: {**c, "norm_head": True})
+    report = audit_checkpoint(path)
+    assert report.ok and not report.dropped
+    ref, ours = _oracle(path), load_universal(path)
+    norms = mx.linalg.norm(ours["lm_head"].weight, axis=0)
+    assert mx.allclose(norms, mx.ones_like(norms), atol=1e-5)
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+    tied = _rewrite(zoo("bailing_moe"), tmp_path / "tied", lambda w: w,
+                    config=lambda c: {**c, "norm_head": True, "tie_word_embeddings": True})
+    with pytest.raises(LoadError, match="norm_head is set but the checkpoint has no lm_head.weight"):
+        load_universal(tied)
+
+
+# ----------------------------------------------------------------- hunyuan
+
+
+@pytest.mark.parametrize("edit", [
+    {},
+    {"use_cla": False},
+    {"cla_share_factor": 3},
+    {"moe_topk": 1, "num_shared_expert": 2, "moe_intermediate_size": 64},
+    {"moe_intermediate_size": None, "use_mixed_mlp_moe": False},
+    {"num_experts": 1},
+    {"attention_bias": True, "use_qk_norm": False},
+], ids=["cla2", "no_cla", "cla3", "scalars", "fallback_width_no_shared", "single_expert", "bias_no_qk_norm"])
+def test_hunyuan_config_branches_match_mlx_lm(edit):
+    """CLA on / off / every third layer, int or per-layer-list MoE numbers, the expert width
+    falling back to intermediate_size, no shared MLP, one expert (every layer dense): the same
+    parameters (sharing layers have no k_proj / v_proj) and the same logits as mlx-lm's module."""
+    cfg = {**tiny_config("hunyuan"), **edit}
+    ref, ours = _pair(cfg, seed=6)
+    assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
+        sorted(k for k, _ in tree_flatten(ours.parameters()))
+    factor = cfg["cla_share_factor"] if cfg["use_cla"] else 1
+    assert [s.kv_proj for s in ours.args.layers] == [i % factor == 0 for i in range(4)]
+    assert [("k_proj" in layer["self_attn"]) for layer in ours.layers] == [s.kv_proj for s in ours.args.layers]
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+    for i, ref_block, our_block in _moe_blocks(ref, ours, "hunyuan"):
+        x = mx.random.normal((2, 9, 64), key=mx.random.key(i))
+        assert our_block.router.observer  # mlx-lm's gate returns logits; routing is ours only
+        assert mx.array_equal(ref_block["gate"](x), our_block["gate"](x))
+        assert our_block.router(x, our_block["gate"](x)).experts.shape[-1] == ref_block.top_k
+        assert mx.array_equal(ref_block(x), our_block(x))
+
+
+def test_hunyuan_decode_through_caches_matches_mlx_lm_layer_by_layer():
+    """Prefill then decode steps through each side's own caches: every decoder layer's output
+    (the block returns (h, kv projections), as mlx-lm's; taps record h) and every attention's
+    output bit-equal, sharing layers included."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxbun.models.taps import capture
+
+    ref, ours = _pair(tiny_config("hunyuan"), seed=8)
+    ref_cache, our_cache = make_prompt_cache(ref), ours.make_cache()
+    pick = lambda p, m: p.startswith("model.layers.") and p.count(".") in (2, 3) and "mlp" not in p  # noqa: E731
+    ids = _prompt(20)
+    for step in range(4):
+        with capture(ours, pick) as got, capture(ref, pick) as want:
+            ours(ids, cache=our_cache)
+            logits = ref(ids, cache=ref_cache)
+        assert sorted(got) == sorted(want) and "model.layers.1.self_attn" in got
+        for path in want:
+            assert mx.array_equal(want[path][0], got[path][0]).item(), f"step {step}: {path}"
+        ids = mx.argmax(logits[:, -1:], axis=-1)
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"rope_scaling": None}, "rope_scaling needs the key 'alpha'"),
+    ({"rope_scaling": {"factor": 1.0, "type": "dynamic"}}, "rope_scaling needs the key 'alpha'"),
+    ({"rope_scaling": {"alpha": 1000.0}}, r"rope_scaling must contain keys \{'factor', 'type'\}"),
+    ({"moe_topk": [2, 2]}, "'moe_topk' lists 2 values; layer 2 has none"),
+    ({"cla_share_factor": 0}, "'cla_share_factor' must be a positive integer"),
+])
+def test_hunyuan_configs_mlx_lm_cannot_build_are_refused_clearly(edit, match):
+    from mlxbun.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        build_model({**tiny_config("hunyuan"), **edit})
+
+
+def test_kv_share_needs_separate_projections_and_a_sequential_block():
+    from mlxbun.models.universal.schema import LayerKnobs
+
+    with pytest.raises(DescriptorError, match="layers.kv_share takes separate q/k/v projections"):
+        _row("bailing_moe", layers=LayerKnobs(kv_share="cla"))
+
+
+def test_hunyuan_fused_qkv_and_gate_up_layout_is_split_like_mlx_lm(zoo, tmp_path):
+    """Hunyuan's original layout (one expert, so dense MLPs): qkv_proj packed per kv head as
+    [q heads of the group | k | v] and gate_and_up_proj as [up | gate]; mlx-lm's sanitize splits
+    them (sharing layers have a plain q_proj)."""
+    cfg = {**tiny_config("hunyuan"), "num_experts": 1}
+    ref, _ = _pair(cfg, seed=9)
+    n_kv, groups, hd = cfg["num_key_value_heads"], cfg["num_attention_heads"] // cfg["num_key_value_heads"], 16
+
+    def fused(_):
+        w = dict(tree_flatten(ref.parameters()))
+        for i in range(4):
+            a, m = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+            if f"{a}.k_proj.weight" in w:
+                q, k, v = (w.pop(f"{a}.{n}_proj.weight").reshape(n_kv, -1, hd, 64) for n in "qkv")
+                w[f"{a}.qkv_proj.weight"] = mx.concatenate([q, k, v], axis=1).reshape(-1, 64)
+            w[f"{m}.gate_and_up_proj.weight"] = mx.concatenate(
+                [w.pop(f"{m}.up_proj.weight"), w.pop(f"{m}.gate_proj.weight")])
+        return w
+
+    path = _rewrite(zoo("hunyuan"), tmp_path / "hunyuan_fused", fused,
+                    config=lambda c: {**c, "num_experts": 1})
+    assert groups == 2 and "model.layers.0.self_attn.qkv_proj.weight" in mx.load(str(path / "model.safetensors"))
+    report = audit_checkpoint(path)
+    assert report.ok and not report.dropped
+    oracle, ours = _oracle(path), load_universal(path)
+    ids = _prompt(40)
+    want = oracle(ids)
+    assert mx.array_equal(want, ours(ids)) and mx.array_equal(want, ref(ids))
+
+
+@pytest.mark.parametrize("build, knob", [
+    (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(router=RouterKnobs("softmax_topk", corrected="norm_topk_prob"))),
+     "moe.router.corrected with 'softmax_topk': the kind has no correction bias"),
+    (lambda: _row(_GLM, moe=MoEKnobs(experts="n_routed_experts", router=RouterKnobs(
+        "grouped_score", gate="weight", params={"scaling": 1.0, "n_group": 1, "topk_group": 1}))),
+     "must name exactly scaling, n_group, topk_group, score"),
+    (lambda: _row(_GLM, moe=MoEKnobs(experts="n_routed_experts", shared=SharedKnobs(
+        count="n_shared_experts", when_rule="positive"))),
+     "moe.shared.when_rule 'positive' needs moe.shared.when"),
+])
+def test_the_new_moe_knobs_are_checked_when_a_row_is_built(build, knob):
+    with pytest.raises(DescriptorError, match="descriptor 'my_moe': ") as e:
+        build()
+    assert knob in str(e.value)

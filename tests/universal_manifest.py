@@ -67,6 +67,9 @@ MANIFEST = {
         Entry("granitemoe", EXPERT_VARIANTS),
         Entry("glm4_moe", EXPERT_VARIANTS),
         Entry("solar_open", EXPERT_VARIANTS),
+        Entry("exaone_moe", EXPERT_VARIANTS),
+        Entry("bailing_moe", EXPERT_VARIANTS),
+        Entry("hunyuan", EXPERT_VARIANTS),
         Entry("dots1", EXPERT_VARIANTS),
         Entry("deepseek", EXPERT_VARIANTS),
     ]

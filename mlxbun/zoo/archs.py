@@ -105,6 +105,11 @@ def _qwen3_moe_post(cfg: dict) -> None:
     cfg["num_experts"] = cfg.pop("num_local_experts")
 
 
+def _exaone_moe_post(cfg: dict) -> None:
+    # mlx-lm reads is_moe_layer (K-EXAONE's hub config carries it); transformers writes mlp_layer_types
+    cfg["is_moe_layer"] = [t == "sparse" for t in cfg["mlp_layer_types"]]
+
+
 # MoE rows: 4 experts, 2 per token, expert width 64 (a quantization group), so a 40-token
 # prompt routes 80 picks (mlx-lm's sorted-indices path) and a decode step 2 (the unsorted one)
 MOE_EXPERTS, MOE_TOP_K, MOE_INTERMEDIATE = 4, 2, 64
@@ -224,6 +229,46 @@ _ROWS = (
                 "moe_intermediate_size": MOE_INTERMEDIATE, "routed_scaling_factor": 2.5},
          extra={"intermediate_size": INTERMEDIATE, "first_k_dense_replace": 0,
                 "partial_rotary_factor": 1.0}),
+    # K-EXAONE's knobs: layer 0 dense, one shared expert, 3 sliding layers then a global one
+    Arch("exaone_moe", "ExaoneMoEForCausalLM", "ExaoneMoeConfig", layers=4, kv_heads=2,
+         knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "num_shared_experts": 1,
+                "first_k_dense_replace": 1, "sliding_window_pattern": 4,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+         extra={"head_dim": HEAD_DIM}, post=_exaone_moe_post),
+    # no transformers class (5.24 has bailing_hybrid only): the keys mlx-lm's ModelArgs reads,
+    # with Ling-mini-2.0's knobs (sigmoid grouped router with expert bias, layer 0 dense, q/k
+    # norm, half rotary, one shared expert) shrunk
+    Arch("bailing_moe", "BailingMoeV2ForCausalLM", base={
+        "model_type": "bailing_moe", "hidden_act": "silu", "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE, "max_position_embeddings": MAX_POSITIONS,
+        "moe_intermediate_size": MOE_INTERMEDIATE, "num_experts": MOE_EXPERTS,
+        "num_shared_experts": 1, "moe_shared_expert_intermediate_size": MOE_INTERMEDIATE,
+        "norm_topk_prob": True, "num_attention_heads": HEADS, "num_experts_per_tok": MOE_TOP_K,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "rope_theta": 600000, "rope_scaling": None, "vocab_size": VOCAB_SIZE,
+        "first_k_dense_replace": 1, "use_bias": False, "use_qkv_bias": False, "norm_head": False,
+        "norm_softmax": False, "use_qk_norm": True, "tie_word_embeddings": False,
+        "partial_rotary_factor": 0.5, "rotary_dim": HEAD_DIM // 2,
+        "moe_router_enable_expert_bias": True, "routed_scaling_factor": 2.5,
+        "score_function": "sigmoid", "n_group": 2, "topk_group": 1, "head_dim": HEAD_DIM,
+        "initializer_range": 0.02, "use_cache": True, "output_router_logits": False}),
+    # no transformers class for mlx-lm's "hunyuan" (transformers' HunYuanMoEV1Config is
+    # hunyuan_v1_moe, without CLA or per-layer lists): the keys mlx-lm's ModelArgs reads, with
+    # Hunyuan-A13B's knobs (NTK-alpha rope, q/k norm, mixed MLP + MoE, tied head) and Hunyuan-Large's
+    # CLA (share factor 2); per-layer top-k / shared count / expert width lists that differ
+    Arch("hunyuan", "HunYuanMoEV1ForCausalLM", layers=4, base={
+        "model_type": "hunyuan", "hidden_act": "silu", "vocab_size": VOCAB_SIZE, "hidden_size": HIDDEN,
+        "num_hidden_layers": 4, "intermediate_size": INTERMEDIATE, "num_attention_heads": HEADS,
+        "num_key_value_heads": 2, "attention_bias": False, "moe_topk": [2, 1, 2, 2],
+        "num_experts": MOE_EXPERTS, "num_shared_expert": [1, 1, 2, 1], "use_mixed_mlp_moe": True,
+        "use_qk_norm": True, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "use_cla": True,
+        "cla_share_factor": 2, "moe_intermediate_size": [MOE_INTERMEDIATE, MOE_INTERMEDIATE,
+                                                         2 * MOE_INTERMEDIATE, MOE_INTERMEDIATE],
+        "rope_scaling": {"alpha": 1000.0, "beta_fast": 32, "beta_slow": 1, "factor": 1.0,
+                         "mscale": 1.0, "mscale_all_dim": 1.0, "type": "dynamic"},
+        "tie_word_embeddings": True, "max_position_embeddings": MAX_POSITIONS,
+        "initializer_range": 0.02, "use_cache": True}),
     # dots.llm1's knobs: layer 0 dense, renormalized top-k, routed scaling 2.5
     Arch("dots1", "Dots1ForCausalLM", "Dots1Config", kv_heads=2,
          knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,

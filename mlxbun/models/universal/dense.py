@@ -148,10 +148,13 @@ class Attention(nn.Module):
         self._scale, self._softcap = a.attn_scale, a.attn_softcap
         self._attend = _ATTENTION[d.attention]
         D, n = a.hidden, d.names
+        # KVShare.CLA (hunyuan): takes (and returns) the key / value projections
+        self._cla = d.layers.kv_share is not None
         if d.qkv is QKV.SEPARATE:
             setattr(self, n.q, nn.Linear(D, H * hd, bias=a.attn_bias))
-            setattr(self, n.k, nn.Linear(D, KV * hd, bias=a.attn_bias))
-            setattr(self, n.v, nn.Linear(D, KV * hd, bias=a.attn_bias))
+            if spec.kv_proj:
+                setattr(self, n.k, nn.Linear(D, KV * hd, bias=a.attn_bias))
+                setattr(self, n.v, nn.Linear(D, KV * hd, bias=a.attn_bias))
         elif d.qkv is QKV.FUSED:
             setattr(self, n.qkv, nn.Linear(D, H * hd + 2 * (KV * hd), bias=a.attn_bias))
         else:  # QKV.FUSED_NEOX
@@ -179,7 +182,7 @@ class Attention(nn.Module):
         qn, kn = self._qk.names
         return self[qn](q), self[kn](k)
 
-    def __call__(self, x, mask=None, cache=None, attn_scale=None):
+    def __call__(self, x, mask=None, cache=None, attn_scale=None, kv_states=None):
         d, n = self._d, self._n
         H, KV, hd = self._h, self._kv, self._hd
         B, L_, _ = x.shape
@@ -196,6 +199,13 @@ class Attention(nn.Module):
                 qkv = self[n.qkv](x)
                 q_size = H * hd
                 queries, keys, values = mx.split(qkv, [q_size, q_size + KV * hd], axis=-1)
+            elif self._cla:  # hunyuan: a sharing layer takes the projecting layer's k / v
+                queries = self[n.q](x)
+                if kv_states is None:
+                    keys, values = self[n.k](x), self[n.v](x)
+                    kv_states = keys, values
+                else:
+                    keys, values = kv_states
             else:
                 queries, keys, values = self[n.q](x), self[n.k](x), self[n.v](x)
             if at is QKNormAt.FLAT:
@@ -222,6 +232,8 @@ class Attention(nn.Module):
 
         output = self._attend(queries, keys, values, cache, self._scale, mask, self._softcap)
         output = output.transpose(0, 2, 1, 3).reshape(B, L_, -1)
+        if self._cla:
+            return self[n.o](output), kv_states
         return self[n.o](output)
 
 
@@ -243,7 +255,8 @@ class Block(nn.Module):
         setattr(self, d.names.attn, Attention(a, d, spec))
         # the MoE block on the layers the row's moe rule picks, else the dense MLP
         self._mlp_name = (d.moe.names.block or d.names.mlp) if spec.moe else d.names.mlp
-        setattr(self, self._mlp_name, MoEBlock(a, d) if spec.moe else MLP(a, d))
+        setattr(self, self._mlp_name, MoEBlock(a, d, spec.index) if spec.moe else MLP(a, d))
+        self._cla = d.layers.kv_share is not None
         slots = d.block.norm_slots(a.parallel)
         self._slots = frozenset(slots)  # a tuple would join the module tree
         for slot in slots:
@@ -261,7 +274,7 @@ class Block(nn.Module):
     def _add(self, x, r):
         return self._residual(x, r, self._residual_scale)
 
-    def __call__(self, x, mask=None, cache=None, attn_scale=None):
+    def __call__(self, x, mask=None, cache=None, attn_scale=None, kv_states=None):
         attn, mlp = self[self._n.attn], self[self._mlp_name]
         if self._parallel:
             b = self._d.block
@@ -272,12 +285,16 @@ class Block(nn.Module):
             if b.parallel_sum is ParallelSum.ATTN_FF_X:
                 return attn_h + ff_h + x
             return x + attn_h + ff_h
-        r = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache, attn_scale)
+        if self._cla:  # hunyuan: the block hands the k / v projections on, as mlx-lm's does
+            r, kv_states = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache, attn_scale, kv_states)
+        else:
+            r = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache, attn_scale)
         r = self._norm(NormSlot.POST_ATTN, r)
         h = self._add(x, r)
         r = mlp(self._norm(NormSlot.PRE_MLP, h))
         r = self._norm(NormSlot.POST_MLP, r)
-        return self._add(h, r)
+        out = self._add(h, r)
+        return (out, kv_states) if self._cla else out
 
 
 class Backbone(nn.Module):
@@ -390,8 +407,18 @@ class UniversalDense(nn.Module):
                                             return_array=d.layers.mask_array)
         if self._swa_idx is not None:
             swa_mask = create_attention_mask(h, cache[self._swa_idx], window_size=a.sliding_window)
-        for layer, c in zip(blocks, cache):
-            h = layer(h, swa_mask if layer.use_sliding else fa_mask, c, attn_scale)
+        shared_kv = None
+        for layer, spec, c in zip(blocks, a.layers, cache):
+            mask = swa_mask if layer.use_sliding else fa_mask
+            if d.layers.kv_share is None:
+                h = layer(h, mask, c, attn_scale)
+                continue
+            if spec.kv_proj:  # KVShare.CLA: a projecting layer starts a new sharing group
+                shared_kv = None
+            out = layer(h, mask, c, attn_scale, shared_kv)
+            # a block the layer-skip drafter skips is the identity: h alone (the skipped blocks
+            # are the last ones, so no later layer reads the k / v they would have passed on)
+            h, shared_kv = out if isinstance(out, tuple) else (out, shared_kv)
 
         if d.norm.kind is NormKind.FUNCTIONAL_RMS:
             return L.rms_norm_no_weight(h)

@@ -34,6 +34,7 @@ from mlxbun.models.universal.kinds import (
     EmbedScale,
     FinalSoftcap,
     HeadDim,
+    KVShare,
     MakeCache,
     MlpKind,
     MlpSize,
@@ -300,6 +301,13 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
     if d.qkv is QKV.SEPARATE:
         yield Line(f"q, k, v = {n.q}(x), {n.k}(x), {n.v}(x)",
                    f"Linear(D, H*hd), Linear(D, KV*hd) x2; bias={bias}")
+        if d.layers.kv_share is KVShare.CLA:
+            f = a.fields
+            yield Line("k, v = kv_states (sharing layers)",
+                       f"cross-layer KV sharing (use_cla = {f['use_cla']}, cla_share_factor = "
+                       f"{f['cla_share_factor']}): a layer with i % factor != 0 has no {n.k} / {n.v} "
+                       f"and takes the last projecting layer's {n.k}(x), {n.v}(x) of these tokens; "
+                       f"each layer ropes / norms them and fills its own cache")
     elif d.qkv is QKV.FUSED:
         yield Line(f"q, k, v = split({n.qkv}(x), [H*hd, H*hd + KV*hd])",
                    f"Linear(D, (H + 2*KV)*hd); bias={bias}")
@@ -420,7 +428,9 @@ def _rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
     if spec is None:
         return "NoPE (no rotary embedding)"
     dims = "hd"
-    if d.rope.partial:
+    if d.rope.rotary_dim and a.fields[d.rope.rotary_dim] is not None:
+        dims = f"{spec.dims} of hd ({d.rope.rotary_dim})"
+    elif d.rope.partial:
         dims = f"{spec.dims} of hd ({d.rope.partial} {a.fields[d.rope.partial]})"
     trad = f", traditional {spec.traditional}" if spec.traditional else ""
     if spec.kind is RopeKind.INITIALIZE:
@@ -462,6 +472,9 @@ def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]
             cache = f"RotatingKVCache({a.sliding_window})" if rotating else "KVCache (windowed mask)"
         else:
             attention, cache = "global", "KVCache"
+        if not s.kv_proj:
+            owner = max(t.index for t in a.layers[:s.index + 1] if t.kv_proj)
+            attention += f", k/v projections of layer {owner}"
         rope = "rope as above" if one_rope else _rope_text(s, d, a)
         return attention, rope, cache, moe_layer_label(d, a, s)
 

@@ -15,6 +15,8 @@ from mlxbun.models.universal.kinds import (
     RouterKind,
     SharedKind,
     SharedSize,
+    SharedWhen,
+    TopKRenorm,
     TopKSelect,
     exhaustive,
 )
@@ -36,6 +38,7 @@ _COMBINE = exhaustive(Combine, {
     Combine.SUM: "y = (y * w[..., None]).sum(axis=-2)",
     Combine.SUM_CAST: "y = (y * w[..., None]).sum(axis=-2).astype(y.dtype)",
     Combine.F32_SUM_CAST: "y = (y * w[..., None].astype(float32)).sum(axis=-2).astype(y.dtype)",
+    Combine.SUM_CAST_COMPILED: "y = (y * w[..., None]).sum(axis=-2).astype(y.dtype)",
 })
 
 _LAYER_RULE = exhaustive(MoeLayers, {
@@ -43,7 +46,14 @@ _LAYER_RULE = exhaustive(MoeLayers, {
     MoeLayers.SPARSE_STEP: "i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0",
     MoeLayers.FIRST_K_DENSE: "i >= first_k_dense_replace",
     MoeLayers.FIRST_K_DENSE_FREQ: "i >= first_k_dense_replace and i % moe_layer_freq == 0",
+    MoeLayers.IS_MOE_LAYER: "is_moe_layer[i]",
+    MoeLayers.NOT_SINGLE_EXPERT: "every layer unless the expert count is 1",
 })
+
+_RENORM = exhaustive(TopKRenorm, {TopKRenorm.SUM: " / sum", TopKRenorm.SUM_EPS: " / (sum + 1e-20)"})
+
+_SHARED_WHEN = exhaustive(SharedWhen, {SharedWhen.NOT_NONE: "is null",
+                                       SharedWhen.POSITIVE: "is null or 0"})
 
 
 def moe_sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any], ...]:
@@ -51,10 +61,16 @@ def moe_sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any]
     m, spec = d.moe, a.moe
     if m is None or spec is None:
         return ()
+    if m.per_layer:  # int or per-layer list: each MoE layer's own numbers are in the layers
+        listed = " / ".join(f for f in (m.top_k, m.size, m.shared.count if m.shared else None) if f)
+        return (("E", m.experts, spec.experts),
+                ("k / Ie / Is", f"{listed} (int or per-layer list)", "per layer, see layers"))
     sizes = (("E", m.experts, spec.experts), ("k", m.top_k, spec.top_k), ("Ie", m.size, spec.size))
     if spec.shared_size is not None:
         sh = m.shared
-        src = f"{m.size} * {sh.count}" if sh.size is SharedSize.MOE_TIMES_N else sh.size
+        src = {SharedSize.MOE_TIMES_N: f"{m.size} * {sh.count}",
+               SharedSize.SHARED_OR_MOE_TIMES_N: f"(moe_shared_expert_intermediate_size or {m.size}) "
+                                                 f"* {sh.count}"}.get(sh.size, sh.size)
         sizes += (("Is", src, spec.shared_size),)
     return sizes
 
@@ -69,10 +85,14 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
     r, n = m.router, m.names
     where = {GateKind.LINEAR: f"{n.gate}(x)",
              GateKind.WEIGHT: f"x @ {n.gate}.weight.T",
-             GateKind.NESTED: f"{n.gate}.{n.gate_inner}(x)"}[r.gate]
+             GateKind.NESTED: f"{n.gate}.{n.gate_inner}(x)",
+             GateKind.WRAPPED: f"{n.gate}(x)"}[r.gate]
     note = {GateKind.LINEAR: f"Linear(D, E), bias={spec.gate_bias}; routed in {n.router} "
                              f"(parameter-free, mlxbun only: taps read routing there)",
             GateKind.WEIGHT: f"{n.gate} is the router module, weight [E, D] (never quantized)",
+            GateKind.WRAPPED: f"{n.gate} a module returning {n.gate_inner}(x), {n.gate_inner} "
+                              f"Linear(D, E), bias={spec.gate_bias}; routed in {n.router} "
+                              f"(parameter-free, mlxbun only: taps read routing there)",
             GateKind.NESTED: f"{n.gate} is the router module, {n.gate_inner} Linear(D, E), "
                              f"bias={spec.gate_bias}"}[r.gate]
     yield Line(f"logits = {where}", note)
@@ -88,6 +108,8 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line("w = softmax(take_along_axis(logits, experts)"
                    + (".astype(float32))" if r.kind is RouterKind.TOPK_SOFTMAX_F32 else ", precise=True)"),
                    "softmax over the k chosen only")
+    elif r.kind is RouterKind.GROUPED_SCORE:
+        yield from _grouped_score_lines(d, a, renorm)
     else:  # RouterKind.NOAUX_TC
         guard = {GroupGuard.N_GROUP_GT_1: "n_group > 1",
                  GroupGuard.K_NONZERO: "n_group != topk_group"}[r.group_guard]
@@ -98,9 +120,31 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line("sel: zero all but the topk_group best groups", f"if {guard}: n_group = {p['n_group']}, "
                    f"topk_group = {p['topk_group']}, a group's score = its top-2 sum")
         yield Line("experts = argpartition(-sel, kth=k - 1)[..., :k]")
-        yield Line("w = take_along_axis(s, experts)" + (" / sum" if spec.norm_topk and spec.top_k > 1 else ""),
+        yield Line("w = take_along_axis(s, experts)"
+                   + (_RENORM[r.renorm] if spec.norm_topk and spec.top_k > 1 else ""),
                    f"sigmoid scores{renorm if spec.top_k > 1 else ''}")
         yield Line(f"w = w * {r.params['scaling']}", f"= {spec.params['scaling']}")
+
+
+def _grouped_score_lines(d: ArchDescriptor, a: UniversalArgs, renorm: str):
+    m, spec = d.moe, a.moe
+    r, n, p = m.router, m.names, spec.params
+    score = "sigmoid(logits.astype(float32))" if p["score"] == "sigmoid" else \
+        "softmax(logits.astype(float32))"
+    yield Line(f"s = {score}", f"{r.params['score']} = {p['score']!r}; compiled with the rest of "
+                               "the selection")
+    if spec.corrected:
+        yield Line(f"sel = s + {n.correction_bias}", f"[E] on {n.gate}; the bias steers the choice, "
+                                                      "not the weights")
+    else:
+        yield Line("sel = s", f"no correction bias ({r.corrected} = False)")
+    yield Line("sel: zero all but the topk_group best groups", f"if n_group > 1: n_group = "
+               f"{p['n_group']}, topk_group = {p['topk_group']}, a group's score = its top-2 sum")
+    yield Line("experts = argpartition(sel, kth=-k)[..., -k:]")
+    yield Line("w = take_along_axis(s, experts)"
+               + (" / (sum + 1e-20)" if spec.norm_topk and spec.top_k > 1 else ""),
+               f"scores{renorm if spec.top_k > 1 else ''}")
+    yield Line(f"w = (w * {r.params['scaling']}).astype(logits.dtype)", f"= {p['scaling']}")
 
 
 def moe_lines(d: ArchDescriptor, a: UniversalArgs):
@@ -114,7 +158,8 @@ def moe_lines(d: ArchDescriptor, a: UniversalArgs):
                f"SwitchGLU: {n.down_proj}(silu({n.gate_proj}(x)) * {n.up_proj}(x)) per chosen expert, "
                f"[E, Ie, D] weights, bias={spec.expert_bias}; gather_mm (gather_qmm quantized), tokens "
                f"sorted by expert from 64 picks")
-    yield Line(_COMBINE[m.combine])
+    yield Line(_COMBINE[m.combine],
+               "compiled, shapeless (as mlx-lm)" if m.combine is Combine.SUM_CAST_COMPILED else "")
     if spec.shared_size is not None:
         if m.shared.kind is SharedKind.PLAIN:
             yield Line(f"y = y + {n.shared}(x)", f"a dense MLP of width Is; bias={spec.shared_bias}")
@@ -122,7 +167,7 @@ def moe_lines(d: ArchDescriptor, a: UniversalArgs):
             yield Line(f"y = y + sigmoid({n.shared_gate}(x)) * {n.shared}(x)",
                        f"{n.shared}: a dense MLP of width Is; {n.shared_gate} Linear(D, 1)")
     elif m.shared is not None:
-        yield Line("(no shared expert)", f"{m.shared.when} is null")
+        yield Line("(no shared expert)", f"{m.shared.when} {_SHARED_WHEN[m.shared.when_rule]}")
     dense = not all(s.moe for s in a.layers)
     yield Line("routed on: " + _LAYER_RULE[m.layers],
                "the other layers run the dense mlp above" if dense else "")
@@ -133,5 +178,9 @@ def moe_layer_label(d: ArchDescriptor, a: UniversalArgs, spec: LayerSpec) -> str
     if d.moe is None:
         return ""
     if spec.moe:
-        return f"MoE ({a.moe.experts} experts, top {a.moe.top_k})"
+        moe = a.moe.at(spec.index)
+        if not d.moe.per_layer:
+            return f"MoE ({moe.experts} experts, top {moe.top_k})"
+        shared = f", Is {moe.shared_size}" if moe.shared_size is not None else ""
+        return f"MoE ({moe.experts} experts, top {moe.top_k}, Ie {moe.size}{shared})"
     return "dense mlp"

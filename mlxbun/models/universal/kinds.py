@@ -77,6 +77,8 @@ class RopeKind(StrEnum):
 class NopeRule(StrEnum):
     NO_ROPE_LAYERS = "no_rope_layers"  # smollm3: the per-layer no_rope_layers flags
     GLOBAL_LAYERS = "global_layers"  # cohere2, exaone4: rope only on sliding layers
+    SLIDING_OR_ALL = "sliding_or_all"  # exaone_moe: rope on sliding layers; on every layer when
+    # no layer slides (the rope child exists only where it runs)
 
 
 class MlpKind(StrEnum):
@@ -195,6 +197,15 @@ class LayerKinds(StrEnum):
     EXAONE = "exaone"  # pattern string of L (local) and G (global), repeated
 
 
+class KVShare(StrEnum):
+    """Cross-layer KV sharing: layers that take another layer's key/value projections."""
+
+    CLA = "cla"  # hunyuan: with use_cla, layer i projects k/v iff i % cla_share_factor == 0; the
+    # others have no k_proj / v_proj and take the last projecting layer's k_proj(x), v_proj(x) of
+    # this forward's tokens (pre-reshape), then rope / norm them and fill their OWN cache; the
+    # attention and the block return (output, kv projections), as mlx-lm's do
+
+
 class MakeCache(StrEnum):
     DEFAULT = "default"  # make_prompt_cache's default: a KVCache per layer
     ROTATING_SLIDING = "rotating_sliding"  # the file's make_cache: RotatingKVCache on sliding layers
@@ -212,6 +223,13 @@ class SanitizeOp(StrEnum):
     SPLIT_GLU_EXPERTS = "split_glu_experts"  # granitemoe: input_linear -> gate_proj | up_proj,
     # output_linear -> down_proj (arg: (block name, switch name))
     DROP_LAYER_N = "drop_layer_n"  # keys starting "model.layers.{num_hidden_layers}" (MTP layer)
+    DROP_PREFIX = "drop_prefix"  # arg: prefix (exaone_moe's "mtp." heads)
+    HUNYUAN_FUSED = "hunyuan_fused"  # when layer 0 has mlp.gate_and_up_proj: every qkv_proj split
+    # per kv head into q | k | v, every gate_and_up_proj into up | gate (hunyuan's original layout)
+    NORM_HEAD = "norm_head"  # arg: the bool field; if set, lm_head.weight divided by its float32
+    # column norms (axis 0) + 1e-7, cast back (bailing_moe)
+    RENAME_IN_MOE_LAYERS = "rename_in_moe_layers"  # arg: ((src, dst), ...) under the MoE block of
+    # each MoE layer: <layer>.<block>.<src> -> <layer>.<block>.<dst> (exaone_moe, bailing_moe)
 
 
 # ----------------------------------------------------------------- mixture of experts
@@ -226,6 +244,8 @@ class RouterKind(StrEnum):
     TOPK_SOFTMAX_F32 = "topk_softmax_f32"  # top-k of the logits, softmax of them in float32 (granitemoe)
     NOAUX_TC = "noaux_tc"  # compiled: sigmoid(f32) + correction bias, grouped top-k, renorm, scale
     # (deepseek-v3 style: glm4_moe, dots1)
+    GROUPED_SCORE = "grouped_score"  # compiled: softmax or sigmoid (f32) scores, optional correction
+    # bias, grouped top-k (last k), renorm by sum + 1e-20, scale, cast to the logits' dtype (bailing_moe)
 
 
 # The numbers each router kind reads, by the name its routing function uses; a row maps each
@@ -235,6 +255,8 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
     RouterKind.TOPK_SOFTMAX: (),
     RouterKind.TOPK_SOFTMAX_F32: (),
     RouterKind.NOAUX_TC: ("scaling", "n_group", "topk_group"),  # routed_scaling_factor, ...
+    RouterKind.GROUPED_SCORE: ("scaling", "n_group", "topk_group", "score"),  # score: "sigmoid" or
+    # anything else (softmax), bailing_moe's score_function
 }
 
 
@@ -245,6 +267,13 @@ class TopKSelect(StrEnum):
     LAST = "last"  # argpartition(s, kth=-k)[..., -k:]
 
 
+class TopKRenorm(StrEnum):
+    """noaux_tc: how the k weights are renormalized (when norm_topk says so)."""
+
+    SUM = "sum"  # w / w.sum(-1) (glm4_moe, dots1)
+    SUM_EPS = "sum_eps"  # w / (w.sum(-1) + 1e-20) (exaone_moe)
+
+
 class GateKind(StrEnum):
     """Where the router's projection lives (its parameter paths are mlx-lm's)."""
 
@@ -252,6 +281,8 @@ class GateKind(StrEnum):
     # `router` module that mlx-lm's tree does not have (taps see routing there)
     WEIGHT = "weight"  # the router module holds a raw `weight` [E, D]: logits = x @ weight.T
     NESTED = "nested"  # the router module holds a Linear child (granitemoe router.layer)
+    WRAPPED = "wrapped"  # a module at `gate` holding the Linear `gate_inner` and returning its
+    # logits (hunyuan's Gate); routing in a parameter-free `router` child, as LINEAR
 
 
 class GroupGuard(StrEnum):
@@ -267,6 +298,7 @@ class Combine(StrEnum):
     SUM = "sum"  # (y * s[..., None]).sum(axis=-2)
     SUM_CAST = "sum_cast"  # (y * s[..., None]).sum(axis=-2).astype(y.dtype)
     F32_SUM_CAST = "f32_sum_cast"  # (y * s[..., None].astype(float32)).sum(axis=-2).astype(y.dtype)
+    SUM_CAST_COMPILED = "sum_cast_compiled"  # SUM_CAST in a shapeless mx.compile (bailing_moe)
 
 
 class ExpertKind(StrEnum):
@@ -278,8 +310,18 @@ class SharedKind(StrEnum):
     SIGMOID_GATED = "sigmoid_gated"  # y + sigmoid(shared_gate(x)) * shared(x) (qwen2_moe)
 
 
+class SharedWhen(StrEnum):
+    """When the shared expert exists, read from SharedKnobs.when (a field)."""
+
+    NOT_NONE = "not_none"  # the field is not None (deepseek n_shared_experts)
+    POSITIVE = "positive"  # the field is not None and > 0 (exaone_moe num_shared_experts)
+
+
 class SharedSize(StrEnum):
     MOE_TIMES_N = "moe_times_n"  # expert width * the shared-expert count field
+    INTERMEDIATE_TIMES_N = "intermediate_times_n"  # int(intermediate_size * the count field) (hunyuan)
+    SHARED_OR_MOE_TIMES_N = "shared_or_moe_times_n"  # (moe_shared_expert_intermediate_size or the
+    # expert width) * the count field (bailing_moe)
 
 
 class MoeLayers(StrEnum):
@@ -290,6 +332,9 @@ class MoeLayers(StrEnum):
     # (i + 1) % decoder_sparse_step == 0 (qwen3_moe)
     FIRST_K_DENSE = "first_k_dense"  # experts is not None and i >= first_k_dense_replace
     FIRST_K_DENSE_FREQ = "first_k_dense_freq"  # ... and i % moe_layer_freq == 0 (deepseek)
+    IS_MOE_LAYER = "is_moe_layer"  # is_moe_layer[i], a per-layer bool list (exaone_moe)
+    NOT_SINGLE_EXPERT = "not_single_expert"  # every layer, unless the expert count is 1 (then
+    # none: hunyuan)
 
 
 class PostInit(StrEnum):
@@ -313,6 +358,10 @@ class PostInit(StrEnum):
     LINEAR_ROPE_SCALING = "linear_rope_scaling"  # qwen2_moe: rope_scaling needs factor and
     # type, type 'linear' only (validated, never applied)
     DEEPSEEK_ROPE_SCALING = "deepseek_rope_scaling"  # rope_scaling needs 'type'; linear: float factor
+    HUNYUAN_MOE_ROPE_SCALING = "hunyuan_moe_rope_scaling"  # hunyuan: rope_scaling needs factor
+    # and type (post-init) and alpha (the attention reads it), so it cannot be null
+    ROPE_PARAMETERS_THETA = "rope_parameters_theta"  # exaone_moe: rope_parameters["rope_theta"],
+    # when present, replaces rope_theta
 
 
 def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:

@@ -29,6 +29,7 @@ from mlxbun.models.switch_layers import SwitchLinear, gather_mm_supported
 from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.kinds import SanitizeOp, TieRule
+from mlxbun.models.universal.moe_args import moe_layers
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule, StackExperts
 from mlxbun.quant import quantize_model, resolve_quantization
@@ -147,6 +148,68 @@ def _split_half(value):
     return mx.split(value, 2, axis=1)
 
 
+def _rename_in_moe_layers(d: ArchDescriptor, pairs, w: dict, fields: Mapping) -> dict:
+    """Keys under the MoE block of each MoE layer renamed (src -> dst), where present."""
+    n, block = d.names, d.moe.names.block or d.names.mlp
+    out = dict(w)
+    for layer, routed in enumerate(moe_layers(d, fields, fields[d.n_layers])):
+        prefix = f"{n.root}.{n.layers}.{layer}.{block}"
+        for src, dst in pairs if routed else ():
+            if f"{prefix}.{src}" in out:
+                out[f"{prefix}.{dst}"] = out.pop(f"{prefix}.{src}")
+    return out
+
+
+def _hunyuan_fused(w: dict, fields: Mapping) -> dict:
+    """hunyuan.sanitize's first step, op for op: fused qkv_proj / gate_and_up_proj split."""
+    if "model.layers.0.mlp.gate_and_up_proj.weight" not in w:
+        return w
+    heads, n_kv = fields["num_attention_heads"], fields["num_key_value_heads"]
+    groups, head_dim = heads // n_kv, fields["hidden_size"] // heads
+    out = {}
+    for k, v in w.items():
+        if "qkv_proj" in k:
+            for name, part in zip(["q_proj", "k_proj", "v_proj"], _split_qkv(v, n_kv, groups, head_dim)):
+                out[k.replace("qkv_proj", name)] = part
+        elif "gate_and_up_proj" in k:
+            for name, part in zip(["up_proj", "gate_proj"], _split_rows(v)):
+                out[k.replace("gate_and_up_proj", name)] = part
+        else:
+            out[k] = v
+    return out
+
+
+def _split_qkv(v, n_kv: int, groups: int, head_dim: int) -> list:
+    if isinstance(v, _Meta):
+        last = v.shape[0] * (v.shape[1] if len(v.shape) > 1 else 1) // (n_kv * (groups + 2) * head_dim)
+        return [_Meta((n_kv * g * head_dim, last), v.dtype) for g in (groups, 1, 1)]
+    v = v.reshape(n_kv, groups + 2, head_dim, -1)
+    return [mx.flatten(part, 0, 2) for part in v.split([groups, groups + 1], axis=1)]
+
+
+def _split_rows(v) -> list:
+    if isinstance(v, _Meta):
+        half = _Meta((v.shape[0] // 2, *v.shape[1:]), v.dtype)
+        return [half, half]
+    return v.split(2, axis=0)
+
+
+def _norm_head(flag: str, w: dict, fields: Mapping) -> dict:
+    """bailing_moe.sanitize: lm_head.weight / (its float32 column norms + 1e-7), in its dtype
+    (what is there: mlx-lm applies it to a packed quantized head too)."""
+    if not fields[flag]:
+        return w
+    if "lm_head.weight" not in w:
+        raise LoadError(f"{flag} is set but the checkpoint has no lm_head.weight (mlx-lm's sanitize "
+                        "normalizes it, and fails without it)")
+    v = w["lm_head.weight"]
+    if isinstance(v, _Meta):
+        return w
+    dtype = v.dtype
+    weight_norm = mx.linalg.norm(v.astype(mx.float32), axis=0, keepdims=True) + 1e-7
+    return {**w, "lm_head.weight": (v / weight_norm).astype(dtype)}
+
+
 def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
                 fields: Mapping) -> tuple[dict, dict[str, str]]:
     dropped: dict[str, str] = {}
@@ -155,7 +218,15 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _stack_experts(d, rule.arg, w, fields), {}
     if op is SanitizeOp.SPLIT_GLU_EXPERTS:
         return _split_glu_experts(d, w, fields), {}
-    if op is SanitizeOp.DROP_LAYER_N:  # startswith, as mlx-lm writes it
+    if op is SanitizeOp.RENAME_IN_MOE_LAYERS:
+        return _rename_in_moe_layers(d, rule.arg, w, fields), {}
+    if op is SanitizeOp.HUNYUAN_FUSED:
+        return _hunyuan_fused(w, fields), {}
+    if op is SanitizeOp.NORM_HEAD:
+        return _norm_head(rule.arg, w, fields), {}
+    if op is SanitizeOp.DROP_PREFIX:
+        dropped = {k: rule.reason for k in w if k.startswith(rule.arg)}
+    elif op is SanitizeOp.DROP_LAYER_N:  # startswith, as mlx-lm writes it
         head = f"model.layers.{fields[d.n_layers]}"
         dropped = {k: rule.reason for k in w if k.startswith(head)}
     elif op is SanitizeOp.DROP_CONTAINING:

@@ -21,6 +21,7 @@ does not have (`Router.observer`: the parity localizer does not ask the oracle f
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import NamedTuple, Optional
 
 import mlx.core as mx
@@ -33,6 +34,7 @@ from mlxbun.models.universal.kinds import (
     GroupGuard,
     RouterKind,
     SharedKind,
+    TopKRenorm,
     TopKSelect,
     exhaustive,
 )
@@ -41,7 +43,7 @@ from mlxbun.models.universal.moe_args import MoESpec
 from mlxbun.models.universal.resolve import UniversalArgs
 from mlxbun.models.universal.schema import ArchDescriptor, MoEKnobs
 
-__all__ = ["MoEBlock", "Router", "Routing"]
+__all__ = ["Gate", "MoEBlock", "Router", "Routing"]
 
 
 class Routing(NamedTuple):
@@ -130,14 +132,85 @@ def _group_select_k_nonzero(gates, e_score_correction_bias, top_k, n_group, topk
     return inds, scores
 
 
+@mx.compile
+def _group_select_n_group_eps(gates, e_score_correction_bias, top_k, n_group, topk_group,
+                              routed_scaling_factor, norm_topk_prob):
+    # exaone_moe.group_expert_select, op for op (compiled there too): glm4_moe's but for the
+    # 1e-20 added to the renormalizing sum
+    scores = mx.sigmoid(gates.astype(mx.float32))
+    orig_scores = scores
+    scores = scores + e_score_correction_bias
+    if n_group > 1:
+        scores = mx.unflatten(scores, axis=-1, shape=(n_group, -1))
+        group_scores = mx.topk(scores, 2, axis=-1).sum(axis=-1, keepdims=True)
+        k = n_group - topk_group
+        group_idx = mx.argpartition(group_scores, kth=k - 1, axis=-2)[..., :k, :]
+        scores = mx.put_along_axis(scores, mx.stop_gradient(group_idx), mx.array(0.0), axis=-2)
+        scores = mx.flatten(scores, -2, -1)
+    k = top_k
+    inds = mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k]
+    inds = mx.stop_gradient(inds)
+    scores = mx.take_along_axis(orig_scores, inds, axis=-1)
+    if top_k > 1 and norm_topk_prob:
+        denominator = scores.sum(axis=-1, keepdims=True)
+        scores = scores / (denominator + 1e-20)
+    scores = scores * routed_scaling_factor
+    return inds, scores
+
+
 _GROUP_SELECT = exhaustive(GroupGuard, {GroupGuard.N_GROUP_GT_1: _group_select_n_group,
                                         GroupGuard.K_NONZERO: _group_select_k_nonzero})
+# renorm 'sum_eps' comes with the n_group > 1 guard only (the row is checked when built)
+_GROUP_SELECT_EPS = {GroupGuard.N_GROUP_GT_1: _group_select_n_group_eps}
 
 
-def _noaux_tc(r: "Router", logits, bias):  # glm4_moe, dots1 (deepseek-v3 style)
+def _noaux_tc(r: "Router", logits, bias):  # glm4_moe, dots1, exaone_moe (deepseek-v3 style)
     p = r.params
-    return _GROUP_SELECT[r.group_guard](logits, bias, r.top_k, p["n_group"], p["topk_group"],
-                                        p["scaling"], r.norm_topk)
+    table = _GROUP_SELECT if r.renorm is TopKRenorm.SUM else _GROUP_SELECT_EPS
+    return table[r.group_guard](logits, bias, r.top_k, p["n_group"], p["topk_group"],
+                                p["scaling"], r.norm_topk)
+
+
+@mx.compile
+def _grouped_score_select(gates, e_score_correction_bias, top_k, n_group, topk_group,
+                          routed_scaling_factor, norm_topk_prob, score_function):
+    # bailing_moe.group_expert_select, op for op (compiled there too)
+    in_type = gates.dtype
+    if score_function == "sigmoid":
+        scores = mx.sigmoid(gates.astype(mx.float32))
+    else:
+        scores = mx.softmax(gates.astype(mx.float32), axis=-1)
+    orig_scores = scores
+    if e_score_correction_bias is not None:
+        scores = scores + e_score_correction_bias
+    if n_group > 1:
+        scores = mx.unflatten(scores, axis=-1, shape=(n_group, -1))
+        group_scores = mx.topk(scores, 2, axis=-1).sum(axis=-1, keepdims=True)
+        k = n_group - topk_group
+        group_idx = mx.argpartition(group_scores, kth=k - 1, axis=-2)[..., :k, :]
+        scores = mx.put_along_axis(scores, mx.stop_gradient(group_idx), mx.array(0.0, scores.dtype),
+                                   axis=-2)
+        scores = mx.flatten(scores, -2, -1)
+    k = top_k
+    inds = mx.argpartition(scores, kth=-k, axis=-1)[..., -k:]
+    inds = mx.stop_gradient(inds)
+    scores = mx.take_along_axis(orig_scores, inds, axis=-1)
+    if top_k > 1 and norm_topk_prob:
+        denominator = scores.sum(axis=-1, keepdims=True) + 1e-20
+        scores = scores / denominator
+    scores = scores * routed_scaling_factor
+    return inds, scores.astype(in_type)
+
+
+def _grouped_score(r: "Router", logits, bias):  # bailing_moe
+    p = r.params
+    return _grouped_score_select(logits, bias, r.top_k, p["n_group"], p["topk_group"], p["scaling"],
+                                 r.norm_topk, p["score"])
+
+
+@partial(mx.compile, shapeless=True)
+def _aggregate_expert_outputs(expert_outputs, scores):  # bailing_moe's, op for op
+    return (expert_outputs * scores[..., None]).sum(axis=-2).astype(expert_outputs.dtype)
 
 
 # (router, gate logits, correction bias or None) -> (experts, weights). A new kind: its enum
@@ -148,28 +221,47 @@ _ROUTE = exhaustive(RouterKind, {
     RouterKind.TOPK_SOFTMAX: _topk_softmax,
     RouterKind.TOPK_SOFTMAX_F32: _topk_softmax_f32,
     RouterKind.NOAUX_TC: _noaux_tc,
+    RouterKind.GROUPED_SCORE: _grouped_score,
 })
-# the router kinds whose module holds a per-expert correction bias
-_CORRECTED = (RouterKind.NOAUX_TC,)
+# the router kinds whose module holds a per-expert correction bias (where `corrected` says so)
+_CORRECTED = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE)
 
 _COMBINE = exhaustive(Combine, {
     Combine.SUM: lambda y, s: (y * s[..., None]).sum(axis=-2),
     Combine.SUM_CAST: lambda y, s: (y * s[..., None]).sum(axis=-2).astype(y.dtype),
     Combine.F32_SUM_CAST: lambda y, s: (y * s[..., None].astype(mx.float32)).sum(axis=-2).astype(y.dtype),
+    Combine.SUM_CAST_COMPILED: _aggregate_expert_outputs,
 })
 
 
 # ----------------------------------------------------------------- modules
 
 
+# the gate kinds whose logits a sibling module computes (the Router is then mlxbun-only)
+_SIBLING_GATE = (GateKind.LINEAR, GateKind.WRAPPED)
+
+
+class Gate(nn.Module):
+    """GateKind.WRAPPED: hunyuan's Gate, a module holding the router Linear, returning its logits."""
+
+    def __init__(self, hidden: int, experts: int, bias: bool, inner: str):
+        super().__init__()
+        self._inner = inner
+        setattr(self, inner, nn.Linear(hidden, experts, bias=bias))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self[self._inner](x)
+
+
 class Router(nn.Module):
-    """Gate logits -> `Routing`. Holds the gate's parameters unless the gate is a sibling
-    Linear (GateKind.LINEAR), whose logits the block passes in."""
+    """Gate logits -> `Routing`. Holds the gate's parameters unless a sibling computes the
+    logits (GateKind.LINEAR, WRAPPED), which the block then passes in."""
 
     def __init__(self, m: MoEKnobs, spec: MoESpec, hidden: int):
         super().__init__()
         r, n = m.router, m.names
         self.kind, self.select, self.gate_kind, self.group_guard = r.kind, r.select, r.gate, r.group_guard
+        self.renorm = r.renorm
         self.top_k, self.norm_topk = spec.top_k, spec.norm_topk
         self.n_experts = spec.experts
         object.__setattr__(self, "params", spec.params)  # numbers, outside the module tree
@@ -178,20 +270,21 @@ class Router(nn.Module):
             self.weight = mx.zeros((spec.experts, hidden))
         elif r.gate is GateKind.NESTED:
             setattr(self, n.gate_inner, nn.Linear(hidden, spec.experts, bias=spec.gate_bias))
-        if r.kind in _CORRECTED:
+        self._corrected = r.kind in _CORRECTED and spec.corrected
+        if self._corrected:
             setattr(self, n.correction_bias, mx.zeros((spec.experts,)))
 
     @property
     def observer(self) -> bool:
-        """True when mlx-lm's tree has no module here (the gate is a sibling Linear)."""
-        return self.gate_kind is GateKind.LINEAR
+        """True when mlx-lm's tree has no module here (the gate is a sibling module)."""
+        return self.gate_kind in _SIBLING_GATE
 
     def __call__(self, x: mx.array, logits: Optional[mx.array] = None) -> Routing:
         if self.gate_kind is GateKind.WEIGHT:
             logits = x @ self["weight"].T
         elif self.gate_kind is GateKind.NESTED:
             logits = self[self._inner](x)
-        bias = self[self._bias] if self.kind in _CORRECTED else None
+        bias = self[self._bias] if self._corrected else None
         inds, weights = _ROUTE[self.kind](self, logits, bias)
         return Routing(inds, weights, logits)
 
@@ -199,14 +292,16 @@ class Router(nn.Module):
 class MoEBlock(nn.Module):
     """The MoE block of one layer: route, run the k experts (SwitchGLU), combine, add shared."""
 
-    def __init__(self, a: UniversalArgs, d: ArchDescriptor):
+    def __init__(self, a: UniversalArgs, d: ArchDescriptor, layer: int):
         super().__init__()
-        m, spec = d.moe, a.moe
+        m, spec = d.moe, a.moe.at(layer)
         n = m.names
         self._m = m
         D = a.hidden
-        if m.router.gate is GateKind.LINEAR:
-            setattr(self, n.gate, nn.Linear(D, spec.experts, bias=spec.gate_bias))
+        if m.router.gate in _SIBLING_GATE:
+            setattr(self, n.gate, nn.Linear(D, spec.experts, bias=spec.gate_bias)
+                    if m.router.gate is GateKind.LINEAR
+                    else Gate(D, spec.experts, spec.gate_bias, n.gate_inner))
             setattr(self, n.router, Router(m, spec, D))
             self._router_name = n.router
         else:
@@ -235,7 +330,7 @@ class MoEBlock(nn.Module):
         if m.flat_tokens:  # olmoe routes the flattened tokens
             B, L_, D = x.shape
             x = x.reshape(-1, D)
-        logits = self[n.gate](x) if m.router.gate is GateKind.LINEAR else None
+        logits = self[n.gate](x) if m.router.gate in _SIBLING_GATE else None
         routing = self.router(x, logits)
         y = self[n.switch](x, routing.experts)
         y = _COMBINE[m.combine](y, routing.weights)

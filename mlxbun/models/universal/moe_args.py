@@ -7,13 +7,14 @@ is the file's per-layer test, one branch per `MoeLayers` kind.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from mlxbun.models.universal.fields import fail, get, int_field
-from mlxbun.models.universal.kinds import MoeLayers, SharedSize, exhaustive
+from mlxbun.models.universal.kinds import MoeLayers, SharedSize, SharedWhen, exhaustive
 from mlxbun.models.universal.schema import ArchDescriptor, MoEKnobs
 
 __all__ = ["MoESpec", "moe_layers", "resolve_moe"]
@@ -32,6 +33,12 @@ class MoESpec:
     params: Mapping[str, Any]  # the router kind's numbers (kinds.ROUTER_PARAMS), as the config holds them
     shared_size: int | None = None  # None: no shared expert
     shared_bias: bool = False
+    corrected: bool = True  # the router kind's correction bias exists (kinds that have one)
+    per_layer: tuple["MoESpec | None", ...] = ()  # MoEKnobs.per_layer: each layer's own numbers
+
+    def at(self, layer: int) -> "MoESpec":
+        """The numbers of one MoE layer (the same for every layer unless the row is per_layer)."""
+        return self.per_layer[layer] if self.per_layer else self
 
 
 def _sparse_step(a: Mapping, i: int, m: MoEKnobs) -> bool:  # qwen3_moe's decoder layer
@@ -48,11 +55,27 @@ def _first_k_dense_freq(a: Mapping, i: int, m: MoEKnobs) -> bool:  # deepseek
             and i % a["moe_layer_freq"] == 0)
 
 
+def _is_moe_layer(a: Mapping, i: int, m: MoEKnobs) -> bool:  # exaone_moe
+    return a["is_moe_layer"][i]
+
+
+def _not_single_expert(a: Mapping, i: int, m: MoEKnobs) -> bool:  # hunyuan
+    return a[m.experts] != 1
+
+
 _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exhaustive(MoeLayers, {
     MoeLayers.ALL: lambda a, i, m: True,
     MoeLayers.SPARSE_STEP: _sparse_step,
     MoeLayers.FIRST_K_DENSE: _first_k_dense,
     MoeLayers.FIRST_K_DENSE_FREQ: _first_k_dense_freq,
+    MoeLayers.IS_MOE_LAYER: _is_moe_layer,
+    MoeLayers.NOT_SINGLE_EXPERT: _not_single_expert,
+})
+
+
+_SHARED_WHEN: Mapping[SharedWhen, Callable[[Any], bool]] = exhaustive(SharedWhen, {
+    SharedWhen.NOT_NONE: lambda v: v is not None,
+    SharedWhen.POSITIVE: lambda v: v is not None and v > 0,
 })
 
 
@@ -61,6 +84,11 @@ def moe_layers(d: ArchDescriptor, a: Mapping, n_layers: int) -> list[bool]:
     if d.moe is None:
         return [False] * n_layers
     rule = _LAYER_RULES[d.moe.layers]
+    if d.moe.layers is MoeLayers.IS_MOE_LAYER:
+        flags = a["is_moe_layer"]
+        if not isinstance(flags, list) or len(flags) < n_layers:
+            raise fail(d.model_type, f"'is_moe_layer' must be a list of {n_layers} bools (one per "
+                                     f"layer), got {flags!r}")
     return [bool(rule(a, i, d.moe)) for i in range(n_layers)]
 
 
@@ -69,22 +97,49 @@ def resolve_moe(d: ArchDescriptor, a: Mapping, layers: list[bool]) -> MoESpec | 
     m, mt = d.moe, d.model_type
     if m is None or not any(layers):
         return None
+    if not m.per_layer:
+        return _spec(d, a)
+    # hunyuan's _int_or_list: a list-valued top_k / size / shared count is read at the layer index
+    listed = [f for f in (m.top_k, m.size, m.shared.count if m.shared else None) if f]
+    specs = tuple(_spec(d, {**a, **{f: _int_or_list(a, f, i, mt) for f in listed}}) if routed else None
+                  for i, routed in enumerate(layers))
+    return dataclasses.replace(next(s for s in specs if s is not None), per_layer=specs)
+
+
+def _int_or_list(a: Mapping, name: str, i: int, mt: str) -> Any:
+    value = a[name]
+    if isinstance(value, list):
+        if i >= len(value):
+            raise fail(mt, f"'{name}' lists {len(value)} values; layer {i} has none")
+        return value[i]
+    return value
+
+
+def _spec(d: ArchDescriptor, a: Mapping) -> MoESpec:
+    m, mt = d.moe, d.model_type
     experts, top_k = int_field(a, m.experts, mt), int_field(a, m.top_k, mt)
     if top_k > experts:
         raise fail(mt, f"'{m.top_k}' = {top_k} is larger than '{m.experts}' = {experts}")
     r = m.router
     shared_size = None
     sh = m.shared
-    if sh is not None and (sh.when is None or a[sh.when] is not None):
+    if (sh is not None and (sh.when is None or _SHARED_WHEN[sh.when_rule](a[sh.when]))
+            and get(a, sh.enabled, mt)):
         if sh.size is SharedSize.MOE_TIMES_N:
             shared_size = a[m.size] * a[sh.count]
+        elif sh.size is SharedSize.SHARED_OR_MOE_TIMES_N:  # bailing_moe
+            shared_size = (a["moe_shared_expert_intermediate_size"] or a[m.size]) * a[sh.count]
+        elif sh.size is SharedSize.INTERMEDIATE_TIMES_N:  # hunyuan
+            shared_size = int(a["intermediate_size"] * a[sh.count])
         else:
             shared_size = a[sh.size]
     return MoESpec(
-        experts=experts, top_k=top_k, size=int_field(a, m.size, mt),
+        experts=experts, top_k=top_k,
+        size=int_field(a, m.size if a[m.size] is not None or not m.size_fallback else m.size_fallback, mt),
         gate_bias=bool(get(a, r.gate_bias, mt)), expert_bias=bool(get(a, m.expert_bias, mt)),
         norm_topk=bool(get(a, r.norm_topk, mt)),
         params=MappingProxyType({k: get(a, v, mt) for k, v in r.params.items()}),
         shared_size=shared_size,
         shared_bias=bool(get(a, sh.bias, mt)) if sh is not None else False,
+        corrected=bool(get(a, r.corrected, mt)),
     )

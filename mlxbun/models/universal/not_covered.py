@@ -23,17 +23,11 @@ NOT_COVERED: dict[str, str] = {
              "routed and shared experts",
     "afmoe": f"{_MOE}: a router module with score-function choice and grouped selection, plus "
              "sigmoid-gated attention output",
-    "bailing_moe": f"{_MOE}: compiled grouped router (softmax or sigmoid, weights cast to the input "
-                   "dtype), compiled combine, fused query_key_value attention",
     "dbrx": f"{_MOE}: its own router module and per-expert weights split at load; NormAttnNorm blocks",
     "ernie4_5_moe": f"{_MOE}: float32 gate activation (softmax / sigmoid), renorm by max(sum, eps), "
                     "start/end/interval MoE layers",
-    "exaone_moe": f"{_MOE}: noaux_tc router (glm4_moe's) with an is_moe_layer list and exaone "
-                  "attention",
     "gpt_oss": f"{_MOE}: its own top-k op, clamped SwiGLU experts with biases, attention sinks, "
                "alternating sliding layers, mxfp4 experts",
-    "hunyuan": f"{_MOE}: cross-layer KV sharing (CLA), per-layer top-k / shared-expert lists, "
-               "float32 combine",
     "llama4": f"{_MOE}: a text_config wrapper around chunked-attention layers; top-1 sigmoid "
               "router that scales the expert input, shared expert, interleaved MoE layers",
     "mellum": f"{_MOE}: sliding / global layer pattern and its own cache layout around a "

@@ -24,6 +24,7 @@ from mlxbun.models.universal.kinds import (
     EmbedScale,
     FinalSoftcap,
     HeadDim,
+    KVShare,
     LayerKinds,
     MakeCache,
     MlpSize,
@@ -89,6 +90,7 @@ class LayerSpec:
     sliding: bool
     rope: RopeSpec | None  # None: NoPE
     moe: bool = False  # the MoE block (args.moe) instead of the dense MLP
+    kv_proj: bool = True  # KVShare.CLA: False = the layer takes the last projecting layer's k/v
 
 
 @dataclass(frozen=True)
@@ -256,6 +258,19 @@ def _deepseek_rope_scaling(a: dict, mt: str) -> None:
             raise _fail(mt, "rope_scaling.factor must be a float")
 
 
+def _hunyuan_moe_rope_scaling(a: dict, mt: str) -> None:
+    rs = a["rope_scaling"]
+    if rs and not all(k in rs for k in ("factor", "type")):
+        raise _fail(mt, "rope_scaling must contain keys {'factor', 'type'}")
+    if not isinstance(rs, Mapping) or "alpha" not in rs:  # the attention reads rope_scaling["alpha"]
+        raise _fail(mt, "rope_scaling needs the key 'alpha' (mlx-lm's hunyuan reads it)")
+
+
+def _rope_parameters_theta(a: dict, mt: str) -> None:  # exaone_moe
+    if a["rope_parameters"] is not None and "rope_theta" in a["rope_parameters"]:
+        a["rope_theta"] = a["rope_parameters"]["rope_theta"]
+
+
 _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit, {
     PostInit.KV_HEADS_DEFAULT: _kv_heads_default,
     PostInit.LAYER_TYPES_FULL: _layer_types_full,
@@ -274,7 +289,19 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.MINISTRAL3_ROPE: _ministral3_rope,
     PostInit.LINEAR_ROPE_SCALING: _linear_rope_scaling,
     PostInit.DEEPSEEK_ROPE_SCALING: _deepseek_rope_scaling,
+    PostInit.ROPE_PARAMETERS_THETA: _rope_parameters_theta,
+    PostInit.HUNYUAN_MOE_ROPE_SCALING: _hunyuan_moe_rope_scaling,
 })
+
+
+def _kv_proj(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
+    """Per layer: does it project its own keys / values (KVShare.CLA: hunyuan's kv_proj)."""
+    if d.layers.kv_share is not KVShare.CLA or not a["use_cla"]:
+        return [True] * n
+    factor = a["cla_share_factor"]
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+        raise _fail(d.model_type, f"'cla_share_factor' must be a positive integer, got {factor!r}")
+    return [i % factor == 0 for i in range(n)]
 
 
 def model_args(d: ArchDescriptor, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -314,9 +341,12 @@ def layer_kinds(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
     return [pattern[i % len(pattern)] == "L" if pattern else False for i in range(n)]
 
 
-def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int) -> RopeSpec | None:
+def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int,
+              any_sliding: bool) -> RopeSpec | None:
     r, mt = d.rope, d.model_type
     if r.nope is NopeRule.NO_ROPE_LAYERS and not a["no_rope_layers"][i]:
+        return None
+    if r.nope is NopeRule.SLIDING_OR_ALL and any_sliding and not sliding:
         return None
     if r.nope is NopeRule.GLOBAL_LAYERS:
         if d.layers.kinds is LayerKinds.EXAONE and not a[d.layers.period]:
@@ -324,6 +354,8 @@ def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int) 
         elif not sliding:
             return None
     dims = int(head_dim * _get(a, r.partial, mt)) if r.partial else head_dim
+    if r.rotary_dim and a[r.rotary_dim] is not None:  # bailing_moe: rotary_dim wins
+        dims = _int_field(a, r.rotary_dim, mt)
     base = _get(a, r.theta, mt)
     if r.kind is RopeKind.INITIALIZE:
         traditional = _get(a, r.traditional, mt)
@@ -381,7 +413,8 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
     if len(kinds) != n_layers:
         raise _fail(mt, f"{len(kinds)} layer kinds for {n_layers} layers")
     routed = moe_layers(d, a, n_layers)
-    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, head_dim), routed[i])
+    kv_proj = _kv_proj(d, a, n_layers)
+    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, head_dim, any(kinds)), routed[i], kv_proj[i])
                    for i, s in enumerate(kinds))
     window = a[d.layers.sliding_window] if d.layers.sliding_window else None
     if any(kinds) and d.layers.make_cache is MakeCache.ROTATING_SLIDING:

@@ -42,6 +42,7 @@ from mlxbun.models.universal.kinds import (
     GateKind,
     GroupGuard,
     HeadDim,
+    KVShare,
     LayerKinds,
     MakeCache,
     MlpKind,
@@ -65,9 +66,11 @@ from mlxbun.models.universal.kinds import (
     SanitizeOp,
     SharedKind,
     SharedSize,
+    SharedWhen,
     StrEnum,
     TiedOp,
     TieRule,
+    TopKRenorm,
     TopKSelect,
 )
 
@@ -145,6 +148,7 @@ class RopeKnobs:
     scaling: str | None = "rope_scaling"  # field holding the scaling dict, None = never scaled
     max_positions: str | None = "max_position_embeddings"
     partial: str | None = None  # field holding the rotary fraction: dims = int(head_dim * f)
+    rotary_dim: str | None = None  # field holding the rope dims; when not None it wins over partial
     nope: NopeRule | None = _kind(NopeRule, None)
     sliding_theta: str | None = None  # sliding layers: plain rope with this base, no scaling
     child: bool = True  # the rope is the attention's `rope` child module (nanochat: a function)
@@ -212,6 +216,7 @@ class LayerKnobs:
     period: str | None = None  # field for "period" (int) and "exaone" (pattern string)
     make_cache: MakeCache = _kind(MakeCache, MakeCache.DEFAULT)
     mask_array: bool = False  # gemma2: create_attention_mask(..., return_array=True)
+    kv_share: KVShare | None = _kind(KVShare, None)  # cla: fields use_cla, cla_share_factor
 
 
 @dataclass(frozen=True)
@@ -242,6 +247,9 @@ class RouterKnobs:
     # noaux_tc: {"scaling": "routed_scaling_factor", "n_group": "n_group", "topk_group": "topk_group"}
     params: Mapping[str, Any] = field(default_factory=dict)
     group_guard: GroupGuard = _kind(GroupGuard, GroupGuard.N_GROUP_GT_1)  # noaux_tc
+    renorm: TopKRenorm = _kind(TopKRenorm, TopKRenorm.SUM)  # noaux_tc: the renormalizing division
+    corrected: bool | str = True  # noaux_tc / grouped_score: the per-expert correction bias exists
+    # (literal, or the field that switches it: bailing_moe's moe_router_enable_expert_bias)
 
 
 @dataclass(frozen=True)
@@ -250,6 +258,8 @@ class SharedKnobs:
     size: SharedSize | str = _kind(SharedSize, SharedSize.MOE_TIMES_N, or_field=True)
     count: str | None = None  # MOE_TIMES_N: the shared-expert count field (n_shared_experts)
     when: str | None = None  # built only when this field is not None (deepseek n_shared_experts)
+    when_rule: SharedWhen = _kind(SharedWhen, SharedWhen.NOT_NONE)  # what `when` must hold
+    enabled: bool | str = True  # and this (literal, or a bool field: moe_router_enable_shared_expert)
     bias: bool | str = False  # the shared MLP's biases (dots1: mlp_bias)
 
 
@@ -260,6 +270,9 @@ class MoEKnobs:
     experts: str = "num_experts"  # field: routed experts
     top_k: str = "num_experts_per_tok"  # field
     size: str = "moe_intermediate_size"  # field: one expert's intermediate width
+    size_fallback: str | None = None  # field used when `size` is None (hunyuan: intermediate_size)
+    per_layer: bool = False  # top_k, size and the shared count may each be an int or a list
+    # indexed by layer (hunyuan's _int_or_list)
     router: RouterKnobs = RouterKnobs(RouterKind.SOFTMAX_TOPK)
     layers: MoeLayers = _kind(MoeLayers, MoeLayers.ALL)
     expert: ExpertKind = _kind(ExpertKind, ExpertKind.GLU)
@@ -395,13 +408,18 @@ class ArchDescriptor:
             yield "layers.period", lk.period
         if lk.sliding_window:
             yield "layers.sliding_window", lk.sliding_window
+        if lk.kv_share is KVShare.CLA:
+            yield from (("layers.kv_share", "use_cla"), ("layers.kv_share", "cla_share_factor"))
         if self.moe is not None:
             yield from self._moe_refs(self.moe)
 
     def _moe_refs(self, m: MoEKnobs) -> Iterator[tuple[str, str]]:
         yield from (("moe.experts", m.experts), ("moe.top_k", m.top_k), ("moe.size", m.size))
+        if m.size_fallback:
+            yield "moe.size_fallback", m.size_fallback
         r = m.router
         for knob, value in (("moe.router.gate_bias", r.gate_bias), ("moe.router.norm_topk", r.norm_topk),
+                            ("moe.router.corrected", r.corrected),
                             ("moe.expert_bias", m.expert_bias),
                             *((f"moe.router.params[{k!r}]", v) for k, v in r.params.items())):
             if isinstance(value, str):
@@ -412,12 +430,18 @@ class ArchDescriptor:
             yield "moe.layers", "first_k_dense_replace"
             if m.layers is MoeLayers.FIRST_K_DENSE_FREQ:
                 yield "moe.layers", "moe_layer_freq"
+        elif m.layers is MoeLayers.IS_MOE_LAYER:
+            yield "moe.layers", "is_moe_layer"
         sh = m.shared
         if sh is not None:
             if not isinstance(sh.size, SharedSize):
                 yield "moe.shared.size", sh.size
+            elif sh.size is SharedSize.SHARED_OR_MOE_TIMES_N:
+                yield "moe.shared.size", "moe_shared_expert_intermediate_size"
+            elif sh.size is SharedSize.INTERMEDIATE_TIMES_N:
+                yield "moe.shared.size", "intermediate_size"
             for knob, value in (("moe.shared.count", sh.count), ("moe.shared.when", sh.when),
-                                ("moe.shared.bias", sh.bias)):
+                                ("moe.shared.bias", sh.bias), ("moe.shared.enabled", sh.enabled)):
                 if isinstance(value, str):
                     yield knob, value
 
@@ -426,6 +450,8 @@ class ArchDescriptor:
         yield "rope.theta", r.theta
         if r.partial:
             yield "rope.partial", r.partial
+        if r.rotary_dim:
+            yield "rope.rotary_dim", r.rotary_dim
         if r.nope is NopeRule.NO_ROPE_LAYERS:
             yield "rope.nope", "no_rope_layers"
         if r.kind is RopeKind.INITIALIZE:
@@ -509,15 +535,18 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error(f"layers.kinds {lk.kinds.value!r} needs layers.period (the pattern field)")
     if lk.make_cache is MakeCache.ROTATING_SLIDING and not lk.sliding_window:
         raise d.error("layers.make_cache 'rotating_sliding' needs layers.sliding_window")
-    if d.rope.nope is NopeRule.GLOBAL_LAYERS and lk.kinds is LayerKinds.ALL_FULL:
-        raise d.error("rope.nope 'global_layers' needs sliding layers (layers.kinds)")
+    if lk.kv_share is not None and (d.qkv is not QKV.SEPARATE or d.block.parallel is not False):
+        raise d.error("layers.kv_share takes separate q/k/v projections and a sequential block")
+    if d.rope.nope in (NopeRule.GLOBAL_LAYERS, NopeRule.SLIDING_OR_ALL) and lk.kinds is LayerKinds.ALL_FULL:
+        raise d.error(f"rope.nope {d.rope.nope.value!r} needs sliding layers (layers.kinds)")
     if d.moe is not None:
         _check_moe(d, d.moe)
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):
-        raise d.error("sanitize rules stack_experts / split_glu_experts need a moe block")
+        raise d.error("sanitize rules stack_experts / split_glu_experts / rename_in_moe_layers need "
+                      "a moe block")
 
 
-_MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS)
+_MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS, SanitizeOp.RENAME_IN_MOE_LAYERS)
 
 
 def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
@@ -527,18 +556,30 @@ def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
         raise d.error(f"moe.router.params for kind {r.kind.value!r} must name exactly "
                       f"{', '.join(want) or 'nothing'} (each a ModelArgs field or a literal); got "
                       f"{', '.join(r.params) or 'nothing'}")
-    if r.kind is RouterKind.NOAUX_TC and r.gate is GateKind.LINEAR:
-        raise d.error("moe.router.kind 'noaux_tc' keeps its correction bias on the router module: "
-                      "moe.router.gate must be 'weight' or 'nested'")
+    if r.kind in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.gate in (GateKind.LINEAR,
+                                                                              GateKind.WRAPPED):
+        raise d.error(f"moe.router.kind {r.kind.value!r} keeps its correction bias on the router "
+                      "module: moe.router.gate must be 'weight' or 'nested'")
+    if r.kind not in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.corrected is not True:
+        raise d.error(f"moe.router.corrected with {r.kind.value!r}: the kind has no correction bias")
+    if r.renorm is TopKRenorm.SUM_EPS and (r.kind is not RouterKind.NOAUX_TC
+                                           or r.group_guard is not GroupGuard.N_GROUP_GT_1):
+        raise d.error("moe.router.renorm 'sum_eps' is a branch of kind 'noaux_tc' with group_guard "
+                      "'n_group_gt_1' only (exaone_moe)")
     if r.kind in (RouterKind.TOPK_SOFTMAX, RouterKind.TOPK_SOFTMAX_F32) and r.norm_topk is not False:
         raise d.error(f"moe.router.norm_topk with {r.kind.value!r}: the softmax over the k chosen "
                       "experts is already normalized (no such branch)")
-    if m.shared is not None and m.shared.size is SharedSize.MOE_TIMES_N and m.shared.count is None:
-        raise d.error("moe.shared.size 'moe_times_n' needs moe.shared.count (the shared-expert count "
-                      "field, e.g. n_shared_experts)")
+    if m.shared is not None and m.shared.when_rule is not SharedWhen.NOT_NONE and m.shared.when is None:
+        raise d.error(f"moe.shared.when_rule {m.shared.when_rule.value!r} needs moe.shared.when "
+                      "(the field it tests)")
+    if (m.shared is not None and m.shared.size in (SharedSize.MOE_TIMES_N, SharedSize.SHARED_OR_MOE_TIMES_N,
+                                                   SharedSize.INTERMEDIATE_TIMES_N)
+            and m.shared.count is None):
+        raise d.error(f"moe.shared.size {m.shared.size.value!r} needs moe.shared.count (the "
+                      "shared-expert count field, e.g. n_shared_experts)")
     n = m.names
     block = n.block or d.names.mlp
-    inside = [n.gate, n.switch] + ([n.router] if r.gate is GateKind.LINEAR else [])
+    inside = [n.gate, n.switch] + ([n.router] if r.gate in (GateKind.LINEAR, GateKind.WRAPPED) else [])
     if m.shared is not None:
         inside.append(n.shared)
         if m.shared.kind is SharedKind.SIGMOID_GATED:
