@@ -14,6 +14,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlxbun.errors import MlxbunError, UnsupportedModelError
+from mlxbun.models.switch_layers import gather_mm_supported
 from mlxbun.zoo import (
     ARCHS,
     BUILDERS,
@@ -23,7 +24,6 @@ from mlxbun.zoo import (
     make_checkpoint,
     tiny_config,
 )
-from mlxbun.models.switch_layers import gather_mm_supported
 from mlxbun.zoo.archs import has_experts
 from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID, IM_END_ID, PAD_ID, SPECIAL_TOKENS, VOCAB_SIZE
 

@@ -14,7 +14,8 @@ the gate logits). Per MoE layer (a dense layer has no router and no row):
   (softmax_topk, topk_softmax, topk_softmax_f32) p = softmax(logits) over all experts, whether the
   kind takes its softmax before choosing or over the k chosen; the sigmoid router (noaux_tc)
   p = sigmoid(logits) / sum_e sigmoid(logits), the correction bias left out (it moves the
-  choice, never the weights). In float64 from the logits the gate returned;
+  choice, never the weights); bailing_moe's grouped_score router: softmax or normalized sigmoid
+  as its `score` number says. In float64 from the logits the gate returned;
 - top-k mass: sum of p over the k chosen experts, i.e. before any top-k renormalization or
   routed scaling (1 when k = E; the chosen need not be p's top k: noaux_tc chooses with its bias
   and groups);
@@ -32,8 +33,9 @@ configurations part.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -53,23 +55,29 @@ __all__ = ["AGREEMENT_COLUMNS", "LAYER_COLUMNS", "LayerRouting", "MoERouting", "
            "Side", "agreement", "moe_routing", "route"]
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
+def _softmax(logits: np.ndarray, params=None) -> np.ndarray:
     z = np.exp(logits - logits.max(axis=-1, keepdims=True))
     return z / z.sum(axis=-1, keepdims=True)
 
 
-def _normalized_sigmoid(logits: np.ndarray) -> np.ndarray:
+def _normalized_sigmoid(logits: np.ndarray, params=None) -> np.ndarray:
     s = 1.0 / (1.0 + np.exp(-logits))
     return s / s.sum(axis=-1, keepdims=True)
 
 
-# router kind -> the probability distribution over all experts its logits stand for (float64
-# logits [N, E] -> [N, E], rows summing to 1). A new router kind says here what its entropy is of.
+def _as_scored(logits: np.ndarray, params) -> np.ndarray:  # grouped_score: its score function
+    return (_normalized_sigmoid if params["score"] == "sigmoid" else _softmax)(logits)
+
+
+# router kind -> the probability distribution over all experts its logits stand for ((float64
+# logits [N, E], the router's numbers) -> [N, E], rows summing to 1). A new router kind says here
+# what its entropy is of.
 ROUTER_PROBS = exhaustive(RouterKind, {
     RouterKind.SOFTMAX_TOPK: _softmax,
     RouterKind.TOPK_SOFTMAX: _softmax,
     RouterKind.TOPK_SOFTMAX_F32: _softmax,
     RouterKind.NOAUX_TC: _normalized_sigmoid,
+    RouterKind.GROUPED_SCORE: _as_scored,
 })
 
 
@@ -107,6 +115,7 @@ class LayerRouting:
     experts: np.ndarray  # [N, k] the chosen experts
     weights: np.ndarray  # [N, k] what their outputs are multiplied by
     logits: np.ndarray  # [N, E] float64, the gate's logits
+    params: Mapping[str, Any] = field(default_factory=dict)  # the router's numbers (RouterKnobs.params)
 
     @property
     def n_experts(self) -> int:
@@ -118,7 +127,7 @@ class LayerRouting:
 
     def probs(self) -> np.ndarray:
         """[N, E]: the router's distribution over all experts (`ROUTER_PROBS[kind]`)."""
-        return ROUTER_PROBS[self.kind](self.logits)
+        return ROUTER_PROBS[self.kind](self.logits, self.params)
 
     def load(self) -> np.ndarray:
         """[E]: tokens routed to each expert, each of the k slots counted (sums to N x k)."""
@@ -195,7 +204,8 @@ def route(side: Side, ids) -> RoutingStats:
         layers.append(LayerRouting(
             layer=layer_index_of(p), path=p, kind=router.kind, experts=experts.astype(np.int64),
             weights=np.array(routing.weights.astype(mx.float32)).reshape(experts.shape).astype(np.float64),
-            logits=np.array(routing.logits.astype(mx.float32)).reshape(len(experts), -1).astype(np.float64)))
+            logits=np.array(routing.logits.astype(mx.float32)).reshape(len(experts), -1).astype(np.float64),
+            params=dict(router.params)))
     return RoutingStats(side, sorted(layers, key=lambda r: r.layer))
 
 
