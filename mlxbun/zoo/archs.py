@@ -240,6 +240,14 @@ _ROWS = (
         "num_hidden_layers": 2, "num_key_value_heads": HEADS, "pretraining_tp": 1,
         "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000, "scoring_func": "softmax",
         "seq_aux": True, "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # gpt-oss's knobs: sliding / full layers (window 16 here), attention sinks, yarn with the
+    # original context shrunk as the max (131072 / 32 -> 512 / 32), clamped SwiGLU experts
+    Arch("gpt_oss", "GptOssForCausalLM", "GptOssConfig", kv_heads=2,
+         knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "intermediate_size": MOE_INTERMEDIATE,
+                "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                    "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
+                                    "original_max_position_embeddings": MAX_POSITIONS // 32}}),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS}

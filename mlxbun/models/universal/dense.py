@@ -109,20 +109,21 @@ _QK_NORMS = exhaustive(QKNormKind, {
 })
 
 
-def _sdpa_f32_if_f16(queries, keys, values, cache, scale, mask, softcap):  # cohere2
+# (q, k, v, cache, scale, mask, softcap, sinks) -> o; only SDPA takes sinks (the row checks it)
+def _sdpa_f32_if_f16(queries, keys, values, cache, scale, mask, softcap, sinks):  # cohere2
     sdpa_type = mx.float32 if queries.dtype == mx.float16 else queries.dtype
     return scaled_dot_product_attention(
         queries.astype(sdpa_type), keys, values, cache=cache, scale=scale, mask=mask,
     ).astype(queries.dtype)
 
 
-def _sdpa_q_f32(queries, keys, values, cache, scale, mask, softcap):  # phi
+def _sdpa_q_f32(queries, keys, values, cache, scale, mask, softcap, sinks):  # phi
     return scaled_dot_product_attention(
         queries.astype(mx.float32), keys, values, cache=cache, scale=scale, mask=mask,
     ).astype(values.dtype)
 
 
-def _sdpa_qk_f32(queries, keys, values, cache, scale, mask, softcap):  # stablelm
+def _sdpa_qk_f32(queries, keys, values, cache, scale, mask, softcap, sinks):  # stablelm
     queries = queries.astype(mx.float32)
     keys = keys.astype(mx.float32)
     return scaled_dot_product_attention(
@@ -130,9 +131,9 @@ def _sdpa_qk_f32(queries, keys, values, cache, scale, mask, softcap):  # stablel
 
 
 _ATTENTION = exhaustive(AttnKind, {
-    AttnKind.SDPA: lambda q, k, v, cache, scale, mask, softcap: scaled_dot_product_attention(
-        q, k, v, cache=cache, scale=scale, mask=mask),
-    AttnKind.SOFTCAP: lambda q, k, v, cache, scale, mask, softcap: softcapped_attention(
+    AttnKind.SDPA: lambda q, k, v, cache, scale, mask, softcap, sinks: scaled_dot_product_attention(
+        q, k, v, cache=cache, scale=scale, mask=mask, sinks=sinks),
+    AttnKind.SOFTCAP: lambda q, k, v, cache, scale, mask, softcap, sinks: softcapped_attention(
         q, k, v, scale, softcap, mask),
     AttnKind.SDPA_F32_IF_F16: _sdpa_f32_if_f16,
     AttnKind.SDPA_Q_F32: _sdpa_q_f32,
@@ -148,6 +149,8 @@ class Attention(nn.Module):
         self._scale, self._softcap = a.attn_scale, a.attn_softcap
         self._attend = _ATTENTION[d.attention]
         D, n = a.hidden, d.names
+        if d.sinks:  # gpt_oss: first in its AttentionBlock's tree, as there
+            self.sinks = mx.zeros((H,))
         if d.qkv is QKV.SEPARATE:
             setattr(self, n.q, nn.Linear(D, H * hd, bias=a.attn_bias))
             setattr(self, n.k, nn.Linear(D, KV * hd, bias=a.attn_bias))
@@ -220,7 +223,8 @@ class Attention(nn.Module):
         if attn_scale is not None:
             queries = queries * attn_scale
 
-        output = self._attend(queries, keys, values, cache, self._scale, mask, self._softcap)
+        sinks = self["sinks"] if d.sinks else None
+        output = self._attend(queries, keys, values, cache, self._scale, mask, self._softcap, sinks)
         output = output.transpose(0, 2, 1, 3).reshape(B, L_, -1)
         return self[n.o](output)
 

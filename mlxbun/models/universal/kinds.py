@@ -52,6 +52,7 @@ class AttnScale(StrEnum):
     QPAS_POW = "qpas_pow"  # query_pre_attn_scalar ** -0.5
     SQRT_INV = "sqrt_inv"  # math.sqrt(1 / head_dim)
     ATTENTION_MULTIPLIER = "attention_multiplier"  # the field itself
+    INV_SQRT = "inv_sqrt"  # 1 / math.sqrt(head_dim) (gpt_oss)
 
 
 class AttnKind(StrEnum):
@@ -212,6 +213,8 @@ class SanitizeOp(StrEnum):
     SPLIT_GLU_EXPERTS = "split_glu_experts"  # granitemoe: input_linear -> gate_proj | up_proj,
     # output_linear -> down_proj (arg: (block name, switch name))
     DROP_LAYER_N = "drop_layer_n"  # keys starting "model.layers.{num_hidden_layers}" (MTP layer)
+    SPLIT_INTERLEAVED_EXPERTS = "split_interleaved_experts"  # gpt_oss: HF gate_up_proj rows
+    # interleaved gate/up -> gate_proj | up_proj (weights, mxfp4 _blocks/_scales, biases)
 
 
 # ----------------------------------------------------------------- mixture of experts
@@ -271,6 +274,8 @@ class Combine(StrEnum):
 
 class ExpertKind(StrEnum):
     GLU = "glu"  # SwitchGLU: down(swiglu(gate(x), up(x))) per expert
+    GLU_OAI = "glu_oai"  # gpt_oss: SwitchGLU with SwigluOAI, (clip(up, -l, l) + 1) * g * sigmoid(a * g),
+    # g = min(gate, l); mlx-lm's constants a = 1.702, l = 7.0 (config swiglu_* not read)
 
 
 class SharedKind(StrEnum):
@@ -313,6 +318,8 @@ class PostInit(StrEnum):
     LINEAR_ROPE_SCALING = "linear_rope_scaling"  # qwen2_moe: rope_scaling needs factor and
     # type, type 'linear' only (validated, never applied)
     DEEPSEEK_ROPE_SCALING = "deepseek_rope_scaling"  # rope_scaling needs 'type'; linear: float factor
+    GPT_OSS_LAYER_TYPES = "gpt_oss_layer_types"  # layer_types None: [sliding, full] * (n // 2);
+    # both kinds present (mlx-lm takes each mask from the first layer of its kind)
 
 
 def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:

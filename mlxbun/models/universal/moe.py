@@ -26,9 +26,11 @@ from typing import NamedTuple, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxbun.models.layers import SwigluOAI
 from mlxbun.models.switch_layers import SwitchGLU
 from mlxbun.models.universal.kinds import (
     Combine,
+    ExpertKind,
     GateKind,
     GroupGuard,
     RouterKind,
@@ -152,6 +154,12 @@ _ROUTE = exhaustive(RouterKind, {
 # the router kinds whose module holds a per-expert correction bias
 _CORRECTED = (RouterKind.NOAUX_TC,)
 
+# the experts' activation module (None: SwitchGLU's shared SwiGLU, as mlx-lm's default argument)
+_ACTIVATION = exhaustive(ExpertKind, {
+    ExpertKind.GLU: lambda: None,
+    ExpertKind.GLU_OAI: SwigluOAI,  # gpt_oss: one instance per block, as its MLPBlock builds it
+})
+
 _COMBINE = exhaustive(Combine, {
     Combine.SUM: lambda y, s: (y * s[..., None]).sum(axis=-2),
     Combine.SUM_CAST: lambda y, s: (y * s[..., None]).sum(axis=-2).astype(y.dtype),
@@ -213,7 +221,8 @@ class MoEBlock(nn.Module):
             setattr(self, n.gate, Router(m, spec, D))
             self._router_name = n.gate
         setattr(self, n.switch, SwitchGLU(D, spec.size, spec.experts, bias=spec.expert_bias,
-                                          names=(n.gate_proj, n.up_proj, n.down_proj)))
+                                          names=(n.gate_proj, n.up_proj, n.down_proj),
+                                          activation=_ACTIVATION[m.expert]()))
         self._shared = m.shared.kind if spec.shared_size is not None else None
         if self._shared is not None:
             setattr(self, n.shared, MLP(a, d, width=spec.shared_size, bias=spec.shared_bias))

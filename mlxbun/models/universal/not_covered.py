@@ -30,8 +30,6 @@ NOT_COVERED: dict[str, str] = {
                     "start/end/interval MoE layers",
     "exaone_moe": f"{_MOE}: noaux_tc router (glm4_moe's) with an is_moe_layer list and exaone "
                   "attention",
-    "gpt_oss": f"{_MOE}: its own top-k op, clamped SwiGLU experts with biases, attention sinks, "
-               "alternating sliding layers, mxfp4 experts",
     "hunyuan": f"{_MOE}: cross-layer KV sharing (CLA), per-layer top-k / shared-expert lists, "
                "float32 combine",
     "llama4": f"{_MOE}: a text_config wrapper around chunked-attention layers; top-1 sigmoid "

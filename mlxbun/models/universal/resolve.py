@@ -256,6 +256,15 @@ def _deepseek_rope_scaling(a: dict, mt: str) -> None:
             raise _fail(mt, "rope_scaling.factor must be a float")
 
 
+def _gpt_oss_layer_types(a: dict, mt: str) -> None:
+    # GptOssMoeModel.__init__: the default pattern, then .index() of each kind (ValueError there)
+    if a["layer_types"] is None:
+        a["layer_types"] = ["sliding_attention", "full_attention"] * (a["num_hidden_layers"] // 2)
+    for kind in ("sliding_attention", "full_attention"):
+        if kind not in a["layer_types"]:
+            raise _fail(mt, f"layer_types has no '{kind}' layer (mlx-lm's gpt_oss needs both)")
+
+
 _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit, {
     PostInit.KV_HEADS_DEFAULT: _kv_heads_default,
     PostInit.LAYER_TYPES_FULL: _layer_types_full,
@@ -274,6 +283,7 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.MINISTRAL3_ROPE: _ministral3_rope,
     PostInit.LINEAR_ROPE_SCALING: _linear_rope_scaling,
     PostInit.DEEPSEEK_ROPE_SCALING: _deepseek_rope_scaling,
+    PostInit.GPT_OSS_LAYER_TYPES: _gpt_oss_layer_types,
 })
 
 
@@ -352,6 +362,7 @@ _ATTN_SCALES: Mapping[AttnScale, Callable[[dict, int], float]] = exhaustive(Attn
     AttnScale.QPAS_POW: lambda a, head_dim: a["query_pre_attn_scalar"] ** -0.5,
     AttnScale.SQRT_INV: lambda a, head_dim: math.sqrt(1 / head_dim),
     AttnScale.ATTENTION_MULTIPLIER: lambda a, head_dim: a["attention_multiplier"],
+    AttnScale.INV_SQRT: lambda a, head_dim: 1 / math.sqrt(head_dim),
 })
 
 

@@ -309,6 +309,7 @@ class ArchDescriptor:
     qk_norm: QKNormKnobs | None = None
     attn_scale: AttnScale = _kind(AttnScale, AttnScale.HEAD_DIM)
     attention: AttnKind = _kind(AttnKind, AttnKind.SDPA)
+    sinks: bool = False  # gpt_oss: per-head sink logits `sinks` [H] on the attention, passed to sdpa
     query_scale: QueryScale | None = _kind(QueryScale, None)
     rope: RopeKnobs = RopeKnobs()
     mlp: MlpKnobs = MlpKnobs()
@@ -509,15 +510,19 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error(f"layers.kinds {lk.kinds.value!r} needs layers.period (the pattern field)")
     if lk.make_cache is MakeCache.ROTATING_SLIDING and not lk.sliding_window:
         raise d.error("layers.make_cache 'rotating_sliding' needs layers.sliding_window")
+    if d.sinks and d.attention is not AttnKind.SDPA:
+        raise d.error(f"sinks with attention {d.attention.value!r}: only 'sdpa' takes attention sinks")
     if d.rope.nope is NopeRule.GLOBAL_LAYERS and lk.kinds is LayerKinds.ALL_FULL:
         raise d.error("rope.nope 'global_layers' needs sliding layers (layers.kinds)")
     if d.moe is not None:
         _check_moe(d, d.moe)
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):
-        raise d.error("sanitize rules stack_experts / split_glu_experts need a moe block")
+        raise d.error("sanitize rules stack_experts / split_glu_experts / split_interleaved_experts "
+                      "need a moe block")
 
 
-_MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS)
+_MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS,
+                 SanitizeOp.SPLIT_INTERLEAVED_EXPERTS)
 
 
 def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
