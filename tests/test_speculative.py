@@ -124,7 +124,8 @@ def _mismatches(models, target_name, arch, prompts=(PROMPT,), **kw):
 # ----------------------------------------------------------------------------- greedy equality
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral",
+                                  "gpt_oss"])
 def test_greedy_equals_plain_on_plain_and_sliding_caches(models, arch):
     # gemma3_text: sliding-window layers hold RotatingKVCache(16) and the prompt crosses it
     assert _mismatches(models, arch, arch) == []

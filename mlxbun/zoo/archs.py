@@ -242,7 +242,7 @@ _ROWS = (
         "seq_aux": True, "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
     # gpt-oss's knobs: sliding / full layers (window 16 here), attention sinks, yarn with the
     # original context shrunk as the max (131072 / 32 -> 512 / 32), clamped SwiGLU experts
-    Arch("gpt_oss", "GptOssForCausalLM", "GptOssConfig", kv_heads=2,
+    Arch("gpt_oss", "GptOssForCausalLM", "GptOssConfig", layers=4, kv_heads=2,
          knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
                 "intermediate_size": MOE_INTERMEDIATE,
                 "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,

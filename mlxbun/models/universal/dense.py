@@ -335,6 +335,11 @@ class UniversalDense(nn.Module):
         return self.backbone[self.descriptor.names.layers]
 
     @property
+    def attention_sinks(self) -> bool:
+        """Whether attention adds per-head sink logits (generation refuses quantized KV for them)."""
+        return self.descriptor.sinks
+
+    @property
     def tied(self) -> bool:
         return self._tied
 
