@@ -69,6 +69,6 @@ MANIFEST = {
         Entry("solar_open", EXPERT_VARIANTS),
         Entry("dots1", EXPERT_VARIANTS),
         Entry("deepseek", EXPERT_VARIANTS),
-        Entry("gpt_oss", EXPERT_VARIANTS),
+        Entry("gpt_oss", EXPERT_VARIANTS + ("mxfp4",)),  # mxfp4: experts as gpt-oss ships them
     ]
 }

@@ -61,6 +61,7 @@ class Arch:
     legacy_rope: bool = True  # mlx-lm reads rope_theta/rope_scaling rather than rope_parameters
     rope_type_key: str = "rope_type"  # the key real hub rope_scaling dicts use ("type" for some)
     post: Callable[[dict], None] | None = None  # last fix-ups to match real hub configs
+    extra_variants: tuple[str, ...] = ()  # names.OPT_IN_VARIANTS this arch's port / manifest run
 
 
 def _llama3(theta: float, factor: float) -> dict:
@@ -243,6 +244,7 @@ _ROWS = (
     # gpt-oss's knobs: sliding / full layers (window 16 here), attention sinks, yarn with the
     # original context shrunk as the max (131072 / 32 -> 512 / 32), clamped SwiGLU experts
     Arch("gpt_oss", "GptOssForCausalLM", "GptOssConfig", layers=4, kv_heads=2,
+         extra_variants=("mxfp4",),
          knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
                 "intermediate_size": MOE_INTERMEDIATE,
                 "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
@@ -266,17 +268,19 @@ def get_arch(arch: str) -> Arch:
 def runnable_variants(arch: str) -> tuple[str, ...]:
     """The weight variants (`mlxbun.names.ZOO_VARIANTS`) of `arch` that mlx can run on this
     device: all six, except unquantized float16 / bfloat16 experts where `gather_mm` takes
-    float32 only (mlx's CPU backend). `mlxbun port`'s default 'all' means these."""
+    float32 only (mlx's CPU backend), plus the opt-in ones the arch's row lists (mxfp4 for
+    gpt_oss). `mlxbun port`'s default 'all' means these."""
     from mlxbun.config import MODEL_REMAPPING
     from mlxbun.models.switch_layers import gather_mm_supported
     from mlxbun.models.universal.table import DESCRIPTORS
-    from mlxbun.names import ZOO_VARIANTS
+    from mlxbun.names import OPT_IN_VARIANTS, ZOO_VARIANTS
 
-    get_arch(arch)
+    row = get_arch(arch)
     d = DESCRIPTORS.get(MODEL_REMAPPING.get(arch, arch))
     experts = d is not None and d.moe is not None
     return tuple(v for v, opts in ZOO_VARIANTS.items()
-                 if not (experts and "dtype" in opts and not gather_mm_supported(opts["dtype"])))
+                 if not (experts and "dtype" in opts and not gather_mm_supported(opts["dtype"]))
+                 and (v not in OPT_IN_VARIANTS or v in row.extra_variants))
 
 
 def _transformers_config_class(name: str):
