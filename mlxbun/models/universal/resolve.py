@@ -260,6 +260,8 @@ def _gpt_oss_layer_types(a: dict, mt: str) -> None:
     # GptOssMoeModel.__init__: the default pattern, then .index() of each kind (ValueError there)
     if a["layer_types"] is None:
         a["layer_types"] = ["sliding_attention", "full_attention"] * (a["num_hidden_layers"] // 2)
+    # the forward zips layers with layer_types: extra entries are never read (fewer: refused below)
+    a["layer_types"] = list(a["layer_types"])[:a["num_hidden_layers"]]
     for kind in ("sliding_attention", "full_attention"):
         if kind not in a["layer_types"]:
             raise _fail(mt, f"layer_types has no '{kind}' layer (mlx-lm's gpt_oss needs both)")
