@@ -1,8 +1,8 @@
 """Real model shapes for `random:SHAPE` benchmarks: the published config.json of each model.
 
-The dicts are the hub config.json files (meta-llama/*, Qwen/*) with their numerics-relevant keys
-as published: hidden/intermediate sizes, heads, KV heads, head_dim, layers, vocab, rope (theta
-and llama3 scaling), norm eps, tied embeddings. Random weights of these shapes run the same
+The dicts are the hub config.json files (meta-llama/*, Qwen/*, openai/*) with their
+numerics-relevant keys as published: hidden/intermediate sizes, heads, KV heads, head_dim, layers,
+vocab, rope (theta, llama3 / yarn scaling), norm eps, tied embeddings, experts and layer pattern. Random weights of these shapes run the same
 kernels at the same sizes as the real models, which is what a speed benchmark needs.
 
 `scale_down(cfg, f)` shrinks a shape by `f` while keeping its structure (GQA, head_dim, rope,
@@ -84,6 +84,37 @@ def _qwen3(**kw) -> dict:
     return base
 
 
+def _gpt_oss(**kw) -> dict:
+    base = {
+        "architectures": ["GptOssForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "eos_token_id": 200002,
+        "experts_per_token": 4,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "initial_context_length": 4096,
+        "initializer_range": 0.02,
+        "max_position_embeddings": 131072,
+        "model_type": "gpt_oss",
+        "num_experts_per_tok": 4,
+        "output_router_logits": False,
+        "pad_token_id": 199999,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                         "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+        "rope_theta": 150000,
+        "sliding_window": 128,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": 201088,
+    }
+    base.update(kw)
+    return base
+
+
 SHAPES: Mapping[str, dict] = {
     # meta-llama/Llama-3.2-1B
     "llama-3.2-1b": _llama(
@@ -129,6 +160,12 @@ SHAPES: Mapping[str, dict] = {
         hidden_size=4096, intermediate_size=12288, max_window_layers=36, num_attention_heads=32,
         num_hidden_layers=36, tie_word_embeddings=False,
     ),
+    # openai/gpt-oss-20b (its quantization_config, mxfp4 experts, left out: --quant quantizes)
+    "gpt-oss-20b": _gpt_oss(
+        hidden_size=2880, intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8,
+        num_hidden_layers=24, num_local_experts=32,
+        layer_types=["sliding_attention", "full_attention"] * 12,
+    ),
 }
 
 
@@ -171,7 +208,8 @@ def _int(cfg: Mapping[str, Any], key: str) -> int:
 
 def scale_down(cfg: Mapping[str, Any], factor: int) -> dict:
     """The shape shrunk by `factor`: hidden, intermediate, heads, KV heads, layers and vocab
-    divided (heads >= 1, layers >= 2), head_dim, GQA grouping, rope and tying kept."""
+    divided (heads >= 1, layers >= 2; layer_types cut to match), head_dim, GQA grouping, rope,
+    tying and the experts (count, top-k) kept."""
     if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
         raise MlxbunError(f"scale-down factor must be an int >= 1, got {factor!r}")
     out = copy.deepcopy(dict(cfg))
@@ -195,4 +233,6 @@ def scale_down(cfg: Mapping[str, Any], factor: int) -> dict:
     )
     if "max_window_layers" in out:
         out["max_window_layers"] = out["num_hidden_layers"]
+    if isinstance(out.get("layer_types"), list):  # the per-layer pattern, cut to the new depth
+        out["layer_types"] = out["layer_types"][:out["num_hidden_layers"]]
     return out
