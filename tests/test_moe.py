@@ -462,6 +462,29 @@ def test_gpt_oss_hf_mxfp4_checkpoint_is_sanitized_and_runs_like_mlx_lm(zoo, tmp_
     assert mx.array_equal(ref(ids), ours(ids))
 
 
+def test_gpt_oss_hf_unquantized_layout_refuses_as_mlx_lm_does(zoo, tmp_path):
+    """transformers' unquantized layout (gate_up_proj [E, D, 2I] without `_blocks`): mlx-lm's
+    sanitize renames it to `experts.gate_proj` (no `.weight`, rows split on the wrong axis) and its
+    strict load fails; mlxbun's audit refuses, naming the tensors."""
+    def to_hf(w):
+        out = dict(w)
+        for layer in range(4):
+            p = f"model.layers.{layer}.mlp.experts"
+            gate, up = out.pop(f"{p}.gate_proj.weight"), out.pop(f"{p}.up_proj.weight")
+            out[f"{p}.gate_up_proj"] = _interleave(gate, up, 1).swapaxes(-1, -2)
+            out[f"{p}.gate_up_proj_bias"] = _interleave(out.pop(f"{p}.gate_proj.bias"),
+                                                        out.pop(f"{p}.up_proj.bias"), -1)
+            out[f"{p}.down_proj"] = out.pop(f"{p}.down_proj.weight").swapaxes(-1, -2)
+            out[f"{p}.down_proj_bias"] = out.pop(f"{p}.down_proj.bias")
+        return out
+
+    path = _rewrite(zoo("gpt_oss"), tmp_path / "gpt_oss_hf_bf16", to_hf)
+    with pytest.raises(LoadError, match=r"unconsumed: .*model\.layers\.0\.mlp\.experts\.down_proj"):
+        load_universal(path)
+    with pytest.raises(ValueError):
+        _oracle(path)
+
+
 def test_gpt_oss_layer_types_default_and_refusals():
     from mlxbun.errors import ConfigError
 

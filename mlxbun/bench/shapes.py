@@ -2,8 +2,9 @@
 
 The dicts are the hub config.json files (meta-llama/*, Qwen/*, openai/*) with their
 numerics-relevant keys as published: hidden/intermediate sizes, heads, KV heads, head_dim, layers,
-vocab, rope (theta, llama3 / yarn scaling), norm eps, tied embeddings, experts and layer pattern. Random weights of these shapes run the same
-kernels at the same sizes as the real models, which is what a speed benchmark needs.
+vocab, rope (theta, llama3 / yarn scaling), norm eps, tied embeddings, experts and layer pattern.
+Random weights of these shapes run the same kernels at the same sizes as the real models, which
+is what a speed benchmark needs.
 
 `scale_down(cfg, f)` shrinks a shape by `f` while keeping its structure (GQA, head_dim, rope,
 tying): a test hook that exercises the random path end to end on a small CPU.

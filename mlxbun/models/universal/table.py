@@ -738,7 +738,8 @@ _MOE_ROWS = [
         notes="attention sinks (per-head logits in the softmax), alternating sliding / full layers "
               "(RotatingKVCache on sliding ones), biased router with top-k then softmax over the k, "
               "clamped SwiGLU experts with biases (alpha 1.702, limit 7.0 hard-coded as in mlx-lm). "
-              "Quantized KV refuses (mlx-lm's quantized SDPA has no sinks).",
+              "Quantized KV refuses (mlx-lm's quantized SDPA has no sinks). HF's mxfp4 layout "
+              "(gate_up_proj_blocks) loads; its unquantized one does not (nor in mlx-lm).",
     ),
 ]
 
