@@ -367,6 +367,11 @@ def test_router_gates_keep_the_precision_mlx_lm_quantizes_them_at(zoo):
     assert granite["switch_mlp"]["up_proj"].bits == 4
     glm = load_universal(zoo("glm4_moe", quant=4)).layers[1]["mlp"]
     assert glm["gate"]["weight"].dtype == mx.float32 and glm["switch_mlp"]["gate_proj"].bits == 4
+    # gpt_oss's quant_predicate: the router at 8 bits (affine, group 64), also under --q-mode mxfp4
+    for quant, mode in ((4, "affine"), ("mxfp4", "mxfp4")):
+        oss = load_universal(zoo("gpt_oss", quant=quant)).layers[0]["mlp"]
+        assert (oss["router"].bits, oss["router"].group_size, oss["router"].mode) == (8, 64, "affine")
+        assert oss["experts"]["up_proj"].bits == 4 and oss["experts"]["up_proj"].mode == mode
 
 
 # ----------------------------------------------------------------- gpt_oss
