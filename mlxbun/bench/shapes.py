@@ -1,10 +1,9 @@
 """Real model shapes for `random:SHAPE` benchmarks: the published config.json of each model.
 
-The dicts are the hub config.json files (meta-llama/*, Qwen/*, openai/*) with their
-numerics-relevant keys as published: hidden/intermediate sizes, heads, KV heads, head_dim, layers,
-vocab, rope (theta, llama3 / yarn scaling), norm eps, tied embeddings, experts and layer pattern.
-Random weights of these shapes run the same kernels at the same sizes as the real models, which
-is what a speed benchmark needs.
+The dicts are the hub config.json files (meta-llama/*, Qwen/*) with their numerics-relevant keys
+as published: hidden/intermediate sizes, heads, KV heads, head_dim, layers, vocab, rope (theta
+and llama3 scaling), norm eps, tied embeddings. Random weights of these shapes run the same
+kernels at the same sizes as the real models, which is what a speed benchmark needs.
 
 `scale_down(cfg, f)` shrinks a shape by `f` while keeping its structure (GQA, head_dim, rope,
 tying): a test hook that exercises the random path end to end on a small CPU.
@@ -209,8 +208,7 @@ def _int(cfg: Mapping[str, Any], key: str) -> int:
 
 def scale_down(cfg: Mapping[str, Any], factor: int) -> dict:
     """The shape shrunk by `factor`: hidden, intermediate, heads, KV heads, layers and vocab
-    divided (heads >= 1, layers >= 2; layer_types cut to match), head_dim, GQA grouping, rope,
-    tying and the experts (count, top-k) kept."""
+    divided (heads >= 1, layers >= 2), head_dim, GQA grouping, rope and tying kept."""
     if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
         raise MlxbunError(f"scale-down factor must be an int >= 1, got {factor!r}")
     out = copy.deepcopy(dict(cfg))
@@ -232,8 +230,8 @@ def scale_down(cfg: Mapping[str, Any], factor: int) -> dict:
         num_hidden_layers=max(2, _int(cfg, "num_hidden_layers") // factor),
         vocab_size=max(64, _int(cfg, "vocab_size") // factor),
     )
+    if isinstance(out.get("layer_types"), list):  # the per-layer pattern (gpt_oss), cut to the new depth
+        out["layer_types"] = out["layer_types"][:out["num_hidden_layers"]]
     if "max_window_layers" in out:
         out["max_window_layers"] = out["num_hidden_layers"]
-    if isinstance(out.get("layer_types"), list):  # the per-layer pattern, cut to the new depth
-        out["layer_types"] = out["layer_types"][:out["num_hidden_layers"]]
     return out
