@@ -6,6 +6,10 @@ quantized gate: the chosen experts (in order) and the combined output bit-exact.
 experts are replaced on both sides by the same recorder, so half-precision routing runs on
 mlx's CPU backend (whose gather_mm takes float32 only). Then: per-expert Hugging Face
 tensors stacked as mlx-lm's sanitize does, routing taps, and MoE rows refused at build.
+gpt_oss: its block (router, clamped SwiGLU experts with biases) against mlx-lm's MLPBlock in
+float32 / q4 / mxfp4, its HF mxfp4 layout sanitized as mlx-lm does, its layer pattern, and its
+attention sinks over the caches (plain and rotating run them; quantized KV refuses as mlx-lm
+does; TurboQuant attends through the fused kernel with them).
 """
 
 from __future__ import annotations
