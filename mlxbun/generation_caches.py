@@ -154,6 +154,13 @@ def make_generation_cache(
     check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
                      kv_scheme=kv_scheme, max_kv_size=max_kv_size)
     check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
+    if getattr(model, "attention_sinks", False) and (
+            (kv_bits is not None and kv_scheme == "uniform") or not _no_plan(kv_config)):
+        # refused before the prefill rather than at the first quantized attention
+        raise GenerationError(
+            f"{getattr(model, 'model_type', 'this model')}: its attention sinks are not supported by "
+            "quantized-KV attention (nor by mlx-lm's quantized SDPA); use plain KV or TurboQuant "
+            "(kv_scheme='turboquant', --kv turboquant:BITS)")
     caches = _base_caches(model, max_kv_size)
     if not _no_plan(kv_config):
         # Refuse a plan that names a missing, sliding-window or recurrent layer now, not mid-run.

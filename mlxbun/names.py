@@ -42,7 +42,8 @@ from mlxbun.errors import GenerationError, MlxbunError
 
 __all__ = [
     "DRAFTER_FORMS", "DrafterSpec", "ENGINES", "ENGINE_FORMS", "KV_FORMS", "KV_SCHEMES", "KVSettings",
-    "MODEL_FORMS", "ModelSpec", "NamingError", "VARIANT_ALIASES", "ZOO_VARIANTS", "parse_drafter",
+    "MODEL_FORMS", "ModelSpec", "NamingError", "OPT_IN_VARIANTS", "VARIANT_ALIASES", "ZOO_VARIANTS",
+    "parse_drafter",
     "is_int", "parse_engine", "parse_kv", "parse_model", "whole",
 ]
 
@@ -60,7 +61,11 @@ ZOO_VARIANTS: dict[str, dict[str, Any]] = {
     "q4": dict(quant=4),
     "q8": dict(quant=8),
     "mixed": dict(quant="mixed"),  # 4-bit with per-module 8-bit overrides
+    "mxfp4": dict(quant="mxfp4"),  # mlx-lm's convert --q-mode mxfp4 (group 32)
 }
+# Variants any arch builds, but `mlxbun port` / the parity manifest run only where the arch's zoo
+# row lists them (`zoo.archs.Arch.extra_variants`): mxfp4 is how gpt_oss ships.
+OPT_IN_VARIANTS = frozenset({"mxfp4"})
 VARIANT_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "4": "q4", "8": "q8"}
 
 ENGINES = ("mlxbun", "mlx-lm")

@@ -153,6 +153,44 @@ def test_random_shapes_have_the_published_parameter_counts(name, params):
     assert get_total_parameters(model_class(args_class.from_dict(cfg))) == params
 
 
+def test_random_gpt_oss_20b_config_is_the_published_one():
+    """openai/gpt-oss-20b's config.json; mlx-lm counts its parameters from leaf modules, which
+    leaves out the attention sinks (24 layers x 64 heads): the published total is 20,914,757,184."""
+    from mlx_lm.utils import _get_classes, get_total_parameters
+
+    from mlxbun.models.universal.coverage import require_coverage
+
+    cfg = shape_config("gpt-oss-20b")
+    assert {k: cfg[k] for k in (
+        "model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok", "sliding_window",
+        "vocab_size", "rope_theta", "tie_word_embeddings")} == {
+        "model_type": "gpt_oss", "num_hidden_layers": 24, "hidden_size": 2880, "intermediate_size": 2880,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+        "num_experts_per_tok": 4, "sliding_window": 128, "vocab_size": 201088, "rope_theta": 150000,
+        "tie_word_embeddings": False}
+    assert cfg["layer_types"] == ["sliding_attention", "full_attention"] * 12
+    assert cfg["rope_scaling"]["rope_type"] == "yarn" and cfg["rope_scaling"]["factor"] == 32.0
+    require_coverage(cfg["model_type"], cfg)
+    model_class, args_class = _get_classes(cfg)
+    assert get_total_parameters(model_class(args_class.from_dict(cfg))) + 24 * 64 == 20_914_757_184
+
+
+def test_random_gpt_oss_20b_scaled_down_end_to_end():
+    """`mlxbun bench --model random:gpt-oss-20b` at 1/15 (widths 192, a multiple of the group 64,
+    so the experts quantize: mlx's CPU gather_mm takes no bfloat16): sliding / full layers, sinks,
+    32 experts top-4, mlx-lm's tokens and logits."""
+    from mlxbun.bench.shapes import scale_down
+
+    small = scale_down(shape_config("gpt-oss-20b"), 15)
+    assert (small["hidden_size"], small["num_hidden_layers"], small["layer_types"], small["num_local_experts"]) == (
+        192, 2, ["sliding_attention", "full_attention"], 32)
+    r = run_bench("random:gpt-oss-20b", scale_down=15, quant=4, prompt_len=16, gen_len=4, trials=1,
+                  record=False, progress=False)
+    assert r.checks == {"weights_shared": True, "same_greedy_tokens": True, "prefill_logits_bit_exact": True}
+    assert (r.model_type, r.kind) == ("gpt_oss", "random")
+
+
 def test_random_model_end_to_end_quantized():
     r = run_bench("random:llama-3.2-1b", scale_down=32, quant=4, prompt_len=16, gen_len=4, trials=2,
                   record=False, progress=False)

@@ -15,8 +15,7 @@ import mlx.core as mx
 import pytest
 
 from mlxbun.cache.kv import KVCache, RotatingKVCache
-from mlxbun.errors import MlxbunError
-from mlxbun.errors import GenerationError
+from mlxbun.errors import GenerationError, MlxbunError
 from mlxbun.generate import StopText, generate, stream_generate
 from mlxbun.generation_caches import make_generation_cache
 
@@ -123,7 +122,7 @@ LONG_PROMPT = ("The quick brown fox jumps over the lazy dog. The quick brown fox
 
 
 @pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gpt_oss"])
 def test_moe_greedy_sampled_and_chunked_match_mlx_lm(loaded, arch, side):
     for options in (dict(), dict(temperature=0.8, top_p=0.9, seed=21), dict(prefill_step_size=7)):
         ours, theirs = _run_both(loaded, arch, side, prompt=LONG_PROMPT, **options)
@@ -189,8 +188,8 @@ def test_max_kv_size_matches_mlx_lm_rotating(loaded, side, prefill_step_size):
     assert not all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(ours, unbounded))
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
-def test_max_kv_size_is_honoured_where_mlx_lm_ignores_it(loaded, arch):
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "gpt_oss"])  # gpt_oss: attention sinks
+def test_max_kv_size_is_honoured_where_mlx_lm_ignores_it(loaded, arch):  # over the ring too
     from mlx_lm.models import cache as mc
 
     omodel, otok = loaded(arch, "oracle")
@@ -628,12 +627,13 @@ def test_sampler_option_errors(options):
 # ----------------------------------------------------------------------------- caches in, caches out
 
 
-def test_prompt_cache_list_continues_like_mlx_lm(loaded):
+@pytest.mark.parametrize("arch", ["qwen3", "gpt_oss"])  # gpt_oss: sliding rings and full caches
+def test_prompt_cache_list_continues_like_mlx_lm(loaded, arch):
     """A prefix in a cache list, then the rest as the prompt: mlx-lm's multi-turn use."""
     from mlx_lm.models import cache as mc
 
-    model, tok = loaded("qwen3", "mlxbun")
-    omodel, otok = loaded("qwen3", "oracle")
+    model, tok = loaded(arch, "mlxbun")
+    omodel, otok = loaded(arch, "oracle")
     ids = tok.encode_prompt(PROMPT)
     head, tail = ids[:9], ids[9:]
 
@@ -649,11 +649,12 @@ def test_prompt_cache_list_continues_like_mlx_lm(loaded):
     _assert_same_stream(ours, theirs)
 
 
-def test_saved_prompt_cache_round_trip(loaded, tmp_path):
+@pytest.mark.parametrize("arch", ["qwen3", "gpt_oss"])
+def test_saved_prompt_cache_round_trip(loaded, tmp_path, arch):
     from mlxbun.cache import prompt_cache as pc
     from mlxbun.generation_caches import model_identity_of
 
-    model, tok = loaded("qwen3", "mlxbun")
+    model, tok = loaded(arch, "mlxbun")
     ids = tok.encode_prompt(PROMPT)
     head, tail = ids[:9], ids[9:]
     file = tmp_path / "c.safetensors"

@@ -6,6 +6,10 @@ quantized gate: the chosen experts (in order) and the combined output bit-exact.
 experts are replaced on both sides by the same recorder, so half-precision routing runs on
 mlx's CPU backend (whose gather_mm takes float32 only). Then: per-expert Hugging Face
 tensors stacked as mlx-lm's sanitize does, routing taps, and MoE rows refused at build.
+gpt_oss: its block (router, clamped SwiGLU experts with biases) against mlx-lm's MLPBlock in
+float32 / q4 / mxfp4, its HF mxfp4 layout sanitized as mlx-lm does, its layer pattern, and its
+attention sinks over the caches (plain and rotating run them; quantized KV refuses as mlx-lm
+does; TurboQuant attends through the fused kernel with them).
 """
 
 from __future__ import annotations
@@ -311,6 +315,10 @@ _QWEN3_MOE, _GLM = "qwen3_moe", "glm4_moe"
      "need a moe block", "stack_experts"),
     (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(), sanitize=(SanitizeRule("stack_experts"),)),
      "takes a StackExperts arg", "stack_experts"),
+    (lambda: _row("gpt_oss", attention="sdpa_q_f32"),
+     "sinks with attention 'sdpa_q_f32'", "'sdpa'"),
+    (lambda: _row("gpt_oss", moe=None),
+     "need a moe block", "split_interleaved_experts"),
 ])
 def test_a_bad_moe_row_fails_when_built(build, knob, accepted):
     with pytest.raises(DescriptorError) as e:
@@ -373,6 +381,11 @@ def test_router_gates_keep_the_precision_mlx_lm_quantizes_them_at(zoo):
     assert granite["switch_mlp"]["up_proj"].bits == 4
     glm = load_universal(zoo("glm4_moe", quant=4)).layers[1]["mlp"]
     assert glm["gate"]["weight"].dtype == mx.float32 and glm["switch_mlp"]["gate_proj"].bits == 4
+    # gpt_oss's quant_predicate: the router at 8 bits (affine, group 64), also under --q-mode mxfp4
+    for quant, mode in ((4, "affine"), ("mxfp4", "mxfp4")):
+        oss = load_universal(zoo("gpt_oss", quant=quant)).layers[0]["mlp"]
+        assert (oss["router"].bits, oss["router"].group_size, oss["router"].mode) == (8, 64, "affine")
+        assert oss["experts"]["up_proj"].bits == 4 and oss["experts"]["up_proj"].mode == mode
 
 
 # ----------------------------------------------------------------- exaone_moe
@@ -640,3 +653,207 @@ def test_the_new_moe_knobs_are_checked_when_a_row_is_built(build, knob):
     with pytest.raises(DescriptorError, match="descriptor 'my_moe': ") as e:
         build()
     assert knob in str(e.value)
+
+
+
+# ----------------------------------------------------------------- gpt_oss
+
+
+def _gpt_oss_blocks(quant=None, seed=1):
+    """mlx-lm's gpt_oss MLPBlock and mlxbun's MoEBlock with the same (optionally quantized) weights."""
+    ref, ours = _pair({**tiny_config("gpt_oss"), "num_hidden_layers": 2}, seed=seed)
+    if quant is not None:  # experts and router as mlx-lm's convert packs them for this mode
+        for model in (ref, ours):
+            nn.quantize(model, **quant, class_predicate=lambda p, m: ".mlp." in p and hasattr(m, "to_quantized"))
+    return ref.layers[0]["mlp"], ours.layers[0]["mlp"]
+
+
+@pytest.mark.parametrize("quant", [None, dict(group_size=32, bits=4), dict(group_size=32, bits=4, mode="mxfp4")],
+                         ids=["float32", "q4", "mxfp4"])
+@pytest.mark.parametrize("tokens", [1, 7, 40])  # 40 tokens x top-2 = 80 picks: the sorted-indices path
+def test_gpt_oss_block_matches_mlx_lm_mlp_block_with_clamped_swiglu(quant, tokens):
+    """Router (Linear with bias, mlx_topk, precise softmax over the k), experts with biases through
+    SwigluOAI (gate clipped above at 7, up clipped to [-7, 7], alpha 1.702) and the combine, against
+    mlx-lm's MLPBlock; the inputs are large enough that the clamps engage."""
+    from mlxbun.models.layers import SwigluOAI
+
+    ref_block, our_block = _gpt_oss_blocks(quant)
+    assert isinstance(our_block["experts"].activation, SwigluOAI)
+    x = 4.0 * mx.random.normal((1, tokens, 64), key=mx.random.key(tokens))
+    assert mx.array_equal(ref_block(x), our_block(x)).item()
+    # the clamp engaged: some chosen expert's gate projection is above the limit
+    inds = our_block.router(x, our_block["router"](x)).experts
+    gate = our_block["experts"]["gate_proj"](mx.expand_dims(x, (-2, -3)), inds)
+    assert (gate > 7.0).any().item() and (gate < -7.0).any().item()
+
+
+def test_gpt_oss_router_is_mlx_topk_then_precise_softmax_over_the_k():
+    from mlx_lm.models.gpt_oss import mlx_topk
+
+    ref_block, our_block = _gpt_oss_blocks()
+    assert "bias" in our_block["router"] and our_block.router.observer  # the Linear keeps mlx-lm's path
+    for dtype in (mx.float32, mx.bfloat16):
+        x = mx.random.normal((2, 9, 64), key=mx.random.key(3)).astype(dtype)
+        g = ref_block.router(x)
+        values, inds = mlx_topk(g, k=2, axis=-1)
+        routing = our_block.router(x, our_block["router"](x))
+        assert mx.array_equal(inds, routing.experts) and mx.array_equal(g, routing.logits)
+        assert mx.array_equal(mx.softmax(values, axis=-1, precise=True), routing.weights)
+
+
+def _interleave(a, b, axis):
+    return mx.stack([a, b], axis=axis + 1 if axis >= 0 else axis).reshape(
+        *a.shape[:axis % a.ndim], 2 * a.shape[axis], *a.shape[axis % a.ndim + 1:])
+
+
+def _to_hf_mxfp4(w: dict) -> dict:
+    """mlx-layout float experts -> the layout openai/gpt-oss ships: gate_up_proj with gate/up rows
+    interleaved, mxfp4 `_blocks` [E, out, in/32, 16] uint8 and `_scales`, and `_bias` tensors."""
+    out = dict(w)
+    for layer in range(4):
+        p = f"model.layers.{layer}.mlp.experts"
+        packed = {}
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            wq, scales = mx.quantize(out.pop(f"{p}.{name}.weight"), group_size=32, bits=4, mode="mxfp4")
+            packed[name] = (wq.view(mx.uint8).reshape(*wq.shape[:-1], -1, 16), scales, out.pop(f"{p}.{name}.bias"))
+        (gb, gs, gbias), (ub, us, ubias) = packed["gate_proj"], packed["up_proj"]
+        out[f"{p}.gate_up_proj_blocks"] = _interleave(gb, ub, 1)
+        out[f"{p}.gate_up_proj_scales"] = _interleave(gs, us, 1)
+        out[f"{p}.gate_up_proj_bias"] = _interleave(gbias, ubias, -1)
+        out[f"{p}.down_proj_blocks"], out[f"{p}.down_proj_scales"], out[f"{p}.down_proj_bias"] = packed["down_proj"]
+    return out
+
+
+def test_gpt_oss_hf_mxfp4_checkpoint_is_sanitized_and_runs_like_mlx_lm(zoo, tmp_path):
+    """The original checkpoint layout (quantization_config mxfp4, interleaved gate_up_proj blocks):
+    mlx-lm's sanitize splits it; ours gives the same tensors, the same audit from headers alone,
+    and bit-equal logits."""
+    from mlx_lm.models.gpt_oss import Model, ModelArgs
+
+    from mlxbun.models.universal.loader import sanitize_weights
+
+    path = _rewrite(zoo("gpt_oss"), tmp_path / "gpt_oss_hf", _to_hf_mxfp4, config=lambda cfg: {
+        **cfg, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}})
+    raw = mx.load(str(path / "model.safetensors"))
+    assert raw["model.layers.0.mlp.experts.gate_up_proj_blocks"].dtype == mx.uint8
+    want = Model(ModelArgs.from_dict(tiny_config("gpt_oss"))).sanitize(dict(raw))
+    got, dropped = sanitize_weights(DESCRIPTORS["gpt_oss"], raw, tied=False)
+    assert sorted(got) == sorted(want) and not dropped
+    assert all(mx.array_equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+    report = audit_checkpoint(path)
+    assert report.ok and not report.dropped
+    ref, ours = _oracle(path), load_universal(path)
+    assert ours.layers[0]["mlp"]["experts"]["gate_proj"].mode == "mxfp4"
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+
+
+def test_gpt_oss_hf_unquantized_layout_refuses_as_mlx_lm_does(zoo, tmp_path):
+    """transformers' unquantized layout (gate_up_proj [E, D, 2I] without `_blocks`): mlx-lm's
+    sanitize renames it to `experts.gate_proj` (no `.weight`, rows split on the wrong axis) and its
+    strict load fails; mlxbun's audit refuses, naming the tensors."""
+    def to_hf(w):
+        out = dict(w)
+        for layer in range(4):
+            p = f"model.layers.{layer}.mlp.experts"
+            gate, up = out.pop(f"{p}.gate_proj.weight"), out.pop(f"{p}.up_proj.weight")
+            out[f"{p}.gate_up_proj"] = _interleave(gate, up, 1).swapaxes(-1, -2)
+            out[f"{p}.gate_up_proj_bias"] = _interleave(out.pop(f"{p}.gate_proj.bias"),
+                                                        out.pop(f"{p}.up_proj.bias"), -1)
+            out[f"{p}.down_proj"] = out.pop(f"{p}.down_proj.weight").swapaxes(-1, -2)
+            out[f"{p}.down_proj_bias"] = out.pop(f"{p}.down_proj.bias")
+        return out
+
+    path = _rewrite(zoo("gpt_oss"), tmp_path / "gpt_oss_hf_bf16", to_hf)
+    with pytest.raises(LoadError, match=r"unconsumed: .*model\.layers\.0\.mlp\.experts\.down_proj"):
+        load_universal(path)
+    with pytest.raises(ValueError):
+        _oracle(path)
+
+
+def test_gpt_oss_layer_types_default_and_refusals():
+    from mlxbun.errors import ConfigError
+
+    cfg = {**tiny_config("gpt_oss"), "layer_types": None}
+    model = build_model(cfg)
+    assert [s.sliding for s in model.args.layers] == [True, False, True, False]
+    assert [type(c).__name__ for c in model.make_cache()] == ["RotatingKVCache", "KVCache"] * 2
+    assert model.make_cache()[0].max_size == 16
+    with pytest.raises(ConfigError, match="layer_types has no 'sliding_attention' layer"):
+        build_model({**cfg, "layer_types": ["full_attention"] * 4})
+    with pytest.raises(ConfigError, match="2 layer kinds for 3 layers"):
+        build_model({**cfg, "num_hidden_layers": 3})  # mlx-lm's zip would drop the last layer
+    # more layer_types than layers: mlx-lm's forward zips them away, so does the graph
+    assert [s.sliding for s in build_model({**cfg, "num_hidden_layers": 2,
+                                            "layer_types": ["sliding_attention", "full_attention"] * 2}
+                                           ).args.layers] == [True, False]
+
+
+# ----------------------------------------------------------------- attention sinks
+
+
+def test_attention_sinks_reach_the_softmax(zoo, tmp_path):
+    """Sinks are parameters of every attention layer; changing them changes mlxbun's logits exactly
+    as mlx-lm's (a graph that dropped them would not move)."""
+    path = _rewrite(zoo("gpt_oss"), tmp_path / "sinks", lambda w: {
+        k: (v + 3.0 if k.endswith(".sinks") else v) for k, v in w.items()})
+    ref, ours = _oracle(path), load_universal(path)
+    base = load_universal(zoo("gpt_oss"))
+    ids = _prompt(40)
+    assert ours.attention_sinks and ours.layers[0]["self_attn"]["sinks"].shape == (4,)
+    assert mx.array_equal(ref(ids), ours(ids))
+    assert not mx.allclose(ours(ids), base(ids), atol=1e-3)
+
+
+def test_quantized_kv_refuses_attention_sinks_like_mlx_lm(zoo):
+    """mlx-lm's quantized SDPA raises on sinks (and cannot quantize gpt_oss's rotating caches);
+    mlxbun refuses uniform and per-layer-plan KV quantization before the prefill, and its
+    QuantizedKVCache refuses sinks at attention, never dropping them."""
+    from mlx_lm.models.base import scaled_dot_product_attention as mlx_lm_sdpa
+    from mlx_lm.models.cache import QuantizedKVCache as MlxLmQuantized
+
+    from mlxbun.cache.quantized import QuantizedKVCache
+    from mlxbun.errors import GenerationError
+    from mlxbun.generate import stream_generate
+    from mlxbun.tokenizer import load_tokenizer
+
+    path = zoo("gpt_oss")
+    model, tok = load_universal(path), load_tokenizer(path)
+    for kv in (dict(kv_bits=4, kv_group_size=32), dict(kv_bits=8, quantized_kv_start=1000),
+               dict(kv_config=[{"layer_idx": 1, "bits": 4, "group_size": 32}])):
+        with pytest.raises(GenerationError, match="attention sinks are not supported by quantized-KV"):
+            list(stream_generate(model, tok, "hello", max_tokens=2, **kv))
+    q = mx.random.normal((1, 4, 1, 32), key=mx.random.key(1))
+    kv = mx.random.normal((1, 2, 8, 32), key=mx.random.key(2))
+    sinks = mx.ones((4,))
+    ours = QuantizedKVCache(group_size=32, bits=4)
+    keys, values = ours.update_and_fetch(kv, kv)
+    with pytest.raises(UnsupportedModelError, match="attention sinks"):
+        ours.attention(q, keys, values, scale=0.25, mask=None, sinks=sinks)
+    theirs = MlxLmQuantized(group_size=32, bits=4)
+    keys, values = theirs.update_and_fetch(kv, kv)
+    with pytest.raises(ValueError, match="sinks"):
+        mlx_lm_sdpa(q, keys, values, theirs, scale=0.25, mask=None, sinks=sinks)
+
+
+def test_turboquant_keeps_attention_sinks(zoo):
+    """TurboQuant's packed-code decode has no sinks, so a query with sinks attends through the
+    fused kernel over the cache's dequantized fetch (sinks applied); gpt_oss generates with it."""
+    from mlxbun.attention import fused_sdpa
+    from mlxbun.cache.turboquant import TurboQuantKVCache
+    from mlxbun.generate import stream_generate
+    from mlxbun.tokenizer import load_tokenizer
+
+    cache = TurboQuantKVCache(bits=4)
+    keys, values = cache.update_and_fetch(mx.random.normal((1, 2, 9, 16), key=mx.random.key(4)),
+                                          mx.random.normal((1, 2, 9, 16), key=mx.random.key(5)))
+    q = mx.random.normal((1, 4, 1, 16), key=mx.random.key(6))
+    sinks = mx.array([2.0, -1.0, 0.5, 3.0])
+    got = cache.attention(q, keys, values, scale=0.25, mask=None, sinks=sinks)
+    assert mx.array_equal(got, fused_sdpa(q, keys, values, scale=0.25, mask=None, sinks=sinks))
+    assert not mx.allclose(got, cache.attention(q, keys, values, scale=0.25, mask=None), atol=1e-3)
+    path = zoo("gpt_oss")
+    out = list(stream_generate(load_universal(path), load_tokenizer(path), "Once upon a time", max_tokens=8,
+                               kv_bits=4, kv_scheme="turboquant"))
+    assert len(out) == 8

@@ -124,7 +124,8 @@ def _mismatches(models, target_name, arch, prompts=(PROMPT,), **kw):
 # ----------------------------------------------------------------------------- greedy equality
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral",
+                                  "gpt_oss"])
 def test_greedy_equals_plain_on_plain_and_sliding_caches(models, arch):
     # gemma3_text: sliding-window layers hold RotatingKVCache(16) and the prompt crosses it
     assert _mismatches(models, arch, arch) == []
@@ -485,8 +486,8 @@ def test_generate_flags_drive_the_engine(models, zoo, zoo_root, tmp_path, monkey
     import argparse
 
     from mlxbun.commands import generate as gen
-    from mlxbun.results import open_results
     from mlxbun.commands.speculative_flags import finish_spec_from_args, run_spec_from_args, spec_requested
+    from mlxbun.results import open_results
 
     monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
     parser = argparse.ArgumentParser()
@@ -524,8 +525,8 @@ def test_generate_flags_drive_the_engine(models, zoo, zoo_root, tmp_path, monkey
 
 
 def test_workbench_sweep_records_rows(tmp_path, zoo_root, monkeypatch):
-    from mlxbun.results import open_results
     from mlxbun.experiments.spec_acceptance import benchmark_markdown, spec_sweep
+    from mlxbun.results import open_results
     from mlxbun.speculative import make_drafter
 
     monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))

@@ -42,6 +42,7 @@ VARIANTS = {
     "q4": dict(quant=4),
     "q8": dict(quant=8),
     "mixed": dict(quant="mixed"),
+    "mxfp4": dict(quant="mxfp4"),  # opt-in (gpt_oss)
 }
 PROMPT_LEN, DECODE_STEPS = 40, 8
 
@@ -175,6 +176,10 @@ KNOBS = {
     "deepseek-freq-noshared": ("deepseek", dict(num_hidden_layers=4, moe_layer_freq=2, n_shared_experts=None,
                                                 attention_bias=True,
                                                 rope_scaling={"type": "linear", "factor": 2.0})),
+    # default layer pattern, head_dim 24 (1 / sqrt(24) != 24**-0.5 in float), plain rope
+    "gpt_oss-default-layers-hd24": ("gpt_oss", dict(layer_types=None, head_dim=24, rope_scaling=None)),
+    "gpt_oss-full-first-top1": ("gpt_oss", dict(layer_types=_LT[::-1], num_experts_per_tok=1,
+                                                sliding_window=8)),
 }
 # mlx-lm itself cannot run these (its tied seed_oss head multiplies by the packed weight)
 _ORACLE_BROKEN = {("seed_oss-tied-biases", "q4")}
@@ -235,7 +240,7 @@ def test_tree_caches_and_surface_match_mlx_lm(zoo, arch):
     assert {k: (v.shape, v.dtype) for k, v in tree_flatten(ours.parameters())} == ref_params
     # module paths too, but for the parameter-free routers mlx-lm's inline routing has no module for
     observers = {n for n, m in ours.named_modules() if getattr(m, "observer", False)}
-    assert all(n.endswith(".router") for n in observers)
+    assert all(n.endswith(f".{ours.descriptor.moe.names.router}") for n in observers)
     assert sorted(n for n, _ in ours.named_modules() if n not in observers) == sorted(
         n for n, _ in ref.named_modules())
     assert len(ours.layers) == len(ref.layers)

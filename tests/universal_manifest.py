@@ -72,5 +72,6 @@ MANIFEST = {
         Entry("hunyuan", EXPERT_VARIANTS),
         Entry("dots1", EXPERT_VARIANTS),
         Entry("deepseek", EXPERT_VARIANTS),
+        Entry("gpt_oss", EXPERT_VARIANTS + ("mxfp4",)),  # mxfp4: experts as gpt-oss ships them
     ]
 }

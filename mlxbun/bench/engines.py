@@ -116,7 +116,7 @@ def unread_expert_bytes(model) -> int:
     unread = 0
     for _, m in module.named_modules():
         if isinstance(m, MoEBlock):
-            size = sum(v.nbytes for _, v in tree_flatten(m.experts.parameters()))
+            size = sum(v.nbytes for _, v in tree_flatten(m.fused_experts().parameters()))
             n, k = m.router.n_experts, m.router.top_k
             unread += size * (n - k) // n
     return unread

@@ -84,6 +84,37 @@ def _qwen3(**kw) -> dict:
     return base
 
 
+def _gpt_oss(**kw) -> dict:
+    base = {
+        "architectures": ["GptOssForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "eos_token_id": 200002,
+        "experts_per_token": 4,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "initial_context_length": 4096,
+        "initializer_range": 0.02,
+        "max_position_embeddings": 131072,
+        "model_type": "gpt_oss",
+        "num_experts_per_tok": 4,
+        "output_router_logits": False,
+        "pad_token_id": 199999,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                         "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+        "rope_theta": 150000,
+        "sliding_window": 128,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": 201088,
+    }
+    base.update(kw)
+    return base
+
+
 SHAPES: Mapping[str, dict] = {
     # meta-llama/Llama-3.2-1B
     "llama-3.2-1b": _llama(
@@ -136,6 +167,12 @@ SHAPES: Mapping[str, dict] = {
         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], max_window_layers=48,
         num_attention_heads=32, num_key_value_heads=4, num_hidden_layers=48, output_router_logits=False,
         router_aux_loss_coef=0.001, tie_word_embeddings=False,
+    ),
+    # openai/gpt-oss-20b (its quantization_config, mxfp4 experts, left out: --quant quantizes)
+    "gpt-oss-20b": _gpt_oss(
+        hidden_size=2880, intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8,
+        num_hidden_layers=24, num_local_experts=32,
+        layer_types=["sliding_attention", "full_attention"] * 12,
     ),
 }
 
@@ -202,6 +239,8 @@ def scale_down(cfg: Mapping[str, Any], factor: int) -> dict:
         num_hidden_layers=max(2, _int(cfg, "num_hidden_layers") // factor),
         vocab_size=max(64, _int(cfg, "vocab_size") // factor),
     )
+    if isinstance(out.get("layer_types"), list):  # the per-layer pattern (gpt_oss), cut to the new depth
+        out["layer_types"] = out["layer_types"][:out["num_hidden_layers"]]
     if "max_window_layers" in out:
         out["max_window_layers"] = out["num_hidden_layers"]
     if "moe_intermediate_size" in cfg:

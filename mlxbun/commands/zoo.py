@@ -17,8 +17,9 @@ def register(subparsers) -> None:
     build = sub.add_parser("build", help="build checkpoints (one line per checkpoint: arch, the directory written)")
     build.add_argument("archs", nargs="+", metavar="ARCH", help="arch names, or `all`")
     build.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    build.add_argument("--quant", default=None, metavar="{4,8,mixed}",
-                       help="quantize like mlx_lm.convert (affine, group 64)")
+    build.add_argument("--quant", default=None, metavar="{4,8,mixed,mxfp4}",
+                       help="quantize like mlx_lm.convert (affine, group 64; mxfp4: --q-mode mxfp4, "
+                            "group 32)")
     build.add_argument("--dtype", default="float32", metavar="{float32,float16,bfloat16}",
                        help="dtype of the unquantized parameters (default float32)")
     build.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")

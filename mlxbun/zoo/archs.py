@@ -61,6 +61,7 @@ class Arch:
     legacy_rope: bool = True  # mlx-lm reads rope_theta/rope_scaling rather than rope_parameters
     rope_type_key: str = "rope_type"  # the key real hub rope_scaling dicts use ("type" for some)
     post: Callable[[dict], None] | None = None  # last fix-ups to match real hub configs
+    extra_variants: tuple[str, ...] = ()  # names.OPT_IN_VARIANTS this arch's port / manifest run
 
 
 def _llama3(theta: float, factor: float) -> dict:
@@ -285,6 +286,15 @@ _ROWS = (
         "num_hidden_layers": 2, "num_key_value_heads": HEADS, "pretraining_tp": 1,
         "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000, "scoring_func": "softmax",
         "seq_aux": True, "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # gpt-oss's knobs: sliding / full layers (window 16 here), attention sinks, yarn with the
+    # original context shrunk as the max (131072 / 32 -> 512 / 32), clamped SwiGLU experts
+    Arch("gpt_oss", "GptOssForCausalLM", "GptOssConfig", layers=4, kv_heads=2,
+         extra_variants=("mxfp4",),
+         knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "intermediate_size": MOE_INTERMEDIATE,
+                "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                    "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
+                                    "original_max_position_embeddings": MAX_POSITIONS // 32}}),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS}
@@ -318,13 +328,16 @@ def moe_archs() -> tuple[str, ...]:
 def runnable_variants(arch: str) -> tuple[str, ...]:
     """The weight variants (`mlxbun.names.ZOO_VARIANTS`) of `arch` that mlx can run on this
     device: all six, except unquantized float16 / bfloat16 experts where `gather_mm` takes
-    float32 only (mlx's CPU backend). `mlxbun port`'s default 'all' means these."""
+    float32 only (mlx's CPU backend), plus the opt-in ones the arch's row lists (mxfp4 for
+    gpt_oss). `mlxbun port`'s default 'all' means these."""
     from mlxbun.models.switch_layers import gather_mm_supported
-    from mlxbun.names import ZOO_VARIANTS
+    from mlxbun.names import OPT_IN_VARIANTS, ZOO_VARIANTS
 
+    row = get_arch(arch)
     experts = has_experts(arch)
     return tuple(v for v, opts in ZOO_VARIANTS.items()
-                 if not (experts and "dtype" in opts and not gather_mm_supported(opts["dtype"])))
+                 if not (experts and "dtype" in opts and not gather_mm_supported(opts["dtype"]))
+                 and (v not in OPT_IN_VARIANTS or v in row.extra_variants))
 
 
 def _transformers_config_class(name: str):

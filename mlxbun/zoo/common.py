@@ -20,7 +20,7 @@ from mlxbun.atomic import replace_dir
 from mlxbun.errors import MlxbunError
 
 DTYPES = {"float32": "", "float16": "fp16", "bfloat16": "bf16"}  # dtype -> name suffix
-QUANTS = (None, 4, 8, "mixed")
+QUANTS = (None, 4, 8, "mixed", "mxfp4")
 REPO_ORG = "mlxbun"
 # the libraries whose versions shape a build's bytes (part of the cache key)
 _VERSIONED = ("mlx", "mlx-lm", "transformers", "tokenizers")
@@ -59,14 +59,14 @@ class Variant:
 
 
 def parse_quant(quant) -> int | str | None:
-    """None, 4, 8 or "mixed" (the strings "4"/"8"/"none" are accepted too, as on the CLI)."""
+    """None, 4, 8, "mixed" or "mxfp4" (the strings "4"/"8"/"none" are accepted too, as on the CLI)."""
     if quant is None or quant == "none":
         return None
     if isinstance(quant, str) and quant.strip().isdigit():
         quant = int(quant)
     if quant in QUANTS and not isinstance(quant, bool):
         return quant
-    raise ZooArgumentError(f"unknown quant {quant!r}; choose one of: none, 4, 8, mixed")
+    raise ZooArgumentError(f"unknown quant {quant!r}; choose one of: none, 4, 8, mixed, mxfp4")
 
 
 def check_dtype_and_seed(dtype, seed) -> None:

@@ -16,6 +16,7 @@ from mlx.utils import tree_flatten, tree_map_with_path
 
 GROUP_SIZE = 64
 MIXED_BITS, MIXED_HIGH_BITS = 4, 8
+MXFP4_BITS, MXFP4_GROUP_SIZE = 4, 32  # mlx-lm's convert defaults for --q-mode mxfp4
 
 
 def build_model(config: dict, seed: int) -> nn.Module:
@@ -82,17 +83,19 @@ def mixed_predicate(model: nn.Module):
 
 
 def quantize(model: nn.Module, config: dict, quant) -> dict:
-    """Quantize like `mlx_lm.convert -q` (affine, group 64); returns the config convert writes."""
+    """Quantize like `mlx_lm.convert -q` (affine, group 64; "mxfp4": `--q-mode mxfp4`, group 32);
+    returns the config convert writes."""
     from mlx_lm.utils import quantize_model
 
+    group, mode, predicate = GROUP_SIZE, "affine", None  # None: the model's own quant_predicate
     if quant == "mixed":
         bits, predicate = MIXED_BITS, mixed_predicate(model)
+    elif quant == "mxfp4":
+        bits, group, mode = MXFP4_BITS, MXFP4_GROUP_SIZE, "mxfp4"
     else:
-        bits, predicate = int(quant), None  # None: the model's own quant_predicate, as convert
+        bits = int(quant)
     with contextlib.redirect_stdout(io.StringIO()):  # quantize_model prints its bits per weight
-        _, qconfig = quantize_model(
-            model, config, GROUP_SIZE, bits, mode="affine", quant_predicate=predicate
-        )
+        _, qconfig = quantize_model(model, config, group, bits, mode=mode, quant_predicate=predicate)
     return qconfig
 
 

@@ -109,20 +109,21 @@ _QK_NORMS = exhaustive(QKNormKind, {
 })
 
 
-def _sdpa_f32_if_f16(queries, keys, values, cache, scale, mask, softcap):  # cohere2
+# (q, k, v, cache, scale, mask, softcap, sinks) -> o; only SDPA takes sinks (the row checks it)
+def _sdpa_f32_if_f16(queries, keys, values, cache, scale, mask, softcap, sinks):  # cohere2
     sdpa_type = mx.float32 if queries.dtype == mx.float16 else queries.dtype
     return scaled_dot_product_attention(
         queries.astype(sdpa_type), keys, values, cache=cache, scale=scale, mask=mask,
     ).astype(queries.dtype)
 
 
-def _sdpa_q_f32(queries, keys, values, cache, scale, mask, softcap):  # phi
+def _sdpa_q_f32(queries, keys, values, cache, scale, mask, softcap, sinks):  # phi
     return scaled_dot_product_attention(
         queries.astype(mx.float32), keys, values, cache=cache, scale=scale, mask=mask,
     ).astype(values.dtype)
 
 
-def _sdpa_qk_f32(queries, keys, values, cache, scale, mask, softcap):  # stablelm
+def _sdpa_qk_f32(queries, keys, values, cache, scale, mask, softcap, sinks):  # stablelm
     queries = queries.astype(mx.float32)
     keys = keys.astype(mx.float32)
     return scaled_dot_product_attention(
@@ -130,9 +131,9 @@ def _sdpa_qk_f32(queries, keys, values, cache, scale, mask, softcap):  # stablel
 
 
 _ATTENTION = exhaustive(AttnKind, {
-    AttnKind.SDPA: lambda q, k, v, cache, scale, mask, softcap: scaled_dot_product_attention(
-        q, k, v, cache=cache, scale=scale, mask=mask),
-    AttnKind.SOFTCAP: lambda q, k, v, cache, scale, mask, softcap: softcapped_attention(
+    AttnKind.SDPA: lambda q, k, v, cache, scale, mask, softcap, sinks: scaled_dot_product_attention(
+        q, k, v, cache=cache, scale=scale, mask=mask, sinks=sinks),
+    AttnKind.SOFTCAP: lambda q, k, v, cache, scale, mask, softcap, sinks: softcapped_attention(
         q, k, v, scale, softcap, mask),
     AttnKind.SDPA_F32_IF_F16: _sdpa_f32_if_f16,
     AttnKind.SDPA_Q_F32: _sdpa_q_f32,
@@ -150,6 +151,8 @@ class Attention(nn.Module):
         D, n = a.hidden, d.names
         # KVShare.CLA (hunyuan): takes (and returns) the key / value projections
         self._cla = d.layers.kv_share is not None
+        if d.sinks:  # gpt_oss: first in its AttentionBlock's tree, as there
+            self.sinks = mx.zeros((H,))
         if d.qkv is QKV.SEPARATE:
             setattr(self, n.q, nn.Linear(D, H * hd, bias=a.attn_bias))
             if spec.kv_proj:
@@ -230,7 +233,8 @@ class Attention(nn.Module):
         if attn_scale is not None:
             queries = queries * attn_scale
 
-        output = self._attend(queries, keys, values, cache, self._scale, mask, self._softcap)
+        sinks = self["sinks"] if d.sinks else None
+        output = self._attend(queries, keys, values, cache, self._scale, mask, self._softcap, sinks)
         output = output.transpose(0, 2, 1, 3).reshape(B, L_, -1)
         if self._cla:
             return self[n.o](output), kv_states
@@ -346,6 +350,11 @@ class UniversalDense(nn.Module):
     @property
     def layers(self) -> list:
         return self.backbone[self.descriptor.names.layers]
+
+    @property
+    def attention_sinks(self) -> bool:
+        """Whether attention adds per-head sink logits (generation refuses quantized KV for them)."""
+        return self.descriptor.sinks
 
     @property
     def tied(self) -> bool:

@@ -275,6 +275,7 @@ _SCALE_TEXT = {
     AttnScale.QPAS_POW: "query_pre_attn_scalar**-0.5",
     AttnScale.SQRT_INV: "sqrt(1 / hd)",
     AttnScale.ATTENTION_MULTIPLIER: "attention_multiplier",
+    AttnScale.INV_SQRT: "1 / sqrt(hd)",
 }
 
 _QK_TEXT = {
@@ -343,8 +344,12 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
                    f"llama-4 query scale, beta = {beta}, M = {max_pos}; cast to h.dtype")
     scale = f"scale = {_SCALE_TEXT[d.attn_scale]} = {a.attn_scale}"
     mask = "; mask as a bool array" if d.layers.mask_array else ""
+    if d.sinks:
+        mask += ("; sinks [H]: one learned logit per head joins each row's softmax (quantized KV "
+                 "refuses: no sinks in quantized sdpa)")
     yield {
-        AttnKind.SDPA: Line("o = sdpa(q, k, v, scale, mask)", scale + mask),
+        AttnKind.SDPA: Line("o = sdpa(q, k, v, scale, mask" + (", sinks)" if d.sinks else ")"),
+                            scale + mask),
         AttnKind.SOFTCAP: Line("o = softmax(tanh((q * scale) @ k.T / c) * c + mask) @ v",
                                f"{scale}; c = attn_logit_softcapping = {a.attn_softcap}; "
                                f"eager, precise softmax{mask}"),

@@ -9,6 +9,7 @@ from typing import Any
 
 from mlxbun.models.universal.kinds import (
     Combine,
+    ExpertKind,
     GateKind,
     GroupGuard,
     MoeLayers,
@@ -39,6 +40,11 @@ _COMBINE = exhaustive(Combine, {
     Combine.SUM_CAST: "y = (y * w[..., None]).sum(axis=-2).astype(y.dtype)",
     Combine.F32_SUM_CAST: "y = (y * w[..., None].astype(float32)).sum(axis=-2).astype(y.dtype)",
     Combine.SUM_CAST_COMPILED: "y = (y * w[..., None]).sum(axis=-2).astype(y.dtype)",
+})
+
+_GLU = exhaustive(ExpertKind, {
+    ExpertKind.GLU: "{d}(silu({g}(x)) * {u}(x))",
+    ExpertKind.GLU_OAI: "{d}((clip({u}(x), -7, 7) + 1) * g * sigmoid(1.702 * g)), g = min({g}(x), 7)",
 })
 
 _LAYER_RULE = exhaustive(MoeLayers, {
@@ -155,9 +161,9 @@ def moe_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line("x = x.reshape(-1, D)", "tokens routed flattened; the sum is reshaped back")
     yield from _router_lines(d, a)
     yield Line(f"y = {n.switch}(x, experts)",
-               f"SwitchGLU: {n.down_proj}(silu({n.gate_proj}(x)) * {n.up_proj}(x)) per chosen expert, "
-               f"[E, Ie, D] weights, bias={spec.expert_bias}; gather_mm (gather_qmm quantized), tokens "
-               f"sorted by expert from 64 picks")
+               f"SwitchGLU: {_GLU[m.expert].format(g=n.gate_proj, u=n.up_proj, d=n.down_proj)} per "
+               f"chosen expert, [E, Ie, D] weights, bias={spec.expert_bias}; gather_mm (gather_qmm "
+               f"quantized), tokens sorted by expert from 64 picks")
     yield Line(_COMBINE[m.combine],
                "compiled, shapeless (as mlx-lm)" if m.combine is Combine.SUM_CAST_COMPILED else "")
     if spec.shared_size is not None:

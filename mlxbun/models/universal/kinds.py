@@ -52,6 +52,7 @@ class AttnScale(StrEnum):
     QPAS_POW = "qpas_pow"  # query_pre_attn_scalar ** -0.5
     SQRT_INV = "sqrt_inv"  # math.sqrt(1 / head_dim)
     ATTENTION_MULTIPLIER = "attention_multiplier"  # the field itself
+    INV_SQRT = "inv_sqrt"  # 1 / math.sqrt(head_dim) (gpt_oss)
 
 
 class AttnKind(StrEnum):
@@ -230,6 +231,8 @@ class SanitizeOp(StrEnum):
     # column norms (axis 0) + 1e-7, cast back (bailing_moe)
     RENAME_IN_MOE_LAYERS = "rename_in_moe_layers"  # arg: ((src, dst), ...) under the MoE block of
     # each MoE layer: <layer>.<block>.<src> -> <layer>.<block>.<dst> (exaone_moe, bailing_moe)
+    SPLIT_INTERLEAVED_EXPERTS = "split_interleaved_experts"  # gpt_oss: HF gate_up_proj rows
+    # interleaved gate/up -> gate_proj | up_proj (weights, mxfp4 _blocks/_scales, biases)
 
 
 # ----------------------------------------------------------------- mixture of experts
@@ -303,6 +306,8 @@ class Combine(StrEnum):
 
 class ExpertKind(StrEnum):
     GLU = "glu"  # SwitchGLU: down(swiglu(gate(x), up(x))) per expert
+    GLU_OAI = "glu_oai"  # gpt_oss: SwitchGLU with SwigluOAI, (clip(up, -l, l) + 1) * g * sigmoid(a * g),
+    # g = min(gate, l); mlx-lm's constants a = 1.702, l = 7.0 (config swiglu_* not read)
 
 
 class SharedKind(StrEnum):
@@ -358,6 +363,8 @@ class PostInit(StrEnum):
     LINEAR_ROPE_SCALING = "linear_rope_scaling"  # qwen2_moe: rope_scaling needs factor and
     # type, type 'linear' only (validated, never applied)
     DEEPSEEK_ROPE_SCALING = "deepseek_rope_scaling"  # rope_scaling needs 'type'; linear: float factor
+    GPT_OSS_LAYER_TYPES = "gpt_oss_layer_types"  # layer_types None: [sliding, full] * (n // 2);
+    # both kinds present (mlx-lm takes each mask from the first layer of its kind)
     HUNYUAN_MOE_ROPE_SCALING = "hunyuan_moe_rope_scaling"  # hunyuan: rope_scaling needs factor
     # and type (post-init) and alpha (the attention reads it), so it cannot be null
     ROPE_PARAMETERS_THETA = "rope_parameters_theta"  # exaone_moe: rope_parameters["rope_theta"],

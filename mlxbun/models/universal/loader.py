@@ -179,6 +179,57 @@ def _hunyuan_fused(w: dict, fields: Mapping) -> dict:
     return out
 
 
+def _blocks_as_uint32(v):
+    """mxfp4 `_blocks` [.., G, 16] uint8 -> [.., G * 4] uint32 (`v.view(mx.uint32).flatten(-2)`)."""
+    if isinstance(v, _Meta):
+        *lead, groups, width = v.shape
+        return _Meta((*lead, groups * width * v.dtype.size // 4), mx.uint32)
+    return v.view(mx.uint32).flatten(-2)
+
+
+def _rows(v, start: int, last_axis: bool = False):
+    """`mx.contiguous(v[..., start::2, :])` (or `v[..., start::2]` with last_axis)."""
+    if isinstance(v, _Meta):
+        axis = -1 if last_axis else -2
+        shape = list(v.shape)
+        shape[axis] = len(range(start, shape[axis], 2))
+        return _Meta(shape, v.dtype)
+    return mx.contiguous(v[..., start::2] if last_axis else v[..., start::2, :])
+
+
+def _packed_name(k: str, v):
+    if "_blocks" in k:
+        v = _blocks_as_uint32(v)
+        k = k.replace("_blocks", ".weight")
+    if "_scales" in k:
+        k = k.replace("_scales", ".scales")
+    return k, v
+
+
+def _split_interleaved_experts(w: dict) -> dict:
+    """gpt_oss.sanitize, branch for branch: gate_up_proj rows interleave gate (even) and up
+    (odd); mxfp4 `_blocks` / `_scales` become `.weight` (uint32) / `.scales`."""
+    if any("gate_proj.weight" in k for k in w):
+        return w  # already sanitized
+    out = {}
+    for k, v in w.items():
+        if "gate_up_proj" in k and "bias" not in k:
+            k, v = _packed_name(k, v)
+            out[k.replace("gate_up_proj", "gate_proj")] = _rows(v, 0)
+            out[k.replace("gate_up_proj", "up_proj")] = _rows(v, 1)
+        elif "down_proj" in k and "bias" not in k:
+            k, v = _packed_name(k, v)
+            out[k] = v
+        elif "gate_up_proj_bias" in k:
+            out[k.replace("gate_up_proj_bias", "gate_proj.bias")] = _rows(v, 0, last_axis=True)
+            out[k.replace("gate_up_proj_bias", "up_proj.bias")] = _rows(v, 1, last_axis=True)
+        elif "down_proj_bias" in k:
+            out[k.replace("down_proj_bias", "down_proj.bias")] = v
+        else:
+            out[k] = v
+    return out
+
+
 def _split_qkv(v, n_kv: int, groups: int, head_dim: int) -> list:
     if isinstance(v, _Meta):
         last = v.shape[0] * (v.shape[1] if len(v.shape) > 1 else 1) // (n_kv * (groups + 2) * head_dim)
@@ -224,6 +275,8 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _hunyuan_fused(w, fields), {}
     if op is SanitizeOp.NORM_HEAD:
         return _norm_head(rule.arg, w, fields), {}
+    if op is SanitizeOp.SPLIT_INTERLEAVED_EXPERTS:
+        return _split_interleaved_experts(w), {}
     if op is SanitizeOp.DROP_PREFIX:
         dropped = {k: rule.reason for k in w if k.startswith(rule.arg)}
     elif op is SanitizeOp.DROP_LAYER_N:  # startswith, as mlx-lm writes it

@@ -27,9 +27,11 @@ from typing import NamedTuple, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxbun.models.layers import SwigluOAI
 from mlxbun.models.switch_layers import SwitchGLU
 from mlxbun.models.universal.kinds import (
     Combine,
+    ExpertKind,
     GateKind,
     GroupGuard,
     RouterKind,
@@ -226,6 +228,12 @@ _ROUTE = exhaustive(RouterKind, {
 # the router kinds whose module holds a per-expert correction bias (where `corrected` says so)
 _CORRECTED = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE)
 
+# the experts' activation module (None: SwitchGLU's shared SwiGLU, as mlx-lm's default argument)
+_ACTIVATION = exhaustive(ExpertKind, {
+    ExpertKind.GLU: lambda: None,
+    ExpertKind.GLU_OAI: SwigluOAI,  # gpt_oss: one instance per block, as its MLPBlock builds it
+})
+
 _COMBINE = exhaustive(Combine, {
     Combine.SUM: lambda y, s: (y * s[..., None]).sum(axis=-2),
     Combine.SUM_CAST: lambda y, s: (y * s[..., None]).sum(axis=-2).astype(y.dtype),
@@ -308,7 +316,8 @@ class MoEBlock(nn.Module):
             setattr(self, n.gate, Router(m, spec, D))
             self._router_name = n.gate
         setattr(self, n.switch, SwitchGLU(D, spec.size, spec.experts, bias=spec.expert_bias,
-                                          names=(n.gate_proj, n.up_proj, n.down_proj)))
+                                          names=(n.gate_proj, n.up_proj, n.down_proj),
+                                          activation=_ACTIVATION[m.expert]()))
         self._shared = m.shared.kind if spec.shared_size is not None else None
         if self._shared is not None:
             setattr(self, n.shared, MLP(a, d, width=spec.shared_size, bias=spec.shared_bias))
@@ -319,9 +328,9 @@ class MoEBlock(nn.Module):
     def router(self) -> Router:
         return self[self._router_name]
 
-    @property
-    def experts(self) -> SwitchGLU:
-        """The fused routed experts (all of them; a token reads `router.top_k` of each tensor's rows)."""
+    def fused_experts(self) -> SwitchGLU:
+        """The fused routed experts (all of them; a token reads `router.top_k` of each tensor's rows).
+        A method, not a property: mlx-lm names the module itself "experts" in some files."""
         return self[self._m.names.switch]
 
     def __call__(self, x: mx.array) -> mx.array:

@@ -26,8 +26,6 @@ NOT_COVERED: dict[str, str] = {
     "dbrx": f"{_MOE}: its own router module and per-expert weights split at load; NormAttnNorm blocks",
     "ernie4_5_moe": f"{_MOE}: float32 gate activation (softmax / sigmoid), renorm by max(sum, eps), "
                     "start/end/interval MoE layers",
-    "gpt_oss": f"{_MOE}: its own top-k op, clamped SwiGLU experts with biases, attention sinks, "
-               "alternating sliding layers, mxfp4 experts",
     "llama4": f"{_MOE}: a text_config wrapper around chunked-attention layers; top-1 sigmoid "
               "router that scales the expert input, shared expert, interleaved MoE layers",
     "mellum": f"{_MOE}: sliding / global layer pattern and its own cache layout around a "

@@ -18,6 +18,9 @@ from typing import Any
 from mlxbun.config import MODEL_REMAPPING
 from mlxbun.config_reader import thaw  # config mappings are read-only; mlx-lm sees plain json
 from mlxbun.errors import UnsupportedModelError
+from mlxbun.models.universal.fields import fail as _fail
+from mlxbun.models.universal.fields import get as _get
+from mlxbun.models.universal.fields import int_field as _int_field
 from mlxbun.models.universal.kinds import (
     AttnKind,
     AttnScale,
@@ -39,9 +42,6 @@ from mlxbun.models.universal.kinds import (
     TieRule,
     exhaustive,
 )
-from mlxbun.models.universal.fields import fail as _fail
-from mlxbun.models.universal.fields import get as _get
-from mlxbun.models.universal.fields import int_field as _int_field
 from mlxbun.models.universal.moe_args import MoESpec, moe_layers, resolve_moe
 from mlxbun.models.universal.not_covered import NOT_COVERED
 from mlxbun.models.universal.schema import REQUIRED, ArchDescriptor
@@ -271,6 +271,17 @@ def _rope_parameters_theta(a: dict, mt: str) -> None:  # exaone_moe
         a["rope_theta"] = a["rope_parameters"]["rope_theta"]
 
 
+def _gpt_oss_layer_types(a: dict, mt: str) -> None:
+    # GptOssMoeModel.__init__: the default pattern, then .index() of each kind (ValueError there)
+    if a["layer_types"] is None:
+        a["layer_types"] = ["sliding_attention", "full_attention"] * (a["num_hidden_layers"] // 2)
+    # the forward zips layers with layer_types: extra entries are never read (fewer: refused below)
+    a["layer_types"] = list(a["layer_types"])[:a["num_hidden_layers"]]
+    for kind in ("sliding_attention", "full_attention"):
+        if kind not in a["layer_types"]:
+            raise _fail(mt, f"layer_types has no '{kind}' layer (mlx-lm's gpt_oss needs both)")
+
+
 _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit, {
     PostInit.KV_HEADS_DEFAULT: _kv_heads_default,
     PostInit.LAYER_TYPES_FULL: _layer_types_full,
@@ -291,6 +302,7 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.DEEPSEEK_ROPE_SCALING: _deepseek_rope_scaling,
     PostInit.ROPE_PARAMETERS_THETA: _rope_parameters_theta,
     PostInit.HUNYUAN_MOE_ROPE_SCALING: _hunyuan_moe_rope_scaling,
+    PostInit.GPT_OSS_LAYER_TYPES: _gpt_oss_layer_types,
 })
 
 
@@ -384,6 +396,7 @@ _ATTN_SCALES: Mapping[AttnScale, Callable[[dict, int], float]] = exhaustive(Attn
     AttnScale.QPAS_POW: lambda a, head_dim: a["query_pre_attn_scalar"] ** -0.5,
     AttnScale.SQRT_INV: lambda a, head_dim: math.sqrt(1 / head_dim),
     AttnScale.ATTENTION_MULTIPLIER: lambda a, head_dim: a["attention_multiplier"],
+    AttnScale.INV_SQRT: lambda a, head_dim: 1 / math.sqrt(head_dim),
 })
 
 

@@ -26,11 +26,11 @@ from typing import Any
 from mlxbun.errors import MlxbunError
 from mlxbun.models.universal.kinds import (
     BLOCK_SLOTS,
-    ROUTER_PARAMS,
     FUSED_ACTS,
     GATED_ACTS,
     PLAIN_ACTS,
     QKV,
+    ROUTER_PARAMS,
     Act,
     AttnKind,
     AttnScale,
@@ -322,6 +322,7 @@ class ArchDescriptor:
     qk_norm: QKNormKnobs | None = None
     attn_scale: AttnScale = _kind(AttnScale, AttnScale.HEAD_DIM)
     attention: AttnKind = _kind(AttnKind, AttnKind.SDPA)
+    sinks: bool = False  # gpt_oss: per-head sink logits `sinks` [H] on the attention, passed to sdpa
     query_scale: QueryScale | None = _kind(QueryScale, None)
     rope: RopeKnobs = RopeKnobs()
     mlp: MlpKnobs = MlpKnobs()
@@ -537,16 +538,19 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error("layers.make_cache 'rotating_sliding' needs layers.sliding_window")
     if lk.kv_share is not None and (d.qkv is not QKV.SEPARATE or d.block.parallel is not False):
         raise d.error("layers.kv_share takes separate q/k/v projections and a sequential block")
+    if d.sinks and d.attention is not AttnKind.SDPA:
+        raise d.error(f"sinks with attention {d.attention.value!r}: only 'sdpa' takes attention sinks")
     if d.rope.nope in (NopeRule.GLOBAL_LAYERS, NopeRule.SLIDING_OR_ALL) and lk.kinds is LayerKinds.ALL_FULL:
         raise d.error(f"rope.nope {d.rope.nope.value!r} needs sliding layers (layers.kinds)")
     if d.moe is not None:
         _check_moe(d, d.moe)
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):
-        raise d.error("sanitize rules stack_experts / split_glu_experts / rename_in_moe_layers need "
-                      "a moe block")
+        raise d.error("sanitize rules stack_experts / split_glu_experts / split_interleaved_experts / "
+                      "rename_in_moe_layers need a moe block")
 
 
-_MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS, SanitizeOp.RENAME_IN_MOE_LAYERS)
+_MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS, SanitizeOp.SPLIT_INTERLEAVED_EXPERTS,
+                 SanitizeOp.RENAME_IN_MOE_LAYERS)
 
 
 def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:

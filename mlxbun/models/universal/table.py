@@ -817,6 +817,36 @@ _MOE_ROWS = [
         notes="DeepSeek-MoE (v1): softmax router without renormalization, shared experts, dense "
               "first layers; linear rope scaling only.",
     ),
+    ArchDescriptor(
+        "gpt_oss",
+        dict(model_type="gpt_oss", num_hidden_layers=36, num_local_experts=128, num_experts_per_tok=4,
+             vocab_size=201088, rms_norm_eps=1e-05, hidden_size=2880, intermediate_size=2880,
+             head_dim=64, num_attention_heads=64, num_key_value_heads=8, sliding_window=128,
+             rope_theta=150000, rope_scaling=None, layer_types=None),
+        ("gpt_oss_layer_types",), head_dim="field", attn_bias=True, out_bias=True,
+        attn_scale="inv_sqrt", sinks=True,
+        rope=RopeKnobs(traditional=False, max_positions=None), head=HeadKnobs(tie=False),
+        layers=LayerKnobs("layer_types_olmo3", sliding_window="sliding_window",
+                          make_cache="rotating_sliding"),
+        moe=MoEKnobs(experts="num_local_experts", size="intermediate_size", expert="glu_oai",
+                     expert_bias=True, router=RouterKnobs("topk_softmax", select="last", gate_bias=True),
+                     names=MoENames(gate="router", router="routing", switch="experts")),
+        sanitize=(SanitizeRule("split_interleaved_experts", None,
+                               "HF gate_up_proj (gate/up rows interleaved) split into gate_proj | "
+                               "up_proj; mxfp4 _blocks/_scales renamed .weight/.scales"),),
+        accepted_values={"swiglu_limit": (7.0,), "swiglu_alpha": (1.702,), "attention_bias": (True,)},
+        ignored_keys={**_ROUTER_TRAINING,
+                      "hidden_act": "mlx-lm's gpt_oss always runs the clamped SwiGLU (swiglu_oai)",
+                      "experts_per_token": "mlx-lm reads num_experts_per_tok",
+                      "initial_context_length": "the yarn original context is read from rope_scaling",
+                      "max_position_embeddings": "mlx-lm's gpt_oss does not pass it to its rope",
+                      "tie_word_embeddings": "mlx-lm's gpt_oss always has its own lm_head"},
+        notes="attention sinks (per-head logits in the softmax), alternating sliding / full layers "
+              "(RotatingKVCache on sliding ones), biased router with top-k then softmax over the k, "
+              "clamped SwiGLU experts with biases (alpha 1.702, limit 7.0 hard-coded as in mlx-lm). "
+              "Quantized KV refuses (mlx-lm's quantized SDPA has no sinks). HF's mxfp4 layout "
+              "(gate_up_proj_blocks) loads; its unquantized one does not (nor in mlx-lm).",
+    ),
 ]
 
 DESCRIPTORS: dict[str, ArchDescriptor] = {d.model_type: d for d in _ROWS + _MOE_ROWS}
