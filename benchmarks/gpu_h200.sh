@@ -18,9 +18,12 @@ if [ "$what" = bench ]; then
 elif [ "$what" = moe ]; then
   # 1. the MoE rows' float16 / bfloat16 experts, which mlx's CPU gather_mm refuses: mlxbun port holds
   #    them to mlx-lm live on CUDA (teacher-forced prefill and greedy decode logits, bit for bit)
-  archs=$(python3 -c "from mlxbun.zoo.archs import moe_archs; print(' '.join('zoo:' + a for a in moe_archs()))")
-  python3 -m mlxbun.cli port $archs --variants float16,bfloat16 --no-goldens --zoo-cache /tmp/zoo \
-    > "$OUT/moe-port.txt" 2> "$OUT/moe-port.err"
+  #    (PORT_ARCHS="a b": those zoo archs only; "none": skip)
+  archs=${PORT_ARCHS:-$(python3 -c "from mlxbun.zoo.archs import moe_archs; print(' '.join(moe_archs()))")}
+  if [ "$archs" != none ]; then
+    python3 -m mlxbun.cli port $(printf 'zoo:%s ' $archs) --variants float16,bfloat16 --no-goldens \
+      --zoo-cache /tmp/zoo > "$OUT/moe-port.txt" 2> "$OUT/moe-port.err"
+  fi
   # 2. the MoE shapes, bf16 and 4-bit, mlxbun vs mlx-lm on the same weights
   shift
   for m in ${@:-qwen3-30b-a3b gpt-oss-20b}; do
