@@ -94,8 +94,8 @@ def test_routing_and_combine_match_mlx_lm_blocks(arch, dtype, gate):
         nn.quantize(ref, group_size=32, bits=4)
         nn.quantize(ours, group_size=32, bits=4)
     dt = getattr(mx, dtype)
+    cast = getattr(ref, "cast_predicate", lambda _: True)  # mlx-lm's (the names are the same)
     for model in (ref, ours):
-        cast = getattr(model, "cast_predicate", lambda _: True)
         model.update(tree_unflatten([(k, v.astype(dt) if cast(k) and mx.issubdtype(v.dtype, mx.floating)
                                       else v) for k, v in tree_flatten(model.parameters())]))
     blocks = list(_moe_blocks(ref, ours, arch))
@@ -149,6 +149,105 @@ def test_grouped_noaux_selection_matches_mlx_lm(select, mlx_lm_fn, top_k, n_grou
     assert mx.array_equal(want_inds, inds) and mx.array_equal(want, got) and want.dtype == got.dtype
 
 
+def _router_stub(**fields):
+    """What a routing function reads off its Router (top_k, select, params), without a module."""
+    from types import SimpleNamespace
+
+    from mlxbun.models.universal.kinds import TopKSelect
+
+    return SimpleNamespace(select=TopKSelect.NEG_FIRST, **fields)
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3, 4])
+@pytest.mark.parametrize("jitter_eps", [0.01, 0.0, 0.3])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_sparsemixer_matches_mlx_lm_phimoe(top_k, jitter_eps, dtype, ties):
+    """phimoe's sparsemixer: k argmax rounds, each a precise softmax over the band of logits near the
+    round's max, the chosen expert masked -inf; experts in pick order and weights bit-exact."""
+    from mlx_lm.models.phimoe import sparsemixer
+
+    from mlxbun.models.universal.moe import _sparsemixer
+
+    gates = 2.0 * mx.random.normal((2, 11, 8), key=mx.random.key(top_k + 10 * ties))
+    if ties:  # coarse values: equal logits and bands holding several experts
+        gates = mx.round(gates * 2) / 2
+    gates = gates.astype(getattr(mx, dtype))
+    want_inds, want = sparsemixer(gates, top_k=top_k, jitter_eps=jitter_eps)
+    inds, got = _sparsemixer(_router_stub(top_k=top_k, params={"jitter_eps": jitter_eps}), gates, None)
+    assert mx.array_equal(want_inds, inds) and mx.array_equal(want, got) and want.dtype == got.dtype
+
+
+def _blocks_match_in(arch: str, cfg: dict, dtype: str, gate_bits: int | None = None) -> None:
+    """Every MoE block of `cfg`'s two models, cast to `dtype` (the gates quantized at `gate_bits`),
+    with the recorder for experts: the same experts and combined output as mlx-lm's block."""
+    ref, ours = _pair(cfg)
+    if gate_bits is not None:
+        for model in (ref, ours):
+            nn.quantize(model, group_size=64, bits=gate_bits, class_predicate=lambda p, m: p.endswith(".gate"))
+    dt = getattr(mx, dtype)
+    cast = getattr(ref, "cast_predicate", lambda _: True)  # mlx-lm's (the names are the same)
+    for model in (ref, ours):
+        model.update(tree_unflatten([(k, v.astype(dt) if cast(k) and mx.issubdtype(v.dtype, mx.floating)
+                                      else v) for k, v in tree_flatten(model.parameters())]))
+    switch = DESCRIPTORS[arch].moe.names.switch
+    for i, ref_block, our_block in _moe_blocks(ref, ours, arch):
+        rec_ref, rec_ours = _Experts(), _Experts()
+        setattr(ref_block, switch, rec_ref)
+        setattr(our_block, switch, rec_ours)
+        x = (2.0 * mx.random.normal((2, 9, 64), key=mx.random.key(i))).astype(dt)
+        expected, got = ref_block(x), our_block(x)
+        assert mx.array_equal(rec_ref.seen[-1], rec_ours.seen[-1]), f"layer {i}: experts differ"
+        assert got.dtype == expected.dtype and mx.array_equal(expected, got).item(), f"layer {i}"
+
+
+@pytest.mark.parametrize("changes", [
+    {"moe_gate_act": "sigmoid"},
+    {"moe_intermediate_size": 0, "moe_num_shared_experts": 1},  # experts as wide as the dense MLP
+    {"moe_num_shared_experts": 0, "moe_layer_interval": 2, "moe_layer_end_index": None},
+    {"moe_layer_start_index": [2, 1], "moe_layer_end_index": [1, 3], "use_bias": True},
+])
+def test_ernie4_5_moe_gate_layers_and_shared_experts_match_mlx_lm(changes):
+    """f32_act_topk (float32 softmax / sigmoid, renorm by max(sum, 1e-12)), the start / end /
+    interval layer rule (lists: min / max), the expert-width fallback and the shared experts
+    against mlx-lm's Ernie4_5_MoeMLP and decoder layers."""
+    from mlx_lm.models.ernie4_5_moe import Ernie4_5_MoeMLP
+
+    cfg = {**tiny_config("ernie4_5_moe"), **changes}
+    ref, ours = _pair(cfg)
+    assert [s.moe for s in ours.args.layers] == [isinstance(layer.mlp, Ernie4_5_MoeMLP) for layer in ref.layers]
+    assert any(s.moe for s in ours.args.layers) and not all(s.moe for s in ours.args.layers)
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+    for dtype in ("bfloat16", "float16"):
+        _blocks_match_in("ernie4_5_moe", cfg, dtype)
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"moe_gate_act": "relu"}, "'moe_gate_act' = 'relu' is not supported"),
+    ({"moe_layer_interval": 0}, "'moe_layer_interval' must be a positive integer"),
+])
+def test_ernie4_5_moe_refuses_what_mlx_lm_cannot_build(changes, key):
+    from mlxbun.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=key):
+        build_model({**tiny_config("ernie4_5_moe"), **changes})
+
+
+@pytest.mark.parametrize("gate_bits", [None, 8])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_minimax_sigmoid_corrected_router_matches_mlx_lm_block(dtype, gate_bits):
+    """sigmoid_corrected: the gate on x in float32 (quantized at 8 bits as mlx-lm's quant_predicate
+    leaves it), the block-level correction bias kept float32 (mlx-lm's cast_predicate) steering the
+    choice, weights renormalized by sum + 1e-20 and cast to x's dtype; against MiniMaxSparseMoeBlock."""
+    cfg = tiny_config("minimax_m2")
+    ref, ours = _pair(cfg)
+    block = ours.layers[0]["block_sparse_moe"]
+    assert block.router.observer and block["e_score_correction_bias"].shape == (4,)
+    assert "e_score_correction_bias" not in dict(tree_flatten(block.router.parameters()))
+    _blocks_match_in("minimax", cfg, dtype, gate_bits)
+
+
 # ----------------------------------------------------------------- sanitize: HF per-expert tensors
 
 
@@ -178,6 +277,9 @@ _W123 = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
     ("olmoe", None, "mlp", "switch_mlp", _SAME, ("weight",)),
     ("dots1", None, "mlp", "experts", _SAME, ("weight",)),
     ("deepseek", None, "mlp", "switch_mlp", _SAME, ("weight",)),
+    ("phimoe", 4, "block_sparse_moe", "switch_mlp", _W123, ("weight", "scales", "biases")),
+    ("ernie4_5_moe", None, "mlp", "switch_mlp", _SAME, ("weight",)),
+    ("minimax_m2", None, "block_sparse_moe", "switch_mlp", _W123, ("weight",)),
 ])
 def test_per_expert_hf_tensors_are_stacked_like_mlx_lm(zoo, tmp_path, arch, quant, block, switch, rename, keys):
     path = _rewrite(zoo(arch, quant=quant), tmp_path / arch,
@@ -224,6 +326,59 @@ def test_glm4_moe_drops_the_mtp_layer_and_stacks_experts(zoo, tmp_path):
     report = audit_checkpoint(path)
     assert report.ok and set(report.dropped) == set(mtp)
     ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+
+
+def test_ernie4_5_moe_drops_mtp_weights_and_the_correction_bias(zoo, tmp_path):
+    extra = {"model.mtp_block.0.mlp.up_proj.weight": mx.ones((128, 64)),
+             "model.mtp_linear_proj.0.weight": mx.ones((64, 128)),
+             "model.mtp_hidden_norm.0.weight": mx.ones((64,)), "model.mtp_emb_norm.0.weight": mx.ones((64,)),
+             "model.layers.1.mlp.moe_statics.e_score_correction_bias": mx.zeros((1, 4))}
+    path = _rewrite(zoo("ernie4_5_moe"), tmp_path / "ernie", lambda w: {
+        **_unstack(w, "mlp", "switch_mlp", _SAME), **extra})
+    report = audit_checkpoint(path)
+    assert report.ok and set(report.dropped) == set(extra)
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+
+
+def test_minimax_fp8_block_weights_dequantize_like_mlx_lm(zoo, tmp_path):
+    """minimax.sanitize: fp8 weights (raw bytes) times their 128x128-block weight_scale_inv, as
+    bfloat16, before the per-expert stacking; against mlx-lm's sanitize and a full load."""
+    from mlx_lm.models.minimax import Model as RefModel
+    from mlx_lm.models.minimax import ModelArgs
+
+    from mlxbun.models.universal.loader import sanitize_weights
+
+    cfg = tiny_config("minimax_m2")
+    big = mx.random.normal((300, 200), key=mx.random.key(1))  # 3 x 2 blocks, padded at the edges
+    weights = {"model.layers.0.self_attn.q_proj.weight": mx.to_fp8(big),
+               "model.layers.0.self_attn.q_proj.weight_scale_inv": mx.random.uniform(shape=(3, 2)) + 0.5,
+               "model.norm.weight": mx.ones((64,))}
+    ours = build_model(cfg)
+    want = RefModel(ModelArgs.from_dict(cfg)).sanitize(dict(weights))
+    got, dropped = sanitize_weights(ours.descriptor, weights, False, ours.args.fields)
+    assert set(got) == set(want) and set(dropped) == {"model.layers.0.self_attn.q_proj.weight_scale_inv"}
+    assert all(got[k].dtype == want[k].dtype and mx.array_equal(got[k], want[k]) for k in want)
+
+    def to_fp8(w):  # the attention projections as an fp8 hub checkpoint ships them (bfloat16
+        # experts would not run: mlx's CPU gather_mm takes float32 only), the experts per expert
+        out = {}
+        for k, v in _unstack(w, "block_sparse_moe", "switch_mlp", _W123).items():
+            if ".self_attn." in k and k.endswith("_proj.weight"):
+                out[k] = mx.to_fp8(v)
+                out[f"{k}_scale_inv"] = mx.array([[0.75]])
+            else:
+                out[k] = v
+        return out
+
+    path = _rewrite(zoo("minimax_m2"), tmp_path / "fp8", to_fp8)
+    report = audit_checkpoint(path)
+    assert report.ok and all(k.endswith("weight_scale_inv") for k in report.dropped)
+    ref, ours = _oracle(path), load_universal(path)
+    assert ours.layers[0]["self_attn"]["q_proj"].weight.dtype == mx.bfloat16
     ids = _prompt(40)
     assert mx.array_equal(ref(ids), ours(ids))
 
@@ -279,6 +434,7 @@ def _row(base: str, **changes) -> ArchDescriptor:
 
 
 _QWEN3_MOE, _GLM = "qwen3_moe", "glm4_moe"
+_NOAUX = {"scaling": "routed_scaling_factor", "n_group": "n_group", "topk_group": "topk_group"}
 
 
 @pytest.mark.parametrize("build, knob, accepted", [
@@ -311,6 +467,18 @@ _QWEN3_MOE, _GLM = "qwen3_moe", "glm4_moe"
      "'moe_times_n' needs moe.shared.count", "n_shared_experts"),
     (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(names=MoENames(router="switch_mlp"))),
      "one name", "switch_mlp"),
+    (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(router=RouterKnobs("sparsemixer"))),
+     "for kind 'sparsemixer' must name exactly jitter_eps", "got nothing"),
+    (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(router=RouterKnobs("f32_act_topk", norm_topk=True,
+                                                              params={"act": "softmax"}))),
+     "moe.router.norm_topk with 'f32_act_topk'", "fixes whether"),
+    (lambda: _row(_GLM, moe=MoEKnobs(experts="n_routed_experts", router=RouterKnobs(
+        "noaux_tc", gate="weight", gate_f32=True, params=_NOAUX))),
+     "moe.router.gate_f32", "must be 'linear'"),
+    (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(layers="start_end_interval")),
+     "moe.layers reads the field 'moe_layer_start_index'", "num_experts"),
+    (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(shared=SharedKnobs(count="num_experts", when="num_experts", when_rule="above_zero"))),
+     "moe.shared.when_rule = 'above_zero'", "'positive'"),
     (lambda: _row(_QWEN3_MOE, moe=None, sanitize=(SanitizeRule("stack_experts"),)),
      "need a moe block", "stack_experts"),
     (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(), sanitize=(SanitizeRule("stack_experts"),)),

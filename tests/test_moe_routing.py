@@ -17,7 +17,7 @@ from mlxbun.errors import MlxbunError  # noqa: E402
 from mlxbun.experiments.moe_routing import ROUTER_PROBS, LayerRouting, RoutingStats, Side, agreement, moe_routing  # noqa: E402
 from mlxbun.lab import plots  # noqa: E402
 from mlxbun.locate import open_runtime  # noqa: E402
-from mlxbun.models.universal.kinds import RouterKind  # noqa: E402
+from mlxbun.models.universal.kinds import GateAct, RouterKind  # noqa: E402
 from mlxbun.models.universal.moe import Router  # noqa: E402
 from mlxbun.parity.forced import eval_ids  # noqa: E402
 from mlxbun.results import open_results  # noqa: E402
@@ -81,12 +81,15 @@ def test_a_sigmoid_router_s_distribution_is_its_normalized_scores():
 def test_every_router_kind_gives_a_distribution():
     logits = np.random.default_rng(0).normal(size=(5, 8)) * 4
     for kind in RouterKind:
-        for params in ({"score": "sigmoid"}, {"score": "softmax"}):
+        for params in ({"score": "sigmoid", "act": GateAct.SIGMOID}, {"score": "softmax", "act": GateAct.SOFTMAX}):
             p = ROUTER_PROBS[kind](logits, params)
             assert p.shape == logits.shape and (p >= 0).all() and np.allclose(p.sum(-1), 1.0), kind
     grouped = ROUTER_PROBS[RouterKind.GROUPED_SCORE]
     assert np.allclose(grouped(logits, {"score": "softmax"}), ROUTER_PROBS[RouterKind.SOFTMAX_TOPK](logits))
     assert np.allclose(grouped(logits, {"score": "sigmoid"}), ROUTER_PROBS[RouterKind.NOAUX_TC](logits))
+    activated = ROUTER_PROBS[RouterKind.F32_ACT_TOPK]
+    assert np.allclose(activated(logits, {"act": GateAct.SOFTMAX}), ROUTER_PROBS[RouterKind.SOFTMAX_TOPK](logits))
+    assert np.allclose(activated(logits, {"act": GateAct.SIGMOID}), ROUTER_PROBS[RouterKind.NOAUX_TC](logits))
 
 
 def test_agreement_of_hand_made_sides():
@@ -118,7 +121,9 @@ def _tapped(arch: str, variant: str = "float32"):
 
 @pytest.mark.parametrize("arch, scores", [("qwen3_moe", "softmax"), ("mixtral", "softmax"),
                                           ("granitemoe", "softmax"), ("olmoe", "softmax"),
-                                          ("glm4_moe", "sigmoid"), ("bailing_moe", "sigmoid")])
+                                          ("glm4_moe", "sigmoid"), ("bailing_moe", "sigmoid"),
+                                          ("phimoe", "softmax"), ("ernie4_5_moe", "softmax"),
+                                          ("minimax_m2", "sigmoid")])
 def test_statistics_match_the_routers_taps(arch, scores):
     out = moe_routing(Side(f"zoo:{arch}"), n_tokens=N_TOKENS, record=False)
     table = out.base.table().set_index("layer")

@@ -180,6 +180,13 @@ KNOBS = {
     "gpt_oss-default-layers-hd24": ("gpt_oss", dict(layer_types=None, head_dim=24, rope_scaling=None)),
     "gpt_oss-full-first-top1": ("gpt_oss", dict(layer_types=_LT[::-1], num_experts_per_tok=1,
                                                 sliding_window=8)),
+    "phimoe-plain-rope-top3": ("phimoe", dict(rope_scaling=None, num_experts_per_tok=3,
+                                              router_jitter_noise=0.2)),
+    "ernie4_5_moe-sigmoid-untied-biases": ("ernie4_5_moe", dict(moe_gate_act="sigmoid",
+                                                                tie_word_embeddings=False, use_bias=True,
+                                                                moe_layer_interval=2)),
+    "minimax-noqknorm-tied-top1": ("minimax_m2", dict(use_qk_norm=False, tie_word_embeddings=True,
+                                                      num_experts_per_tok=1, rotary_dim=16)),
 }
 # mlx-lm itself cannot run these (its tied seed_oss head multiplies by the packed weight)
 _ORACLE_BROKEN = {("seed_oss-tied-biases", "q4")}
@@ -210,9 +217,15 @@ def _random_checkpoint(out: Path, cfg: dict, dtype: str, quant, seed: int = 0) -
     return out
 
 
+def _remap(model_type: str) -> str:
+    from mlxbun.config import MODEL_REMAPPING
+
+    return MODEL_REMAPPING.get(model_type, model_type)
+
+
 # unquantized half-precision experts do not run on mlx's CPU gather_mm (tests/universal_manifest.py)
 _KNOB_CASES = [(c, v) for c in KNOBS for v in ("float32", "bfloat16", "q4")
-               if not (v == "bfloat16" and DESCRIPTORS[KNOBS[c][0]].moe is not None)]
+               if not (v == "bfloat16" and DESCRIPTORS[_remap(KNOBS[c][0])].moe is not None)]
 
 
 @pytest.mark.parametrize("case,variant", _KNOB_CASES, ids=[f"{c}-{v}" for c, v in _KNOB_CASES])
@@ -223,7 +236,7 @@ def test_knob_variants_bit_exact(tmp_path, case, variant):
         pytest.skip("mlx-lm cannot run this combination")
     arch, overrides = KNOBS[case]
     cfg = {**tiny_config(arch), **overrides}
-    if "rope_parameters" not in DESCRIPTORS[cfg["model_type"]].fields:
+    if "rope_parameters" not in DESCRIPTORS[_remap(cfg["model_type"])].fields:
         cfg.pop("rope_parameters", None)  # keep the overridden legacy rope keys authoritative
     require_coverage(cfg["model_type"], cfg)
     dtype = "float32" if variant == "q4" else variant
@@ -264,7 +277,10 @@ def test_descriptor_fields_are_mlx_lm_model_args():
         want = {}
         for f in dataclasses.fields(args_cls):
             missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            want[f.name] = REQUIRED if missing else f.default
+            if missing:
+                want[f.name] = REQUIRED
+            else:  # a default_factory field (ernie4_5_moe's moe_capacity): its fresh value
+                want[f.name] = f.default_factory() if f.default is dataclasses.MISSING else f.default
         assert dict(d.fields) == want, mt
         assert mt not in NOT_COVERED
 

@@ -73,5 +73,8 @@ MANIFEST = {
         Entry("dots1", EXPERT_VARIANTS),
         Entry("deepseek", EXPERT_VARIANTS),
         Entry("gpt_oss", EXPERT_VARIANTS + ("mxfp4",)),  # mxfp4: experts as gpt-oss ships them
+        Entry("phimoe", EXPERT_VARIANTS),
+        Entry("ernie4_5_moe", EXPERT_VARIANTS),
+        Entry("minimax_m2", EXPERT_VARIANTS),  # mlx-lm remaps it to minimax
     ]
 }

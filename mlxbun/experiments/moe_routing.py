@@ -14,8 +14,10 @@ the gate logits). Per MoE layer (a dense layer has no router and no row):
   (softmax_topk, topk_softmax, topk_softmax_f32) p = softmax(logits) over all experts, whether the
   kind takes its softmax before choosing or over the k chosen; the sigmoid router (noaux_tc)
   p = sigmoid(logits) / sum_e sigmoid(logits), the correction bias left out (it moves the
-  choice, never the weights); bailing_moe's grouped_score router: softmax or normalized sigmoid
-  as its `score` number says. In float64 from the logits the gate returned;
+  choice, never the weights; so minimax's sigmoid_corrected too); bailing_moe's grouped_score
+  router: softmax or normalized sigmoid as its `score` number says, ernie's f32_act_topk as its
+  `act`; phimoe's sparsemixer: softmax over all experts (its first round's band, unbanded). In
+  float64 from the logits the gate returned;
 - top-k mass: sum of p over the k chosen experts, i.e. before any top-k renormalization or
   routed scaling (1 when k = E; the chosen need not be p's top k: noaux_tc chooses with its bias
   and groups);
@@ -47,7 +49,7 @@ from mlxbun.generate import check_token_ids, vocab_size_of
 from mlxbun.lab.recording import recording
 from mlxbun.locate import open_runtime
 from mlxbun.models.taps import layer_index_of
-from mlxbun.models.universal.kinds import RouterKind, exhaustive
+from mlxbun.models.universal.kinds import GateAct, RouterKind, exhaustive
 from mlxbun.models.universal.moe import Router
 from mlxbun.parity.forced import eval_ids
 
@@ -69,6 +71,10 @@ def _as_scored(logits: np.ndarray, params) -> np.ndarray:  # grouped_score: its 
     return (_normalized_sigmoid if params["score"] == "sigmoid" else _softmax)(logits)
 
 
+def _as_activated(logits: np.ndarray, params) -> np.ndarray:  # f32_act_topk: its gate activation
+    return (_softmax if params["act"] is GateAct.SOFTMAX else _normalized_sigmoid)(logits)
+
+
 # router kind -> the probability distribution over all experts its logits stand for ((float64
 # logits [N, E], the router's numbers) -> [N, E], rows summing to 1). A new router kind says here
 # what its entropy is of.
@@ -78,6 +84,9 @@ ROUTER_PROBS = exhaustive(RouterKind, {
     RouterKind.TOPK_SOFTMAX_F32: _softmax,
     RouterKind.NOAUX_TC: _normalized_sigmoid,
     RouterKind.GROUPED_SCORE: _as_scored,
+    RouterKind.SPARSEMIXER: _softmax,
+    RouterKind.F32_ACT_TOPK: _as_activated,
+    RouterKind.SIGMOID_CORRECTED: _normalized_sigmoid,
 })
 
 

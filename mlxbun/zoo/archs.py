@@ -109,6 +109,10 @@ def _qwen3_moe_post(cfg: dict) -> None:
 def _exaone_moe_post(cfg: dict) -> None:
     # mlx-lm reads is_moe_layer (K-EXAONE's hub config carries it); transformers writes mlp_layer_types
     cfg["is_moe_layer"] = [t == "sparse" for t in cfg["mlp_layer_types"]]
+def _minimax_m2_post(cfg: dict) -> None:
+    # MiniMax-M2 hub configs give partial rope as rotary_dim only (transformers 5 derives the
+    # fraction into rope_parameters)
+    cfg.pop("partial_rotary_factor")
 
 
 # MoE rows: 4 experts, 2 per token, expert width 64 (a quantization group), so a 40-token
@@ -275,6 +279,32 @@ _ROWS = (
          knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
                 "moe_intermediate_size": MOE_INTERMEDIATE, "n_shared_experts": 2,
                 "first_k_dense_replace": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True}),
+    # Phi-3.5-MoE's knobs: attention and lm_head biases, longrope with mscales (context shrunk:
+    # original 128 of 512, as the phi3 row), sparsemixer band router_jitter_noise 0.01
+    Arch("phimoe", "PhiMoEForCausalLM", "PhimoeConfig", kv_heads=2, rope_type_key="type",
+         knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "attention_bias": True, "lm_head_bias": True,
+                "rope_parameters": {
+                    "rope_type": "longrope", "rope_theta": 10000.0,
+                    "long_factor": [1.0, 1.3, 2.0, 3.6, 6.4, 11.0, 19.0, 33.0],
+                    "short_factor": [1.0, 1.0, 1.02, 1.05, 1.1, 1.2, 1.3, 1.5],
+                    "long_mscale": 1.243163121016122, "short_mscale": 1.243163121016122,
+                    "original_max_position_embeddings": 128}}),
+    # ERNIE-4.5-21B-A3B's knobs (two shared experts, tied), with layer 0 dense as its
+    # moe_layer_start_index 1 and the MoE layers ending at 2 so the last layer is dense again
+    Arch("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeConfig", layers=4,
+         knobs={"moe_num_experts": MOE_EXPERTS, "moe_k": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "moe_num_shared_experts": 2,
+                "moe_layer_start_index": 1, "moe_layer_end_index": 2}),
+    # MiniMax-M2 (transformers' MiniMaxConfig is MiniMax-Text-01, lightning-attention layers
+    # mlx-lm's minimax.py does not run): rotary_dim half of head_dim, q/k norms over all heads;
+    # mlx-lm's required keys the class lacks as the hub config carries them
+    Arch("minimax_m2", "MiniMaxM2ForCausalLM", "MiniMaxM2Config", kv_heads=2,
+         knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "intermediate_size": MOE_INTERMEDIATE, "rotary_dim": HEAD_DIM // 2},
+         extra={"shared_intermediate_size": 0, "use_qk_norm": True, "qk_norm_type": "per_layer",
+                "scoring_func": "sigmoid", "use_routing_bias": True},
+         post=_minimax_m2_post),
     # no transformers class: the keys of deepseek-ai/deepseek-moe-16b-base's config
     Arch("deepseek", "DeepseekForCausalLM", base={
         "model_type": "deepseek", "attention_bias": False, "attention_dropout": 0.0,

@@ -161,11 +161,25 @@ def _rope_parameter_problems(d, a: Mapping, config: Mapping, rp: Any) -> list[st
             got = legacy.get(k, config.get(k)) if isinstance(legacy, Mapping) else config.get(k)
             if got != v:
                 problems.append(f"{kind} {k} {v!r} vs {got!r}")
-        if "partial_rotary_factor" in p:
+        rotary_dim = a[d.rope.rotary_dim] if d.rope.rotary_dim else None
+        if "partial_rotary_factor" in p and rotary_dim is not None:  # minimax: rotary_dim of head_dim
+            hd = _head_dim(d, a)
+            if p["partial_rotary_factor"] * hd != rotary_dim:
+                problems.append(f"partial_rotary_factor {p['partial_rotary_factor']!r} of head_dim "
+                                f"{hd} vs {d.rope.rotary_dim} {rotary_dim!r}")
+        elif "partial_rotary_factor" in p:
             frac = a[d.rope.partial] if d.rope.partial else 1.0
             if p["partial_rotary_factor"] != frac:
                 problems.append(f"partial_rotary_factor {p['partial_rotary_factor']!r} vs {frac!r}")
     return problems
+
+
+def _head_dim(d, a: Mapping) -> Any:
+    """The head width as resolve_args computes it."""
+    split = a[d.hidden] // a[d.n_heads]
+    if d.head_dim is HeadDim.SPLIT:
+        return split
+    return a["head_dim"] if d.head_dim is HeadDim.FIELD else (a.get("head_dim") or split)
 
 
 def _field(a: Mapping, spec: str) -> Any:

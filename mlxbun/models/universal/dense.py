@@ -73,6 +73,18 @@ def _phi3_rope(s: RopeSpec) -> nn.Module:
     return nn.RoPE(s.dims, traditional=s.traditional, base=s.base, scale=rope_scale)
 
 
+def _su_scaled_rope(s: RopeSpec) -> nn.Module:
+    # phimoe: a null rope_scaling means plain RoPE; any other is su-scaled with its mscales
+    if s.scaling is None:
+        return nn.RoPE(s.dims, base=s.base)
+    return R.SuScaledRoPE(
+        s.dims, base=s.base, max_position_embeddings=s.max_positions,
+        original_max_position_embeddings=s.original_max_positions,
+        short_factor=s.scaling["short_factor"], long_factor=s.scaling["long_factor"],
+        short_mscale=s.scaling["short_mscale"], long_mscale=s.scaling["long_mscale"],
+    )
+
+
 _ROPES = exhaustive(RopeKind, {
     RopeKind.INITIALIZE: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
                                                      s.max_positions),
@@ -80,6 +92,7 @@ _ROPES = exhaustive(RopeKind, {
     RopeKind.NEMOTRON: lambda s: nn.RoPE(s.dims, base=s.base, scale=s.scale),
     RopeKind.HUNYUAN_ALPHA: lambda s: R.DynamicNTKAlphaRoPE(s.dims, base=s.base, scaling_alpha=s.alpha),
     RopeKind.NANOCHAT: lambda s: R.NanochatRoPE(s.dims, base=s.base),
+    RopeKind.SU_SCALED: _su_scaled_rope,
 })
 
 

@@ -455,6 +455,12 @@ def _rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
         return f"phi3 rope, dims {dims}, base {spec.base}{trad}{scale}"
     if spec.kind is RopeKind.NEMOTRON:
         return f"nn.RoPE, dims {dims}, base {spec.base}, scale {spec.scale}"
+    if spec.kind is RopeKind.SU_SCALED:
+        if spec.scaling is None:
+            return f"nn.RoPE, dims {dims}, base {spec.base} (rope_scaling null)"
+        return (f"su-scaled rope (long factors, long_mscale {spec.scaling['long_mscale']}), dims "
+                f"{dims}, base {spec.base}, original_max_position_embeddings "
+                f"{spec.original_max_positions}")
     if spec.kind is RopeKind.HUNYUAN_ALPHA:
         return (f"NTK-alpha rope, dims {dims}, base {spec.base} * alpha**(dims / (dims - 2)), "
                 f"alpha {spec.alpha}")

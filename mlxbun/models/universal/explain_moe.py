@@ -14,6 +14,7 @@ from mlxbun.models.universal.kinds import (
     GroupGuard,
     MoeLayers,
     RouterKind,
+    GateAct,
     SharedKind,
     SharedSize,
     SharedWhen,
@@ -54,6 +55,8 @@ _LAYER_RULE = exhaustive(MoeLayers, {
     MoeLayers.FIRST_K_DENSE_FREQ: "i >= first_k_dense_replace and i % moe_layer_freq == 0",
     MoeLayers.IS_MOE_LAYER: "is_moe_layer[i]",
     MoeLayers.NOT_SINGLE_EXPERT: "every layer unless the expert count is 1",
+    MoeLayers.START_END_INTERVAL: "(i + 1) % moe_layer_interval == 0 and moe_layer_start_index <= "
+                                  "i <= moe_layer_end_index (null: the last layer)",
 })
 
 _RENORM = exhaustive(TopKRenorm, {TopKRenorm.SUM: " / sum", TopKRenorm.SUM_EPS: " / (sum + 1e-20)"})
@@ -71,7 +74,8 @@ def moe_sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any]
         listed = " / ".join(f for f in (m.top_k, m.size, m.shared.count if m.shared else None) if f)
         return (("E", m.experts, spec.experts),
                 ("k / Ie / Is", f"{listed} (int or per-layer list)", "per layer, see layers"))
-    sizes = (("E", m.experts, spec.experts), ("k", m.top_k, spec.top_k), ("Ie", m.size, spec.size))
+    size_src = f"{m.size} or {m.size_fallback}" if m.size_fallback else m.size
+    sizes = (("E", m.experts, spec.experts), ("k", m.top_k, spec.top_k), ("Ie", size_src, spec.size))
     if spec.shared_size is not None:
         sh = m.shared
         src = {SharedSize.MOE_TIMES_N: f"{m.size} * {sh.count}",
@@ -89,7 +93,7 @@ def moe_title(d: ArchDescriptor) -> str:
 def _router_lines(d: ArchDescriptor, a: UniversalArgs):
     m, spec = d.moe, a.moe
     r, n = m.router, m.names
-    where = {GateKind.LINEAR: f"{n.gate}(x)",
+    where = {GateKind.LINEAR: f"{n.gate}(x.astype(float32))" if r.gate_f32 else f"{n.gate}(x)",
              GateKind.WEIGHT: f"x @ {n.gate}.weight.T",
              GateKind.NESTED: f"{n.gate}.{n.gate_inner}(x)",
              GateKind.WRAPPED: f"{n.gate}(x)"}[r.gate]
@@ -116,6 +120,30 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
                    "softmax over the k chosen only")
     elif r.kind is RouterKind.GROUPED_SCORE:
         yield from _grouped_score_lines(d, a, renorm)
+    elif r.kind is RouterKind.SPARSEMIXER:
+        eps = spec.params["jitter_eps"]
+        yield Line("masked = logits; for each of the k rounds:",
+                   f"sparsemixer (inference path); jitter_eps = {r.params['jitter_eps']} = {eps}")
+        yield Line("  e = argmax(masked); top = max(masked)", "the round's expert, in pick order")
+        yield Line("  band = where((top - logits) / maximum(|logits|, top) > 2 * jitter_eps, -inf, masked)",
+                   "only the logits near the round's max stay")
+        yield Line("  w_e = softmax(band, precise=True)[e]; masked[e] = -inf",
+                   "weights not renormalized")
+    elif r.kind is RouterKind.F32_ACT_TOPK:
+        act = spec.params["act"]
+        module = "nn.Softmax()" if act is GateAct.SOFTMAX else "nn.Sigmoid()"
+        yield Line(f"p = {n.gate_act}(logits.astype(float32))",
+                   f"{module} (compiled, not precise); {r.params['act']} = {act.value!r}")
+        yield Line(f"experts = {_SELECT[r.select].format(s='p')}", "the order the outputs are summed in")
+        yield Line("w = take_along_axis(p, experts); w = w / maximum(w.sum(), 1e-12)",
+                   "always renormalized (float32 weights)")
+    elif r.kind is RouterKind.SIGMOID_CORRECTED:
+        on = n.gate if r.gate is not GateKind.LINEAR else "the MoE block"
+        yield Line("s = sigmoid(logits)", f"{n.correction_bias} [E] on {on} (kept float32)")
+        yield Line(f"experts = {_SELECT[r.select].format(s=f'(s + {n.correction_bias})')}",
+                   "the bias steers the choice, not the weights")
+        yield Line("w = take_along_axis(s, experts); w = w / (w.sum() + 1e-20)", "always renormalized")
+        yield Line("w = w.astype(x.dtype)")
     else:  # RouterKind.NOAUX_TC
         guard = {GroupGuard.N_GROUP_GT_1: "n_group > 1",
                  GroupGuard.K_NONZERO: "n_group != topk_group"}[r.group_guard]

@@ -73,6 +73,8 @@ class RopeKind(StrEnum):
     NEMOTRON = "nemotron"  # nn.RoPE with a linear scale
     HUNYUAN_ALPHA = "hunyuan_alpha"  # NTK-alpha scaled base
     NANOCHAT = "nanochat"  # negated exp-built frequencies, a function not a child module
+    SU_SCALED = "su_scaled"  # phimoe: nn.RoPE when rope_scaling is null, else SuScaledRoPE with
+    # the dict's short/long factors and mscales (whatever its type)
 
 
 class NopeRule(StrEnum):
@@ -233,6 +235,8 @@ class SanitizeOp(StrEnum):
     # each MoE layer: <layer>.<block>.<src> -> <layer>.<block>.<dst> (exaone_moe, bailing_moe)
     SPLIT_INTERLEAVED_EXPERTS = "split_interleaved_experts"  # gpt_oss: HF gate_up_proj rows
     # interleaved gate/up -> gate_proj | up_proj (weights, mxfp4 _blocks/_scales, biases)
+    FP8_BLOCK_DEQUANT = "fp8_block_dequant"  # minimax: each fp8 weight times its 128x128-block
+    # weight_scale_inv, as bfloat16; the scales dropped (activation scales kept, as mlx-lm)
 
 
 # ----------------------------------------------------------------- mixture of experts
@@ -249,6 +253,12 @@ class RouterKind(StrEnum):
     # (deepseek-v3 style: glm4_moe, dots1)
     GROUPED_SCORE = "grouped_score"  # compiled: softmax or sigmoid (f32) scores, optional correction
     # bias, grouped top-k (last k), renorm by sum + 1e-20, scale, cast to the logits' dtype (bailing_moe)
+    SPARSEMIXER = "sparsemixer"  # phimoe: k rounds of argmax, each weighted by a precise softmax
+    # over the logits within 2 * jitter_eps (relative) of the round's max; the chosen masked -inf
+    F32_ACT_TOPK = "f32_act_topk"  # ernie4_5_moe: softmax or sigmoid (GateAct) of the float32
+    # logits, top-k, renormalized by max(sum, 1e-12)
+    SIGMOID_CORRECTED = "sigmoid_corrected"  # minimax: sigmoid of the logits + correction bias
+    # for the choice, top-k of the plain sigmoid renormalized by sum + 1e-20, cast to x's dtype
 
 
 # The numbers each router kind reads, by the name its routing function uses; a row maps each
@@ -260,7 +270,22 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
     RouterKind.NOAUX_TC: ("scaling", "n_group", "topk_group"),  # routed_scaling_factor, ...
     RouterKind.GROUPED_SCORE: ("scaling", "n_group", "topk_group", "score"),  # score: "sigmoid" or
     # anything else (softmax), bailing_moe's score_function
+    RouterKind.SPARSEMIXER: ("jitter_eps",),  # router_jitter_noise
+    RouterKind.F32_ACT_TOPK: ("act",),  # moe_gate_act: a GateAct value (ROUTER_PARAM_KINDS)
+    RouterKind.SIGMOID_CORRECTED: (),
 }
+
+
+class GateAct(StrEnum):
+    """f32_act_topk: the activation over the float32 gate logits (ernie's moe_gate_act)."""
+
+    SOFTMAX = "softmax"  # nn.Softmax: mx.softmax(x, axis=-1), not precise
+    SIGMOID = "sigmoid"  # nn.Sigmoid
+
+
+# Router numbers that are a kind rather than a number: resolved into the enum member, a config
+# value outside it refused naming the field (mlx-lm raises ValueError there).
+ROUTER_PARAM_KINDS: Mapping[str, type[StrEnum]] = {"act": GateAct}
 
 
 class TopKSelect(StrEnum):
@@ -319,7 +344,8 @@ class SharedWhen(StrEnum):
     """When the shared expert exists, read from SharedKnobs.when (a field)."""
 
     NOT_NONE = "not_none"  # the field is not None (deepseek n_shared_experts)
-    POSITIVE = "positive"  # the field is not None and > 0 (exaone_moe num_shared_experts)
+    POSITIVE = "positive"  # the field is not None and > 0 (exaone_moe num_shared_experts,
+    # ernie4_5_moe moe_num_shared_experts)
 
 
 class SharedSize(StrEnum):
@@ -340,6 +366,9 @@ class MoeLayers(StrEnum):
     IS_MOE_LAYER = "is_moe_layer"  # is_moe_layer[i], a per-layer bool list (exaone_moe)
     NOT_SINGLE_EXPERT = "not_single_expert"  # every layer, unless the expert count is 1 (then
     # none: hunyuan)
+    START_END_INTERVAL = "start_end_interval"  # (i + 1) % moe_layer_interval == 0 and
+    # start <= i <= end: moe_layer_start_index (min of a list), moe_layer_end_index (max of a
+    # list; null: the last layer) (ernie4_5_moe)
 
 
 class PostInit(StrEnum):
@@ -369,6 +398,8 @@ class PostInit(StrEnum):
     # and type (post-init) and alpha (the attention reads it), so it cannot be null
     ROPE_PARAMETERS_THETA = "rope_parameters_theta"  # exaone_moe: rope_parameters["rope_theta"],
     # when present, replaces rope_theta
+    PHIMOE_ROPE_SCALING = "phimoe_rope_scaling"  # a non-null rope_scaling needs short/long factors
+    # and mscales (phimoe's attention reads the four keys)
 
 
 def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:

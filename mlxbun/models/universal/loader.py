@@ -259,6 +259,23 @@ def _norm_head(flag: str, w: dict, fields: Mapping) -> dict:
     dtype = v.dtype
     weight_norm = mx.linalg.norm(v.astype(mx.float32), axis=0, keepdims=True) + 1e-7
     return {**w, "lm_head.weight": (v / weight_norm).astype(dtype)}
+_FP8_BLOCK = 128
+
+
+def _fp8_block_dequant(weight, scale_inv):
+    """minimax.sanitize's dequant, op for op: fp8 bytes -> bfloat16, times the per-block scale."""
+    if isinstance(weight, _Meta):
+        return _Meta(weight.shape, mx.bfloat16)
+    dtype = mx.bfloat16
+    weight = mx.from_fp8(weight, dtype=mx.bfloat16)
+    bs = _FP8_BLOCK
+    m, n = weight.shape
+    pad_bottom = (-m) % bs
+    pad_side = (-n) % bs
+    weight = mx.pad(weight, ((0, pad_bottom), (0, pad_side)))
+    weight = weight.reshape(((m + pad_bottom) // bs, bs, (n + pad_side) // bs, bs))
+    weight = (weight * scale_inv[:, None, :, None]).reshape(m + pad_bottom, n + pad_side)
+    return weight[:m, :n].astype(dtype)
 
 
 def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
@@ -306,6 +323,18 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
             return {**w, dst: w[src]}, {}
     elif op is SanitizeOp.SQUEEZE_SUFFIXES:
         return {k: v.squeeze() if k.endswith(tuple(rule.arg)) else v for k, v in w.items()}, {}
+    elif op is SanitizeOp.FP8_BLOCK_DEQUANT:  # minimax.sanitize
+        out = {}
+        for k, v in w.items():
+            if "weight_scale_inv" in k:
+                wk = k.replace("_scale_inv", "")
+                if wk not in w:
+                    raise LoadError(f"tensor {k!r} has no matching {wk!r} to dequantize")
+                out[wk] = _fp8_block_dequant(w[wk], v)
+                dropped[k] = f"folded into {wk} (fp8 block dequantization)"
+            elif k not in out:
+                out[k] = v
+        return out, dropped
     else:  # SanitizeOp.FP8_SCALE_INV: ministral3.sanitize
         out = {}
         for k, v in w.items():

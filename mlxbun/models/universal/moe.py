@@ -32,6 +32,7 @@ from mlxbun.models.switch_layers import SwitchGLU
 from mlxbun.models.universal.kinds import (
     Combine,
     ExpertKind,
+    GateAct,
     GateKind,
     GroupGuard,
     RouterKind,
@@ -215,6 +216,44 @@ def _aggregate_expert_outputs(expert_outputs, scores):  # bailing_moe's, op for 
     return (expert_outputs * scores[..., None]).sum(axis=-2).astype(expert_outputs.dtype)
 
 
+def _sparsemixer(r: "Router", logits, bias):  # phimoe.sparsemixer, op for op
+    gates, jitter_eps = logits, r.params["jitter_eps"]
+    masked = gates
+    inds, scores = [], []
+    for _ in range(r.top_k):
+        top = masked.max(axis=-1, keepdims=True)
+        ind = mx.stop_gradient(mx.argmax(masked, axis=-1, keepdims=True))
+        factor = mx.maximum(mx.abs(gates), top)
+        band = mx.where((top - gates) / factor > 2 * jitter_eps, -mx.inf, masked)
+        band = mx.softmax(band, axis=-1, precise=True)
+        scores.append(mx.take_along_axis(band, ind, axis=-1))
+        inds.append(ind)
+        masked = mx.put_along_axis(masked, ind, mx.array(-mx.inf, masked.dtype), axis=-1)
+    return mx.concatenate(inds, axis=-1), mx.concatenate(scores, axis=-1)
+
+
+# f32_act_topk's activation: a module of the MoE block, as in mlx-lm's tree (nn's compiled
+# softmax / sigmoid); the Router calls the same instance, so taps see it at the block's path
+_GATE_ACT = exhaustive(GateAct, {GateAct.SOFTMAX: nn.Softmax, GateAct.SIGMOID: nn.Sigmoid})
+_ACT_ROUTERS = (RouterKind.F32_ACT_TOPK,)
+
+
+def _f32_act_topk(r: "Router", logits, bias):  # ernie4_5_moe
+    gates = r.gate_act(logits.astype(mx.float32))
+    inds = mx.stop_gradient(_SELECT[r.select](gates, r.top_k))
+    scores = mx.take_along_axis(gates, inds, axis=-1)
+    return inds, scores / mx.maximum(scores.sum(axis=-1, keepdims=True), 1e-12)
+
+
+def _sigmoid_corrected(r: "Router", logits, bias):  # minimax (the cast to x's dtype: Router)
+    scores = mx.sigmoid(logits)
+    orig_scores = scores
+    scores = scores + bias
+    inds = mx.stop_gradient(_SELECT[r.select](scores, r.top_k))
+    scores = mx.take_along_axis(orig_scores, inds, axis=-1)
+    return inds, scores / (mx.sum(scores, axis=-1, keepdims=True) + 1e-20)
+
+
 # (router, gate logits, correction bias or None) -> (experts, weights). A new kind: its enum
 # member (kinds.RouterKind), the numbers it reads (kinds.ROUTER_PARAMS, then `r.params[name]`
 # here), its function here, its lines in explain_moe.py.
@@ -224,9 +263,15 @@ _ROUTE = exhaustive(RouterKind, {
     RouterKind.TOPK_SOFTMAX_F32: _topk_softmax_f32,
     RouterKind.NOAUX_TC: _noaux_tc,
     RouterKind.GROUPED_SCORE: _grouped_score,
+    RouterKind.SPARSEMIXER: _sparsemixer,
+    RouterKind.F32_ACT_TOPK: _f32_act_topk,
+    RouterKind.SIGMOID_CORRECTED: _sigmoid_corrected,
 })
-# the router kinds whose module holds a per-expert correction bias (where `corrected` says so)
-_CORRECTED = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE)
+# the router kinds with a per-expert correction bias (where `corrected` says so): on the router
+# module, or on the MoE block where a sibling gate computes the logits (minimax), which passes it in
+_CORRECTED = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE, RouterKind.SIGMOID_CORRECTED)
+# the router kinds whose weights end cast to the block input's dtype (minimax)
+_CAST_TO_INPUT = (RouterKind.SIGMOID_CORRECTED,)
 
 # the experts' activation module (None: SwitchGLU's shared SwiGLU, as mlx-lm's default argument)
 _ACTIVATION = exhaustive(ExpertKind, {
@@ -278,7 +323,7 @@ class Router(nn.Module):
             self.weight = mx.zeros((spec.experts, hidden))
         elif r.gate is GateKind.NESTED:
             setattr(self, n.gate_inner, nn.Linear(hidden, spec.experts, bias=spec.gate_bias))
-        self._corrected = r.kind in _CORRECTED and spec.corrected
+        self._corrected = r.kind in _CORRECTED and spec.corrected and r.gate not in _SIBLING_GATE
         if self._corrected:
             setattr(self, n.correction_bias, mx.zeros((spec.experts,)))
 
@@ -287,13 +332,18 @@ class Router(nn.Module):
         """True when mlx-lm's tree has no module here (the gate is a sibling module)."""
         return self.gate_kind in _SIBLING_GATE
 
-    def __call__(self, x: mx.array, logits: Optional[mx.array] = None) -> Routing:
+    def __call__(self, x: mx.array, logits: Optional[mx.array] = None,
+                 bias: Optional[mx.array] = None) -> Routing:
+        """`logits` and `bias` come from the block when the gate is a sibling Linear."""
         if self.gate_kind is GateKind.WEIGHT:
             logits = x @ self["weight"].T
         elif self.gate_kind is GateKind.NESTED:
             logits = self[self._inner](x)
-        bias = self[self._bias] if self._corrected else None
+        if self._corrected:
+            bias = self[self._bias]
         inds, weights = _ROUTE[self.kind](self, logits, bias)
+        if self.kind in _CAST_TO_INPUT:
+            weights = weights.astype(x.dtype)
         return Routing(inds, weights, logits)
 
 
@@ -315,6 +365,14 @@ class MoEBlock(nn.Module):
         else:
             setattr(self, n.gate, Router(m, spec, D))
             self._router_name = n.gate
+        # minimax: the correction bias sits on the block, beside the gate
+        self._block_bias = m.router.gate in _SIBLING_GATE and m.router.kind in _CORRECTED and spec.corrected
+        if self._block_bias:
+            setattr(self, n.correction_bias, mx.zeros((spec.experts,)))
+        if m.router.kind in _ACT_ROUTERS:  # ernie: the activation module sits on the block
+            act = _GATE_ACT[spec.params["act"]]()
+            setattr(self, n.gate_act, act)
+            object.__setattr__(self.router, "gate_act", act)  # outside the router's tree
         setattr(self, n.switch, SwitchGLU(D, spec.size, spec.experts, bias=spec.expert_bias,
                                           names=(n.gate_proj, n.up_proj, n.down_proj),
                                           activation=_ACTIVATION[m.expert]()))
@@ -339,8 +397,12 @@ class MoEBlock(nn.Module):
         if m.flat_tokens:  # olmoe routes the flattened tokens
             B, L_, D = x.shape
             x = x.reshape(-1, D)
-        logits = self[n.gate](x) if m.router.gate in _SIBLING_GATE else None
-        routing = self.router(x, logits)
+        logits = bias = None
+        if m.router.gate in _SIBLING_GATE:
+            logits = self[n.gate](x.astype(mx.float32) if m.router.gate_f32 else x)
+            if self._block_bias:
+                bias = self[n.correction_bias]
+        routing = self.router(x, logits, bias)
         y = self[n.switch](x, routing.experts)
         y = _COMBINE[m.combine](y, routing.weights)
         if self._shared is SharedKind.PLAIN:

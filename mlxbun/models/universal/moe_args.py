@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mlxbun.models.universal.fields import fail, get, int_field
-from mlxbun.models.universal.kinds import MoeLayers, SharedSize, SharedWhen, exhaustive
+from mlxbun.models.universal.kinds import ROUTER_PARAM_KINDS, MoeLayers, SharedSize, SharedWhen, exhaustive
 from mlxbun.models.universal.schema import ArchDescriptor, MoEKnobs
 
 __all__ = ["MoESpec", "moe_layers", "resolve_moe"]
@@ -61,6 +61,15 @@ def _is_moe_layer(a: Mapping, i: int, m: MoEKnobs) -> bool:  # exaone_moe
 
 def _not_single_expert(a: Mapping, i: int, m: MoEKnobs) -> bool:  # hunyuan
     return a[m.experts] != 1
+def _start_end_interval(a: Mapping, i: int, m: MoEKnobs) -> bool:  # ernie4_5_moe's decoder layer
+    start = a["moe_layer_start_index"]
+    start = min(start) if isinstance(start, (tuple, list)) else start
+    end = a["moe_layer_end_index"]
+    if end is None:
+        end = a["num_hidden_layers"] - 1
+    else:
+        end = max(end) if isinstance(end, (tuple, list)) else end
+    return ((i + 1) % a["moe_layer_interval"] == 0) and i >= start and i <= end
 
 
 _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exhaustive(MoeLayers, {
@@ -70,6 +79,7 @@ _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exh
     MoeLayers.FIRST_K_DENSE_FREQ: _first_k_dense_freq,
     MoeLayers.IS_MOE_LAYER: _is_moe_layer,
     MoeLayers.NOT_SINGLE_EXPERT: _not_single_expert,
+    MoeLayers.START_END_INTERVAL: _start_end_interval,
 })
 
 
@@ -89,6 +99,8 @@ def moe_layers(d: ArchDescriptor, a: Mapping, n_layers: int) -> list[bool]:
         if not isinstance(flags, list) or len(flags) < n_layers:
             raise fail(d.model_type, f"'is_moe_layer' must be a list of {n_layers} bools (one per "
                                      f"layer), got {flags!r}")
+    if d.moe.layers is MoeLayers.START_END_INTERVAL:  # mlx-lm would divide by it
+        int_field(a, "moe_layer_interval", d.model_type)
     return [bool(rule(a, i, d.moe)) for i in range(n_layers)]
 
 
@@ -118,6 +130,7 @@ def _int_or_list(a: Mapping, name: str, i: int, mt: str) -> Any:
 def _spec(d: ArchDescriptor, a: Mapping) -> MoESpec:
     m, mt = d.moe, d.model_type
     experts, top_k = int_field(a, m.experts, mt), int_field(a, m.top_k, mt)
+    size = int_field(a, m.size_fallback if m.size_fallback and not a[m.size] else m.size, mt)
     if top_k > experts:
         raise fail(mt, f"'{m.top_k}' = {top_k} is larger than '{m.experts}' = {experts}")
     r = m.router
@@ -126,7 +139,7 @@ def _spec(d: ArchDescriptor, a: Mapping) -> MoESpec:
     if (sh is not None and (sh.when is None or _SHARED_WHEN[sh.when_rule](a[sh.when]))
             and get(a, sh.enabled, mt)):
         if sh.size is SharedSize.MOE_TIMES_N:
-            shared_size = a[m.size] * a[sh.count]
+            shared_size = size * a[sh.count]
         elif sh.size is SharedSize.SHARED_OR_MOE_TIMES_N:  # bailing_moe
             shared_size = (a["moe_shared_expert_intermediate_size"] or a[m.size]) * a[sh.count]
         elif sh.size is SharedSize.INTERMEDIATE_TIMES_N:  # hunyuan
@@ -134,12 +147,23 @@ def _spec(d: ArchDescriptor, a: Mapping) -> MoESpec:
         else:
             shared_size = a[sh.size]
     return MoESpec(
-        experts=experts, top_k=top_k,
-        size=int_field(a, m.size if a[m.size] is not None or not m.size_fallback else m.size_fallback, mt),
+        experts=experts, top_k=top_k, size=size,
         gate_bias=bool(get(a, r.gate_bias, mt)), expert_bias=bool(get(a, m.expert_bias, mt)),
         norm_topk=bool(get(a, r.norm_topk, mt)),
-        params=MappingProxyType({k: get(a, v, mt) for k, v in r.params.items()}),
+        params=MappingProxyType({k: _param(k, v, a, mt) for k, v in r.params.items()}),
         shared_size=shared_size,
         shared_bias=bool(get(a, sh.bias, mt)) if sh is not None else False,
         corrected=bool(get(a, r.corrected, mt)),
     )
+
+
+def _param(name: str, spec: Any, a: Mapping, mt: str) -> Any:
+    """A router number as the config holds it; a kind (ROUTER_PARAM_KINDS) as its enum member."""
+    value = get(a, spec, mt)
+    kind = ROUTER_PARAM_KINDS.get(name)
+    if kind is None:
+        return value
+    if not isinstance(value, str) or value not in kind._value2member_map_:
+        raise fail(mt, f"'{spec}' = {value!r} is not supported (mlx-lm's {mt} runs "
+                       f"{', '.join(repr(k.value) for k in kind)})")
+    return kind(value)

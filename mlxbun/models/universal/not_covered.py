@@ -23,19 +23,22 @@ NOT_COVERED: dict[str, str] = {
              "routed and shared experts",
     "afmoe": f"{_MOE}: a router module with score-function choice and grouped selection, plus "
              "sigmoid-gated attention output",
-    "dbrx": f"{_MOE}: its own router module and per-expert weights split at load; NormAttnNorm blocks",
-    "ernie4_5_moe": f"{_MOE}: float32 gate activation (softmax / sigmoid), renorm by max(sum, eps), "
-                    "start/end/interval MoE layers",
+    "dbrx": f"{_MOE}: experts are a list of per-expert MLP modules run one token at a time in a "
+            "Python loop (outputs stacked on the last axis, then summed), not fused SwitchGLU; an L1 "
+            "renorm cast to x's dtype; norm_1 / attention / norm_2 nested in a NormAttnNorm module "
+            "that returns two tensors; clip_qkv; attn_config / ffn_config nested dicts",
     "llama4": f"{_MOE}: a text_config wrapper around chunked-attention layers; top-1 sigmoid "
               "router that scales the expert input, shared expert, interleaved MoE layers",
     "mellum": f"{_MOE}: sliding / global layer pattern and its own cache layout around a "
               "qwen3_moe-style router",
     "mimo_v2_flash": f"{_MOE}: sliding layers with their own head counts / dims and attention "
                      "sink biases",
-    "minimax": f"{_MOE}: float32 sigmoid router with a block-level correction bias, sharded "
-               "RMSNorm q/k norms",
-    "phimoe": f"{_MOE}: the sparsemixer router (two masked softmax rounds)",
-    "phixtral": f"{_MOE}: SwitchMLP (fc1/fc2 GELU) experts in a phi-2 parallel block",
+    "phixtral": f"{_MOE}: SwitchMLP experts (fc1/fc2, precise GELU, biases, width 4 * model_dim) "
+                "stacked from moe.mlp.N, the embedding nested in transformer.embd.wte, the final "
+                "LayerNorm inside the lm_head module (lm_head.ln / lm_head.linear), a literal eps and "
+                "rope base (no config fields): several knobs for one arch, whose hub configs "
+                "(phi-msft) give the sizes as n_embd / n_head / n_layer / vocab_size while mlx-lm "
+                "reads model_dim / num_heads / num_layers / num_vocab (phi-2's sizes by default)",
     "step3p5": f"{_MOE}: clamped SwiGLU, zero-centred RMSNorm, gated attention, moe_layers_enum",
     "laguna": f"{_MOE}: its own MoE gate and sliding / global attention pattern",
     **dict.fromkeys(

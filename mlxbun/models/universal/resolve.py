@@ -77,9 +77,9 @@ class RopeSpec:
     dims: int
     base: Any
     traditional: Any = False
-    scaling: Mapping | None = None  # initialize: the scaling dict; phi3: rope_scaling
+    scaling: Mapping | None = None  # initialize: the scaling dict; phi3, su_scaled: rope_scaling
     max_positions: Any = None
-    original_max_positions: Any = None  # phi3
+    original_max_positions: Any = None  # phi3, su_scaled
     scale: Any = 1.0  # nemotron: 1 / factor for linear scaling
     alpha: Any = 1.0  # hunyuan_alpha
 
@@ -269,6 +269,14 @@ def _hunyuan_moe_rope_scaling(a: dict, mt: str) -> None:
 def _rope_parameters_theta(a: dict, mt: str) -> None:  # exaone_moe
     if a["rope_parameters"] is not None and "rope_theta" in a["rope_parameters"]:
         a["rope_theta"] = a["rope_parameters"]["rope_theta"]
+def _phimoe_rope_scaling(a: dict, mt: str) -> None:
+    rs = a["rope_scaling"]
+    if rs is not None:  # phimoe's attention reads these four keys of any non-null rope_scaling
+        missing = [k for k in ("short_factor", "long_factor", "short_mscale", "long_mscale")
+                   if not isinstance(rs, Mapping) or k not in rs]
+        if missing:
+            raise _fail(mt, f"rope_scaling lacks {', '.join(map(repr, missing))} (mlx-lm's phimoe "
+                            "reads them)")
 
 
 def _gpt_oss_layer_types(a: dict, mt: str) -> None:
@@ -303,6 +311,7 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.ROPE_PARAMETERS_THETA: _rope_parameters_theta,
     PostInit.HUNYUAN_MOE_ROPE_SCALING: _hunyuan_moe_rope_scaling,
     PostInit.GPT_OSS_LAYER_TYPES: _gpt_oss_layer_types,
+    PostInit.PHIMOE_ROPE_SCALING: _phimoe_rope_scaling,
 })
 
 
@@ -379,6 +388,9 @@ def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int,
     if r.kind is RopeKind.PHI3:
         return RopeSpec(r.kind, dims, base, a["rope_traditional"], a["rope_scaling"],
                         a["max_position_embeddings"], a["original_max_position_embeddings"])
+    if r.kind is RopeKind.SU_SCALED:
+        return RopeSpec(r.kind, dims, base, False, a["rope_scaling"], a["max_position_embeddings"],
+                        a["original_max_position_embeddings"])
     if r.kind is RopeKind.NEMOTRON:
         rs = a["rope_scaling"]
         scale = 1 / rs["factor"] if rs and rs["type"] == "linear" else 1.0

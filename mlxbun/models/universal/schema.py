@@ -30,7 +30,6 @@ from mlxbun.models.universal.kinds import (
     GATED_ACTS,
     PLAIN_ACTS,
     QKV,
-    ROUTER_PARAMS,
     Act,
     AttnKind,
     AttnScale,
@@ -73,6 +72,7 @@ from mlxbun.models.universal.kinds import (
     TopKRenorm,
     TopKSelect,
 )
+from mlxbun.models.universal.schema_moe import check_moe, moe_refs
 
 REQUIRED = "<required>"  # a ModelArgs field without a default
 
@@ -149,6 +149,7 @@ class RopeKnobs:
     max_positions: str | None = "max_position_embeddings"
     partial: str | None = None  # field holding the rotary fraction: dims = int(head_dim * f)
     rotary_dim: str | None = None  # field holding the rope dims; when not None it wins over partial
+    # (bailing_moe; minimax's required rotary_dim)
     nope: NopeRule | None = _kind(NopeRule, None)
     sliding_theta: str | None = None  # sliding layers: plain rope with this base, no scaling
     child: bool = True  # the rope is the attention's `rope` child module (nanochat: a function)
@@ -234,6 +235,7 @@ class MoENames:
     shared: str = "shared_experts"
     shared_gate: str = "shared_expert_gate"  # SIGMOID_GATED: Linear(D, 1)
     correction_bias: str = "e_score_correction_bias"  # noaux_tc: on the router module
+    gate_act: str = "gate_act"  # f32_act_topk: the activation module (nn.Softmax / nn.Sigmoid)
 
 
 @dataclass(frozen=True)
@@ -250,6 +252,7 @@ class RouterKnobs:
     renorm: TopKRenorm = _kind(TopKRenorm, TopKRenorm.SUM)  # noaux_tc: the renormalizing division
     corrected: bool | str = True  # noaux_tc / grouped_score: the per-expert correction bias exists
     # (literal, or the field that switches it: bailing_moe's moe_router_enable_expert_bias)
+    gate_f32: bool = False  # gate LINEAR: the gate reads x.astype(float32) (minimax)
 
 
 @dataclass(frozen=True)
@@ -270,7 +273,8 @@ class MoEKnobs:
     experts: str = "num_experts"  # field: routed experts
     top_k: str = "num_experts_per_tok"  # field
     size: str = "moe_intermediate_size"  # field: one expert's intermediate width
-    size_fallback: str | None = None  # field used when `size` is None (hunyuan: intermediate_size)
+    size_fallback: str | None = None  # field read when `size`'s is 0 or None (hunyuan, ernie4_5_moe:
+    # intermediate_size)
     per_layer: bool = False  # top_k, size and the shared count may each be an int or a list
     # indexed by layer (hunyuan's _int_or_list)
     router: RouterKnobs = RouterKnobs(RouterKind.SOFTMAX_TOPK)
@@ -412,39 +416,7 @@ class ArchDescriptor:
         if lk.kv_share is KVShare.CLA:
             yield from (("layers.kv_share", "use_cla"), ("layers.kv_share", "cla_share_factor"))
         if self.moe is not None:
-            yield from self._moe_refs(self.moe)
-
-    def _moe_refs(self, m: MoEKnobs) -> Iterator[tuple[str, str]]:
-        yield from (("moe.experts", m.experts), ("moe.top_k", m.top_k), ("moe.size", m.size))
-        if m.size_fallback:
-            yield "moe.size_fallback", m.size_fallback
-        r = m.router
-        for knob, value in (("moe.router.gate_bias", r.gate_bias), ("moe.router.norm_topk", r.norm_topk),
-                            ("moe.router.corrected", r.corrected),
-                            ("moe.expert_bias", m.expert_bias),
-                            *((f"moe.router.params[{k!r}]", v) for k, v in r.params.items())):
-            if isinstance(value, str):
-                yield knob, value
-        if m.layers is MoeLayers.SPARSE_STEP:
-            yield from (("moe.layers", "mlp_only_layers"), ("moe.layers", "decoder_sparse_step"))
-        elif m.layers in (MoeLayers.FIRST_K_DENSE, MoeLayers.FIRST_K_DENSE_FREQ):
-            yield "moe.layers", "first_k_dense_replace"
-            if m.layers is MoeLayers.FIRST_K_DENSE_FREQ:
-                yield "moe.layers", "moe_layer_freq"
-        elif m.layers is MoeLayers.IS_MOE_LAYER:
-            yield "moe.layers", "is_moe_layer"
-        sh = m.shared
-        if sh is not None:
-            if not isinstance(sh.size, SharedSize):
-                yield "moe.shared.size", sh.size
-            elif sh.size is SharedSize.SHARED_OR_MOE_TIMES_N:
-                yield "moe.shared.size", "moe_shared_expert_intermediate_size"
-            elif sh.size is SharedSize.INTERMEDIATE_TIMES_N:
-                yield "moe.shared.size", "intermediate_size"
-            for knob, value in (("moe.shared.count", sh.count), ("moe.shared.when", sh.when),
-                                ("moe.shared.bias", sh.bias), ("moe.shared.enabled", sh.enabled)):
-                if isinstance(value, str):
-                    yield knob, value
+            yield from moe_refs(self.moe)
 
     def _rope_refs(self) -> Iterator[tuple[str, str]]:
         r = self.rope
@@ -467,6 +439,9 @@ class ArchDescriptor:
                                               "original_max_position_embeddings"))
         elif r.kind in (RopeKind.NEMOTRON, RopeKind.HUNYUAN_ALPHA):
             yield "rope", "rope_scaling"
+        elif r.kind is RopeKind.SU_SCALED:
+            yield from (("rope", f) for f in ("rope_scaling", "max_position_embeddings",
+                                              "original_max_position_embeddings"))
 
 
 # ----------------------------------------------------------------- checks
@@ -543,7 +518,7 @@ def _check_combinations(d: ArchDescriptor) -> None:
     if d.rope.nope in (NopeRule.GLOBAL_LAYERS, NopeRule.SLIDING_OR_ALL) and lk.kinds is LayerKinds.ALL_FULL:
         raise d.error(f"rope.nope {d.rope.nope.value!r} needs sliding layers (layers.kinds)")
     if d.moe is not None:
-        _check_moe(d, d.moe)
+        check_moe(d, d.moe, StackExperts)
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):
         raise d.error("sanitize rules stack_experts / split_glu_experts / split_interleaved_experts / "
                       "rename_in_moe_layers need a moe block")
@@ -551,45 +526,3 @@ def _check_combinations(d: ArchDescriptor) -> None:
 
 _MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS, SanitizeOp.SPLIT_INTERLEAVED_EXPERTS,
                  SanitizeOp.RENAME_IN_MOE_LAYERS)
-
-
-def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
-    r = m.router
-    want = ROUTER_PARAMS[r.kind]
-    if set(r.params) != set(want):
-        raise d.error(f"moe.router.params for kind {r.kind.value!r} must name exactly "
-                      f"{', '.join(want) or 'nothing'} (each a ModelArgs field or a literal); got "
-                      f"{', '.join(r.params) or 'nothing'}")
-    if r.kind in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.gate in (GateKind.LINEAR,
-                                                                              GateKind.WRAPPED):
-        raise d.error(f"moe.router.kind {r.kind.value!r} keeps its correction bias on the router "
-                      "module: moe.router.gate must be 'weight' or 'nested'")
-    if r.kind not in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.corrected is not True:
-        raise d.error(f"moe.router.corrected with {r.kind.value!r}: the kind has no correction bias")
-    if r.renorm is TopKRenorm.SUM_EPS and (r.kind is not RouterKind.NOAUX_TC
-                                           or r.group_guard is not GroupGuard.N_GROUP_GT_1):
-        raise d.error("moe.router.renorm 'sum_eps' is a branch of kind 'noaux_tc' with group_guard "
-                      "'n_group_gt_1' only (exaone_moe)")
-    if r.kind in (RouterKind.TOPK_SOFTMAX, RouterKind.TOPK_SOFTMAX_F32) and r.norm_topk is not False:
-        raise d.error(f"moe.router.norm_topk with {r.kind.value!r}: the softmax over the k chosen "
-                      "experts is already normalized (no such branch)")
-    if m.shared is not None and m.shared.when_rule is not SharedWhen.NOT_NONE and m.shared.when is None:
-        raise d.error(f"moe.shared.when_rule {m.shared.when_rule.value!r} needs moe.shared.when "
-                      "(the field it tests)")
-    if (m.shared is not None and m.shared.size in (SharedSize.MOE_TIMES_N, SharedSize.SHARED_OR_MOE_TIMES_N,
-                                                   SharedSize.INTERMEDIATE_TIMES_N)
-            and m.shared.count is None):
-        raise d.error(f"moe.shared.size {m.shared.size.value!r} needs moe.shared.count (the "
-                      "shared-expert count field, e.g. n_shared_experts)")
-    n = m.names
-    block = n.block or d.names.mlp
-    inside = [n.gate, n.switch] + ([n.router] if r.gate in (GateKind.LINEAR, GateKind.WRAPPED) else [])
-    if m.shared is not None:
-        inside.append(n.shared)
-        if m.shared.kind is SharedKind.SIGMOID_GATED:
-            inside.append(n.shared_gate)
-    if len(set(inside)) != len(inside):
-        raise d.error(f"moe.names give two children of the MoE block ({block}) one name: {inside}")
-    for rule in d.sanitize:
-        if rule.op is SanitizeOp.STACK_EXPERTS and not isinstance(rule.arg, StackExperts):
-            raise d.error("sanitize 'stack_experts' takes a StackExperts arg")

@@ -797,6 +797,93 @@ _MOE_ROWS = [
               "read but the attention has no biases.",
     ),
     ArchDescriptor(
+        "phimoe",
+        dict(model_type="phimoe", vocab_size=32064, hidden_size=4096, intermediate_size=6400,
+             num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+             max_position_embeddings=131072, original_max_position_embeddings=4096,
+             rms_norm_eps=1e-6, rope_scaling=None, num_local_experts=16, num_experts_per_tok=2,
+             rope_theta=10000.0, router_jitter_noise=0.01),
+        ("phimoe_rope_scaling",), head_dim="split", attn_bias=True, out_bias=True,
+        rope=RopeKnobs("su_scaled"), norm=NormKnobs("layernorm", bias=True),
+        head=HeadKnobs(tie=False, bias=True),
+        moe=MoEKnobs(experts="num_local_experts", size="intermediate_size",
+                     router=RouterKnobs("sparsemixer", params={"jitter_eps": "router_jitter_noise"}),
+                     names=MoENames(block="block_sparse_moe")),
+        sanitize=(_STACK_W123,), accepted_values=_SILU,
+        ignored_keys={"output_router_logits": "training-time router loss output",
+                      "input_jitter_noise": "training-time input noise",
+                      "attention_bias": "mlx-lm's phimoe always has q/k/v/o biases",
+                      "lm_head_bias": "mlx-lm's phimoe always has an lm_head bias",
+                      "tie_word_embeddings": "mlx-lm's phimoe always has its own lm_head",
+                      "sliding_window": "mlx-lm's phimoe has no sliding window"},
+        notes="sparsemixer router (router_jitter_noise is its inference-time band, not noise); "
+              "LayerNorms with bias (eps rms_norm_eps), q/k/v/o and lm_head biases always; "
+              "su-scaled rope with the config's mscales unless rope_scaling is null.",
+    ),
+    ArchDescriptor(
+        "ernie4_5_moe",
+        _fields("hidden_size", "intermediate_size", "model_type", "max_position_embeddings",
+                "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "rms_norm_eps",
+                "vocab_size", "rope_theta", "use_bias", "tie_word_embeddings", "moe_num_experts",
+                moe_layer_start_index=0, moe_intermediate_size=0, moe_capacity=[], moe_k=1,
+                moe_layer_interval=1, moe_use_aux_free=False, moe_num_shared_experts=0,
+                moe_layer_end_index=None, head_dim=None, moe_gate_act="softmax"),
+        attn_bias="use_bias", out_bias="use_bias",
+        rope=RopeKnobs(traditional=True, scaling=None), mlp=MlpKnobs(bias="use_bias"),
+        moe=MoEKnobs(experts="moe_num_experts", top_k="moe_k", size_fallback="intermediate_size",
+                     expert_bias="use_bias", combine="sum_cast", layers="start_end_interval",
+                     router=RouterKnobs("f32_act_topk", params={"act": "moe_gate_act"}),
+                     shared=SharedKnobs("plain", count="moe_num_shared_experts",
+                                        when="moe_num_shared_experts", when_rule="positive",
+                                        bias="use_bias")),
+        sanitize=(*(SanitizeRule("drop_containing", p, "multi-token-prediction weights (unused)")
+                    for p in ("mtp_block.", "mtp_linear_proj.", "mtp_hidden_norm.", "mtp_emb_norm.")),
+                  SanitizeRule("drop_containing", "e_score_correction_bias",
+                               "the aux-free router bias (mlx-lm's ernie4_5_moe does not use it)"),
+                  SanitizeRule("stack_experts", StackExperts(keys=("weight",)),
+                               "per-expert HF weights stacked into the fused SwitchGLU")),
+        accepted_values={**_SILU, "moe_gate_act": ("softmax", "sigmoid"), "use_rmsnorm": (True,),
+                         "moe_gate": ("topk",)},
+        ignored_keys={"output_router_logits": "training-time router loss output",
+                      "moe_norm_min": "mlx-lm's ernie4_5_moe renormalizes by max(sum, 1e-12) "
+                                      "whatever the config says",
+                      "num_nextn_predict_layers": "mlx-lm drops the multi-token-prediction weights"},
+        notes="float32 gate activation (softmax or sigmoid), top-k renormalized by max(sum, 1e-12); "
+              "MoE on layers start..end every interval, shared experts when moe_num_shared_experts "
+              "> 0; expert width falls back to intermediate_size when moe_intermediate_size is 0; "
+              "moe_capacity and moe_use_aux_free are read but unused (the correction bias is "
+              "dropped).",
+    ),
+    ArchDescriptor(
+        "minimax",
+        _fields("model_type", "hidden_size", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "max_position_embeddings", "num_experts_per_tok",
+                "num_local_experts", "shared_intermediate_size", "num_hidden_layers",
+                "rms_norm_eps", "rope_theta", "rotary_dim", "vocab_size",
+                tie_word_embeddings=False, scoring_func="sigmoid", head_dim=None, use_qk_norm=True),
+        qk_norm=QKNormKnobs("rms", "flat", enabled="use_qk_norm"),
+        rope=RopeKnobs(traditional=False, scaling=None, max_positions=None, rotary_dim="rotary_dim"),
+        moe=MoEKnobs(experts="num_local_experts", size="intermediate_size",
+                     router=RouterKnobs("sigmoid_corrected", gate_f32=True),
+                     names=MoENames(block="block_sparse_moe")),
+        sanitize=(SanitizeRule("fp8_block_dequant", None, "fp8 weights dequantized to bfloat16"),
+                  SanitizeRule("stack_experts", StackExperts(
+                      (("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj")), keys=("weight",)),
+                      "per-expert HF weights (w1/w2/w3) stacked into the fused SwitchGLU")),
+        accepted_values={**_SILU, "scoring_func": ("sigmoid",), "qk_norm_type": ("per_layer",),
+                         "use_routing_bias": (True,), "shared_intermediate_size": (0,)},
+        ignored_keys={**_ROUTER_TRAINING,
+                      "attn_type_list": "mlx-lm's minimax runs softmax attention on every layer "
+                                        "(MiniMax-M2 lists 1, full attention, for each)",
+                      **dict.fromkeys(("use_mtp", "num_mtp_modules", "mtp_transformer_layers"),
+                                      "mlx-lm's minimax builds no multi-token-prediction modules")},
+        notes="MiniMax-M2 (minimax_m2 remaps here): the gate reads x in float32, sigmoid scores plus "
+              "a correction bias (on the MoE block, kept float32) choose the experts, the chosen "
+              "plain scores renormalized by sum + 1e-20 and cast to x's dtype; q/k RMSNorms span "
+              "all heads (before the head split); rope on the first rotary_dim dims. "
+              "shared_intermediate_size is read but no shared expert is built (0 accepted only).",
+    ),
+    ArchDescriptor(
         "deepseek",
         dict(model_type="deepseek", vocab_size=102400, hidden_size=4096, intermediate_size=11008,
              moe_intermediate_size=1407, num_hidden_layers=30, num_attention_heads=32,

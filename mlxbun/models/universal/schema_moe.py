@@ -1,0 +1,117 @@
+"""The MoE half of a descriptor row's checks (`schema.py` calls them when a row is built): the
+ModelArgs fields the MoE knobs read, and the knob combinations the MoE block has no branch for.
+Split from schema.py by job; it imports the kinds only (schema.py holds the knob dataclasses)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from mlxbun.models.universal.kinds import (
+    ROUTER_PARAMS,
+    GateKind,
+    GroupGuard,
+    MoeLayers,
+    RouterKind,
+    SanitizeOp,
+    SharedKind,
+    SharedSize,
+    SharedWhen,
+    TopKRenorm,
+)
+
+__all__ = ["check_moe", "moe_refs"]
+
+
+def moe_refs(m: Any) -> Iterator[tuple[str, str]]:
+    """(knob, ModelArgs field) for every field a row's MoEKnobs `m` reads."""
+    yield from (("moe.experts", m.experts), ("moe.top_k", m.top_k), ("moe.size", m.size))
+    if m.size_fallback:
+        yield "moe.size_fallback", m.size_fallback
+    r = m.router
+    for knob, value in (("moe.router.gate_bias", r.gate_bias), ("moe.router.norm_topk", r.norm_topk),
+                        ("moe.router.corrected", r.corrected),
+                        ("moe.expert_bias", m.expert_bias),
+                        *((f"moe.router.params[{k!r}]", v) for k, v in r.params.items())):
+        if isinstance(value, str):
+            yield knob, value
+    if m.layers is MoeLayers.SPARSE_STEP:
+        yield from (("moe.layers", "mlp_only_layers"), ("moe.layers", "decoder_sparse_step"))
+    elif m.layers in (MoeLayers.FIRST_K_DENSE, MoeLayers.FIRST_K_DENSE_FREQ):
+        yield "moe.layers", "first_k_dense_replace"
+        if m.layers is MoeLayers.FIRST_K_DENSE_FREQ:
+            yield "moe.layers", "moe_layer_freq"
+    elif m.layers is MoeLayers.IS_MOE_LAYER:
+        yield "moe.layers", "is_moe_layer"
+    elif m.layers is MoeLayers.START_END_INTERVAL:
+        yield from (("moe.layers", f) for f in ("moe_layer_start_index", "moe_layer_end_index",
+                                                "moe_layer_interval"))
+    sh = m.shared
+    if sh is not None:
+        if not isinstance(sh.size, SharedSize):
+            yield "moe.shared.size", sh.size
+        elif sh.size is SharedSize.SHARED_OR_MOE_TIMES_N:
+            yield "moe.shared.size", "moe_shared_expert_intermediate_size"
+        elif sh.size is SharedSize.INTERMEDIATE_TIMES_N:
+            yield "moe.shared.size", "intermediate_size"
+        for knob, value in (("moe.shared.count", sh.count), ("moe.shared.when", sh.when),
+                            ("moe.shared.bias", sh.bias), ("moe.shared.enabled", sh.enabled)):
+            if isinstance(value, str):
+                yield knob, value
+
+
+# router kinds whose renormalization is part of the kind (sparsemixer: none; the others: always)
+_FIXED_NORM_ROUTERS = (RouterKind.SPARSEMIXER, RouterKind.F32_ACT_TOPK, RouterKind.SIGMOID_CORRECTED)
+
+
+def check_moe(d: Any, m: Any, stack_type: type) -> None:
+    """Combinations of a row's MoE knobs the graph has no branch for (`d.error` names them)."""
+    r = m.router
+    want = ROUTER_PARAMS[r.kind]
+    if set(r.params) != set(want):
+        raise d.error(f"moe.router.params for kind {r.kind.value!r} must name exactly "
+                      f"{', '.join(want) or 'nothing'} (each a ModelArgs field or a literal); got "
+                      f"{', '.join(r.params) or 'nothing'}")
+    if r.kind in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.gate in (GateKind.LINEAR,
+                                                                              GateKind.WRAPPED):
+        raise d.error(f"moe.router.kind {r.kind.value!r} keeps its correction bias on the router "
+                      "module: moe.router.gate must be 'weight' or 'nested'")
+    if r.kind not in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.corrected is not True:
+        raise d.error(f"moe.router.corrected with {r.kind.value!r}: the kind has no correction bias")
+    if r.renorm is TopKRenorm.SUM_EPS and (r.kind is not RouterKind.NOAUX_TC
+                                           or r.group_guard is not GroupGuard.N_GROUP_GT_1):
+        raise d.error("moe.router.renorm 'sum_eps' is a branch of kind 'noaux_tc' with group_guard "
+                      "'n_group_gt_1' only (exaone_moe)")
+    if r.kind in (RouterKind.TOPK_SOFTMAX, RouterKind.TOPK_SOFTMAX_F32) and r.norm_topk is not False:
+        raise d.error(f"moe.router.norm_topk with {r.kind.value!r}: the softmax over the k chosen "
+                      "experts is already normalized (no such branch)")
+    if r.kind in _FIXED_NORM_ROUTERS and r.norm_topk is not False:
+        raise d.error(f"moe.router.norm_topk with {r.kind.value!r}: the kind fixes whether its k "
+                      "weights are renormalized (no such branch)")
+    if r.gate_f32 and r.gate is not GateKind.LINEAR:
+        raise d.error("moe.router.gate_f32 casts the input of a Linear gate: moe.router.gate must "
+                      "be 'linear'")
+    if m.shared is not None and m.shared.when_rule is not SharedWhen.NOT_NONE and m.shared.when is None:
+        raise d.error(f"moe.shared.when_rule {m.shared.when_rule.value!r} needs moe.shared.when "
+                      "(the field it tests)")
+    if (m.shared is not None and m.shared.size in (SharedSize.MOE_TIMES_N, SharedSize.SHARED_OR_MOE_TIMES_N,
+                                                   SharedSize.INTERMEDIATE_TIMES_N)
+            and m.shared.count is None):
+        raise d.error(f"moe.shared.size {m.shared.size.value!r} needs moe.shared.count (the "
+                      "shared-expert count field, e.g. n_shared_experts)")
+    n = m.names
+    block = n.block or d.names.mlp
+    inside = [n.gate, n.switch] + ([n.router] if r.gate in (GateKind.LINEAR, GateKind.WRAPPED) else [])
+    if r.kind is RouterKind.SIGMOID_CORRECTED and r.gate in (GateKind.LINEAR, GateKind.WRAPPED):
+        inside.append(n.correction_bias)  # on the block, beside the gate
+    if r.kind is RouterKind.F32_ACT_TOPK:
+        inside.append(n.gate_act)
+    if m.shared is not None:
+        inside.append(n.shared)
+        if m.shared.kind is SharedKind.SIGMOID_GATED:
+            inside.append(n.shared_gate)
+    if len(set(inside)) != len(inside):
+        raise d.error(f"moe.names give two children of the MoE block ({block}) one name: {inside}")
+    for rule in d.sanitize:
+        if rule.op is SanitizeOp.STACK_EXPERTS and not isinstance(rule.arg, stack_type):
+            raise d.error("sanitize 'stack_experts' takes a StackExperts arg")
