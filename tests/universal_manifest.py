@@ -69,5 +69,8 @@ MANIFEST = {
         Entry("solar_open", EXPERT_VARIANTS),
         Entry("dots1", EXPERT_VARIANTS),
         Entry("deepseek", EXPERT_VARIANTS),
+        Entry("Klear", EXPERT_VARIANTS),
+        Entry("afmoe", EXPERT_VARIANTS),
+        Entry("mellum", EXPERT_VARIANTS),
     ]
 }

@@ -99,6 +99,12 @@ def _gpt_neox_post(cfg: dict) -> None:
     cfg["rotary_pct"] = cfg["partial_rotary_factor"]
 
 
+def _mellum_post(cfg: dict) -> None:
+    # transformers' class spells the expert count num_local_experts; mlx-lm's ModelArgs requires
+    # num_experts (what a checkpoint mlx-lm loads carries)
+    cfg["num_experts"] = cfg.pop("num_local_experts")
+
+
 def _qwen3_moe_post(cfg: dict) -> None:
     # transformers 5 spells the expert count num_local_experts; Qwen3 MoE hub configs (and
     # mlx-lm) say num_experts
@@ -240,6 +246,31 @@ _ROWS = (
         "num_hidden_layers": 2, "num_key_value_heads": HEADS, "pretraining_tp": 1,
         "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000, "scoring_func": "softmax",
         "seq_aux": True, "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # no transformers class: the keys mlx-lm's Klear ModelArgs reads (+ hidden_act), with
+    # Klear-46B-A2.5B's shape knobs (1 shared expert, GQA, renormalized top-k, every layer MoE)
+    Arch("Klear", "KlearForCausalLM", base={
+        "model_type": "Klear", "attention_bias": False, "decoder_sparse_step": 1,
+        "hidden_act": "silu", "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
+        "max_position_embeddings": MAX_POSITIONS, "mlp_only_layers": [],
+        "moe_intermediate_size": MOE_INTERMEDIATE, "n_shared_experts": 1, "norm_topk_prob": True,
+        "num_attention_heads": HEADS, "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "tie_word_embeddings": False, "use_cache": True,
+        "vocab_size": VOCAB_SIZE}),
+    # transformers' class lacks score_func / route_norm / n_group / topk_group (mlx-lm's defaults
+    # apply). Layers [sliding, sliding, full], layer 0 dense; mup on and mlx-lm's route_scale so
+    # the scaled embedding and the routed scaling are exercised
+    Arch("afmoe", "AfmoeForCausalLM", "AfmoeConfig", layers=3,
+         knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "global_attn_every_n_layers": 3,
+                "mup_enabled": True, "route_scale": 2.826}),
+    # one sliding and one full layer (each with its rope_parameters entry); rope read only from
+    # rope_parameters, so no legacy keys
+    Arch("mellum", "MellumForCausalLM", "MellumConfig", kv_heads=2, legacy_rope=False,
+         knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE,
+                "layer_types": ["sliding_attention", "full_attention"]},
+         post=_mellum_post),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS}

@@ -18,6 +18,7 @@ numbers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Optional
@@ -36,6 +37,7 @@ from mlxbun.models.taps import capture
 from mlxbun.models.universal.kinds import (
     QKV,
     AttnKind,
+    AttnOutGate,
     EmbedScale,
     FinalSoftcap,
     MakeCache,
@@ -80,6 +82,8 @@ _ROPES = exhaustive(RopeKind, {
     RopeKind.NEMOTRON: lambda s: nn.RoPE(s.dims, base=s.base, scale=s.scale),
     RopeKind.HUNYUAN_ALPHA: lambda s: R.DynamicNTKAlphaRoPE(s.dims, base=s.base, scaling_alpha=s.alpha),
     RopeKind.NANOCHAT: lambda s: R.NanochatRoPE(s.dims, base=s.base),
+    RopeKind.LAYER_TYPE_PARAMS: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
+                                                            s.max_positions),
 })
 
 
@@ -157,6 +161,8 @@ class Attention(nn.Module):
         else:  # QKV.FUSED_NEOX
             setattr(self, n.qkv, nn.Linear(D, 3 * D, bias=a.attn_bias))
         setattr(self, n.o, nn.Linear(H * hd, D, bias=a.out_bias))
+        if d.attn_gate is AttnOutGate.SIGMOID:  # afmoe: no bias
+            setattr(self, n.attn_gate, nn.Linear(D, H * hd, bias=False))
 
         self._qk = d.qk_norm if a.qk_norm else None
         if self._qk is not None:
@@ -222,6 +228,8 @@ class Attention(nn.Module):
 
         output = self._attend(queries, keys, values, cache, self._scale, mask, self._softcap)
         output = output.transpose(0, 2, 1, 3).reshape(B, L_, -1)
+        if d.attn_gate is AttnOutGate.SIGMOID:
+            output = output * mx.sigmoid(self[n.attn_gate](x))
         return self[n.o](output)
 
 
@@ -372,6 +380,9 @@ class UniversalDense(nn.Module):
             h = h * (a.fields["hidden_size"] ** 0.5)
         elif es is EmbedScale.SQRT_HIDDEN_BF16:
             h = h * mx.array(a.fields["hidden_size"] ** 0.5, mx.bfloat16).astype(h.dtype)
+        elif es is EmbedScale.SQRT_HIDDEN_MUP:
+            if a.fields["mup_enabled"]:
+                h = h * math.sqrt(a.fields["hidden_size"])
         elif es is not None:
             h = h * a.embed_scale
         if d.embed_norm:

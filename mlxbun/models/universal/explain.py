@@ -13,6 +13,7 @@ so the structure reads the same for any checkpoint of the arch.
 from __future__ import annotations
 
 import dataclasses
+import math
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from mlxbun.models.universal.kinds import (
     QKV,
     Act,
     AttnKind,
+    AttnOutGate,
     AttnScale,
     BlockKind,
     EmbedScale,
@@ -211,6 +213,10 @@ def _embedding(d: ArchDescriptor, a: UniversalArgs):
     elif es is EmbedScale.SQRT_HIDDEN_BF16:
         yield Line("h = h * array(D**0.5, bfloat16).astype(h.dtype)",
                    "the factor rounded to bfloat16 first")
+    elif es is EmbedScale.SQRT_HIDDEN_MUP:
+        on = a.fields["mup_enabled"]
+        yield Line("h = h * math.sqrt(D)" if on else "(no embedding scale)",
+                   f"mup_enabled = {on}" + (f"; = {math.sqrt(a.fields['hidden_size'])}" if on else ""))
     elif es is not None:
         yield Line(f"h = h * {es}", f"= {a.embed_scale}")
     if d.embed_norm:
@@ -346,6 +352,9 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
         AttnKind.SDPA_QK_F32: Line("o = sdpa(q.astype(float32), k.astype(float32), v)"
                                    ".astype(v.dtype)", scale + mask),
     }[d.attention]
+    if d.attn_gate is AttnOutGate.SIGMOID:
+        yield Line(f"o = o * sigmoid({n.attn_gate}(x))",
+                   f"output gate: {n.attn_gate} Linear(D, H*hd), no bias; heads concatenated")
     yield Line(f"out = {n.o}(o)", f"Linear(H*hd, D); bias={_field_note(d.out_bias, a.out_bias)}")
 
 
@@ -423,13 +432,15 @@ def _rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
     if d.rope.partial:
         dims = f"{spec.dims} of hd ({d.rope.partial} {a.fields[d.rope.partial]})"
     trad = f", traditional {spec.traditional}" if spec.traditional else ""
-    if spec.kind is RopeKind.INITIALIZE:
+    if spec.kind in (RopeKind.INITIALIZE, RopeKind.LAYER_TYPE_PARAMS):
         kind = rope_type_of(spec.scaling)
         params = {k: v for k, v in (spec.scaling or {}).items()
                   if k not in ("type", "rope_type", "rope_theta")}
         extra = f", {_short(params)}" if params else ""
         local = (f" ({d.rope.sliding_theta}, unscaled)" if layer.sliding and d.rope.sliding_theta
                  else "")
+        if spec.kind is RopeKind.LAYER_TYPE_PARAMS:
+            local = f" (rope_parameters[{a.fields['layer_types'][layer.index]!r}])"
         return f"{kind} rope, dims {dims}, base {spec.base}{local}{trad}{extra}"
     if spec.kind is RopeKind.PHI3:
         kind = spec.scaling["type"] if spec.scaling else "default"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxbun.models.universal.kinds import (
+    BiasAt,
     Combine,
     GateKind,
     GroupGuard,
@@ -15,6 +16,7 @@ from mlxbun.models.universal.kinds import (
     RouterKind,
     SharedKind,
     SharedSize,
+    SharedWhen,
     TopKSelect,
     exhaustive,
 )
@@ -43,6 +45,7 @@ _LAYER_RULE = exhaustive(MoeLayers, {
     MoeLayers.SPARSE_STEP: "i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0",
     MoeLayers.FIRST_K_DENSE: "i >= first_k_dense_replace",
     MoeLayers.FIRST_K_DENSE_FREQ: "i >= first_k_dense_replace and i % moe_layer_freq == 0",
+    MoeLayers.NUM_DENSE: "i >= num_dense_layers",
 })
 
 
@@ -88,6 +91,27 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line("w = softmax(take_along_axis(logits, experts)"
                    + (".astype(float32))" if r.kind is RouterKind.TOPK_SOFTMAX_F32 else ", precise=True)"),
                    "softmax over the k chosen only")
+    elif r.kind is RouterKind.SIGMOID_BIASED:
+        yield Line("s = sigmoid(logits.astype(float32))", f"{n.correction_bias} [E] float32, on the block")
+        yield Line(f"experts = argpartition(-(s + {n.correction_bias}), kth=k - 1)[..., :k]",
+                   "the bias steers the choice, not the weights")
+        yield Line("w = take_along_axis(s, experts)" + (" / sum" if spec.norm_topk else ""),
+                   f"sigmoid scores{renorm} (no k > 1 guard)")
+        yield Line("w = w.astype(x.dtype)", "the weights in the block input's dtype")
+    elif r.kind is RouterKind.SCORED_GROUPED:
+        p = spec.params
+        fn = "sigmoid" if p["score_func"] == "sigmoid" else "softmax"
+        bias_on = n.gate if r.bias_at is BiasAt.ROUTER else "the block"
+        yield Line(f"s = {fn}(logits.astype(float32))", f"{r.params['score_func']} = "
+                   f"{p['score_func']!r} (anything but 'sigmoid' is softmax); not compiled")
+        yield Line(f"sel = s + {n.correction_bias}", f"{n.correction_bias} [E] on {bias_on}; "
+                   "the bias steers the choice, not the weights")
+        yield Line("sel: zero all but the topk_group best groups", f"if n_group > 1: n_group = "
+                   f"{p['n_group']}, topk_group = {p['topk_group']}, a group's score = its top-2 sum")
+        yield Line("experts = argpartition(-sel, kth=k - 1)[..., :k]")
+        yield Line("w = take_along_axis(s, experts)" + (" / sum" if spec.norm_topk and spec.top_k > 1 else ""),
+                   f"the k scores{renorm if spec.top_k > 1 else ''}")
+        yield Line(f"w = w * {r.params['scaling']}", f"= {p['scaling']}")
     else:  # RouterKind.NOAUX_TC
         guard = {GroupGuard.N_GROUP_GT_1: "n_group > 1",
                  GroupGuard.K_NONZERO: "n_group != topk_group"}[r.group_guard]
@@ -118,11 +142,17 @@ def moe_lines(d: ArchDescriptor, a: UniversalArgs):
     if spec.shared_size is not None:
         if m.shared.kind is SharedKind.PLAIN:
             yield Line(f"y = y + {n.shared}(x)", f"a dense MLP of width Is; bias={spec.shared_bias}")
-        else:
+        elif m.shared.kind is SharedKind.SIGMOID_GATED:
             yield Line(f"y = y + sigmoid({n.shared_gate}(x)) * {n.shared}(x)",
                        f"{n.shared}: a dense MLP of width Is; {n.shared_gate} Linear(D, 1)")
+        else:  # SharedKind.COEFFICIENT
+            yield Line(f"c = softmax({n.coefficient}(x), precise=True)",
+                       f"{n.coefficient} Linear(D, 2) with bias: the routed / shared mix")
+            yield Line(f"y = y * c[..., :1] + {n.shared}(x) * c[..., 1:]",
+                       f"{n.shared}: a dense MLP of width Is; bias={spec.shared_bias}")
     elif m.shared is not None:
-        yield Line("(no shared expert)", f"{m.shared.when} is null")
+        yield Line("(no shared expert)", f"{m.shared.when} is " + (
+            "null" if m.shared.when_is is SharedWhen.NOT_NONE else "0"))
     dense = not all(s.moe for s in a.layers)
     yield Line("routed on: " + _LAYER_RULE[m.layers],
                "the other layers run the dense mlp above" if dense else "")

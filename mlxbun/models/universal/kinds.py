@@ -62,6 +62,12 @@ class AttnKind(StrEnum):
     SDPA_QK_F32 = "sdpa_qk_f32"  # stablelm: queries and keys in float32
 
 
+class AttnOutGate(StrEnum):
+    """A gate on the attention output (the heads concatenated, before o_proj)."""
+
+    SIGMOID = "sigmoid"  # o * sigmoid(gate_proj(x)), gate_proj Linear(D, H * hd) (afmoe)
+
+
 class QueryScale(StrEnum):
     LLAMA4 = "llama4"  # ministral3: position-dependent query scale
 
@@ -72,6 +78,8 @@ class RopeKind(StrEnum):
     NEMOTRON = "nemotron"  # nn.RoPE with a linear scale
     HUNYUAN_ALPHA = "hunyuan_alpha"  # NTK-alpha scaled base
     NANOCHAT = "nanochat"  # negated exp-built frequencies, a function not a child module
+    LAYER_TYPE_PARAMS = "layer_type_params"  # mellum: rope_parameters[layer_types[i]] gives the
+    # base and rope_type; default / linear: plain nn.RoPE (no scaling), else initialize_rope
 
 
 class NopeRule(StrEnum):
@@ -158,6 +166,7 @@ class ResidualScale(StrEnum):
 class EmbedScale(StrEnum):
     SQRT_HIDDEN = "sqrt_hidden"  # h * hidden_size ** 0.5
     SQRT_HIDDEN_BF16 = "sqrt_hidden_bf16"  # the factor rounded to bfloat16 first (gemma3)
+    SQRT_HIDDEN_MUP = "sqrt_hidden_mup"  # afmoe: h * math.sqrt(hidden_size) iff mup_enabled
 
 
 class TieRule(StrEnum):
@@ -226,6 +235,10 @@ class RouterKind(StrEnum):
     TOPK_SOFTMAX_F32 = "topk_softmax_f32"  # top-k of the logits, softmax of them in float32 (granitemoe)
     NOAUX_TC = "noaux_tc"  # compiled: sigmoid(f32) + correction bias, grouped top-k, renorm, scale
     # (deepseek-v3 style: glm4_moe, dots1)
+    SIGMOID_BIASED = "sigmoid_biased"  # sigmoid(f32); top-k of sigmoid + expert bias; the k
+    # sigmoid scores, optional renorm (no k > 1 guard), cast to the input's dtype (Klear)
+    SCORED_GROUPED = "scored_grouped"  # uncompiled: sigmoid or softmax (the score_func field) in
+    # f32, + expert bias, grouped top-k if n_group > 1, renorm if k > 1, scale (afmoe)
 
 
 # The numbers each router kind reads, by the name its routing function uses; a row maps each
@@ -235,7 +248,20 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
     RouterKind.TOPK_SOFTMAX: (),
     RouterKind.TOPK_SOFTMAX_F32: (),
     RouterKind.NOAUX_TC: ("scaling", "n_group", "topk_group"),  # routed_scaling_factor, ...
+    RouterKind.SIGMOID_BIASED: (),
+    RouterKind.SCORED_GROUPED: ("score_func", "scaling", "n_group", "topk_group"),  # afmoe:
+    # score_func ("sigmoid", anything else softmax), route_scale, n_group, topk_group
 }
+
+# the router kinds that add a per-expert bias to the scores they choose by
+CORRECTED_ROUTERS = (RouterKind.NOAUX_TC, RouterKind.SIGMOID_BIASED, RouterKind.SCORED_GROUPED)
+
+
+class BiasAt(StrEnum):
+    """Which module holds a corrected router's per-expert bias (`MoENames.correction_bias`)."""
+
+    ROUTER = "router"  # the router module (deepseek-v3 style MoEGate: glm4_moe, dots1)
+    BLOCK = "block"  # the MoE block itself (Klear, afmoe: `expert_bias`)
 
 
 class TopKSelect(StrEnum):
@@ -276,6 +302,15 @@ class ExpertKind(StrEnum):
 class SharedKind(StrEnum):
     PLAIN = "plain"  # y + shared(x) (deepseek's shared_experts)
     SIGMOID_GATED = "sigmoid_gated"  # y + sigmoid(shared_gate(x)) * shared(x) (qwen2_moe)
+    COEFFICIENT = "coefficient"  # c = softmax(coefficient(x), precise), coefficient Linear(D, 2)
+    # with bias; y * c[..., :1] + shared(x) * c[..., 1:] (Klear)
+
+
+class SharedWhen(StrEnum):
+    """SharedKnobs.when: what the field must hold for the shared expert to be built."""
+
+    NOT_NONE = "not_none"  # deepseek: n_shared_experts is not None
+    POSITIVE = "positive"  # afmoe: num_shared_experts > 0
 
 
 class SharedSize(StrEnum):
@@ -290,6 +325,7 @@ class MoeLayers(StrEnum):
     # (i + 1) % decoder_sparse_step == 0 (qwen3_moe)
     FIRST_K_DENSE = "first_k_dense"  # experts is not None and i >= first_k_dense_replace
     FIRST_K_DENSE_FREQ = "first_k_dense_freq"  # ... and i % moe_layer_freq == 0 (deepseek)
+    NUM_DENSE = "num_dense"  # i >= num_dense_layers (afmoe)
 
 
 class PostInit(StrEnum):
@@ -313,6 +349,8 @@ class PostInit(StrEnum):
     LINEAR_ROPE_SCALING = "linear_rope_scaling"  # qwen2_moe: rope_scaling needs factor and
     # type, type 'linear' only (validated, never applied)
     DEEPSEEK_ROPE_SCALING = "deepseek_rope_scaling"  # rope_scaling needs 'type'; linear: float factor
+    LAYER_TYPE_ROPES = "layer_type_ropes"  # mellum: layer_types full / sliding only, one per
+    # layer, a full one, each with a rope_parameters entry holding rope_theta
 
 
 def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:

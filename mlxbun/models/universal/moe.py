@@ -28,6 +28,8 @@ import mlx.nn as nn
 
 from mlxbun.models.switch_layers import SwitchGLU
 from mlxbun.models.universal.kinds import (
+    CORRECTED_ROUTERS,
+    BiasAt,
     Combine,
     GateKind,
     GroupGuard,
@@ -140,6 +142,44 @@ def _noaux_tc(r: "Router", logits, bias):  # glm4_moe, dots1 (deepseek-v3 style)
                                         p["scaling"], r.norm_topk)
 
 
+def _sigmoid_biased(r: "Router", logits, bias):  # Klear (the cast to x's dtype: Router.__call__)
+    routing_weights = mx.sigmoid(logits.astype(mx.float32))
+    biased_weights = routing_weights + bias.reshape((1, 1, -1))
+    k = r.top_k
+    inds = mx.argpartition(-biased_weights, kth=k - 1, axis=-1)[..., :k]
+    inds = mx.stop_gradient(inds)
+    scores = mx.take_along_axis(routing_weights, inds, axis=-1)
+    if r.norm_topk:
+        scores = scores / mx.sum(scores, axis=-1, keepdims=True)
+    return inds, scores
+
+
+def _scored_grouped(r: "Router", logits, bias):  # afmoe.AfmoeMoE, op for op (not compiled)
+    p = r.params
+    if p["score_func"] == "sigmoid":
+        scores = mx.sigmoid(logits.astype(mx.float32))
+    else:
+        scores = mx.softmax(logits.astype(mx.float32), axis=-1)
+    selection_scores = scores + bias
+    n_group, topk_group = p["n_group"], p["topk_group"]
+    if n_group > 1:
+        selection_scores = mx.unflatten(selection_scores, axis=-1, shape=(n_group, -1))
+        group_scores = mx.topk(selection_scores, 2, axis=-1).sum(axis=-1, keepdims=True)
+        k = n_group - topk_group
+        group_idx = mx.argpartition(group_scores, kth=k - 1, axis=-2)[..., :k, :]
+        selection_scores = mx.put_along_axis(
+            selection_scores, mx.stop_gradient(group_idx), mx.array(0.0), axis=-2)
+        selection_scores = mx.flatten(selection_scores, -2, -1)
+    k = r.top_k
+    inds = mx.argpartition(-selection_scores, kth=k - 1, axis=-1)[..., :k]
+    inds = mx.stop_gradient(inds)
+    selected_scores = mx.take_along_axis(scores, inds, axis=-1)
+    if r.norm_topk and r.top_k > 1:
+        denominator = selected_scores.sum(axis=-1, keepdims=True)
+        selected_scores = selected_scores / denominator
+    return inds, selected_scores * p["scaling"]
+
+
 # (router, gate logits, correction bias or None) -> (experts, weights). A new kind: its enum
 # member (kinds.RouterKind), the numbers it reads (kinds.ROUTER_PARAMS, then `r.params[name]`
 # here), its function here, its lines in explain_moe.py.
@@ -148,9 +188,11 @@ _ROUTE = exhaustive(RouterKind, {
     RouterKind.TOPK_SOFTMAX: _topk_softmax,
     RouterKind.TOPK_SOFTMAX_F32: _topk_softmax_f32,
     RouterKind.NOAUX_TC: _noaux_tc,
+    RouterKind.SIGMOID_BIASED: _sigmoid_biased,
+    RouterKind.SCORED_GROUPED: _scored_grouped,
 })
-# the router kinds whose module holds a per-expert correction bias
-_CORRECTED = (RouterKind.NOAUX_TC,)
+# the router kinds whose weights are cast to the block input's dtype (Klear: scores.astype(x.dtype))
+_WEIGHTS_IN_INPUT_DTYPE = (RouterKind.SIGMOID_BIASED,)
 
 _COMBINE = exhaustive(Combine, {
     Combine.SUM: lambda y, s: (y * s[..., None]).sum(axis=-2),
@@ -178,7 +220,9 @@ class Router(nn.Module):
             self.weight = mx.zeros((spec.experts, hidden))
         elif r.gate is GateKind.NESTED:
             setattr(self, n.gate_inner, nn.Linear(hidden, spec.experts, bias=spec.gate_bias))
-        if r.kind in _CORRECTED:
+        # the correction bias on this module, or (BiasAt.BLOCK) passed in by the block
+        self._own_bias = r.kind in CORRECTED_ROUTERS and r.bias_at is BiasAt.ROUTER
+        if self._own_bias:
             setattr(self, n.correction_bias, mx.zeros((spec.experts,)))
 
     @property
@@ -186,13 +230,17 @@ class Router(nn.Module):
         """True when mlx-lm's tree has no module here (the gate is a sibling Linear)."""
         return self.gate_kind is GateKind.LINEAR
 
-    def __call__(self, x: mx.array, logits: Optional[mx.array] = None) -> Routing:
+    def __call__(self, x: mx.array, logits: Optional[mx.array] = None,
+                 bias: Optional[mx.array] = None) -> Routing:
         if self.gate_kind is GateKind.WEIGHT:
             logits = x @ self["weight"].T
         elif self.gate_kind is GateKind.NESTED:
             logits = self[self._inner](x)
-        bias = self[self._bias] if self.kind in _CORRECTED else None
+        if self._own_bias:
+            bias = self[self._bias]
         inds, weights = _ROUTE[self.kind](self, logits, bias)
+        if self.kind in _WEIGHTS_IN_INPUT_DTYPE:
+            weights = weights.astype(x.dtype)
         return Routing(inds, weights, logits)
 
 
@@ -219,6 +267,12 @@ class MoEBlock(nn.Module):
             setattr(self, n.shared, MLP(a, d, width=spec.shared_size, bias=spec.shared_bias))
             if self._shared is SharedKind.SIGMOID_GATED:
                 setattr(self, n.shared_gate, nn.Linear(D, 1, bias=False))
+            elif self._shared is SharedKind.COEFFICIENT:
+                setattr(self, n.coefficient, nn.Linear(D, 2))
+        # a corrected router's bias held here (Klear, afmoe: float32, never cast by convert)
+        self._block_bias = m.router.kind in CORRECTED_ROUTERS and m.router.bias_at is BiasAt.BLOCK
+        if self._block_bias:
+            setattr(self, n.correction_bias, mx.zeros((spec.experts,), dtype=mx.float32))
 
     @property
     def router(self) -> Router:
@@ -231,7 +285,7 @@ class MoEBlock(nn.Module):
             B, L_, D = x.shape
             x = x.reshape(-1, D)
         logits = self[n.gate](x) if m.router.gate is GateKind.LINEAR else None
-        routing = self.router(x, logits)
+        routing = self.router(x, logits, self[n.correction_bias] if self._block_bias else None)
         y = self[n.switch](x, routing.experts)
         y = _COMBINE[m.combine](y, routing.weights)
         if self._shared is SharedKind.PLAIN:
@@ -240,6 +294,10 @@ class MoEBlock(nn.Module):
             shared = self[n.shared](x)
             shared = mx.sigmoid(self[n.shared_gate](x)) * shared
             y = y + shared
+        elif self._shared is SharedKind.COEFFICIENT:  # Klear
+            coef = mx.softmax(self[n.coefficient](x), axis=-1, precise=True)
+            shared = self[n.shared](x)
+            y = y * coef[..., :1] + shared * coef[..., 1:]
         if m.flat_tokens:
             y = y.reshape(B, L_, D)
         return y

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mlxbun.models.universal.fields import fail, get, int_field
-from mlxbun.models.universal.kinds import MoeLayers, SharedSize, exhaustive
+from mlxbun.models.universal.kinds import MoeLayers, SharedSize, SharedWhen, exhaustive
 from mlxbun.models.universal.schema import ArchDescriptor, MoEKnobs
 
 __all__ = ["MoESpec", "moe_layers", "resolve_moe"]
@@ -48,11 +48,22 @@ def _first_k_dense_freq(a: Mapping, i: int, m: MoEKnobs) -> bool:  # deepseek
             and i % a["moe_layer_freq"] == 0)
 
 
+def _num_dense(a: Mapping, i: int, m: MoEKnobs) -> bool:  # afmoe
+    return i >= a["num_dense_layers"]
+
+
 _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exhaustive(MoeLayers, {
     MoeLayers.ALL: lambda a, i, m: True,
     MoeLayers.SPARSE_STEP: _sparse_step,
     MoeLayers.FIRST_K_DENSE: _first_k_dense,
     MoeLayers.FIRST_K_DENSE_FREQ: _first_k_dense_freq,
+    MoeLayers.NUM_DENSE: _num_dense,
+})
+
+# SharedKnobs.when: is the shared expert built, given the field's value
+_SHARED_WHEN: Mapping[SharedWhen, Callable[[Any], bool]] = exhaustive(SharedWhen, {
+    SharedWhen.NOT_NONE: lambda v: v is not None,
+    SharedWhen.POSITIVE: lambda v: v > 0,
 })
 
 
@@ -75,7 +86,11 @@ def resolve_moe(d: ArchDescriptor, a: Mapping, layers: list[bool]) -> MoESpec | 
     r = m.router
     shared_size = None
     sh = m.shared
-    if sh is not None and (sh.when is None or a[sh.when] is not None):
+    if sh is not None and sh.when_is is SharedWhen.POSITIVE:  # mlx-lm compares it with 0
+        v = a[sh.when]
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise fail(mt, f"'{sh.when}' must be an integer, got {v!r}")
+    if sh is not None and (sh.when is None or _SHARED_WHEN[sh.when_is](a[sh.when])):
         if sh.size is SharedSize.MOE_TIMES_N:
             shared_size = a[m.size] * a[sh.count]
         else:

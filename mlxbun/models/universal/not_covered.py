@@ -19,10 +19,6 @@ _MLA = "multi-head latent attention (low-rank q/kv, split rope dims): needs the 
 _WRAP = "multimodal wrapper (text stack under language_model.*): needs a wrapper shim"
 
 NOT_COVERED: dict[str, str] = {
-    "Klear": f"{_MOE}: sigmoid router with an expert bias, and a softmax coefficient mixing the "
-             "routed and shared experts",
-    "afmoe": f"{_MOE}: a router module with score-function choice and grouped selection, plus "
-             "sigmoid-gated attention output",
     "bailing_moe": f"{_MOE}: compiled grouped router (softmax or sigmoid, weights cast to the input "
                    "dtype), compiled combine, fused query_key_value attention",
     "dbrx": f"{_MOE}: its own router module and per-expert weights split at load; NormAttnNorm blocks",
@@ -36,8 +32,6 @@ NOT_COVERED: dict[str, str] = {
                "float32 combine",
     "llama4": f"{_MOE}: a text_config wrapper around chunked-attention layers; top-1 sigmoid "
               "router that scales the expert input, shared expert, interleaved MoE layers",
-    "mellum": f"{_MOE}: sliding / global layer pattern and its own cache layout around a "
-              "qwen3_moe-style router",
     "mimo_v2_flash": f"{_MOE}: sliding layers with their own head counts / dims and attention "
                      "sink biases",
     "minimax": f"{_MOE}: float32 sigmoid router with a block-level correction bias, sharded "

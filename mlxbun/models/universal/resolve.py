@@ -256,6 +256,22 @@ def _deepseek_rope_scaling(a: dict, mt: str) -> None:
             raise _fail(mt, "rope_scaling.factor must be a float")
 
 
+def _layer_type_ropes(a: dict, mt: str) -> None:  # mellum
+    lt, rp = a["layer_types"], a["rope_parameters"]
+    if not isinstance(lt, list) or len(lt) != a["num_hidden_layers"]:
+        raise _fail(mt, f"layer_types must list one kind per layer ({a['num_hidden_layers']}), "
+                        f"got {lt!r}")
+    odd = sorted({t for t in lt if t not in ("full_attention", "sliding_attention")})
+    if odd:
+        raise _fail(mt, f"layer_types holds {', '.join(map(repr, odd))}; mellum's layers are "
+                        "'full_attention' or 'sliding_attention'")
+    _require_full_layer(a, mt)
+    for t in sorted(set(lt)):
+        if not isinstance(rp, Mapping) or not isinstance(rp.get(t), Mapping) or "rope_theta" not in rp[t]:
+            raise _fail(mt, f"rope_parameters needs '{t}' with its 'rope_theta' (mlx-lm reads "
+                            "rope_parameters[layer_type])")
+
+
 _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit, {
     PostInit.KV_HEADS_DEFAULT: _kv_heads_default,
     PostInit.LAYER_TYPES_FULL: _layer_types_full,
@@ -274,6 +290,7 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.MINISTRAL3_ROPE: _ministral3_rope,
     PostInit.LINEAR_ROPE_SCALING: _linear_rope_scaling,
     PostInit.DEEPSEEK_ROPE_SCALING: _deepseek_rope_scaling,
+    PostInit.LAYER_TYPE_ROPES: _layer_type_ropes,
 })
 
 
@@ -314,8 +331,22 @@ def layer_kinds(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
     return [pattern[i % len(pattern)] == "L" if pattern else False for i in range(n)]
 
 
+def _layer_type_rope(a: dict, i: int, head_dim: int) -> RopeSpec:  # mellum._rope_for
+    params = a["rope_parameters"][a["layer_types"][i]]
+    base = params["rope_theta"]
+    rope_type = params.get("rope_type", "default")
+    if rope_type in ("default", "linear"):
+        return RopeSpec(RopeKind.LAYER_TYPE_PARAMS, head_dim, base, False)
+    scaling_config = dict(params)
+    scaling_config["type"] = rope_type
+    return RopeSpec(RopeKind.LAYER_TYPE_PARAMS, head_dim, base, False, scaling_config,
+                    a["max_position_embeddings"])
+
+
 def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int) -> RopeSpec | None:
     r, mt = d.rope, d.model_type
+    if r.kind is RopeKind.LAYER_TYPE_PARAMS:
+        return _layer_type_rope(a, i, head_dim)
     if r.nope is NopeRule.NO_ROPE_LAYERS and not a["no_rope_layers"][i]:
         return None
     if r.nope is NopeRule.GLOBAL_LAYERS:

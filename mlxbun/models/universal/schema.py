@@ -26,6 +26,7 @@ from typing import Any
 from mlxbun.errors import MlxbunError
 from mlxbun.models.universal.kinds import (
     BLOCK_SLOTS,
+    CORRECTED_ROUTERS,
     ROUTER_PARAMS,
     FUSED_ACTS,
     GATED_ACTS,
@@ -33,7 +34,9 @@ from mlxbun.models.universal.kinds import (
     QKV,
     Act,
     AttnKind,
+    AttnOutGate,
     AttnScale,
+    BiasAt,
     BlockKind,
     Combine,
     EmbedScale,
@@ -65,6 +68,7 @@ from mlxbun.models.universal.kinds import (
     SanitizeOp,
     SharedKind,
     SharedSize,
+    SharedWhen,
     StrEnum,
     TiedOp,
     TieRule,
@@ -127,6 +131,7 @@ class Names:
     norms: NormNames = NormNames()
     inner_norm: str = "norm"  # lille-130m: the pre-norm lives inside attention / mlp
     act: str = "act_fn"  # apertus: the XieLU module (it has parameters)
+    attn_gate: str = "gate_proj"  # the attention's output gate (attn_gate knob; afmoe)
 
 
 @dataclass(frozen=True)
@@ -228,7 +233,8 @@ class MoENames:
     down_proj: str = "down_proj"
     shared: str = "shared_experts"
     shared_gate: str = "shared_expert_gate"  # SIGMOID_GATED: Linear(D, 1)
-    correction_bias: str = "e_score_correction_bias"  # noaux_tc: on the router module
+    correction_bias: str = "e_score_correction_bias"  # corrected routers: on the module bias_at says
+    coefficient: str = "coefficient"  # SharedKind.COEFFICIENT: Linear(D, 2) mixing routed / shared
 
 
 @dataclass(frozen=True)
@@ -242,6 +248,7 @@ class RouterKnobs:
     # noaux_tc: {"scaling": "routed_scaling_factor", "n_group": "n_group", "topk_group": "topk_group"}
     params: Mapping[str, Any] = field(default_factory=dict)
     group_guard: GroupGuard = _kind(GroupGuard, GroupGuard.N_GROUP_GT_1)  # noaux_tc
+    bias_at: BiasAt = _kind(BiasAt, BiasAt.ROUTER)  # corrected kinds: the module holding the bias
 
 
 @dataclass(frozen=True)
@@ -250,6 +257,7 @@ class SharedKnobs:
     size: SharedSize | str = _kind(SharedSize, SharedSize.MOE_TIMES_N, or_field=True)
     count: str | None = None  # MOE_TIMES_N: the shared-expert count field (n_shared_experts)
     when: str | None = None  # built only when this field is not None (deepseek n_shared_experts)
+    when_is: SharedWhen = _kind(SharedWhen, SharedWhen.NOT_NONE)  # ... or > 0 (afmoe)
     bias: bool | str = False  # the shared MLP's biases (dots1: mlp_bias)
 
 
@@ -310,6 +318,7 @@ class ArchDescriptor:
     attn_scale: AttnScale = _kind(AttnScale, AttnScale.HEAD_DIM)
     attention: AttnKind = _kind(AttnKind, AttnKind.SDPA)
     query_scale: QueryScale | None = _kind(QueryScale, None)
+    attn_gate: AttnOutGate | None = _kind(AttnOutGate, None)  # gate on the attention output
     rope: RopeKnobs = RopeKnobs()
     mlp: MlpKnobs = MlpKnobs()
     norm: NormKnobs = NormKnobs()
@@ -377,6 +386,8 @@ class ArchDescriptor:
             yield "block.residual_scale", b.residual_scale
         if self.embed_scale in (EmbedScale.SQRT_HIDDEN, EmbedScale.SQRT_HIDDEN_BF16):
             yield "embed_scale", "hidden_size"
+        elif self.embed_scale is EmbedScale.SQRT_HIDDEN_MUP:
+            yield from (("embed_scale", "hidden_size"), ("embed_scale", "mup_enabled"))
         elif self.embed_scale is not None:
             yield "embed_scale", self.embed_scale
         h = self.head
@@ -412,6 +423,8 @@ class ArchDescriptor:
             yield "moe.layers", "first_k_dense_replace"
             if m.layers is MoeLayers.FIRST_K_DENSE_FREQ:
                 yield "moe.layers", "moe_layer_freq"
+        elif m.layers is MoeLayers.NUM_DENSE:
+            yield "moe.layers", "num_dense_layers"
         sh = m.shared
         if sh is not None:
             if not isinstance(sh.size, SharedSize):
@@ -423,6 +436,10 @@ class ArchDescriptor:
 
     def _rope_refs(self) -> Iterator[tuple[str, str]]:
         r = self.rope
+        if r.kind is RopeKind.LAYER_TYPE_PARAMS:  # every number comes from rope_parameters
+            yield from (("rope", "rope_parameters"), ("rope", "layer_types"),
+                        ("rope", "max_position_embeddings"))
+            return
         yield "rope.theta", r.theta
         if r.partial:
             yield "rope.partial", r.partial
@@ -511,6 +528,9 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error("layers.make_cache 'rotating_sliding' needs layers.sliding_window")
     if d.rope.nope is NopeRule.GLOBAL_LAYERS and lk.kinds is LayerKinds.ALL_FULL:
         raise d.error("rope.nope 'global_layers' needs sliding layers (layers.kinds)")
+    if d.rope.kind is RopeKind.LAYER_TYPE_PARAMS and lk.kinds is not LayerKinds.LAYER_TYPES:
+        raise d.error("rope.kind 'layer_type_params' reads rope_parameters by layer_types: "
+                      "layers.kinds must be 'layer_types'")
     if d.moe is not None:
         _check_moe(d, d.moe)
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):
@@ -527,9 +547,13 @@ def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
         raise d.error(f"moe.router.params for kind {r.kind.value!r} must name exactly "
                       f"{', '.join(want) or 'nothing'} (each a ModelArgs field or a literal); got "
                       f"{', '.join(r.params) or 'nothing'}")
-    if r.kind is RouterKind.NOAUX_TC and r.gate is GateKind.LINEAR:
-        raise d.error("moe.router.kind 'noaux_tc' keeps its correction bias on the router module: "
-                      "moe.router.gate must be 'weight' or 'nested'")
+    if r.kind in CORRECTED_ROUTERS and r.gate is GateKind.LINEAR and r.bias_at is BiasAt.ROUTER:
+        raise d.error(f"moe.router.kind {r.kind.value!r} with bias_at 'router' keeps its correction "
+                      "bias on the router module: moe.router.gate must be 'weight' or 'nested' "
+                      "(or bias_at 'block')")
+    if r.kind not in CORRECTED_ROUTERS and r.bias_at is not BiasAt.ROUTER:
+        raise d.error(f"moe.router.bias_at with {r.kind.value!r}: that router kind has no "
+                      "correction bias")
     if r.kind in (RouterKind.TOPK_SOFTMAX, RouterKind.TOPK_SOFTMAX_F32) and r.norm_topk is not False:
         raise d.error(f"moe.router.norm_topk with {r.kind.value!r}: the softmax over the k chosen "
                       "experts is already normalized (no such branch)")
@@ -539,10 +563,14 @@ def _check_moe(d: ArchDescriptor, m: MoEKnobs) -> None:
     n = m.names
     block = n.block or d.names.mlp
     inside = [n.gate, n.switch] + ([n.router] if r.gate is GateKind.LINEAR else [])
+    if r.kind in CORRECTED_ROUTERS and r.bias_at is BiasAt.BLOCK:
+        inside.append(n.correction_bias)
     if m.shared is not None:
         inside.append(n.shared)
         if m.shared.kind is SharedKind.SIGMOID_GATED:
             inside.append(n.shared_gate)
+        elif m.shared.kind is SharedKind.COEFFICIENT:
+            inside.append(n.coefficient)
     if len(set(inside)) != len(inside):
         raise d.error(f"moe.names give two children of the MoE block ({block}) one name: {inside}")
     for rule in d.sanitize:
