@@ -167,6 +167,9 @@ _W123 = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
     ("olmoe", None, "mlp", "switch_mlp", _SAME, ("weight",)),
     ("dots1", None, "mlp", "experts", _SAME, ("weight",)),
     ("deepseek", None, "mlp", "switch_mlp", _SAME, ("weight",)),
+    ("Klear", None, "mlp", "experts", _SAME, ("weight",)),
+    ("afmoe", 4, "mlp", "experts", _SAME, ("weight", "scales", "biases")),
+    ("mellum", None, "mlp", "switch_mlp", _SAME, ("weight",)),
 ])
 def test_per_expert_hf_tensors_are_stacked_like_mlx_lm(zoo, tmp_path, arch, quant, block, switch, rename, keys):
     path = _rewrite(zoo(arch, quant=quant), tmp_path / arch,
@@ -363,3 +366,109 @@ def test_router_gates_keep_the_precision_mlx_lm_quantizes_them_at(zoo):
     assert granite["switch_mlp"]["up_proj"].bits == 4
     glm = load_universal(zoo("glm4_moe", quant=4)).layers[1]["mlp"]
     assert glm["gate"]["weight"].dtype == mx.float32 and glm["switch_mlp"]["gate_proj"].bits == 4
+
+
+# ----------------------------------------------------------------- Klear / afmoe routers off the zoo configs
+
+
+def _same_blocks(cfg: dict, arch: str, dtype: str, seed: int = 4) -> None:
+    """Every MoE block of `cfg` (parameters as mlx-lm's, cast as convert casts them) chooses the
+    same experts in the same order and returns the same output as mlx-lm's block."""
+    ref, ours = _pair(cfg, seed=seed)
+    assert sorted(k for k, _ in tree_flatten(ours.parameters())) == sorted(k for k, _ in tree_flatten(ref.parameters()))
+    dt = getattr(mx, dtype)
+    for model in (ref, ours):
+        cast = ref.cast_predicate  # the expert bias stays float32
+        model.update(tree_unflatten([(k, v.astype(dt) if cast(k) else v)
+                                     for k, v in tree_flatten(model.parameters())]))
+    switch = DESCRIPTORS[arch].moe.names.switch
+    blocks = list(_moe_blocks(ref, ours, arch))
+    assert blocks
+    for i, ref_block, our_block in blocks:
+        rec_ref, rec_ours = _Experts(), _Experts()
+        setattr(ref_block, switch, rec_ref)
+        setattr(our_block, switch, rec_ours)
+        for shape in [(1, 40, 64), (2, 7, 64), (1, 1, 64)]:
+            x = (2.0 * mx.random.normal(shape, key=mx.random.key(sum(shape) + i))).astype(dt)
+            expected, got = ref_block(x), our_block(x)
+            assert mx.array_equal(rec_ref.seen[-1], rec_ours.seen[-1]), f"layer {i} {shape}: experts differ"
+            assert got.dtype == expected.dtype and mx.array_equal(expected, got).item(), f"layer {i} {shape}"
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"norm_topk_prob": False}, {"num_experts_per_tok": 1}, {"n_shared_experts": 2},
+    {"mlp_only_layers": [0]}, {"decoder_sparse_step": 2}])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_klear_sigmoid_biased_router_and_coefficient_mix_match_mlx_lm(changes, dtype):
+    """RouterKind.SIGMOID_BIASED (the block's float32 expert_bias steers the choice, the weights
+    cast to the input's dtype) and SharedKind.COEFFICIENT against KlearSparseMoeBlock."""
+    _same_blocks({**tiny_config("Klear"), **changes}, "Klear", dtype)
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"score_func": "softmax"}, {"n_group": 2, "topk_group": 1}, {"route_norm": False},
+    {"num_experts_per_tok": 1, "n_group": 2, "topk_group": 1}, {"num_shared_experts": 0},
+    {"num_experts": 8, "score_func": "softmax", "n_group": 4, "topk_group": 2, "route_scale": 1.0},
+    {"num_hidden_layers": 4, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_afmoe_scored_grouped_router_matches_mlx_lm(changes, dtype):
+    """RouterKind.SCORED_GROUPED (sigmoid or softmax by score_func, the block's expert bias, grouped
+    selection when n_group > 1, uncompiled) and the nested router.gate against AfmoeMoE."""
+    _same_blocks({**tiny_config("afmoe"), **changes}, "afmoe", dtype)
+
+
+def test_afmoe_router_module_sits_at_mlx_lm_path_and_returns_its_choice():
+    ref, ours = _pair(tiny_config("afmoe"), seed=2)
+    for i, ref_block, our_block in _moe_blocks(ref, ours, "afmoe"):
+        router = our_block.router
+        assert router is our_block["router"] and not router.observer and "expert_bias" in our_block
+        x = mx.random.normal((2, 9, 64), key=mx.random.key(i))
+        routing = router(x, bias=our_block["expert_bias"])
+        assert mx.array_equal(ref_block["router"](x), routing.logits)
+        assert routing.experts.shape == (2, 9, 2)
+
+
+def test_new_moe_config_errors_name_the_key():
+    from mlxbun.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'num_shared_experts' must be an integer, got None"):
+        build_model({**tiny_config("afmoe"), "num_shared_experts": None})
+    with pytest.raises(ConfigError, match="layer_types holds 'chunked_attention'"):
+        build_model({**tiny_config("mellum"), "layer_types": ["chunked_attention", "full_attention"]})
+    with pytest.raises(ConfigError, match="rope_parameters needs 'sliding_attention'"):
+        build_model({**tiny_config("mellum"), "rope_parameters": {"full_attention": {"rope_theta": 1e4}}})
+    with pytest.raises(ConfigError, match="layer_types has no 'full_attention'"):
+        build_model({**tiny_config("mellum"), "layer_types": ["sliding_attention"] * 2})
+    with pytest.raises(ConfigError, match="layer_types has no 'full_attention'"):
+        build_model({**tiny_config("afmoe"), "layer_types": ["sliding_attention"] * 2})
+
+
+@pytest.mark.parametrize("build, knob", [
+    (lambda: _row("Klear", moe=dataclasses.replace(
+        DESCRIPTORS["Klear"].moe, router=RouterKnobs("sigmoid_biased", norm_topk="norm_topk_prob"))),
+     "'sigmoid_biased' with bias_at 'router'"),
+    (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(router=RouterKnobs("softmax_topk", bias_at="block"))),
+     "moe.router.bias_at with 'softmax_topk'"),
+    (lambda: _row("Klear", moe=dataclasses.replace(
+        DESCRIPTORS["Klear"].moe, names=MoENames(switch="experts", correction_bias="coefficient"))),
+     "one name"),
+    (lambda: _row("mellum", layers=dataclasses.replace(DESCRIPTORS["mellum"].layers, kinds="all_full")),
+     "rope.kind 'layer_type_params'"),
+    (lambda: _row("afmoe", attn_gate="tanh"), "attn_gate = 'tanh'"),
+])
+def test_a_bad_row_with_the_new_knobs_fails_when_built(build, knob):
+    with pytest.raises(DescriptorError, match="descriptor 'my_moe': ") as e:
+        build()
+    assert knob in str(e.value)
+
+
+def test_klear_afmoe_mellum_gates_keep_mlx_lm_precision_and_the_expert_bias_stays_float32(zoo):
+    klear = load_universal(zoo("Klear", quant=4)).layers[0]["mlp"]
+    assert klear["gate"].bits == 8 and klear["experts"]["up_proj"].bits == 4
+    assert klear["expert_bias"].dtype == mx.float32 and klear["coefficient"].bits == 4
+    afmoe = load_universal(zoo("afmoe", quant=4, dtype="bfloat16"))
+    assert afmoe.layers[1]["mlp"]["router"]["gate"].bits == 8
+    assert afmoe.layers[1]["mlp"]["expert_bias"].dtype == mx.float32
+    assert afmoe.layers[0]["self_attn"]["gate_proj"].bits == 4
+    mellum = load_universal(zoo("mellum", quant=4)).layers[0]["mlp"]
+    assert mellum["gate"].bits == 8 and mellum["switch_mlp"]["down_proj"].bits == 4

@@ -258,11 +258,11 @@ _ROWS = (
         "rope_theta": 1000000.0, "tie_word_embeddings": False, "use_cache": True,
         "vocab_size": VOCAB_SIZE}),
     # transformers' class lacks score_func / route_norm / n_group / topk_group (mlx-lm's defaults
-    # apply). Layers [sliding, sliding, full], layer 0 dense; mup on and mlx-lm's route_scale so
-    # the scaled embedding and the routed scaling are exercised
-    Arch("afmoe", "AfmoeForCausalLM", "AfmoeConfig", layers=3,
+    # apply). Layers [sliding, full], layer 0 dense; mup on and mlx-lm's route_scale so the
+    # scaled embedding and the routed scaling are exercised
+    Arch("afmoe", "AfmoeForCausalLM", "AfmoeConfig",
          knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
-                "moe_intermediate_size": MOE_INTERMEDIATE, "global_attn_every_n_layers": 3,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "global_attn_every_n_layers": 2,
                 "mup_enabled": True, "route_scale": 2.826}),
     # one sliding and one full layer (each with its rope_parameters entry); rope read only from
     # rope_parameters, so no legacy keys
