@@ -72,5 +72,6 @@ MANIFEST = {
         Entry("Klear", EXPERT_VARIANTS),
         Entry("afmoe", EXPERT_VARIANTS),
         Entry("mellum", EXPERT_VARIANTS),
+        Entry("step3p5", EXPERT_VARIANTS),
     ]
 }

@@ -84,6 +84,8 @@ _ROPES = exhaustive(RopeKind, {
     RopeKind.NANOCHAT: lambda s: R.NanochatRoPE(s.dims, base=s.base),
     RopeKind.LAYER_TYPE_PARAMS: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
                                                             s.max_positions),
+    RopeKind.PER_LAYER_LISTS: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
+                                                          s.max_positions),
 })
 
 
@@ -148,7 +150,8 @@ class Attention(nn.Module):
     def __init__(self, a: UniversalArgs, d: ArchDescriptor, spec: LayerSpec):
         super().__init__()
         self._d, self._n = d, d.names
-        self._h, self._kv, self._hd = H, KV, hd = a.n_heads, a.n_kv_heads, a.head_dim
+        H, KV = spec.heads or (a.n_heads, a.n_kv_heads)  # step3p5: sliding layers' own counts
+        self._h, self._kv, self._hd = H, KV, hd = H, KV, a.head_dim
         self._scale, self._softcap = a.attn_scale, a.attn_softcap
         self._attend = _ATTENTION[d.attention]
         D, n = a.hidden, d.names
@@ -161,8 +164,10 @@ class Attention(nn.Module):
         else:  # QKV.FUSED_NEOX
             setattr(self, n.qkv, nn.Linear(D, 3 * D, bias=a.attn_bias))
         setattr(self, n.o, nn.Linear(H * hd, D, bias=a.out_bias))
-        if d.attn_gate is AttnOutGate.SIGMOID:  # afmoe: no bias
-            setattr(self, n.attn_gate, nn.Linear(D, H * hd, bias=False))
+        self._gate = d.attn_gate if (d.attn_gate_when is None or a.fields[d.attn_gate_when]) else None
+        if self._gate is not None:  # no bias (afmoe, step3p5)
+            width = H * hd if self._gate is AttnOutGate.SIGMOID else H
+            setattr(self, n.attn_gate, nn.Linear(D, width, bias=False))
 
         self._qk = d.qk_norm if a.qk_norm else None
         if self._qk is not None:
@@ -227,8 +232,11 @@ class Attention(nn.Module):
             queries = queries * attn_scale
 
         output = self._attend(queries, keys, values, cache, self._scale, mask, self._softcap)
-        output = output.transpose(0, 2, 1, 3).reshape(B, L_, -1)
-        if d.attn_gate is AttnOutGate.SIGMOID:
+        output = output.transpose(0, 2, 1, 3)
+        if self._gate is AttnOutGate.HEAD_SIGMOID:
+            output = output * mx.sigmoid(self[n.attn_gate](x))[..., None]
+        output = output.reshape(B, L_, -1)
+        if self._gate is AttnOutGate.SIGMOID:
             output = output * mx.sigmoid(self[n.attn_gate](x))
         return self[n.o](output)
 
@@ -251,7 +259,8 @@ class Block(nn.Module):
         setattr(self, d.names.attn, Attention(a, d, spec))
         # the MoE block on the layers the row's moe rule picks, else the dense MLP
         self._mlp_name = (d.moe.names.block or d.names.mlp) if spec.moe else d.names.mlp
-        setattr(self, self._mlp_name, MoEBlock(a, d) if spec.moe else MLP(a, d))
+        setattr(self, self._mlp_name, MoEBlock(a, d, spec.swiglu_limits) if spec.moe
+                else MLP(a, d, limit=spec.swiglu_limits[1]))
         slots = d.block.norm_slots(a.parallel)
         self._slots = frozenset(slots)  # a tuple would join the module tree
         for slot in slots:

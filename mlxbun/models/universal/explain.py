@@ -334,6 +334,10 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
     yield Line("q, k = rope(q, offset), rope(k, offset)", where)
     if qk_line and qk.at is QKNormAt.AFTER_ROPE:
         yield qk_line
+    other = sorted({s.heads for s in a.layers if s.heads})
+    if other:
+        yield Line("(sliding layers: H, KV = " + ", ".join(f"{h}, {kv}" for h, kv in other) + ")",
+                   f"from {d.layers.sliding_heads}")
     yield Line("k, v = cache.update_and_fetch(k, v)")
     if a.llama4 is not None:
         beta, max_pos = a.llama4
@@ -352,9 +356,14 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
         AttnKind.SDPA_QK_F32: Line("o = sdpa(q.astype(float32), k.astype(float32), v)"
                                    ".astype(v.dtype)", scale + mask),
     }[d.attention]
-    if d.attn_gate is AttnOutGate.SIGMOID:
+    gate_on = d.attn_gate is not None and (d.attn_gate_when is None or a.fields[d.attn_gate_when])
+    when = f"; {d.attn_gate_when} = True" if d.attn_gate_when else ""
+    if gate_on and d.attn_gate is AttnOutGate.SIGMOID:
         yield Line(f"o = o * sigmoid({n.attn_gate}(x))",
-                   f"output gate: {n.attn_gate} Linear(D, H*hd), no bias; heads concatenated")
+                   f"output gate: {n.attn_gate} Linear(D, H*hd), no bias; heads concatenated{when}")
+    elif gate_on:  # AttnOutGate.HEAD_SIGMOID
+        yield Line(f"o = o * sigmoid({n.attn_gate}(x))[..., None]",
+                   f"per-head output gate on [B, L, H, hd]: {n.attn_gate} Linear(D, H), no bias{when}")
     yield Line(f"out = {n.o}(o)", f"Linear(H*hd, D); bias={_field_note(d.out_bias, a.out_bias)}")
 
 
@@ -432,7 +441,7 @@ def _rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
     if d.rope.partial:
         dims = f"{spec.dims} of hd ({d.rope.partial} {a.fields[d.rope.partial]})"
     trad = f", traditional {spec.traditional}" if spec.traditional else ""
-    if spec.kind in (RopeKind.INITIALIZE, RopeKind.LAYER_TYPE_PARAMS):
+    if spec.kind in (RopeKind.INITIALIZE, RopeKind.LAYER_TYPE_PARAMS, RopeKind.PER_LAYER_LISTS):
         kind = rope_type_of(spec.scaling)
         params = {k: v for k, v in (spec.scaling or {}).items()
                   if k not in ("type", "rope_type", "rope_theta")}

@@ -46,6 +46,7 @@ _LAYER_RULE = exhaustive(MoeLayers, {
     MoeLayers.FIRST_K_DENSE: "i >= first_k_dense_replace",
     MoeLayers.FIRST_K_DENSE_FREQ: "i >= first_k_dense_replace and i % moe_layer_freq == 0",
     MoeLayers.NUM_DENSE: "i >= num_dense_layers",
+    MoeLayers.ENUM_STRING: "i in moe_layers_enum (unset: every layer but 0)",
 })
 
 
@@ -91,6 +92,14 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line("w = softmax(take_along_axis(logits, experts)"
                    + (".astype(float32))" if r.kind is RouterKind.TOPK_SOFTMAX_F32 else ", precise=True)"),
                    "softmax over the k chosen only")
+    elif r.kind is RouterKind.SIGMOID_EPS:
+        yield Line("s = sigmoid(logits.astype(float32))",
+                   f"compiled with the rest of the selection; {n.correction_bias} [E] on {n.gate}")
+        yield Line(f"experts = argpartition(-(s + {n.correction_bias}), kth=k - 1)[..., :k]",
+                   "the bias steers the choice, not the weights")
+        yield Line("w = take_along_axis(s, experts)" + (" / (sum + 1e-20)" if spec.norm_topk else ""),
+                   f"sigmoid scores{renorm} (no k > 1 guard)")
+        yield Line(f"w = w * {r.params['scaling']}", f"= {spec.params['scaling']}")
     elif r.kind is RouterKind.SIGMOID_BIASED:
         yield Line("s = sigmoid(logits.astype(float32))", f"{n.correction_bias} [E] float32, on the block")
         yield Line(f"experts = argpartition(-(s + {n.correction_bias}), kth=k - 1)[..., :k]",
@@ -138,6 +147,11 @@ def moe_lines(d: ArchDescriptor, a: UniversalArgs):
                f"SwitchGLU: {n.down_proj}(silu({n.gate_proj}(x)) * {n.up_proj}(x)) per chosen expert, "
                f"[E, Ie, D] weights, bias={spec.expert_bias}; gather_mm (gather_qmm quantized), tokens "
                f"sorted by expert from 64 picks")
+    if d.swiglu_clamp is not None:
+        limits = sorted({s.swiglu_limits for s in a.layers if s.moe})
+        yield Line("(clamped SwiGLU where swiglu_limits[i] > 0: min(silu(gate), l) * clip(up, -l, l))",
+                   f"(routed, shared) limits on the MoE layers: {limits}; the shared expert "
+                   f"reads swiglu_limits_shared[i]")
     yield Line(_COMBINE[m.combine])
     if spec.shared_size is not None:
         if m.shared.kind is SharedKind.PLAIN:

@@ -66,6 +66,8 @@ class AttnOutGate(StrEnum):
     """A gate on the attention output (the heads concatenated, before o_proj)."""
 
     SIGMOID = "sigmoid"  # o * sigmoid(gate_proj(x)), gate_proj Linear(D, H * hd) (afmoe)
+    HEAD_SIGMOID = "head_sigmoid"  # per head: o[B, L, H, hd] * sigmoid(g_proj(x))[..., None],
+    # g_proj Linear(D, H) (step3p5)
 
 
 class QueryScale(StrEnum):
@@ -80,6 +82,8 @@ class RopeKind(StrEnum):
     NANOCHAT = "nanochat"  # negated exp-built frequencies, a function not a child module
     LAYER_TYPE_PARAMS = "layer_type_params"  # mellum: rope_parameters[layer_types[i]] gives the
     # base and rope_type; default / linear: plain nn.RoPE (no scaling), else initialize_rope
+    PER_LAYER_LISTS = "per_layer_lists"  # step3p5: rope_theta a number or a per-layer list,
+    # dims int(hd * partial_rotary_factors[i]), rope_scaling only on yarn_only_types layers
 
 
 class NopeRule(StrEnum):
@@ -202,6 +206,8 @@ class LayerKinds(StrEnum):
     LAYER_TYPES_OLMO3 = "layer_types_olmo3"  # sliding iff layer_types[i] != "full_attention"
     PERIOD = "period"  # every period-th layer global (gemma3, cohere2)
     EXAONE = "exaone"  # pattern string of L (local) and G (global), repeated
+    LAYER_TYPES_OR_EVEN = "layer_types_or_even"  # step3p5: sliding iff layer_types[i] ==
+    # "sliding_attention" (the list may be longer); without layer_types, the even layers
 
 
 class MakeCache(StrEnum):
@@ -221,6 +227,8 @@ class SanitizeOp(StrEnum):
     SPLIT_GLU_EXPERTS = "split_glu_experts"  # granitemoe: input_linear -> gate_proj | up_proj,
     # output_linear -> down_proj (arg: (block name, switch name))
     DROP_LAYER_N = "drop_layer_n"  # keys starting "model.layers.{num_hidden_layers}" (MTP layer)
+    STEP3P5 = "step3p5"  # step3p5.sanitize: drop .mtp and layers >= num_hidden_layers, rename
+    # HF moe.* / share_expert keys into mlp.*, norm weights + 1 when the checkpoint is HF's
 
 
 # ----------------------------------------------------------------- mixture of experts
@@ -235,6 +243,8 @@ class RouterKind(StrEnum):
     TOPK_SOFTMAX_F32 = "topk_softmax_f32"  # top-k of the logits, softmax of them in float32 (granitemoe)
     NOAUX_TC = "noaux_tc"  # compiled: sigmoid(f32) + correction bias, grouped top-k, renorm, scale
     # (deepseek-v3 style: glm4_moe, dots1)
+    SIGMOID_EPS = "sigmoid_eps"  # compiled: sigmoid(f32) + router bias, top-k, renorm by
+    # (sum + 1e-20) with no k > 1 guard, scale (step3p5)
     SIGMOID_BIASED = "sigmoid_biased"  # sigmoid(f32); top-k of sigmoid + expert bias; the k
     # sigmoid scores, optional renorm (no k > 1 guard), cast to the input's dtype (Klear)
     SCORED_GROUPED = "scored_grouped"  # uncompiled: sigmoid or softmax (the score_func field) in
@@ -248,13 +258,15 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
     RouterKind.TOPK_SOFTMAX: (),
     RouterKind.TOPK_SOFTMAX_F32: (),
     RouterKind.NOAUX_TC: ("scaling", "n_group", "topk_group"),  # routed_scaling_factor, ...
+    RouterKind.SIGMOID_EPS: ("scaling",),  # moe_router_scaling_factor
     RouterKind.SIGMOID_BIASED: (),
     RouterKind.SCORED_GROUPED: ("score_func", "scaling", "n_group", "topk_group"),  # afmoe:
     # score_func ("sigmoid", anything else softmax), route_scale, n_group, topk_group
 }
 
 # the router kinds that add a per-expert bias to the scores they choose by
-CORRECTED_ROUTERS = (RouterKind.NOAUX_TC, RouterKind.SIGMOID_BIASED, RouterKind.SCORED_GROUPED)
+CORRECTED_ROUTERS = (RouterKind.NOAUX_TC, RouterKind.SIGMOID_BIASED, RouterKind.SCORED_GROUPED,
+                     RouterKind.SIGMOID_EPS)
 
 
 class BiasAt(StrEnum):
@@ -326,6 +338,14 @@ class MoeLayers(StrEnum):
     FIRST_K_DENSE = "first_k_dense"  # experts is not None and i >= first_k_dense_replace
     FIRST_K_DENSE_FREQ = "first_k_dense_freq"  # ... and i % moe_layer_freq == 0 (deepseek)
     NUM_DENSE = "num_dense"  # i >= num_dense_layers (afmoe)
+    ENUM_STRING = "enum_string"  # i in moe_layers_enum ("1,2,..."); unset: every layer but 0 (step3p5)
+
+
+class SwigluClamp(StrEnum):
+    """Per-layer clamped SwiGLU: silu(gate) clipped above at limit, up clipped to +-limit."""
+
+    PER_LAYER_LISTS = "per_layer_lists"  # step3p5: swiglu_limits[i] (routed experts),
+    # swiglu_limits_shared[i] (shared expert and dense MLP); a missing / 0 / null limit: plain
 
 
 class PostInit(StrEnum):

@@ -147,6 +147,40 @@ def _split_half(value):
     return mx.split(value, 2, axis=1)
 
 
+_STEP3P5_REMAP = (
+    (".moe.gate_proj.", ".mlp.switch_mlp.gate_proj."),
+    (".moe.up_proj.", ".mlp.switch_mlp.up_proj."),
+    (".moe.down_proj.", ".mlp.switch_mlp.down_proj."),
+    (".moe.gate.", ".mlp.gate.gate."),
+    (".moe.router_bias", ".mlp.gate.router_bias"),
+    (".share_expert.", ".mlp.share_expert."),
+)
+
+
+def _step3p5(w: dict, fields: Mapping) -> tuple[dict, dict[str, str]]:
+    """step3p5.sanitize, in its order: HF ("vanilla") checkpoints get their keys renamed and
+    their zero-centred norm weights + 1."""
+    is_vanilla = any(src in k and dst not in k for k in w for src, dst in _STEP3P5_REMAP)
+    out, dropped = {}, {}
+    for k, v in w.items():
+        if ".mtp" in k:
+            dropped[k] = "multi-token-prediction weights"
+            continue
+        if "model.layers." in k:
+            parts = k.split(".")
+            if len(parts) > 2 and parts[2].isdigit() and int(parts[2]) >= fields["num_hidden_layers"]:
+                dropped[k] = "a layer past num_hidden_layers (multi-token prediction)"
+                continue
+        for src, dst in _STEP3P5_REMAP:
+            if src in k and dst not in k:
+                k = k.replace(src, dst)
+                break
+        if is_vanilla and k.endswith(".weight") and "norm" in k and not isinstance(v, _Meta):
+            v = v + 1
+        out[k] = v
+    return out, dropped
+
+
 def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
                 fields: Mapping) -> tuple[dict, dict[str, str]]:
     dropped: dict[str, str] = {}
@@ -155,6 +189,8 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _stack_experts(d, rule.arg, w, fields), {}
     if op is SanitizeOp.SPLIT_GLU_EXPERTS:
         return _split_glu_experts(d, w, fields), {}
+    if op is SanitizeOp.STEP3P5:
+        return _step3p5(w, fields)
     if op is SanitizeOp.DROP_LAYER_N:  # startswith, as mlx-lm writes it
         head = f"model.layers.{fields[d.n_layers]}"
         dropped = {k: rule.reason for k in w if k.startswith(head)}

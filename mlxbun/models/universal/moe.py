@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxbun.models.switch_layers import SwitchGLU
+from mlxbun.models.switch_layers import ClampedSwiGLU, SwitchGLU
 from mlxbun.models.universal.kinds import (
     CORRECTED_ROUTERS,
     BiasAt,
@@ -142,6 +142,23 @@ def _noaux_tc(r: "Router", logits, bias):  # glm4_moe, dots1 (deepseek-v3 style)
                                         p["scaling"], r.norm_topk)
 
 
+@mx.compile
+def _moe_gate_select(gates, router_bias, top_k, routed_scaling_factor, norm_topk_prob):
+    # step3p5.moe_gate_select, op for op (compiled there too)
+    scores = mx.sigmoid(gates.astype(mx.float32))
+    corrected_scores = scores + router_bias
+    topk_indices = mx.argpartition(-corrected_scores, kth=top_k - 1, axis=-1)[..., :top_k]
+    topk_indices = mx.stop_gradient(topk_indices)
+    topk_weights = mx.take_along_axis(scores, topk_indices, axis=-1)
+    if norm_topk_prob:
+        topk_weights = topk_weights / (mx.sum(topk_weights, axis=-1, keepdims=True) + 1e-20)
+    return topk_indices, topk_weights * routed_scaling_factor
+
+
+def _sigmoid_eps(r: "Router", logits, bias):  # step3p5
+    return _moe_gate_select(logits, bias, r.top_k, r.params["scaling"], r.norm_topk)
+
+
 def _sigmoid_biased(r: "Router", logits, bias):  # Klear (the cast to x's dtype: Router.__call__)
     routing_weights = mx.sigmoid(logits.astype(mx.float32))
     biased_weights = routing_weights + bias.reshape((1, 1, -1))
@@ -188,6 +205,7 @@ _ROUTE = exhaustive(RouterKind, {
     RouterKind.TOPK_SOFTMAX: _topk_softmax,
     RouterKind.TOPK_SOFTMAX_F32: _topk_softmax_f32,
     RouterKind.NOAUX_TC: _noaux_tc,
+    RouterKind.SIGMOID_EPS: _sigmoid_eps,
     RouterKind.SIGMOID_BIASED: _sigmoid_biased,
     RouterKind.SCORED_GROUPED: _scored_grouped,
 })
@@ -245,9 +263,10 @@ class Router(nn.Module):
 
 
 class MoEBlock(nn.Module):
-    """The MoE block of one layer: route, run the k experts (SwitchGLU), combine, add shared."""
+    """The MoE block of one layer: route, run the k experts (SwitchGLU), combine, add shared.
+    `limits`: the layer's clamped-SwiGLU limits (routed, shared); 0 = plain SwiGLU (step3p5)."""
 
-    def __init__(self, a: UniversalArgs, d: ArchDescriptor):
+    def __init__(self, a: UniversalArgs, d: ArchDescriptor, limits: tuple[float, float] = (0, 0)):
         super().__init__()
         m, spec = d.moe, a.moe
         n = m.names
@@ -261,10 +280,12 @@ class MoEBlock(nn.Module):
             setattr(self, n.gate, Router(m, spec, D))
             self._router_name = n.gate
         setattr(self, n.switch, SwitchGLU(D, spec.size, spec.experts, bias=spec.expert_bias,
-                                          names=(n.gate_proj, n.up_proj, n.down_proj)))
+                                          names=(n.gate_proj, n.up_proj, n.down_proj),
+                                          activation=ClampedSwiGLU(limits[0]) if limits[0] > 0 else None))
         self._shared = m.shared.kind if spec.shared_size is not None else None
         if self._shared is not None:
-            setattr(self, n.shared, MLP(a, d, width=spec.shared_size, bias=spec.shared_bias))
+            setattr(self, n.shared, MLP(a, d, width=spec.shared_size, bias=spec.shared_bias,
+                                        limit=limits[1]))
             if self._shared is SharedKind.SIGMOID_GATED:
                 setattr(self, n.shared_gate, nn.Linear(D, 1, bias=False))
             elif self._shared is SharedKind.COEFFICIENT:

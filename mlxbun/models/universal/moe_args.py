@@ -52,12 +52,19 @@ def _num_dense(a: Mapping, i: int, m: MoEKnobs) -> bool:  # afmoe
     return i >= a["num_dense_layers"]
 
 
+def _enum_string(a: Mapping, i: int, m: MoEKnobs) -> bool:  # step3p5
+    if a["moe_layers_enum"]:
+        return i in {int(j) for j in a["moe_layers_enum"].strip().split(",")}
+    return i in set(range(1, a["num_hidden_layers"]))
+
+
 _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exhaustive(MoeLayers, {
     MoeLayers.ALL: lambda a, i, m: True,
     MoeLayers.SPARSE_STEP: _sparse_step,
     MoeLayers.FIRST_K_DENSE: _first_k_dense,
     MoeLayers.FIRST_K_DENSE_FREQ: _first_k_dense_freq,
     MoeLayers.NUM_DENSE: _num_dense,
+    MoeLayers.ENUM_STRING: _enum_string,
 })
 
 # SharedKnobs.when: is the shared expert built, given the field's value
@@ -72,7 +79,15 @@ def moe_layers(d: ArchDescriptor, a: Mapping, n_layers: int) -> list[bool]:
     if d.moe is None:
         return [False] * n_layers
     rule = _LAYER_RULES[d.moe.layers]
+    if d.moe.layers is MoeLayers.ENUM_STRING:
+        _check_enum_string(a, d.model_type)
     return [bool(rule(a, i, d.moe)) for i in range(n_layers)]
+
+
+def _check_enum_string(a: Mapping, mt: str) -> None:
+    s = a["moe_layers_enum"]
+    if s and (not isinstance(s, str) or not all(j.strip().lstrip("-").isdigit() for j in s.strip().split(","))):
+        raise fail(mt, f"'moe_layers_enum' must be a comma-separated list of layer indices, got {s!r}")
 
 
 def resolve_moe(d: ArchDescriptor, a: Mapping, layers: list[bool]) -> MoESpec | None:

@@ -30,15 +30,18 @@ NOT_COVERED: dict[str, str] = {
                "alternating sliding layers, mxfp4 experts",
     "hunyuan": f"{_MOE}: cross-layer KV sharing (CLA), per-layer top-k / shared-expert lists, "
                "float32 combine",
-    "llama4": f"{_MOE}: a text_config wrapper around chunked-attention layers; top-1 sigmoid "
-              "router that scales the expert input, shared expert, interleaved MoE layers",
+    "llama4": f"{_MOE}: a text_config wrapper (ModelArgs.text_config, every tensor and lm_head "
+              "under language_model.*: the universal loader reads top-level ModelArgs and one "
+              "root module) around chunked-attention layers (ChunkedKVCache with "
+              "maybe_trim_front / start_position and a chunk mask built from cache[0], which no "
+              "mlxbun cache has), a hard-coded every-4th global NoPE layer with temperature-tuned "
+              "queries; top-1 sigmoid router that scales the expert input",
     "mimo_v2_flash": f"{_MOE}: sliding layers with their own head counts / dims and attention "
                      "sink biases",
     "minimax": f"{_MOE}: float32 sigmoid router with a block-level correction bias, sharded "
                "RMSNorm q/k norms",
     "phimoe": f"{_MOE}: the sparsemixer router (two masked softmax rounds)",
     "phixtral": f"{_MOE}: SwitchMLP (fc1/fc2 GELU) experts in a phi-2 parallel block",
-    "step3p5": f"{_MOE}: clamped SwiGLU, zero-centred RMSNorm, gated attention, moe_layers_enum",
     "laguna": f"{_MOE}: its own MoE gate and sliding / global attention pattern",
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3", "falcon_h1",

@@ -70,6 +70,7 @@ from mlxbun.models.universal.kinds import (
     SharedSize,
     SharedWhen,
     StrEnum,
+    SwigluClamp,
     TiedOp,
     TieRule,
     TopKSelect,
@@ -217,6 +218,8 @@ class LayerKnobs:
     period: str | None = None  # field for "period" (int) and "exaone" (pattern string)
     make_cache: MakeCache = _kind(MakeCache, MakeCache.DEFAULT)
     mask_array: bool = False  # gemma2: create_attention_mask(..., return_array=True)
+    sliding_heads: str | None = None  # field: a dict whose num_attention_heads /
+    # num_attention_groups replace the head counts on sliding layers (step3p5)
 
 
 @dataclass(frozen=True)
@@ -319,6 +322,8 @@ class ArchDescriptor:
     attention: AttnKind = _kind(AttnKind, AttnKind.SDPA)
     query_scale: QueryScale | None = _kind(QueryScale, None)
     attn_gate: AttnOutGate | None = _kind(AttnOutGate, None)  # gate on the attention output
+    attn_gate_when: str | None = None  # the bool field switching attn_gate (None: always)
+    swiglu_clamp: SwigluClamp | None = _kind(SwigluClamp, None)  # per-layer clamped SwiGLU
     rope: RopeKnobs = RopeKnobs()
     mlp: MlpKnobs = MlpKnobs()
     norm: NormKnobs = NormKnobs()
@@ -373,6 +378,10 @@ class ArchDescriptor:
             yield "attention", "attn_logit_softcapping"
         if self.query_scale is QueryScale.LLAMA4:
             yield "query_scale", "rope_parameters"
+        if self.attn_gate_when:
+            yield "attn_gate_when", self.attn_gate_when
+        if self.swiglu_clamp is SwigluClamp.PER_LAYER_LISTS:
+            yield from (("swiglu_clamp", "swiglu_limits"), ("swiglu_clamp", "swiglu_limits_shared"))
         yield from self._rope_refs()
         if not isinstance(self.mlp.intermediate, MlpSize):
             yield "mlp.intermediate", self.mlp.intermediate
@@ -400,8 +409,11 @@ class ArchDescriptor:
         if h.softcap is FinalSoftcap.FIELD:
             yield "head.softcap", "final_logit_softcapping"
         lk = self.layers
-        if lk.kinds in (LayerKinds.LAYER_TYPES, LayerKinds.LAYER_TYPES_OLMO3):
+        if lk.kinds in (LayerKinds.LAYER_TYPES, LayerKinds.LAYER_TYPES_OLMO3,
+                        LayerKinds.LAYER_TYPES_OR_EVEN):
             yield "layers.kinds", "layer_types"
+        if lk.sliding_heads:
+            yield "layers.sliding_heads", lk.sliding_heads
         if lk.period:
             yield "layers.period", lk.period
         if lk.sliding_window:
@@ -425,6 +437,8 @@ class ArchDescriptor:
                 yield "moe.layers", "moe_layer_freq"
         elif m.layers is MoeLayers.NUM_DENSE:
             yield "moe.layers", "num_dense_layers"
+        elif m.layers is MoeLayers.ENUM_STRING:
+            yield "moe.layers", "moe_layers_enum"
         sh = m.shared
         if sh is not None:
             if not isinstance(sh.size, SharedSize):
@@ -439,6 +453,10 @@ class ArchDescriptor:
         if r.kind is RopeKind.LAYER_TYPE_PARAMS:  # every number comes from rope_parameters
             yield from (("rope", "rope_parameters"), ("rope", "layer_types"),
                         ("rope", "max_position_embeddings"))
+            return
+        if r.kind is RopeKind.PER_LAYER_LISTS:
+            yield from (("rope", f) for f in ("rope_theta", "partial_rotary_factors", "yarn_only_types",
+                                              "rope_scaling", "max_position_embeddings", "layer_types"))
             return
         yield "rope.theta", r.theta
         if r.partial:
@@ -528,6 +546,8 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error("layers.make_cache 'rotating_sliding' needs layers.sliding_window")
     if d.rope.nope is NopeRule.GLOBAL_LAYERS and lk.kinds is LayerKinds.ALL_FULL:
         raise d.error("rope.nope 'global_layers' needs sliding layers (layers.kinds)")
+    if d.attn_gate_when and d.attn_gate is None:
+        raise d.error("attn_gate_when names the field switching attn_gate, which is unset")
     if d.rope.kind is RopeKind.LAYER_TYPE_PARAMS and lk.kinds is not LayerKinds.LAYER_TYPES:
         raise d.error("rope.kind 'layer_type_params' reads rope_parameters by layer_types: "
                       "layers.kinds must be 'layer_types'")

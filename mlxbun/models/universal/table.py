@@ -792,6 +792,39 @@ _MOE_ROWS += [
         notes="qwen3_moe-style softmax router (top-k taken last-first); per-layer-type rope from "
               "rope_parameters; RotatingKVCache on sliding layers, as mlx-lm's make_cache.",
     ),
+    ArchDescriptor(
+        "step3p5",
+        _fields("model_type", "hidden_size", "num_hidden_layers", "vocab_size",
+                "num_attention_heads", "num_attention_groups", "head_dim", "intermediate_size",
+                rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
+                max_position_embeddings=262144, sliding_window=512, layer_types=None,
+                yarn_only_types=None, partial_rotary_factors=None, attention_other_setting=None,
+                use_head_wise_attn_gate=True, moe_num_experts=288, moe_top_k=8,
+                moe_intermediate_size=1280, share_expert_dim=1280, moe_layers_enum=None,
+                moe_router_scaling_factor=3.0, norm_expert_weight=True, swiglu_limits=None,
+                swiglu_limits_shared=None, tie_word_embeddings=False),
+        n_kv_heads="num_attention_groups", head_dim="field", qk_norm=QKNormKnobs("rms", "heads"),
+        attn_gate="head_sigmoid", attn_gate_when="use_head_wise_attn_gate",
+        names=Names(attn_gate="g_proj"), rope=RopeKnobs("per_layer_lists"), head=HeadKnobs(tie=False),
+        layers=LayerKnobs("layer_types_or_even", sliding_window="sliding_window",
+                          make_cache="rotating_sliding", sliding_heads="attention_other_setting"),
+        swiglu_clamp="per_layer_lists",
+        moe=MoEKnobs(experts="moe_num_experts", top_k="moe_top_k", layers="enum_string",
+                     combine="sum_cast",
+                     router=RouterKnobs("sigmoid_eps", gate="nested", norm_topk="norm_expert_weight",
+                                        params={"scaling": "moe_router_scaling_factor"}),
+                     shared=SharedKnobs("plain", size="share_expert_dim"),
+                     names=MoENames(gate_inner="gate", shared="share_expert",
+                                    correction_bias="router_bias")),
+        sanitize=(SanitizeRule("step3p5", None, "step3p5.sanitize: MTP weights and layers past "
+                               "num_hidden_layers dropped, HF names mapped, HF norm weights + 1"),),
+        accepted_values=_SILU,
+        notes="ZeroCenteredRMSNorm is rms_norm(x, w) (HF checkpoints' norm weights get + 1 in "
+              "sanitize); sliding layers may have their own head counts (attention_other_setting); "
+              "per-head sigmoid attention gate; per-layer rope bases / rotary fractions, yarn only "
+              "on yarn_only_types; per-layer clamped SwiGLU; compiled sigmoid router (renorm by "
+              "sum + 1e-20), shared expert.",
+    ),
 ]
 
 DESCRIPTORS: dict[str, ArchDescriptor] = {d.model_type: d for d in _ROWS + _MOE_ROWS}
