@@ -192,3 +192,16 @@ def test_klear_afmoe_mellum_render_their_routers_gate_and_ropes():
     mellum = explain("mellum").text()
     assert "base 10000.0 (rope_parameters['sliding_attention']); cache RotatingKVCache(16)" in mellum
     assert "base 500000.0 (rope_parameters['full_attention']); cache KVCache" in mellum
+
+
+def test_step3p5_renders_its_gate_heads_router_and_clamps():
+    text = explain("step3p5").text()
+    assert "o = o * sigmoid(g_proj(x))[..., None]" in text and "use_head_wise_attn_gate = True" in text
+    assert "(sliding layers: H, KV = 8, 2)" in text and "from attention_other_setting" in text
+    moe = _section(text, "mlp (model.layers[i].mlp): mixture of experts")
+    assert "logits = gate.gate(x)" in moe and "router_bias [E] on gate" in moe
+    assert "w = take_along_axis(s, experts) / (sum + 1e-20)" in moe and "w = w * moe_router_scaling_factor" in moe
+    assert "clamped SwiGLU where swiglu_limits[i] > 0" in moe and "routed on: i in moe_layers_enum" in moe
+    assert "q, k = rope(q, offset), rope(k, offset)      # per layer, see layers" in text
+    assert "layer 0: global; yarn rope, dims 8 of hd, base 1000000.0" in text
+    assert "layers 1, 3: sliding window 16; default rope, dims hd, base 10000.0" in text

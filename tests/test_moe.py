@@ -472,3 +472,89 @@ def test_klear_afmoe_mellum_gates_keep_mlx_lm_precision_and_the_expert_bias_stay
     assert afmoe.layers[0]["self_attn"]["gate_proj"].bits == 4
     mellum = load_universal(zoo("mellum", quant=4)).layers[0]["mlp"]
     assert mellum["gate"].bits == 8 and mellum["switch_mlp"]["down_proj"].bits == 4
+
+
+# ----------------------------------------------------------------- step3p5
+
+
+@pytest.mark.parametrize("top_k, scaling, norm", [(2, 3.0, True), (1, 3.0, True), (3, 1.0, False), (4, 2.5, True)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_step3p5_sigmoid_eps_selection_matches_mlx_lm(top_k, scaling, norm, dtype):
+    """RouterKind.SIGMOID_EPS against step3p5.moe_gate_select (compiled on both sides)."""
+    from mlx_lm.models.step3p5 import moe_gate_select
+
+    from mlxbun.models.universal.moe import _moe_gate_select
+
+    gates = mx.random.normal((2, 13, 8), key=mx.random.key(top_k)).astype(getattr(mx, dtype))
+    bias = 0.1 * mx.random.normal((8,), key=mx.random.key(5))
+    want_inds, want = moe_gate_select(gates, bias, top_k, scaling, norm)
+    inds, got = _moe_gate_select(gates, bias, top_k, scaling, norm)
+    assert mx.array_equal(want_inds, inds) and mx.array_equal(want, got) and want.dtype == got.dtype
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"norm_expert_weight": False}, {"moe_top_k": 1}, {"swiglu_limits_shared": None},
+    {"moe_layers_enum": None, "num_hidden_layers": 3}])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_step3p5_router_and_clamped_shared_expert_match_mlx_lm(changes, dtype):
+    _same_blocks({**tiny_config("step3p5"), **changes}, "step3p5", dtype)
+
+
+@pytest.mark.parametrize("changes", [
+    {"use_head_wise_attn_gate": False}, {"layer_types": None}, {"attention_other_setting": None},
+    {"rope_theta": 50000.0, "partial_rotary_factors": None}, {"yarn_only_types": None},
+    {"swiglu_limits": [0.25] * 4, "swiglu_limits_shared": [-1.0, None]},
+    {"moe_layers_enum": " 0, 3"}])
+def test_step3p5_per_layer_knobs_match_mlx_lm_through_the_caches(changes):
+    """The per-layer knobs off the zoo config: whole-model prefill and cached decode bit-exact."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    ref, ours = _pair({**tiny_config("step3p5"), **changes}, seed=6)
+    ids = _prompt(24)
+    ref_cache, our_cache = make_prompt_cache(ref), ours.make_cache()
+    assert mx.array_equal(ref(ids, cache=ref_cache), ours(ids, cache=our_cache))
+    for t in range(6):
+        step = mx.array([[11 * t + 3]])
+        assert mx.array_equal(ref(step, cache=ref_cache), ours(step, cache=our_cache)), t
+
+
+def test_step3p5_hf_checkpoint_is_renamed_and_its_norms_shifted_like_mlx_lm(zoo, tmp_path):
+    """A vanilla (Hugging Face) step3p5 checkpoint: moe.* / share_expert names, zero-centred norm
+    weights (mlx-lm adds 1), MTP tensors and a layer past num_hidden_layers (dropped)."""
+    back = [(".mlp.switch_mlp.", ".moe."), (".mlp.gate.gate.", ".moe.gate."),
+            (".mlp.gate.router_bias", ".moe.router_bias"), (".mlp.share_expert.", ".share_expert.")]
+
+    def to_hf(w):
+        out = {}
+        for k, v in w.items():
+            for dst, src in back:
+                k = k.replace(dst, src)
+            out[k] = v - 1 if k.endswith(".weight") and "norm" in k else v
+        extra = {"model.layers.4.eh_proj.weight": mx.ones((64, 128)), "model.mtp.norm.weight": mx.ones((64,))}
+        return {**out, **extra}
+
+    path = _rewrite(zoo("step3p5"), tmp_path / "step3p5", to_hf)
+    names = mx.load(str(path / "model.safetensors"))
+    assert "model.layers.1.moe.gate_proj.weight" in names and "model.layers.1.moe.router_bias" in names
+    report = audit_checkpoint(path)
+    assert report.ok and set(report.dropped) == {"model.layers.4.eh_proj.weight", "model.mtp.norm.weight"}
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+
+
+def test_step3p5_config_errors_name_the_key():
+    from mlxbun.errors import ConfigError
+
+    cfg = tiny_config("step3p5")
+    for changes, match in [
+        ({"moe_layers_enum": "1;2"}, "'moe_layers_enum' must be a comma-separated list"),
+        ({"attention_other_setting": {"num_attention_heads": 8}}, "lacks num_attention_groups"),
+        ({"rope_theta": [1e6, 1e4]}, "rope_theta lists 2 bases, none for layer 2"),
+        ({"swiglu_limits": [None, "7"]}, r"'swiglu_limits'\[1\] must be a number or null"),
+        ({"layer_types": ["full_attention"]}, "layer_types lists 1 kinds for 4 layers"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            build_model({**cfg, **changes})
+    with pytest.raises(DescriptorError, match="attn_gate_when names the field switching attn_gate"):
+        _row("step3p5", attn_gate=None)

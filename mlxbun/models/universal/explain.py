@@ -440,6 +440,8 @@ def _rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
     dims = "hd"
     if d.rope.partial:
         dims = f"{spec.dims} of hd ({d.rope.partial} {a.fields[d.rope.partial]})"
+    elif spec.dims != a.head_dim:  # step3p5: partial_rotary_factors[i]
+        dims = f"{spec.dims} of hd"
     trad = f", traditional {spec.traditional}" if spec.traditional else ""
     if spec.kind in (RopeKind.INITIALIZE, RopeKind.LAYER_TYPE_PARAMS, RopeKind.PER_LAYER_LISTS):
         kind = rope_type_of(spec.scaling)
