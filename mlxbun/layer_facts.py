@@ -201,7 +201,11 @@ def _rope(r: ConfigReader, family: str, layer_types: tuple[str, ...]) -> dict[st
     rp = raw.get("rope_parameters")
     if _is_per_type(rp):  # transformers 5: {"full_attention": {...}, "sliding_attention": {...}}
         return {lt: _rope_entry(r, f"rope_parameters.{lt}", d, None) for lt, d in rp.items()}
-    theta = r.float_("rope_theta")
+    per_layer = raw.get("rope_theta")
+    if isinstance(per_layer, list) and per_layer and all(is_number(t) for t in per_layer):
+        theta = None  # step3p5: one base per layer, which its descriptor reads
+    else:
+        theta = r.float_("rope_theta")
     scaling, where = raw.get("rope_scaling"), "rope_scaling"
     if scaling is None and rp is not None:  # flat rope_parameters (mlx-lm qwen3 precedence)
         scaling, where = rp, "rope_parameters"

@@ -174,3 +174,34 @@ def test_moe_layers_render_the_router_experts_and_which_layers_route():
     qwen3 = _section(explain("qwen3_moe").text(), "mlp (model.layers[i].mlp): mixture of experts")
     assert "argpartition(p, kth=-k)[..., -k:]" in qwen3 and "renormalized (norm_topk_prob = True)" in qwen3
     assert "(no mlp" not in qwen3
+
+
+def test_klear_afmoe_mellum_render_their_routers_gate_and_ropes():
+    klear = _section(explain("Klear").text(), "mlp (model.layers[i].mlp): mixture of experts")
+    assert "argpartition(-(s + expert_bias), kth=k - 1)[..., :k]" in klear
+    assert "w = w.astype(x.dtype)" in klear and "no k > 1 guard" in klear
+    assert "c = softmax(coefficient(x), precise=True)" in klear
+    assert "y = y * c[..., :1] + shared_experts(x) * c[..., 1:]" in klear
+    text = explain("afmoe").text()
+    afmoe = _section(text, "mlp (model.layers[i].mlp): mixture of experts")
+    assert "logits = router.gate(x)" in afmoe and "score_func = 'sigmoid'" in afmoe
+    assert "expert_bias [E] on the block" in afmoe and "w = w * route_scale" in afmoe and "= 2.826" in afmoe
+    assert "routed on: i >= num_dense_layers" in afmoe
+    assert "o = o * sigmoid(gate_proj(x))" in text and "h = h * math.sqrt(D)" in text
+    assert "layer 1: global; NoPE (no rotary embedding); cache KVCache; MoE (4 experts, top 2)" in text
+    mellum = explain("mellum").text()
+    assert "base 10000.0 (rope_parameters['sliding_attention']); cache RotatingKVCache(16)" in mellum
+    assert "base 500000.0 (rope_parameters['full_attention']); cache KVCache" in mellum
+
+
+def test_step3p5_renders_its_gate_heads_router_and_clamps():
+    text = explain("step3p5").text()
+    assert "o = o * sigmoid(g_proj(x))[..., None]" in text and "use_head_wise_attn_gate = True" in text
+    assert "(sliding layers: H, KV = 8, 2)" in text and "from attention_other_setting" in text
+    moe = _section(text, "mlp (model.layers[i].mlp): mixture of experts")
+    assert "logits = gate.gate(x)" in moe and "router_bias [E] on gate" in moe
+    assert "w = take_along_axis(s, experts) / (sum + 1e-20)" in moe and "w = w * moe_router_scaling_factor" in moe
+    assert "clamped SwiGLU where swiglu_limits[i] > 0" in moe and "routed on: i in moe_layers_enum" in moe
+    assert "q, k = rope(q, offset), rope(k, offset)      # per layer, see layers" in text
+    assert "layer 0: global; yarn rope, dims 8 of hd, base 1000000.0" in text
+    assert "layers 1, 3: sliding window 16; default rope, dims hd, base 10000.0" in text

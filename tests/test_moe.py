@@ -280,6 +280,9 @@ _W123 = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
     ("phimoe", 4, "block_sparse_moe", "switch_mlp", _W123, ("weight", "scales", "biases")),
     ("ernie4_5_moe", None, "mlp", "switch_mlp", _SAME, ("weight",)),
     ("minimax_m2", None, "block_sparse_moe", "switch_mlp", _W123, ("weight",)),
+    ("Klear", None, "mlp", "experts", _SAME, ("weight",)),
+    ("afmoe", 4, "mlp", "experts", _SAME, ("weight", "scales", "biases")),
+    ("mellum", None, "mlp", "switch_mlp", _SAME, ("weight",)),
 ])
 def test_per_expert_hf_tensors_are_stacked_like_mlx_lm(zoo, tmp_path, arch, quant, block, switch, rename, keys):
     path = _rewrite(zoo(arch, quant=quant), tmp_path / arch,
@@ -815,7 +818,12 @@ def test_hunyuan_fused_qkv_and_gate_up_layout_is_split_like_mlx_lm(zoo, tmp_path
      "must name exactly scaling, n_group, topk_group, score"),
     (lambda: _row(_GLM, moe=MoEKnobs(experts="n_routed_experts", shared=SharedKnobs(
         count="n_shared_experts", when_rule="positive"))),
-     "moe.shared.when_rule 'positive' needs moe.shared.when"),
+     "moe.shared.when_rule 'positive' needs moe.shared.when"),    (lambda: _row("minimax", moe=dataclasses.replace(
+        DESCRIPTORS["minimax"].moe, router=RouterKnobs("sigmoid_corrected", gate_f32=True))),
+     "'sigmoid_corrected' with bias_at 'router' keeps its correction bias on the router module"),
+    (lambda: _row("minimax", moe=dataclasses.replace(DESCRIPTORS["minimax"].moe, router=RouterKnobs(
+        "sigmoid_corrected", gate_f32=True, bias_at="block", corrected=False))),
+     "moe.router.corrected with 'sigmoid_corrected': the kind always adds its correction bias"),
 ])
 def test_the_new_moe_knobs_are_checked_when_a_row_is_built(build, knob):
     with pytest.raises(DescriptorError, match="descriptor 'my_moe': ") as e:
@@ -1025,3 +1033,195 @@ def test_turboquant_keeps_attention_sinks(zoo):
     out = list(stream_generate(load_universal(path), load_tokenizer(path), "Once upon a time", max_tokens=8,
                                kv_bits=4, kv_scheme="turboquant"))
     assert len(out) == 8
+
+
+# ----------------------------------------------------------------- Klear / afmoe routers off the zoo configs
+
+
+def _same_blocks(cfg: dict, arch: str, dtype: str, seed: int = 4) -> None:
+    """Every MoE block of `cfg` (parameters as mlx-lm's, cast as convert casts them) chooses the
+    same experts in the same order and returns the same output as mlx-lm's block."""
+    ref, ours = _pair(cfg, seed=seed)
+    assert sorted(k for k, _ in tree_flatten(ours.parameters())) == sorted(k for k, _ in tree_flatten(ref.parameters()))
+    dt = getattr(mx, dtype)
+    for model in (ref, ours):
+        cast = ref.cast_predicate  # the expert bias stays float32
+        model.update(tree_unflatten([(k, v.astype(dt) if cast(k) else v)
+                                     for k, v in tree_flatten(model.parameters())]))
+    switch = DESCRIPTORS[arch].moe.names.switch
+    blocks = list(_moe_blocks(ref, ours, arch))
+    assert blocks
+    for i, ref_block, our_block in blocks:
+        rec_ref, rec_ours = _Experts(), _Experts()
+        setattr(ref_block, switch, rec_ref)
+        setattr(our_block, switch, rec_ours)
+        for shape in [(1, 40, 64), (2, 7, 64), (1, 1, 64)]:
+            x = (2.0 * mx.random.normal(shape, key=mx.random.key(sum(shape) + i))).astype(dt)
+            expected, got = ref_block(x), our_block(x)
+            assert mx.array_equal(rec_ref.seen[-1], rec_ours.seen[-1]), f"layer {i} {shape}: experts differ"
+            assert got.dtype == expected.dtype and mx.array_equal(expected, got).item(), f"layer {i} {shape}"
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"norm_topk_prob": False}, {"num_experts_per_tok": 1}, {"n_shared_experts": 2},
+    {"mlp_only_layers": [0]}, {"decoder_sparse_step": 2}])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_klear_sigmoid_biased_router_and_coefficient_mix_match_mlx_lm(changes, dtype):
+    """RouterKind.SIGMOID_BIASED (the block's float32 expert_bias steers the choice, the weights
+    cast to the input's dtype) and SharedKind.COEFFICIENT against KlearSparseMoeBlock."""
+    _same_blocks({**tiny_config("Klear"), **changes}, "Klear", dtype)
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"score_func": "softmax"}, {"n_group": 2, "topk_group": 1}, {"route_norm": False},
+    {"num_experts_per_tok": 1, "n_group": 2, "topk_group": 1}, {"num_shared_experts": 0},
+    {"num_experts": 8, "score_func": "softmax", "n_group": 4, "topk_group": 2, "route_scale": 1.0},
+    {"num_hidden_layers": 4, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_afmoe_scored_grouped_router_matches_mlx_lm(changes, dtype):
+    """RouterKind.SCORED_GROUPED (sigmoid or softmax by score_func, the block's expert bias, grouped
+    selection when n_group > 1, uncompiled) and the nested router.gate against AfmoeMoE."""
+    _same_blocks({**tiny_config("afmoe"), **changes}, "afmoe", dtype)
+
+
+def test_afmoe_router_module_sits_at_mlx_lm_path_and_returns_its_choice():
+    ref, ours = _pair(tiny_config("afmoe"), seed=2)
+    for i, ref_block, our_block in _moe_blocks(ref, ours, "afmoe"):
+        router = our_block.router
+        assert router is our_block["router"] and not router.observer and "expert_bias" in our_block
+        x = mx.random.normal((2, 9, 64), key=mx.random.key(i))
+        routing = router(x, bias=our_block["expert_bias"])
+        assert mx.array_equal(ref_block["router"](x), routing.logits)
+        assert routing.experts.shape == (2, 9, 2)
+
+
+def test_new_moe_config_errors_name_the_key():
+    from mlxbun.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'num_shared_experts' must be an integer, got None"):
+        build_model({**tiny_config("afmoe"), "num_shared_experts": None})
+    with pytest.raises(ConfigError, match="layer_types holds 'chunked_attention'"):
+        build_model({**tiny_config("mellum"), "layer_types": ["chunked_attention", "full_attention"]})
+    with pytest.raises(ConfigError, match="rope_parameters needs 'sliding_attention'"):
+        build_model({**tiny_config("mellum"), "rope_parameters": {"full_attention": {"rope_theta": 1e4}}})
+    with pytest.raises(ConfigError, match="layer_types has no 'full_attention'"):
+        build_model({**tiny_config("mellum"), "layer_types": ["sliding_attention"] * 2})
+    with pytest.raises(ConfigError, match="layer_types has no 'full_attention'"):
+        build_model({**tiny_config("afmoe"), "layer_types": ["sliding_attention"] * 2})
+
+
+@pytest.mark.parametrize("build, knob", [
+    (lambda: _row("Klear", moe=dataclasses.replace(
+        DESCRIPTORS["Klear"].moe, router=RouterKnobs("sigmoid_biased", norm_topk="norm_topk_prob"))),
+     "'sigmoid_biased' with bias_at 'router'"),
+    (lambda: _row(_QWEN3_MOE, moe=MoEKnobs(router=RouterKnobs("softmax_topk", bias_at="block"))),
+     "moe.router.bias_at with 'softmax_topk'"),
+    (lambda: _row("Klear", moe=dataclasses.replace(
+        DESCRIPTORS["Klear"].moe, names=MoENames(switch="experts", correction_bias="coefficient"))),
+     "one name"),
+    (lambda: _row("mellum", layers=dataclasses.replace(DESCRIPTORS["mellum"].layers, kinds="all_full")),
+     "rope.kind 'layer_type_params'"),
+    (lambda: _row("afmoe", attn_gate="tanh"), "attn_gate = 'tanh'"),
+])
+def test_a_bad_row_with_the_new_knobs_fails_when_built(build, knob):
+    with pytest.raises(DescriptorError, match="descriptor 'my_moe': ") as e:
+        build()
+    assert knob in str(e.value)
+
+
+def test_klear_afmoe_mellum_gates_keep_mlx_lm_precision_and_the_expert_bias_stays_float32(zoo):
+    klear = load_universal(zoo("Klear", quant=4)).layers[0]["mlp"]
+    assert klear["gate"].bits == 8 and klear["experts"]["up_proj"].bits == 4
+    assert klear["expert_bias"].dtype == mx.float32 and klear["coefficient"].bits == 4
+    afmoe = load_universal(zoo("afmoe", quant=4, dtype="bfloat16"))
+    assert afmoe.layers[1]["mlp"]["router"]["gate"].bits == 8
+    assert afmoe.layers[1]["mlp"]["expert_bias"].dtype == mx.float32
+    assert afmoe.layers[0]["self_attn"]["gate_proj"].bits == 4
+    mellum = load_universal(zoo("mellum", quant=4)).layers[0]["mlp"]
+    assert mellum["gate"].bits == 8 and mellum["switch_mlp"]["down_proj"].bits == 4
+
+
+# ----------------------------------------------------------------- step3p5
+
+
+@pytest.mark.parametrize("top_k, scaling, norm", [(2, 3.0, True), (1, 3.0, True), (3, 1.0, False), (4, 2.5, True)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_step3p5_sigmoid_eps_selection_matches_mlx_lm(top_k, scaling, norm, dtype):
+    """RouterKind.SIGMOID_EPS against step3p5.moe_gate_select (compiled on both sides)."""
+    from mlx_lm.models.step3p5 import moe_gate_select
+
+    from mlxbun.models.universal.moe import _moe_gate_select
+
+    gates = mx.random.normal((2, 13, 8), key=mx.random.key(top_k)).astype(getattr(mx, dtype))
+    bias = 0.1 * mx.random.normal((8,), key=mx.random.key(5))
+    want_inds, want = moe_gate_select(gates, bias, top_k, scaling, norm)
+    inds, got = _moe_gate_select(gates, bias, top_k, scaling, norm)
+    assert mx.array_equal(want_inds, inds) and mx.array_equal(want, got) and want.dtype == got.dtype
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"norm_expert_weight": False}, {"moe_top_k": 1}, {"swiglu_limits_shared": None},
+    {"moe_layers_enum": None, "num_hidden_layers": 3}])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_step3p5_router_and_clamped_shared_expert_match_mlx_lm(changes, dtype):
+    _same_blocks({**tiny_config("step3p5"), **changes}, "step3p5", dtype)
+
+
+@pytest.mark.parametrize("changes", [
+    {"use_head_wise_attn_gate": False}, {"layer_types": None}, {"attention_other_setting": None},
+    {"rope_theta": 50000.0, "partial_rotary_factors": None}, {"yarn_only_types": None},
+    {"swiglu_limits": [0.25] * 4, "swiglu_limits_shared": [-1.0, None]},
+    {"moe_layers_enum": " 0, 3"}])
+def test_step3p5_per_layer_knobs_match_mlx_lm_through_the_caches(changes):
+    """The per-layer knobs off the zoo config: whole-model prefill and cached decode bit-exact."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    ref, ours = _pair({**tiny_config("step3p5"), **changes}, seed=6)
+    ids = _prompt(24)
+    ref_cache, our_cache = make_prompt_cache(ref), ours.make_cache()
+    assert mx.array_equal(ref(ids, cache=ref_cache), ours(ids, cache=our_cache))
+    for t in range(6):
+        step = mx.array([[11 * t + 3]])
+        assert mx.array_equal(ref(step, cache=ref_cache), ours(step, cache=our_cache)), t
+
+
+def test_step3p5_hf_checkpoint_is_renamed_and_its_norms_shifted_like_mlx_lm(zoo, tmp_path):
+    """A vanilla (Hugging Face) step3p5 checkpoint: moe.* / share_expert names, zero-centred norm
+    weights (mlx-lm adds 1), MTP tensors and a layer past num_hidden_layers (dropped)."""
+    back = [(".mlp.switch_mlp.", ".moe."), (".mlp.gate.gate.", ".moe.gate."),
+            (".mlp.gate.router_bias", ".moe.router_bias"), (".mlp.share_expert.", ".share_expert.")]
+
+    def to_hf(w):
+        out = {}
+        for k, v in w.items():
+            for dst, src in back:
+                k = k.replace(dst, src)
+            out[k] = v - 1 if k.endswith(".weight") and "norm" in k else v
+        extra = {"model.layers.4.eh_proj.weight": mx.ones((64, 128)), "model.mtp.norm.weight": mx.ones((64,))}
+        return {**out, **extra}
+
+    path = _rewrite(zoo("step3p5"), tmp_path / "step3p5", to_hf)
+    names = mx.load(str(path / "model.safetensors"))
+    assert "model.layers.1.moe.gate_proj.weight" in names and "model.layers.1.moe.router_bias" in names
+    report = audit_checkpoint(path)
+    assert report.ok and set(report.dropped) == {"model.layers.4.eh_proj.weight", "model.mtp.norm.weight"}
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+
+
+def test_step3p5_config_errors_name_the_key():
+    from mlxbun.errors import ConfigError
+
+    cfg = tiny_config("step3p5")
+    for changes, match in [
+        ({"moe_layers_enum": "1;2"}, "'moe_layers_enum' must be a comma-separated list"),
+        ({"attention_other_setting": {"num_attention_heads": 8}}, "lacks num_attention_groups"),
+        ({"rope_theta": [1e6, 1e4]}, "rope_theta lists 2 bases, none for layer 2"),
+        ({"swiglu_limits": [None, "7"]}, r"'swiglu_limits'\[1\] must be a number or null"),
+        ({"layer_types": ["full_attention"]}, "layer_types lists 1 kinds for 4 layers"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            build_model({**cfg, **changes})
+    with pytest.raises(DescriptorError, match="attn_gate_when names the field switching attn_gate"):
+        _row("step3p5", attn_gate=None)

@@ -81,12 +81,16 @@ def test_a_sigmoid_router_s_distribution_is_its_normalized_scores():
 def test_every_router_kind_gives_a_distribution():
     logits = np.random.default_rng(0).normal(size=(5, 8)) * 4
     for kind in RouterKind:
-        for params in ({"score": "sigmoid", "act": GateAct.SIGMOID}, {"score": "softmax", "act": GateAct.SOFTMAX}):
+        for params in ({"score": "sigmoid", "score_func": "sigmoid", "act": GateAct.SIGMOID},
+                       {"score": "softmax", "score_func": "softmax", "act": GateAct.SOFTMAX}):
             p = ROUTER_PROBS[kind](logits, params)
             assert p.shape == logits.shape and (p >= 0).all() and np.allclose(p.sum(-1), 1.0), kind
     grouped = ROUTER_PROBS[RouterKind.GROUPED_SCORE]
     assert np.allclose(grouped(logits, {"score": "softmax"}), ROUTER_PROBS[RouterKind.SOFTMAX_TOPK](logits))
     assert np.allclose(grouped(logits, {"score": "sigmoid"}), ROUTER_PROBS[RouterKind.NOAUX_TC](logits))
+    scored = ROUTER_PROBS[RouterKind.SCORED_GROUPED]
+    assert np.allclose(scored(logits, {"score_func": "softmax"}), ROUTER_PROBS[RouterKind.SOFTMAX_TOPK](logits))
+    assert np.allclose(scored(logits, {"score_func": "sigmoid"}), ROUTER_PROBS[RouterKind.NOAUX_TC](logits))
     activated = ROUTER_PROBS[RouterKind.F32_ACT_TOPK]
     assert np.allclose(activated(logits, {"act": GateAct.SOFTMAX}), ROUTER_PROBS[RouterKind.SOFTMAX_TOPK](logits))
     assert np.allclose(activated(logits, {"act": GateAct.SIGMOID}), ROUTER_PROBS[RouterKind.NOAUX_TC](logits))
@@ -123,7 +127,9 @@ def _tapped(arch: str, variant: str = "float32"):
                                           ("granitemoe", "softmax"), ("olmoe", "softmax"),
                                           ("glm4_moe", "sigmoid"), ("bailing_moe", "sigmoid"),
                                           ("phimoe", "softmax"), ("ernie4_5_moe", "softmax"),
-                                          ("minimax_m2", "sigmoid")])
+                                          ("minimax_m2", "sigmoid"), ("Klear", "sigmoid"),
+                                          ("step3p5", "sigmoid"), ("afmoe", "sigmoid"),
+                                          ("mellum", "softmax")])
 def test_statistics_match_the_routers_taps(arch, scores):
     out = moe_routing(Side(f"zoo:{arch}"), n_tokens=N_TOKENS, record=False)
     table = out.base.table().set_index("layer")

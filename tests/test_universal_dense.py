@@ -279,7 +279,8 @@ def test_descriptor_fields_are_mlx_lm_model_args():
             missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             if missing:
                 want[f.name] = REQUIRED
-            else:  # a default_factory field (ernie4_5_moe's moe_capacity): its fresh value
+            else:  # a default_factory field (ernie4_5_moe's moe_capacity, mellum's
+                # rope_parameters={}): its fresh value
                 want[f.name] = f.default_factory() if f.default is dataclasses.MISSING else f.default
         assert dict(d.fields) == want, mt
         assert mt not in NOT_COVERED

@@ -76,5 +76,9 @@ MANIFEST = {
         Entry("phimoe", EXPERT_VARIANTS),
         Entry("ernie4_5_moe", EXPERT_VARIANTS),
         Entry("minimax_m2", EXPERT_VARIANTS),  # mlx-lm remaps it to minimax
+        Entry("Klear", EXPERT_VARIANTS),
+        Entry("afmoe", EXPERT_VARIANTS),
+        Entry("mellum", EXPERT_VARIANTS),
+        Entry("step3p5", EXPERT_VARIANTS),
     ]
 }

@@ -14,8 +14,9 @@ the gate logits). Per MoE layer (a dense layer has no router and no row):
   (softmax_topk, topk_softmax, topk_softmax_f32) p = softmax(logits) over all experts, whether the
   kind takes its softmax before choosing or over the k chosen; the sigmoid router (noaux_tc)
   p = sigmoid(logits) / sum_e sigmoid(logits), the correction bias left out (it moves the
-  choice, never the weights; so minimax's sigmoid_corrected too); bailing_moe's grouped_score
-  router: softmax or normalized sigmoid as its `score` number says, ernie's f32_act_topk as its
+  choice, never the weights; so minimax's sigmoid_corrected, step3p5's sigmoid_eps and Klear's
+  sigmoid_biased too); bailing_moe's grouped_score router: softmax or normalized sigmoid as its
+  `score` number says, afmoe's scored_grouped as its `score_func`, ernie's f32_act_topk as its
   `act`; phimoe's sparsemixer: softmax over all experts (its first round's band, unbanded). In
   float64 from the logits the gate returned;
 - top-k mass: sum of p over the k chosen experts, i.e. before any top-k renormalization or
@@ -71,6 +72,10 @@ def _as_scored(logits: np.ndarray, params) -> np.ndarray:  # grouped_score: its 
     return (_normalized_sigmoid if params["score"] == "sigmoid" else _softmax)(logits)
 
 
+def _as_score_func(logits: np.ndarray, params) -> np.ndarray:  # scored_grouped: its score_func
+    return (_normalized_sigmoid if params["score_func"] == "sigmoid" else _softmax)(logits)
+
+
 def _as_activated(logits: np.ndarray, params) -> np.ndarray:  # f32_act_topk: its gate activation
     return (_softmax if params["act"] is GateAct.SOFTMAX else _normalized_sigmoid)(logits)
 
@@ -87,6 +92,9 @@ ROUTER_PROBS = exhaustive(RouterKind, {
     RouterKind.SPARSEMIXER: _softmax,
     RouterKind.F32_ACT_TOPK: _as_activated,
     RouterKind.SIGMOID_CORRECTED: _normalized_sigmoid,
+    RouterKind.SIGMOID_EPS: _normalized_sigmoid,
+    RouterKind.SIGMOID_BIASED: _normalized_sigmoid,
+    RouterKind.SCORED_GROUPED: _as_score_func,
 })
 
 

@@ -10,7 +10,7 @@ included).
 """
 
 import math
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -111,6 +111,25 @@ class SwiGLU(nn.Module):
 
     def __call__(self, x, gate):
         return swiglu(gate, x)
+
+
+@partial(mx.compile, shapeless=True)
+def clamped_swiglu(x, gate, limit):
+    """step3p5.clamped_swiglu (compiled, shapeless): silu(gate) clipped above, x clipped to +-limit."""
+    gate = mx.clip(nn.silu(gate), a_min=None, a_max=limit)
+    x = mx.clip(x, a_min=-limit, a_max=limit)
+    return gate * x
+
+
+class ClampedSwiGLU(nn.Module):
+    """step3p5's ClampedSwiGLU module (`activation(x_up, x_gate)` in SwitchGLU's tree)."""
+
+    def __init__(self, limit: float):
+        super().__init__()
+        self.limit = limit
+
+    def __call__(self, x, gate):
+        return clamped_swiglu(x, gate, self.limit)
 
 
 # mlx-lm's SwitchGLU default `activation=SwiGLU()` is one instance shared by every SwitchGLU;

@@ -100,6 +100,12 @@ def _gpt_neox_post(cfg: dict) -> None:
     cfg["rotary_pct"] = cfg["partial_rotary_factor"]
 
 
+def _mellum_post(cfg: dict) -> None:
+    # transformers' class spells the expert count num_local_experts; mlx-lm's ModelArgs requires
+    # num_experts (what a checkpoint mlx-lm loads carries)
+    cfg["num_experts"] = cfg.pop("num_local_experts")
+
+
 def _qwen3_moe_post(cfg: dict) -> None:
     # transformers 5 spells the expert count num_local_experts; Qwen3 MoE hub configs (and
     # mlx-lm) say num_experts
@@ -325,6 +331,53 @@ _ROWS = (
                 "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
                                     "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
                                     "original_max_position_embeddings": MAX_POSITIONS // 32}}),
+    # no transformers class: the keys mlx-lm's Klear ModelArgs reads (+ hidden_act), with
+    # Klear-46B-A2.5B's shape knobs (1 shared expert, GQA, renormalized top-k, every layer MoE)
+    Arch("Klear", "KlearForCausalLM", base={
+        "model_type": "Klear", "attention_bias": False, "decoder_sparse_step": 1,
+        "hidden_act": "silu", "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
+        "max_position_embeddings": MAX_POSITIONS, "mlp_only_layers": [],
+        "moe_intermediate_size": MOE_INTERMEDIATE, "n_shared_experts": 1, "norm_topk_prob": True,
+        "num_attention_heads": HEADS, "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "tie_word_embeddings": False, "use_cache": True,
+        "vocab_size": VOCAB_SIZE}),
+    # transformers' class lacks score_func / route_norm / n_group / topk_group (mlx-lm's defaults
+    # apply). Layers [sliding, full], layer 0 dense; mup on and mlx-lm's route_scale so the
+    # scaled embedding and the routed scaling are exercised
+    Arch("afmoe", "AfmoeForCausalLM", "AfmoeConfig",
+         knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "global_attn_every_n_layers": 2,
+                "mup_enabled": True, "route_scale": 2.826}),
+    # no transformers class (it has Step3p7 only): the keys mlx-lm's step3p5 ModelArgs reads, with
+    # every per-layer knob exercised: sliding layers with their own head counts, per-layer rope
+    # bases and rotary fractions, yarn on the full layers only, clamped SwiGLU limits small
+    # enough to clip (null / 0 entries: plain), layer 0 dense
+    Arch("step3p5", "Step3p5ForCausalLM", layers=4, base={
+        "model_type": "step3p5", "hidden_act": "silu", "hidden_size": HIDDEN,
+        "num_hidden_layers": 4, "vocab_size": VOCAB_SIZE, "num_attention_heads": HEADS,
+        "num_attention_groups": 2, "head_dim": HEAD_DIM, "intermediate_size": INTERMEDIATE,
+        "rms_norm_eps": 1e-05, "max_position_embeddings": MAX_POSITIONS,
+        "sliding_window": SLIDING_WINDOW,
+        "layer_types": ["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        "attention_other_setting": {"num_attention_heads": 8, "num_attention_groups": 2},
+        "rope_theta": [1000000.0, 10000.0, 1000000.0, 10000.0],
+        "partial_rotary_factors": [0.5, 1.0, 0.5, 1.0],
+        "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256,
+                         "beta_fast": 32.0, "beta_slow": 1.0},
+        "yarn_only_types": ["full_attention"], "use_head_wise_attn_gate": True,
+        "moe_num_experts": MOE_EXPERTS, "moe_top_k": MOE_TOP_K,
+        "moe_intermediate_size": MOE_INTERMEDIATE, "share_expert_dim": MOE_INTERMEDIATE,
+        "moe_layers_enum": "1,2,3", "moe_router_scaling_factor": 3.0, "norm_expert_weight": True,
+        "swiglu_limits": [None, 0.0, 0.5, 0.5], "swiglu_limits_shared": [0.5, 0.0, 0.0, 0.5],
+        "tie_word_embeddings": False, "use_cache": True}),
+    # one sliding and one full layer (each with its rope_parameters entry); rope read only from
+    # rope_parameters, so no legacy keys
+    Arch("mellum", "MellumForCausalLM", "MellumConfig", kv_heads=2, legacy_rope=False,
+         knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE,
+                "layer_types": ["sliding_attention", "full_attention"]},
+         post=_mellum_post),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS}

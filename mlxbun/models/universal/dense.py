@@ -18,6 +18,7 @@ numbers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Optional
@@ -36,6 +37,7 @@ from mlxbun.models.taps import capture
 from mlxbun.models.universal.kinds import (
     QKV,
     AttnKind,
+    AttnOutGate,
     EmbedScale,
     FinalSoftcap,
     MakeCache,
@@ -93,6 +95,10 @@ _ROPES = exhaustive(RopeKind, {
     RopeKind.HUNYUAN_ALPHA: lambda s: R.DynamicNTKAlphaRoPE(s.dims, base=s.base, scaling_alpha=s.alpha),
     RopeKind.NANOCHAT: lambda s: R.NanochatRoPE(s.dims, base=s.base),
     RopeKind.SU_SCALED: _su_scaled_rope,
+    RopeKind.LAYER_TYPE_PARAMS: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
+                                                            s.max_positions),
+    RopeKind.PER_LAYER_LISTS: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
+                                                          s.max_positions),
 })
 
 
@@ -158,7 +164,8 @@ class Attention(nn.Module):
     def __init__(self, a: UniversalArgs, d: ArchDescriptor, spec: LayerSpec):
         super().__init__()
         self._d, self._n = d, d.names
-        self._h, self._kv, self._hd = H, KV, hd = a.n_heads, a.n_kv_heads, a.head_dim
+        H, KV = spec.heads or (a.n_heads, a.n_kv_heads)  # step3p5: sliding layers' own counts
+        self._h, self._kv, self._hd = H, KV, hd = H, KV, a.head_dim
         self._scale, self._softcap = a.attn_scale, a.attn_softcap
         self._attend = _ATTENTION[d.attention]
         D, n = a.hidden, d.names
@@ -176,6 +183,10 @@ class Attention(nn.Module):
         else:  # QKV.FUSED_NEOX
             setattr(self, n.qkv, nn.Linear(D, 3 * D, bias=a.attn_bias))
         setattr(self, n.o, nn.Linear(H * hd, D, bias=a.out_bias))
+        self._gate = d.attn_gate if (d.attn_gate_when is None or a.fields[d.attn_gate_when]) else None
+        if self._gate is not None:  # no bias (afmoe, step3p5)
+            width = H * hd if self._gate is AttnOutGate.SIGMOID else H
+            setattr(self, n.attn_gate, nn.Linear(D, width, bias=False))
 
         self._qk = d.qk_norm if a.qk_norm else None
         if self._qk is not None:
@@ -248,7 +259,12 @@ class Attention(nn.Module):
 
         sinks = self["sinks"] if d.sinks else None
         output = self._attend(queries, keys, values, cache, self._scale, mask, self._softcap, sinks)
-        output = output.transpose(0, 2, 1, 3).reshape(B, L_, -1)
+        output = output.transpose(0, 2, 1, 3)
+        if self._gate is AttnOutGate.HEAD_SIGMOID:
+            output = output * mx.sigmoid(self[n.attn_gate](x))[..., None]
+        output = output.reshape(B, L_, -1)
+        if self._gate is AttnOutGate.SIGMOID:
+            output = output * mx.sigmoid(self[n.attn_gate](x))
         if self._cla:
             return self[n.o](output), kv_states
         return self[n.o](output)
@@ -272,7 +288,8 @@ class Block(nn.Module):
         setattr(self, d.names.attn, Attention(a, d, spec))
         # the MoE block on the layers the row's moe rule picks, else the dense MLP
         self._mlp_name = (d.moe.names.block or d.names.mlp) if spec.moe else d.names.mlp
-        setattr(self, self._mlp_name, MoEBlock(a, d, spec.index) if spec.moe else MLP(a, d))
+        setattr(self, self._mlp_name, MoEBlock(a, d, spec.index, spec.swiglu_limits) if spec.moe
+                else MLP(a, d, limit=spec.swiglu_limits[1]))
         self._cla = d.layers.kv_share is not None
         slots = d.block.norm_slots(a.parallel)
         self._slots = frozenset(slots)  # a tuple would join the module tree
@@ -411,6 +428,9 @@ class UniversalDense(nn.Module):
             h = h * (a.fields["hidden_size"] ** 0.5)
         elif es is EmbedScale.SQRT_HIDDEN_BF16:
             h = h * mx.array(a.fields["hidden_size"] ** 0.5, mx.bfloat16).astype(h.dtype)
+        elif es is EmbedScale.SQRT_HIDDEN_MUP:
+            if a.fields["mup_enabled"]:
+                h = h * math.sqrt(a.fields["hidden_size"])
         elif es is not None:
             h = h * a.embed_scale
         if d.embed_norm:

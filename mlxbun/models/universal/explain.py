@@ -13,6 +13,7 @@ so the structure reads the same for any checkpoint of the arch.
 from __future__ import annotations
 
 import dataclasses
+import math
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from mlxbun.models.universal.kinds import (
     QKV,
     Act,
     AttnKind,
+    AttnOutGate,
     AttnScale,
     BlockKind,
     EmbedScale,
@@ -212,6 +214,10 @@ def _embedding(d: ArchDescriptor, a: UniversalArgs):
     elif es is EmbedScale.SQRT_HIDDEN_BF16:
         yield Line("h = h * array(D**0.5, bfloat16).astype(h.dtype)",
                    "the factor rounded to bfloat16 first")
+    elif es is EmbedScale.SQRT_HIDDEN_MUP:
+        on = a.fields["mup_enabled"]
+        yield Line("h = h * math.sqrt(D)" if on else "(no embedding scale)",
+                   f"mup_enabled = {on}" + (f"; = {math.sqrt(a.fields['hidden_size'])}" if on else ""))
     elif es is not None:
         yield Line(f"h = h * {es}", f"= {a.embed_scale}")
     if d.embed_norm:
@@ -337,6 +343,10 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
     yield Line("q, k = rope(q, offset), rope(k, offset)", where)
     if qk_line and qk.at is QKNormAt.AFTER_ROPE:
         yield qk_line
+    other = sorted({s.heads for s in a.layers if s.heads})
+    if other:
+        yield Line("(sliding layers: H, KV = " + ", ".join(f"{h}, {kv}" for h, kv in other) + ")",
+                   f"from {d.layers.sliding_heads}")
     yield Line("k, v = cache.update_and_fetch(k, v)")
     if a.llama4 is not None:
         beta, max_pos = a.llama4
@@ -359,6 +369,14 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
         AttnKind.SDPA_QK_F32: Line("o = sdpa(q.astype(float32), k.astype(float32), v)"
                                    ".astype(v.dtype)", scale + mask),
     }[d.attention]
+    gate_on = d.attn_gate is not None and (d.attn_gate_when is None or a.fields[d.attn_gate_when])
+    when = f"; {d.attn_gate_when} = True" if d.attn_gate_when else ""
+    if gate_on and d.attn_gate is AttnOutGate.SIGMOID:
+        yield Line(f"o = o * sigmoid({n.attn_gate}(x))",
+                   f"output gate: {n.attn_gate} Linear(D, H*hd), no bias; heads concatenated{when}")
+    elif gate_on:  # AttnOutGate.HEAD_SIGMOID
+        yield Line(f"o = o * sigmoid({n.attn_gate}(x))[..., None]",
+                   f"per-head output gate on [B, L, H, hd]: {n.attn_gate} Linear(D, H), no bias{when}")
     yield Line(f"out = {n.o}(o)", f"Linear(H*hd, D); bias={_field_note(d.out_bias, a.out_bias)}")
 
 
@@ -437,14 +455,18 @@ def _rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
         dims = f"{spec.dims} of hd ({d.rope.rotary_dim})"
     elif d.rope.partial:
         dims = f"{spec.dims} of hd ({d.rope.partial} {a.fields[d.rope.partial]})"
+    elif spec.dims != a.head_dim:  # step3p5: partial_rotary_factors[i]
+        dims = f"{spec.dims} of hd"
     trad = f", traditional {spec.traditional}" if spec.traditional else ""
-    if spec.kind is RopeKind.INITIALIZE:
+    if spec.kind in (RopeKind.INITIALIZE, RopeKind.LAYER_TYPE_PARAMS, RopeKind.PER_LAYER_LISTS):
         kind = rope_type_of(spec.scaling)
         params = {k: v for k, v in (spec.scaling or {}).items()
                   if k not in ("type", "rope_type", "rope_theta")}
         extra = f", {_short(params)}" if params else ""
         local = (f" ({d.rope.sliding_theta}, unscaled)" if layer.sliding and d.rope.sliding_theta
                  else "")
+        if spec.kind is RopeKind.LAYER_TYPE_PARAMS:
+            local = f" (rope_parameters[{a.fields['layer_types'][layer.index]!r}])"
         return f"{kind} rope, dims {dims}, base {spec.base}{local}{trad}{extra}"
     if spec.kind is RopeKind.PHI3:
         kind = spec.scaling["type"] if spec.scaling else "default"

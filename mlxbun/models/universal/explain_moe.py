@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxbun.models.universal.kinds import (
+    BiasAt,
     Combine,
     ExpertKind,
     GateKind,
@@ -57,12 +58,15 @@ _LAYER_RULE = exhaustive(MoeLayers, {
     MoeLayers.NOT_SINGLE_EXPERT: "every layer unless the expert count is 1",
     MoeLayers.START_END_INTERVAL: "(i + 1) % moe_layer_interval == 0 and moe_layer_start_index <= "
                                   "i <= moe_layer_end_index (null: the last layer)",
+    MoeLayers.NUM_DENSE: "i >= num_dense_layers",
+    MoeLayers.ENUM_STRING: "i in moe_layers_enum (unset: every layer but 0)",
 })
 
 _RENORM = exhaustive(TopKRenorm, {TopKRenorm.SUM: " / sum", TopKRenorm.SUM_EPS: " / (sum + 1e-20)"})
 
 _SHARED_WHEN = exhaustive(SharedWhen, {SharedWhen.NOT_NONE: "is null",
-                                       SharedWhen.POSITIVE: "is null or 0"})
+                                       SharedWhen.POSITIVE: "is null or 0",
+                                       SharedWhen.POSITIVE_INT: "is 0"})
 
 
 def moe_sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any], ...]:
@@ -138,12 +142,41 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line("w = take_along_axis(p, experts); w = w / maximum(w.sum(), 1e-12)",
                    "always renormalized (float32 weights)")
     elif r.kind is RouterKind.SIGMOID_CORRECTED:
-        on = n.gate if r.gate is not GateKind.LINEAR else "the MoE block"
+        on = n.gate if r.bias_at is BiasAt.ROUTER else "the MoE block"
         yield Line("s = sigmoid(logits)", f"{n.correction_bias} [E] on {on} (kept float32)")
         yield Line(f"experts = {_SELECT[r.select].format(s=f'(s + {n.correction_bias})')}",
                    "the bias steers the choice, not the weights")
         yield Line("w = take_along_axis(s, experts); w = w / (w.sum() + 1e-20)", "always renormalized")
         yield Line("w = w.astype(x.dtype)")
+    elif r.kind is RouterKind.SIGMOID_EPS:
+        yield Line("s = sigmoid(logits.astype(float32))",
+                   f"compiled with the rest of the selection; {n.correction_bias} [E] on {n.gate}")
+        yield Line(f"experts = argpartition(-(s + {n.correction_bias}), kth=k - 1)[..., :k]",
+                   "the bias steers the choice, not the weights")
+        yield Line("w = take_along_axis(s, experts)" + (" / (sum + 1e-20)" if spec.norm_topk else ""),
+                   f"sigmoid scores{renorm} (no k > 1 guard)")
+        yield Line(f"w = w * {r.params['scaling']}", f"= {spec.params['scaling']}")
+    elif r.kind is RouterKind.SIGMOID_BIASED:
+        yield Line("s = sigmoid(logits.astype(float32))", f"{n.correction_bias} [E] float32, on the block")
+        yield Line(f"experts = argpartition(-(s + {n.correction_bias}), kth=k - 1)[..., :k]",
+                   "the bias steers the choice, not the weights")
+        yield Line("w = take_along_axis(s, experts)" + (" / sum" if spec.norm_topk else ""),
+                   f"sigmoid scores{renorm} (no k > 1 guard)")
+        yield Line("w = w.astype(x.dtype)", "the weights in the block input's dtype")
+    elif r.kind is RouterKind.SCORED_GROUPED:
+        p = spec.params
+        fn = "sigmoid" if p["score_func"] == "sigmoid" else "softmax"
+        bias_on = n.gate if r.bias_at is BiasAt.ROUTER else "the block"
+        yield Line(f"s = {fn}(logits.astype(float32))", f"{r.params['score_func']} = "
+                   f"{p['score_func']!r} (anything but 'sigmoid' is softmax); not compiled")
+        yield Line(f"sel = s + {n.correction_bias}", f"{n.correction_bias} [E] on {bias_on}; "
+                   "the bias steers the choice, not the weights")
+        yield Line("sel: zero all but the topk_group best groups", f"if n_group > 1: n_group = "
+                   f"{p['n_group']}, topk_group = {p['topk_group']}, a group's score = its top-2 sum")
+        yield Line("experts = argpartition(-sel, kth=k - 1)[..., :k]")
+        yield Line("w = take_along_axis(s, experts)" + (" / sum" if spec.norm_topk and spec.top_k > 1 else ""),
+                   f"the k scores{renorm if spec.top_k > 1 else ''}")
+        yield Line(f"w = w * {r.params['scaling']}", f"= {p['scaling']}")
     else:  # RouterKind.NOAUX_TC
         guard = {GroupGuard.N_GROUP_GT_1: "n_group > 1",
                  GroupGuard.K_NONZERO: "n_group != topk_group"}[r.group_guard]
@@ -192,14 +225,24 @@ def moe_lines(d: ArchDescriptor, a: UniversalArgs):
                f"SwitchGLU: {_GLU[m.expert].format(g=n.gate_proj, u=n.up_proj, d=n.down_proj)} per "
                f"chosen expert, [E, Ie, D] weights, bias={spec.expert_bias}; gather_mm (gather_qmm "
                f"quantized), tokens sorted by expert from 64 picks")
+    if d.swiglu_clamp is not None:
+        limits = sorted({s.swiglu_limits for s in a.layers if s.moe})
+        yield Line("(clamped SwiGLU where swiglu_limits[i] > 0: min(silu(gate), l) * clip(up, -l, l))",
+                   f"(routed, shared) limits on the MoE layers: {limits}; the shared expert "
+                   f"reads swiglu_limits_shared[i]")
     yield Line(_COMBINE[m.combine],
                "compiled, shapeless (as mlx-lm)" if m.combine is Combine.SUM_CAST_COMPILED else "")
     if spec.shared_size is not None:
         if m.shared.kind is SharedKind.PLAIN:
             yield Line(f"y = y + {n.shared}(x)", f"a dense MLP of width Is; bias={spec.shared_bias}")
-        else:
+        elif m.shared.kind is SharedKind.SIGMOID_GATED:
             yield Line(f"y = y + sigmoid({n.shared_gate}(x)) * {n.shared}(x)",
                        f"{n.shared}: a dense MLP of width Is; {n.shared_gate} Linear(D, 1)")
+        else:  # SharedKind.COEFFICIENT
+            yield Line(f"c = softmax({n.coefficient}(x), precise=True)",
+                       f"{n.coefficient} Linear(D, 2) with bias: the routed / shared mix")
+            yield Line(f"y = y * c[..., :1] + {n.shared}(x) * c[..., 1:]",
+                       f"{n.shared}: a dense MLP of width Is; bias={spec.shared_bias}")
     elif m.shared is not None:
         yield Line("(no shared expert)", f"{m.shared.when} {_SHARED_WHEN[m.shared.when_rule]}")
     dense = not all(s.moe for s in a.layers)

@@ -63,6 +63,14 @@ class AttnKind(StrEnum):
     SDPA_QK_F32 = "sdpa_qk_f32"  # stablelm: queries and keys in float32
 
 
+class AttnOutGate(StrEnum):
+    """A gate on the attention output (the heads concatenated, before o_proj)."""
+
+    SIGMOID = "sigmoid"  # o * sigmoid(gate_proj(x)), gate_proj Linear(D, H * hd) (afmoe)
+    HEAD_SIGMOID = "head_sigmoid"  # per head: o[B, L, H, hd] * sigmoid(g_proj(x))[..., None],
+    # g_proj Linear(D, H) (step3p5)
+
+
 class QueryScale(StrEnum):
     LLAMA4 = "llama4"  # ministral3: position-dependent query scale
 
@@ -75,6 +83,10 @@ class RopeKind(StrEnum):
     NANOCHAT = "nanochat"  # negated exp-built frequencies, a function not a child module
     SU_SCALED = "su_scaled"  # phimoe: nn.RoPE when rope_scaling is null, else SuScaledRoPE with
     # the dict's short/long factors and mscales (whatever its type)
+    LAYER_TYPE_PARAMS = "layer_type_params"  # mellum: rope_parameters[layer_types[i]] gives the
+    # base and rope_type; default / linear: plain nn.RoPE (no scaling), else initialize_rope
+    PER_LAYER_LISTS = "per_layer_lists"  # step3p5: rope_theta a number or a per-layer list,
+    # dims int(hd * partial_rotary_factors[i]), rope_scaling only on yarn_only_types layers
 
 
 class NopeRule(StrEnum):
@@ -163,6 +175,7 @@ class ResidualScale(StrEnum):
 class EmbedScale(StrEnum):
     SQRT_HIDDEN = "sqrt_hidden"  # h * hidden_size ** 0.5
     SQRT_HIDDEN_BF16 = "sqrt_hidden_bf16"  # the factor rounded to bfloat16 first (gemma3)
+    SQRT_HIDDEN_MUP = "sqrt_hidden_mup"  # afmoe: h * math.sqrt(hidden_size) iff mup_enabled
 
 
 class TieRule(StrEnum):
@@ -198,6 +211,8 @@ class LayerKinds(StrEnum):
     LAYER_TYPES_OLMO3 = "layer_types_olmo3"  # sliding iff layer_types[i] != "full_attention"
     PERIOD = "period"  # every period-th layer global (gemma3, cohere2)
     EXAONE = "exaone"  # pattern string of L (local) and G (global), repeated
+    LAYER_TYPES_OR_EVEN = "layer_types_or_even"  # step3p5: sliding iff layer_types[i] ==
+    # "sliding_attention" (the list may be longer); without layer_types, the even layers
 
 
 class KVShare(StrEnum):
@@ -237,6 +252,8 @@ class SanitizeOp(StrEnum):
     # interleaved gate/up -> gate_proj | up_proj (weights, mxfp4 _blocks/_scales, biases)
     FP8_BLOCK_DEQUANT = "fp8_block_dequant"  # minimax: each fp8 weight times its 128x128-block
     # weight_scale_inv, as bfloat16; the scales dropped (activation scales kept, as mlx-lm)
+    STEP3P5 = "step3p5"  # step3p5.sanitize: drop .mtp and layers >= num_hidden_layers, rename
+    # HF moe.* / share_expert keys into mlp.*, norm weights + 1 when the checkpoint is HF's
 
 
 # ----------------------------------------------------------------- mixture of experts
@@ -259,6 +276,12 @@ class RouterKind(StrEnum):
     # logits, top-k, renormalized by max(sum, 1e-12)
     SIGMOID_CORRECTED = "sigmoid_corrected"  # minimax: sigmoid of the logits + correction bias
     # for the choice, top-k of the plain sigmoid renormalized by sum + 1e-20, cast to x's dtype
+    SIGMOID_EPS = "sigmoid_eps"  # compiled: sigmoid(f32) + router bias, top-k, renorm by
+    # (sum + 1e-20) with no k > 1 guard, scale (step3p5)
+    SIGMOID_BIASED = "sigmoid_biased"  # sigmoid(f32); top-k of sigmoid + expert bias; the k
+    # sigmoid scores, optional renorm (no k > 1 guard), cast to the input's dtype (Klear)
+    SCORED_GROUPED = "scored_grouped"  # uncompiled: sigmoid or softmax (the score_func field) in
+    # f32, + expert bias, grouped top-k if n_group > 1, renorm if k > 1, scale (afmoe)
 
 
 # The numbers each router kind reads, by the name its routing function uses; a row maps each
@@ -273,7 +296,23 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
     RouterKind.SPARSEMIXER: ("jitter_eps",),  # router_jitter_noise
     RouterKind.F32_ACT_TOPK: ("act",),  # moe_gate_act: a GateAct value (ROUTER_PARAM_KINDS)
     RouterKind.SIGMOID_CORRECTED: (),
+    RouterKind.SIGMOID_EPS: ("scaling",),  # moe_router_scaling_factor
+    RouterKind.SIGMOID_BIASED: (),
+    RouterKind.SCORED_GROUPED: ("score_func", "scaling", "n_group", "topk_group"),  # afmoe:
+    # score_func ("sigmoid", anything else softmax), route_scale, n_group, topk_group
 }
+
+# the router kinds that add a per-expert correction bias to the scores they choose by (where
+# RouterKnobs.corrected says it exists; RouterKnobs.bias_at says which module holds it)
+CORRECTED_ROUTERS = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE, RouterKind.SIGMOID_CORRECTED,
+                     RouterKind.SIGMOID_BIASED, RouterKind.SCORED_GROUPED, RouterKind.SIGMOID_EPS)
+
+
+class BiasAt(StrEnum):
+    """Which module holds a corrected router's per-expert bias (`MoENames.correction_bias`)."""
+
+    ROUTER = "router"  # the router module (deepseek-v3 style MoEGate: glm4_moe, dots1)
+    BLOCK = "block"  # the MoE block itself, beside the gate (minimax; Klear, afmoe: `expert_bias`)
 
 
 class GateAct(StrEnum):
@@ -338,6 +377,8 @@ class ExpertKind(StrEnum):
 class SharedKind(StrEnum):
     PLAIN = "plain"  # y + shared(x) (deepseek's shared_experts)
     SIGMOID_GATED = "sigmoid_gated"  # y + sigmoid(shared_gate(x)) * shared(x) (qwen2_moe)
+    COEFFICIENT = "coefficient"  # c = softmax(coefficient(x), precise), coefficient Linear(D, 2)
+    # with bias; y * c[..., :1] + shared(x) * c[..., 1:] (Klear)
 
 
 class SharedWhen(StrEnum):
@@ -346,6 +387,8 @@ class SharedWhen(StrEnum):
     NOT_NONE = "not_none"  # the field is not None (deepseek n_shared_experts)
     POSITIVE = "positive"  # the field is not None and > 0 (exaone_moe num_shared_experts,
     # ernie4_5_moe moe_num_shared_experts)
+    POSITIVE_INT = "positive_int"  # the field > 0, an int (null refused: mlx-lm compares it with
+    # 0 unguarded; afmoe num_shared_experts)
 
 
 class SharedSize(StrEnum):
@@ -369,6 +412,15 @@ class MoeLayers(StrEnum):
     START_END_INTERVAL = "start_end_interval"  # (i + 1) % moe_layer_interval == 0 and
     # start <= i <= end: moe_layer_start_index (min of a list), moe_layer_end_index (max of a
     # list; null: the last layer) (ernie4_5_moe)
+    NUM_DENSE = "num_dense"  # i >= num_dense_layers (afmoe)
+    ENUM_STRING = "enum_string"  # i in moe_layers_enum ("1,2,..."); unset: every layer but 0 (step3p5)
+
+
+class SwigluClamp(StrEnum):
+    """Per-layer clamped SwiGLU: silu(gate) clipped above at limit, up clipped to +-limit."""
+
+    PER_LAYER_LISTS = "per_layer_lists"  # step3p5: swiglu_limits[i] (routed experts),
+    # swiglu_limits_shared[i] (shared expert and dense MLP); a missing / 0 / null limit: plain
 
 
 class PostInit(StrEnum):
@@ -400,6 +452,8 @@ class PostInit(StrEnum):
     # when present, replaces rope_theta
     PHIMOE_ROPE_SCALING = "phimoe_rope_scaling"  # a non-null rope_scaling needs short/long factors
     # and mscales (phimoe's attention reads the four keys)
+    LAYER_TYPE_ROPES = "layer_type_ropes"  # mellum: layer_types full / sliding only, one per
+    # layer, a full one, each with a rope_parameters entry holding rope_theta
 
 
 def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:

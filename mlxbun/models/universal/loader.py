@@ -259,6 +259,8 @@ def _norm_head(flag: str, w: dict, fields: Mapping) -> dict:
     dtype = v.dtype
     weight_norm = mx.linalg.norm(v.astype(mx.float32), axis=0, keepdims=True) + 1e-7
     return {**w, "lm_head.weight": (v / weight_norm).astype(dtype)}
+
+
 _FP8_BLOCK = 128
 
 
@@ -278,6 +280,40 @@ def _fp8_block_dequant(weight, scale_inv):
     return weight[:m, :n].astype(dtype)
 
 
+_STEP3P5_REMAP = (
+    (".moe.gate_proj.", ".mlp.switch_mlp.gate_proj."),
+    (".moe.up_proj.", ".mlp.switch_mlp.up_proj."),
+    (".moe.down_proj.", ".mlp.switch_mlp.down_proj."),
+    (".moe.gate.", ".mlp.gate.gate."),
+    (".moe.router_bias", ".mlp.gate.router_bias"),
+    (".share_expert.", ".mlp.share_expert."),
+)
+
+
+def _step3p5(w: dict, fields: Mapping) -> tuple[dict, dict[str, str]]:
+    """step3p5.sanitize, in its order: HF ("vanilla") checkpoints get their keys renamed and
+    their zero-centred norm weights + 1."""
+    is_vanilla = any(src in k and dst not in k for k in w for src, dst in _STEP3P5_REMAP)
+    out, dropped = {}, {}
+    for k, v in w.items():
+        if ".mtp" in k:
+            dropped[k] = "multi-token-prediction weights"
+            continue
+        if "model.layers." in k:
+            parts = k.split(".")
+            if len(parts) > 2 and parts[2].isdigit() and int(parts[2]) >= fields["num_hidden_layers"]:
+                dropped[k] = "a layer past num_hidden_layers (multi-token prediction)"
+                continue
+        for src, dst in _STEP3P5_REMAP:
+            if src in k and dst not in k:
+                k = k.replace(src, dst)
+                break
+        if is_vanilla and k.endswith(".weight") and "norm" in k and not isinstance(v, _Meta):
+            v = v + 1
+        out[k] = v
+    return out, dropped
+
+
 def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
                 fields: Mapping) -> tuple[dict, dict[str, str]]:
     dropped: dict[str, str] = {}
@@ -294,6 +330,8 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _norm_head(rule.arg, w, fields), {}
     if op is SanitizeOp.SPLIT_INTERLEAVED_EXPERTS:
         return _split_interleaved_experts(w), {}
+    if op is SanitizeOp.STEP3P5:
+        return _step3p5(w, fields)
     if op is SanitizeOp.DROP_PREFIX:
         dropped = {k: rule.reason for k in w if k.startswith(rule.arg)}
     elif op is SanitizeOp.DROP_LAYER_N:  # startswith, as mlx-lm writes it

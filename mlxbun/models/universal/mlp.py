@@ -9,6 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxbun.models import layers as L
+from mlxbun.models.switch_layers import clamped_swiglu
 from mlxbun.models.universal.kinds import FUSED_ACTS, GATED_ACTS, PLAIN_ACTS, Act, MlpKind, exhaustive
 from mlxbun.models.universal.resolve import UniversalArgs
 from mlxbun.models.universal.schema import ArchDescriptor
@@ -25,11 +26,13 @@ _PLAIN = exhaustive(PLAIN_ACTS, {Act.GELU: nn.gelu, Act.GELU_APPROX: nn.gelu_app
 
 
 class MLP(nn.Module):
-    """The row's dense MLP; `width` / `bias` override its size and biases (MoE shared experts)."""
+    """The row's dense MLP; `width` / `bias` override its size and biases (MoE shared experts);
+    `limit` > 0 clamps its SwiGLU (step3p5's Step3p5MLP)."""
 
     def __init__(self, a: UniversalArgs, d: ArchDescriptor, width: int | None = None,
-                 bias: bool | None = None):
+                 bias: bool | None = None, limit: float = 0):
         super().__init__()
+        self._limit = limit if limit and limit > 0 else None
         self._d, self._n = d, d.names
         D, n = a.hidden, d.names
         I = a.intermediate if width is None else width
@@ -58,7 +61,9 @@ class MLP(nn.Module):
         kind = d.mlp.kind
         if d.block.inner_norms:
             x = self[n.inner_norm](x)
-        if kind is MlpKind.GATED:
+        if kind is MlpKind.GATED and self._limit is not None:
+            h = clamped_swiglu(self[n.up](x), self[n.gate](x), self._limit)
+        elif kind is MlpKind.GATED:
             h = self._act_fn(self[n.gate](x), self[n.up](x))
         elif kind is MlpKind.GATED_FUSED:
             x = self[n.gate_up](x)

@@ -28,8 +28,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxbun.models.layers import SwigluOAI
-from mlxbun.models.switch_layers import SwitchGLU
+from mlxbun.models.switch_layers import ClampedSwiGLU, SwitchGLU
 from mlxbun.models.universal.kinds import (
+    CORRECTED_ROUTERS,
+    BiasAt,
     Combine,
     ExpertKind,
     GateAct,
@@ -254,6 +256,61 @@ def _sigmoid_corrected(r: "Router", logits, bias):  # minimax (the cast to x's d
     return inds, scores / (mx.sum(scores, axis=-1, keepdims=True) + 1e-20)
 
 
+@mx.compile
+def _moe_gate_select(gates, router_bias, top_k, routed_scaling_factor, norm_topk_prob):
+    # step3p5.moe_gate_select, op for op (compiled there too)
+    scores = mx.sigmoid(gates.astype(mx.float32))
+    corrected_scores = scores + router_bias
+    topk_indices = mx.argpartition(-corrected_scores, kth=top_k - 1, axis=-1)[..., :top_k]
+    topk_indices = mx.stop_gradient(topk_indices)
+    topk_weights = mx.take_along_axis(scores, topk_indices, axis=-1)
+    if norm_topk_prob:
+        topk_weights = topk_weights / (mx.sum(topk_weights, axis=-1, keepdims=True) + 1e-20)
+    return topk_indices, topk_weights * routed_scaling_factor
+
+
+def _sigmoid_eps(r: "Router", logits, bias):  # step3p5
+    return _moe_gate_select(logits, bias, r.top_k, r.params["scaling"], r.norm_topk)
+
+
+def _sigmoid_biased(r: "Router", logits, bias):  # Klear (the cast to x's dtype: Router.__call__)
+    routing_weights = mx.sigmoid(logits.astype(mx.float32))
+    biased_weights = routing_weights + bias.reshape((1, 1, -1))
+    k = r.top_k
+    inds = mx.argpartition(-biased_weights, kth=k - 1, axis=-1)[..., :k]
+    inds = mx.stop_gradient(inds)
+    scores = mx.take_along_axis(routing_weights, inds, axis=-1)
+    if r.norm_topk:
+        scores = scores / mx.sum(scores, axis=-1, keepdims=True)
+    return inds, scores
+
+
+def _scored_grouped(r: "Router", logits, bias):  # afmoe.AfmoeMoE, op for op (not compiled)
+    p = r.params
+    if p["score_func"] == "sigmoid":
+        scores = mx.sigmoid(logits.astype(mx.float32))
+    else:
+        scores = mx.softmax(logits.astype(mx.float32), axis=-1)
+    selection_scores = scores + bias
+    n_group, topk_group = p["n_group"], p["topk_group"]
+    if n_group > 1:
+        selection_scores = mx.unflatten(selection_scores, axis=-1, shape=(n_group, -1))
+        group_scores = mx.topk(selection_scores, 2, axis=-1).sum(axis=-1, keepdims=True)
+        k = n_group - topk_group
+        group_idx = mx.argpartition(group_scores, kth=k - 1, axis=-2)[..., :k, :]
+        selection_scores = mx.put_along_axis(
+            selection_scores, mx.stop_gradient(group_idx), mx.array(0.0), axis=-2)
+        selection_scores = mx.flatten(selection_scores, -2, -1)
+    k = r.top_k
+    inds = mx.argpartition(-selection_scores, kth=k - 1, axis=-1)[..., :k]
+    inds = mx.stop_gradient(inds)
+    selected_scores = mx.take_along_axis(scores, inds, axis=-1)
+    if r.norm_topk and r.top_k > 1:
+        denominator = selected_scores.sum(axis=-1, keepdims=True)
+        selected_scores = selected_scores / denominator
+    return inds, selected_scores * p["scaling"]
+
+
 # (router, gate logits, correction bias or None) -> (experts, weights). A new kind: its enum
 # member (kinds.RouterKind), the numbers it reads (kinds.ROUTER_PARAMS, then `r.params[name]`
 # here), its function here, its lines in explain_moe.py.
@@ -266,17 +323,19 @@ _ROUTE = exhaustive(RouterKind, {
     RouterKind.SPARSEMIXER: _sparsemixer,
     RouterKind.F32_ACT_TOPK: _f32_act_topk,
     RouterKind.SIGMOID_CORRECTED: _sigmoid_corrected,
+    RouterKind.SIGMOID_EPS: _sigmoid_eps,
+    RouterKind.SIGMOID_BIASED: _sigmoid_biased,
+    RouterKind.SCORED_GROUPED: _scored_grouped,
 })
-# the router kinds with a per-expert correction bias (where `corrected` says so): on the router
-# module, or on the MoE block where a sibling gate computes the logits (minimax), which passes it in
-_CORRECTED = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE, RouterKind.SIGMOID_CORRECTED)
-# the router kinds whose weights end cast to the block input's dtype (minimax)
-_CAST_TO_INPUT = (RouterKind.SIGMOID_CORRECTED,)
+# the router kinds whose weights end cast to the block input's dtype, `weights.astype(x.dtype)`
+# (minimax; Klear: scores.astype(x.dtype))
+_CAST_TO_INPUT = (RouterKind.SIGMOID_CORRECTED, RouterKind.SIGMOID_BIASED)
 
-# the experts' activation module (None: SwitchGLU's shared SwiGLU, as mlx-lm's default argument)
+# the experts' activation module, given the layer's routed clamp limit (None: SwitchGLU's shared
+# SwiGLU, as mlx-lm's default argument)
 _ACTIVATION = exhaustive(ExpertKind, {
-    ExpertKind.GLU: lambda: None,
-    ExpertKind.GLU_OAI: SwigluOAI,  # gpt_oss: one instance per block, as its MLPBlock builds it
+    ExpertKind.GLU: lambda limit: ClampedSwiGLU(limit) if limit > 0 else None,  # step3p5: clamped
+    ExpertKind.GLU_OAI: lambda limit: SwigluOAI(),  # gpt_oss: one instance per block, as its MLPBlock
 })
 
 _COMBINE = exhaustive(Combine, {
@@ -323,8 +382,9 @@ class Router(nn.Module):
             self.weight = mx.zeros((spec.experts, hidden))
         elif r.gate is GateKind.NESTED:
             setattr(self, n.gate_inner, nn.Linear(hidden, spec.experts, bias=spec.gate_bias))
-        self._corrected = r.kind in _CORRECTED and spec.corrected and r.gate not in _SIBLING_GATE
-        if self._corrected:
+        # the correction bias on this module, or (BiasAt.BLOCK) on the block, which passes it in
+        self._own_bias = r.kind in CORRECTED_ROUTERS and spec.corrected and r.bias_at is BiasAt.ROUTER
+        if self._own_bias:
             setattr(self, n.correction_bias, mx.zeros((spec.experts,)))
 
     @property
@@ -334,12 +394,13 @@ class Router(nn.Module):
 
     def __call__(self, x: mx.array, logits: Optional[mx.array] = None,
                  bias: Optional[mx.array] = None) -> Routing:
-        """`logits` and `bias` come from the block when the gate is a sibling Linear."""
+        """`logits` come from the block when the gate is a sibling module; `bias` when the block
+        holds the correction bias (BiasAt.BLOCK)."""
         if self.gate_kind is GateKind.WEIGHT:
             logits = x @ self["weight"].T
         elif self.gate_kind is GateKind.NESTED:
             logits = self[self._inner](x)
-        if self._corrected:
+        if self._own_bias:
             bias = self[self._bias]
         inds, weights = _ROUTE[self.kind](self, logits, bias)
         if self.kind in _CAST_TO_INPUT:
@@ -348,9 +409,11 @@ class Router(nn.Module):
 
 
 class MoEBlock(nn.Module):
-    """The MoE block of one layer: route, run the k experts (SwitchGLU), combine, add shared."""
+    """The MoE block of one layer: route, run the k experts (SwitchGLU), combine, add shared.
+    `limits`: the layer's clamped-SwiGLU limits (routed, shared); 0 = plain SwiGLU (step3p5)."""
 
-    def __init__(self, a: UniversalArgs, d: ArchDescriptor, layer: int):
+    def __init__(self, a: UniversalArgs, d: ArchDescriptor, layer: int,
+                 limits: tuple[float, float] = (0, 0)):
         super().__init__()
         m, spec = d.moe, a.moe.at(layer)
         n = m.names
@@ -365,22 +428,27 @@ class MoEBlock(nn.Module):
         else:
             setattr(self, n.gate, Router(m, spec, D))
             self._router_name = n.gate
-        # minimax: the correction bias sits on the block, beside the gate
-        self._block_bias = m.router.gate in _SIBLING_GATE and m.router.kind in _CORRECTED and spec.corrected
+        # a corrected router's bias held here, beside the gate / router (minimax; Klear, afmoe:
+        # float32)
+        self._block_bias = (m.router.kind in CORRECTED_ROUTERS and spec.corrected
+                            and m.router.bias_at is BiasAt.BLOCK)
         if self._block_bias:
-            setattr(self, n.correction_bias, mx.zeros((spec.experts,)))
+            setattr(self, n.correction_bias, mx.zeros((spec.experts,), dtype=mx.float32))
         if m.router.kind in _ACT_ROUTERS:  # ernie: the activation module sits on the block
             act = _GATE_ACT[spec.params["act"]]()
             setattr(self, n.gate_act, act)
             object.__setattr__(self.router, "gate_act", act)  # outside the router's tree
         setattr(self, n.switch, SwitchGLU(D, spec.size, spec.experts, bias=spec.expert_bias,
                                           names=(n.gate_proj, n.up_proj, n.down_proj),
-                                          activation=_ACTIVATION[m.expert]()))
+                                          activation=_ACTIVATION[m.expert](limits[0])))
         self._shared = m.shared.kind if spec.shared_size is not None else None
         if self._shared is not None:
-            setattr(self, n.shared, MLP(a, d, width=spec.shared_size, bias=spec.shared_bias))
+            setattr(self, n.shared, MLP(a, d, width=spec.shared_size, bias=spec.shared_bias,
+                                        limit=limits[1]))
             if self._shared is SharedKind.SIGMOID_GATED:
                 setattr(self, n.shared_gate, nn.Linear(D, 1, bias=False))
+            elif self._shared is SharedKind.COEFFICIENT:
+                setattr(self, n.coefficient, nn.Linear(D, 2))
 
     @property
     def router(self) -> Router:
@@ -400,8 +468,8 @@ class MoEBlock(nn.Module):
         logits = bias = None
         if m.router.gate in _SIBLING_GATE:
             logits = self[n.gate](x.astype(mx.float32) if m.router.gate_f32 else x)
-            if self._block_bias:
-                bias = self[n.correction_bias]
+        if self._block_bias:
+            bias = self[n.correction_bias]
         routing = self.router(x, logits, bias)
         y = self[n.switch](x, routing.experts)
         y = _COMBINE[m.combine](y, routing.weights)
@@ -411,6 +479,10 @@ class MoEBlock(nn.Module):
             shared = self[n.shared](x)
             shared = mx.sigmoid(self[n.shared_gate](x)) * shared
             y = y + shared
+        elif self._shared is SharedKind.COEFFICIENT:  # Klear
+            coef = mx.softmax(self[n.coefficient](x), axis=-1, precise=True)
+            shared = self[n.shared](x)
+            y = y * coef[..., :1] + shared * coef[..., 1:]
         if m.flat_tokens:
             y = y.reshape(B, L_, D)
         return y

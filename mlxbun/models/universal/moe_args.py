@@ -61,6 +61,8 @@ def _is_moe_layer(a: Mapping, i: int, m: MoEKnobs) -> bool:  # exaone_moe
 
 def _not_single_expert(a: Mapping, i: int, m: MoEKnobs) -> bool:  # hunyuan
     return a[m.experts] != 1
+
+
 def _start_end_interval(a: Mapping, i: int, m: MoEKnobs) -> bool:  # ernie4_5_moe's decoder layer
     start = a["moe_layer_start_index"]
     start = min(start) if isinstance(start, (tuple, list)) else start
@@ -72,6 +74,16 @@ def _start_end_interval(a: Mapping, i: int, m: MoEKnobs) -> bool:  # ernie4_5_mo
     return ((i + 1) % a["moe_layer_interval"] == 0) and i >= start and i <= end
 
 
+def _num_dense(a: Mapping, i: int, m: MoEKnobs) -> bool:  # afmoe
+    return i >= a["num_dense_layers"]
+
+
+def _enum_string(a: Mapping, i: int, m: MoEKnobs) -> bool:  # step3p5
+    if a["moe_layers_enum"]:
+        return i in {int(j) for j in a["moe_layers_enum"].strip().split(",")}
+    return i in set(range(1, a["num_hidden_layers"]))
+
+
 _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exhaustive(MoeLayers, {
     MoeLayers.ALL: lambda a, i, m: True,
     MoeLayers.SPARSE_STEP: _sparse_step,
@@ -80,12 +92,16 @@ _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exh
     MoeLayers.IS_MOE_LAYER: _is_moe_layer,
     MoeLayers.NOT_SINGLE_EXPERT: _not_single_expert,
     MoeLayers.START_END_INTERVAL: _start_end_interval,
+    MoeLayers.NUM_DENSE: _num_dense,
+    MoeLayers.ENUM_STRING: _enum_string,
 })
 
 
+# SharedKnobs.when_rule: is the shared expert built, given the `when` field's value
 _SHARED_WHEN: Mapping[SharedWhen, Callable[[Any], bool]] = exhaustive(SharedWhen, {
     SharedWhen.NOT_NONE: lambda v: v is not None,
     SharedWhen.POSITIVE: lambda v: v is not None and v > 0,
+    SharedWhen.POSITIVE_INT: lambda v: v > 0,
 })
 
 
@@ -101,7 +117,15 @@ def moe_layers(d: ArchDescriptor, a: Mapping, n_layers: int) -> list[bool]:
                                      f"layer), got {flags!r}")
     if d.moe.layers is MoeLayers.START_END_INTERVAL:  # mlx-lm would divide by it
         int_field(a, "moe_layer_interval", d.model_type)
+    if d.moe.layers is MoeLayers.ENUM_STRING:
+        _check_enum_string(a, d.model_type)
     return [bool(rule(a, i, d.moe)) for i in range(n_layers)]
+
+
+def _check_enum_string(a: Mapping, mt: str) -> None:
+    s = a["moe_layers_enum"]
+    if s and (not isinstance(s, str) or not all(j.strip().lstrip("-").isdigit() for j in s.strip().split(","))):
+        raise fail(mt, f"'moe_layers_enum' must be a comma-separated list of layer indices, got {s!r}")
 
 
 def resolve_moe(d: ArchDescriptor, a: Mapping, layers: list[bool]) -> MoESpec | None:
@@ -136,6 +160,10 @@ def _spec(d: ArchDescriptor, a: Mapping) -> MoESpec:
     r = m.router
     shared_size = None
     sh = m.shared
+    if sh is not None and sh.when_rule is SharedWhen.POSITIVE_INT:  # mlx-lm compares it with 0
+        v = a[sh.when]
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise fail(mt, f"'{sh.when}' must be an integer, got {v!r}")
     if (sh is not None and (sh.when is None or _SHARED_WHEN[sh.when_rule](a[sh.when]))
             and get(a, sh.enabled, mt)):
         if sh.size is SharedSize.MOE_TIMES_N:

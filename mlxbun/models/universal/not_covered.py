@@ -19,18 +19,16 @@ _MLA = "multi-head latent attention (low-rank q/kv, split rope dims): needs the 
 _WRAP = "multimodal wrapper (text stack under language_model.*): needs a wrapper shim"
 
 NOT_COVERED: dict[str, str] = {
-    "Klear": f"{_MOE}: sigmoid router with an expert bias, and a softmax coefficient mixing the "
-             "routed and shared experts",
-    "afmoe": f"{_MOE}: a router module with score-function choice and grouped selection, plus "
-             "sigmoid-gated attention output",
     "dbrx": f"{_MOE}: experts are a list of per-expert MLP modules run one token at a time in a "
             "Python loop (outputs stacked on the last axis, then summed), not fused SwitchGLU; an L1 "
             "renorm cast to x's dtype; norm_1 / attention / norm_2 nested in a NormAttnNorm module "
             "that returns two tensors; clip_qkv; attn_config / ffn_config nested dicts",
-    "llama4": f"{_MOE}: a text_config wrapper around chunked-attention layers; top-1 sigmoid "
-              "router that scales the expert input, shared expert, interleaved MoE layers",
-    "mellum": f"{_MOE}: sliding / global layer pattern and its own cache layout around a "
-              "qwen3_moe-style router",
+    "llama4": f"{_MOE}: a text_config wrapper (ModelArgs.text_config, every tensor and lm_head "
+              "under language_model.*: the universal loader reads top-level ModelArgs and one "
+              "root module) around chunked-attention layers (ChunkedKVCache with "
+              "maybe_trim_front / start_position and a chunk mask built from cache[0], which no "
+              "mlxbun cache has), a hard-coded every-4th global NoPE layer with temperature-tuned "
+              "queries; top-1 sigmoid router that scales the expert input",
     "mimo_v2_flash": f"{_MOE}: sliding layers with their own head counts / dims and attention "
                      "sink biases",
     "phixtral": f"{_MOE}: SwitchMLP experts (fc1/fc2, precise GELU, biases, width 4 * model_dim) "
@@ -39,7 +37,6 @@ NOT_COVERED: dict[str, str] = {
                 "rope base (no config fields): several knobs for one arch, whose hub configs "
                 "(phi-msft) give the sizes as n_embd / n_head / n_layer / vocab_size while mlx-lm "
                 "reads model_dim / num_heads / num_layers / num_vocab (phi-2's sizes by default)",
-    "step3p5": f"{_MOE}: clamped SwiGLU, zero-centred RMSNorm, gated attention, moe_layers_enum",
     "laguna": f"{_MOE}: its own MoE gate and sliding / global attention pattern",
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3", "falcon_h1",

@@ -91,6 +91,9 @@ class LayerSpec:
     rope: RopeSpec | None  # None: NoPE
     moe: bool = False  # the MoE block (args.moe) instead of the dense MLP
     kv_proj: bool = True  # KVShare.CLA: False = the layer takes the last projecting layer's k/v
+    heads: tuple[int, int] | None = None  # (query, key/value) heads when not the model's (step3p5)
+    swiglu_limits: tuple[float, float] = (0, 0)  # clamped SwiGLU: (routed experts, shared / dense);
+    # 0: plain SwiGLU
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,8 @@ def _hunyuan_moe_rope_scaling(a: dict, mt: str) -> None:
 def _rope_parameters_theta(a: dict, mt: str) -> None:  # exaone_moe
     if a["rope_parameters"] is not None and "rope_theta" in a["rope_parameters"]:
         a["rope_theta"] = a["rope_parameters"]["rope_theta"]
+
+
 def _phimoe_rope_scaling(a: dict, mt: str) -> None:
     rs = a["rope_scaling"]
     if rs is not None:  # phimoe's attention reads these four keys of any non-null rope_scaling
@@ -288,6 +293,22 @@ def _gpt_oss_layer_types(a: dict, mt: str) -> None:
     for kind in ("sliding_attention", "full_attention"):
         if kind not in a["layer_types"]:
             raise _fail(mt, f"layer_types has no '{kind}' layer (mlx-lm's gpt_oss needs both)")
+
+
+def _layer_type_ropes(a: dict, mt: str) -> None:  # mellum
+    lt, rp = a["layer_types"], a["rope_parameters"]
+    if not isinstance(lt, list) or len(lt) != a["num_hidden_layers"]:
+        raise _fail(mt, f"layer_types must list one kind per layer ({a['num_hidden_layers']}), "
+                        f"got {lt!r}")
+    odd = sorted({t for t in lt if t not in ("full_attention", "sliding_attention")})
+    if odd:
+        raise _fail(mt, f"layer_types holds {', '.join(map(repr, odd))}; mellum's layers are "
+                        "'full_attention' or 'sliding_attention'")
+    _require_full_layer(a, mt)
+    for t in sorted(set(lt)):
+        if not isinstance(rp, Mapping) or not isinstance(rp.get(t), Mapping) or "rope_theta" not in rp[t]:
+            raise _fail(mt, f"rope_parameters needs '{t}' with its 'rope_theta' (mlx-lm reads "
+                            "rope_parameters[layer_type])")
 
 
 _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit, {
@@ -312,6 +333,7 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.HUNYUAN_MOE_ROPE_SCALING: _hunyuan_moe_rope_scaling,
     PostInit.GPT_OSS_LAYER_TYPES: _gpt_oss_layer_types,
     PostInit.PHIMOE_ROPE_SCALING: _phimoe_rope_scaling,
+    PostInit.LAYER_TYPE_ROPES: _layer_type_ropes,
 })
 
 
@@ -348,6 +370,11 @@ def layer_kinds(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
         return [lt == "sliding_attention" for lt in a["layer_types"]]
     if kind is LayerKinds.LAYER_TYPES_OLMO3:
         return [lt != "full_attention" for lt in a["layer_types"]]
+    if kind is LayerKinds.LAYER_TYPES_OR_EVEN:  # step3p5's attention reads layer_types[i]
+        lt = a["layer_types"] or []
+        if lt and len(lt) < n:
+            raise _fail(d.model_type, f"layer_types lists {len(lt)} kinds for {n} layers")
+        return [lt[i] == "sliding_attention" if lt else i % 2 == 0 for i in range(n)]
     pattern = a[d.layers.period]
     if kind is LayerKinds.PERIOD:
         if not isinstance(pattern, int) or isinstance(pattern, bool) or not 0 < pattern <= n:
@@ -362,9 +389,43 @@ def layer_kinds(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
     return [pattern[i % len(pattern)] == "L" if pattern else False for i in range(n)]
 
 
+def _layer_type_rope(a: dict, i: int, head_dim: int) -> RopeSpec:  # mellum._rope_for
+    params = a["rope_parameters"][a["layer_types"][i]]
+    base = params["rope_theta"]
+    rope_type = params.get("rope_type", "default")
+    if rope_type in ("default", "linear"):
+        return RopeSpec(RopeKind.LAYER_TYPE_PARAMS, head_dim, base, False)
+    scaling_config = dict(params)
+    scaling_config["type"] = rope_type
+    return RopeSpec(RopeKind.LAYER_TYPE_PARAMS, head_dim, base, False, scaling_config,
+                    a["max_position_embeddings"])
+
+
+def _per_layer_lists_rope(a: dict, i: int, head_dim: int, mt: str) -> RopeSpec:  # step3p5
+    rope_theta = a["rope_theta"]
+    if isinstance(rope_theta, list):
+        if i >= len(rope_theta):
+            raise _fail(mt, f"rope_theta lists {len(rope_theta)} bases, none for layer {i}")
+        rope_theta = rope_theta[i]
+    partial_rotary_factor = 1.0
+    if a["partial_rotary_factors"] and i < len(a["partial_rotary_factors"]):
+        partial_rotary_factor = a["partial_rotary_factors"][i]
+    rope_dims = int(head_dim * partial_rotary_factor)
+    yarn_only_types = a["yarn_only_types"] or []
+    layer_types = a["layer_types"] or []
+    layer_type = layer_types[i] if layer_types else "full_attention"
+    rope_scaling = None if yarn_only_types and layer_type not in yarn_only_types else a["rope_scaling"]
+    return RopeSpec(RopeKind.PER_LAYER_LISTS, rope_dims, rope_theta, False, rope_scaling,
+                    a["max_position_embeddings"])
+
+
 def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int,
               any_sliding: bool) -> RopeSpec | None:
     r, mt = d.rope, d.model_type
+    if r.kind is RopeKind.LAYER_TYPE_PARAMS:
+        return _layer_type_rope(a, i, head_dim)
+    if r.kind is RopeKind.PER_LAYER_LISTS:
+        return _per_layer_lists_rope(a, i, head_dim, mt)
     if r.nope is NopeRule.NO_ROPE_LAYERS and not a["no_rope_layers"][i]:
         return None
     if r.nope is NopeRule.SLIDING_OR_ALL and any_sliding and not sliding:
@@ -412,6 +473,34 @@ _ATTN_SCALES: Mapping[AttnScale, Callable[[dict, int], float]] = exhaustive(Attn
 })
 
 
+def _sliding_heads(d: ArchDescriptor, a: dict) -> tuple[int, int] | None:
+    """step3p5: a sliding layer's (heads, kv heads) from attention_other_setting, when set."""
+    other = a[d.layers.sliding_heads] if d.layers.sliding_heads else None
+    if not other:
+        return None
+    if not isinstance(other, Mapping):
+        raise _fail(d.model_type, f"'{d.layers.sliding_heads}' must be an object, got {other!r}")
+    keys = ("num_attention_heads", "num_attention_groups")
+    missing = [k for k in keys if k not in other]
+    if missing:
+        raise _fail(d.model_type, f"'{d.layers.sliding_heads}' lacks {', '.join(missing)}")
+    return tuple(_int_field(other, k, d.model_type) for k in keys)
+
+
+def _swiglu_limits(d: ArchDescriptor, a: dict, i: int) -> tuple[float, float]:
+    """step3p5: layer i's (routed, shared / dense) SwiGLU limits; 0 = unclamped."""
+    if d.swiglu_clamp is None:
+        return (0, 0)
+    out = []
+    for key in ("swiglu_limits", "swiglu_limits_shared"):
+        limits = a[key]
+        limit = (limits[i] or 0) if limits and i < len(limits) else 0
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)):
+            raise _fail(d.model_type, f"'{key}'[{i}] must be a number or null, got {limit!r}")
+        out.append(limit)
+    return tuple(out)
+
+
 def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
     """Apply a descriptor to a config dict (the whole config.json, as mlx-lm reads it)."""
     mt = d.model_type
@@ -439,7 +528,8 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
         raise _fail(mt, f"{len(kinds)} layer kinds for {n_layers} layers")
     routed = moe_layers(d, a, n_layers)
     kv_proj = _kv_proj(d, a, n_layers)
-    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, head_dim, any(kinds)), routed[i], kv_proj[i])
+    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, head_dim, any(kinds)), routed[i], kv_proj[i],
+                             _sliding_heads(d, a) if s else None, _swiglu_limits(d, a, i))
                    for i, s in enumerate(kinds))
     window = a[d.layers.sliding_window] if d.layers.sliding_window else None
     if any(kinds) and d.layers.make_cache is MakeCache.ROTATING_SLIDING:

@@ -32,7 +32,9 @@ from mlxbun.models.universal.kinds import (
     QKV,
     Act,
     AttnKind,
+    AttnOutGate,
     AttnScale,
+    BiasAt,
     BlockKind,
     Combine,
     EmbedScale,
@@ -67,6 +69,7 @@ from mlxbun.models.universal.kinds import (
     SharedSize,
     SharedWhen,
     StrEnum,
+    SwigluClamp,
     TiedOp,
     TieRule,
     TopKRenorm,
@@ -130,6 +133,7 @@ class Names:
     norms: NormNames = NormNames()
     inner_norm: str = "norm"  # lille-130m: the pre-norm lives inside attention / mlp
     act: str = "act_fn"  # apertus: the XieLU module (it has parameters)
+    attn_gate: str = "gate_proj"  # the attention's output gate (attn_gate knob; afmoe)
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,8 @@ class LayerKnobs:
     make_cache: MakeCache = _kind(MakeCache, MakeCache.DEFAULT)
     mask_array: bool = False  # gemma2: create_attention_mask(..., return_array=True)
     kv_share: KVShare | None = _kind(KVShare, None)  # cla: fields use_cla, cla_share_factor
+    sliding_heads: str | None = None  # field: a dict whose num_attention_heads /
+    # num_attention_groups replace the head counts on sliding layers (step3p5)
 
 
 @dataclass(frozen=True)
@@ -234,8 +240,9 @@ class MoENames:
     down_proj: str = "down_proj"
     shared: str = "shared_experts"
     shared_gate: str = "shared_expert_gate"  # SIGMOID_GATED: Linear(D, 1)
-    correction_bias: str = "e_score_correction_bias"  # noaux_tc: on the router module
+    correction_bias: str = "e_score_correction_bias"  # corrected routers: on the module bias_at says
     gate_act: str = "gate_act"  # f32_act_topk: the activation module (nn.Softmax / nn.Sigmoid)
+    coefficient: str = "coefficient"  # SharedKind.COEFFICIENT: Linear(D, 2) mixing routed / shared
 
 
 @dataclass(frozen=True)
@@ -250,8 +257,10 @@ class RouterKnobs:
     params: Mapping[str, Any] = field(default_factory=dict)
     group_guard: GroupGuard = _kind(GroupGuard, GroupGuard.N_GROUP_GT_1)  # noaux_tc
     renorm: TopKRenorm = _kind(TopKRenorm, TopKRenorm.SUM)  # noaux_tc: the renormalizing division
-    corrected: bool | str = True  # noaux_tc / grouped_score: the per-expert correction bias exists
-    # (literal, or the field that switches it: bailing_moe's moe_router_enable_expert_bias)
+    corrected: bool | str = True  # corrected kinds (kinds.CORRECTED_ROUTERS): the per-expert
+    # correction bias exists (literal, or the field that switches it: bailing_moe's
+    # moe_router_enable_expert_bias)
+    bias_at: BiasAt = _kind(BiasAt, BiasAt.ROUTER)  # corrected kinds: the module holding the bias
     gate_f32: bool = False  # gate LINEAR: the gate reads x.astype(float32) (minimax)
 
 
@@ -328,6 +337,9 @@ class ArchDescriptor:
     attention: AttnKind = _kind(AttnKind, AttnKind.SDPA)
     sinks: bool = False  # gpt_oss: per-head sink logits `sinks` [H] on the attention, passed to sdpa
     query_scale: QueryScale | None = _kind(QueryScale, None)
+    attn_gate: AttnOutGate | None = _kind(AttnOutGate, None)  # gate on the attention output
+    attn_gate_when: str | None = None  # the bool field switching attn_gate (None: always)
+    swiglu_clamp: SwigluClamp | None = _kind(SwigluClamp, None)  # per-layer clamped SwiGLU
     rope: RopeKnobs = RopeKnobs()
     mlp: MlpKnobs = MlpKnobs()
     norm: NormKnobs = NormKnobs()
@@ -382,6 +394,10 @@ class ArchDescriptor:
             yield "attention", "attn_logit_softcapping"
         if self.query_scale is QueryScale.LLAMA4:
             yield "query_scale", "rope_parameters"
+        if self.attn_gate_when:
+            yield "attn_gate_when", self.attn_gate_when
+        if self.swiglu_clamp is SwigluClamp.PER_LAYER_LISTS:
+            yield from (("swiglu_clamp", "swiglu_limits"), ("swiglu_clamp", "swiglu_limits_shared"))
         yield from self._rope_refs()
         if not isinstance(self.mlp.intermediate, MlpSize):
             yield "mlp.intermediate", self.mlp.intermediate
@@ -395,6 +411,8 @@ class ArchDescriptor:
             yield "block.residual_scale", b.residual_scale
         if self.embed_scale in (EmbedScale.SQRT_HIDDEN, EmbedScale.SQRT_HIDDEN_BF16):
             yield "embed_scale", "hidden_size"
+        elif self.embed_scale is EmbedScale.SQRT_HIDDEN_MUP:
+            yield from (("embed_scale", "hidden_size"), ("embed_scale", "mup_enabled"))
         elif self.embed_scale is not None:
             yield "embed_scale", self.embed_scale
         h = self.head
@@ -407,8 +425,11 @@ class ArchDescriptor:
         if h.softcap is FinalSoftcap.FIELD:
             yield "head.softcap", "final_logit_softcapping"
         lk = self.layers
-        if lk.kinds in (LayerKinds.LAYER_TYPES, LayerKinds.LAYER_TYPES_OLMO3):
+        if lk.kinds in (LayerKinds.LAYER_TYPES, LayerKinds.LAYER_TYPES_OLMO3,
+                        LayerKinds.LAYER_TYPES_OR_EVEN):
             yield "layers.kinds", "layer_types"
+        if lk.sliding_heads:
+            yield "layers.sliding_heads", lk.sliding_heads
         if lk.period:
             yield "layers.period", lk.period
         if lk.sliding_window:
@@ -420,6 +441,14 @@ class ArchDescriptor:
 
     def _rope_refs(self) -> Iterator[tuple[str, str]]:
         r = self.rope
+        if r.kind is RopeKind.LAYER_TYPE_PARAMS:  # every number comes from rope_parameters
+            yield from (("rope", "rope_parameters"), ("rope", "layer_types"),
+                        ("rope", "max_position_embeddings"))
+            return
+        if r.kind is RopeKind.PER_LAYER_LISTS:
+            yield from (("rope", f) for f in ("rope_theta", "partial_rotary_factors", "yarn_only_types",
+                                              "rope_scaling", "max_position_embeddings", "layer_types"))
+            return
         yield "rope.theta", r.theta
         if r.partial:
             yield "rope.partial", r.partial
@@ -517,6 +546,11 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error(f"sinks with attention {d.attention.value!r}: only 'sdpa' takes attention sinks")
     if d.rope.nope in (NopeRule.GLOBAL_LAYERS, NopeRule.SLIDING_OR_ALL) and lk.kinds is LayerKinds.ALL_FULL:
         raise d.error(f"rope.nope {d.rope.nope.value!r} needs sliding layers (layers.kinds)")
+    if d.attn_gate_when and d.attn_gate is None:
+        raise d.error("attn_gate_when names the field switching attn_gate, which is unset")
+    if d.rope.kind is RopeKind.LAYER_TYPE_PARAMS and lk.kinds is not LayerKinds.LAYER_TYPES:
+        raise d.error("rope.kind 'layer_type_params' reads rope_parameters by layer_types: "
+                      "layers.kinds must be 'layer_types'")
     if d.moe is not None:
         check_moe(d, d.moe, StackExperts)
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):

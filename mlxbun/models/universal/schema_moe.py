@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from mlxbun.models.universal.kinds import (
+    CORRECTED_ROUTERS,
     ROUTER_PARAMS,
+    BiasAt,
     GateKind,
     GroupGuard,
     MoeLayers,
@@ -46,6 +48,10 @@ def moe_refs(m: Any) -> Iterator[tuple[str, str]]:
     elif m.layers is MoeLayers.START_END_INTERVAL:
         yield from (("moe.layers", f) for f in ("moe_layer_start_index", "moe_layer_end_index",
                                                 "moe_layer_interval"))
+    elif m.layers is MoeLayers.NUM_DENSE:
+        yield "moe.layers", "num_dense_layers"
+    elif m.layers is MoeLayers.ENUM_STRING:
+        yield "moe.layers", "moe_layers_enum"
     sh = m.shared
     if sh is not None:
         if not isinstance(sh.size, SharedSize):
@@ -62,6 +68,11 @@ def moe_refs(m: Any) -> Iterator[tuple[str, str]]:
 
 # router kinds whose renormalization is part of the kind (sparsemixer: none; the others: always)
 _FIXED_NORM_ROUTERS = (RouterKind.SPARSEMIXER, RouterKind.F32_ACT_TOPK, RouterKind.SIGMOID_CORRECTED)
+# corrected router kinds whose correction bias a row may switch off (`RouterKnobs.corrected`);
+# the other corrected kinds always add theirs
+_SWITCHABLE_BIAS = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE)
+# the gate kinds whose logits a sibling module of the router computes
+_SIBLING_GATE = (GateKind.LINEAR, GateKind.WRAPPED)
 
 
 def check_moe(d: Any, m: Any, stack_type: type) -> None:
@@ -72,12 +83,18 @@ def check_moe(d: Any, m: Any, stack_type: type) -> None:
         raise d.error(f"moe.router.params for kind {r.kind.value!r} must name exactly "
                       f"{', '.join(want) or 'nothing'} (each a ModelArgs field or a literal); got "
                       f"{', '.join(r.params) or 'nothing'}")
-    if r.kind in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.gate in (GateKind.LINEAR,
-                                                                              GateKind.WRAPPED):
-        raise d.error(f"moe.router.kind {r.kind.value!r} keeps its correction bias on the router "
-                      "module: moe.router.gate must be 'weight' or 'nested'")
-    if r.kind not in (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE) and r.corrected is not True:
+    if r.kind in CORRECTED_ROUTERS and r.gate in _SIBLING_GATE and r.bias_at is BiasAt.ROUTER:
+        raise d.error(f"moe.router.kind {r.kind.value!r} with bias_at 'router' keeps its correction "
+                      "bias on the router module: moe.router.gate must be 'weight' or 'nested' "
+                      "(or bias_at 'block')")
+    if r.kind not in CORRECTED_ROUTERS and r.bias_at is not BiasAt.ROUTER:
+        raise d.error(f"moe.router.bias_at with {r.kind.value!r}: that router kind has no "
+                      "correction bias")
+    if r.kind not in CORRECTED_ROUTERS and r.corrected is not True:
         raise d.error(f"moe.router.corrected with {r.kind.value!r}: the kind has no correction bias")
+    if r.kind not in _SWITCHABLE_BIAS and r.corrected is not True:
+        raise d.error(f"moe.router.corrected with {r.kind.value!r}: the kind always adds its "
+                      "correction bias")
     if r.renorm is TopKRenorm.SUM_EPS and (r.kind is not RouterKind.NOAUX_TC
                                            or r.group_guard is not GroupGuard.N_GROUP_GT_1):
         raise d.error("moe.router.renorm 'sum_eps' is a branch of kind 'noaux_tc' with group_guard "
@@ -101,15 +118,17 @@ def check_moe(d: Any, m: Any, stack_type: type) -> None:
                       "shared-expert count field, e.g. n_shared_experts)")
     n = m.names
     block = n.block or d.names.mlp
-    inside = [n.gate, n.switch] + ([n.router] if r.gate in (GateKind.LINEAR, GateKind.WRAPPED) else [])
-    if r.kind is RouterKind.SIGMOID_CORRECTED and r.gate in (GateKind.LINEAR, GateKind.WRAPPED):
-        inside.append(n.correction_bias)  # on the block, beside the gate
+    inside = [n.gate, n.switch] + ([n.router] if r.gate in _SIBLING_GATE else [])
+    if r.kind in CORRECTED_ROUTERS and r.bias_at is BiasAt.BLOCK:
+        inside.append(n.correction_bias)  # on the block, beside the gate / router
     if r.kind is RouterKind.F32_ACT_TOPK:
         inside.append(n.gate_act)
     if m.shared is not None:
         inside.append(n.shared)
         if m.shared.kind is SharedKind.SIGMOID_GATED:
             inside.append(n.shared_gate)
+        elif m.shared.kind is SharedKind.COEFFICIENT:
+            inside.append(n.coefficient)
     if len(set(inside)) != len(inside):
         raise d.error(f"moe.names give two children of the MoE block ({block}) one name: {inside}")
     for rule in d.sanitize:
