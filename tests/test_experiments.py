@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 
 from mlxbun.errors import MlxbunError  # noqa: E402
 from mlxbun.experiments import benchmark, kv_quant  # noqa: E402
-from mlxbun.experiments.common import model_path  # noqa: E402
+from mlxbun.experiments.common import model_path, same_weights  # noqa: E402
 from mlxbun.experiments.logit_diff import Side, logit_diff  # noqa: E402
 from mlxbun.experiments.port_bringup import bringup  # noqa: E402
 from mlxbun.lab import plots  # noqa: E402
@@ -242,6 +242,26 @@ def test_logit_diff_refuses_to_compare_a_model_with_itself(zoo):
     assert Side(real, "q4", head_dim=32).path == Side(real).path == zoo("llama")
     with pytest.raises(MlxbunError, match="both sides are"):
         logit_diff(Side(real, "float32"), Side(real, "q4"), n_tokens=40, prefill=16, record=False)
+
+
+def test_logit_diff_refuses_two_directories_holding_the_same_bytes(zoo, tmp_path):
+    """A copy of a checkpoint (or a GGUF import whose --quant changed nothing) is the same model."""
+    import shutil
+
+    copy = shutil.copytree(zoo("llama"), tmp_path / "copy")
+    with pytest.raises(MlxbunError, match="byte-identical config.json and weights"):
+        logit_diff(Side(str(zoo("llama"))), Side(str(copy)), n_tokens=40, prefill=16, record=False)
+    d = logit_diff(Side(str(zoo("llama"))), Side(str(copy)), n_tokens=40, prefill=16, allow_identical=True,
+                   record=False)
+    assert d.stats.kld_max == 0.0
+    shards = sorted(copy.glob("*.safetensors"))
+    shards[0].write_bytes(shards[0].read_bytes()[:-1] + b" ")  # one byte of padding / data differs
+    assert not same_weights(zoo("llama"), copy)
+    config = json.loads((copy / "config.json").read_text())
+    shutil.copyfile(zoo("llama") / shards[0].name, shards[0])
+    assert same_weights(zoo("llama"), copy)
+    (copy / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-3}))
+    assert not same_weights(zoo("llama"), copy)
 
 
 def test_logit_diff_of_weights_and_of_kv(tmp_path):
