@@ -202,6 +202,29 @@ def test_bringup_of_a_diverging_graph_localizes_it(zoo, monkeypatch, tmp_path):
     assert "0" in texts and any("e-" in t for t in texts)
 
 
+def test_bringup_on_moe_passes_then_localizes_a_perturbed_expert(zoo, monkeypatch, tmp_path):
+    """The bring-up notebook on a mixture of experts: bit-exact as is; one expert's weights
+    nudged in layer 1, the first divergence is that layer's MoE block."""
+    import mlxbun.factory
+
+    b = bringup("zoo:qwen3_moe", decode_steps=3, prompt_len=12, goldens_dir=tmp_path / "g", record=False)
+    assert b.verdict == "pass" and b.port.max_abs_diff == 0.0 and b.trajectory.identical
+    assert np.nanmax(b.heatmap().to_numpy()) == 0.0
+    real_open = mlxbun.factory.open_model
+
+    def open_perturbed(path):
+        model = real_open(path)
+        experts = model.model.layers[1].mlp.switch_mlp.down_proj
+        experts.weight = experts.weight + mx.array(1e-3, dtype=experts.weight.dtype)
+        return model
+
+    monkeypatch.setattr(mlxbun.factory, "open_model", open_perturbed)
+    b = bringup("zoo:qwen3_moe", decode_steps=3, prompt_len=12, goldens_dir=tmp_path / "g2", record=False)
+    assert b.verdict == "fail" and b.port.first_divergence["path"] == "model.layers.1.mlp"
+    heat = b.heatmap()
+    assert (heat.loc["model.layers.0"].fillna(0) == 0).all() and heat.loc["model.layers.1", "mlp"] > 0
+
+
 def test_bringup_of_a_refused_checkpoint_records_the_refusal(zoo, tmp_path):
     odd = tmp_path / "odd"
     shutil.copytree(zoo("llama"), odd)
