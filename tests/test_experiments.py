@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 
 from mlxbun.errors import MlxbunError  # noqa: E402
 from mlxbun.experiments import benchmark, kv_quant  # noqa: E402
-from mlxbun.experiments.common import model_path  # noqa: E402
+from mlxbun.experiments.common import model_path, same_weights  # noqa: E402
 from mlxbun.experiments.logit_diff import Side, logit_diff  # noqa: E402
 from mlxbun.experiments.port_bringup import bringup  # noqa: E402
 from mlxbun.lab import plots  # noqa: E402
@@ -202,6 +202,29 @@ def test_bringup_of_a_diverging_graph_localizes_it(zoo, monkeypatch, tmp_path):
     assert "0" in texts and any("e-" in t for t in texts)
 
 
+def test_bringup_on_moe_passes_then_localizes_a_perturbed_expert(zoo, monkeypatch, tmp_path):
+    """The bring-up notebook on a mixture of experts: bit-exact as is; one expert's weights
+    nudged in layer 1, the first divergence is that layer's MoE block."""
+    import mlxbun.factory
+
+    b = bringup("zoo:qwen3_moe", decode_steps=3, prompt_len=12, goldens_dir=tmp_path / "g", record=False)
+    assert b.verdict == "pass" and b.port.max_abs_diff == 0.0 and b.trajectory.identical
+    assert np.nanmax(b.heatmap().to_numpy()) == 0.0
+    real_open = mlxbun.factory.open_model
+
+    def open_perturbed(path):
+        model = real_open(path)
+        experts = model.model.layers[1].mlp.switch_mlp.down_proj
+        experts.weight = experts.weight + mx.array(1e-3, dtype=experts.weight.dtype)
+        return model
+
+    monkeypatch.setattr(mlxbun.factory, "open_model", open_perturbed)
+    b = bringup("zoo:qwen3_moe", decode_steps=3, prompt_len=12, goldens_dir=tmp_path / "g2", record=False)
+    assert b.verdict == "fail" and b.port.first_divergence["path"] == "model.layers.1.mlp"
+    heat = b.heatmap()
+    assert (heat.loc["model.layers.0"].fillna(0) == 0).all() and heat.loc["model.layers.1", "mlp"] > 0
+
+
 def test_bringup_of_a_refused_checkpoint_records_the_refusal(zoo, tmp_path):
     odd = tmp_path / "odd"
     shutil.copytree(zoo("llama"), odd)
@@ -242,6 +265,26 @@ def test_logit_diff_refuses_to_compare_a_model_with_itself(zoo):
     assert Side(real, "q4", head_dim=32).path == Side(real).path == zoo("llama")
     with pytest.raises(MlxbunError, match="both sides are"):
         logit_diff(Side(real, "float32"), Side(real, "q4"), n_tokens=40, prefill=16, record=False)
+
+
+def test_logit_diff_refuses_two_directories_holding_the_same_bytes(zoo, tmp_path):
+    """A copy of a checkpoint (or a GGUF import whose --quant changed nothing) is the same model."""
+    import shutil
+
+    copy = shutil.copytree(zoo("llama"), tmp_path / "copy")
+    with pytest.raises(MlxbunError, match="byte-identical config.json and weights"):
+        logit_diff(Side(str(zoo("llama"))), Side(str(copy)), n_tokens=40, prefill=16, record=False)
+    d = logit_diff(Side(str(zoo("llama"))), Side(str(copy)), n_tokens=40, prefill=16, allow_identical=True,
+                   record=False)
+    assert d.stats.kld_max == 0.0
+    shards = sorted(copy.glob("*.safetensors"))
+    shards[0].write_bytes(shards[0].read_bytes()[:-1] + b" ")  # one byte of padding / data differs
+    assert not same_weights(zoo("llama"), copy)
+    config = json.loads((copy / "config.json").read_text())
+    shutil.copyfile(zoo("llama") / shards[0].name, shards[0])
+    assert same_weights(zoo("llama"), copy)
+    (copy / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-3}))
+    assert not same_weights(zoo("llama"), copy)
 
 
 def test_logit_diff_of_weights_and_of_kv(tmp_path):

@@ -244,6 +244,36 @@ def test_quantized_kv_matches_mlx_lm(loaded, wide_qwen3, side, options):
     assert not all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(ours, plain))
 
 
+@pytest.fixture(scope="module")
+def wide_qwen3_moe(zoo_root):
+    """The zoo's qwen3_moe with head_dim 32 (quantizable KV at group 32)."""
+    from mlxbun.zoo import cached_checkpoint
+
+    return cached_checkpoint("qwen3_moe", head_dim=32, root=zoo_root)
+
+
+@pytest.mark.parametrize("options", QUANTIZED[:3], ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
+def test_quantized_kv_matches_mlx_lm_on_moe(loaded, wide_qwen3_moe, options):
+    """Routed experts over a quantized KV cache: the same stream as mlx-lm's."""
+    ours, theirs = _run_both(loaded, wide_qwen3_moe, "mlxbun", prompt=LONG_PROMPT, **options)
+    _assert_same_stream(ours, theirs)
+
+
+def test_turboquant_and_mixed_kv_run_on_moe(loaded, wide_qwen3_moe):
+    """TurboQuant and a per-layer plan convert an MoE model's caches, and change what it computes."""
+    from mlxbun.cache.quantized import QuantizedKVCache
+    from mlxbun.cache.turboquant import TurboQuantKVCache
+
+    model, tok = loaded(wide_qwen3_moe, "mlxbun")
+    plain = list(stream_generate(model, tok, LONG_PROMPT, max_tokens=N))
+    for kv, kind in ((dict(kv_bits=3.5, kv_scheme="turboquant"), TurboQuantKVCache),
+                     (dict(kv_config=[{"layer_idx": 1, "bits": 4, "group_size": 32}]), QuantizedKVCache)):
+        cache = make_generation_cache(model, **kv)
+        out = list(stream_generate(model, tok, LONG_PROMPT, max_tokens=N, prompt_cache=cache, **kv))
+        assert len(out) == N and isinstance(cache[-1 if kind is QuantizedKVCache else 0], kind), kv
+        assert not all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(out, plain)), kv
+
+
 def test_quantized_kv_converts_caches_at_the_start_offset(loaded, wide_qwen3):
     from mlxbun.cache import quantized
     model, tok = loaded(wide_qwen3, "mlxbun")
@@ -627,7 +657,7 @@ def test_sampler_option_errors(options):
 # ----------------------------------------------------------------------------- caches in, caches out
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gpt_oss"])  # gpt_oss: sliding rings and full caches
+@pytest.mark.parametrize("arch", ["qwen3", "gpt_oss", "qwen3_moe"])  # gpt_oss: sliding rings and full caches
 def test_prompt_cache_list_continues_like_mlx_lm(loaded, arch):
     """A prefix in a cache list, then the rest as the prompt: mlx-lm's multi-turn use."""
     from mlx_lm.models import cache as mc
@@ -649,7 +679,7 @@ def test_prompt_cache_list_continues_like_mlx_lm(loaded, arch):
     _assert_same_stream(ours, theirs)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen3", "gpt_oss", "qwen3_moe"])
 def test_saved_prompt_cache_round_trip(loaded, tmp_path, arch):
     from mlxbun.cache import prompt_cache as pc
     from mlxbun.generation_caches import model_identity_of

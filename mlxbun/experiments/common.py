@@ -3,6 +3,7 @@ checkpoint may or may not have."""
 
 from __future__ import annotations
 
+import filecmp
 import os
 from pathlib import Path
 from typing import Optional
@@ -32,3 +33,14 @@ def optional_tokenizer(path):
         return load_tokenizer(path)
     except MlxbunError:
         return None
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """True when two checkpoint directories hold byte-identical config.json and weight files
+    (the same *.safetensors names): two paths to one model, e.g. a GGUF whose tensors are all
+    Q4_1 imported with and without `--quant 4` (only the types it dequantizes are re-quantized)."""
+    names = sorted(p.name for p in Path(a).glob("*.safetensors"))
+    if not names or names != sorted(p.name for p in Path(b).glob("*.safetensors")):
+        return False
+    return all(filecmp.cmp(Path(a) / n, Path(b) / n, shallow=False) for n in [*names, "config.json"]
+               if (Path(a) / n).is_file() or (Path(b) / n).is_file())

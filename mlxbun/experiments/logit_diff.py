@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxbun.errors import MlxbunError
-from mlxbun.experiments.common import model_path, optional_tokenizer
+from mlxbun.experiments.common import model_path, optional_tokenizer, same_weights
 from mlxbun.lab.recording import recording
 from mlxbun.locate import open_runtime
 from mlxbun.names import KVSettings
@@ -73,13 +73,19 @@ def logit_diff(base: Side, new: Side, *, n_tokens: int = 128, prefill: int = 32,
     teacher-forced as decode (see `mlxbun.parity.forced.teacher_forced`): the first `prefill` ids
     are context, the other positions are scored against the actual next token (so delta-p and
     perplexities are reported too). Two sides that are the same configuration (same checkpoint,
-    engine and KV cache: e.g. zoo variants asked of a real model) are refused unless
-    `allow_identical` (a self-check: every statistic must then be exact)."""
+    or two directories holding the same bytes, with the same engine and KV cache: e.g. zoo variants
+    asked of a real model) are refused unless `allow_identical` (a self-check: every statistic must
+    then be exact)."""
     pa, pb = base.path, new.path
-    if (pa, base.engine, base.kv) == (pb, new.engine, new.kv) and not allow_identical:
-        raise MlxbunError(f"both sides are {base.label} at {pa}: nothing would be compared (for a model "
-                          "other than the zoo, give the new side its own checkpoint, e.g. an `mlxbun import "
-                          "gguf --quant none` of the same file)")
+    if (base.engine, base.kv) == (new.engine, new.kv) and not allow_identical:
+        if pa == pb:
+            raise MlxbunError(f"both sides are {base.label} at {pa}: nothing would be compared (for a model "
+                              "other than the zoo, give the new side its own checkpoint, e.g. an `mlxbun "
+                              "import gguf --quant none` of the same file)")
+        if same_weights(pa, pb):
+            raise MlxbunError(f"{pa} and {pb} hold byte-identical config.json and weights: nothing would be "
+                              "compared (an `import gguf --quant 4|8` re-quantizes only the tensor types it "
+                              "dequantizes; Q4_0 / Q4_1 / Q8_0 stay as shipped)")
     tok = optional_tokenizer(pa)
     if tok is None:
         raise MlxbunError(f"{pa}: no tokenizer to encode the evaluation text")
