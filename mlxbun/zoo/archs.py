@@ -115,10 +115,12 @@ def _qwen3_moe_post(cfg: dict) -> None:
 def _exaone_moe_post(cfg: dict) -> None:
     # mlx-lm reads is_moe_layer (K-EXAONE's hub config carries it); transformers writes mlp_layer_types
     cfg["is_moe_layer"] = [t == "sparse" for t in cfg["mlp_layer_types"]]
+
+
 def _minimax_m2_post(cfg: dict) -> None:
     # MiniMax-M2 hub configs give partial rope as rotary_dim only (transformers 5 derives the
-    # fraction into rope_parameters)
-    cfg.pop("partial_rotary_factor")
+    # fraction into rope_parameters; other transformers versions do not write it at all)
+    cfg.pop("partial_rotary_factor", None)
 
 
 # MoE rows: 4 experts, 2 per token, expert width 64 (a quantization group), so a 40-token
