@@ -149,3 +149,11 @@ def test_make_shows_a_line_per_install_step_and_pip_s_progress():
         if "pip install" in line:
             assert " -q" not in line, line
             assert lines[i - 1].startswith("@echo"), f"no step line before: {line}"
+
+
+def test_the_demo_count_is_the_zoo_s():
+    """`make demo` ports every zoo checkpoint this device runs: the README's N/N says how many."""
+    from mlxbun.zoo.archs import ARCHS, runnable_variants
+
+    n = sum(len(runnable_variants(a)) for a in ARCHS)
+    assert f"{n}/{n} bit-exact" in README
