@@ -60,6 +60,7 @@ _LAYER_RULE = exhaustive(MoeLayers, {
                                   "i <= moe_layer_end_index (null: the last layer)",
     MoeLayers.NUM_DENSE: "i >= num_dense_layers",
     MoeLayers.ENUM_STRING: "i in moe_layers_enum (unset: every layer but 0)",
+    MoeLayers.FREQ_LIST: "moe_layer_freq[i] == 1",
 })
 
 _RENORM = exhaustive(TopKRenorm, {TopKRenorm.SUM: " / sum", TopKRenorm.SUM_EPS: " / (sum + 1e-20)"})

@@ -213,6 +213,8 @@ class LayerKinds(StrEnum):
     EXAONE = "exaone"  # pattern string of L (local) and G (global), repeated
     LAYER_TYPES_OR_EVEN = "layer_types_or_even"  # step3p5: sliding iff layer_types[i] ==
     # "sliding_attention" (the list may be longer); without layer_types, the even layers
+    HYBRID_PATTERN = "hybrid_pattern"  # mimo_v2_flash: sliding iff hybrid_layer_pattern[i] == 1;
+    # both kinds present (mlx-lm takes each mask from the first layer of its kind)
 
 
 class KVShare(StrEnum):
@@ -414,6 +416,7 @@ class MoeLayers(StrEnum):
     # list; null: the last layer) (ernie4_5_moe)
     NUM_DENSE = "num_dense"  # i >= num_dense_layers (afmoe)
     ENUM_STRING = "enum_string"  # i in moe_layers_enum ("1,2,..."); unset: every layer but 0 (step3p5)
+    FREQ_LIST = "freq_list"  # moe_layer_freq[i] == 1, a per-layer list (mimo_v2_flash)
 
 
 class SwigluClamp(StrEnum):
@@ -454,6 +457,7 @@ class PostInit(StrEnum):
     # and mscales (phimoe's attention reads the four keys)
     LAYER_TYPE_ROPES = "layer_type_ropes"  # mellum: layer_types full / sliding only, one per
     # layer, a full one, each with a rope_parameters entry holding rope_theta
+    SCALING_NONE_ONE = "scaling_none_one"  # mimo_v2_flash: a null routed_scaling_factor reads 1.0
 
 
 def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:

@@ -29,8 +29,6 @@ NOT_COVERED: dict[str, str] = {
               "maybe_trim_front / start_position and a chunk mask built from cache[0], which no "
               "mlxbun cache has), a hard-coded every-4th global NoPE layer with temperature-tuned "
               "queries; top-1 sigmoid router that scales the expert input",
-    "mimo_v2_flash": f"{_MOE}: sliding layers with their own head counts / dims and attention "
-                     "sink biases",
     "phixtral": f"{_MOE}: SwitchMLP experts (fc1/fc2, precise GELU, biases, width 4 * model_dim) "
                 "stacked from moe.mlp.N, the embedding nested in transformer.embd.wte, the final "
                 "LayerNorm inside the lm_head module (lm_head.ln / lm_head.linear), a literal eps and "

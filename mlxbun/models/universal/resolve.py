@@ -94,6 +94,9 @@ class LayerSpec:
     heads: tuple[int, int] | None = None  # (query, key/value) heads when not the model's (step3p5)
     swiglu_limits: tuple[float, float] = (0, 0)  # clamped SwiGLU: (routed experts, shared / dense);
     # 0: plain SwiGLU
+    dims: tuple[int, int] | None = None  # (q/k, value) head dims when not the model's head_dim
+    scale: float | None = None  # the attention scale when not the model's (mimo_v2_flash)
+    sinks: bool = False  # the attention adds per-head sink logits (ArchDescriptor.sinks)
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,10 @@ def _gpt_oss_layer_types(a: dict, mt: str) -> None:
             raise _fail(mt, f"layer_types has no '{kind}' layer (mlx-lm's gpt_oss needs both)")
 
 
+def _scaling_none_one(a: dict, mt: str) -> None:  # mimo_v2_flash's MoEGate
+    a["routed_scaling_factor"] = 1.0 if a["routed_scaling_factor"] is None else a["routed_scaling_factor"]
+
+
 def _layer_type_ropes(a: dict, mt: str) -> None:  # mellum
     lt, rp = a["layer_types"], a["rope_parameters"]
     if not isinstance(lt, list) or len(lt) != a["num_hidden_layers"]:
@@ -334,6 +341,7 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.GPT_OSS_LAYER_TYPES: _gpt_oss_layer_types,
     PostInit.PHIMOE_ROPE_SCALING: _phimoe_rope_scaling,
     PostInit.LAYER_TYPE_ROPES: _layer_type_ropes,
+    PostInit.SCALING_NONE_ONE: _scaling_none_one,
 })
 
 
@@ -375,6 +383,12 @@ def layer_kinds(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
         if lt and len(lt) < n:
             raise _fail(d.model_type, f"layer_types lists {len(lt)} kinds for {n} layers")
         return [lt[i] == "sliding_attention" if lt else i % 2 == 0 for i in range(n)]
+    if kind is LayerKinds.HYBRID_PATTERN:  # mimo_v2_flash: .index(1) and .index(0) of it
+        hp = a["hybrid_layer_pattern"]
+        if not isinstance(hp, list) or len(hp) < n or 0 not in hp[:n] or 1 not in hp[:n]:
+            raise _fail(d.model_type, f"'hybrid_layer_pattern' must list {n} layers of 0 (full) and 1 "
+                        f"(sliding), holding both, got {hp!r}")
+        return [hp[i] == 1 for i in range(n)]
     pattern = a[d.layers.period]
     if kind is LayerKinds.PERIOD:
         if not isinstance(pattern, int) or isinstance(pattern, bool) or not 0 < pattern <= n:
@@ -487,6 +501,19 @@ def _sliding_heads(d: ArchDescriptor, a: dict) -> tuple[int, int] | None:
     return tuple(_int_field(other, k, d.model_type) for k in keys)
 
 
+def _layer_attn(d: ArchDescriptor, a: dict, sliding: bool, head_dim: int) -> dict[str, Any]:
+    """A layer's own attention shape, as LayerSpec fields: heads, dims, scale, sinks."""
+    mt, sa = d.model_type, d.layers.sliding_attn
+    sinks = d.sinks and (d.sinks_when is None or bool(a[d.sinks_when[sliding]]))
+    if sliding and sa is not None:  # mimo_v2_flash's swa_* fields
+        hd = _int_field(a, sa.head_dim, mt)
+        return dict(heads=(_int_field(a, sa.heads, mt), _int_field(a, sa.kv_heads, mt)), sinks=sinks,
+                    dims=(hd, _int_field(a, sa.v_head_dim, mt)), scale=_ATTN_SCALES[d.attn_scale](a, hd))
+    if sliding and d.layers.sliding_heads:  # step3p5
+        return dict(heads=_sliding_heads(d, a), sinks=sinks)
+    return dict(dims=(head_dim, _int_field(a, d.v_head_dim, mt)) if d.v_head_dim else None, sinks=sinks)
+
+
 def _swiglu_limits(d: ArchDescriptor, a: dict, i: int) -> tuple[float, float]:
     """step3p5: layer i's (routed, shared / dense) SwiGLU limits; 0 = unclamped."""
     if d.swiglu_clamp is None:
@@ -528,9 +555,10 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
         raise _fail(mt, f"{len(kinds)} layer kinds for {n_layers} layers")
     routed = moe_layers(d, a, n_layers)
     kv_proj = _kv_proj(d, a, n_layers)
-    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, head_dim, any(kinds)), routed[i], kv_proj[i],
-                             _sliding_heads(d, a) if s else None, _swiglu_limits(d, a, i))
-                   for i, s in enumerate(kinds))
+    attn = [_layer_attn(d, a, s, head_dim) for s in kinds]
+    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, (at.get("dims") or (head_dim,))[0], any(kinds)),
+                             routed[i], kv_proj[i], swiglu_limits=_swiglu_limits(d, a, i), **at)
+                   for i, (s, at) in enumerate(zip(kinds, attn)))
     window = a[d.layers.sliding_window] if d.layers.sliding_window else None
     if any(kinds) and d.layers.make_cache is MakeCache.ROTATING_SLIDING:
         if not isinstance(window, int) or window <= 0:

@@ -134,6 +134,8 @@ class Names:
     inner_norm: str = "norm"  # lille-130m: the pre-norm lives inside attention / mlp
     act: str = "act_fn"  # apertus: the XieLU module (it has parameters)
     attn_gate: str = "gate_proj"  # the attention's output gate (attn_gate knob; afmoe)
+    sinks: str = "sinks"  # the attention's per-head sink logits (sinks knob; mimo_v2_flash:
+    # attention_sink_bias)
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,17 @@ class HeadKnobs:
 
 
 @dataclass(frozen=True)
+class SlidingAttn:
+    """Sliding layers' own attention shape, each a ModelArgs field (mimo_v2_flash's swa_*): head
+    counts, the q/k and value head dims (the scale and the rotary dims follow the q/k one)."""
+
+    heads: str
+    kv_heads: str
+    head_dim: str
+    v_head_dim: str
+
+
+@dataclass(frozen=True)
 class LayerKnobs:
     kinds: LayerKinds = _kind(LayerKinds, LayerKinds.ALL_FULL)
     sliding_window: str | None = None  # field
@@ -224,6 +237,7 @@ class LayerKnobs:
     kv_share: KVShare | None = _kind(KVShare, None)  # cla: fields use_cla, cla_share_factor
     sliding_heads: str | None = None  # field: a dict whose num_attention_heads /
     # num_attention_groups replace the head counts on sliding layers (step3p5)
+    sliding_attn: SlidingAttn | None = None  # sliding layers' own head counts and dims (mimo_v2_flash)
 
 
 @dataclass(frozen=True)
@@ -336,6 +350,10 @@ class ArchDescriptor:
     attn_scale: AttnScale = _kind(AttnScale, AttnScale.HEAD_DIM)
     attention: AttnKind = _kind(AttnKind, AttnKind.SDPA)
     sinks: bool = False  # gpt_oss: per-head sink logits `sinks` [H] on the attention, passed to sdpa
+    sinks_when: tuple[str, str] | None = None  # the bool fields switching sinks on (full, sliding)
+    # layers (mimo_v2_flash); None: on every layer
+    v_head_dim: str | None = None  # field: the value head dim when not head_dim (mimo_v2_flash)
+    value_scale: str | None = None  # field: values * it after the head reshape, unless None (mimo)
     query_scale: QueryScale | None = _kind(QueryScale, None)
     attn_gate: AttnOutGate | None = _kind(AttnOutGate, None)  # gate on the attention output
     attn_gate_when: str | None = None  # the bool field switching attn_gate (None: always)
@@ -396,6 +414,9 @@ class ArchDescriptor:
             yield "query_scale", "rope_parameters"
         if self.attn_gate_when:
             yield "attn_gate_when", self.attn_gate_when
+        for knob, value in (("sinks_when", (self.sinks_when or ())), ("v_head_dim", (self.v_head_dim,)),
+                            ("value_scale", (self.value_scale,))):
+            yield from ((knob, f) for f in value if f)
         if self.swiglu_clamp is SwigluClamp.PER_LAYER_LISTS:
             yield from (("swiglu_clamp", "swiglu_limits"), ("swiglu_clamp", "swiglu_limits_shared"))
         yield from self._rope_refs()
@@ -430,6 +451,11 @@ class ArchDescriptor:
             yield "layers.kinds", "layer_types"
         if lk.sliding_heads:
             yield "layers.sliding_heads", lk.sliding_heads
+        if lk.kinds is LayerKinds.HYBRID_PATTERN:
+            yield "layers.kinds", "hybrid_layer_pattern"
+        if lk.sliding_attn is not None:
+            yield from ((f"layers.sliding_attn.{f.name}", getattr(lk.sliding_attn, f.name))
+                        for f in dataclasses.fields(lk.sliding_attn))
         if lk.period:
             yield "layers.period", lk.period
         if lk.sliding_window:
@@ -544,6 +570,15 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error("layers.kv_share takes separate q/k/v projections and a sequential block")
     if d.sinks and d.attention is not AttnKind.SDPA:
         raise d.error(f"sinks with attention {d.attention.value!r}: only 'sdpa' takes attention sinks")
+    if d.sinks_when is not None and not d.sinks:
+        raise d.error("sinks_when names the fields switching sinks, which are off")
+    if (d.sinks_when is not None or lk.sliding_attn is not None or d.v_head_dim or d.value_scale) \
+            and d.qkv is not QKV.SEPARATE:
+        raise d.error("sinks_when / layers.sliding_attn / v_head_dim / value_scale take separate "
+                      "q/k/v projections")
+    if lk.sliding_attn is not None and (lk.kinds is LayerKinds.ALL_FULL or lk.sliding_heads):
+        raise d.error("layers.sliding_attn needs sliding layers (layers.kinds) and excludes "
+                      "layers.sliding_heads")
     if d.rope.nope in (NopeRule.GLOBAL_LAYERS, NopeRule.SLIDING_OR_ALL) and lk.kinds is LayerKinds.ALL_FULL:
         raise d.error(f"rope.nope {d.rope.nope.value!r} needs sliding layers (layers.kinds)")
     if d.attn_gate_when and d.attn_gate is None:

@@ -52,6 +52,8 @@ def moe_refs(m: Any) -> Iterator[tuple[str, str]]:
         yield "moe.layers", "num_dense_layers"
     elif m.layers is MoeLayers.ENUM_STRING:
         yield "moe.layers", "moe_layers_enum"
+    elif m.layers is MoeLayers.FREQ_LIST:
+        yield "moe.layers", "moe_layer_freq"
     sh = m.shared
     if sh is not None:
         if not isinstance(sh.size, SharedSize):
