@@ -1325,3 +1325,90 @@ def test_mimo_v2_flash_config_and_row_errors_name_the_key():
         _row("mimo_v2_flash", layers=LayerKnobs(sliding_attn=DESCRIPTORS["mimo_v2_flash"].layers.sliding_attn))
     with pytest.raises(DescriptorError, match="sinks_when reads the field 'add_sinks'"):
         _row("mimo_v2_flash", sinks_when=("add_full_attention_sink_bias", "add_sinks"))
+
+
+# ----------------------------------------------------------------- laguna
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"moe_router_logit_softcapping": 0.0}, {"moe_router_score_func": "sqrtsoftplus"},
+    {"moe_routed_scaling_factor": 1.0, "num_experts_per_tok": 1}])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_laguna_capped_score_router_and_scaled_shared_sum_match_mlx_lm(changes, dtype):
+    """RouterKind.CAPPED_SCORE and SharedKind.ROUTED_SCALED against laguna's MoEGate / MoE."""
+    _same_blocks({**tiny_config("laguna"), **changes}, "laguna", dtype)
+
+
+def test_laguna_gate_module_sits_at_mlx_lm_path_and_returns_its_choice():
+    ref, ours = _pair({**tiny_config("laguna"), "moe_router_score_func": "sqrtsoftplus"}, seed=5)
+    blocks = list(_moe_blocks(ref, ours, "laguna"))
+    assert [i for i, _, _ in blocks] == [1, 2, 3]  # mlp_layer_types: layer 0 dense
+    for i, ref_block, our_block in blocks:
+        x = mx.random.normal((2, 9, 64), key=mx.random.key(i))
+        inds, weights = ref_block["gate"](x)
+        routing = our_block.router(x)
+        assert our_block.router is our_block["gate"] and not our_block.router.observer
+        assert mx.array_equal(inds, routing.experts) and mx.array_equal(weights, routing.weights)
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"gating": False}, {"layer_types": None}, {"num_attention_heads_per_layer": None},
+    {"mlp_layer_types": ["sparse", "dense", "sparse", "dense"]}, {"tie_word_embeddings": True},
+    {"rope_parameters": None, "partial_rotary_factor": 0.5},
+    {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}}])
+def test_laguna_per_layer_knobs_match_mlx_lm_through_the_caches(changes):
+    """Per-layer head counts, the softplus gate, rope per layer type (absent entries: defaults),
+    the MoE layer list: parameter paths, prefill and cached decode bit-exact."""
+    ref, ours = _pair({**tiny_config("laguna"), **changes}, seed=9)
+    assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
+        sorted(k for k, _ in tree_flatten(ours.parameters()))
+    ids = _prompt(24)
+    ref_cache, our_cache = ref.make_cache(), ours.make_cache()
+    assert mx.array_equal(ref(ids, cache=ref_cache), ours(ids, cache=our_cache))
+    for t in range(6):
+        step = mx.array([[7 * t + 2]])
+        assert mx.array_equal(ref(step, cache=ref_cache), ours(step, cache=our_cache)), t
+
+
+def test_laguna_original_layout_is_sanitized_like_mlx_lm(zoo, tmp_path):
+    """The repacked `language_model.` prefix, the bare router weight and the expert-side
+    correction bias, per-expert tensors: against mlx-lm's sanitize and a full load."""
+    def to_original(w):
+        out = {}
+        for k, v in _unstack(w, "mlp", "switch_mlp", _SAME).items():
+            k = k.replace(".mlp.gate.proj.weight", ".mlp.gate.weight")
+            k = k.replace(".mlp.gate.e_score_correction_bias", ".mlp.experts.e_score_correction_bias")
+            out[f"language_model.{k}"] = v
+        return out
+
+    path = _rewrite(zoo("laguna"), tmp_path / "laguna", to_original)
+    names = mx.load(str(path / "model.safetensors"))
+    assert "language_model.model.layers.1.mlp.gate.weight" in names
+    assert "language_model.model.layers.1.mlp.experts.0.up_proj.weight" in names
+    assert audit_checkpoint(path).ok
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+
+
+def test_laguna_config_and_row_errors_name_the_key():
+    from mlxbun.errors import ConfigError
+
+    cfg = tiny_config("laguna")
+    for changes, match in [
+        ({"moe_router_score_func": "softmax"}, "'moe_router_score_func' = 'softmax' is not supported"),
+        ({"layer_types": ["sliding_attention"] * 4}, "no 'full_attention' layer"),
+        ({"num_attention_heads_per_layer": [4, 8]}, "'num_attention_heads_per_layer' must list one entry"),
+        ({"num_attention_heads_per_layer": [4, 0, 4, 4]}, r"'num_attention_heads_per_layer'\[1\] must be"),
+        ({"mlp_layer_types": ["dense"]}, "'mlp_layer_types' must list one entry per layer"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            build_model({**cfg, **changes})
+    d = DESCRIPTORS["laguna"]
+    with pytest.raises(DescriptorError, match="'routed_scaled' and moe.shared.scale"):
+        _row("laguna", moe=dataclasses.replace(d.moe, shared=SharedKnobs("plain", size="shared_expert_intermediate_size",
+                                                                          scale="moe_routed_scaling_factor")))
+    with pytest.raises(DescriptorError, match="norm_topk with 'capped_score'"):
+        _row("laguna", moe=dataclasses.replace(d.moe, router=dataclasses.replace(d.moe.router, norm_topk=True)))
+    with pytest.raises(DescriptorError, match="heads_per_layer needs n_kv_heads"):
+        _row("laguna", layers=dataclasses.replace(d.layers, sliding_heads="gating"))

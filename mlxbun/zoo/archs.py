@@ -396,6 +396,17 @@ _ROWS = (
         "scoring_func": "sigmoid", "norm_topk_prob": True, "n_group": 2, "topk_group": 1,
         "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
         "use_cache": True}),
+    # full and sliding layers (each with its rope_parameters entry: partial rope on the full ones),
+    # per-layer query head counts, layer 0 dense; a router softcap and a routed scaling factor
+    # (defaults 0.0 / 1.0: those branches off) to exercise them
+    Arch("laguna", "LagunaForCausalLM", "LagunaConfig", layers=4, kv_heads=2, legacy_rope=False,
+         knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE,
+                "shared_expert_intermediate_size": MOE_INTERMEDIATE,
+                "layer_types": ["full_attention", "sliding_attention", "sliding_attention",
+                                "full_attention"],
+                "num_attention_heads_per_layer": [HEADS, 8, 8, HEADS],
+                "moe_router_logit_softcapping": 2.0, "moe_routed_scaling_factor": 2.5}),
     # one sliding and one full layer (each with its rope_parameters entry); rope read only from
     # rope_parameters, so no legacy keys
     Arch("mellum", "MellumForCausalLM", "MellumConfig", kv_heads=2, legacy_rope=False,

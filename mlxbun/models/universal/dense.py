@@ -99,6 +99,8 @@ _ROPES = exhaustive(RopeKind, {
                                                             s.max_positions),
     RopeKind.PER_LAYER_LISTS: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
                                                           s.max_positions),
+    RopeKind.LAYER_TYPE_PARTIAL: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
+                                                             s.max_positions),
 })
 
 
@@ -268,6 +270,9 @@ class Attention(nn.Module):
         output = output.transpose(0, 2, 1, 3)
         if self._gate is AttnOutGate.HEAD_SIGMOID:
             output = output * mx.sigmoid(self[n.attn_gate](x))[..., None]
+        elif self._gate is AttnOutGate.HEAD_SOFTPLUS:  # laguna
+            gate = nn.softplus(self[n.attn_gate](x).astype(mx.float32)).astype(output.dtype)
+            output = output * gate[..., None]
         output = output.reshape(B, L_, -1)
         if self._gate is AttnOutGate.SIGMOID:
             output = output * mx.sigmoid(self[n.attn_gate](x))

@@ -378,6 +378,9 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
     if gate_on and d.attn_gate is AttnOutGate.SIGMOID:
         yield Line(f"o = o * sigmoid({n.attn_gate}(x))",
                    f"output gate: {n.attn_gate} Linear(D, H*hd), no bias; heads concatenated{when}")
+    elif gate_on and d.attn_gate is AttnOutGate.HEAD_SOFTPLUS:
+        yield Line(f"o = o * softplus({n.attn_gate}(x).astype(float32)).astype(o.dtype)[..., None]",
+                   f"per-head output gate on [B, L, H, hd]: {n.attn_gate} Linear(D, H), no bias{when}")
     elif gate_on:  # AttnOutGate.HEAD_SIGMOID
         yield Line(f"o = o * sigmoid({n.attn_gate}(x))[..., None]",
                    f"per-head output gate on [B, L, H, hd]: {n.attn_gate} Linear(D, H), no bias{when}")
@@ -455,6 +458,9 @@ def _own_shapes(d: ArchDescriptor, a: UniversalArgs):
     if d.v_head_dim:
         yield Line("(values: vd = v_head_dim, v Linear(D, KV*vd), out Linear(H*vd, D))",
                    f"vd = {a.fields[d.v_head_dim]}")
+    if d.layers.heads_per_layer:
+        yield Line("(per layer: H = " + ", ".join(str(s.heads[0]) for s in a.layers) + ")",
+                   f"from {d.layers.heads_per_layer}")
     sa = d.layers.sliding_attn
     if sa is not None:
         own = sorted({(s.heads, s.dims, s.scale) for s in a.layers if s.sliding})
@@ -479,14 +485,15 @@ def _rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
     elif spec.dims != a.head_dim:  # step3p5: partial_rotary_factors[i]
         dims = f"{spec.dims} of hd"
     trad = f", traditional {spec.traditional}" if spec.traditional else ""
-    if spec.kind in (RopeKind.INITIALIZE, RopeKind.LAYER_TYPE_PARAMS, RopeKind.PER_LAYER_LISTS):
+    if spec.kind in (RopeKind.INITIALIZE, RopeKind.LAYER_TYPE_PARAMS, RopeKind.PER_LAYER_LISTS,
+                     RopeKind.LAYER_TYPE_PARTIAL):
         kind = rope_type_of(spec.scaling)
         params = {k: v for k, v in (spec.scaling or {}).items()
                   if k not in ("type", "rope_type", "rope_theta")}
         extra = f", {_short(params)}" if params else ""
         local = (f" ({d.rope.sliding_theta}, unscaled)" if layer.sliding and d.rope.sliding_theta
                  else "")
-        if spec.kind is RopeKind.LAYER_TYPE_PARAMS:
+        if spec.kind in (RopeKind.LAYER_TYPE_PARAMS, RopeKind.LAYER_TYPE_PARTIAL):
             local = f" (rope_parameters[{a.fields['layer_types'][layer.index]!r}])"
         return f"{kind} rope, dims {dims}, base {spec.base}{local}{trad}{extra}"
     if spec.kind is RopeKind.PHI3:

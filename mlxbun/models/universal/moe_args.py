@@ -88,6 +88,10 @@ def _freq_list(a: Mapping, i: int, m: MoEKnobs) -> bool:  # mimo_v2_flash
     return a["moe_layer_freq"][i] == 1
 
 
+def _mlp_layer_types(a: Mapping, i: int, m: MoEKnobs) -> bool:  # laguna
+    return a["mlp_layer_types"][i] == "sparse"
+
+
 _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exhaustive(MoeLayers, {
     MoeLayers.ALL: lambda a, i, m: True,
     MoeLayers.SPARSE_STEP: _sparse_step,
@@ -99,6 +103,7 @@ _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exh
     MoeLayers.NUM_DENSE: _num_dense,
     MoeLayers.ENUM_STRING: _enum_string,
     MoeLayers.FREQ_LIST: _freq_list,
+    MoeLayers.MLP_LAYER_TYPES: _mlp_layer_types,
 })
 
 

@@ -35,7 +35,6 @@ NOT_COVERED: dict[str, str] = {
                 "rope base (no config fields): several knobs for one arch, whose hub configs "
                 "(phi-msft) give the sizes as n_embd / n_head / n_layer / vocab_size while mlx-lm "
                 "reads model_dim / num_heads / num_layers / num_vocab (phi-2's sizes by default)",
-    "laguna": f"{_MOE}: its own MoE gate and sliding / global attention pattern",
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3", "falcon_h1",
          "gear", "granitemoehybrid", "jamba", "kimi_linear", "lfm2", "lfm2_moe", "longcat_flash_ngram",
