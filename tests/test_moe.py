@@ -27,6 +27,7 @@ from mlxbun.models.universal.moe import MoEBlock, Router, Routing, _group_select
 from mlxbun.models.universal.schema import (
     ArchDescriptor,
     DescriptorError,
+    LayerKnobs,
     MoEKnobs,
     MoENames,
     RouterKnobs,
@@ -1225,3 +1226,189 @@ def test_step3p5_config_errors_name_the_key():
             build_model({**cfg, **changes})
     with pytest.raises(DescriptorError, match="attn_gate_when names the field switching attn_gate"):
         _row("step3p5", attn_gate=None)
+
+
+# ----------------------------------------------------------------- mimo_v2_flash
+
+
+@pytest.mark.parametrize("top_k, n_group, topk_group, scaling, norm", [
+    (2, 1, 1, 1.0, True), (2, 2, 1, 2.5, True), (3, 4, 2, 1.0, False), (1, 2, 1, 1.5, True)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mimo_v2_flash_selection_is_noaux_tc_with_the_eps_renorm(top_k, n_group, topk_group, scaling,
+                                                                 norm, dtype):
+    """Its group_expert_select is exaone_moe's (renorm by sum + 1e-20): the row reuses it."""
+    from mlx_lm.models.mimo_v2_flash import group_expert_select
+
+    from mlxbun.models.universal.moe import _group_select_n_group_eps
+
+    gates = mx.random.normal((2, 13, 16), key=mx.random.key(top_k * 3 + n_group)).astype(getattr(mx, dtype))
+    bias = 0.1 * mx.random.normal((16,), key=mx.random.key(7))
+    want_inds, want = group_expert_select(gates, bias, top_k, n_group, topk_group, scaling, norm)
+    inds, got = _group_select_n_group_eps(gates, bias, top_k, n_group, topk_group, scaling, norm)
+    assert mx.array_equal(want_inds, inds) and mx.array_equal(want, got) and want.dtype == got.dtype
+
+
+def test_mimo_v2_flash_gate_module_sits_at_mlx_lm_path_and_returns_its_choice():
+    ref, ours = _pair(tiny_config("mimo_v2_flash"), seed=5)
+    blocks = list(_moe_blocks(ref, ours, "mimo_v2_flash"))
+    assert [i for i, _, _ in blocks] == [1, 2, 3]  # moe_layer_freq [0, 1, 1, 1]
+    for i, ref_block, our_block in blocks:
+        x = mx.random.normal((2, 9, 64), key=mx.random.key(i))
+        inds, scores = ref_block["gate"](x)
+        routing = our_block.router(x)
+        assert our_block.router is our_block["gate"] and not our_block.router.observer
+        assert mx.array_equal(inds, routing.experts) and mx.array_equal(scores, routing.weights)
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"add_full_attention_sink_bias": True}, {"add_swa_attention_sink_bias": False},
+    {"attention_value_scale": None}, {"n_shared_experts": None},
+    {"routed_scaling_factor": 2.5, "n_group": 1}, {"norm_topk_prob": False, "num_experts_per_tok": 1},
+    {"swa_num_attention_heads": 4, "swa_head_dim": 24, "swa_v_head_dim": 24, "v_head_dim": 24},
+    {"hybrid_layer_pattern": [1, 0, 1, 1], "moe_layer_freq": [1, 0, 0, 1], "partial_rotary_factor": 1.0}])
+def test_mimo_v2_flash_per_layer_attention_matches_mlx_lm_through_the_caches(changes):
+    """Sliding layers' own heads / dims / rope base, sink biases per layer kind, the value scale,
+    the router and shared-expert branches: parameter paths, prefill and cached decode bit-exact."""
+    ref, ours = _pair({**tiny_config("mimo_v2_flash"), **changes}, seed=8)
+    assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
+        sorted(k for k, _ in tree_flatten(ours.parameters()))
+    ids = _prompt(24)
+    ref_cache, our_cache = ref.make_cache(), ours.make_cache()
+    assert [type(c).__name__ for c in ref_cache] == [type(c).__name__ for c in our_cache]
+    assert mx.array_equal(ref(ids, cache=ref_cache), ours(ids, cache=our_cache))
+    for t in range(6):
+        step = mx.array([[13 * t + 5]])
+        assert mx.array_equal(ref(step, cache=ref_cache), ours(step, cache=our_cache)), t
+
+
+def test_mimo_v2_flash_fp8_experts_and_mtp_are_sanitized_like_mlx_lm():
+    """mimo_v2_flash.sanitize: fp8 weights times their 128x128-block scales (bfloat16), per-expert
+    tensors stacked, model.mtp.* dropped; against mlx-lm's sanitize."""
+    from mlx_lm.models.mimo_v2_flash import Model as RefModel
+    from mlx_lm.models.mimo_v2_flash import ModelArgs
+
+    from mlxbun.models.universal.loader import sanitize_weights
+
+    cfg = tiny_config("mimo_v2_flash")
+    big = mx.random.normal((300, 200), key=mx.random.key(2))  # 3 x 2 blocks, padded at the edges
+    weights = {"model.layers.0.self_attn.q_proj.weight": mx.to_fp8(big),
+               "model.layers.0.self_attn.q_proj.weight_scale_inv": mx.random.uniform(shape=(3, 2)) + 0.5,
+               "model.mtp.layers.0.norm.weight": mx.ones((64,)), "model.norm.weight": mx.ones((64,))}
+    for e in range(cfg["n_routed_experts"]):
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            weights[f"model.layers.1.mlp.experts.{e}.{name}.weight"] = mx.full((8, 4), float(e))
+    ours = build_model(cfg)
+    want = RefModel(ModelArgs.from_dict(cfg)).sanitize(dict(weights))
+    got, dropped = sanitize_weights(ours.descriptor, weights, False, ours.args.fields)
+    assert set(got) == set(want) and "model.layers.1.mlp.switch_mlp.up_proj.weight" in got
+    assert set(dropped) == {"model.layers.0.self_attn.q_proj.weight_scale_inv",
+                            "model.mtp.layers.0.norm.weight"}
+    assert all(got[k].dtype == want[k].dtype and mx.array_equal(got[k], want[k]) for k in want)
+
+
+def test_mimo_v2_flash_config_and_row_errors_name_the_key():
+    from mlxbun.errors import ConfigError
+
+    cfg = tiny_config("mimo_v2_flash")
+    for changes, match in [
+        ({"hybrid_layer_pattern": [0, 0, 0, 0]}, "'hybrid_layer_pattern' must list 4 layers"),
+        ({"hybrid_layer_pattern": [0, 1]}, "'hybrid_layer_pattern' must list 4 layers"),
+        ({"moe_layer_freq": [0, 1]}, "'moe_layer_freq' must be a list of 4 ints"),
+        ({"swa_head_dim": None}, "swa_head_dim"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            build_model({**cfg, **changes})
+    assert build_model({**cfg, "routed_scaling_factor": None}).args.fields["routed_scaling_factor"] == 1.0
+    with pytest.raises(DescriptorError, match="sinks_when names the fields switching sinks"):
+        _row("mimo_v2_flash", sinks=False)
+    with pytest.raises(DescriptorError, match="layers.sliding_attn needs sliding layers"):
+        _row("mimo_v2_flash", layers=LayerKnobs(sliding_attn=DESCRIPTORS["mimo_v2_flash"].layers.sliding_attn))
+    with pytest.raises(DescriptorError, match="sinks_when reads the field 'add_sinks'"):
+        _row("mimo_v2_flash", sinks_when=("add_full_attention_sink_bias", "add_sinks"))
+
+
+# ----------------------------------------------------------------- laguna
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"moe_router_logit_softcapping": 0.0}, {"moe_router_score_func": "sqrtsoftplus"},
+    {"moe_routed_scaling_factor": 1.0, "num_experts_per_tok": 1}])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_laguna_capped_score_router_and_scaled_shared_sum_match_mlx_lm(changes, dtype):
+    """RouterKind.CAPPED_SCORE and SharedKind.ROUTED_SCALED against laguna's MoEGate / MoE."""
+    _same_blocks({**tiny_config("laguna"), **changes}, "laguna", dtype)
+
+
+def test_laguna_gate_module_sits_at_mlx_lm_path_and_returns_its_choice():
+    ref, ours = _pair({**tiny_config("laguna"), "moe_router_score_func": "sqrtsoftplus"}, seed=5)
+    blocks = list(_moe_blocks(ref, ours, "laguna"))
+    assert [i for i, _, _ in blocks] == [1, 2, 3]  # mlp_layer_types: layer 0 dense
+    for i, ref_block, our_block in blocks:
+        x = mx.random.normal((2, 9, 64), key=mx.random.key(i))
+        inds, weights = ref_block["gate"](x)
+        routing = our_block.router(x)
+        assert our_block.router is our_block["gate"] and not our_block.router.observer
+        assert mx.array_equal(inds, routing.experts) and mx.array_equal(weights, routing.weights)
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"gating": False}, {"layer_types": None}, {"num_attention_heads_per_layer": None},
+    {"mlp_layer_types": ["sparse", "dense", "sparse", "dense"]}, {"tie_word_embeddings": True},
+    {"rope_parameters": None, "partial_rotary_factor": 0.5},
+    {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}}])
+def test_laguna_per_layer_knobs_match_mlx_lm_through_the_caches(changes):
+    """Per-layer head counts, the softplus gate, rope per layer type (absent entries: defaults),
+    the MoE layer list: parameter paths, prefill and cached decode bit-exact."""
+    ref, ours = _pair({**tiny_config("laguna"), **changes}, seed=9)
+    assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
+        sorted(k for k, _ in tree_flatten(ours.parameters()))
+    ids = _prompt(24)
+    ref_cache, our_cache = ref.make_cache(), ours.make_cache()
+    assert mx.array_equal(ref(ids, cache=ref_cache), ours(ids, cache=our_cache))
+    for t in range(6):
+        step = mx.array([[7 * t + 2]])
+        assert mx.array_equal(ref(step, cache=ref_cache), ours(step, cache=our_cache)), t
+
+
+def test_laguna_original_layout_is_sanitized_like_mlx_lm(zoo, tmp_path):
+    """The repacked `language_model.` prefix, the bare router weight and the expert-side
+    correction bias, per-expert tensors: against mlx-lm's sanitize and a full load."""
+    def to_original(w):
+        out = {}
+        for k, v in _unstack(w, "mlp", "switch_mlp", _SAME).items():
+            k = k.replace(".mlp.gate.proj.weight", ".mlp.gate.weight")
+            k = k.replace(".mlp.gate.e_score_correction_bias", ".mlp.experts.e_score_correction_bias")
+            out[f"language_model.{k}"] = v
+        return out
+
+    path = _rewrite(zoo("laguna"), tmp_path / "laguna", to_original)
+    names = mx.load(str(path / "model.safetensors"))
+    assert "language_model.model.layers.1.mlp.gate.weight" in names
+    assert "language_model.model.layers.1.mlp.experts.0.up_proj.weight" in names
+    assert audit_checkpoint(path).ok
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(40)
+    assert mx.array_equal(ref(ids), ours(ids))
+
+
+def test_laguna_config_and_row_errors_name_the_key():
+    from mlxbun.errors import ConfigError
+
+    cfg = tiny_config("laguna")
+    for changes, match in [
+        ({"moe_router_score_func": "softmax"}, "'moe_router_score_func' = 'softmax' is not supported"),
+        ({"layer_types": ["sliding_attention"] * 4}, "no 'full_attention' layer"),
+        ({"num_attention_heads_per_layer": [4, 8]}, "'num_attention_heads_per_layer' must list one entry"),
+        ({"num_attention_heads_per_layer": [4, 0, 4, 4]}, r"'num_attention_heads_per_layer'\[1\] must be"),
+        ({"mlp_layer_types": ["dense"]}, "'mlp_layer_types' must list one entry per layer"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            build_model({**cfg, **changes})
+    d = DESCRIPTORS["laguna"]
+    with pytest.raises(DescriptorError, match="'routed_scaled' and moe.shared.scale"):
+        _row("laguna", moe=dataclasses.replace(d.moe, shared=SharedKnobs("plain", size="shared_expert_intermediate_size",
+                                                                          scale="moe_routed_scaling_factor")))
+    with pytest.raises(DescriptorError, match="norm_topk with 'capped_score'"):
+        _row("laguna", moe=dataclasses.replace(d.moe, router=dataclasses.replace(d.moe.router, norm_topk=True)))
+    with pytest.raises(DescriptorError, match="heads_per_layer needs n_kv_heads"):
+        _row("laguna", layers=dataclasses.replace(d.layers, sliding_heads="gating"))

@@ -17,7 +17,7 @@ from mlxbun.errors import MlxbunError  # noqa: E402
 from mlxbun.experiments.moe_routing import ROUTER_PROBS, LayerRouting, RoutingStats, Side, agreement, moe_routing  # noqa: E402
 from mlxbun.lab import plots  # noqa: E402
 from mlxbun.locate import open_runtime  # noqa: E402
-from mlxbun.models.universal.kinds import GateAct, RouterKind  # noqa: E402
+from mlxbun.models.universal.kinds import GateAct, RouterKind, ScoreFunc  # noqa: E402
 from mlxbun.models.universal.moe import Router  # noqa: E402
 from mlxbun.parity.forced import eval_ids  # noqa: E402
 from mlxbun.results import open_results  # noqa: E402
@@ -81,8 +81,10 @@ def test_a_sigmoid_router_s_distribution_is_its_normalized_scores():
 def test_every_router_kind_gives_a_distribution():
     logits = np.random.default_rng(0).normal(size=(5, 8)) * 4
     for kind in RouterKind:
-        for params in ({"score": "sigmoid", "score_func": "sigmoid", "act": GateAct.SIGMOID},
-                       {"score": "softmax", "score_func": "softmax", "act": GateAct.SOFTMAX}):
+        for params in ({"score": "sigmoid", "score_func": "sigmoid", "act": GateAct.SIGMOID,
+                        "softcap": 0.0, "score_fn": ScoreFunc.SIGMOID},
+                       {"score": "softmax", "score_func": "softmax", "act": GateAct.SOFTMAX,
+                        "softcap": 2.0, "score_fn": ScoreFunc.SQRTSOFTPLUS}):
             p = ROUTER_PROBS[kind](logits, params)
             assert p.shape == logits.shape and (p >= 0).all() and np.allclose(p.sum(-1), 1.0), kind
     grouped = ROUTER_PROBS[RouterKind.GROUPED_SCORE]
@@ -94,6 +96,12 @@ def test_every_router_kind_gives_a_distribution():
     activated = ROUTER_PROBS[RouterKind.F32_ACT_TOPK]
     assert np.allclose(activated(logits, {"act": GateAct.SOFTMAX}), ROUTER_PROBS[RouterKind.SOFTMAX_TOPK](logits))
     assert np.allclose(activated(logits, {"act": GateAct.SIGMOID}), ROUTER_PROBS[RouterKind.NOAUX_TC](logits))
+    capped = ROUTER_PROBS[RouterKind.CAPPED_SCORE]  # no cap, sigmoid: the normalized sigmoid
+    assert np.allclose(capped(logits, {"softcap": 0.0, "score_fn": ScoreFunc.SIGMOID}),
+                       ROUTER_PROBS[RouterKind.NOAUX_TC](logits))
+    root = capped(logits, {"softcap": 2.0, "score_fn": ScoreFunc.SQRTSOFTPLUS})
+    want = np.sqrt(np.log1p(np.exp(np.tanh(logits / 2.0) * 2.0)))
+    assert np.allclose(root, want / want.sum(-1, keepdims=True))
 
 
 def test_agreement_of_hand_made_sides():

@@ -80,5 +80,7 @@ MANIFEST = {
         Entry("afmoe", EXPERT_VARIANTS),
         Entry("mellum", EXPERT_VARIANTS),
         Entry("step3p5", EXPERT_VARIANTS),
+        Entry("mimo_v2_flash", EXPERT_VARIANTS),
+        Entry("laguna", EXPERT_VARIANTS),
     ]
 }

@@ -17,7 +17,8 @@ the gate logits). Per MoE layer (a dense layer has no router and no row):
   choice, never the weights; so minimax's sigmoid_corrected, step3p5's sigmoid_eps and Klear's
   sigmoid_biased too); bailing_moe's grouped_score router: softmax or normalized sigmoid as its
   `score` number says, afmoe's scored_grouped as its `score_func`, ernie's f32_act_topk as its
-  `act`; phimoe's sparsemixer: softmax over all experts (its first round's band, unbanded). In
+  `act`, laguna's capped_score its normalized score (sigmoid or sqrt(softplus)) of the softcapped
+  logits; phimoe's sparsemixer: softmax over all experts (its first round's band, unbanded). In
   float64 from the logits the gate returned;
 - top-k mass: sum of p over the k chosen experts, i.e. before any top-k renormalization or
   routed scaling (1 when k = E; the chosen need not be p's top k: noaux_tc chooses with its bias
@@ -50,7 +51,7 @@ from mlxbun.generate import check_token_ids, vocab_size_of
 from mlxbun.lab.recording import recording
 from mlxbun.locate import open_runtime
 from mlxbun.models.taps import layer_index_of
-from mlxbun.models.universal.kinds import GateAct, RouterKind, exhaustive
+from mlxbun.models.universal.kinds import GateAct, RouterKind, ScoreFunc, exhaustive
 from mlxbun.models.universal.moe import Router
 from mlxbun.parity.forced import eval_ids
 
@@ -80,6 +81,14 @@ def _as_activated(logits: np.ndarray, params) -> np.ndarray:  # f32_act_topk: it
     return (_softmax if params["act"] is GateAct.SOFTMAX else _normalized_sigmoid)(logits)
 
 
+def _as_capped_score(logits: np.ndarray, params) -> np.ndarray:  # capped_score: softcap, score
+    c = params["softcap"]
+    capped = np.tanh(logits / c) * c if c > 0.0 else logits
+    s = (1.0 / (1.0 + np.exp(-capped)) if params["score_fn"] is ScoreFunc.SIGMOID
+         else np.sqrt(np.logaddexp(capped, 0.0)))
+    return s / s.sum(axis=-1, keepdims=True)
+
+
 # router kind -> the probability distribution over all experts its logits stand for ((float64
 # logits [N, E], the router's numbers) -> [N, E], rows summing to 1). A new router kind says here
 # what its entropy is of.
@@ -95,6 +104,7 @@ ROUTER_PROBS = exhaustive(RouterKind, {
     RouterKind.SIGMOID_EPS: _normalized_sigmoid,
     RouterKind.SIGMOID_BIASED: _normalized_sigmoid,
     RouterKind.SCORED_GROUPED: _as_score_func,
+    RouterKind.CAPPED_SCORE: _as_capped_score,
 })
 
 

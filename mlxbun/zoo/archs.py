@@ -373,6 +373,40 @@ _ROWS = (
         "moe_layers_enum": "1,2,3", "moe_router_scaling_factor": 3.0, "norm_expert_weight": True,
         "swiglu_limits": [None, 0.0, 0.5, 0.5], "swiglu_limits_shared": [0.5, 0.0, 0.0, 0.5],
         "tie_word_embeddings": False, "use_cache": True}),
+    # transformers' MiMoV2FlashConfig writes the converted schema (layer_types, mlp_layer_types,
+    # rope_parameters) that mlx-lm's ModelArgs does not read, so the keys of the hub config.json
+    # (XiaomiMiMo/MiMo-V2-Flash) with tiny sizes: full and sliding layers with their own head
+    # counts, q/k and value head dims, rope bases and sink-bias switches (real: sinks on sliding
+    # layers only); routed_scaling_factor null as on the hub; a shared expert and two expert groups
+    # to exercise those branches; layer 0 dense; partial_rotary_factor 0.5 (hub: 0.334 of 192)
+    # keeps the tiny rotary dims even
+    Arch("mimo_v2_flash", "MiMoV2FlashForCausalLM", layers=4, base={
+        "model_type": "mimo_v2_flash", "hidden_size": HIDDEN, "num_hidden_layers": 4,
+        "vocab_size": VOCAB_SIZE, "intermediate_size": INTERMEDIATE,
+        "num_attention_heads": HEADS, "num_key_value_heads": 2, "head_dim": HEAD_DIM, "v_head_dim": 8,
+        "swa_num_attention_heads": 8, "swa_num_key_value_heads": 2, "swa_head_dim": 24,
+        "swa_v_head_dim": 16, "partial_rotary_factor": 0.5, "rope_theta": 5000000.0,
+        "swa_rope_theta": 10000.0, "hybrid_layer_pattern": [0, 1, 1, 0],
+        "sliding_window_size": SLIDING_WINDOW, "add_full_attention_sink_bias": False,
+        "add_swa_attention_sink_bias": True, "attention_value_scale": 0.707,
+        "layernorm_epsilon": 1e-05, "max_position_embeddings": MAX_POSITIONS,
+        "moe_layer_freq": [0, 1, 1, 1], "n_routed_experts": MOE_EXPERTS,
+        "num_experts_per_tok": MOE_TOP_K, "moe_intermediate_size": MOE_INTERMEDIATE,
+        "n_shared_experts": 1, "routed_scaling_factor": None, "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid", "norm_topk_prob": True, "n_group": 2, "topk_group": 1,
+        "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
+        "use_cache": True}),
+    # full and sliding layers (each with its rope_parameters entry: partial rope on the full ones),
+    # per-layer query head counts, layer 0 dense; a router softcap and a routed scaling factor
+    # (defaults 0.0 / 1.0: those branches off) to exercise them
+    Arch("laguna", "LagunaForCausalLM", "LagunaConfig", layers=4, kv_heads=2, legacy_rope=False,
+         knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE,
+                "shared_expert_intermediate_size": MOE_INTERMEDIATE,
+                "layer_types": ["full_attention", "sliding_attention", "sliding_attention",
+                                "full_attention"],
+                "num_attention_heads_per_layer": [HEADS, 8, 8, HEADS],
+                "moe_router_logit_softcapping": 2.0, "moe_routed_scaling_factor": 2.5}),
     # one sliding and one full layer (each with its rope_parameters entry); rope read only from
     # rope_parameters, so no legacy keys
     Arch("mellum", "MellumForCausalLM", "MellumConfig", kv_heads=2, legacy_rope=False,

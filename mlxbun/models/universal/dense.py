@@ -99,6 +99,8 @@ _ROPES = exhaustive(RopeKind, {
                                                             s.max_positions),
     RopeKind.PER_LAYER_LISTS: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
                                                           s.max_positions),
+    RopeKind.LAYER_TYPE_PARTIAL: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
+                                                             s.max_positions),
 })
 
 
@@ -164,25 +166,29 @@ class Attention(nn.Module):
     def __init__(self, a: UniversalArgs, d: ArchDescriptor, spec: LayerSpec):
         super().__init__()
         self._d, self._n = d, d.names
-        H, KV = spec.heads or (a.n_heads, a.n_kv_heads)  # step3p5: sliding layers' own counts
-        self._h, self._kv, self._hd = H, KV, hd = H, KV, a.head_dim
-        self._scale, self._softcap = a.attn_scale, a.attn_softcap
+        H, KV = spec.heads or (a.n_heads, a.n_kv_heads)  # step3p5, mimo: sliding layers' own counts
+        hd, vd = spec.dims or (a.head_dim, a.head_dim)  # mimo_v2_flash: own q/k and value dims
+        self._h, self._kv, self._hd = H, KV, hd
+        self._scale = a.attn_scale if spec.scale is None else spec.scale
+        self._softcap = a.attn_softcap
+        self._value_scale = a.fields[d.value_scale] if d.value_scale else None
         self._attend = _ATTENTION[d.attention]
         D, n = a.hidden, d.names
         # KVShare.CLA (hunyuan): takes (and returns) the key / value projections
         self._cla = d.layers.kv_share is not None
-        if d.sinks:  # gpt_oss: first in its AttentionBlock's tree, as there
-            self.sinks = mx.zeros((H,))
+        self._sinks = spec.sinks
+        if spec.sinks:  # gpt_oss: first in its AttentionBlock's tree, as there
+            setattr(self, n.sinks, mx.zeros((H,)))
         if d.qkv is QKV.SEPARATE:
             setattr(self, n.q, nn.Linear(D, H * hd, bias=a.attn_bias))
             if spec.kv_proj:
                 setattr(self, n.k, nn.Linear(D, KV * hd, bias=a.attn_bias))
-                setattr(self, n.v, nn.Linear(D, KV * hd, bias=a.attn_bias))
+                setattr(self, n.v, nn.Linear(D, KV * vd, bias=a.attn_bias))
         elif d.qkv is QKV.FUSED:
             setattr(self, n.qkv, nn.Linear(D, H * hd + 2 * (KV * hd), bias=a.attn_bias))
         else:  # QKV.FUSED_NEOX
             setattr(self, n.qkv, nn.Linear(D, 3 * D, bias=a.attn_bias))
-        setattr(self, n.o, nn.Linear(H * hd, D, bias=a.out_bias))
+        setattr(self, n.o, nn.Linear(H * vd, D, bias=a.out_bias))
         self._gate = d.attn_gate if (d.attn_gate_when is None or a.fields[d.attn_gate_when]) else None
         if self._gate is not None:  # no bias (afmoe, step3p5)
             width = H * hd if self._gate is AttnOutGate.SIGMOID else H
@@ -246,6 +252,8 @@ class Attention(nn.Module):
             values = values.reshape(B, L_, KV, -1).transpose(0, 2, 1, 3)
             if at is QKNormAt.HEADS_TRANSPOSED:
                 queries, keys = self._qk_norm(queries, keys)
+            if self._value_scale is not None:  # mimo_v2_flash
+                values = values * self._value_scale
 
         offset = cache.offset if cache is not None else 0
         queries = self._rope_fn(queries, offset=offset)
@@ -257,11 +265,14 @@ class Attention(nn.Module):
         if attn_scale is not None:
             queries = queries * attn_scale
 
-        sinks = self["sinks"] if d.sinks else None
+        sinks = self[n.sinks] if self._sinks else None
         output = self._attend(queries, keys, values, cache, self._scale, mask, self._softcap, sinks)
         output = output.transpose(0, 2, 1, 3)
         if self._gate is AttnOutGate.HEAD_SIGMOID:
             output = output * mx.sigmoid(self[n.attn_gate](x))[..., None]
+        elif self._gate is AttnOutGate.HEAD_SOFTPLUS:  # laguna
+            gate = nn.softplus(self[n.attn_gate](x).astype(mx.float32)).astype(output.dtype)
+            output = output * gate[..., None]
         output = output.reshape(B, L_, -1)
         if self._gate is AttnOutGate.SIGMOID:
             output = output * mx.sigmoid(self[n.attn_gate](x))

@@ -343,10 +343,11 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
     yield Line("q, k = rope(q, offset), rope(k, offset)", where)
     if qk_line and qk.at is QKNormAt.AFTER_ROPE:
         yield qk_line
-    other = sorted({s.heads for s in a.layers if s.heads})
+    other = sorted({s.heads for s in a.layers if s.heads and d.layers.sliding_heads})
     if other:
         yield Line("(sliding layers: H, KV = " + ", ".join(f"{h}, {kv}" for h, kv in other) + ")",
                    f"from {d.layers.sliding_heads}")
+    yield from _own_shapes(d, a)
     yield Line("k, v = cache.update_and_fetch(k, v)")
     if a.llama4 is not None:
         beta, max_pos = a.llama4
@@ -355,8 +356,11 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
     scale = f"scale = {_SCALE_TEXT[d.attn_scale]} = {a.attn_scale}"
     mask = "; mask as a bool array" if d.layers.mask_array else ""
     if d.sinks:
-        mask += ("; sinks [H]: one learned logit per head joins each row's softmax (quantized KV "
-                 "refuses: no sinks in quantized sdpa)")
+        mask += (f"; sinks [H] ({n.sinks}): one learned logit per head joins each row's softmax "
+                 "(quantized KV refuses: no sinks in quantized sdpa)")
+    if d.sinks_when:
+        mask += (f"; only on layers whose switch is true: full {d.sinks_when[0]} = "
+                 f"{a.fields[d.sinks_when[0]]}, sliding {d.sinks_when[1]} = {a.fields[d.sinks_when[1]]}")
     yield {
         AttnKind.SDPA: Line("o = sdpa(q, k, v, scale, mask" + (", sinks)" if d.sinks else ")"),
                             scale + mask),
@@ -374,6 +378,9 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
     if gate_on and d.attn_gate is AttnOutGate.SIGMOID:
         yield Line(f"o = o * sigmoid({n.attn_gate}(x))",
                    f"output gate: {n.attn_gate} Linear(D, H*hd), no bias; heads concatenated{when}")
+    elif gate_on and d.attn_gate is AttnOutGate.HEAD_SOFTPLUS:
+        yield Line(f"o = o * softplus({n.attn_gate}(x).astype(float32)).astype(o.dtype)[..., None]",
+                   f"per-head output gate on [B, L, H, hd]: {n.attn_gate} Linear(D, H), no bias{when}")
     elif gate_on:  # AttnOutGate.HEAD_SIGMOID
         yield Line(f"o = o * sigmoid({n.attn_gate}(x))[..., None]",
                    f"per-head output gate on [B, L, H, hd]: {n.attn_gate} Linear(D, H), no bias{when}")
@@ -446,6 +453,26 @@ def _head(d: ArchDescriptor, a: UniversalArgs):
 # ----------------------------------------------------------------- layers
 
 
+def _own_shapes(d: ArchDescriptor, a: UniversalArgs):
+    """mimo_v2_flash: the value head dim, the sliding layers' own shape, the value scale."""
+    if d.v_head_dim:
+        yield Line("(values: vd = v_head_dim, v Linear(D, KV*vd), out Linear(H*vd, D))",
+                   f"vd = {a.fields[d.v_head_dim]}")
+    if d.layers.heads_per_layer:
+        yield Line("(per layer: H = " + ", ".join(str(s.heads[0]) for s in a.layers) + ")",
+                   f"from {d.layers.heads_per_layer}")
+    sa = d.layers.sliding_attn
+    if sa is not None:
+        own = sorted({(s.heads, s.dims, s.scale) for s in a.layers if s.sliding})
+        yield Line("(sliding layers: H, KV, hd, vd = " + ", ".join(
+            f"{h}, {kv}, {hd}, {vd}; scale {sc}" for (h, kv), (hd, vd), sc in own) + ")",
+            f"from {sa.heads}, {sa.kv_heads}, {sa.head_dim}, {sa.v_head_dim}; rope dims and scale "
+            "from their hd")
+    if d.value_scale and a.fields[d.value_scale] is not None:
+        yield Line("v = v * value_scale", f"{d.value_scale} = {a.fields[d.value_scale]}, before rope "
+                   "and the cache")
+
+
 def _rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
     spec = layer.rope
     if spec is None:
@@ -458,14 +485,15 @@ def _rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
     elif spec.dims != a.head_dim:  # step3p5: partial_rotary_factors[i]
         dims = f"{spec.dims} of hd"
     trad = f", traditional {spec.traditional}" if spec.traditional else ""
-    if spec.kind in (RopeKind.INITIALIZE, RopeKind.LAYER_TYPE_PARAMS, RopeKind.PER_LAYER_LISTS):
+    if spec.kind in (RopeKind.INITIALIZE, RopeKind.LAYER_TYPE_PARAMS, RopeKind.PER_LAYER_LISTS,
+                     RopeKind.LAYER_TYPE_PARTIAL):
         kind = rope_type_of(spec.scaling)
         params = {k: v for k, v in (spec.scaling or {}).items()
                   if k not in ("type", "rope_type", "rope_theta")}
         extra = f", {_short(params)}" if params else ""
         local = (f" ({d.rope.sliding_theta}, unscaled)" if layer.sliding and d.rope.sliding_theta
                  else "")
-        if spec.kind is RopeKind.LAYER_TYPE_PARAMS:
+        if spec.kind in (RopeKind.LAYER_TYPE_PARAMS, RopeKind.LAYER_TYPE_PARTIAL):
             local = f" (rope_parameters[{a.fields['layer_types'][layer.index]!r}])"
         return f"{kind} rope, dims {dims}, base {spec.base}{local}{trad}{extra}"
     if spec.kind is RopeKind.PHI3:

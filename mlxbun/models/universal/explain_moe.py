@@ -15,6 +15,7 @@ from mlxbun.models.universal.kinds import (
     GroupGuard,
     MoeLayers,
     RouterKind,
+    ScoreFunc,
     GateAct,
     SharedKind,
     SharedSize,
@@ -42,6 +43,7 @@ _COMBINE = exhaustive(Combine, {
     Combine.SUM_CAST: "y = (y * w[..., None]).sum(axis=-2).astype(y.dtype)",
     Combine.F32_SUM_CAST: "y = (y * w[..., None].astype(float32)).sum(axis=-2).astype(y.dtype)",
     Combine.SUM_CAST_COMPILED: "y = (y * w[..., None]).sum(axis=-2).astype(y.dtype)",
+    Combine.SUM_CAST_INPUT: "y = (y * w[..., None]).sum(axis=-2).astype(x.dtype)",
 })
 
 _GLU = exhaustive(ExpertKind, {
@@ -60,6 +62,8 @@ _LAYER_RULE = exhaustive(MoeLayers, {
                                   "i <= moe_layer_end_index (null: the last layer)",
     MoeLayers.NUM_DENSE: "i >= num_dense_layers",
     MoeLayers.ENUM_STRING: "i in moe_layers_enum (unset: every layer but 0)",
+    MoeLayers.FREQ_LIST: "moe_layer_freq[i] == 1",
+    MoeLayers.MLP_LAYER_TYPES: "mlp_layer_types[i] == \"sparse\"",
 })
 
 _RENORM = exhaustive(TopKRenorm, {TopKRenorm.SUM: " / sum", TopKRenorm.SUM_EPS: " / (sum + 1e-20)"})
@@ -177,6 +181,17 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line("w = take_along_axis(s, experts)" + (" / sum" if spec.norm_topk and spec.top_k > 1 else ""),
                    f"the k scores{renorm if spec.top_k > 1 else ''}")
         yield Line(f"w = w * {r.params['scaling']}", f"= {p['scaling']}")
+    elif r.kind is RouterKind.CAPPED_SCORE:
+        p = spec.params
+        fn = "sigmoid(logits)" if p["score_fn"] is ScoreFunc.SIGMOID else "sqrt(softplus(logits))"
+        yield Line("logits = logits.astype(float32)")
+        if p["softcap"] > 0.0:
+            yield Line("logits = tanh(logits / c) * c", f"c = {r.params['softcap']} = {p['softcap']}")
+        yield Line(f"s = {fn}", f"{r.params['score_fn']} = {p['score_fn'].value!r}; "
+                                f"{n.correction_bias} [E] on {n.gate} (kept float32)")
+        yield Line(f"experts = argpartition(-(s + {n.correction_bias}), kth=k - 1)[..., :k]",
+                   "the bias steers the choice, not the weights")
+        yield Line("w = take_along_axis(s, experts) / sum", "always renormalized; not compiled")
     else:  # RouterKind.NOAUX_TC
         guard = {GroupGuard.N_GROUP_GT_1: "n_group > 1",
                  GroupGuard.K_NONZERO: "n_group != topk_group"}[r.group_guard]
@@ -238,6 +253,10 @@ def moe_lines(d: ArchDescriptor, a: UniversalArgs):
         elif m.shared.kind is SharedKind.SIGMOID_GATED:
             yield Line(f"y = y + sigmoid({n.shared_gate}(x)) * {n.shared}(x)",
                        f"{n.shared}: a dense MLP of width Is; {n.shared_gate} Linear(D, 1)")
+        elif m.shared.kind is SharedKind.ROUTED_SCALED:
+            yield Line(f"y = y * {m.shared.scale} + {n.shared}(x)",
+                       f"{m.shared.scale} = {a.fields[m.shared.scale]}; {n.shared}: a dense MLP of "
+                       f"width Is; bias={spec.shared_bias}")
         else:  # SharedKind.COEFFICIENT
             yield Line(f"c = softmax({n.coefficient}(x), precise=True)",
                        f"{n.coefficient} Linear(D, 2) with bias: the routed / shared mix")

@@ -69,6 +69,8 @@ class AttnOutGate(StrEnum):
     SIGMOID = "sigmoid"  # o * sigmoid(gate_proj(x)), gate_proj Linear(D, H * hd) (afmoe)
     HEAD_SIGMOID = "head_sigmoid"  # per head: o[B, L, H, hd] * sigmoid(g_proj(x))[..., None],
     # g_proj Linear(D, H) (step3p5)
+    HEAD_SOFTPLUS = "head_softplus"  # per head: o[B, L, H, hd] * softplus(g_proj(x) in float32),
+    # cast to o's dtype, [..., None]; g_proj Linear(D, H) (laguna)
 
 
 class QueryScale(StrEnum):
@@ -87,6 +89,9 @@ class RopeKind(StrEnum):
     # base and rope_type; default / linear: plain nn.RoPE (no scaling), else initialize_rope
     PER_LAYER_LISTS = "per_layer_lists"  # step3p5: rope_theta a number or a per-layer list,
     # dims int(hd * partial_rotary_factors[i]), rope_scaling only on yarn_only_types layers
+    LAYER_TYPE_PARTIAL = "layer_type_partial"  # laguna: (rope_parameters or {}).get(layer_types[i])
+    # or {}: base its rope_theta (10000.0), dims int(hd * its partial_rotary_factor, else the
+    # partial_rotary_factor field, else 1), initialize_rope with the rest (rope_type default if unset)
 
 
 class NopeRule(StrEnum):
@@ -213,6 +218,8 @@ class LayerKinds(StrEnum):
     EXAONE = "exaone"  # pattern string of L (local) and G (global), repeated
     LAYER_TYPES_OR_EVEN = "layer_types_or_even"  # step3p5: sliding iff layer_types[i] ==
     # "sliding_attention" (the list may be longer); without layer_types, the even layers
+    HYBRID_PATTERN = "hybrid_pattern"  # mimo_v2_flash: sliding iff hybrid_layer_pattern[i] == 1;
+    # both kinds present (mlx-lm takes each mask from the first layer of its kind)
 
 
 class KVShare(StrEnum):
@@ -252,6 +259,8 @@ class SanitizeOp(StrEnum):
     # interleaved gate/up -> gate_proj | up_proj (weights, mxfp4 _blocks/_scales, biases)
     FP8_BLOCK_DEQUANT = "fp8_block_dequant"  # minimax: each fp8 weight times its 128x128-block
     # weight_scale_inv, as bfloat16; the scales dropped (activation scales kept, as mlx-lm)
+    STRIP_PREFIX = "strip_prefix"  # arg: prefix; when any key starts with it, those keys lose it
+    # (laguna's repacked "language_model.")
     STEP3P5 = "step3p5"  # step3p5.sanitize: drop .mtp and layers >= num_hidden_layers, rename
     # HF moe.* / share_expert keys into mlp.*, norm weights + 1 when the checkpoint is HF's
 
@@ -280,6 +289,8 @@ class RouterKind(StrEnum):
     # (sum + 1e-20) with no k > 1 guard, scale (step3p5)
     SIGMOID_BIASED = "sigmoid_biased"  # sigmoid(f32); top-k of sigmoid + expert bias; the k
     # sigmoid scores, optional renorm (no k > 1 guard), cast to the input's dtype (Klear)
+    CAPPED_SCORE = "capped_score"  # laguna: float32 logits, tanh softcap when softcap > 0, score
+    # (ScoreFunc), + correction bias for the choice, top-k, the k scores renormalized by their sum
     SCORED_GROUPED = "scored_grouped"  # uncompiled: sigmoid or softmax (the score_func field) in
     # f32, + expert bias, grouped top-k if n_group > 1, renorm if k > 1, scale (afmoe)
 
@@ -300,12 +311,15 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
     RouterKind.SIGMOID_BIASED: (),
     RouterKind.SCORED_GROUPED: ("score_func", "scaling", "n_group", "topk_group"),  # afmoe:
     # score_func ("sigmoid", anything else softmax), route_scale, n_group, topk_group
+    RouterKind.CAPPED_SCORE: ("softcap", "score_fn"),  # moe_router_logit_softcapping,
+    # moe_router_score_func (a ScoreFunc: ROUTER_PARAM_KINDS)
 }
 
 # the router kinds that add a per-expert correction bias to the scores they choose by (where
 # RouterKnobs.corrected says it exists; RouterKnobs.bias_at says which module holds it)
 CORRECTED_ROUTERS = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE, RouterKind.SIGMOID_CORRECTED,
-                     RouterKind.SIGMOID_BIASED, RouterKind.SCORED_GROUPED, RouterKind.SIGMOID_EPS)
+                     RouterKind.SIGMOID_BIASED, RouterKind.SCORED_GROUPED, RouterKind.SIGMOID_EPS,
+                     RouterKind.CAPPED_SCORE)
 
 
 class BiasAt(StrEnum):
@@ -322,9 +336,16 @@ class GateAct(StrEnum):
     SIGMOID = "sigmoid"  # nn.Sigmoid
 
 
+class ScoreFunc(StrEnum):
+    """capped_score: the scores of the float32 (capped) logits (laguna's moe_router_score_func)."""
+
+    SIGMOID = "sigmoid"  # mx.sigmoid
+    SQRTSOFTPLUS = "sqrtsoftplus"  # mx.sqrt(nn.softplus(logits))
+
+
 # Router numbers that are a kind rather than a number: resolved into the enum member, a config
 # value outside it refused naming the field (mlx-lm raises ValueError there).
-ROUTER_PARAM_KINDS: Mapping[str, type[StrEnum]] = {"act": GateAct}
+ROUTER_PARAM_KINDS: Mapping[str, type[StrEnum]] = {"act": GateAct, "score_fn": ScoreFunc}
 
 
 class TopKSelect(StrEnum):
@@ -366,6 +387,8 @@ class Combine(StrEnum):
     SUM_CAST = "sum_cast"  # (y * s[..., None]).sum(axis=-2).astype(y.dtype)
     F32_SUM_CAST = "f32_sum_cast"  # (y * s[..., None].astype(float32)).sum(axis=-2).astype(y.dtype)
     SUM_CAST_COMPILED = "sum_cast_compiled"  # SUM_CAST in a shapeless mx.compile (bailing_moe)
+    SUM_CAST_INPUT = "sum_cast_input"  # (y * s[..., None]).sum(axis=-2).astype(x.dtype), x the
+    # block's input (laguna)
 
 
 class ExpertKind(StrEnum):
@@ -379,6 +402,7 @@ class SharedKind(StrEnum):
     SIGMOID_GATED = "sigmoid_gated"  # y + sigmoid(shared_gate(x)) * shared(x) (qwen2_moe)
     COEFFICIENT = "coefficient"  # c = softmax(coefficient(x), precise), coefficient Linear(D, 2)
     # with bias; y * c[..., :1] + shared(x) * c[..., 1:] (Klear)
+    ROUTED_SCALED = "routed_scaled"  # y * <SharedKnobs.scale field> + shared(x) (laguna)
 
 
 class SharedWhen(StrEnum):
@@ -414,6 +438,8 @@ class MoeLayers(StrEnum):
     # list; null: the last layer) (ernie4_5_moe)
     NUM_DENSE = "num_dense"  # i >= num_dense_layers (afmoe)
     ENUM_STRING = "enum_string"  # i in moe_layers_enum ("1,2,..."); unset: every layer but 0 (step3p5)
+    FREQ_LIST = "freq_list"  # moe_layer_freq[i] == 1, a per-layer list (mimo_v2_flash)
+    MLP_LAYER_TYPES = "mlp_layer_types"  # mlp_layer_types[i] == "sparse" (laguna)
 
 
 class SwigluClamp(StrEnum):
@@ -454,6 +480,9 @@ class PostInit(StrEnum):
     # and mscales (phimoe's attention reads the four keys)
     LAYER_TYPE_ROPES = "layer_type_ropes"  # mellum: layer_types full / sliding only, one per
     # layer, a full one, each with a rope_parameters entry holding rope_theta
+    SCALING_NONE_ONE = "scaling_none_one"  # mimo_v2_flash: a null routed_scaling_factor reads 1.0
+    LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
+    # per_layer None: num_attention_heads on every layer; both one entry per layer
 
 
 def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:

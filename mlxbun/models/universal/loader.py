@@ -332,6 +332,10 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _split_interleaved_experts(w), {}
     if op is SanitizeOp.STEP3P5:
         return _step3p5(w, fields)
+    if op is SanitizeOp.STRIP_PREFIX:  # laguna: repacked checkpoints wrap every tensor in it
+        if any(k.startswith(rule.arg) for k in w):
+            return {(k[len(rule.arg):] if k.startswith(rule.arg) else k): v for k, v in w.items()}, {}
+        return w, {}
     if op is SanitizeOp.DROP_PREFIX:
         dropped = {k: rule.reason for k in w if k.startswith(rule.arg)}
     elif op is SanitizeOp.DROP_LAYER_N:  # startswith, as mlx-lm writes it

@@ -38,6 +38,7 @@ from mlxbun.models.universal.kinds import (
     GateKind,
     GroupGuard,
     RouterKind,
+    ScoreFunc,
     SharedKind,
     TopKRenorm,
     TopKSelect,
@@ -311,6 +312,23 @@ def _scored_grouped(r: "Router", logits, bias):  # afmoe.AfmoeMoE, op for op (no
     return inds, selected_scores * p["scaling"]
 
 
+_SCORE = exhaustive(ScoreFunc, {ScoreFunc.SIGMOID: mx.sigmoid,
+                                ScoreFunc.SQRTSOFTPLUS: lambda logits: mx.sqrt(nn.softplus(logits))})
+
+
+def _capped_score(r: "Router", logits, bias):  # laguna.MoEGate, op for op
+    logits = logits.astype(mx.float32)
+    softcap = r.params["softcap"]
+    if softcap > 0.0:
+        logits = mx.tanh(logits / softcap) * softcap
+    scores = _SCORE[r.params["score_fn"]](logits)
+    scores_for_selection = scores + bias
+    inds = mx.argpartition(-scores_for_selection, kth=r.top_k - 1, axis=-1)[..., :r.top_k]
+    inds = mx.stop_gradient(inds)
+    weights = mx.take_along_axis(scores, inds, axis=-1)
+    return inds, weights / weights.sum(axis=-1, keepdims=True)
+
+
 # (router, gate logits, correction bias or None) -> (experts, weights). A new kind: its enum
 # member (kinds.RouterKind), the numbers it reads (kinds.ROUTER_PARAMS, then `r.params[name]`
 # here), its function here, its lines in explain_moe.py.
@@ -326,6 +344,7 @@ _ROUTE = exhaustive(RouterKind, {
     RouterKind.SIGMOID_EPS: _sigmoid_eps,
     RouterKind.SIGMOID_BIASED: _sigmoid_biased,
     RouterKind.SCORED_GROUPED: _scored_grouped,
+    RouterKind.CAPPED_SCORE: _capped_score,
 })
 # the router kinds whose weights end cast to the block input's dtype, `weights.astype(x.dtype)`
 # (minimax; Klear: scores.astype(x.dtype))
@@ -343,6 +362,7 @@ _COMBINE = exhaustive(Combine, {
     Combine.SUM_CAST: lambda y, s: (y * s[..., None]).sum(axis=-2).astype(y.dtype),
     Combine.F32_SUM_CAST: lambda y, s: (y * s[..., None].astype(mx.float32)).sum(axis=-2).astype(y.dtype),
     Combine.SUM_CAST_COMPILED: _aggregate_expert_outputs,
+    Combine.SUM_CAST_INPUT: lambda y, s: (y * s[..., None]).sum(axis=-2),  # the block casts to x's dtype
 })
 
 
@@ -442,6 +462,7 @@ class MoEBlock(nn.Module):
                                           names=(n.gate_proj, n.up_proj, n.down_proj),
                                           activation=_ACTIVATION[m.expert](limits[0])))
         self._shared = m.shared.kind if spec.shared_size is not None else None
+        self._routed_scale = a.fields[m.shared.scale] if m.shared is not None and m.shared.scale else None
         if self._shared is not None:
             setattr(self, n.shared, MLP(a, d, width=spec.shared_size, bias=spec.shared_bias,
                                         limit=limits[1]))
@@ -473,6 +494,8 @@ class MoEBlock(nn.Module):
         routing = self.router(x, logits, bias)
         y = self[n.switch](x, routing.experts)
         y = _COMBINE[m.combine](y, routing.weights)
+        if m.combine is Combine.SUM_CAST_INPUT:  # laguna
+            y = y.astype(x.dtype)
         if self._shared is SharedKind.PLAIN:
             y = y + self[n.shared](x)
         elif self._shared is SharedKind.SIGMOID_GATED:
@@ -483,6 +506,8 @@ class MoEBlock(nn.Module):
             coef = mx.softmax(self[n.coefficient](x), axis=-1, precise=True)
             shared = self[n.shared](x)
             y = y * coef[..., :1] + shared * coef[..., 1:]
+        elif self._shared is SharedKind.ROUTED_SCALED:  # laguna
+            y = y * self._routed_scale + self[n.shared](x)
         if m.flat_tokens:
             y = y.reshape(B, L_, D)
         return y

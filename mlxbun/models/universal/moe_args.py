@@ -84,6 +84,14 @@ def _enum_string(a: Mapping, i: int, m: MoEKnobs) -> bool:  # step3p5
     return i in set(range(1, a["num_hidden_layers"]))
 
 
+def _freq_list(a: Mapping, i: int, m: MoEKnobs) -> bool:  # mimo_v2_flash
+    return a["moe_layer_freq"][i] == 1
+
+
+def _mlp_layer_types(a: Mapping, i: int, m: MoEKnobs) -> bool:  # laguna
+    return a["mlp_layer_types"][i] == "sparse"
+
+
 _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exhaustive(MoeLayers, {
     MoeLayers.ALL: lambda a, i, m: True,
     MoeLayers.SPARSE_STEP: _sparse_step,
@@ -94,6 +102,8 @@ _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exh
     MoeLayers.START_END_INTERVAL: _start_end_interval,
     MoeLayers.NUM_DENSE: _num_dense,
     MoeLayers.ENUM_STRING: _enum_string,
+    MoeLayers.FREQ_LIST: _freq_list,
+    MoeLayers.MLP_LAYER_TYPES: _mlp_layer_types,
 })
 
 
@@ -115,6 +125,11 @@ def moe_layers(d: ArchDescriptor, a: Mapping, n_layers: int) -> list[bool]:
         if not isinstance(flags, list) or len(flags) < n_layers:
             raise fail(d.model_type, f"'is_moe_layer' must be a list of {n_layers} bools (one per "
                                      f"layer), got {flags!r}")
+    if d.moe.layers is MoeLayers.FREQ_LIST:
+        freq = a["moe_layer_freq"]
+        if not isinstance(freq, list) or len(freq) < n_layers:
+            raise fail(d.model_type, f"'moe_layer_freq' must be a list of {n_layers} ints (one per "
+                                     f"layer), got {freq!r}")
     if d.moe.layers is MoeLayers.START_END_INTERVAL:  # mlx-lm would divide by it
         int_field(a, "moe_layer_interval", d.model_type)
     if d.moe.layers is MoeLayers.ENUM_STRING:

@@ -29,15 +29,12 @@ NOT_COVERED: dict[str, str] = {
               "maybe_trim_front / start_position and a chunk mask built from cache[0], which no "
               "mlxbun cache has), a hard-coded every-4th global NoPE layer with temperature-tuned "
               "queries; top-1 sigmoid router that scales the expert input",
-    "mimo_v2_flash": f"{_MOE}: sliding layers with their own head counts / dims and attention "
-                     "sink biases",
     "phixtral": f"{_MOE}: SwitchMLP experts (fc1/fc2, precise GELU, biases, width 4 * model_dim) "
                 "stacked from moe.mlp.N, the embedding nested in transformer.embd.wte, the final "
                 "LayerNorm inside the lm_head module (lm_head.ln / lm_head.linear), a literal eps and "
                 "rope base (no config fields): several knobs for one arch, whose hub configs "
                 "(phi-msft) give the sizes as n_embd / n_head / n_layer / vocab_size while mlx-lm "
                 "reads model_dim / num_heads / num_layers / num_vocab (phi-2's sizes by default)",
-    "laguna": f"{_MOE}: its own MoE gate and sliding / global attention pattern",
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3", "falcon_h1",
          "gear", "granitemoehybrid", "jamba", "kimi_linear", "lfm2", "lfm2_moe", "longcat_flash_ngram",

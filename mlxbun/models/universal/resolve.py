@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -34,7 +33,6 @@ from mlxbun.models.universal.kinds import (
     NopeRule,
     NormKind,
     PostInit,
-    PostOp,
     PreDivide,
     QueryScale,
     ResidualScale,
@@ -45,6 +43,7 @@ from mlxbun.models.universal.kinds import (
 from mlxbun.models.universal.moe_args import MoESpec, moe_layers, resolve_moe
 from mlxbun.models.universal.not_covered import NOT_COVERED
 from mlxbun.models.universal.schema import REQUIRED, ArchDescriptor
+from mlxbun.models.universal.specs import LayerSpec, RopeSpec, UniversalArgs
 from mlxbun.models.universal.table import DESCRIPTORS
 
 __all__ = ["LayerSpec", "MoESpec", "RopeSpec", "UniversalArgs", "descriptor_for", "layer_kinds",
@@ -64,71 +63,6 @@ def descriptor_for(model_type: str) -> ArchDescriptor:
         f"model_type '{shown}' is not supported by the universal graph{why}; "
         f"supported: {supported}"
     )
-
-
-# ----------------------------------------------------------------- resolved arguments
-
-
-@dataclass(frozen=True)
-class RopeSpec:
-    """One layer's rope, as the constructor arguments of its class."""
-
-    kind: RopeKind
-    dims: int
-    base: Any
-    traditional: Any = False
-    scaling: Mapping | None = None  # initialize: the scaling dict; phi3, su_scaled: rope_scaling
-    max_positions: Any = None
-    original_max_positions: Any = None  # phi3, su_scaled
-    scale: Any = 1.0  # nemotron: 1 / factor for linear scaling
-    alpha: Any = 1.0  # hunyuan_alpha
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    index: int
-    sliding: bool
-    rope: RopeSpec | None  # None: NoPE
-    moe: bool = False  # the MoE block (args.moe) instead of the dense MLP
-    kv_proj: bool = True  # KVShare.CLA: False = the layer takes the last projecting layer's k/v
-    heads: tuple[int, int] | None = None  # (query, key/value) heads when not the model's (step3p5)
-    swiglu_limits: tuple[float, float] = (0, 0)  # clamped SwiGLU: (routed experts, shared / dense);
-    # 0: plain SwiGLU
-
-
-@dataclass(frozen=True)
-class UniversalArgs:
-    """A descriptor applied to one config: every number the graph needs."""
-
-    model_type: str
-    fields: Mapping[str, Any]  # the ModelArgs view (after __post_init__)
-    hidden: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    vocab: int
-    intermediate: int
-    eps: float
-    attn_bias: bool
-    out_bias: bool
-    mlp_bias: bool
-    norm_bias: bool
-    qk_norm: bool
-    attn_scale: float
-    attn_softcap: float | None
-    layers: tuple[LayerSpec, ...]
-    sliding_window: int | None
-    tie: bool  # for TieRule.CHECKPOINT: the constructor's choice (untied), the loader decides
-    embed_scale: Any  # the multiplier of an embed_scale field (the sqrt kinds compute theirs)
-    residual_scale: Any
-    head_pre_divide: Any
-    head_post: tuple[PostOp, Any] | None
-    final_softcap: FinalSoftcap
-    final_softcap_value: float | None  # None: no cap applied
-    llama4: tuple[float, int] | None  # (beta, original_max_position_embeddings)
-    parallel: bool
-    moe: MoESpec | None = None  # the MoE block's numbers (layers[i].moe says where it runs)
 
 
 # ----------------------------------------------------------------- ModelArgs emulation
@@ -295,6 +229,21 @@ def _gpt_oss_layer_types(a: dict, mt: str) -> None:
             raise _fail(mt, f"layer_types has no '{kind}' layer (mlx-lm's gpt_oss needs both)")
 
 
+def _scaling_none_one(a: dict, mt: str) -> None:  # mimo_v2_flash's MoEGate
+    a["routed_scaling_factor"] = 1.0 if a["routed_scaling_factor"] is None else a["routed_scaling_factor"]
+
+
+def _laguna_lists(a: dict, mt: str) -> None:  # laguna's __post_init__, then one entry per layer
+    n = a["num_hidden_layers"]
+    if a["mlp_layer_types"] is None:
+        a["mlp_layer_types"] = ["dense"] + ["sparse"] * (n - 1)
+    if a["num_attention_heads_per_layer"] is None:
+        a["num_attention_heads_per_layer"] = [a["num_attention_heads"]] * n
+    for key in ("layer_types", "mlp_layer_types", "num_attention_heads_per_layer"):
+        if not isinstance(a[key], list) or len(a[key]) < n:
+            raise _fail(mt, f"'{key}' must list one entry per layer ({n}), got {a[key]!r}")
+
+
 def _layer_type_ropes(a: dict, mt: str) -> None:  # mellum
     lt, rp = a["layer_types"], a["rope_parameters"]
     if not isinstance(lt, list) or len(lt) != a["num_hidden_layers"]:
@@ -334,6 +283,8 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.GPT_OSS_LAYER_TYPES: _gpt_oss_layer_types,
     PostInit.PHIMOE_ROPE_SCALING: _phimoe_rope_scaling,
     PostInit.LAYER_TYPE_ROPES: _layer_type_ropes,
+    PostInit.SCALING_NONE_ONE: _scaling_none_one,
+    PostInit.LAGUNA_LISTS: _laguna_lists,
 })
 
 
@@ -375,6 +326,12 @@ def layer_kinds(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
         if lt and len(lt) < n:
             raise _fail(d.model_type, f"layer_types lists {len(lt)} kinds for {n} layers")
         return [lt[i] == "sliding_attention" if lt else i % 2 == 0 for i in range(n)]
+    if kind is LayerKinds.HYBRID_PATTERN:  # mimo_v2_flash: .index(1) and .index(0) of it
+        hp = a["hybrid_layer_pattern"]
+        if not isinstance(hp, list) or len(hp) < n or 0 not in hp[:n] or 1 not in hp[:n]:
+            raise _fail(d.model_type, f"'hybrid_layer_pattern' must list {n} layers of 0 (full) and 1 "
+                        f"(sliding), holding both, got {hp!r}")
+        return [hp[i] == 1 for i in range(n)]
     pattern = a[d.layers.period]
     if kind is LayerKinds.PERIOD:
         if not isinstance(pattern, int) or isinstance(pattern, bool) or not 0 < pattern <= n:
@@ -398,6 +355,20 @@ def _layer_type_rope(a: dict, i: int, head_dim: int) -> RopeSpec:  # mellum._rop
     scaling_config = dict(params)
     scaling_config["type"] = rope_type
     return RopeSpec(RopeKind.LAYER_TYPE_PARAMS, head_dim, base, False, scaling_config,
+                    a["max_position_embeddings"])
+
+
+def _layer_type_partial_rope(a: dict, i: int, head_dim: int) -> RopeSpec:  # laguna._layer_rope
+    rope_params = (a["rope_parameters"] or {}).get(a["layer_types"][i]) or {}
+    base = rope_params.get("rope_theta", 10000.0)
+    partial = rope_params.get(
+        "partial_rotary_factor",
+        a["partial_rotary_factor"] if a["partial_rotary_factor"] is not None else 1.0)
+    dims = int(head_dim * partial)
+    scaling_config = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+    if "rope_type" not in scaling_config and "type" not in scaling_config:
+        scaling_config["rope_type"] = "default"
+    return RopeSpec(RopeKind.LAYER_TYPE_PARTIAL, dims, base, False, scaling_config,
                     a["max_position_embeddings"])
 
 
@@ -426,6 +397,8 @@ def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int,
         return _layer_type_rope(a, i, head_dim)
     if r.kind is RopeKind.PER_LAYER_LISTS:
         return _per_layer_lists_rope(a, i, head_dim, mt)
+    if r.kind is RopeKind.LAYER_TYPE_PARTIAL:
+        return _layer_type_partial_rope(a, i, head_dim)
     if r.nope is NopeRule.NO_ROPE_LAYERS and not a["no_rope_layers"][i]:
         return None
     if r.nope is NopeRule.SLIDING_OR_ALL and any_sliding and not sliding:
@@ -487,6 +460,24 @@ def _sliding_heads(d: ArchDescriptor, a: dict) -> tuple[int, int] | None:
     return tuple(_int_field(other, k, d.model_type) for k in keys)
 
 
+def _layer_attn(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int) -> dict[str, Any]:
+    """A layer's own attention shape, as LayerSpec fields: heads, dims, scale, sinks."""
+    mt, sa = d.model_type, d.layers.sliding_attn
+    sinks = d.sinks and (d.sinks_when is None or bool(a[d.sinks_when[sliding]]))
+    if sliding and sa is not None:  # mimo_v2_flash's swa_* fields
+        hd = _int_field(a, sa.head_dim, mt)
+        return dict(heads=(_int_field(a, sa.heads, mt), _int_field(a, sa.kv_heads, mt)), sinks=sinks,
+                    dims=(hd, _int_field(a, sa.v_head_dim, mt)), scale=_ATTN_SCALES[d.attn_scale](a, hd))
+    if sliding and d.layers.sliding_heads:  # step3p5
+        return dict(heads=_sliding_heads(d, a), sinks=sinks)
+    if d.layers.heads_per_layer:  # laguna (the row names n_kv_heads: schema checks it)
+        h = a[d.layers.heads_per_layer][i]
+        if not isinstance(h, int) or isinstance(h, bool) or h <= 0:
+            raise _fail(mt, f"'{d.layers.heads_per_layer}'[{i}] must be a positive integer, got {h!r}")
+        return dict(heads=(h, _int_field(a, d.n_kv_heads, mt)), sinks=sinks)
+    return dict(dims=(head_dim, _int_field(a, d.v_head_dim, mt)) if d.v_head_dim else None, sinks=sinks)
+
+
 def _swiglu_limits(d: ArchDescriptor, a: dict, i: int) -> tuple[float, float]:
     """step3p5: layer i's (routed, shared / dense) SwiGLU limits; 0 = unclamped."""
     if d.swiglu_clamp is None:
@@ -528,9 +519,10 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
         raise _fail(mt, f"{len(kinds)} layer kinds for {n_layers} layers")
     routed = moe_layers(d, a, n_layers)
     kv_proj = _kv_proj(d, a, n_layers)
-    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, head_dim, any(kinds)), routed[i], kv_proj[i],
-                             _sliding_heads(d, a) if s else None, _swiglu_limits(d, a, i))
-                   for i, s in enumerate(kinds))
+    attn = [_layer_attn(d, a, i, s, head_dim) for i, s in enumerate(kinds)]
+    layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, (at.get("dims") or (head_dim,))[0], any(kinds)),
+                             routed[i], kv_proj[i], swiglu_limits=_swiglu_limits(d, a, i), **at)
+                   for i, (s, at) in enumerate(zip(kinds, attn)))
     window = a[d.layers.sliding_window] if d.layers.sliding_window else None
     if any(kinds) and d.layers.make_cache is MakeCache.ROTATING_SLIDING:
         if not isinstance(window, int) or window <= 0:

@@ -134,6 +134,7 @@ class Names:
     inner_norm: str = "norm"  # lille-130m: the pre-norm lives inside attention / mlp
     act: str = "act_fn"  # apertus: the XieLU module (it has parameters)
     attn_gate: str = "gate_proj"  # the attention's output gate (attn_gate knob; afmoe)
+    sinks: str = "sinks"  # the attention's per-head sink logits (mimo_v2_flash: attention_sink_bias)
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,16 @@ class HeadKnobs:
 
 
 @dataclass(frozen=True)
+class SlidingAttn:
+    """Sliding layers' own head counts and q/k, value head dims: fields (mimo_v2_flash's swa_*)."""
+
+    heads: str
+    kv_heads: str
+    head_dim: str
+    v_head_dim: str
+
+
+@dataclass(frozen=True)
 class LayerKnobs:
     kinds: LayerKinds = _kind(LayerKinds, LayerKinds.ALL_FULL)
     sliding_window: str | None = None  # field
@@ -224,6 +235,8 @@ class LayerKnobs:
     kv_share: KVShare | None = _kind(KVShare, None)  # cla: fields use_cla, cla_share_factor
     sliding_heads: str | None = None  # field: a dict whose num_attention_heads /
     # num_attention_groups replace the head counts on sliding layers (step3p5)
+    sliding_attn: SlidingAttn | None = None  # sliding layers' own head counts and dims (mimo_v2_flash)
+    heads_per_layer: str | None = None  # field: every layer's query head count, a list (laguna)
 
 
 @dataclass(frozen=True)
@@ -273,6 +286,7 @@ class SharedKnobs:
     when_rule: SharedWhen = _kind(SharedWhen, SharedWhen.NOT_NONE)  # what `when` must hold
     enabled: bool | str = True  # and this (literal, or a bool field: moe_router_enable_shared_expert)
     bias: bool | str = False  # the shared MLP's biases (dots1: mlp_bias)
+    scale: str | None = None  # ROUTED_SCALED: the field the routed sum is multiplied by (laguna)
 
 
 @dataclass(frozen=True)
@@ -336,6 +350,9 @@ class ArchDescriptor:
     attn_scale: AttnScale = _kind(AttnScale, AttnScale.HEAD_DIM)
     attention: AttnKind = _kind(AttnKind, AttnKind.SDPA)
     sinks: bool = False  # gpt_oss: per-head sink logits `sinks` [H] on the attention, passed to sdpa
+    sinks_when: tuple[str, str] | None = None  # bool fields: sinks on (full, sliding) layers (mimo)
+    v_head_dim: str | None = None  # field: the value head dim when not head_dim (mimo_v2_flash)
+    value_scale: str | None = None  # field: values * it after the head reshape, unless None (mimo)
     query_scale: QueryScale | None = _kind(QueryScale, None)
     attn_gate: AttnOutGate | None = _kind(AttnOutGate, None)  # gate on the attention output
     attn_gate_when: str | None = None  # the bool field switching attn_gate (None: always)
@@ -430,6 +447,14 @@ class ArchDescriptor:
             yield "layers.kinds", "layer_types"
         if lk.sliding_heads:
             yield "layers.sliding_heads", lk.sliding_heads
+        for knob, value in (("sinks_when", self.sinks_when or ()), ("v_head_dim", (self.v_head_dim,)),
+                            ("value_scale", (self.value_scale,)),
+                            ("layers.heads_per_layer", (lk.heads_per_layer,))):
+            yield from ((knob, f) for f in value if f)
+        if lk.kinds is LayerKinds.HYBRID_PATTERN:
+            yield "layers.kinds", "hybrid_layer_pattern"
+        if lk.sliding_attn is not None:
+            yield from ((f"layers.sliding_attn.{k}", v) for k, v in dataclasses.asdict(lk.sliding_attn).items())
         if lk.period:
             yield "layers.period", lk.period
         if lk.sliding_window:
@@ -444,6 +469,10 @@ class ArchDescriptor:
         if r.kind is RopeKind.LAYER_TYPE_PARAMS:  # every number comes from rope_parameters
             yield from (("rope", "rope_parameters"), ("rope", "layer_types"),
                         ("rope", "max_position_embeddings"))
+            return
+        if r.kind is RopeKind.LAYER_TYPE_PARTIAL:
+            yield from (("rope", f) for f in ("rope_parameters", "layer_types", "partial_rotary_factor",
+                                              "max_position_embeddings"))
             return
         if r.kind is RopeKind.PER_LAYER_LISTS:
             yield from (("rope", f) for f in ("rope_theta", "partial_rotary_factors", "yarn_only_types",
@@ -544,13 +573,22 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error("layers.kv_share takes separate q/k/v projections and a sequential block")
     if d.sinks and d.attention is not AttnKind.SDPA:
         raise d.error(f"sinks with attention {d.attention.value!r}: only 'sdpa' takes attention sinks")
+    if d.sinks_when is not None and not d.sinks:
+        raise d.error("sinks_when names the fields switching sinks, which are off")
+    if (d.sinks_when or lk.sliding_attn or d.v_head_dim or d.value_scale) and d.qkv is not QKV.SEPARATE:
+        raise d.error("sinks_when, layers.sliding_attn, v_head_dim, value_scale take separate q/k/v")
+    if lk.sliding_attn is not None and (lk.kinds is LayerKinds.ALL_FULL or lk.sliding_heads):
+        raise d.error("layers.sliding_attn needs sliding layers and excludes layers.sliding_heads")
     if d.rope.nope in (NopeRule.GLOBAL_LAYERS, NopeRule.SLIDING_OR_ALL) and lk.kinds is LayerKinds.ALL_FULL:
         raise d.error(f"rope.nope {d.rope.nope.value!r} needs sliding layers (layers.kinds)")
     if d.attn_gate_when and d.attn_gate is None:
         raise d.error("attn_gate_when names the field switching attn_gate, which is unset")
-    if d.rope.kind is RopeKind.LAYER_TYPE_PARAMS and lk.kinds is not LayerKinds.LAYER_TYPES:
-        raise d.error("rope.kind 'layer_type_params' reads rope_parameters by layer_types: "
+    if (d.rope.kind in (RopeKind.LAYER_TYPE_PARAMS, RopeKind.LAYER_TYPE_PARTIAL)
+            and lk.kinds is not LayerKinds.LAYER_TYPES):
+        raise d.error(f"rope.kind {d.rope.kind.value!r} reads rope_parameters by layer_types: "
                       "layers.kinds must be 'layer_types'")
+    if lk.heads_per_layer and (lk.sliding_attn is not None or lk.sliding_heads or not d.n_kv_heads):
+        raise d.error("layers.heads_per_layer needs n_kv_heads, excludes sliding_attn / sliding_heads")
     if d.moe is not None:
         check_moe(d, d.moe, StackExperts)
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):

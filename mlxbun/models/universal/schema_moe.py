@@ -52,6 +52,10 @@ def moe_refs(m: Any) -> Iterator[tuple[str, str]]:
         yield "moe.layers", "num_dense_layers"
     elif m.layers is MoeLayers.ENUM_STRING:
         yield "moe.layers", "moe_layers_enum"
+    elif m.layers is MoeLayers.FREQ_LIST:
+        yield "moe.layers", "moe_layer_freq"
+    elif m.layers is MoeLayers.MLP_LAYER_TYPES:
+        yield "moe.layers", "mlp_layer_types"
     sh = m.shared
     if sh is not None:
         if not isinstance(sh.size, SharedSize):
@@ -61,13 +65,15 @@ def moe_refs(m: Any) -> Iterator[tuple[str, str]]:
         elif sh.size is SharedSize.INTERMEDIATE_TIMES_N:
             yield "moe.shared.size", "intermediate_size"
         for knob, value in (("moe.shared.count", sh.count), ("moe.shared.when", sh.when),
-                            ("moe.shared.bias", sh.bias), ("moe.shared.enabled", sh.enabled)):
+                            ("moe.shared.bias", sh.bias), ("moe.shared.enabled", sh.enabled),
+                            ("moe.shared.scale", sh.scale)):
             if isinstance(value, str):
                 yield knob, value
 
 
 # router kinds whose renormalization is part of the kind (sparsemixer: none; the others: always)
-_FIXED_NORM_ROUTERS = (RouterKind.SPARSEMIXER, RouterKind.F32_ACT_TOPK, RouterKind.SIGMOID_CORRECTED)
+_FIXED_NORM_ROUTERS = (RouterKind.SPARSEMIXER, RouterKind.F32_ACT_TOPK, RouterKind.SIGMOID_CORRECTED,
+                       RouterKind.CAPPED_SCORE)
 # corrected router kinds whose correction bias a row may switch off (`RouterKnobs.corrected`);
 # the other corrected kinds always add theirs
 _SWITCHABLE_BIAS = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE)
@@ -108,6 +114,9 @@ def check_moe(d: Any, m: Any, stack_type: type) -> None:
     if r.gate_f32 and r.gate is not GateKind.LINEAR:
         raise d.error("moe.router.gate_f32 casts the input of a Linear gate: moe.router.gate must "
                       "be 'linear'")
+    if m.shared is not None and (m.shared.kind is SharedKind.ROUTED_SCALED) != (m.shared.scale is not None):
+        raise d.error("moe.shared.kind 'routed_scaled' and moe.shared.scale (the field scaling the "
+                      "routed sum) go together")
     if m.shared is not None and m.shared.when_rule is not SharedWhen.NOT_NONE and m.shared.when is None:
         raise d.error(f"moe.shared.when_rule {m.shared.when_rule.value!r} needs moe.shared.when "
                       "(the field it tests)")

@@ -30,6 +30,7 @@ from mlxbun.models.universal.schema import (
     RouterKnobs,
     SanitizeRule,
     SharedKnobs,
+    SlidingAttn,
     StackExperts,
 )
 
@@ -1047,6 +1048,85 @@ _MOE_ROWS += [
               "per-head sigmoid attention gate; per-layer rope bases / rotary fractions, yarn only "
               "on yarn_only_types; per-layer clamped SwiGLU; compiled sigmoid router (renorm by "
               "sum + 1e-20), shared expert.",
+    ),
+    ArchDescriptor(
+        "mimo_v2_flash",
+        _fields("model_type", "num_experts_per_tok", "hybrid_layer_pattern", "moe_layer_freq",
+                "add_swa_attention_sink_bias", "add_full_attention_sink_bias", "sliding_window_size",
+                "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "n_shared_experts",
+                "n_routed_experts", "routed_scaling_factor", "topk_method", "scoring_func",
+                "norm_topk_prob", "n_group", "topk_group", "max_position_embeddings",
+                "layernorm_epsilon", "rope_theta", "swa_rope_theta", "swa_num_attention_heads",
+                "swa_num_key_value_heads", "head_dim", "v_head_dim", "swa_head_dim", "swa_v_head_dim",
+                "partial_rotary_factor", attention_value_scale=None),
+        ("scaling_none_one",), head_dim="field", v_head_dim="v_head_dim",
+        value_scale="attention_value_scale", sinks=True,
+        sinks_when=("add_full_attention_sink_bias", "add_swa_attention_sink_bias"),
+        names=Names(sinks="attention_sink_bias"),
+        rope=RopeKnobs(traditional=False, scaling=None, max_positions=None,
+                       partial="partial_rotary_factor", sliding_theta="swa_rope_theta"),
+        norm=NormKnobs(eps="layernorm_epsilon"), head=HeadKnobs(tie=False),
+        layers=LayerKnobs("hybrid_pattern", sliding_window="sliding_window_size",
+                          make_cache="rotating_sliding",
+                          sliding_attn=SlidingAttn("swa_num_attention_heads", "swa_num_key_value_heads",
+                                                   "swa_head_dim", "swa_v_head_dim")),
+        moe=MoEKnobs(experts="n_routed_experts", layers="freq_list", combine="sum_cast",
+                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
+                                        params=_NOAUX_PARAMS, renorm="sum_eps"),
+                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
+        sanitize=(SanitizeRule("fp8_block_dequant", None, "fp8 weights dequantized to bfloat16"),
+                  _STACK, SanitizeRule("drop_prefix", "model.mtp", "the multi-token-prediction layers")),
+        accepted_values={"topk_method": ("noaux_tc",)},
+        ignored_keys={**_ROUTER_TRAINING,
+                      "hidden_act": "mlx-lm's mimo_v2_flash always runs SwiGLU",
+                      "attention_bias": "mlx-lm's mimo_v2_flash projections have no bias"},
+        notes="sliding layers (hybrid_layer_pattern 1) with their own head counts, q/k and value "
+              "head dims and rope base (swa_*); per-layer attention sink biases passed to sdpa; "
+              "values scaled by attention_value_scale; partial rope; glm4_moe's router with 1e-20 "
+              "added to the renormalizing sum (scoring_func read, never used: always sigmoid); "
+              "moe_layer_freq[i] == 1 picks the MoE layers; rotating caches on sliding layers.",
+    ),
+    ArchDescriptor(
+        "laguna",
+        _fields(model_type="laguna", vocab_size=100352, hidden_size=2048, intermediate_size=8192,
+                num_hidden_layers=40, num_attention_heads=48, num_key_value_heads=8, head_dim=128,
+                max_position_embeddings=262144, rms_norm_eps=1e-6, attention_bias=False,
+                qkv_bias=False, gating=True, tie_word_embeddings=False, sliding_window=512,
+                partial_rotary_factor=None, rope_parameters=None, layer_types=None,
+                num_attention_heads_per_layer=None, mlp_layer_types=None, num_experts=256,
+                num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                moe_routed_scaling_factor=1.0, moe_router_logit_softcapping=0.0,
+                moe_router_score_func="sigmoid"),
+        ("layer_types_full", "laguna_lists", "require_full_layer"), head_dim="field",
+        attn_bias="qkv_bias", out_bias="attention_bias", qk_norm=QKNormKnobs("rms", "heads"),
+        attn_gate="head_softplus", attn_gate_when="gating", names=Names(attn_gate="g_proj"),
+        rope=RopeKnobs("layer_type_partial"),
+        layers=LayerKnobs("layer_types", sliding_window="sliding_window", make_cache="rotating_sliding",
+                          heads_per_layer="num_attention_heads_per_layer"),
+        moe=MoEKnobs(layers="mlp_layer_types", combine="sum_cast_input",
+                     router=RouterKnobs("capped_score", gate="nested",
+                                        params={"softcap": "moe_router_logit_softcapping",
+                                                "score_fn": "moe_router_score_func"}),
+                     shared=SharedKnobs("routed_scaled", size="shared_expert_intermediate_size",
+                                        scale="moe_routed_scaling_factor"),
+                     names=MoENames(gate_inner="proj", shared="shared_expert")),
+        sanitize=(SanitizeRule("strip_prefix", "language_model.", "repacked checkpoints' prefix"),
+                  _DROP_TIED,
+                  SanitizeRule("rename_in_moe_layers",
+                               (("gate.weight", "gate.proj.weight"),
+                                ("experts.e_score_correction_bias", "gate.e_score_correction_bias")),
+                               "the original layout's bare router and its expert-side bias"),
+                  _STACK),
+        accepted_values=_SILU,
+        ignored_keys={**_ROUTER_TRAINING, "router_aux_loss_coef": "training-time router loss",
+                      "moe_apply_router_weight_on_input": "mlx-lm's laguna weights the expert outputs"},
+        notes="per-layer query head counts (num_attention_heads_per_layer); q/k RMSNorm per head; "
+              "per-head softplus output gate (float32); rope per layer type from rope_parameters "
+              "(its own partial_rotary_factor and scaling); mlp_layer_types picks the MoE layers; "
+              "router: float32 logits, optional tanh softcap, sigmoid or sqrt(softplus) scores, "
+              "correction bias for the choice, renormalized; routed sum * moe_routed_scaling_factor "
+              "+ shared expert; rotating caches on sliding layers.",
     ),
 ]
 
