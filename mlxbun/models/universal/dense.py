@@ -55,8 +55,8 @@ from mlxbun.models.universal.kinds import (
 )
 from mlxbun.models.universal.mlp import MLP
 from mlxbun.models.universal.moe import MoEBlock
-from mlxbun.models.universal.resolve import LayerSpec, RopeSpec, UniversalArgs
 from mlxbun.models.universal.schema import ArchDescriptor
+from mlxbun.models.universal.specs import LayerSpec, RopeSpec, UniversalArgs
 
 __all__ = ["UniversalDense"]
 

@@ -54,13 +54,9 @@ from mlxbun.models.universal.kinds import (
     TiedOp,
     TieRule,
 )
-from mlxbun.models.universal.resolve import (
-    LayerSpec,
-    UniversalArgs,
-    descriptor_for,
-    resolve_args,
-)
+from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor
+from mlxbun.models.universal.specs import LayerSpec, UniversalArgs
 
 __all__ = ["Explanation", "Line", "explain_config"]
 

@@ -11,12 +11,12 @@ from mlxbun.models.universal.kinds import (
     BiasAt,
     Combine,
     ExpertKind,
+    GateAct,
     GateKind,
     GroupGuard,
     MoeLayers,
     RouterKind,
     ScoreFunc,
-    GateAct,
     SharedKind,
     SharedSize,
     SharedWhen,
@@ -24,8 +24,8 @@ from mlxbun.models.universal.kinds import (
     TopKSelect,
     exhaustive,
 )
-from mlxbun.models.universal.resolve import LayerSpec, UniversalArgs
 from mlxbun.models.universal.schema import ArchDescriptor
+from mlxbun.models.universal.specs import LayerSpec, UniversalArgs
 
 
 def Line(code: str, note: str = "") -> tuple[str, str]:  # noqa: N802 (explain.Line's shape)

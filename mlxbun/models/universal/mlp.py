@@ -11,8 +11,8 @@ import mlx.nn as nn
 from mlxbun.models import layers as L
 from mlxbun.models.switch_layers import clamped_swiglu
 from mlxbun.models.universal.kinds import FUSED_ACTS, GATED_ACTS, PLAIN_ACTS, Act, MlpKind, exhaustive
-from mlxbun.models.universal.resolve import UniversalArgs
 from mlxbun.models.universal.schema import ArchDescriptor
+from mlxbun.models.universal.specs import UniversalArgs
 
 __all__ = ["MLP"]
 

@@ -46,8 +46,8 @@ from mlxbun.models.universal.kinds import (
 )
 from mlxbun.models.universal.mlp import MLP
 from mlxbun.models.universal.moe_args import MoESpec
-from mlxbun.models.universal.resolve import UniversalArgs
 from mlxbun.models.universal.schema import ArchDescriptor, MoEKnobs
+from mlxbun.models.universal.specs import UniversalArgs
 
 __all__ = ["Gate", "MoEBlock", "Router", "Routing"]
 

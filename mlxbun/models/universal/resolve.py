@@ -40,14 +40,13 @@ from mlxbun.models.universal.kinds import (
     TieRule,
     exhaustive,
 )
-from mlxbun.models.universal.moe_args import MoESpec, moe_layers, resolve_moe
+from mlxbun.models.universal.moe_args import moe_layers, resolve_moe
 from mlxbun.models.universal.not_covered import NOT_COVERED
 from mlxbun.models.universal.schema import REQUIRED, ArchDescriptor
 from mlxbun.models.universal.specs import LayerSpec, RopeSpec, UniversalArgs
 from mlxbun.models.universal.table import DESCRIPTORS
 
-__all__ = ["LayerSpec", "MoESpec", "RopeSpec", "UniversalArgs", "descriptor_for", "layer_kinds",
-           "model_args", "resolve_args", "thaw"]
+__all__ = ["descriptor_for", "layer_kinds", "model_args", "resolve_args", "thaw"]
 
 
 def descriptor_for(model_type: str) -> ArchDescriptor:
