@@ -23,7 +23,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxbun.errors import LoadError, UnsupportedModelError
 from mlxbun.models.universal.loader import audit_checkpoint, build_model, load_universal
-from mlxbun.models.universal.moe import MoEBlock, Router, Routing, _group_select_k_nonzero, _group_select_n_group
+from mlxbun.models.universal.moe import MoEBlock, Router, Routing, _group_select
 from mlxbun.models.universal.schema import (
     ArchDescriptor,
     DescriptorError,
@@ -132,21 +132,20 @@ def test_router_modules_return_what_mlx_lm_gates_return(arch):
         assert mx.array_equal(inds, routing.experts) and mx.array_equal(scores, routing.weights)
 
 
-@pytest.mark.parametrize("select, mlx_lm_fn", [
-    (_group_select_n_group, "glm4_moe"), (_group_select_k_nonzero, "dots1")])
+@pytest.mark.parametrize("k_nonzero_guard, mlx_lm_fn", [(False, "glm4_moe"), (True, "dots1")])
 @pytest.mark.parametrize("top_k, n_group, topk_group, scaling, norm", [
     (2, 1, 1, 1.0, True), (2, 2, 1, 2.5, True), (3, 4, 2, 1.0, False), (1, 2, 1, 1.5, True),
     (4, 4, 3, 2.5, True), (2, 8, 4, 1.0, True)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_grouped_noaux_selection_matches_mlx_lm(select, mlx_lm_fn, top_k, n_group, topk_group, scaling,
-                                                norm, dtype):
+def test_grouped_noaux_selection_matches_mlx_lm(k_nonzero_guard, mlx_lm_fn, top_k, n_group, topk_group,
+                                                scaling, norm, dtype):
     import importlib
 
     ref_fn = importlib.import_module(f"mlx_lm.models.{mlx_lm_fn}").group_expert_select
     gates = mx.random.normal((2, 13, 16), key=mx.random.key(top_k * 7 + n_group)).astype(getattr(mx, dtype))
     bias = 0.1 * mx.random.normal((16,), key=mx.random.key(5))
     want_inds, want = ref_fn(gates, bias, top_k, n_group, topk_group, scaling, norm)
-    inds, got = select(gates, bias, top_k, n_group, topk_group, scaling, norm)
+    inds, got = _group_select(gates, bias, top_k, n_group, topk_group, scaling, norm, k_nonzero_guard, False)
     assert mx.array_equal(want_inds, inds) and mx.array_equal(want, got) and want.dtype == got.dtype
 
 
@@ -571,12 +570,10 @@ def test_exaone_moe_selection_adds_eps_to_the_renormalizing_sum(top_k, n_group, 
                                                                  norm, dtype):
     from mlx_lm.models.exaone_moe import group_expert_select
 
-    from mlxbun.models.universal.moe import _group_select_n_group_eps
-
     gates = mx.random.normal((2, 13, 16), key=mx.random.key(top_k * 5 + n_group)).astype(getattr(mx, dtype))
     bias = 0.1 * mx.random.normal((16,), key=mx.random.key(6))
     want_inds, want = group_expert_select(gates, bias, top_k, n_group, topk_group, scaling, norm)
-    inds, got = _group_select_n_group_eps(gates, bias, top_k, n_group, topk_group, scaling, norm)
+    inds, got = _group_select(gates, bias, top_k, n_group, topk_group, scaling, norm, False, True)
     assert mx.array_equal(want_inds, inds) and mx.array_equal(want, got) and want.dtype == got.dtype
 
 
@@ -1239,12 +1236,10 @@ def test_mimo_v2_flash_selection_is_noaux_tc_with_the_eps_renorm(top_k, n_group,
     """Its group_expert_select is exaone_moe's (renorm by sum + 1e-20): the row reuses it."""
     from mlx_lm.models.mimo_v2_flash import group_expert_select
 
-    from mlxbun.models.universal.moe import _group_select_n_group_eps
-
     gates = mx.random.normal((2, 13, 16), key=mx.random.key(top_k * 3 + n_group)).astype(getattr(mx, dtype))
     bias = 0.1 * mx.random.normal((16,), key=mx.random.key(7))
     want_inds, want = group_expert_select(gates, bias, top_k, n_group, topk_group, scaling, norm)
-    inds, got = _group_select_n_group_eps(gates, bias, top_k, n_group, topk_group, scaling, norm)
+    inds, got = _group_select(gates, bias, top_k, n_group, topk_group, scaling, norm, False, True)
     assert mx.array_equal(want_inds, inds) and mx.array_equal(want, got) and want.dtype == got.dtype
 
 

@@ -88,93 +88,39 @@ def _topk_softmax_f32(r: "Router", logits, bias):  # granitemoe
 
 
 @mx.compile
-def _group_select_n_group(gates, e_score_correction_bias, top_k, n_group, topk_group,
-                          routed_scaling_factor, norm_topk_prob):
-    # glm4_moe.group_expert_select, op for op (compiled there too)
-    scores = mx.sigmoid(gates.astype(mx.float32))
-    orig_scores = scores
-    scores = scores + e_score_correction_bias
-    if n_group > 1:
-        scores = mx.unflatten(scores, axis=-1, shape=(n_group, -1))
-        group_scores = mx.topk(scores, 2, axis=-1).sum(axis=-1, keepdims=True)
-        k = n_group - topk_group
-        group_idx = mx.argpartition(group_scores, kth=k - 1, axis=-2)[..., :k, :]
-        scores = mx.put_along_axis(scores, mx.stop_gradient(group_idx), mx.array(0.0), axis=-2)
-        scores = mx.flatten(scores, -2, -1)
-    k = top_k
-    inds = mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k]
-    inds = mx.stop_gradient(inds)
-    scores = mx.take_along_axis(orig_scores, inds, axis=-1)
-    if top_k > 1 and norm_topk_prob:
-        denominator = scores.sum(axis=-1, keepdims=True)
-        scores = scores / denominator
-    scores = scores * routed_scaling_factor
-    return inds, scores
-
-
-@mx.compile
-def _group_select_k_nonzero(gates, e_score_correction_bias, top_k, n_group, topk_group,
-                            routed_scaling_factor, norm_topk_prob):
-    # dots1.group_expert_select, op for op (compiled there too)
+def _group_select(gates, e_score_correction_bias, top_k, n_group, topk_group, routed_scaling_factor,
+                  norm_topk_prob, k_nonzero_guard, eps_renorm):
+    # mlx-lm's group_expert_select, op for op (compiled there too), in its three spellings: glm4_moe
+    # groups when n_group > 1, dots1 when n_group - topk_group != 0 (`k_nonzero_guard`), exaone_moe
+    # and mimo_v2_flash are glm4_moe's with 1e-20 added to the renormalizing sum (`eps_renorm`)
     scores = mx.sigmoid(gates.astype(mx.float32))
     orig_scores = scores
     scores = scores + e_score_correction_bias
     k = n_group - topk_group
-    if k != 0:
+    if (k != 0) if k_nonzero_guard else (n_group > 1):
         scores = mx.unflatten(scores, axis=-1, shape=(n_group, -1))
         group_scores = mx.topk(scores, 2, axis=-1).sum(axis=-1, keepdims=True)
-        group_idx = mx.argpartition(group_scores, kth=k - 1, axis=-2)[..., :k, :]
-        group_idx = mx.stop_gradient(group_idx)
-        scores = mx.put_along_axis(scores, group_idx, mx.array(0.0), axis=-2)
-        scores = mx.flatten(scores, -2, -1)
-    k = top_k
-    inds = mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k]
-    inds = mx.stop_gradient(inds)
-    scores = mx.take_along_axis(orig_scores, inds, axis=-1)
-    if top_k > 1 and norm_topk_prob:
-        denominator = scores.sum(axis=-1, keepdims=True)
-        scores = scores / denominator
-    scores = scores * routed_scaling_factor
-    return inds, scores
-
-
-@mx.compile
-def _group_select_n_group_eps(gates, e_score_correction_bias, top_k, n_group, topk_group,
-                              routed_scaling_factor, norm_topk_prob):
-    # exaone_moe.group_expert_select, op for op (compiled there too): glm4_moe's but for the
-    # 1e-20 added to the renormalizing sum
-    scores = mx.sigmoid(gates.astype(mx.float32))
-    orig_scores = scores
-    scores = scores + e_score_correction_bias
-    if n_group > 1:
-        scores = mx.unflatten(scores, axis=-1, shape=(n_group, -1))
-        group_scores = mx.topk(scores, 2, axis=-1).sum(axis=-1, keepdims=True)
-        k = n_group - topk_group
         group_idx = mx.argpartition(group_scores, kth=k - 1, axis=-2)[..., :k, :]
         scores = mx.put_along_axis(scores, mx.stop_gradient(group_idx), mx.array(0.0), axis=-2)
         scores = mx.flatten(scores, -2, -1)
-    k = top_k
-    inds = mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k]
+    inds = mx.argpartition(-scores, kth=top_k - 1, axis=-1)[..., :top_k]
     inds = mx.stop_gradient(inds)
     scores = mx.take_along_axis(orig_scores, inds, axis=-1)
     if top_k > 1 and norm_topk_prob:
         denominator = scores.sum(axis=-1, keepdims=True)
-        scores = scores / (denominator + 1e-20)
+        scores = scores / (denominator + 1e-20) if eps_renorm else scores / denominator
     scores = scores * routed_scaling_factor
     return inds, scores
 
 
-_GROUP_SELECT = exhaustive(GroupGuard, {GroupGuard.N_GROUP_GT_1: _group_select_n_group,
-                                        GroupGuard.K_NONZERO: _group_select_k_nonzero})
-# renorm 'sum_eps' comes with the n_group > 1 guard only (the row is checked when built)
-_GROUP_SELECT_EPS = {GroupGuard.N_GROUP_GT_1: _group_select_n_group_eps}
+# the guard as _group_select's k_nonzero_guard flag
+_K_NONZERO_GUARD = exhaustive(GroupGuard, {GroupGuard.N_GROUP_GT_1: False, GroupGuard.K_NONZERO: True})
 
 
-def _noaux_tc(r: "Router", logits, bias):  # glm4_moe, dots1, exaone_moe (deepseek-v3 style)
+def _noaux_tc(r: "Router", logits, bias):  # glm4_moe, dots1, exaone_moe, mimo_v2_flash (deepseek-v3 style)
     p = r.params
-    table = _GROUP_SELECT if r.renorm is TopKRenorm.SUM else _GROUP_SELECT_EPS
-    return table[r.group_guard](logits, bias, r.top_k, p["n_group"], p["topk_group"],
-                                p["scaling"], r.norm_topk)
+    return _group_select(logits, bias, r.top_k, p["n_group"], p["topk_group"], p["scaling"], r.norm_topk,
+                         _K_NONZERO_GUARD[r.group_guard], r.renorm is TopKRenorm.SUM_EPS)
 
 
 @mx.compile
