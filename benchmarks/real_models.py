@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "real-models.md"))
     p.add_argument("--models", default=",".join(MODELS), help="measure these again (others: their saved tables)")
     p.add_argument("--sections", default="kv,weights,spec,speed",
-                   help="measure these sections again (others: their saved tables)")
+                   help="measure these sections again (others: their saved tables; '' re-assembles them)")
     args = p.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
                    "speed": lambda: speed_section(name, cached_import(gguf, root=work), args.results)}
         saved = work / f"real-{name}-tables.json"
         tables = json.loads(saved.read_text()) if saved.is_file() else {}
-        for section in args.sections.split(","):
+        for section in filter(None, args.sections.split(",")):  # "": re-assemble the saved tables
             tables[section] = measure[section]()
         saved.write_text(json.dumps(tables))
     for name in MODELS:
@@ -199,7 +199,10 @@ def main(argv=None) -> int:
         "",
         "## 2. Weight quantization", "", *sections["weights"],
         "## 3. Speculative decoding on real prompts", "", *sections["spec"],
-        "## 4. Speed: mlxbun vs mlx-lm on the same weights (CPU ratios)", "", *sections["speed"],
+        "## 4. Speed: mlxbun vs mlx-lm on the same weights (CPU ratios)", "",
+        "The two engines alternate in one process over the same arrays. A ratio within the engines' "
+        "standard deviations is noise (these were measured while other jobs shared the machine's two "
+        "cores); the GPU pages hold the speed comparisons that mean something.", "", *sections["speed"],
         "## 5. mlxbun vs llama.cpp (the runtime the files were made for)", "",
         oracle.read_text().strip() if oracle.is_file() else "(run `make oracle` to fill this section)",
         "",
