@@ -183,3 +183,37 @@ def test_hf_layout_lfm2_moe_checkpoints_load_as_mlx_lm_loads_them(zoo, tmp_path)
     ours = load_universal(dst)
     assert mx.array_equal(ours(ids), _oracle(dst)(ids))
     assert mx.array_equal(ours(ids), load_universal(src)(ids))
+
+
+def test_layer_diff_reports_the_recurrent_states_step_by_step(lfm2):
+    from mlxbun.parity.layer_diff import layer_diff
+
+    prompt, decode = [4, 8, 15, 16, 23, 42], [7, 9]
+    diff = layer_diff(load_universal(lfm2), _oracle(lfm2), prompt, decode)
+    t = diff.state_table
+    assert sorted(set(zip(t["step"], t["layer"]))) == [(s, layer) for s in range(3) for layer in (0, 2)]
+    assert t["equal"].all() and (t["max_abs_diff"] == 0).all()
+    assert (t["norm_a"] > 0).all() and (t["norm_a"] == t["norm_b"]).all()
+    assert t["shape_a"].tolist() == [(1, 2, 64)] * 6
+    assert diff.state_heatmap().shape == (2, 3)
+    assert json.loads(diff.to_json())["recurrent_states"][0]["layer"] == 0
+
+
+def test_a_state_that_differs_while_the_outputs_agree_is_localized(lfm2):
+    """The conv's output never reads the state it writes in the same forward: a corrupted write
+    shows in no output of the step, only in the state (and at the next step's outputs)."""
+    from mlxbun.parity.layer_diff import layer_diff
+    from mlxbun.parity.localize import first_divergence
+
+    class Skewed(ArraysCache):
+        def __setitem__(self, idx, value):
+            super().__setitem__(idx, value * 1.001)
+
+    candidate = load_universal(lfm2)
+    candidate.make_cache = lambda: [Skewed(1) if isinstance(c, ArraysCache) else c
+                                    for c in type(candidate).make_cache(candidate)]
+    found = first_divergence(candidate, _oracle(lfm2), [4, 8, 15, 16], [7])
+    assert (found.path, found.step, found.layer_index, found.substep) == ("cache[0].state[0]", 0, 0, "state")
+    assert found.max_abs_diff > 0
+    heat = layer_diff(candidate, _oracle(lfm2), [4, 8, 15, 16], [7]).state_heatmap()
+    assert (heat > 0).all().all()
