@@ -3,8 +3,11 @@
 A round: the drafter proposes up to k tokens; the target runs once over [last token, drafts]
 with its caches inside a spec round (`spec_begin`); verification accepts n drafts (greedy
 exact match, or rejection sampling); the caches keep the n + 1 tokens the target has now seen
-(`spec_commit(n + 1)`); the drafter is told n; the n accepted drafts and the target's own next
-token are emitted. Plain, rotating (sliding-window), quantized (kv_bits or a kv_config plan)
+(`commit_spec_round(cache, n + 1)`); the drafter is told n; the n accepted drafts and the target's
+own next token are emitted. A recurrent state (ArraysCache: conv, SSM, DeltaNet) cannot be
+trimmed: when the target rejected a draft, every cache goes back to the round's start and the
+n + 1 kept tokens are fed again in one forward (the replay; `SpecStats.replayed_tokens`,
+`replay_s`). A round that accepted every draft keeps the state as verified. Plain, rotating (sliding-window), quantized (kv_bits or a kv_config plan)
 and TurboQuant caches all roll back through the spec-round contract; rings that keep attention
 sinks (`max_kv_size`) are seen through `ring.sink_exact` while verifying, so k+1 tokens attend
 as k+1 one-token steps would.
@@ -34,6 +37,7 @@ from typing import Any, Generator, Iterable, Optional, Sequence, Union
 
 import mlx.core as mx
 
+from mlxbun.cache.arrays import commit_spec_round
 from mlxbun.errors import MlxbunError
 from mlxbun.generate import (
     GenerationResponse,
@@ -77,8 +81,10 @@ class SpecResponse(GenerationResponse):
     stats: Optional[SpecStats] = None
 
 
-def _offset(cache: Sequence[Any]) -> int:
-    return max((int(getattr(c, "offset", 0)) for c in cache if c is not None), default=0)
+def _offset(cache: Sequence[Any]) -> Optional[int]:
+    """The attention caches' length; None when the model has none (nothing there quantizes)."""
+    offsets = [int(c.offset) for c in cache if c is not None and hasattr(c, "offset")]
+    return max(offsets) if offsets else None
 
 
 def _process_rows(logits: mx.array, history: Optional[mx.array], drafts: Sequence[int],
@@ -148,7 +154,7 @@ def speculative_generate_step(
             if max_tokens is not None:
                 k = min(k, max_tokens - ntoks)  # as mlx-lm: never draft past the budget
             offset = _offset(cache)
-            if converting and (offset < quantized_kv_start or offset == 0):
+            if converting and offset is not None and (offset < quantized_kv_start or offset == 0):
                 k = min(k, max(0, quantized_kv_start - 1 - offset))  # the hook has not converted yet
             if key is not None:
                 key, k_draft, k_verify = mx.random.split(key, 3)
@@ -172,15 +178,20 @@ def speculative_generate_step(
             else:
                 verdict = verify_sampled(sampling.probs(logprobs), draft, draft.q, k_verify)
             n = verdict.n_accepted
-            for c in cache:
-                c.spec_commit(n + 1)
-            quantize(cache)
+            replay = commit_spec_round(cache, n + 1)
             t2 = time.perf_counter()
+            if replay:  # a recurrent state went back to the round's start: feed the kept tokens
+                target(mx.array([pending, *draft[:n]], dtype=mx.int32)[None], cache=sink_exact(cache))
+                mx.eval([c.state for c in cache])
+            t3 = time.perf_counter()
+            quantize(cache)
 
             drafter.observe(list(draft[:n]), n)
             stats.add_round(k, m, n, t1 - t0, t2 - t1)
-            if controller is not None:
-                controller.update(k, m, n, t1 - t0, t2 - t1)
+            if replay:
+                stats.add_replay(replay, t3 - t2)
+            if controller is not None:  # a replay is part of what a verify round costs
+                controller.update(k, m, n, t1 - t0, t3 - t1)
 
             for i, tok in enumerate([*draft[:n], verdict.token]):
                 history_ids.append(tok)
