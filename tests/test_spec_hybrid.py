@@ -84,11 +84,14 @@ def _attention_layers(target) -> list[int]:
     return [i for i, c in enumerate(make_generation_cache(target)) if hasattr(c, "offset")]
 
 
-@pytest.mark.parametrize("kv", ["kv_bits", "max_kv_size", "kv_config"])
+@pytest.mark.parametrize("kv", ["kv_bits", "kv_bits_start", "max_kv_size", "kv_config"])
 def test_kv_options_work_exactly_or_refuse_as_plain(model, kv):
     target, draft = model
     layers = _attention_layers(target)
     options = {"kv_bits": dict(kv_bits=4, kv_group_size=ATTENTION_HEAD_DIM),
+               # quantized from token 30 on: rounds stop short of it until the hook converts (a
+               # model without attention layers has nothing to convert, and drafts all along)
+               "kv_bits_start": dict(kv_bits=4, kv_group_size=ATTENTION_HEAD_DIM, quantized_kv_start=30),
                "max_kv_size": dict(max_kv_size=8),  # the 24-token prompt crosses the ring
                "kv_config": dict(kv_config=[{"layer_idx": i, "bits": 4, "group_size": ATTENTION_HEAD_DIM}
                                             for i in layers or [0]])}[kv]
@@ -101,8 +104,8 @@ def test_kv_options_work_exactly_or_refuse_as_plain(model, kv):
             errors.append(str(e.value))
         assert errors[0] == errors[1]
         return
-    bad, _ = _mismatches(target, draft, ks=(2, 5), every=False, **options)
-    assert bad == []
+    bad, stats = _mismatches(target, draft, ks=(2, 5), every=False, **options)
+    assert bad == [] and stats.draft_tokens > 0
 
 
 def test_a_hybrid_drafts_for_an_attention_target_and_back(model):
@@ -136,6 +139,8 @@ def test_a_rejected_round_replays_its_kept_tokens_and_the_stats_count_them(model
     row = {name: v for name, v, _, _ in stats.as_rows()}
     assert (row["replays"], row["replayed_tokens"], row["replay_s"]) == (stats.replays, sum(want), stats.replay_s)
     assert f"{sum(want)} tokens replayed in {len(want)} rounds" in stats.summary()
+    both = SpecStats.aggregate([stats, stats])
+    assert (both.replays, both.replayed_tokens, both.replay_s) == (2 * len(want), 2 * sum(want), 2 * stats.replay_s)
 
 
 def test_without_the_replay_a_hybrid_target_goes_wrong(monkeypatch):
