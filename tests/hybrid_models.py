@@ -1,5 +1,5 @@
 """Tiny hybrid / recurrent models for the tests: mlx-lm 0.32.2's own graphs (qwen3_next, qwen3_5
-text, lfm2, nemotron_h, mamba2) built in process with `mlxbun.zoo.weights.build_model`, each from
+text, lfm2, nemotron_h, mamba2, falcon_h1) built in process with `mlxbun.zoo.weights.build_model`, each from
 its transformers configuration class shrunk to hidden 64 with at least one recurrent layer and,
 except mamba2, one attention layer; plus the keys mlx-lm reads that transformers 5 no longer
 writes (real hub configs carry them). `open_hybrid("mlx-lm:lfm2")` gives the RuntimeModel; the
@@ -56,6 +56,13 @@ def _mamba2(t):
     return cfg
 
 
+def _falcon_h1(t):  # each layer: mamba2 and attention in parallel (a CacheList of both caches)
+    return t.FalconH1Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                            num_key_value_heads=1, head_dim=32, intermediate_size=128, mamba_d_ssm=64,
+                            mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1,
+                            mamba_d_conv=4, max_position_embeddings=512).to_dict()
+
+
 def _llama(t):  # attention only: a draft for the hybrids, or their target
     return t.LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=32,
@@ -63,7 +70,7 @@ def _llama(t):  # attention only: a draft for the hybrids, or their target
 
 
 HYBRIDS = {"lfm2": _lfm2, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "nemotron_h": _nemotron_h,
-           "mamba2": _mamba2}
+           "mamba2": _mamba2, "falcon_h1": _falcon_h1}
 CONFIGS = {**HYBRIDS, "llama": _llama}
 MODELS = [f"mlx-lm:{name}" for name in HYBRIDS]
 ATTENTION_HEAD_DIM = 32  # every attention layer above: KV group size 32 divides it
