@@ -11,9 +11,11 @@ other rows (the universal graph's zoo hybrids) parametrize the same tests.
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
-from mlxbun.errors import MlxbunError
+from mlxbun.cache.arrays import ArraysCache
+from mlxbun.errors import GenerationError, MlxbunError, UnsupportedModelError
 from mlxbun.generate import stream_generate
 from mlxbun.generation_caches import make_generation_cache
 from mlxbun.speculative import (
@@ -27,7 +29,7 @@ from mlxbun.speculative import (
 from mlxbun.speculative import engine as spec_engine
 from mlxbun.speculative.drafters import logits_width, model_blocks
 from mlxbun.speculative.engine import speculative_generate_step
-from tests.hybrid_models import ATTENTION_HEAD_DIM, MODELS, IdTokenizer, open_hybrid
+from tests.hybrid_models import ATTENTION_HEAD_DIM, MODELS, VOCAB, IdTokenizer, open_hybrid
 
 # repeated spans (the n-gram drafter finds matches) in 24 tokens
 PROMPT = [(7 * i * i + 3 * i) % 256 for i in range(12)] * 2
@@ -51,9 +53,10 @@ def _drafters(target, draft, *, every=True):
     return out
 
 
-def _mismatches(target, draft, ks=KS, every=True, **kw):
+def _mismatches(target, draft, ks=KS, every=True, rollback="mixers", **kw):
     """Every drafter x k against plain greedy: the failures as strings, and the summed stats."""
     plain = list(stream_generate(target, TOK, PROMPT, max_tokens=N, **kw))
+    kw["rollback"] = rollback
     plain_ids = [r.token for r in plain]
     bad, total = [], []
     for name, make in _drafters(target, draft, every=every).items():
@@ -75,9 +78,14 @@ def _mismatches(target, draft, ks=KS, every=True, **kw):
 
 
 def test_greedy_equals_plain_for_every_drafter(model):
-    bad, stats = _mismatches(*model)
+    bad, stats = _mismatches(*model)  # rollback="mixers", the default
     assert bad == []
     assert stats.replays > 0 and stats.replayed_tokens >= stats.replays  # the rollback path ran
+
+
+def test_greedy_equals_plain_with_the_whole_model_replay(model):
+    bad, stats = _mismatches(*model, every=False, rollback="model")
+    assert bad == [] and stats.replays > 0
 
 
 def _attention_layers(target) -> list[int]:
@@ -144,8 +152,9 @@ def test_a_rejected_round_replays_its_kept_tokens_and_the_stats_count_them(model
 
 
 def test_without_the_replay_a_hybrid_target_goes_wrong(monkeypatch):
-    """The old commit (each cache's spec_commit, the replay count dropped) on lfm2: the recurrent
-    state falls back to the round's start while attention keeps the round: output changes."""
+    """The old commit (each cache's spec_commit, the replay count dropped; rollback="model" goes
+    through commit_spec_round) on lfm2: the recurrent state falls back to the round's start while
+    attention keeps the round: output changes."""
     target, draft = open_hybrid("mlx-lm:lfm2"), open_hybrid("mlx-lm:lfm2", seed=1)
     plain = list(stream_generate(target, TOK, PROMPT, max_tokens=N))
 
@@ -155,7 +164,8 @@ def test_without_the_replay_a_hybrid_target_goes_wrong(monkeypatch):
         return 0
 
     monkeypatch.setattr(spec_engine, "commit_spec_round", dropped)
-    spec = list(speculative_generate(target, TOK, PROMPT, drafter=DraftModelDrafter(draft), num_draft=3, max_tokens=N))
+    spec = list(speculative_generate(target, TOK, PROMPT, drafter=DraftModelDrafter(draft), num_draft=3, max_tokens=N,
+                                     rollback="model"))
     diff = max(mx.abs(a.logprobs - b.logprobs).max().item() for a, b in zip(spec, plain))
     assert diff > 100 * LOGPROB_TOL
 
@@ -171,3 +181,42 @@ def test_layer_skip_takes_the_caches_its_blocks_use():
         got.append([type(c).__name__ for c in d._new_cache()])
     assert got == [["ArraysCache"], ["ArraysCache", "KVCache"], ["ArraysCache", "KVCache"],
                    ["ArraysCache", "KVCache", "ArraysCache"]]
+
+
+def test_mixer_rollback_refuses_a_model_whose_recurrent_cache_reaches_no_mixer():
+    """rollback="mixers" finds the module each ArraysCache is handed to (a `cache` parameter);
+    a model that updates its state some other way is refused before any work, naming the cache."""
+
+    class Block(nn.Module):
+        def __call__(self, x, state):
+            total = x.sum(axis=1, keepdims=True)
+            state[0] = total if state[0] is None else state[0] + total
+            state.advance(x.shape[1])
+            return x + state[0]
+
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, 8)
+            self.layers = [Block()]
+
+        def __call__(self, ids, cache):
+            return self.layers[0](self.embed(ids), cache[0] if cache else ArraysCache(1))
+
+    class Toy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Inner()
+
+        def __call__(self, ids, cache=None):
+            return self.model.embed.as_linear(self.model(ids, cache))
+
+        def make_cache(self):
+            return [ArraysCache(1)]
+
+    toy = Toy()
+    with pytest.raises(UnsupportedModelError, match=r"no module of .* takes recurrent cache\(s\) \[0\]"):
+        list(speculative_generate(toy, TOK, PROMPT, drafter="ngram", max_tokens=4))
+    assert len(list(speculative_generate(toy, TOK, PROMPT, drafter="ngram", max_tokens=4, rollback="model"))) == 4
+    with pytest.raises(GenerationError, match=r"rollback must be one of \['model', 'mixers'\], got 'both'"):
+        speculative_generate(toy, TOK, PROMPT, drafter="ngram", rollback="both")
