@@ -149,7 +149,7 @@ def speculative_generate_step(
     if not sampling.greedy and key is None:
         key = mx.random.key(0)
     history_ids = [int(t) for t in prompt.tolist()]
-    mixers = mixer_replay(target, model_blocks(target), cache, rollback) if cache else None
+    mixers = mixer_replay(target, cache, rollback, model_blocks)
     verify = target if mixers is None else mixers.verify
 
     tic = time.perf_counter()

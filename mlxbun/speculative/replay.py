@@ -172,9 +172,9 @@ class MixerReplay:
         return n_keep
 
 
-def mixer_replay(target, blocks: Sequence[nn.Module], cache: Sequence[Any], rollback) -> Optional[MixerReplay]:
+def mixer_replay(target, cache: Sequence[Any], rollback, blocks_of) -> Optional[MixerReplay]:
     """The MixerReplay a round loop uses: None for Rollback.MODEL or a model without a recurrent
-    cache (nothing to replay)."""
+    cache (nothing to replay). blocks_of(target): its decoder blocks, where the mixers are."""
     if parse_rollback(rollback) is Rollback.MODEL or not any(isinstance(c, ArraysCache) for c in _leaves(cache)):
         return None
-    return MixerReplay(target, blocks)
+    return MixerReplay(target, blocks_of(target))
