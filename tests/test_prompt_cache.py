@@ -436,6 +436,21 @@ def test_spec_marks_restore_one_token_states_exactly(lfm2):
         assert same(lfm2(ids(1, 9), cache=caches), lfm2(ids(1, 9), cache=ref)), n
 
 
+@pytest.mark.parametrize("name", HYBRID_MODELS)
+def test_generation_caches_of_a_hybrid_match_mlx_lms_own(name):
+    """make_generation_cache turns mlx-lm's ArraysCache (and falcon_h1's CacheList of it and a
+    KVCache) into mlxbun's: the logits stay mlx-lm's bit for bit, chunk after chunk."""
+    from mlxbun.cache.cache_list import CacheList
+    from mlxbun.generation_caches import make_generation_cache
+
+    model = open_hybrid(name)
+    mine, ref = make_generation_cache(model), model.module.make_cache()
+    assert all(type(c).__module__.startswith("mlxbun.cache") for c in mine)
+    assert any(isinstance(c, (ArraysCache, CacheList)) for c in mine)
+    for i, n in enumerate([6, 1, 1, 4, 1]):
+        assert same(model(ids(n, i), cache=mine), model(ids(n, i), cache=ref)), i
+
+
 def _hybrid_identity(name, caches):
     return {"model_type": name, "num_layers": str(len(caches)), "num_kv_heads": "1", "head_dim": "32",
             "config_fingerprint": f"tests/hybrid_models.py:{name}"}
