@@ -88,6 +88,22 @@ def test_greedy_equals_plain_with_the_whole_model_replay(model):
     assert bad == [] and stats.replays > 0
 
 
+@pytest.mark.parametrize("rollback", ["mixers", "model"])
+def test_sampled_tokens_are_scored_on_the_right_state(model, rollback):
+    """Under sampling (temperature 1) no plain stream to compare with, but each emitted token's
+    log-probabilities must be the target's after exactly the tokens before it: teacher-force the
+    whole emitted sequence in one forward and compare every row, replays and all."""
+    target, draft = model
+    spec = list(speculative_generate(target, TOK, PROMPT, drafter=DraftModelDrafter(draft), num_draft=3,
+                                     max_tokens=N, temperature=1.0, seed=0, rollback=rollback))
+    assert spec[-1].stats.replays > 0
+    seq = PROMPT + [r.token for r in spec[:-1]]
+    logits = target(mx.array([seq]))[0, len(PROMPT) - 1:]
+    forced = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    diff = max(mx.abs(r.logprobs - forced[i]).max().item() for i, r in enumerate(spec))
+    assert diff < LOGPROB_TOL
+
+
 def _attention_layers(target) -> list[int]:
     return [i for i, c in enumerate(make_generation_cache(target)) if hasattr(c, "offset")]
 
