@@ -83,12 +83,18 @@ def tiny_config(arch: str) -> dict:
 
 
 def open_hybrid(name: str, seed: int = 0):
-    """The RuntimeModel of a model name above, with seeded weights."""
+    """The RuntimeModel of a model name with seeded weights: "mlx-lm:ARCH" one of the configs
+    above (built in process), any other name through `mlxbun.locate` (e.g. "zoo:lfm2" once the
+    zoo has the row; the seed as the name's ",seed=N")."""
+    engine, _, arch = name.partition(":")
+    if engine != "mlx-lm":
+        from mlxbun.locate import open_runtime
+
+        return open_runtime(f"{name},seed={seed}" if seed else name)
     from mlxbun.models.mlxlm import ensure_runtime
     from mlxbun.zoo.weights import build_model
 
-    engine, _, arch = name.partition(":")
-    if engine != "mlx-lm" or arch not in CONFIGS:
+    if arch not in CONFIGS:
         raise KeyError(f"unknown test model {name!r} (known: mlx-lm:{', mlx-lm:'.join(CONFIGS)})")
     return ensure_runtime(build_model(tiny_config(arch), seed))
 
