@@ -73,6 +73,8 @@ HYBRIDS = {"lfm2": _lfm2, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "nemot
            "mamba2": _mamba2, "falcon_h1": _falcon_h1}
 CONFIGS = {**HYBRIDS, "llama": _llama}
 MODELS = [f"mlx-lm:{name}" for name in HYBRIDS]
+# the universal graph's hybrid rows (zoo checkpoints: vocab 512, attention head dim 16)
+UNIVERSAL = ["zoo:lfm2", "zoo:lfm2_moe"]
 ATTENTION_HEAD_DIM = 32  # every attention layer above: KV group size 32 divides it
 
 

@@ -28,7 +28,7 @@ from mlxbun.cache.quantized import QuantizedKVCache
 from mlxbun.config import config_from_dict
 from mlxbun.errors import MlxbunError
 from tests.hybrid_models import MODELS as HYBRID_MODELS
-from tests.hybrid_models import IdTokenizer, open_hybrid
+from tests.hybrid_models import UNIVERSAL, IdTokenizer, open_hybrid
 
 LLAMA = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
              num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5,
@@ -456,7 +456,7 @@ def _hybrid_identity(name, caches):
             "config_fingerprint": f"tests/hybrid_models.py:{name}"}
 
 
-@pytest.mark.parametrize("name", HYBRID_MODELS)
+@pytest.mark.parametrize("name", HYBRID_MODELS + UNIVERSAL)
 def test_hybrid_prompt_cache_round_trip_and_prefix_reuse_are_exact(tmp_path, name):
     """Every hybrid's caches (recurrent state arrays included) saved after prompt A and loaded:
     the arrays come back bit for bit; reusing the saved prefix for prompt A + B gives the logits

@@ -29,7 +29,7 @@ from mlxbun.speculative import (
 from mlxbun.speculative import engine as spec_engine
 from mlxbun.speculative.drafters import logits_width, model_blocks
 from mlxbun.speculative.engine import speculative_generate_step
-from tests.hybrid_models import ATTENTION_HEAD_DIM, MODELS, VOCAB, IdTokenizer, open_hybrid
+from tests.hybrid_models import ATTENTION_HEAD_DIM, MODELS, UNIVERSAL, VOCAB, IdTokenizer, open_hybrid
 
 # repeated spans (the n-gram drafter finds matches) in 24 tokens
 PROMPT = [(7 * i * i + 3 * i) % 256 for i in range(12)] * 2
@@ -81,6 +81,17 @@ def test_greedy_equals_plain_for_every_drafter(model):
     bad, stats = _mismatches(*model)  # rollback="mixers", the default
     assert bad == []
     assert stats.replays > 0 and stats.replayed_tokens >= stats.replays  # the rollback path ran
+
+
+@pytest.mark.parametrize("name", UNIVERSAL)
+def test_greedy_equals_plain_for_every_drafter_on_the_universal_graph(name):
+    """The same property on the universal graph's hybrid rows (their zoo checkpoints), both
+    rollbacks; the draft model is the same row with other weights."""
+    target, draft = open_hybrid(name), open_hybrid(name, seed=1)
+    bad, stats = _mismatches(target, draft)
+    assert bad == [] and stats.replays > 0
+    bad, stats = _mismatches(target, draft, every=False, rollback="model")
+    assert bad == [] and stats.replays > 0
 
 
 def test_greedy_equals_plain_with_the_whole_model_replay(model):
