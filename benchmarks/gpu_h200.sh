@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 benchmark set (see ../shared/gpu/README.md): run through the device tool as
-#   bash .gpu/b/device-2.sh bash benchmarks/gpu_h200.sh [bench|kv|moe [SHAPE...]]
+#   bash .gpu/b/device-2.sh bash benchmarks/gpu_h200.sh [bench|kv|hybrid|moe [SHAPE...]]
 # Writes markdown tables and a results table under $OUT.
 set -u
 cd "$(dirname "$0")/.."
@@ -32,6 +32,13 @@ elif [ "$what" = moe ]; then
         --trials 5 --results "$OUT/results.sqlite"
     done
   done > "$OUT/bench-moe.md" 2> "$OUT/bench-moe.err"
+elif [ "$what" = hybrid ]; then
+  # the hybrid rows on CUDA, every variant (float16 / bfloat16 experts included, which mlx's CPU
+  # gather_mm refuses): mlxbun port holds them to mlx-lm live on the same backend, where mlx-lm's
+  # recurrent kernels take their non-Metal path (PORT_ARCHS="a b": those zoo archs only)
+  archs=${PORT_ARCHS:-$(python3 -c "from mlxbun.zoo.archs import hybrid_archs; print(' '.join(hybrid_archs()))")}
+  python3 -m mlxbun.cli port $(printf 'zoo:%s ' $archs) --variants float32,float16,bfloat16,q4,q8,mixed \
+    --no-goldens --zoo-cache /tmp/zoo > "$OUT/hybrid-port.txt" 2> "$OUT/hybrid-port.err"
 elif [ "$what" = kv ]; then
   python3 -m mlxbun.bench.kv_memory --contexts 1024,4096,16384 --decode 32 --results "$OUT/results.sqlite" \
     > "$OUT/kv_memory.md" 2> "$OUT/kv_memory.err"

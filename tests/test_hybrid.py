@@ -217,3 +217,11 @@ def test_a_state_that_differs_while_the_outputs_agree_is_localized(lfm2):
     assert found.max_abs_diff > 0
     heat = layer_diff(candidate, _oracle(lfm2), [4, 8, 15, 16], [7]).state_heatmap()
     assert (heat > 0).all().all()
+
+
+def test_the_zoo_knows_its_hybrids():
+    from mlxbun.zoo.archs import has_recurrent_layers, hybrid_archs
+
+    assert {"lfm2", "lfm2_moe"} <= set(hybrid_archs()) and "llama" not in hybrid_archs()
+    assert has_recurrent_layers("lfm2_moe") and not has_recurrent_layers("qwen3_moe")
+    assert all(DESCRIPTORS[a].hybrid is not None for a in hybrid_archs())

@@ -451,14 +451,30 @@ def get_arch(arch: str) -> Arch:
         ) from None
 
 
-def has_experts(arch: str) -> bool:
-    """True when the zoo arch's descriptor row routes through mixture-of-experts blocks."""
+def _descriptor(arch: str):
+    """The universal graph's descriptor row of a zoo arch (None for the dedicated graphs)."""
     from mlxbun.config import MODEL_REMAPPING
     from mlxbun.models.universal.table import DESCRIPTORS
 
     get_arch(arch)
-    d = DESCRIPTORS.get(MODEL_REMAPPING.get(arch, arch))
+    return DESCRIPTORS.get(MODEL_REMAPPING.get(arch, arch))
+
+
+def has_experts(arch: str) -> bool:
+    """True when the zoo arch's descriptor row routes through mixture-of-experts blocks."""
+    d = _descriptor(arch)
     return d is not None and d.moe is not None
+
+
+def has_recurrent_layers(arch: str) -> bool:
+    """True when the zoo arch's descriptor row is a hybrid (recurrent mixers on some layers)."""
+    d = _descriptor(arch)
+    return d is not None and d.hybrid is not None
+
+
+def hybrid_archs() -> tuple[str, ...]:
+    """The zoo archs with recurrent layers (hybrids), in table order."""
+    return tuple(a for a in ARCHS if has_recurrent_layers(a))
 
 
 def moe_archs() -> tuple[str, ...]:
