@@ -1,0 +1,1 @@
+"""Recurrent mixers of the universal graph: one module per kind, each with its own knobs."""
