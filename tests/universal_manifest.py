@@ -84,5 +84,6 @@ MANIFEST = {
         Entry("laguna", EXPERT_VARIANTS),
         # hybrids: recurrent mixers on some layers (models/universal/mixers/)
         Entry("lfm2"),
+        Entry("qwen3_next", EXPERT_VARIANTS),
     ]
 }

@@ -425,12 +425,27 @@ def _lfm2_post(cfg: dict) -> None:
                tie_embedding=cfg["tie_word_embeddings"])
 
 
+def _qwen3_next_post(cfg: dict) -> None:
+    # real Qwen3-Next hub configs carry full_attention_interval (mlx-lm reads it; transformers'
+    # class turns it into layer_types)
+    cfg["full_attention_interval"] = cfg["layer_types"].index("full_attention") + 1
+
+
 # hybrid rows: attention on some layers, a recurrent mixer on the others (every kind appears)
 _HYBRID_ROWS = (
     # conv, attention, conv: the attention mask comes from layer 1, the conv mask from layer 0
     Arch("lfm2", "Lfm2ForCausalLM", "Lfm2Config", layers=3, kv_heads=2,
          knobs={"layer_types": ["conv", "full_attention", "conv"], "block_multiple_of": 32},
          post=_lfm2_post),
+    # delta, attention, delta; Qwen3-Next's knobs (renormalized top-k, a shared expert), layer 2
+    # dense (mlp_only_layers); key heads of 32 (mlx-lm's Metal kernel needs Dk % 32 == 0)
+    Arch("qwen3_next", "Qwen3NextForCausalLM", "Qwen3NextConfig", layers=3, kv_heads=2,
+         knobs={"full_attention_interval": 2, "linear_num_value_heads": 4,
+                "linear_num_key_heads": 2, "linear_key_head_dim": 32, "linear_value_head_dim": 16,
+                "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE,
+                "shared_expert_intermediate_size": MOE_INTERMEDIATE, "mlp_only_layers": [2]},
+         post=_qwen3_next_post),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + _HYBRID_ROWS}

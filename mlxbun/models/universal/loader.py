@@ -28,7 +28,7 @@ from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 from mlxbun.models.switch_layers import SwitchLinear, gather_mm_supported
 from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.dense import UniversalDense
-from mlxbun.models.universal.kinds import ConvLayout, SanitizeOp, TieRule
+from mlxbun.models.universal.kinds import ConvLayout, HfCheckpoint, SanitizeOp, TieRule, exhaustive
 from mlxbun.models.universal.moe_args import moe_layers
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule, StackExperts
@@ -334,6 +334,22 @@ def _conv1d_layout(arg, w: dict) -> dict:
     return out
 
 
+_HF_TESTS = exhaustive(HfCheckpoint, {  # the mlx-lm file's test, on (key, tensor)
+    HfCheckpoint.EXPERT_WEIGHTS: lambda k, v: (k.startswith("model.layers.")
+                                               and k.endswith(".mlp.experts.0.up_proj.weight")),
+    HfCheckpoint.TORCH_CONV1D: lambda k, v: "conv1d.weight" in k and v.shape[-1] != 1,
+})
+
+
+def _norm_plus_one(arg, w: dict) -> dict:
+    """qwen3_next / qwen3_5: a transformers checkpoint's (1 + w) norm weights get their + 1."""
+    suffixes, test = arg
+    if not any(_HF_TESTS[test](k, v) for k, v in w.items()):
+        return w
+    return {k: (v + 1.0 if k.endswith(tuple(suffixes)) and len(v.shape) == 1
+                and not isinstance(v, _Meta) else v) for k, v in w.items()}
+
+
 def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
                 fields: Mapping) -> tuple[dict, dict[str, str]]:
     dropped: dict[str, str] = {}
@@ -354,6 +370,8 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _step3p5(w, fields)
     if op is SanitizeOp.CONV1D_LAYOUT:
         return _conv1d_layout(rule.arg, w), {}
+    if op is SanitizeOp.NORM_PLUS_ONE:
+        return _norm_plus_one(rule.arg, w), {}
     if op is SanitizeOp.STRIP_PREFIX:  # laguna: repacked checkpoints wrap every tensor in it
         if any(k.startswith(rule.arg) for k in w):
             return {(k[len(rule.arg):] if k.startswith(rule.arg) else k): v for k, v in w.items()}, {}

@@ -14,7 +14,7 @@ Attribute names are mlx-lm's, so parameter paths are its safetensors keys.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -63,6 +63,10 @@ class GatedDeltaKnobs:
             if not isinstance(name, str) or not name:
                 raise MlxbunError(f"GatedDeltaKnobs.{f.name}: expected a ModelArgs field name, "
                                   f"got {name!r}")
+
+    def field_refs(self) -> Iterator[tuple[str, str]]:
+        for f in fields(self)[1:]:
+            yield f"hybrid.knobs.{f.name}", getattr(self, f.name)
 
 
 class GatedRMSNorm(nn.Module):
