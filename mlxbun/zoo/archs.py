@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from mlxbun.errors import UnsupportedModelError
+from mlxbun.zoo.gated_delta_configs import QWEN3_5_KNOBS, qwen3_5_post, qwen3_next_post
 from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 
 HIDDEN = 64
@@ -425,12 +426,6 @@ def _lfm2_post(cfg: dict) -> None:
                tie_embedding=cfg["tie_word_embeddings"])
 
 
-def _qwen3_next_post(cfg: dict) -> None:
-    # real Qwen3-Next hub configs carry full_attention_interval (mlx-lm reads it; transformers'
-    # class turns it into layer_types)
-    cfg["full_attention_interval"] = cfg["layer_types"].index("full_attention") + 1
-
-
 # hybrid rows: attention on some layers, a recurrent mixer on the others (every kind appears)
 _HYBRID_ROWS = (
     # conv, attention, conv: the attention mask comes from layer 1, the conv mask from layer 0
@@ -445,7 +440,16 @@ _HYBRID_ROWS = (
                 "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
                 "moe_intermediate_size": MOE_INTERMEDIATE,
                 "shared_expert_intermediate_size": MOE_INTERMEDIATE, "mlp_only_layers": [2]},
-         post=_qwen3_next_post),
+         post=qwen3_next_post),
+    # delta, attention, delta behind the VLM wrapper
+    Arch("qwen3_5", "Qwen3_5ForConditionalGeneration", "Qwen3_5TextConfig", layers=3, kv_heads=2,
+         legacy_rope=False, knobs=QWEN3_5_KNOBS, post=qwen3_5_post),
+    Arch("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeTextConfig", layers=3,
+         kv_heads=2, legacy_rope=False,
+         knobs={**QWEN3_5_KNOBS, "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE,
+                "shared_expert_intermediate_size": MOE_INTERMEDIATE},
+         post=qwen3_5_post),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + _HYBRID_ROWS}

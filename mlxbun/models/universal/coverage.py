@@ -24,7 +24,7 @@ from mlxbun.errors import UnsupportedModelError
 from mlxbun.models.rope import rope_type_of
 from mlxbun.models.universal.hybrid_args import mixer_layers
 from mlxbun.models.universal.kinds import HeadDim, LayerKinds, MixerKind
-from mlxbun.models.universal.resolve import descriptor_for, layer_kinds, model_args
+from mlxbun.models.universal.resolve import descriptor_for, layer_kinds, model_args, text_config
 
 __all__ = ["CoverageReport", "HARMLESS_KEYS", "check_coverage", "require_coverage"]
 
@@ -95,6 +95,10 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
     a = model_args(d, config)  # ConfigError for a config mlx-lm could not build
     understood, harmless, unknown = [], [], []
     ignored: dict[str, str] = {}
+    outer, config = config, text_config(d, config)
+    if config is not outer:  # a VLM wrapper: the rest is the vision model's, or bookkeeping
+        ignored.update({k: "outside text_config (mlx-lm's wrapper reads only text_config)"
+                        for k in outer if k != "text_config"})
     offending: dict[str, str] = {}
     for key, value in config.items():
         if key in d.accepted_values and value is not None and value not in d.accepted_values[key]:

@@ -390,9 +390,11 @@ class UniversalDense(nn.Module):
         self.raw_config = MappingProxyType(dict(raw_config or {}))
         self.profile = None
         self._tied = args.tie
-        setattr(self, n.root, Backbone(args, d))
+        if n.wrapper is not None:  # a VLM wrapper (qwen3_5): Model.<wrapper> holds root and head
+            setattr(self, n.wrapper, nn.Module())
+        setattr(self.text_model, n.root, Backbone(args, d))
         if not d.head.in_root and (not args.tie or d.head.always):
-            setattr(self, n.head, nn.Linear(args.hidden, args.vocab, bias=d.head.bias))
+            setattr(self.text_model, n.head, nn.Linear(args.hidden, args.vocab, bias=d.head.bias))
         # mlx-lm takes each mask from the first layer of its kind
         attends = [s.sliding if s.mixer is MixerKind.ATTENTION else None for s in args.layers]
         self._full_idx = attends.index(False) if False in attends else None
@@ -407,8 +409,14 @@ class UniversalDense(nn.Module):
         return self.descriptor.model_type
 
     @property
+    def text_model(self) -> nn.Module:
+        """The module holding root and head: the wrapper's (qwen3_5: language_model), else self."""
+        wrapper = self.descriptor.names.wrapper
+        return self if wrapper is None else self[wrapper]
+
+    @property
     def backbone(self) -> Backbone:
-        return self[self.descriptor.names.root]
+        return self.text_model[self.descriptor.names.root]
 
     @property
     def layers(self) -> list:
@@ -425,8 +433,8 @@ class UniversalDense(nn.Module):
 
     def tie_to_embedding(self) -> None:
         """gemma3_text: no lm_head in the checkpoint means a tied head (mlx-lm's sanitize)."""
-        if self.descriptor.names.head in self:
-            self.pop(self.descriptor.names.head)
+        if self.descriptor.names.head in self.text_model:
+            self.text_model.pop(self.descriptor.names.head)
         self._tied = True
 
     @property
@@ -516,7 +524,7 @@ class UniversalDense(nn.Module):
         else:
             if a.head_pre_divide is not None:
                 h = h / a.head_pre_divide
-            out = self[n.head](h)
+            out = self.text_model[n.head](h)
         if a.head_post is not None:
             op, value = a.head_post
             out = out / value if op is PostOp.DIV else out * value

@@ -181,6 +181,10 @@ def _norm(d: ArchDescriptor, a: UniversalArgs, dims: str = "D") -> str:
 def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Line, ...]], ...]:
     n = d.names
     return (
+        *(((f"wrapper ({n.wrapper})", (Line(f"{n.wrapper}.{n.root}, {n.wrapper}.{n.head}",
+                                            "a VLM wrapper: every path below is under it; the "
+                                            "args are text_config's, the text model runs alone"),)),)
+          if n.wrapper else ()),
         ("embedding", tuple(_embedding(d, a))),
         (f"block ({n.root}.{n.layers}[i], i < N): {_block_form(d, a)}", tuple(_block(d, a))),
         ("norms", (Line(_norm(d, a), "every block norm" + (

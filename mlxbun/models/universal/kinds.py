@@ -272,6 +272,10 @@ class SanitizeOp(StrEnum):
     NORM_PLUS_ONE = "norm_plus_one"  # arg: (suffixes, HfCheckpoint): when the test says the
     # checkpoint is transformers', its 1-D weights ending with a suffix + 1 (the (1 + w) RMSNorms
     # mlx-lm runs as plain RMSNorm: qwen3_next, qwen3_5)
+    WRAPPER_KEYS = "wrapper_keys"  # arg: prefixes: qwen3_5's VLM wrapper: keys starting with one
+    # dropped (the vision tower), HF's model.<wrapper> -> <wrapper>.<root>, the rest under <wrapper>
+    SPLIT_GATE_UP_EXPERTS = "split_gate_up_experts"  # qwen3_5_moe: per layer, experts.gate_up_proj
+    # [E, 2I, D] -> <switch>.gate_proj | up_proj, experts.down_proj -> <switch>.down_proj
     STEP3P5 = "step3p5"  # step3p5.sanitize: drop .mtp and layers >= num_hidden_layers, rename
     # HF moe.* / share_expert keys into mlp.*, norm weights + 1 when the checkpoint is HF's
 
@@ -530,6 +534,8 @@ class PostInit(StrEnum):
     LFM2_FF_DIM = "lfm2_ff_dim"  # block_ff_dim None: intermediate_size (one of them required)
     FULL_ATTN_IDXS = "full_attn_idxs"  # full_attn_idxs None: the layer_types[i] == "full_attention"
     # indices (one of them required)
+    QWEN3_5_ROPE = "qwen3_5_rope"  # rope_parameters (when truthy): rope_type renamed type, then
+    # partial_rotary_factor (0.25), rope_theta (100000.0) read from it, rope_scaling = it
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
 
