@@ -450,6 +450,11 @@ _HYBRID_ROWS = (
                 "moe_intermediate_size": MOE_INTERMEDIATE,
                 "shared_expert_intermediate_size": MOE_INTERMEDIATE},
          post=qwen3_5_post),
+    # conv, attention, conv; layer 0 dense, layers 1-2 MoE (sigmoid router with expert bias)
+    Arch("lfm2_moe", "Lfm2MoeForCausalLM", "Lfm2MoeConfig", layers=3, kv_heads=2,
+         knobs={"layer_types": ["conv", "full_attention", "conv"], "num_dense_layers": 1,
+                "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "routed_scaling_factor": 1.5}),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + _HYBRID_ROWS}
