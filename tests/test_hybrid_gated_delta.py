@@ -73,6 +73,43 @@ def test_a_transformers_checkpoint_loads_as_mlx_lm_loads_it(qwen3_next, tmp_path
                                                          for k, v in w.items()}))(ids))
 
 
+def _qwen3_5_hf(weights: dict) -> dict:
+    """Qwen3.5's transformers layout: the text model under model.language_model, lm_head at the
+    top, torch conv1d, (1 + w) norms as w, fused experts gate_up_proj / down_proj, a vision
+    tower and a multi-token-prediction tensor."""
+    out = {"model.visual.patch_embed.proj.weight": mx.ones((4, 4)), "mtp.fc.weight": mx.ones((4, 4))}
+    for k, v in weights.items():
+        k = k.replace("language_model.model.", "model.language_model.").replace(
+            "language_model.lm_head.", "lm_head.")
+        if ".switch_mlp.up_proj." in k or ".switch_mlp.gate_proj." in k:
+            if ".gate_proj." in k:
+                up = weights[k.replace("model.language_model.", "language_model.model.")
+                             .replace(".gate_proj.", ".up_proj.")]
+                out[k.replace(".switch_mlp.gate_proj.weight", ".experts.gate_up_proj")] = (
+                    mx.concatenate([v, up], axis=1))
+            continue
+        if ".switch_mlp.down_proj." in k:
+            out[k.replace(".switch_mlp.down_proj.weight", ".experts.down_proj")] = v
+            continue
+        if k.endswith("conv1d.weight"):
+            v = v.swapaxes(1, 2)
+        elif k.endswith(_NORMS):
+            v = v - 1.0
+        out[k] = v
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_a_transformers_qwen3_5_checkpoint_loads_as_mlx_lm_loads_it(zoo, arch, tmp_path):
+    src = zoo(arch)
+    hf = _rewrite(src, tmp_path / "hf", _qwen3_5_hf)
+    ids = mx.array([[5, 9, 2, 77, 31, 8, 100, 4]])
+    ours, ref = load_universal(hf), _oracle(hf)
+    assert "model.visual.patch_embed.proj.weight" in ours.audit.dropped
+    assert mx.array_equal(ours(ids), ref(ids))
+    assert mx.allclose(ours(ids), load_universal(src)(ids), atol=1e-4)  # the + 1 reached the norms
+
+
 def test_a_converted_checkpoint_keeps_its_norms(qwen3_next, tmp_path):
     """Without per-expert weights mlx-lm's sanitize leaves everything alone (no + 1)."""
     shifted = _rewrite(qwen3_next, tmp_path / "shifted",
@@ -127,3 +164,33 @@ def test_bad_gated_delta_configs_refuse_naming_the_key(change, needle):
     with pytest.raises(ConfigError) as e:
         build_model(cfg)
     assert needle in str(e.value)
+
+
+def test_the_wrapper_reads_text_config_and_ignores_the_rest():
+    cfg = tiny_config("qwen3_5")
+    report = check_coverage("qwen3_5", cfg)
+    assert report.ok and "outside text_config" in report.ignored["tie_word_embeddings"]
+    assert "linear_num_value_heads" in report.understood
+    experts = {**cfg, "text_config": {**cfg["text_config"], "num_experts": 4}}
+    assert "qwen3_5 runs only 0" in check_coverage("qwen3_5", experts).offending["num_experts"]
+    with pytest.raises(ConfigError, match="'text_config' must be an object"):
+        build_model({**cfg, "text_config": [1, 2]})
+    model = build_model(cfg)
+    assert model.text_model is model["language_model"] and "model" in model.text_model
+    assert model.args.layers[1].rope.base == 10000000.0  # read from rope_parameters
+    assert model.args.layers[1].rope.dims == 4  # int(16 * 0.25): plain partial rope, no mrope
+
+
+def test_gated_delta_knobs_are_checked_with_the_row():
+    import dataclasses
+
+    from mlxbun.models.universal.mixers.gated_delta import GatedDeltaKnobs
+    from mlxbun.models.universal.schema import DescriptorError
+    from mlxbun.models.universal.table import DESCRIPTORS
+
+    row = DESCRIPTORS["qwen3_5"]
+    with pytest.raises(DescriptorError, match="reads the field 'linear_k_dim'"):
+        dataclasses.replace(row, hybrid=dataclasses.replace(
+            row.hybrid, knobs=GatedDeltaKnobs("qkv_z_b_a", head_k_dim="linear_k_dim")))
+    with pytest.raises(DescriptorError, match="query_sigmoid take separate q/k/v"):
+        dataclasses.replace(row, qkv="fused")

@@ -18,9 +18,9 @@ def qwen3_5_post(cfg: dict) -> None:
     # tie_word_embeddings at the top; mlx-lm reads text_config only (the vision tower is left out)
     qwen3_next_post(cfg)
     text = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")}
-    cfg.update(text_config=text, tie_word_embeddings=text["tie_word_embeddings"])
     for key in text:
         cfg.pop(key)
+    cfg.update(text_config=text, tie_word_embeddings=text["tie_word_embeddings"])
 
 
 # Qwen3.5's text knobs, shrunk: key heads of 32 (mlx-lm's Metal kernel needs Dk % 32 == 0);
