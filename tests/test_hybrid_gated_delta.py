@@ -185,7 +185,7 @@ def test_gated_delta_knobs_are_checked_with_the_row():
     import dataclasses
 
     from mlxbun.models.universal.mixers.gated_delta import GatedDeltaKnobs
-    from mlxbun.models.universal.schema import DescriptorError
+    from mlxbun.models.universal.schema import DescriptorError, SanitizeRule
     from mlxbun.models.universal.table import DESCRIPTORS
 
     row = DESCRIPTORS["qwen3_5"]
@@ -194,3 +194,9 @@ def test_gated_delta_knobs_are_checked_with_the_row():
             row.hybrid, knobs=GatedDeltaKnobs("qkv_z_b_a", head_k_dim="linear_k_dim")))
     with pytest.raises(DescriptorError, match="query_sigmoid take separate q/k/v"):
         dataclasses.replace(row, qkv="fused")
+    with pytest.raises(DescriptorError, match="'norm_plus_one' takes \\(suffixes, HfCheckpoint\\)"):
+        dataclasses.replace(row, sanitize=(SanitizeRule("norm_plus_one", ((".norm.weight",), "hf")),))
+    with pytest.raises(DescriptorError, match="'wrapper_keys' needs names.wrapper"):
+        dataclasses.replace(row, names=dataclasses.replace(row.names, wrapper=None))
+    with pytest.raises(DescriptorError, match="'split_gate_up_experts' needs moe knobs"):
+        dataclasses.replace(row, sanitize=(SanitizeRule("split_gate_up_experts"),))
