@@ -4,7 +4,7 @@ One module for mlx-lm's `Qwen3NextGatedDeltaNet` (qwen3_next.py) and `GatedDelta
 (qwen3_5.py, also qwen3_5_moe's): they differ only in the input projections, a typed knob
 (`GdnProjections`). The rest is shared and runs in mlx-lm's order: the projected q | k | v
 zeroed where the ssm mask is False, prepended with the conv state (cache slot 0: the last
-K - 1 inputs, or, with `cache.lengths`, the K - 1 inputs after each row's end), the depthwise
+K - 1 inputs, or, with `cache.lengths`, each row's last K - 1 before its length), the depthwise
 causal conv1d + silu, the q / k l2-norm (`normalize_qk`, readout scale folded into q), the
 gated delta rule (`gated_delta_rule.gated_delta_update`, state in cache slot 1, float32),
 then the gated RMSNorm (`rms_norm(y) * silu(z)` in float32) and `out_proj`.
