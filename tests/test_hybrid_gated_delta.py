@@ -200,3 +200,24 @@ def test_gated_delta_knobs_are_checked_with_the_row():
         dataclasses.replace(row, names=dataclasses.replace(row.names, wrapper=None))
     with pytest.raises(DescriptorError, match="'split_gate_up_experts' needs moe knobs"):
         dataclasses.replace(row, sanitize=(SanitizeRule("split_gate_up_experts"),))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])
+def test_a_tied_head_runs_as_mlx_lm_runs_it(arch):
+    """Qwen3.5's small checkpoints tie the head to the embedding (no lm_head in either tree)."""
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.utils import _get_classes
+
+    cfg = tiny_config(arch)
+    text = cfg.get("text_config", cfg)
+    text["tie_word_embeddings"] = True
+    model_cls, args_cls = _get_classes(cfg)
+    ref = model_cls(args_cls.from_dict(cfg))
+    ours = build_model(cfg)
+    params = tree_flatten(ref.parameters())
+    assert {k for k, _ in tree_flatten(ours.parameters())} == {k for k, _ in params}
+    assert not any("lm_head" in k for k, _ in params)
+    ours.update(tree_unflatten(params))
+    ref.eval(), ours.eval()
+    ids = mx.array([[5, 9, 2, 77, 31, 8]])
+    assert mx.array_equal(ours(ids), ref(ids))
