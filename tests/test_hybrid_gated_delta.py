@@ -221,3 +221,28 @@ def test_a_tied_head_runs_as_mlx_lm_runs_it(arch):
     ref.eval(), ours.eval()
     ids = mx.array([[5, 9, 2, 77, 31, 8]])
     assert mx.array_equal(ours(ids), ref(ids))
+
+
+def test_a_rejected_draft_is_rolled_back_by_replay(zoo):
+    """The spec-round contract on a gated DeltaNet model: after a round of 4 drafted tokens with
+    2 accepted, restore + replay of the 2 leaves every cache (conv and delta states, KV) and the
+    next logits exactly as plain decoding of the 2 would."""
+    from mlxbun.cache.arrays import begin_spec_round, commit_spec_round
+
+    model = load_universal(zoo("qwen3_5"))
+    prompt, draft = mx.array([[3, 1, 4, 1, 5, 9]]), mx.array([[2, 6, 5, 3]])
+    spec, plain = model.make_cache(), model.make_cache()
+    model(prompt, cache=spec), model(prompt, cache=plain)
+    begin_spec_round(spec)
+    model(draft, cache=spec)
+    replay = commit_spec_round(spec, 2)
+    assert replay == 2
+    model(draft[:, :replay], cache=spec)
+    model(draft[:, :2], cache=plain)
+    nxt = mx.array([[7]])
+    assert mx.array_equal(model(nxt, cache=spec), model(nxt, cache=plain))
+    for s, p in zip(spec, plain):
+        if isinstance(s, ArraysCache):
+            assert all(mx.array_equal(x, y) for x, y in zip(s.cache, p.cache, strict=True))
+        else:
+            assert s.offset == p.offset
