@@ -278,6 +278,10 @@ def test_descriptor_fields_are_mlx_lm_model_args():
     """Every row reads exactly its ModelArgs fields, with the same defaults."""
     for mt, d in DESCRIPTORS.items():
         args_cls = importlib.import_module(f"mlx_lm.models.{mt}").ModelArgs
+        if d.names.wrapper:  # a VLM wrapper (qwen3_5): the text model's args, from its file
+            model_cls = importlib.import_module(f"mlx_lm.models.{mt}").Model
+            args_cls = next(vars(importlib.import_module(c.__module__))["TextModelArgs"]
+                            for c in model_cls.__mro__ if "TextModelArgs" in vars(importlib.import_module(c.__module__)))
         want = {}
         for f in dataclasses.fields(args_cls):
             missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING

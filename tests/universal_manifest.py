@@ -84,6 +84,9 @@ MANIFEST = {
         Entry("laguna", EXPERT_VARIANTS),
         # hybrids: recurrent mixers on some layers (models/universal/mixers/)
         Entry("lfm2"),
+        Entry("qwen3_5"),
+        Entry("qwen3_5_moe", EXPERT_VARIANTS),
+        Entry("qwen3_next", EXPERT_VARIANTS),
         Entry("lfm2_moe", EXPERT_VARIANTS),
     ]
 }

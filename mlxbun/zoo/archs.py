@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from mlxbun.errors import UnsupportedModelError
+from mlxbun.zoo.gated_delta_configs import QWEN3_5_KNOBS, qwen3_5_post, qwen3_next_post
 from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 
 HIDDEN = 64
@@ -431,6 +432,24 @@ _HYBRID_ROWS = (
     Arch("lfm2", "Lfm2ForCausalLM", "Lfm2Config", layers=3, kv_heads=2,
          knobs={"layer_types": ["conv", "full_attention", "conv"], "block_multiple_of": 32},
          post=_lfm2_post),
+    # delta, attention, delta; Qwen3-Next's knobs (renormalized top-k, a shared expert), layer 2
+    # dense (mlp_only_layers); key heads of 32 (mlx-lm's Metal kernel needs Dk % 32 == 0)
+    Arch("qwen3_next", "Qwen3NextForCausalLM", "Qwen3NextConfig", layers=3, kv_heads=2,
+         knobs={"full_attention_interval": 2, "linear_num_value_heads": 4,
+                "linear_num_key_heads": 2, "linear_key_head_dim": 32, "linear_value_head_dim": 16,
+                "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE,
+                "shared_expert_intermediate_size": MOE_INTERMEDIATE, "mlp_only_layers": [2]},
+         post=qwen3_next_post),
+    # delta, attention, delta behind the VLM wrapper
+    Arch("qwen3_5", "Qwen3_5ForConditionalGeneration", "Qwen3_5TextConfig", layers=3, kv_heads=2,
+         legacy_rope=False, knobs=QWEN3_5_KNOBS, post=qwen3_5_post),
+    Arch("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeTextConfig", layers=3,
+         kv_heads=2, legacy_rope=False,
+         knobs={**QWEN3_5_KNOBS, "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE,
+                "shared_expert_intermediate_size": MOE_INTERMEDIATE},
+         post=qwen3_5_post),
     # conv, attention, conv; layer 0 dense, layers 1-2 MoE (sigmoid router with expert bias)
     Arch("lfm2_moe", "Lfm2MoeForCausalLM", "Lfm2MoeConfig", layers=3, kv_heads=2,
          knobs={"layer_types": ["conv", "full_attention", "conv"], "num_dense_layers": 1,

@@ -24,7 +24,7 @@ from mlxbun.errors import UnsupportedModelError
 from mlxbun.models.rope import rope_type_of
 from mlxbun.models.universal.hybrid_args import mixer_layers
 from mlxbun.models.universal.kinds import HeadDim, LayerKinds, MixerKind
-from mlxbun.models.universal.resolve import descriptor_for, layer_kinds, model_args
+from mlxbun.models.universal.resolve import descriptor_for, layer_kinds, model_args, text_config
 
 __all__ = ["CoverageReport", "HARMLESS_KEYS", "check_coverage", "require_coverage"]
 
@@ -95,6 +95,10 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
     a = model_args(d, config)  # ConfigError for a config mlx-lm could not build
     understood, harmless, unknown = [], [], []
     ignored: dict[str, str] = {}
+    outer, config = config, text_config(d, config)
+    if config is not outer:  # a VLM wrapper: the rest is the vision model's, or bookkeeping
+        ignored.update({k: "outside text_config (mlx-lm's wrapper reads only text_config)"
+                        for k in outer if k != "text_config"})
     offending: dict[str, str] = {}
     for key, value in config.items():
         if key in d.accepted_values and value is not None and value not in d.accepted_values[key]:
@@ -120,8 +124,10 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
             else:
                 understood.append(key)
         elif (key in d.fields or key in d.accepted_values
-              or (key == "head_dim" and d.head_dim is HeadDim.SPLIT)):
-            understood.append(key)  # a split head_dim is checked against hidden // heads below
+              or (key == "head_dim" and d.head_dim is HeadDim.SPLIT)
+              or (key == "layer_types" and _hybrid_layer_types(d))):
+            understood.append(key)  # a split head_dim is checked against hidden // heads below,
+            # a hybrid's layer_types against the layers its rule picks
         elif key in d.ignored_keys:
             ignored[key] = d.ignored_keys[key] or "not read by mlx-lm for this arch"
         elif key in HARMLESS_KEYS:
@@ -198,9 +204,15 @@ def _layer_types_problem(d, a: Mapping, layer_types: Any) -> str | None:
     return None
 
 
+def _hybrid_layer_types(d) -> bool:
+    """A hybrid whose ModelArgs lacks layer_types (qwen3_next: mlx-lm reads an interval) but whose
+    checkpoints write it: coverage still holds it to the layers the rule picks."""
+    return d.hybrid is not None and bool(d.hybrid.layer_types)
+
+
 def _check_layer_types(d, a: Mapping[str, Any], config: Mapping[str, Any], offending: dict[str, str]) -> None:
     lt = config.get("layer_types")
-    if "layer_types" not in d.fields or not lt:
+    if ("layer_types" not in d.fields and not _hybrid_layer_types(d)) or not lt:
         return
     recurrent = d.hybrid.layer_types if d.hybrid is not None else ()
     odd = sorted({t for t in lt if t not in ("full_attention", "sliding_attention", *recurrent)})

@@ -182,8 +182,10 @@ class Attention(nn.Module):
         self._sinks = spec.sinks
         if spec.sinks:  # gpt_oss: first in its AttentionBlock's tree, as there
             setattr(self, n.sinks, mx.zeros((H,)))
+        self._gate = d.attn_gate if (d.attn_gate_when is None or a.fields[d.attn_gate_when]) else None
         if d.qkv is QKV.SEPARATE:
-            setattr(self, n.q, nn.Linear(D, H * hd, bias=a.attn_bias))
+            q_width = H * hd * (2 if self._gate is AttnOutGate.QUERY_SIGMOID else 1)
+            setattr(self, n.q, nn.Linear(D, q_width, bias=a.attn_bias))
             if spec.kv_proj:
                 setattr(self, n.k, nn.Linear(D, KV * hd, bias=a.attn_bias))
                 setattr(self, n.v, nn.Linear(D, KV * vd, bias=a.attn_bias))
@@ -192,8 +194,7 @@ class Attention(nn.Module):
         else:  # QKV.FUSED_NEOX
             setattr(self, n.qkv, nn.Linear(D, 3 * D, bias=a.attn_bias))
         setattr(self, n.o, nn.Linear(H * vd, D, bias=a.out_bias))
-        self._gate = d.attn_gate if (d.attn_gate_when is None or a.fields[d.attn_gate_when]) else None
-        if self._gate is not None:  # no bias (afmoe, step3p5)
+        if self._gate is not None and self._gate is not AttnOutGate.QUERY_SIGMOID:  # no bias
             width = H * hd if self._gate is AttnOutGate.SIGMOID else H
             setattr(self, n.attn_gate, nn.Linear(D, width, bias=False))
 
@@ -244,6 +245,9 @@ class Attention(nn.Module):
                     keys, values = kv_states
             else:
                 queries, keys, values = self[n.q](x), self[n.k](x), self[n.v](x)
+            if self._gate is AttnOutGate.QUERY_SIGMOID:  # qwen3_next: per head [q | gate]
+                queries, q_gate = mx.split(queries.reshape(B, L_, H, -1), 2, axis=-1)
+                q_gate = q_gate.reshape(B, L_, -1)
             if at is QKNormAt.FLAT:
                 queries, keys = self._qk_norm(queries, keys)
             queries = queries.reshape(B, L_, H, -1)
@@ -279,6 +283,8 @@ class Attention(nn.Module):
         output = output.reshape(B, L_, -1)
         if self._gate is AttnOutGate.SIGMOID:
             output = output * mx.sigmoid(self[n.attn_gate](x))
+        elif self._gate is AttnOutGate.QUERY_SIGMOID:
+            output = output * mx.sigmoid(q_gate)
         if self._cla:
             return self[n.o](output), kv_states
         return self[n.o](output)
@@ -384,9 +390,11 @@ class UniversalDense(nn.Module):
         self.raw_config = MappingProxyType(dict(raw_config or {}))
         self.profile = None
         self._tied = args.tie
-        setattr(self, n.root, Backbone(args, d))
+        if n.wrapper is not None:  # a VLM wrapper (qwen3_5): Model.<wrapper> holds root and head
+            setattr(self, n.wrapper, nn.Module())
+        setattr(self.text_model, n.root, Backbone(args, d))
         if not d.head.in_root and (not args.tie or d.head.always):
-            setattr(self, n.head, nn.Linear(args.hidden, args.vocab, bias=d.head.bias))
+            setattr(self.text_model, n.head, nn.Linear(args.hidden, args.vocab, bias=d.head.bias))
         # mlx-lm takes each mask from the first layer of its kind
         attends = [s.sliding if s.mixer is MixerKind.ATTENTION else None for s in args.layers]
         self._full_idx = attends.index(False) if False in attends else None
@@ -401,8 +409,14 @@ class UniversalDense(nn.Module):
         return self.descriptor.model_type
 
     @property
+    def text_model(self) -> nn.Module:
+        """The module holding root and head: the wrapper's (qwen3_5: language_model), else self."""
+        wrapper = self.descriptor.names.wrapper
+        return self if wrapper is None else self[wrapper]
+
+    @property
     def backbone(self) -> Backbone:
-        return self[self.descriptor.names.root]
+        return self.text_model[self.descriptor.names.root]
 
     @property
     def layers(self) -> list:
@@ -419,8 +433,8 @@ class UniversalDense(nn.Module):
 
     def tie_to_embedding(self) -> None:
         """gemma3_text: no lm_head in the checkpoint means a tied head (mlx-lm's sanitize)."""
-        if self.descriptor.names.head in self:
-            self.pop(self.descriptor.names.head)
+        if self.descriptor.names.head in self.text_model:
+            self.text_model.pop(self.descriptor.names.head)
         self._tied = True
 
     @property
@@ -510,7 +524,7 @@ class UniversalDense(nn.Module):
         else:
             if a.head_pre_divide is not None:
                 h = h / a.head_pre_divide
-            out = self[n.head](h)
+            out = self.text_model[n.head](h)
         if a.head_post is not None:
             op, value = a.head_post
             out = out / value if op is PostOp.DIV else out * value

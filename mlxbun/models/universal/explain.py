@@ -181,6 +181,10 @@ def _norm(d: ArchDescriptor, a: UniversalArgs, dims: str = "D") -> str:
 def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Line, ...]], ...]:
     n = d.names
     return (
+        *(((f"wrapper ({n.wrapper})", (Line(f"{n.wrapper}.{n.root}, {n.wrapper}.{n.head}",
+                                            "a VLM wrapper: every path below is under it; the "
+                                            "args are text_config's, the text model runs alone"),)),)
+          if n.wrapper else ()),
         ("embedding", tuple(_embedding(d, a))),
         (f"block ({n.root}.{n.layers}[i], i < N): {_block_form(d, a)}", tuple(_block(d, a))),
         ("norms", (Line(_norm(d, a), "every block norm" + (
@@ -306,7 +310,10 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
     bias = _field_note(d.attn_bias, a.attn_bias)
     if d.block.inner_norms:
         yield Line(f"x = {n.inner_norm}(x)", "RMSNorm(D) inside the attention")
-    if d.qkv is QKV.SEPARATE:
+    if d.qkv is QKV.SEPARATE and d.attn_gate is AttnOutGate.QUERY_SIGMOID:
+        yield Line(f"q, gate = split({n.q}(x).reshape(B, L, H, 2*hd), 2); k, v = {n.k}(x), {n.v}(x)",
+                   f"Linear(D, 2*H*hd) per head [q | gate], Linear(D, KV*hd) x2; bias={bias}")
+    elif d.qkv is QKV.SEPARATE:
         yield Line(f"q, k, v = {n.q}(x), {n.k}(x), {n.v}(x)",
                    f"Linear(D, H*hd), Linear(D, KV*hd) x2; bias={bias}")
         if d.layers.kv_share is KVShare.CLA:
@@ -379,6 +386,9 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
     if gate_on and d.attn_gate is AttnOutGate.SIGMOID:
         yield Line(f"o = o * sigmoid({n.attn_gate}(x))",
                    f"output gate: {n.attn_gate} Linear(D, H*hd), no bias; heads concatenated{when}")
+    elif gate_on and d.attn_gate is AttnOutGate.QUERY_SIGMOID:
+        yield Line("o = o * sigmoid(gate)", f"output gate: the second half of {n.q}'s heads; "
+                   "heads concatenated")
     elif gate_on and d.attn_gate is AttnOutGate.HEAD_SOFTPLUS:
         yield Line(f"o = o * softplus({n.attn_gate}(x).astype(float32)).astype(o.dtype)[..., None]",
                    f"per-head output gate on [B, L, H, hd]: {n.attn_gate} Linear(D, H), no bias{when}")

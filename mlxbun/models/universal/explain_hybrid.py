@@ -8,6 +8,7 @@ from typing import Any
 
 from mlxbun.models.universal.kinds import MixerKind, exhaustive
 from mlxbun.models.universal.mixers import MIXERS
+from mlxbun.models.universal.mixers.gated_delta import GdnProjections
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import LayerSpec, UniversalArgs
 
@@ -26,8 +27,41 @@ def _short_conv(d: ArchDescriptor, a: UniversalArgs, knobs: Any) -> list[tuple[s
     ]
 
 
+def _gated_delta(d: ArchDescriptor, a: UniversalArgs, knobs: Any) -> list[tuple[str, str]]:
+    f = a.fields
+    hv, hk = f[knobs.num_v_heads], f[knobs.num_k_heads]
+    dk, dv, k = f[knobs.head_k_dim], f[knobs.head_v_dim], f[knobs.conv_kernel]
+    sizes = (f"Hv = {knobs.num_v_heads} = {hv}, Hk = {knobs.num_k_heads} = {hk}, "
+             f"Dk = {knobs.head_k_dim} = {dk}, Dv = {knobs.head_v_dim} = {dv}")
+    if knobs.projections is GdnProjections.QKVZ_BA:
+        proj = [("q, k, v, z = split(in_proj_qkvz(x)); b, a = split(in_proj_ba(x))",
+                 f"Linear(D, 2*Hk*Dk + 2*Hv*Dv), Linear(D, 2*Hv), no bias, grouped per key head; "
+                 f"{sizes}"),
+                ("qkv = concat([q, k, v])", "")]
+    else:  # GdnProjections.QKV_Z_B_A
+        proj = [("qkv, z, b, a = in_proj_qkv(x), in_proj_z(x), in_proj_b(x), in_proj_a(x)",
+                 f"Linear(D, 2*Hk*Dk + Hv*Dv), Linear(D, Hv*Dv), Linear(D, Hv) x2, no bias; {sizes}")]
+    return proj + [
+        ("qkv = where(mask, qkv, 0)", "mask: the ssm mask (batch padding), None otherwise"),
+        ("qkv = concat([conv_state, qkv]); conv_state = qkv[:, -(K - 1):]",
+         f"K = {knobs.conv_kernel} = {k}; starts at zeros; cache slot 0"),
+        ("q, k, v = split(silu(conv1d(qkv)))", "Conv1d(C, C, K, groups=C) (depthwise, causal), no bias"),
+        ("q, k = Dk**-1 * rms_norm(q), Dk**-0.5 * rms_norm(k)",
+         "l2 norm (eps 1e-6 on sum(x^2)), readout scale folded into q"),
+        ("g = exp(-exp(A_log) * softplus(a + dt_bias)); beta = sigmoid(b)",
+         "A_log, dt_bias [Hv]; compiled; g in float32"),
+        ("S = g * S; S += k (beta * (v - S k)); y = S q",
+         "the gated delta rule per token (compiled step; Metal kernel on Apple GPUs); "
+         "S [B, Hv, Dv, Dk] float32, q / k repeated Hv / Hk times; cache slot 1"),
+        ("y = rms_norm(y) * norm.weight * silu(z)",
+         f"gated RMSNorm(Dv), eps {a.eps}; silu(z) * . in float32, cast back"),
+        ("out = out_proj(y)", "Linear(Hv*Dv, D), no bias"),
+    ]
+
+
 _LINES = exhaustive(MIXERS, {
     MixerKind.SHORT_CONV: _short_conv,
+    MixerKind.GATED_DELTA: _gated_delta,
 })
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from mlxbun.models.universal.fields import fail
 from mlxbun.models.universal.kinds import MixerKind, MixerLayers
 
-__all__ = ["full_attn_idxs", "lfm2_ff_dim", "lfm2_intermediate", "mixer_layers"]
+__all__ = ["full_attn_idxs", "lfm2_ff_dim", "lfm2_intermediate", "mixer_layers", "qwen3_5_rope"]
 
 
 def mixer_layers(d: Any, a: dict, n: int) -> list[MixerKind]:
@@ -63,3 +63,15 @@ def lfm2_intermediate(a: dict, mt: str) -> int:
             ff_dim = int(a["block_ffn_dim_multiplier"] * ff_dim)
         ff_dim = multiple_of * ((ff_dim + multiple_of - 1) // multiple_of)
     return ff_dim
+
+
+def qwen3_5_rope(a: dict, mt: str) -> None:  # qwen3_5's TextModelArgs.__post_init__, rope part
+    rp = a["rope_parameters"]
+    if rp:
+        if not isinstance(rp, dict):
+            raise fail(mt, f"'rope_parameters' must be an object, got {rp!r}")
+        if "type" not in rp and "rope_type" in rp:
+            rp["type"] = rp.pop("rope_type")
+        a["partial_rotary_factor"] = rp.get("partial_rotary_factor", 0.25)
+        a["rope_theta"] = rp.get("rope_theta", 100000.0)
+        a["rope_scaling"] = rp

@@ -73,6 +73,8 @@ class AttnOutGate(StrEnum):
     # g_proj Linear(D, H) (step3p5)
     HEAD_SOFTPLUS = "head_softplus"  # per head: o[B, L, H, hd] * softplus(g_proj(x) in float32),
     # cast to o's dtype, [..., None]; g_proj Linear(D, H) (laguna)
+    QUERY_SIGMOID = "query_sigmoid"  # o * sigmoid(gate), the gate the second half of each head of
+    # q_proj (Linear(D, 2 * H * hd), per head [q | gate]); no gate module (qwen3_next, qwen3_5)
 
 
 class QueryScale(StrEnum):
@@ -269,6 +271,13 @@ class SanitizeOp(StrEnum):
     # it replaced by new, in order (lfm2_moe: w1.weight -> gate_proj.weight, ...)
     CONV1D_LAYOUT = "conv1d_layout"  # arg: (substring, ConvLayout): the conv1d weights whose key
     # holds the substring go to mlx's layout when the test says they are in torch's
+    NORM_PLUS_ONE = "norm_plus_one"  # arg: (suffixes, HfCheckpoint): when the test says the
+    # checkpoint is transformers', its 1-D weights ending with a suffix + 1 (the (1 + w) RMSNorms
+    # mlx-lm runs as plain RMSNorm: qwen3_next, qwen3_5)
+    WRAPPER_KEYS = "wrapper_keys"  # arg: prefixes: qwen3_5's VLM wrapper: keys starting with one
+    # dropped (the vision tower), HF's model.<wrapper> -> <wrapper>.<root>, the rest under <wrapper>
+    SPLIT_GATE_UP_EXPERTS = "split_gate_up_experts"  # qwen3_5_moe: per layer, experts.gate_up_proj
+    # [E, 2I, D] -> <switch>.gate_proj | up_proj, experts.down_proj -> <switch>.down_proj
     STEP3P5 = "step3p5"  # step3p5.sanitize: drop .mtp and layers >= num_hidden_layers, rename
     # HF moe.* / share_expert keys into mlp.*, norm weights + 1 when the checkpoint is HF's
 
@@ -468,6 +477,10 @@ class MixerKind(StrEnum):
     ATTENTION = "attention"  # the universal attention (its KV cache)
     SHORT_CONV = "short_conv"  # lfm2: in_proj -> B * x -> causal depthwise conv1d -> C * . ->
     # out_proj; state: the last kernel - 1 inputs (mixers/short_conv.py)
+    GATED_DELTA = "gated_delta"  # qwen3_next, qwen3_5: projections -> causal depthwise conv1d +
+    # silu on q | k | v -> q / k l2-norm -> the gated delta rule -> gated RMSNorm (silu(z)) ->
+    # out_proj; state: the last kernel - 1 conv inputs, the [Hv, Dv, Dk] float32 delta state
+    # (mixers/gated_delta.py)
 
 
 class MixerLayers(StrEnum):
@@ -483,6 +496,13 @@ class ConvLayout(StrEnum):
 
     LAST_GT_MIDDLE = "last_gt_middle"  # lfm2: shape[-1] > shape[1] -> transpose(0, 2, 1)
     LAST_NE_ONE = "last_ne_one"  # qwen3_next, mamba2: shape[-1] != 1 -> moveaxis(2, 1)
+
+
+class HfCheckpoint(StrEnum):
+    """How an mlx-lm file's sanitize tells a transformers checkpoint from a converted one."""
+
+    EXPERT_WEIGHTS = "expert_weights"  # qwen3_next: a key ends with .mlp.experts.0.up_proj.weight
+    TORCH_CONV1D = "torch_conv1d"  # qwen3_5: a conv1d.weight whose last dim is not 1
 
 
 class PostInit(StrEnum):
@@ -520,6 +540,8 @@ class PostInit(StrEnum):
     LFM2_FF_DIM = "lfm2_ff_dim"  # block_ff_dim None: intermediate_size (one of them required)
     FULL_ATTN_IDXS = "full_attn_idxs"  # full_attn_idxs None: the layer_types[i] == "full_attention"
     # indices (one of them required)
+    QWEN3_5_ROPE = "qwen3_5_rope"  # rope_parameters (when truthy): rope_type renamed type, then
+    # partial_rotary_factor (0.25), rope_theta (100000.0) read from it, rope_scaling = it
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
 

@@ -28,7 +28,7 @@ from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 from mlxbun.models.switch_layers import SwitchLinear, gather_mm_supported
 from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.dense import UniversalDense
-from mlxbun.models.universal.kinds import ConvLayout, SanitizeOp, TieRule
+from mlxbun.models.universal.kinds import ConvLayout, HfCheckpoint, SanitizeOp, TieRule, exhaustive
 from mlxbun.models.universal.moe_args import moe_layers
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule, StackExperts
@@ -81,6 +81,9 @@ class _Meta:
         shape = list(self.shape)
         shape[a], shape[b] = shape[b], shape[a]
         return _Meta(shape, self.dtype)
+
+    def __add__(self, scalar):  # a norm weight + 1 (qwen3_next, qwen3_5)
+        return self
 
     def __mul__(self, other):
         try:
@@ -334,6 +337,56 @@ def _conv1d_layout(arg, w: dict) -> dict:
     return out
 
 
+_HF_TESTS = exhaustive(HfCheckpoint, {  # the mlx-lm file's test, on (key, tensor)
+    HfCheckpoint.EXPERT_WEIGHTS: lambda k, v: (k.startswith("model.layers.")
+                                               and k.endswith(".mlp.experts.0.up_proj.weight")),
+    HfCheckpoint.TORCH_CONV1D: lambda k, v: "conv1d.weight" in k and v.shape[-1] != 1,
+})
+
+
+def _norm_plus_one(arg, w: dict) -> dict:
+    """qwen3_next / qwen3_5: a transformers checkpoint's (1 + w) norm weights get their + 1."""
+    suffixes, test = arg
+    if not any(_HF_TESTS[test](k, v) for k, v in w.items()):
+        return w
+    return {k: (v + 1.0 if k.endswith(tuple(suffixes)) and len(v.shape) == 1 else v)
+            for k, v in w.items()}
+
+
+def _wrapper_keys(d: ArchDescriptor, prefixes, w: dict) -> tuple[dict, dict[str, str]]:
+    """qwen3_5's Model.sanitize: keys starting with `prefixes` (the vision tower) dropped, HF's
+    model.<wrapper> -> <wrapper>.<root>, every other key moved under <wrapper>."""
+    n = d.names
+    hf, ours = f"{n.root}.{n.wrapper}", f"{n.wrapper}.{n.root}"
+    out, dropped = {}, {}
+    for k, v in w.items():
+        if k.startswith(tuple(prefixes)):
+            dropped[k] = "the vision tower (the text model runs alone)"
+            continue
+        if k.startswith(hf):
+            k = k.replace(hf, ours)
+        elif not k.startswith(f"{n.wrapper}."):
+            k = f"{n.wrapper}.{k}"
+        out[k] = v
+    return out, dropped
+
+
+def _split_gate_up_experts(d: ArchDescriptor, w: dict, fields: Mapping) -> dict:
+    """qwen3_5_moe.sanitize: per layer holding them, experts.gate_up_proj [E, 2I, D] ->
+    gate_proj | up_proj and experts.down_proj -> down_proj of the fused SwitchGLU."""
+    n, m = d.names, d.moe.names
+    base = f"{n.wrapper}.{n.root}" if n.wrapper else n.root
+    out = dict(w)
+    for layer in range(fields[d.n_layers]):
+        prefix = f"{base}.{n.layers}.{layer}.{m.block or n.mlp}"
+        if f"{prefix}.experts.gate_up_proj" in out:
+            gate, up = _split_half(out.pop(f"{prefix}.experts.gate_up_proj"))
+            out[f"{prefix}.{m.switch}.{m.gate_proj}.weight"] = gate
+            out[f"{prefix}.{m.switch}.{m.up_proj}.weight"] = up
+            out[f"{prefix}.{m.switch}.{m.down_proj}.weight"] = out.pop(f"{prefix}.experts.down_proj")
+    return out
+
+
 def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
                 fields: Mapping) -> tuple[dict, dict[str, str]]:
     dropped: dict[str, str] = {}
@@ -362,6 +415,12 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return out, {}
     if op is SanitizeOp.CONV1D_LAYOUT:
         return _conv1d_layout(rule.arg, w), {}
+    if op is SanitizeOp.NORM_PLUS_ONE:
+        return _norm_plus_one(rule.arg, w), {}
+    if op is SanitizeOp.WRAPPER_KEYS:
+        return _wrapper_keys(d, rule.arg, w)
+    if op is SanitizeOp.SPLIT_GATE_UP_EXPERTS:
+        return _split_gate_up_experts(d, w, fields), {}
     if op is SanitizeOp.STRIP_PREFIX:  # laguna: repacked checkpoints wrap every tensor in it
         if any(k.startswith(rule.arg) for k in w):
             return {(k[len(rule.arg):] if k.startswith(rule.arg) else k): v for k, v in w.items()}, {}

@@ -38,14 +38,14 @@ NOT_COVERED: dict[str, str] = {
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3", "falcon_h1",
          "gear", "granitemoehybrid", "jamba", "kimi_linear", "longcat_flash_ngram",
-         "mamba", "mamba2", "nemotron_h", "olmo_hybrid", "plamo2", "qwen3_5", "qwen3_next",
+         "mamba", "mamba2", "nemotron_h", "olmo_hybrid", "plamo2",
          "recurrent_gemma", "rwkv7", "kimi_k3"], _HYBRID),
     **dict.fromkeys(
         ["deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",
          "longcat_flash", "minicpm3", "mistral4", "youtu_llm"], _MLA),
     **dict.fromkeys(
         ["gemma3", "gemma3n", "gemma4", "kimi_k25", "kimi_vl", "lfm2-vl", "minimax_m3_vl", "mistral3",
-         "muse_glimmer", "muse_spark", "pixtral", "prism_hadamard_qwen35", "qwen2_vl", "qwen3_5_moe",
+         "muse_glimmer", "muse_spark", "pixtral", "prism_hadamard_qwen35", "qwen2_vl",
          "qwen3_vl", "qwen3_vl_moe"], _WRAP),
     "gemma4_text": "gemma-4 text stack (KV sharing across layers, per-layer inputs, optional MoE): "
                    "the dedicated gemma4 port (seed design 6.1)",

@@ -20,7 +20,13 @@ from mlxbun.errors import UnsupportedModelError
 from mlxbun.models.universal.fields import fail as _fail
 from mlxbun.models.universal.fields import get as _get
 from mlxbun.models.universal.fields import int_field as _int_field
-from mlxbun.models.universal.hybrid_args import full_attn_idxs, lfm2_ff_dim, lfm2_intermediate, mixer_layers
+from mlxbun.models.universal.hybrid_args import (
+    full_attn_idxs,
+    lfm2_ff_dim,
+    lfm2_intermediate,
+    mixer_layers,
+    qwen3_5_rope,
+)
 from mlxbun.models.universal.kinds import (
     AttnKind,
     AttnScale,
@@ -47,7 +53,7 @@ from mlxbun.models.universal.schema import REQUIRED, ArchDescriptor
 from mlxbun.models.universal.specs import LayerSpec, RopeSpec, UniversalArgs
 from mlxbun.models.universal.table import DESCRIPTORS
 
-__all__ = ["descriptor_for", "layer_kinds", "model_args", "resolve_args", "thaw"]
+__all__ = ["descriptor_for", "layer_kinds", "model_args", "resolve_args", "text_config", "thaw"]
 
 
 def descriptor_for(model_type: str) -> ArchDescriptor:
@@ -287,6 +293,7 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.LAGUNA_LISTS: _laguna_lists,
     PostInit.LFM2_FF_DIM: lfm2_ff_dim,
     PostInit.FULL_ATTN_IDXS: full_attn_idxs,
+    PostInit.QWEN3_5_ROPE: qwen3_5_rope,
 })
 
 
@@ -300,8 +307,20 @@ def _kv_proj(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
     return [i % factor == 0 for i in range(n)]
 
 
+def text_config(d: ArchDescriptor, config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What a wrapper row's ModelArgs read: text_config, else the whole config (qwen3_5's
+    `ModelArgs.from_dict`); a row without a wrapper reads the whole config."""
+    text = config.get("text_config") if d.names.wrapper else None
+    if text is None:
+        return config
+    if not isinstance(text, Mapping):
+        raise _fail(d.model_type, f"'text_config' must be an object, got {text!r}"[:200])
+    return text
+
+
 def model_args(d: ArchDescriptor, config: Mapping[str, Any]) -> dict[str, Any]:
     """`ModelArgs.from_dict(config)` + `__post_init__`: only the fields, defaults filled."""
+    config = text_config(d, config)
     missing = [k for k, v in d.fields.items() if v is REQUIRED and k not in config]
     if missing:
         raise _fail(d.model_type, f"missing required key(s) {', '.join(missing)}")

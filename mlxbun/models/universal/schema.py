@@ -127,6 +127,8 @@ class Names:
     act: str = "act_fn"  # apertus: the XieLU module (it has parameters)
     attn_gate: str = "gate_proj"  # the attention's output gate (attn_gate knob; afmoe)
     sinks: str = "sinks"  # the attention's per-head sink logits (mimo_v2_flash: attention_sink_bias)
+    wrapper: str | None = None  # a VLM wrapper's Model.<wrapper> holding root and head (qwen3_5:
+    # language_model); its ModelArgs are text_config's (the whole config when it has none)
 
 
 @dataclass(frozen=True)
@@ -570,8 +572,9 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error(f"sinks with attention {d.attention.value!r}: only 'sdpa' takes attention sinks")
     if d.sinks_when is not None and not d.sinks:
         raise d.error("sinks_when names the fields switching sinks, which are off")
-    if (d.sinks_when or lk.sliding_attn or d.v_head_dim or d.value_scale) and d.qkv is not QKV.SEPARATE:
-        raise d.error("sinks_when, layers.sliding_attn, v_head_dim, value_scale take separate q/k/v")
+    if (d.sinks_when or lk.sliding_attn or d.v_head_dim or d.value_scale
+            or d.attn_gate is AttnOutGate.QUERY_SIGMOID) and d.qkv is not QKV.SEPARATE:
+        raise d.error("sinks_when, layers.sliding_attn, v_head_dim, value_scale, query_sigmoid take separate q/k/v")
     if lk.sliding_attn is not None and (lk.kinds is LayerKinds.ALL_FULL or lk.sliding_heads):
         raise d.error("layers.sliding_attn needs sliding layers and excludes layers.sliding_heads")
     if d.rope.nope in (NopeRule.GLOBAL_LAYERS, NopeRule.SLIDING_OR_ALL) and lk.kinds is LayerKinds.ALL_FULL:

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from mlxbun.models.universal.kinds import MixerKind, MixerLayers
+from mlxbun.models.universal.kinds import HfCheckpoint, MixerKind, MixerLayers, SanitizeOp
 from mlxbun.models.universal.kinds import kind_field as _kind
 from mlxbun.models.universal.mixers import MIXER_KNOBS
 
-__all__ = ["HybridKnobs", "check_hybrid", "hybrid_refs"]
+__all__ = ["HybridKnobs", "check_hybrid", "check_hybrid_sanitize", "hybrid_refs"]
 
 
 @dataclass(frozen=True)
@@ -52,3 +52,19 @@ def check_hybrid(d: Any) -> None:
         raise d.error(f"hybrid.name {h.name!r} is already the attention's or the MLP's attribute")
     if d.block.parallel is not False or d.layers.kv_share is not None:
         raise d.error("a hybrid row takes a sequential block without shared k/v")
+    check_hybrid_sanitize(d)
+
+
+def check_hybrid_sanitize(d: Any) -> None:
+    """The args of the sanitize ops the hybrid rows brought (norm_plus_one, wrapper_keys,
+    split_gate_up_experts), checked when the row is built."""
+    for rule in d.sanitize:
+        if rule.op is SanitizeOp.NORM_PLUS_ONE:
+            suffixes, test = rule.arg if isinstance(rule.arg, tuple) and len(rule.arg) == 2 else ((), "")
+            if not suffixes or not all(isinstance(x, str) for x in suffixes) or test not in set(HfCheckpoint):
+                raise d.error("sanitize 'norm_plus_one' takes (suffixes, HfCheckpoint), one of "
+                              f"{', '.join(repr(h.value) for h in HfCheckpoint)}")
+        elif rule.op is SanitizeOp.WRAPPER_KEYS and not d.names.wrapper:
+            raise d.error("sanitize 'wrapper_keys' needs names.wrapper")
+        elif rule.op is SanitizeOp.SPLIT_GATE_UP_EXPERTS and d.moe is None:
+            raise d.error("sanitize 'split_gate_up_experts' needs moe knobs")

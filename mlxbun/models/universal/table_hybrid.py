@@ -4,6 +4,8 @@ Same schema and rules as `table.py`'s rows; `table.DESCRIPTORS` holds them all."
 
 from __future__ import annotations
 
+from mlxbun.models.universal.kinds import ConvLayout, HfCheckpoint
+from mlxbun.models.universal.mixers.gated_delta import GatedDeltaKnobs, GdnProjections
 from mlxbun.models.universal.schema import (
     REQUIRED,
     ArchDescriptor,
@@ -18,12 +20,44 @@ from mlxbun.models.universal.schema import (
     RopeKnobs,
     RouterKnobs,
     SanitizeRule,
+    SharedKnobs,
     StackExperts,
 )
 from mlxbun.models.universal.schema_hybrid import HybridKnobs
 
 __all__ = ["HYBRID_ROWS"]
 
+# qwen3_next / qwen3_5: their (1 + w) RMSNorms run as plain RMSNorm; a transformers checkpoint's
+# weights get the + 1 in sanitize (the gated norm of the delta net excepted)
+_QWEN3_NEXT_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight",
+                     "model.norm.weight", ".q_norm.weight", ".k_norm.weight")
+_GDN_CONV = SanitizeRule("conv1d_layout", ("conv1d.weight", ConvLayout.LAST_NE_ONE),
+                         "torch's depthwise conv1d layout [C, 1, K] -> mlx's [C, K, 1]")
+# qwen3_5's TextModelArgs (qwen3_5_moe builds the same text model)
+_QWEN3_5_FIELDS = {
+    "model_type": "", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "rms_norm_eps": 1e-6, "vocab_size": 151936, "num_key_value_heads": 8,
+    "max_position_embeddings": 131072, "linear_num_value_heads": 64, "linear_num_key_heads": 16,
+    "linear_key_head_dim": 192, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+    "tie_word_embeddings": False, "attention_bias": False, "head_dim": None,
+    "full_attention_interval": 4, "num_experts": 0, "num_experts_per_tok": 0, "decoder_sparse_step": 1,
+    "shared_expert_intermediate_size": 0, "moe_intermediate_size": 0, "norm_topk_prob": True,
+    "rope_parameters": {"type": "default", "mrope_section": [11, 11, 10], "rope_theta": 100000,
+                        "partial_rotary_factor": 0.25},
+    "partial_rotary_factor": 0.25, "rope_theta": 100000.0, "rope_scaling": None,
+}
+_QWEN3_5_HYBRID = HybridKnobs("gated_delta", "interval", field="full_attention_interval",
+                              name="linear_attn", knobs=GatedDeltaKnobs(GdnProjections.QKV_Z_B_A),
+                              layer_types=("linear_attention",))
+_QWEN3_5_WRAPPER = SanitizeRule("wrapper_keys", ("vision_tower", "model.visual"),
+                                "the VLM wrapper: text weights under language_model")
+_QWEN3_5_TEXT = (SanitizeRule("norm_plus_one", (_QWEN3_NEXT_NORMS, HfCheckpoint.TORCH_CONV1D),
+                              "a transformers checkpoint's (1 + w) norm weights + 1"),
+                 SanitizeRule("drop_containing", "mtp.", "multi-token-prediction weights"), _GDN_CONV)
+_QWEN3_NEXT_MOE = MoEKnobs(
+    router=RouterKnobs("softmax_topk", select="last", norm_topk="norm_topk_prob"),
+    layers="sparse_step", shared=SharedKnobs("sigmoid_gated", size="shared_expert_intermediate_size"),
+    names=MoENames(shared="shared_expert"))
 _LFM2_NAMES = dict(o="out_proj", mlp="feed_forward", final_norm="embedding_norm",
                    norms=NormNames(pre_attn="operator_norm", pre_mlp="ffn_norm"))
 _LFM2_QK_NORM = QKNormKnobs("rms", "heads", names=("q_layernorm", "k_layernorm"))
@@ -35,6 +69,75 @@ _LFM2_TIED = {"tie_embedding": "mlx-lm's lfm2 files always tie the head to the e
               "tie_word_embeddings": "mlx-lm's lfm2 files always tie the head to the embedding"}
 
 HYBRID_ROWS = [
+    ArchDescriptor(
+        "qwen3_5", _QWEN3_5_FIELDS, ("qwen3_5_rope",),
+        names=Names(wrapper="language_model"), qk_norm=QKNormKnobs("rms", "heads"),
+        attn_bias="attention_bias", out_bias="attention_bias", attn_gate="query_sigmoid",
+        rope=RopeKnobs(traditional=False, partial="partial_rotary_factor"),
+        hybrid=_QWEN3_5_HYBRID, sanitize=(_QWEN3_5_WRAPPER, *_QWEN3_5_TEXT),
+        accepted_values={"hidden_act": ("silu",), "num_experts": (0,)},
+        notes="qwen3_5: the text model behind the VLM wrapper (language_model.*; text_config's "
+              "args; the vision tower's weights dropped): qwen3_next's layers with the delta "
+              "net's own projections (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a) and a dense "
+              "MLP; rope from rope_parameters, mrope sections not applied (text positions: plain "
+              "partial rope, as mlx-lm). Experts (num_experts > 0) are qwen3_5_moe's row.",
+    ),
+    ArchDescriptor(
+        "qwen3_5_moe", _QWEN3_5_FIELDS, ("qwen3_5_rope",),
+        names=Names(wrapper="language_model"), qk_norm=QKNormKnobs("rms", "heads"),
+        attn_bias="attention_bias", out_bias="attention_bias", attn_gate="query_sigmoid",
+        rope=RopeKnobs(traditional=False, partial="partial_rotary_factor"),
+        moe=MoEKnobs(router=RouterKnobs("softmax_topk", select="last", norm_topk="norm_topk_prob"),
+                     shared=SharedKnobs("sigmoid_gated", size="shared_expert_intermediate_size"),
+                     names=MoENames(shared="shared_expert")),
+        hybrid=_QWEN3_5_HYBRID,
+        sanitize=(_QWEN3_5_WRAPPER,
+                  SanitizeRule("split_gate_up_experts", None,
+                               "HF fused experts gate_up_proj [E, 2I, D] split, down_proj renamed"),
+                  *_QWEN3_5_TEXT),
+        accepted_values={"hidden_act": ("silu",)},
+        ignored_keys={"output_router_logits": "training-time router loss output"},
+        notes="qwen3_5_moe: qwen3_5's text model with qwen3_next's MoE block (softmax router, "
+              "sigmoid-gated shared expert) on every layer; HF's fused experts split in sanitize.",
+    ),
+    ArchDescriptor(
+        "qwen3_next",
+        {"model_type": REQUIRED, "hidden_size": REQUIRED, "num_hidden_layers": REQUIRED,
+         "intermediate_size": REQUIRED, "num_attention_heads": REQUIRED,
+         "linear_num_value_heads": REQUIRED, "linear_num_key_heads": REQUIRED,
+         "linear_key_head_dim": REQUIRED, "linear_value_head_dim": REQUIRED,
+         "linear_conv_kernel_dim": REQUIRED, "num_experts": REQUIRED, "num_experts_per_tok": REQUIRED,
+         "decoder_sparse_step": REQUIRED, "shared_expert_intermediate_size": REQUIRED,
+         "mlp_only_layers": REQUIRED, "moe_intermediate_size": REQUIRED, "rms_norm_eps": REQUIRED,
+         "vocab_size": REQUIRED, "num_key_value_heads": REQUIRED, "rope_theta": REQUIRED,
+         "partial_rotary_factor": REQUIRED, "max_position_embeddings": REQUIRED,
+         "head_dim": REQUIRED, "norm_topk_prob": False, "tie_word_embeddings": False,
+         "attention_bias": False, "rope_scaling": None, "full_attention_interval": 4},
+        head_dim="field", attn_bias="attention_bias", out_bias="attention_bias",
+        qk_norm=QKNormKnobs("rms", "heads"), attn_gate="query_sigmoid",
+        rope=RopeKnobs(traditional=False, partial="partial_rotary_factor"),
+        moe=_QWEN3_NEXT_MOE,
+        hybrid=HybridKnobs("gated_delta", "interval", field="full_attention_interval",
+                           name="linear_attn", knobs=GatedDeltaKnobs(GdnProjections.QKVZ_BA),
+                           layer_types=("linear_attention",)),
+        sanitize=(SanitizeRule("norm_plus_one", (_QWEN3_NEXT_NORMS, HfCheckpoint.EXPERT_WEIGHTS),
+                               "a transformers checkpoint's (1 + w) norm weights + 1"),
+                  SanitizeRule("drop_containing", "mtp.", "multi-token-prediction weights"),
+                  SanitizeRule("drop_tied_head", None, "tied embeddings: the head is the embedding"),
+                  SanitizeRule("stack_experts", StackExperts(keys=("weight",)),
+                               "per-expert HF weights stacked into the fused SwitchGLU"),
+                  _GDN_CONV),
+        accepted_values={"hidden_act": ("silu",)},
+        ignored_keys={"output_router_logits": "training-time router loss output",
+                      "router_aux_loss_coef": "training-time router loss"},
+        notes="qwen3_next: gated DeltaNet layers (fused in_proj_qkvz / in_proj_ba, causal conv1d, "
+              "q/k l2-norm, the gated delta rule, gated RMSNorm) on the layers "
+              "full_attention_interval leaves; the others attend with a sigmoid output gate from "
+              "q_proj's second half, q/k RMSNorm and partial rope; qwen3_moe-style router with a "
+              "sigmoid-gated shared expert, the routed sum uncast. mlx-lm's sanitize touches only "
+              "transformers checkpoints (per-expert weights): norm weights + 1, conv1d layout, "
+              "MTP weights dropped.",
+    ),
     ArchDescriptor(
         "lfm2",
         {"model_type": REQUIRED, "vocab_size": REQUIRED, "hidden_size": REQUIRED,
