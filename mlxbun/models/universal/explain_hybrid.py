@@ -69,10 +69,10 @@ def _gated_delta_split(d: ArchDescriptor, a: UniversalArgs, knobs: Any) -> list[
          f"Linear(D, Hk*Dk) x2, Linear(D, Hv*Dv), no bias; Hv = {knobs.num_v_heads} = {hv}, "
          f"Hk = {knobs.num_k_heads} = {hk}, Dk = {knobs.head_k_dim} = {dk}, "
          f"Dv = {knobs.head_v_dim} = {dv}"),
-        ("t = concat([t_state, t]); t_state = t[:, -(K - 1):]; t = silu(t_conv1d(t))",
-         f"for t in q, k, v: each its own Conv1d(C, C, K, groups=C) (depthwise, causal), no bias; "
-         f"K = {knobs.conv_kernel} = {k}; states start at zeros; cache slots 0, 1, 2; the inputs "
-         "are not masked"),
+        *((f"{t} = concat([{t}_state, {t}]); {t}_state = {t}[:, -(K - 1):]; {t} = silu({t}_conv1d({t}))",
+           f"Conv1d({c}, {c}, K, groups={c}) (depthwise, causal), no bias; K = {knobs.conv_kernel} = "
+           f"{k}; the state starts at zeros; cache slot {slot}" + ("; inputs not masked" if t == "q" else ""))
+          for slot, (t, c) in enumerate((("q", "Hk*Dk"), ("k", "Hk*Dk"), ("v", "Hv*Dv")))),
         ("q, k = Dk**-1 * rms_norm(q), Dk**-0.5 * rms_norm(k)",
          "l2 norm (eps 1e-6 on sum(x^2)), readout scale folded into q"),
         ("g = exp(-exp(A_log) * softplus(a_proj(x) + dt_bias)); beta = sigmoid(b_proj(x))"
