@@ -78,6 +78,28 @@ def test_a_hub_checkpoint_loads_as_mlx_lm_loads_it(olmo, tmp_path):
     assert mx.array_equal(ours(IDS), load_universal(olmo)(IDS))  # the swap is lossless
 
 
+def _fused_conv(weights: dict) -> dict:
+    """transformers' save_pretrained layout: q | k | v convs fused into one linear_attn.conv1d."""
+    out = {}
+    for k, v in weights.items():
+        if ".q_conv1d." in k:
+            parts = [weights[k.replace("q_conv1d", t)] for t in ("q_conv1d", "k_conv1d", "v_conv1d")]
+            out[k.replace("q_conv1d", "conv1d")] = mx.concatenate(parts, axis=0).swapaxes(1, 2)
+        elif "_conv1d." not in k:
+            out[k] = v
+    return out
+
+
+def test_a_fused_conv_checkpoint_is_refused_as_mlx_lm_refuses_it(olmo, tmp_path):
+    from mlxbun.errors import LoadError
+
+    fused = _rewrite(olmo, tmp_path / "fused", _fused_conv)
+    with pytest.raises(LoadError, match="missing: model.layers.0.linear_attn.k_conv1d.weight"):
+        load_universal(fused)
+    with pytest.raises(ValueError, match="linear_attn.conv1d.weight"):
+        _oracle(fused)
+
+
 def test_a_tied_checkpoint_drops_its_lm_head(olmo, tmp_path):
     tied = _rewrite(olmo, tmp_path / "tied", _torch_convs, {"tie_word_embeddings": True})
     ours, ref = load_universal(tied), _oracle(tied)

@@ -231,6 +231,8 @@ HYBRID_ROWS = [
               "layer attends olmo2-style, post-norm (post_attention_layernorm, "
               "post_feedforward_layernorm) with q/k RMSNorm over the flat projections. The MLP is "
               "silu(gate) * up outside a compiled swiglu. rope_theta from rope_parameters (10000.0 "
-              "when it has none); mlx-lm builds one layer per layer_types entry.",
+              "when it has none; no rope scaling); mlx-lm builds one layer per layer_types entry. A "
+              "transformers save_pretrained checkpoint (q/k/v convs fused into linear_attn.conv1d) "
+              "loads in neither.",
     ),
 ]
