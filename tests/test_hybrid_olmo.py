@@ -179,7 +179,8 @@ def test_coverage_reads_the_hub_config():
     assert "A_log" in report.ignored["linear_a_log_min"]
     odd = {**cfg, "layer_types": ["linear_attention", "mamba", "linear_attention"]}
     assert "'mamba'" in check_coverage("olmo_hybrid", odd).offending["layer_types"]
-    assert "runs only 'silu'" in check_coverage("olmo_hybrid", {**cfg, "hidden_act": "gelu"}).offending["hidden_act"]
+    gelu = check_coverage("olmo_hybrid", {**cfg, "hidden_act": "gelu"})
+    assert "runs only 'silu'" in gelu.offending["hidden_act"]
 
 
 def test_the_hybrid_block_knobs_are_checked_with_the_row():

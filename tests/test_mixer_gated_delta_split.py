@@ -32,7 +32,8 @@ def _config(neg: bool) -> dict:
                             linear_allow_neg_eigval=neg).to_dict()
 
 
-@pytest.fixture(scope="module", params=[(dt, neg) for dt in (mx.float32, mx.bfloat16) for neg in (True, False)],
+@pytest.fixture(scope="module",
+                params=[(dt, neg) for dt in (mx.float32, mx.bfloat16) for neg in (True, False)],
                 ids=lambda p: f"{p[0]}-neg_eigval={p[1]}")
 def pair(request):
     """(mlx-lm's module, mlxbun's module with its parameters, dtype)."""
