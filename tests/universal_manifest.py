@@ -88,5 +88,6 @@ MANIFEST = {
         Entry("qwen3_5_moe", EXPERT_VARIANTS),
         Entry("qwen3_next", EXPERT_VARIANTS),
         Entry("lfm2_moe", EXPERT_VARIANTS),
+        Entry("olmo_hybrid"),
     ]
 }

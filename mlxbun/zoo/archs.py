@@ -455,6 +455,14 @@ _HYBRID_ROWS = (
          knobs={"layer_types": ["conv", "full_attention", "conv"], "num_dense_layers": 1,
                 "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
                 "moe_intermediate_size": MOE_INTERMEDIATE, "routed_scaling_factor": 1.5}),
+    # delta, attention, delta: the attention (post-norm) and delta (pre-norm) blocks, beta * 2
+    # (linear_allow_neg_eigval's default); key heads of 32 (mlx-lm's Metal kernel needs Dk % 32 == 0);
+    # rope_parameters only, as transformers-5 hub configs write it
+    Arch("olmo_hybrid", "OlmoHybridForCausalLM", "OlmoHybridConfig", layers=3, kv_heads=2,
+         legacy_rope=False,
+         knobs={"layer_types": ["linear_attention", "full_attention", "linear_attention"],
+                "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 32,
+                "linear_value_head_dim": 16}),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + _HYBRID_ROWS}

@@ -36,6 +36,7 @@ from mlxbun.models import rope as R
 from mlxbun.models.base import create_attention_mask, create_ssm_mask, scaled_dot_product_attention
 from mlxbun.models.taps import capture
 from mlxbun.models.universal.kinds import (
+    BLOCK_SLOTS,
     QKV,
     AttnKind,
     AttnOutGate,
@@ -318,18 +319,22 @@ class Block(nn.Module):
                 else MLP(a, d, limit=spec.swiglu_limits[1]))
         self._cla = d.layers.kv_share is not None
         slots = d.block.norm_slots(a.parallel)
+        self._norm_names = d.names.norms
+        if spec.mixer is not MixerKind.ATTENTION and d.hybrid.block is not None:
+            # the mixer layers' own norms (olmo_hybrid: pre-norm, the attention layers post-norm)
+            slots, self._norm_names = BLOCK_SLOTS[d.hybrid.block], d.hybrid.norms
         self._slots = frozenset(slots)  # a tuple would join the module tree
         for slot in slots:
             norm = _NORMS[d.norm.kind](a.hidden, a.eps, a.norm_bias)
             if norm is not None:
-                setattr(self, d.names.norms.of(slot), norm)
+                setattr(self, self._norm_names.of(slot), norm)
 
     def _norm(self, slot: NormSlot, x):
         if slot not in self._slots:
             return x
         if self._d.norm.kind is NormKind.FUNCTIONAL_RMS:
             return L.rms_norm_no_weight(x)
-        return self[self._n.norms.of(slot)](x)
+        return self[self._norm_names.of(slot)](x)
 
     def _add(self, x, r):
         return self._residual(x, r, self._residual_scale)

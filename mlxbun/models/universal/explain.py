@@ -27,6 +27,7 @@ from mlxbun.models.universal.coverage import check_coverage
 from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label
 from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
 from mlxbun.models.universal.kinds import (
+    BLOCK_SLOTS,
     COMPILED_SOFTCAP,
     QKV,
     Act,
@@ -233,11 +234,16 @@ def _block_form(d: ArchDescriptor, a: UniversalArgs) -> str:
     elif a.parallel:
         form = "parallel attention and mlp"
     else:
-        form = {BlockKind.PRE: "pre-norm", BlockKind.SANDWICH: "sandwich norms",
-                BlockKind.POST: "post-norm"}[d.block.kind]
+        form = _FORMS[d.block.kind]
     if isinstance(d.block.parallel, str):
         form += f" ({d.block.parallel} = {a.parallel})"
+    h = d.hybrid
+    if h is not None and h.block is not None:
+        form += f" on the attention layers, {_FORMS[h.block]} on the {h.mixer.value} layers"
     return form
+
+
+_FORMS = {BlockKind.PRE: "pre-norm", BlockKind.SANDWICH: "sandwich norms", BlockKind.POST: "post-norm"}
 
 
 def _block(d: ArchDescriptor, a: UniversalArgs):
@@ -245,10 +251,10 @@ def _block(d: ArchDescriptor, a: UniversalArgs):
     slots = set(b.norm_slots(a.parallel))
     functional = d.norm.kind is NormKind.FUNCTIONAL_RMS
 
-    def norm(slot: NormSlot, x: str) -> str:
+    def norm(slot: NormSlot, x: str, slots=slots, names=n.norms) -> str:
         if slot not in slots:
             return x
-        return f"rms_norm({x})" if functional else f"{n.norms.of(slot)}({x})"
+        return f"rms_norm({x})" if functional else f"{names.of(slot)}({x})"
 
     if a.parallel:
         if b.parallel_mlp_norm is ParallelMlpNorm.SHARED:
@@ -267,11 +273,21 @@ def _block(d: ArchDescriptor, a: UniversalArgs):
     note = {Residual.PLAIN: "",
             Residual.SCALED: f"s = {_residual_scale(d)} = {a.residual_scale}",
             Residual.CLIP_F16: "float16: added in float32, clipped to the float16 range"}[b.residual]
-    mixer = n.attn if d.hybrid is None else f"{n.attn}|{d.hybrid.name}"
+    h = d.hybrid
+    if h is not None and h.block is not None:  # the mixer layers have their own norms
+        own = {"slots": set(BLOCK_SLOTS[h.block]), "names": h.norms}
+        for mixer, kw, where in ((n.attn, {}, "attention layers"),
+                                 (h.name, own, f"{h.mixer.value} layers (see layers)")):
+            attn = norm(NormSlot.POST_ATTN, f"{mixer}({norm(NormSlot.PRE_ATTN, 'h', **kw)})", **kw)
+            ff = norm(NormSlot.POST_MLP, f"{n.mlp}({norm(NormSlot.PRE_MLP, 'h', **kw)})", **kw)
+            yield Line(add.format(r=attn), f"the {where}; {note}".rstrip("; "))
+            yield Line(add.format(r=ff), note)
+        return
+    mixer = n.attn if h is None else f"{n.attn}|{h.name}"
     attn = norm(NormSlot.POST_ATTN, f"{mixer}({norm(NormSlot.PRE_ATTN, 'h')})")
     ff = norm(NormSlot.POST_MLP, f"{n.mlp}({norm(NormSlot.PRE_MLP, 'h')})")
-    yield Line(add.format(r=attn), note if d.hybrid is None else
-               f"{d.hybrid.name} on the {d.hybrid.mixer.value} layers (see layers); {note}".rstrip("; "))
+    yield Line(add.format(r=attn), note if h is None else
+               f"{h.name} on the {h.mixer.value} layers (see layers); {note}".rstrip("; "))
     yield Line(add.format(r=ff), note)
 
 
@@ -400,7 +416,7 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
 
 _ACT_TEXT = {
     Act.SILU: "silu", Act.GELU: "gelu", Act.GELU_APPROX: "gelu_approx",
-    Act.RELU_SQUARED: "relu_squared", Act.RELU2: "relu2",
+    Act.RELU_SQUARED: "relu_squared", Act.RELU2: "relu2", Act.SILU_EAGER: "silu",
 }
 
 
@@ -410,7 +426,8 @@ def _mlp(d: ArchDescriptor, a: UniversalArgs):
     if d.block.inner_norms:
         yield Line(f"x = {n.inner_norm}(x)", "RMSNorm(D) inside the mlp")
     act = _ACT_TEXT.get(m.act, n.act)
-    compiled = "; compiled swiglu" if m.act is Act.SILU else ""
+    compiled = {Act.SILU: "; compiled swiglu",
+                Act.SILU_EAGER: "; compiled silu, the product outside it"}.get(m.act, "")
     if m.kind is MlpKind.GATED:
         yield Line(f"out = {n.down}({act}({n.gate}(x)) * {n.up}(x))",
                    f"{n.gate}/{n.up} Linear(D, I), {n.down} Linear(I, D); {bias}{compiled}")

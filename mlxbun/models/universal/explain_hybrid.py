@@ -59,9 +59,39 @@ def _gated_delta(d: ArchDescriptor, a: UniversalArgs, knobs: Any) -> list[tuple[
     ]
 
 
+def _gated_delta_split(d: ArchDescriptor, a: UniversalArgs, knobs: Any) -> list[tuple[str, str]]:
+    f = a.fields
+    hv, hk = f[knobs.num_v_heads], f[knobs.num_k_heads]
+    dk, dv, k = f[knobs.head_k_dim], f[knobs.head_v_dim], f[knobs.conv_kernel]
+    neg = f[knobs.allow_neg_eigval]
+    return [
+        ("q, k, v = q_proj(x), k_proj(x), v_proj(x)",
+         f"Linear(D, Hk*Dk) x2, Linear(D, Hv*Dv), no bias; Hv = {knobs.num_v_heads} = {hv}, "
+         f"Hk = {knobs.num_k_heads} = {hk}, Dk = {knobs.head_k_dim} = {dk}, "
+         f"Dv = {knobs.head_v_dim} = {dv}"),
+        *((f"{t} = concat([{t}_state, {t}]); {t}_state = {t}[:, -(K - 1):]; {t} = silu({t}_conv1d({t}))",
+           f"Conv1d({c}, {c}, K, groups={c}) (depthwise, causal), no bias; K = {knobs.conv_kernel} = "
+           f"{k}; the state starts at zeros; cache slot {slot}" + ("; inputs not masked" if t == "q" else ""))
+          for slot, (t, c) in enumerate((("q", "Hk*Dk"), ("k", "Hk*Dk"), ("v", "Hv*Dv")))),
+        ("q, k = Dk**-1 * rms_norm(q), Dk**-0.5 * rms_norm(k)",
+         "l2 norm (eps 1e-6 on sum(x^2)), readout scale folded into q"),
+        ("g = exp(-exp(A_log) * softplus(a_proj(x) + dt_bias)); beta = sigmoid(b_proj(x))"
+         + (" * 2.0" if neg else ""),
+         f"A_log, dt_bias [Hv]; compiled; g in float32; {knobs.allow_neg_eigval} = {neg}"),
+        ("S = g * S; S += k (beta * (v - S k)); y = S q",
+         "the gated delta rule per token, masked by the ssm mask (compiled step; Metal kernel on "
+         "Apple GPUs); S [B, Hv, Dv, Dk] float32, q / k repeated Hv / Hk times; cache slot 3"),
+        ("y = rms_norm(y) * o_norm.weight * silu(g_proj(x))",
+         f"gated RMSNorm(Dv) on [B*S*Hv, Dv] rows, eps {knobs.norm_eps} = {f[knobs.norm_eps]}; "
+         "silu(gate) * . in float32, cast back"),
+        ("out = o_proj(y)", "Linear(Hv*Dv, D), no bias"),
+    ]
+
+
 _LINES = exhaustive(MIXERS, {
     MixerKind.SHORT_CONV: _short_conv,
     MixerKind.GATED_DELTA: _gated_delta,
+    MixerKind.GATED_DELTA_SPLIT_CONV: _gated_delta_split,
 })
 
 

@@ -8,7 +8,8 @@ from typing import Any
 from mlxbun.models.universal.fields import fail
 from mlxbun.models.universal.kinds import MixerKind, MixerLayers
 
-__all__ = ["full_attn_idxs", "lfm2_ff_dim", "lfm2_intermediate", "mixer_layers", "qwen3_5_rope"]
+__all__ = ["full_attn_idxs", "lfm2_ff_dim", "lfm2_intermediate", "mixer_layers", "olmo_hybrid_args",
+           "qwen3_5_rope"]
 
 
 def mixer_layers(d: Any, a: dict, n: int) -> list[MixerKind]:
@@ -24,6 +25,13 @@ def mixer_layers(d: Any, a: dict, n: int) -> list[MixerKind]:
         attends = set(value)
         if not attends & set(range(n)):  # mlx-lm takes the attention mask from the first
             raise fail(mt, f"'{h.field}' = {value!r} names no layer in 0..{n - 1}; mlx-lm needs one")
+    elif h.layers is MixerLayers.TYPE_LIST:  # mlx-lm builds one layer per entry
+        if not isinstance(value, (list, tuple)) or not all(isinstance(t, str) for t in value):
+            raise fail(mt, f"'{h.field}' must list every layer's kind name, got {value!r}")
+        if len(value) != n:
+            raise fail(mt, f"'{h.field}' has {len(value)} entries for {n} layers; mlx-lm builds "
+                           f"the layers from '{h.field}'")
+        attends = {i for i, t in enumerate(value) if t not in h.layer_types}
     else:  # MixerLayers.INTERVAL
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise fail(mt, f"'{h.field}' must be a positive integer, got {value!r}")
@@ -75,3 +83,17 @@ def qwen3_5_rope(a: dict, mt: str) -> None:  # qwen3_5's TextModelArgs.__post_in
         a["partial_rotary_factor"] = rp.get("partial_rotary_factor", 0.25)
         a["rope_theta"] = rp.get("rope_theta", 100000.0)
         a["rope_scaling"] = rp
+
+
+def olmo_hybrid_args(a: dict, mt: str) -> None:  # olmo_hybrid's __post_init__, after the kv heads
+    rp = a["rope_parameters"]
+    if rp is not None:
+        if not isinstance(rp, dict):
+            raise fail(mt, f"'rope_parameters' must be an object, got {rp!r}")
+        a["rope_theta"] = rp.get("rope_theta", 10000.0)
+    if a["rope_theta"] is None:
+        raise fail(mt, "'rope_theta' is null: mlx-lm's olmo_hybrid then runs without rope, "
+                       "which the universal graph does not")
+    if a["layer_types"] is None:
+        a["layer_types"] = ["full_attention" if (i % 4 == 3) else "linear_attention"
+                            for i in range(a["num_hidden_layers"])]

@@ -113,6 +113,7 @@ class MlpKind(StrEnum):
 
 class Act(StrEnum):
     SILU = "silu"  # compiled swiglu
+    SILU_EAGER = "silu_eager"  # nn.silu(gate) * x, not fused (olmo_hybrid's MLP)
     GELU = "gelu"
     GELU_APPROX = "gelu_approx"  # tanh approximation
     RELU_SQUARED = "relu_squared"  # nemotron's compiled relu(x)**2
@@ -120,7 +121,7 @@ class Act(StrEnum):
     XIELU = "xielu"  # apertus: the XieLU module (it has parameters)
 
 
-GATED_ACTS = (Act.SILU, Act.GELU, Act.GELU_APPROX)
+GATED_ACTS = (Act.SILU, Act.GELU, Act.GELU_APPROX, Act.SILU_EAGER)
 FUSED_ACTS = (Act.SILU,)
 PLAIN_ACTS = (Act.GELU, Act.GELU_APPROX, Act.RELU_SQUARED, Act.RELU2, Act.XIELU)
 
@@ -481,6 +482,11 @@ class MixerKind(StrEnum):
     # silu on q | k | v -> q / k l2-norm -> the gated delta rule -> gated RMSNorm (silu(z)) ->
     # out_proj; state: the last kernel - 1 conv inputs, the [Hv, Dv, Dk] float32 delta state
     # (mixers/gated_delta.py)
+    GATED_DELTA_SPLIT_CONV = "gated_delta_split_conv"  # olmo_hybrid: separate q / k / v / a / b / g
+    # projections, a causal depthwise conv1d + silu on each of q, k, v (no mask on the inputs) ->
+    # q / k l2-norm -> the gated delta rule (beta * 2 when the row's field allows negative
+    # eigenvalues) -> gated RMSNorm (silu(g)) -> o_proj; state: three conv windows, the delta
+    # state (mixers/gated_delta_split.py)
 
 
 class MixerLayers(StrEnum):
@@ -488,6 +494,8 @@ class MixerLayers(StrEnum):
 
     INDEX_LIST = "index_list"  # field: the attending layers' indices (lfm2's full_attn_idxs)
     INTERVAL = "interval"  # field n: layer i attends when (i + 1) % n == 0 (qwen3_next)
+    TYPE_LIST = "type_list"  # field: every layer's kind name; the layers named one of
+    # hybrid.layer_types run the mixer, every other one attends (olmo_hybrid's layer_types)
 
 
 class ConvLayout(StrEnum):
@@ -540,6 +548,9 @@ class PostInit(StrEnum):
     LFM2_FF_DIM = "lfm2_ff_dim"  # block_ff_dim None: intermediate_size (one of them required)
     FULL_ATTN_IDXS = "full_attn_idxs"  # full_attn_idxs None: the layer_types[i] == "full_attention"
     # indices (one of them required)
+    OLMO_HYBRID_ARGS = "olmo_hybrid_args"  # rope_parameters not None: rope_theta = its rope_theta
+    # (10000.0 when absent; a null rope_theta refused: mlx-lm then runs without rope); layer_types
+    # None: full_attention on i % 4 == 3, linear_attention elsewhere
     QWEN3_5_ROPE = "qwen3_5_rope"  # rope_parameters (when truthy): rope_type renamed type, then
     # partial_rotary_factor (0.25), rope_theta (100000.0) read from it, rope_scaling = it
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_

@@ -17,8 +17,13 @@ from mlxbun.models.universal.specs import UniversalArgs
 __all__ = ["MLP"]
 
 
+def _silu_eager(gate, x):
+    """olmo_hybrid's MLP: `nn.silu(gate) * x`, the product outside the compiled silu."""
+    return nn.silu(gate) * x
+
+
 _GATED = exhaustive(GATED_ACTS, {Act.SILU: L.swiglu, Act.GELU: L.gelu_mul,
-                                 Act.GELU_APPROX: L.gelu_approx_mul})
+                                 Act.GELU_APPROX: L.gelu_approx_mul, Act.SILU_EAGER: _silu_eager})
 _FUSED = exhaustive(FUSED_ACTS, {Act.SILU: L.swiglu})
 _PLAIN = exhaustive(PLAIN_ACTS, {Act.GELU: nn.gelu, Act.GELU_APPROX: nn.gelu_approx,
                                  Act.RELU_SQUARED: L.relu_squared, Act.RELU2: nn.relu2,

@@ -38,7 +38,7 @@ NOT_COVERED: dict[str, str] = {
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3", "falcon_h1",
          "gear", "granitemoehybrid", "jamba", "kimi_linear", "longcat_flash_ngram",
-         "mamba", "mamba2", "nemotron_h", "olmo_hybrid", "plamo2",
+         "mamba", "mamba2", "nemotron_h", "plamo2",
          "recurrent_gemma", "rwkv7", "kimi_k3"], _HYBRID),
     **dict.fromkeys(
         ["deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",

@@ -25,6 +25,7 @@ from mlxbun.models.universal.hybrid_args import (
     lfm2_ff_dim,
     lfm2_intermediate,
     mixer_layers,
+    olmo_hybrid_args,
     qwen3_5_rope,
 )
 from mlxbun.models.universal.kinds import (
@@ -294,6 +295,7 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.LFM2_FF_DIM: lfm2_ff_dim,
     PostInit.FULL_ATTN_IDXS: full_attn_idxs,
     PostInit.QWEN3_5_ROPE: qwen3_5_rope,
+    PostInit.OLMO_HYBRID_ARGS: olmo_hybrid_args,
 })
 
 

@@ -8,7 +8,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from mlxbun.models.universal.kinds import HfCheckpoint, MixerKind, MixerLayers, SanitizeOp
+from mlxbun.models.universal.kinds import (
+    BLOCK_SLOTS,
+    BlockKind,
+    HfCheckpoint,
+    MixerKind,
+    MixerLayers,
+    SanitizeOp,
+)
 from mlxbun.models.universal.kinds import kind_field as _kind
 from mlxbun.models.universal.mixers import MIXER_KNOBS
 
@@ -26,6 +33,10 @@ class HybridKnobs:
     knobs: Any = None  # the mixer's own knobs (`mixers.MIXER_KNOBS[mixer]`); None: its defaults
     layer_types: tuple[str, ...] = ()  # the config's layer_types values naming the mixer's layers
     # (lfm2: "conv"): coverage holds layer_types to the layers the rule picks
+    # the mixer layers' own norm placement and names, when not the row's (olmo_hybrid: post-norm
+    # attention layers, pre-norm linear-attention layers); both or neither
+    block: BlockKind | None = _kind(BlockKind, None)
+    norms: Any = None  # a schema.NormNames
 
     def mixer_knobs(self) -> Any:
         return self.knobs if self.knobs is not None else MIXER_KNOBS[self.mixer]()
@@ -52,6 +63,19 @@ def check_hybrid(d: Any) -> None:
         raise d.error(f"hybrid.name {h.name!r} is already the attention's or the MLP's attribute")
     if d.block.parallel is not False or d.layers.kv_share is not None:
         raise d.error("a hybrid row takes a sequential block without shared k/v")
+    if (h.block is None) != (h.norms is None):
+        raise d.error("hybrid.block and hybrid.norms (the mixer layers' own norms) go together")
+    if h.block is not None:
+        if not callable(getattr(h.norms, "of", None)):
+            raise d.error(f"hybrid.norms must be a NormNames, got {type(h.norms).__name__}")
+        unnamed = sorted(s.value for s in BLOCK_SLOTS[h.block] if h.norms.of(s) is None)
+        if unnamed:
+            raise d.error(f"hybrid.block uses norm slot(s) {', '.join(unnamed)} that hybrid.norms "
+                          f"leaves unnamed")
+        if d.block.inner_norms:
+            raise d.error("hybrid.block takes a row whose norms are the block's (not inner_norms)")
+    if h.layers is MixerLayers.TYPE_LIST and not h.layer_types:
+        raise d.error("hybrid.layers 'type_list' needs hybrid.layer_types (the mixer layers' names)")
     check_hybrid_sanitize(d)
 
 

@@ -9,6 +9,7 @@ from mlxbun.models.universal.mixers.gated_delta import GatedDeltaKnobs, GdnProje
 from mlxbun.models.universal.schema import (
     REQUIRED,
     ArchDescriptor,
+    BlockKnobs,
     HeadKnobs,
     MlpKnobs,
     MoEKnobs,
@@ -194,5 +195,44 @@ HYBRID_ROWS = [
               "num_dense_layers on: router sigmoid(gate(x)) in x's dtype, top-k of it (+ the float32 "
               "expert_bias when use_expert_bias), the k sigmoid scores renormalized by sum + 1e-6, "
               "times routed_scaling_factor.",
+    ),
+    ArchDescriptor(
+        "olmo_hybrid",
+        {"model_type": REQUIRED, "hidden_size": REQUIRED, "intermediate_size": REQUIRED,
+         "num_hidden_layers": REQUIRED, "num_attention_heads": REQUIRED,
+         "num_key_value_heads": REQUIRED, "rms_norm_eps": REQUIRED, "vocab_size": REQUIRED,
+         "max_position_embeddings": REQUIRED, "linear_num_key_heads": REQUIRED,
+         "linear_num_value_heads": REQUIRED, "linear_key_head_dim": REQUIRED,
+         "linear_value_head_dim": REQUIRED, "linear_conv_kernel_dim": REQUIRED,
+         "linear_allow_neg_eigval": REQUIRED, "tie_word_embeddings": REQUIRED,
+         "attention_bias": REQUIRED, "layer_norm_epsilon": 1e-5, "head_dim": None,
+         "layer_types": None, "rope_parameters": None, "rope_theta": 10000.0},
+        ("kv_heads_default", "olmo_hybrid_args"),
+        attn_bias="attention_bias", out_bias="attention_bias", qk_norm=QKNormKnobs("rms", "flat"),
+        rope=RopeKnobs(traditional=False, scaling=None),
+        mlp=MlpKnobs(act="silu_eager"),
+        names=Names(norms=NormNames(pre_attn=None, post_attn="post_attention_layernorm",
+                                    pre_mlp=None, post_mlp="post_feedforward_layernorm")),
+        block=BlockKnobs("post"),
+        hybrid=HybridKnobs("gated_delta_split_conv", "type_list", field="layer_types",
+                           name="linear_attn", layer_types=("linear_attention",),
+                           block="pre", norms=NormNames()),
+        sanitize=(SanitizeRule("drop_tied_head", None, "tied embeddings: the head is the embedding"),
+                  SanitizeRule("conv1d_layout", ("conv1d.weight", ConvLayout.LAST_NE_ONE),
+                               "torch's depthwise conv1d layout [C, 1, K] -> mlx's [C, K, 1]")),
+        accepted_values={"hidden_act": ("silu",)},
+        ignored_keys={k: "initialization range of the delta net's A_log / dt_bias" for k in (
+            "linear_a_log_min", "linear_a_log_max", "linear_dt_min", "linear_dt_max",
+            "linear_dt_init_floor")},
+        notes="olmo_hybrid: gated DeltaNet layers (separate q/k/v/a/b/g projections, a causal "
+              "conv1d + silu on each of q, k, v, q/k l2-norm, the gated delta rule with beta * 2 "
+              "when linear_allow_neg_eigval, gated RMSNorm o_norm, o_proj) where layer_types says "
+              "linear_attention, pre-norm (input_layernorm, post_attention_layernorm); every other "
+              "layer attends olmo2-style, post-norm (post_attention_layernorm, "
+              "post_feedforward_layernorm) with q/k RMSNorm over the flat projections. The MLP is "
+              "silu(gate) * up outside a compiled swiglu. rope_theta from rope_parameters (10000.0 "
+              "when it has none; no rope scaling); mlx-lm builds one layer per layer_types entry. A "
+              "transformers save_pretrained checkpoint (q/k/v convs fused into linear_attn.conv1d) "
+              "loads in neither.",
     ),
 ]
