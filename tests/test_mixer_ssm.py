@@ -1,8 +1,8 @@
 """The Mamba2 mixer (models/universal/mixers/mamba2.py, ssm.py) against mlx-lm 0.32.2's own.
 
 mlx-lm's mixer is built from a tiny real config (transformers' Mamba2Config, NemotronHConfig,
-FalconH1Config through mlx-lm's ModelArgs), given random parameters, and mlxbun's mixer takes
-the same ones (a strict load: the parameter paths are mlx-lm's). Outputs and both cache slots
+FalconH1Config, GraniteMoeHybridConfig through mlx-lm's ModelArgs), given random parameters,
+and mlxbun's mixer takes the same ones (a strict load: the parameter paths are mlx-lm's). Outputs and both cache slots
 are compared bit-exact (mx.array_equal) in float32 and bfloat16 (also with the scan's
 parameters left in float32): a prefill without a cache, a
 prefill of more than one 256-token scan chunk, a prefill then decode steps through an
@@ -41,6 +41,10 @@ FALCON_H1 = Mamba2Knobs(heads="mamba_n_heads", head_dim="mamba_d_head", state="m
                         out_bias="projectors_bias", eps="rms_norm_eps", intermediate="mamba_d_ssm",
                         time_step_limit=(0.0, math.inf), norm_when="mamba_rms_norm",
                         norm_before_gate="mamba_norm_before_gate")
+GRANITEMOEHYBRID = Mamba2Knobs(heads="mamba_n_heads", head_dim="mamba_d_head", state="mamba_d_state",
+                               groups="mamba_n_groups", conv_kernel="mamba_d_conv",
+                               conv_bias="mamba_conv_bias", in_bias="mamba_proj_bias",
+                               out_bias="mamba_proj_bias", eps="rms_norm_eps", d_cast=True)
 
 
 def _mamba2():
@@ -83,7 +87,20 @@ def _falcon_h1(rms_norm: bool, before_gate: bool):
     return build
 
 
-CASES = {"mamba2": _mamba2, "nemotron_h": _nemotron_h,
+def _granitemoehybrid():
+    from mlx_lm.models.granitemoehybrid import GraniteMoeHybridMamba2Mixer, ModelArgs
+    from transformers import GraniteMoeHybridConfig
+
+    cfg = GraniteMoeHybridConfig(hidden_size=32, vocab_size=128, mamba_n_heads=8, mamba_d_head=8,
+                                 mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4,
+                                 mamba_proj_bias=True, time_step_limit=(0.01, 50.0),
+                                 num_attention_heads=4, num_key_value_heads=2,
+                                 intermediate_size=64, num_hidden_layers=2).to_dict()
+    args = ModelArgs.from_dict(cfg)
+    return args, GraniteMoeHybridMamba2Mixer(args), GRANITEMOEHYBRID, lambda m, x, mask, c: m(x, mask, c)
+
+
+CASES = {"mamba2": _mamba2, "nemotron_h": _nemotron_h, "granitemoehybrid": _granitemoehybrid,
          "falcon_h1": _falcon_h1(False, True),
          "falcon_h1-rms_norm": _falcon_h1(True, False),
          "falcon_h1-rms_norm-before_gate": _falcon_h1(True, True)}

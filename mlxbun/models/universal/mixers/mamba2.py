@@ -1,14 +1,15 @@
 """The Mamba2 mixer of mlx-lm 0.32.2: `Mamba2Block` (mamba2.py), `NemotronHMamba2Mixer`
-(nemotron_h.py) and `FalconH1Mixer` (falcon_h1.py) as one module, their differences as knobs.
+(nemotron_h.py), `FalconH1Mixer` (falcon_h1.py) and `GraniteMoeHybridMamba2Mixer`
+(granitemoehybrid.py) as one module, their differences as knobs.
 
-The three files run the same forward: in_proj split [gate | conv input | dt], a causal
+The four files run the same forward: in_proj split [gate | conv input | dt], a causal
 depthwise conv1d over [x | B | C] (its last kernel-1 inputs are cache slot 0) and SiLU, the
 SSD scan (`ssm.ssm_update`; its state is cache slot 1), the gated RMSNorm, out_proj. What
 differs is which ModelArgs fields hold the sizes and biases (`Mamba2Knobs`' field names),
 the gated norm (`GatedNorm`, `norm_when`, `norm_before_gate`), whether D is cast to the
-input dtype before the scan (nemotron_h) and whether the scan reads the cache's `lengths`
-(mamba2 and falcon_h1 do; nemotron_h passes none). Attribute names are mlx-lm's, so
-parameter paths are its safetensors keys.
+input dtype before the scan (nemotron_h, granitemoehybrid) and whether the scan reads the
+cache's `lengths` (all but nemotron_h). Attribute names are mlx-lm's, so parameter paths
+are its safetensors keys.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ class Mamba2Knobs:
     # (falcon_h1's mamba_rms_norm); None: the norm is always there
     norm_before_gate: bool | str = False  # literal or bool field: rms_norm first, then swiglu
     # (falcon_h1's mamba_norm_before_gate); GatedNorm.WHOLE only
-    d_cast: bool = False  # D.astype(x.dtype) before the scan (nemotron_h)
-    scan_lengths: bool = True  # the scan gets cache.lengths (mamba2, falcon_h1; not nemotron_h)
+    d_cast: bool = False  # D.astype(x.dtype) before the scan (nemotron_h, granitemoehybrid)
+    scan_lengths: bool = True  # the scan gets cache.lengths (all but nemotron_h)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -103,7 +104,8 @@ class Mamba2Knobs:
 
 
 class GatedRMSNorm(nn.Module):
-    """mlx-lm's MambaRMSNormGated (mamba2, nemotron_h) / FalconH1RMSNormGated, per `GatedNorm`."""
+    """mlx-lm's MambaRMSNormGated (mamba2, nemotron_h), FalconH1RMSNormGated,
+    GraniteMoeHybridRMSNormGated, per `GatedNorm`."""
 
     def __init__(self, width: int, eps: float, kind: GatedNorm, group_size: int,
                  before_gate: bool):
