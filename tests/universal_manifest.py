@@ -82,5 +82,7 @@ MANIFEST = {
         Entry("step3p5", EXPERT_VARIANTS),
         Entry("mimo_v2_flash", EXPERT_VARIANTS),
         Entry("laguna", EXPERT_VARIANTS),
+        # hybrids: recurrent mixers on some layers (models/universal/mixers/)
+        Entry("lfm2"),
     ]
 }

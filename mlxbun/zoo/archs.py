@@ -416,7 +416,24 @@ _ROWS = (
          post=_mellum_post),
 )
 
-ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS}
+
+
+def _lfm2_post(cfg: dict) -> None:
+    # real hub configs carry block_dim / block_ff_dim (mlx-lm requires block_dim) and
+    # tie_embedding (the config class reads it, mlx-lm always ties)
+    cfg.update(block_dim=cfg["hidden_size"], block_ff_dim=cfg["intermediate_size"],
+               tie_embedding=cfg["tie_word_embeddings"])
+
+
+# hybrid rows: attention on some layers, a recurrent mixer on the others (every kind appears)
+_HYBRID_ROWS = (
+    # conv, attention, conv: the attention mask comes from layer 1, the conv mask from layer 0
+    Arch("lfm2", "Lfm2ForCausalLM", "Lfm2Config", layers=3, kv_heads=2,
+         knobs={"layer_types": ["conv", "full_attention", "conv"], "block_multiple_of": 32},
+         post=_lfm2_post),
+)
+
+ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + _HYBRID_ROWS}
 ARCHS: tuple[str, ...] = tuple(ARCH_TABLE)
 
 

@@ -22,7 +22,8 @@ from typing import Any
 from mlxbun.config_reader import thaw
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.models.rope import rope_type_of
-from mlxbun.models.universal.kinds import HeadDim, LayerKinds
+from mlxbun.models.universal.hybrid_args import mixer_layers
+from mlxbun.models.universal.kinds import HeadDim, LayerKinds, MixerKind
 from mlxbun.models.universal.resolve import descriptor_for, layer_kinds, model_args
 
 __all__ = ["CoverageReport", "HARMLESS_KEYS", "check_coverage", "require_coverage"]
@@ -129,7 +130,7 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
             unknown.append(key)
         else:
             offending[key] = f"unknown key with value {value!r} could change numerics"
-    _check_layer_types(d, config, offending)
+    _check_layer_types(d, a, config, offending)
     hd = config.get("head_dim")
     if d.head_dim is HeadDim.SPLIT and hd is not None and hd != a[d.hidden] // a[d.n_heads]:
         offending["head_dim"] = (f"{hd!r}, but mlx-lm's {d.model_type} uses hidden_size // "
@@ -197,13 +198,21 @@ def _layer_types_problem(d, a: Mapping, layer_types: Any) -> str | None:
     return None
 
 
-def _check_layer_types(d, config: Mapping[str, Any], offending: dict[str, str]) -> None:
+def _check_layer_types(d, a: Mapping[str, Any], config: Mapping[str, Any], offending: dict[str, str]) -> None:
     lt = config.get("layer_types")
     if "layer_types" not in d.fields or not lt:
         return
-    odd = sorted({t for t in lt if t not in ("full_attention", "sliding_attention")})
+    recurrent = d.hybrid.layer_types if d.hybrid is not None else ()
+    odd = sorted({t for t in lt if t not in ("full_attention", "sliding_attention", *recurrent)})
     if odd:
         offending["layer_types"] = f"layer kind(s) {', '.join(map(repr, odd))} are not supported"
+    elif d.hybrid is not None:  # the layers mlx-lm builds come from the rule's field
+        n = a[d.n_layers]
+        said = [t in recurrent for t in lt[:n]]
+        built = [m is not MixerKind.ATTENTION for m in mixer_layers(d, dict(a), n)]
+        if said != built:
+            offending["layer_types"] = (f"disagrees with {d.hybrid.field}={a[d.hybrid.field]!r}, which "
+                                        f"mlx-lm reads to pick the {d.hybrid.mixer.value} layers")
 
 
 def require_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport:

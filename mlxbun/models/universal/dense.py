@@ -28,11 +28,12 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from mlxbun.attention import softcapped_attention
+from mlxbun.cache.arrays import ArraysCache
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.errors import MlxbunError
 from mlxbun.models import layers as L
 from mlxbun.models import rope as R
-from mlxbun.models.base import create_attention_mask, scaled_dot_product_attention
+from mlxbun.models.base import create_attention_mask, create_ssm_mask, scaled_dot_product_attention
 from mlxbun.models.taps import capture
 from mlxbun.models.universal.kinds import (
     QKV,
@@ -41,6 +42,7 @@ from mlxbun.models.universal.kinds import (
     EmbedScale,
     FinalSoftcap,
     MakeCache,
+    MixerKind,
     NormKind,
     NormSlot,
     ParallelMlpNorm,
@@ -53,6 +55,7 @@ from mlxbun.models.universal.kinds import (
     TiedOp,
     exhaustive,
 )
+from mlxbun.models.universal.mixers import MIXERS
 from mlxbun.models.universal.mlp import MLP
 from mlxbun.models.universal.moe import MoEBlock
 from mlxbun.models.universal.schema import ArchDescriptor
@@ -296,7 +299,13 @@ class Block(nn.Module):
         self._residual_scale = a.residual_scale
         self._residual = _RESIDUAL[d.block.residual]
         self.use_sliding = spec.sliding  # mlx-lm's llama/ministral3 attribute
-        setattr(self, d.names.attn, Attention(a, d, spec))
+        self.mixer_kind = spec.mixer
+        if spec.mixer is MixerKind.ATTENTION:
+            self._mixer_name = d.names.attn
+            setattr(self, d.names.attn, Attention(a, d, spec))
+        else:  # a hybrid's recurrent layer: the row's mixer, called with the ssm mask
+            self._mixer_name = d.hybrid.name
+            setattr(self, d.hybrid.name, MIXERS[spec.mixer](a, d.hybrid.mixer_knobs(), spec.index))
         # the MoE block on the layers the row's moe rule picks, else the dense MLP
         self._mlp_name = (d.moe.names.block or d.names.mlp) if spec.moe else d.names.mlp
         setattr(self, self._mlp_name, MoEBlock(a, d, spec.index, spec.swiglu_limits) if spec.moe
@@ -320,7 +329,10 @@ class Block(nn.Module):
         return self._residual(x, r, self._residual_scale)
 
     def __call__(self, x, mask=None, cache=None, attn_scale=None, kv_states=None):
-        attn, mlp = self[self._n.attn], self[self._mlp_name]
+        attn, mlp = self[self._mixer_name], self[self._mlp_name]
+        if self.mixer_kind is not MixerKind.ATTENTION:
+            r = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache)
+            return self._add_mlp(self._add(x, self._norm(NormSlot.POST_ATTN, r)), mlp)
         if self._parallel:
             b = self._d.block
             h = self._norm(NormSlot.PRE_ATTN, x)
@@ -335,11 +347,12 @@ class Block(nn.Module):
         else:
             r = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache, attn_scale)
         r = self._norm(NormSlot.POST_ATTN, r)
-        h = self._add(x, r)
-        r = mlp(self._norm(NormSlot.PRE_MLP, h))
-        r = self._norm(NormSlot.POST_MLP, r)
-        out = self._add(h, r)
+        out = self._add_mlp(self._add(x, r), mlp)
         return (out, kv_states) if self._cla else out
+
+    def _add_mlp(self, h, mlp):
+        r = mlp(self._norm(NormSlot.PRE_MLP, h))
+        return self._add(h, self._norm(NormSlot.POST_MLP, r))
 
 
 class Backbone(nn.Module):
@@ -374,9 +387,12 @@ class UniversalDense(nn.Module):
         setattr(self, n.root, Backbone(args, d))
         if not d.head.in_root and (not args.tie or d.head.always):
             setattr(self, n.head, nn.Linear(args.hidden, args.vocab, bias=d.head.bias))
-        kinds = [s.sliding for s in args.layers]
-        self._full_idx = kinds.index(False) if False in kinds else None
-        self._swa_idx = kinds.index(True) if True in kinds else None
+        # mlx-lm takes each mask from the first layer of its kind
+        attends = [s.sliding if s.mixer is MixerKind.ATTENTION else None for s in args.layers]
+        self._full_idx = attends.index(False) if False in attends else None
+        self._swa_idx = attends.index(True) if True in attends else None
+        recurrent = [s.mixer is not MixerKind.ATTENTION for s in args.layers]
+        self._ssm_idx = recurrent.index(True) if any(recurrent) else None
 
     # ------------------------------------------------------------- structure
 
@@ -421,6 +437,11 @@ class UniversalDense(nn.Module):
             w = self.args.sliding_window
             full = (lambda: RotatingKVCache(max_size=max_kv_size, keep=4)) if max_kv_size else KVCache
             return [RotatingKVCache(max_size=w) if s.sliding else full() for s in self.args.layers]
+        if self._ssm_idx is not None:  # a hybrid: mlx-lm's make_cache (max_kv_size bounds attention)
+            return [ArraysCache(size=layer[layer._mixer_name].cache_slots)
+                    if spec.mixer is not MixerKind.ATTENTION
+                    else RotatingKVCache(max_size=max_kv_size, keep=4) if max_kv_size else KVCache()
+                    for layer, spec in zip(self.layers, self.args.layers)]
         if max_kv_size is not None:
             return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in self.args.layers]
         return [KVCache() for _ in self.args.layers]
@@ -460,9 +481,11 @@ class UniversalDense(nn.Module):
                                             return_array=d.layers.mask_array)
         if self._swa_idx is not None:
             swa_mask = create_attention_mask(h, cache[self._swa_idx], window_size=a.sliding_window)
+        ssm_mask = None if self._ssm_idx is None else create_ssm_mask(h, cache[self._ssm_idx])
         shared_kv = None
         for layer, spec, c in zip(blocks, a.layers, cache):
-            mask = swa_mask if layer.use_sliding else fa_mask
+            mask = ssm_mask if spec.mixer is not MixerKind.ATTENTION else (
+                swa_mask if layer.use_sliding else fa_mask)
             if d.layers.kv_share is None:
                 h = layer(h, mask, c, attn_scale)
                 continue

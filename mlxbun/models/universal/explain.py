@@ -24,6 +24,7 @@ from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError
 from mlxbun.models.rope import rope_type_of
 from mlxbun.models.universal.coverage import check_coverage
+from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label
 from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
 from mlxbun.models.universal.kinds import (
     COMPILED_SOFTCAP,
@@ -185,6 +186,8 @@ def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Lin
         ("norms", (Line(_norm(d, a), "every block norm" + (
             f"; eps from {d.norm.eps}" if d.norm.kind is not NormKind.FUNCTIONAL_RMS else "")),)),
         (f"attention ({n.root}.{n.layers}[i].{n.attn})", tuple(_attention(d, a))),
+        *(((hybrid_title(d), tuple(Line(c, note) for c, note in hybrid_lines(d, a))),)
+          if d.hybrid is not None else ()),
         *_mlp_sections(d, a),
         ("final norm and head", tuple(_head(d, a))),
     )
@@ -260,9 +263,11 @@ def _block(d: ArchDescriptor, a: UniversalArgs):
     note = {Residual.PLAIN: "",
             Residual.SCALED: f"s = {_residual_scale(d)} = {a.residual_scale}",
             Residual.CLIP_F16: "float16: added in float32, clipped to the float16 range"}[b.residual]
-    attn = norm(NormSlot.POST_ATTN, f"{n.attn}({norm(NormSlot.PRE_ATTN, 'h')})")
+    mixer = n.attn if d.hybrid is None else f"{n.attn}|{d.hybrid.name}"
+    attn = norm(NormSlot.POST_ATTN, f"{mixer}({norm(NormSlot.PRE_ATTN, 'h')})")
     ff = norm(NormSlot.POST_MLP, f"{n.mlp}({norm(NormSlot.PRE_MLP, 'h')})")
-    yield Line(add.format(r=attn), note)
+    yield Line(add.format(r=attn), note if d.hybrid is None else
+               f"{d.hybrid.name} on the {d.hybrid.mixer.value} layers (see layers); {note}".rstrip("; "))
     yield Line(add.format(r=ff), note)
 
 
@@ -524,6 +529,9 @@ def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]
     one_rope = len({_rope_text(s, d, a) for s in a.layers}) == 1
 
     def describe(s: LayerSpec) -> tuple[str, str, str, str]:
+        recurrent = mixer_label(d, a, s)
+        if recurrent is not None:
+            return recurrent[0], "no rope", recurrent[1], moe_layer_label(d, a, s)
         if s.sliding:
             attention = f"sliding window {a.sliding_window}"
             cache = f"RotatingKVCache({a.sliding_window})" if rotating else "KVCache (windowed mask)"

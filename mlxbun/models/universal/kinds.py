@@ -8,8 +8,10 @@ tables that `exhaustive` checks at import, so no forward path has an
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from enum import Enum
+from typing import Any
 
 try:
     from enum import StrEnum
@@ -123,6 +125,8 @@ PLAIN_ACTS = (Act.GELU, Act.GELU_APPROX, Act.RELU_SQUARED, Act.RELU2, Act.XIELU)
 
 class MlpSize(StrEnum):
     FOUR_X_HIDDEN = "4x_hidden"  # gpt_neox: 4 * hidden_size
+    LFM2 = "lfm2"  # block_ff_dim; if block_auto_adjust_ff_dim: int(2 * ff / 3), times
+    # block_ffn_dim_multiplier (int) when set, rounded up to a multiple of block_multiple_of
     LILLE = "lille"  # 256 * round(int(8 * hidden / 3) / 256)
 
 
@@ -261,6 +265,8 @@ class SanitizeOp(StrEnum):
     # weight_scale_inv, as bfloat16; the scales dropped (activation scales kept, as mlx-lm)
     STRIP_PREFIX = "strip_prefix"  # arg: prefix; when any key starts with it, those keys lose it
     # (laguna's repacked "language_model.")
+    CONV1D_LAYOUT = "conv1d_layout"  # arg: (substring, ConvLayout): the conv1d weights whose key
+    # holds the substring go to mlx's layout when the test says they are in torch's
     STEP3P5 = "step3p5"  # step3p5.sanitize: drop .mtp and layers >= num_hidden_layers, rename
     # HF moe.* / share_expert keys into mlp.*, norm weights + 1 when the checkpoint is HF's
 
@@ -449,6 +455,30 @@ class SwigluClamp(StrEnum):
     # swiglu_limits_shared[i] (shared expert and dense MLP); a missing / 0 / null limit: plain
 
 
+class MixerKind(StrEnum):
+    """What mixes the tokens of a layer: attention, or one of the recurrent mixers of
+    `mixers/` (a hybrid row's `hybrid.mixer`, on the layers its `hybrid.layers` rule leaves)."""
+
+    ATTENTION = "attention"  # the universal attention (its KV cache)
+    SHORT_CONV = "short_conv"  # lfm2: in_proj -> B * x -> causal depthwise conv1d -> C * . ->
+    # out_proj; state: the last kernel - 1 inputs (mixers/short_conv.py)
+
+
+class MixerLayers(StrEnum):
+    """Which layers of a hybrid attend (the others run the row's recurrent mixer)."""
+
+    INDEX_LIST = "index_list"  # field: the attending layers' indices (lfm2's full_attn_idxs)
+    INTERVAL = "interval"  # field n: layer i attends when (i + 1) % n == 0 (qwen3_next)
+
+
+class ConvLayout(StrEnum):
+    """When a checkpoint's depthwise conv1d weight is in torch's [C, 1, K] layout (mlx: [C, K, 1]),
+    as the mlx-lm file tests it before moving the kernel axis."""
+
+    LAST_GT_MIDDLE = "last_gt_middle"  # lfm2: shape[-1] > shape[1] -> transpose(0, 2, 1)
+    LAST_NE_ONE = "last_ne_one"  # qwen3_next, mamba2: shape[-1] != 1 -> moveaxis(2, 1)
+
+
 class PostInit(StrEnum):
     """Named `ModelArgs.__post_init__` steps (implemented in resolve.py)."""
 
@@ -481,8 +511,22 @@ class PostInit(StrEnum):
     LAYER_TYPE_ROPES = "layer_type_ropes"  # mellum: layer_types full / sliding only, one per
     # layer, a full one, each with a rope_parameters entry holding rope_theta
     SCALING_NONE_ONE = "scaling_none_one"  # mimo_v2_flash: a null routed_scaling_factor reads 1.0
+    LFM2_FF_DIM = "lfm2_ff_dim"  # block_ff_dim None: intermediate_size (one of them required)
+    FULL_ATTN_IDXS = "full_attn_idxs"  # full_attn_idxs None: the layer_types[i] == "full_attention"
+    # indices (one of them required)
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
+
+
+def kind_field(enum: type[StrEnum], default: Any = dataclasses.MISSING, *, or_field: bool = False,
+               or_bool: bool = False):
+    """A knob dataclass field holding a member of `enum`; None only where that is the default.
+    The row's checks (`schema._check_kinds`) turn its string spelling into the member.
+
+    or_field: the value may instead name a ModelArgs field; or_bool: it may be a literal bool.
+    """
+    return dataclasses.field(default=default, metadata={"kind": enum, "or_field": or_field,
+                                                        "or_bool": or_bool, "optional": default is None})
 
 
 def exhaustive(members: Iterable[StrEnum], table: dict) -> dict:

@@ -28,7 +28,7 @@ from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 from mlxbun.models.switch_layers import SwitchLinear, gather_mm_supported
 from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.dense import UniversalDense
-from mlxbun.models.universal.kinds import SanitizeOp, TieRule
+from mlxbun.models.universal.kinds import ConvLayout, SanitizeOp, TieRule
 from mlxbun.models.universal.moe_args import moe_layers
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule, StackExperts
@@ -76,6 +76,11 @@ class _Meta:
 
     def squeeze(self):
         return _Meta([s for s in self.shape if s != 1], self.dtype)
+
+    def swapaxes(self, a: int, b: int):
+        shape = list(self.shape)
+        shape[a], shape[b] = shape[b], shape[a]
+        return _Meta(shape, self.dtype)
 
     def __mul__(self, other):
         try:
@@ -314,6 +319,21 @@ def _step3p5(w: dict, fields: Mapping) -> tuple[dict, dict[str, str]]:
     return out, dropped
 
 
+def _conv1d_layout(arg, w: dict) -> dict:
+    """The mlx-lm file's depthwise-conv fix: a torch-layout [C, 1, K] weight whose key holds
+    `contains` goes to mlx's [C, K, 1] (transpose(0, 2, 1) and moveaxis(2, 1) are one swap)."""
+    contains, layout = arg
+    out = {}
+    for k, v in w.items():
+        if contains in k and len(v.shape) == 3:
+            torch_layout = (v.shape[-1] > v.shape[1] if layout is ConvLayout.LAST_GT_MIDDLE
+                            else v.shape[-1] != 1)
+            if torch_layout:
+                v = v.swapaxes(1, 2)
+        out[k] = v
+    return out
+
+
 def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
                 fields: Mapping) -> tuple[dict, dict[str, str]]:
     dropped: dict[str, str] = {}
@@ -332,6 +352,8 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _split_interleaved_experts(w), {}
     if op is SanitizeOp.STEP3P5:
         return _step3p5(w, fields)
+    if op is SanitizeOp.CONV1D_LAYOUT:
+        return _conv1d_layout(rule.arg, w), {}
     if op is SanitizeOp.STRIP_PREFIX:  # laguna: repacked checkpoints wrap every tensor in it
         if any(k.startswith(rule.arg) for k in w):
             return {(k[len(rule.arg):] if k.startswith(rule.arg) else k): v for k, v in w.items()}, {}

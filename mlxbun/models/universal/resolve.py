@@ -20,6 +20,7 @@ from mlxbun.errors import UnsupportedModelError
 from mlxbun.models.universal.fields import fail as _fail
 from mlxbun.models.universal.fields import get as _get
 from mlxbun.models.universal.fields import int_field as _int_field
+from mlxbun.models.universal.hybrid_args import full_attn_idxs, lfm2_ff_dim, lfm2_intermediate, mixer_layers
 from mlxbun.models.universal.kinds import (
     AttnKind,
     AttnScale,
@@ -284,6 +285,8 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.LAYER_TYPE_ROPES: _layer_type_ropes,
     PostInit.SCALING_NONE_ONE: _scaling_none_one,
     PostInit.LAGUNA_LISTS: _laguna_lists,
+    PostInit.LFM2_FF_DIM: lfm2_ff_dim,
+    PostInit.FULL_ATTN_IDXS: full_attn_idxs,
 })
 
 
@@ -510,6 +513,8 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
         inter = 4 * hidden
     elif d.mlp.intermediate is MlpSize.LILLE:
         inter = 256 * round(int(8 * hidden / 3) / 256)
+    elif d.mlp.intermediate is MlpSize.LFM2:
+        inter = lfm2_intermediate(a, mt)
     else:
         inter = _int_field(a, d.mlp.intermediate, mt)
 
@@ -517,10 +522,12 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
     if len(kinds) != n_layers:
         raise _fail(mt, f"{len(kinds)} layer kinds for {n_layers} layers")
     routed = moe_layers(d, a, n_layers)
+    mixers = mixer_layers(d, a, n_layers)
     kv_proj = _kv_proj(d, a, n_layers)
     attn = [_layer_attn(d, a, i, s, head_dim) for i, s in enumerate(kinds)]
     layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, (at.get("dims") or (head_dim,))[0], any(kinds)),
-                             routed[i], kv_proj[i], swiglu_limits=_swiglu_limits(d, a, i), **at)
+                             routed[i], kv_proj[i], swiglu_limits=_swiglu_limits(d, a, i),
+                             mixer=mixers[i], **at)
                    for i, (s, at) in enumerate(zip(kinds, attn)))
     window = a[d.layers.sliding_window] if d.layers.sliding_window else None
     if any(kinds) and d.layers.make_cache is MakeCache.ROTATING_SLIDING:

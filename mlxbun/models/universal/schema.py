@@ -75,6 +75,8 @@ from mlxbun.models.universal.kinds import (
     TopKRenorm,
     TopKSelect,
 )
+from mlxbun.models.universal.kinds import kind_field as _kind
+from mlxbun.models.universal.schema_hybrid import HybridKnobs, check_hybrid, hybrid_refs
 from mlxbun.models.universal.schema_moe import check_moe, moe_refs
 
 REQUIRED = "<required>"  # a ModelArgs field without a default
@@ -82,16 +84,6 @@ REQUIRED = "<required>"  # a ModelArgs field without a default
 
 class DescriptorError(MlxbunError):
     """A descriptor row names a kind, field or combination the universal graph does not have."""
-
-
-def _kind(enum: type[StrEnum], default: Any = dataclasses.MISSING, *, or_field: bool = False,
-          or_bool: bool = False):
-    """A dataclass field holding a member of `enum`; None only where that is the default.
-
-    or_field: the value may instead name a ModelArgs field; or_bool: it may be a literal bool.
-    """
-    return field(default=default, metadata={"kind": enum, "or_field": or_field, "or_bool": or_bool,
-                                            "optional": default is None})
 
 
 # ----------------------------------------------------------------- descriptor parts
@@ -366,6 +358,7 @@ class ArchDescriptor:
     head: HeadKnobs = HeadKnobs()
     layers: LayerKnobs = LayerKnobs()
     moe: MoEKnobs | None = None
+    hybrid: HybridKnobs | None = None  # recurrent mixers on some layers (schema_hybrid.py)
     sanitize: tuple[SanitizeRule, ...] = ()
     # config keys mlx-lm deliberately ignores for this arch (known; reported, never refused)
     ignored_keys: Mapping[str, str] = field(default_factory=dict)
@@ -463,6 +456,8 @@ class ArchDescriptor:
             yield from (("layers.kv_share", "use_cla"), ("layers.kv_share", "cla_share_factor"))
         if self.moe is not None:
             yield from moe_refs(self.moe)
+        if self.hybrid is not None:
+            yield from hybrid_refs(self.hybrid)
 
     def _rope_refs(self) -> Iterator[tuple[str, str]]:
         r = self.rope
@@ -589,6 +584,8 @@ def _check_combinations(d: ArchDescriptor) -> None:
                       "layers.kinds must be 'layer_types'")
     if lk.heads_per_layer and (lk.sliding_attn is not None or lk.sliding_heads or not d.n_kv_heads):
         raise d.error("layers.heads_per_layer needs n_kv_heads, excludes sliding_attn / sliding_heads")
+    if d.hybrid is not None:
+        check_hybrid(d)
     if d.moe is not None:
         check_moe(d, d.moe, StackExperts)
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):

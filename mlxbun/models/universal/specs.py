@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mlxbun.models.universal.kinds import FinalSoftcap, PostOp, RopeKind
+from mlxbun.models.universal.kinds import FinalSoftcap, MixerKind, PostOp, RopeKind
 from mlxbun.models.universal.moe_args import MoESpec
 
 __all__ = ["LayerSpec", "RopeSpec", "UniversalArgs"]
@@ -41,6 +41,7 @@ class LayerSpec:
     dims: tuple[int, int] | None = None  # (q/k, value) head dims when not the model's head_dim
     scale: float | None = None  # the attention scale when not the model's (mimo_v2_flash)
     sinks: bool = False  # the attention adds per-head sink logits (ArchDescriptor.sinks)
+    mixer: MixerKind = MixerKind.ATTENTION  # a hybrid's recurrent layers: the row's mixer
 
 
 @dataclass(frozen=True)

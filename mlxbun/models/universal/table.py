@@ -33,6 +33,7 @@ from mlxbun.models.universal.schema import (
     SlidingAttn,
     StackExperts,
 )
+from mlxbun.models.universal.table_hybrid import HYBRID_ROWS
 
 __all__ = ["DESCRIPTORS"]
 
@@ -1130,4 +1131,4 @@ _MOE_ROWS += [
     ),
 ]
 
-DESCRIPTORS: dict[str, ArchDescriptor] = {d.model_type: d for d in _ROWS + _MOE_ROWS}
+DESCRIPTORS: dict[str, ArchDescriptor] = {d.model_type: d for d in _ROWS + _MOE_ROWS + HYBRID_ROWS}

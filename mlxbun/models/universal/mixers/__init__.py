@@ -1,0 +1,20 @@
+"""The recurrent mixers a hybrid row's layers may run instead of attention, one module per
+`MixerKind`, each a transcription of its mlx-lm file. A mixer module is constructed as
+`Mixer(args, knobs, layer_index)` (knobs: its own frozen dataclass of ModelArgs field names,
+`Mixer.Knobs`), is called as `mixer(x, ssm_mask, cache)`, and keeps its state in an
+ArraysCache of `cache_slots` slots."""
+
+from __future__ import annotations
+
+from mlxbun.models.universal.kinds import MixerKind, exhaustive
+from mlxbun.models.universal.mixers.short_conv import ShortConv, ShortConvKnobs
+
+__all__ = ["MIXERS", "MIXER_KNOBS"]
+
+# kind -> (module class, its knobs class)
+MIXERS = exhaustive([k for k in MixerKind if k is not MixerKind.ATTENTION], {
+    MixerKind.SHORT_CONV: ShortConv,
+})
+MIXER_KNOBS = exhaustive(MIXERS, {
+    MixerKind.SHORT_CONV: ShortConvKnobs,
+})

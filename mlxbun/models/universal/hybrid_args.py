@@ -1,0 +1,65 @@
+"""The hybrid knobs applied to a config: which mixer each layer runs (`mixer_layers`), and the
+ModelArgs `__post_init__` steps and sizes of the hybrid rows (resolve.py calls them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxbun.models.universal.fields import fail
+from mlxbun.models.universal.kinds import MixerKind, MixerLayers
+
+__all__ = ["full_attn_idxs", "lfm2_ff_dim", "lfm2_intermediate", "mixer_layers"]
+
+
+def mixer_layers(d: Any, a: dict, n: int) -> list[MixerKind]:
+    """Per layer: ATTENTION, or the row's recurrent mixer (d: the ArchDescriptor)."""
+    h = d.hybrid
+    if h is None:
+        return [MixerKind.ATTENTION] * n
+    value, mt = a[h.field], d.model_type
+    if h.layers is MixerLayers.INDEX_LIST:
+        if not isinstance(value, (list, tuple)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in value):
+            raise fail(mt, f"'{h.field}' must list the attention layers' indices, got {value!r}")
+        attends = set(value)
+        if not attends & set(range(n)):  # mlx-lm takes the attention mask from the first
+            raise fail(mt, f"'{h.field}' = {value!r} names no layer in 0..{n - 1}; mlx-lm needs one")
+    else:  # MixerLayers.INTERVAL
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise fail(mt, f"'{h.field}' must be a positive integer, got {value!r}")
+        attends = {i for i in range(n) if (i + 1) % value == 0}
+    kinds = [MixerKind.ATTENTION if i in attends else h.mixer for i in range(n)]
+    if h.mixer not in kinds:  # mlx-lm takes the recurrent mask from the first such layer
+        raise fail(mt, f"'{h.field}' = {value!r} leaves no {h.mixer.value} layer")
+    return kinds
+
+
+def lfm2_ff_dim(a: dict, mt: str) -> None:  # lfm2's __post_init__, first step
+    if a["block_ff_dim"] is None:
+        if a["intermediate_size"] is None:
+            raise fail(mt, "Config must specify either 'block_ff_dim' or 'intermediate_size'")
+        a["block_ff_dim"] = a["intermediate_size"]
+
+
+def full_attn_idxs(a: dict, mt: str) -> None:  # lfm2's __post_init__, last step
+    if a["full_attn_idxs"] is None:
+        lt = a["layer_types"]
+        if not isinstance(lt, (list, tuple)):
+            raise fail(mt, f"needs 'full_attn_idxs' or a 'layer_types' list, got layer_types={lt!r}")
+        a["full_attn_idxs"] = [i for i, t in enumerate(lt) if t == "full_attention"]
+
+
+def lfm2_intermediate(a: dict, mt: str) -> int:
+    """lfm2.MLP's width: block_ff_dim, auto-adjusted as its constructor does."""
+    ff_dim = a["block_ff_dim"]
+    if not isinstance(ff_dim, int) or isinstance(ff_dim, bool) or ff_dim <= 0:
+        raise fail(mt, f"'block_ff_dim' must be a positive integer, got {ff_dim!r}")
+    if a["block_auto_adjust_ff_dim"]:
+        multiple_of = a["block_multiple_of"]
+        if not isinstance(multiple_of, int) or isinstance(multiple_of, bool) or multiple_of <= 0:
+            raise fail(mt, f"'block_multiple_of' must be a positive integer, got {multiple_of!r}")
+        ff_dim = int(2 * ff_dim / 3)
+        if a["block_ffn_dim_multiplier"] is not None:
+            ff_dim = int(a["block_ffn_dim_multiplier"] * ff_dim)
+        ff_dim = multiple_of * ((ff_dim + multiple_of - 1) // multiple_of)
+    return ff_dim

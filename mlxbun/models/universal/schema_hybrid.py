@@ -1,0 +1,54 @@
+"""The hybrid part of a descriptor row: `HybridKnobs` (which recurrent mixer runs on which
+layers), with its checks and the ModelArgs fields it reads (`schema.py` calls them when a
+row is built). A row without `hybrid` attends on every layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from mlxbun.models.universal.kinds import MixerKind, MixerLayers
+from mlxbun.models.universal.kinds import kind_field as _kind
+from mlxbun.models.universal.mixers import MIXER_KNOBS
+
+__all__ = ["HybridKnobs", "check_hybrid", "hybrid_refs"]
+
+
+@dataclass(frozen=True)
+class HybridKnobs:
+    """A hybrid row: `mixer` runs on the layers `layers` does not pick for attention."""
+
+    mixer: MixerKind = _kind(MixerKind)
+    layers: MixerLayers = _kind(MixerLayers)
+    field: str = ""  # the ModelArgs field the `layers` rule reads
+    name: str = ""  # the decoder layer's attribute holding the mixer (lfm2: conv)
+    knobs: Any = None  # the mixer's own knobs (`mixers.MIXER_KNOBS[mixer]`); None: its defaults
+    layer_types: tuple[str, ...] = ()  # the config's layer_types values naming the mixer's layers
+    # (lfm2: "conv"): coverage holds layer_types to the layers the rule picks
+
+    def mixer_knobs(self) -> Any:
+        return self.knobs if self.knobs is not None else MIXER_KNOBS[self.mixer]()
+
+
+def hybrid_refs(h: HybridKnobs) -> Iterator[tuple[str, str]]:
+    """(knob, ModelArgs field) for every field a row's HybridKnobs `h` reads."""
+    yield "hybrid.field", h.field
+    yield from h.mixer_knobs().field_refs()
+
+
+def check_hybrid(d: Any) -> None:
+    """Combinations the graph has no branch for (d: the ArchDescriptor being built)."""
+    h = d.hybrid
+    if h.mixer is MixerKind.ATTENTION:
+        raise d.error("hybrid.mixer names the recurrent mixer; 'attention' is every other layer's")
+    want = MIXER_KNOBS[h.mixer]
+    if h.knobs is not None and not isinstance(h.knobs, want):
+        raise d.error(f"hybrid.knobs for mixer {h.mixer.value!r} must be a {want.__name__}, "
+                      f"got {type(h.knobs).__name__}")
+    if not h.field or not h.name:
+        raise d.error("hybrid needs field (what its layers rule reads) and name (the mixer's attribute)")
+    if h.name in (d.names.attn, d.names.mlp):
+        raise d.error(f"hybrid.name {h.name!r} is already the attention's or the MLP's attribute")
+    if d.block.parallel is not False or d.layers.kv_share is not None:
+        raise d.error("a hybrid row takes a sequential block without shared k/v")
