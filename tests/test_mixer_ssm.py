@@ -236,9 +236,10 @@ def test_knobs_refused_when_built(bad, msg):
 def test_knobs_refs_and_coercion():
     k = Mamba2Knobs(norm="grouped")
     assert k.norm is GatedNorm.GROUPED
-    assert dict(FALCON_H1.refs())["norm_before_gate"] == "mamba_norm_before_gate"
-    assert "time_step_limit" not in dict(FALCON_H1.refs())
-    assert dict(Mamba2Knobs().refs())["time_step_limit"] == "time_step_limit"
+    refs = dict(FALCON_H1.field_refs())
+    assert refs["hybrid.knobs.norm_before_gate"] == "mamba_norm_before_gate"
+    assert "hybrid.knobs.time_step_limit" not in refs  # a literal
+    assert dict(Mamba2Knobs().field_refs())["hybrid.knobs.time_step_limit"] == "time_step_limit"
 
 
 def test_config_refused_with_the_key():

@@ -84,5 +84,7 @@ MANIFEST = {
         Entry("laguna", EXPERT_VARIANTS),
         # hybrids: recurrent mixers on some layers (models/universal/mixers/)
         Entry("lfm2"),
+        Entry("mamba2"),
+        Entry("nemotron_h"),
     ]
 }

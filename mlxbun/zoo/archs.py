@@ -431,6 +431,18 @@ _HYBRID_ROWS = (
     Arch("lfm2", "Lfm2ForCausalLM", "Lfm2Config", layers=3, kv_heads=2,
          knobs={"layer_types": ["conv", "full_attention", "conv"], "block_multiple_of": 32},
          post=_lfm2_post),
+    # every layer the Mamba2 mixer: 8 heads x 16 = 2 * hidden, 2 groups of state 16; mlx-lm
+    # requires intermediate_size, which transformers 5's Mamba2Config no longer writes
+    Arch("mamba2", "Mamba2ForCausalLM", "Mamba2Config", legacy_rope=False,
+         knobs={"num_heads": 8, "state_size": 16, "n_groups": 2},
+         extra={"intermediate_size": 2 * HIDDEN}),
+    # mamba, MLP, attention, mamba: mlx-lm's cache list skips the MLP layer, so the attention
+    # mask comes from cache 1 (layer 2) and the ssm mask from cache 0
+    Arch("nemotron_h", "NemotronHForCausalLM", "NemotronHConfig", layers=4, kv_heads=2,
+         legacy_rope=False,
+         knobs={"mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2,
+                "layers_block_type": ["linear_attention", "mlp", "full_attention",
+                                      "linear_attention"]}),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + _HYBRID_ROWS}

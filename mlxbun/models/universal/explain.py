@@ -24,7 +24,7 @@ from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError
 from mlxbun.models.rope import rope_type_of
 from mlxbun.models.universal.coverage import check_coverage
-from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label
+from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label, single_block
 from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
 from mlxbun.models.universal.kinds import (
     COMPILED_SOFTCAP,
@@ -40,6 +40,7 @@ from mlxbun.models.universal.kinds import (
     KVShare,
     MakeCache,
     MlpKind,
+    MixerKind,
     MlpSize,
     NormKind,
     NormSlot,
@@ -180,15 +181,19 @@ def _norm(d: ArchDescriptor, a: UniversalArgs, dims: str = "D") -> str:
 
 def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Line, ...]], ...]:
     n = d.names
+    # a hybrid's one-op layers may run no attention (mamba2) or no MLP
+    attends = any(s.mixer is MixerKind.ATTENTION and not s.ffn_only for s in a.layers)
+    mlp = single_block(d) is None or any(s.ffn_only for s in a.layers)
     return (
         ("embedding", tuple(_embedding(d, a))),
         (f"block ({n.root}.{n.layers}[i], i < N): {_block_form(d, a)}", tuple(_block(d, a))),
         ("norms", (Line(_norm(d, a), "every block norm" + (
             f"; eps from {d.norm.eps}" if d.norm.kind is not NormKind.FUNCTIONAL_RMS else "")),)),
-        (f"attention ({n.root}.{n.layers}[i].{n.attn})", tuple(_attention(d, a))),
+        *(((f"attention ({n.root}.{n.layers}[i].{n.attn})", tuple(_attention(d, a))),)
+          if attends else ()),
         *(((hybrid_title(d), tuple(Line(c, note) for c, note in hybrid_lines(d, a))),)
           if d.hybrid is not None else ()),
-        *_mlp_sections(d, a),
+        *(_mlp_sections(d, a) if mlp else ()),
         ("final norm and head", tuple(_head(d, a))),
     )
 
@@ -246,6 +251,10 @@ def _block(d: ArchDescriptor, a: UniversalArgs):
             return x
         return f"rms_norm({x})" if functional else f"{n.norms.of(slot)}({x})"
 
+    one_op = single_block(d)
+    if one_op is not None:  # a hybrid's one-op layers (mamba2, nemotron_h)
+        yield Line(*one_op)
+        return
     if a.parallel:
         if b.parallel_mlp_norm is ParallelMlpNorm.SHARED:
             yield Line(f"x = {norm(NormSlot.PRE_ATTN, 'h')}", "attention and mlp share it")

@@ -101,6 +101,7 @@ class NopeRule(StrEnum):
     GLOBAL_LAYERS = "global_layers"  # cohere2, exaone4: rope only on sliding layers
     SLIDING_OR_ALL = "sliding_or_all"  # exaone_moe: rope on sliding layers; on every layer when
     # no layer slides (the rope child exists only where it runs)
+    ALL = "all"  # no layer ropes (nemotron_h's attention); no rope field read
 
 
 class MlpKind(StrEnum):
@@ -462,6 +463,8 @@ class MixerKind(StrEnum):
     ATTENTION = "attention"  # the universal attention (its KV cache)
     SHORT_CONV = "short_conv"  # lfm2: in_proj -> B * x -> causal depthwise conv1d -> C * . ->
     # out_proj; state: the last kernel - 1 inputs (mixers/short_conv.py)
+    MAMBA2 = "mamba2"  # in_proj -> [gate | conv1d + SiLU -> x, B, C | dt] -> SSD scan -> gated
+    # RMSNorm -> out_proj; state: conv inputs and the SSM state (mixers/mamba2.py, mixers/ssm.py)
 
 
 class MixerLayers(StrEnum):
@@ -469,6 +472,17 @@ class MixerLayers(StrEnum):
 
     INDEX_LIST = "index_list"  # field: the attending layers' indices (lfm2's full_attn_idxs)
     INTERVAL = "interval"  # field n: layer i attends when (i + 1) % n == 0 (qwen3_next)
+    ALL = "all"  # no layer attends (mamba2); no field
+    PATTERN = "pattern"  # field: one char per layer, M the mixer, * attention, - the MLP alone
+    # (nemotron_h's hybrid_override_pattern; block 'single' only)
+
+
+class HybridBlock(StrEnum):
+    """The decoder layer of a hybrid row."""
+
+    PAIRED = "paired"  # the mixer (or attention), then the MLP, each with its norm and residual
+    SINGLE = "single"  # one op per layer: x + op(norm(x)), the op the mixer, attention or the MLP
+    # (mamba2, nemotron_h: every op is the layer's `hybrid.name` attribute)
 
 
 class ConvLayout(StrEnum):
@@ -514,6 +528,11 @@ class PostInit(StrEnum):
     LFM2_FF_DIM = "lfm2_ff_dim"  # block_ff_dim None: intermediate_size (one of them required)
     FULL_ATTN_IDXS = "full_attn_idxs"  # full_attn_idxs None: the layer_types[i] == "full_attention"
     # indices (one of them required)
+    MAMBA2_STATE = "mamba2_state"  # ssm_state_size None: state_size; time_step_rank "auto":
+    # ceil(hidden_size / 16)
+    NEMOTRON_PATTERN = "nemotron_pattern"  # time_step_limit None: (0.0, inf); no
+    # hybrid_override_pattern: layers_block_type (or layer_types) mapped to its chars;
+    # num_hidden_layers = the pattern's length
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
 

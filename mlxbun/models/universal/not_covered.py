@@ -38,7 +38,7 @@ NOT_COVERED: dict[str, str] = {
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3", "falcon_h1",
          "gear", "granitemoehybrid", "jamba", "kimi_linear", "lfm2_moe", "longcat_flash_ngram",
-         "mamba", "mamba2", "nemotron_h", "olmo_hybrid", "plamo2", "qwen3_5", "qwen3_next",
+         "mamba", "olmo_hybrid", "plamo2", "qwen3_5", "qwen3_next",
          "recurrent_gemma", "rwkv7", "kimi_k3"], _HYBRID),
     **dict.fromkeys(
         ["deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",

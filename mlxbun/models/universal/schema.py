@@ -473,6 +473,8 @@ class ArchDescriptor:
             yield from (("rope", f) for f in ("rope_theta", "partial_rotary_factors", "yarn_only_types",
                                               "rope_scaling", "max_position_embeddings", "layer_types"))
             return
+        if r.nope is NopeRule.ALL:
+            return
         yield "rope.theta", r.theta
         if r.partial:
             yield "rope.partial", r.partial

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from mlxbun.models.universal.kinds import MixerKind, MixerLayers
+from mlxbun.models.universal.kinds import HybridBlock, MixerKind, MixerLayers
 from mlxbun.models.universal.kinds import kind_field as _kind
 from mlxbun.models.universal.mixers import MIXER_KNOBS
 
@@ -26,6 +26,9 @@ class HybridKnobs:
     knobs: Any = None  # the mixer's own knobs (`mixers.MIXER_KNOBS[mixer]`); None: its defaults
     layer_types: tuple[str, ...] = ()  # the config's layer_types values naming the mixer's layers
     # (lfm2: "conv"): coverage holds layer_types to the layers the rule picks
+    block: HybridBlock = _kind(HybridBlock, HybridBlock.PAIRED)
+    norm_eps: float | None = None  # block 'single': the block norm's literal eps (mamba2's
+    # nn.RMSNorm(hidden_size) keeps its default 1e-5); None: the row's norm eps field
 
     def mixer_knobs(self) -> Any:
         return self.knobs if self.knobs is not None else MIXER_KNOBS[self.mixer]()
@@ -33,7 +36,8 @@ class HybridKnobs:
 
 def hybrid_refs(h: HybridKnobs) -> Iterator[tuple[str, str]]:
     """(knob, ModelArgs field) for every field a row's HybridKnobs `h` reads."""
-    yield "hybrid.field", h.field
+    if h.field:
+        yield "hybrid.field", h.field
     yield from h.mixer_knobs().field_refs()
 
 
@@ -46,9 +50,17 @@ def check_hybrid(d: Any) -> None:
     if h.knobs is not None and not isinstance(h.knobs, want):
         raise d.error(f"hybrid.knobs for mixer {h.mixer.value!r} must be a {want.__name__}, "
                       f"got {type(h.knobs).__name__}")
-    if not h.field or not h.name:
-        raise d.error("hybrid needs field (what its layers rule reads) and name (the mixer's attribute)")
-    if h.name in (d.names.attn, d.names.mlp):
+    if not h.name or (not h.field) != (h.layers is MixerLayers.ALL):
+        raise d.error("hybrid needs name (the mixer's attribute) and field (what its layers rule "
+                      "reads; none for layers 'all')")
+    if h.layers is MixerLayers.PATTERN and h.block is not HybridBlock.SINGLE:
+        raise d.error("hybrid.layers 'pattern' (its MLP-only layers) goes with block 'single'")
+    if h.block is HybridBlock.SINGLE and (d.names.norms.pre_attn is None
+                                          or d.norm.kind.value == "functional_rms"):
+        raise d.error("hybrid block 'single' takes a norm module named names.norms.pre_attn")
+    elif h.norm_eps is not None and h.block is not HybridBlock.SINGLE:
+        raise d.error("hybrid.norm_eps is the single-op block's norm eps")
+    if h.name in (d.names.attn, d.names.mlp) and h.block is not HybridBlock.SINGLE:
         raise d.error(f"hybrid.name {h.name!r} is already the attention's or the MLP's attribute")
     if d.block.parallel is not False or d.layers.kv_share is not None:
         raise d.error("a hybrid row takes a sequential block without shared k/v")

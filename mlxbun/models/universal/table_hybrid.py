@@ -4,6 +4,7 @@ Same schema and rules as `table.py`'s rows; `table.DESCRIPTORS` holds them all."
 
 from __future__ import annotations
 
+from mlxbun.models.universal.mixers.mamba2 import GatedNorm, Mamba2Knobs
 from mlxbun.models.universal.schema import (
     REQUIRED,
     ArchDescriptor,
@@ -19,6 +20,16 @@ from mlxbun.models.universal.schema import (
 from mlxbun.models.universal.schema_hybrid import HybridKnobs
 
 __all__ = ["HYBRID_ROWS"]
+
+# the one-op blocks (mamba2, nemotron_h): backbone.embeddings, layers[i].norm / .mixer (the
+# mixer, attention or MLP), norm_f (a one-op block has the pre_attn norm only)
+_SINGLE_OP_NAMES = Names(root="backbone", embed="embeddings", final_norm="norm_f", attn="mixer",
+                         mlp="mixer", norms=NormNames(pre_attn="norm"))
+_CONV1D_TORCH = SanitizeRule("conv1d_layout", ("conv1d.weight", "last_ne_one"),
+                             "torch's depthwise conv1d layout [C, 1, K] -> mlx's [C, K, 1]")
+# the reference implementations' initialization and training settings
+_MAMBA_TRAINING = {k: "initialization / training setting" for k in (
+    "time_step_floor", "rescale_prenorm_residual")}
 
 HYBRID_ROWS = [
     ArchDescriptor(
@@ -50,5 +61,79 @@ HYBRID_ROWS = [
               "C * . -> out_proj) on the layers full_attn_idxs leaves, attention with per-head "
               "q/k RMSNorm on the others; SwiGLU w1/w3/w2 sized by block_ff_dim (auto-adjusted); "
               "final embedding_norm; the head is the embedding.",
+    ),
+    ArchDescriptor(
+        "mamba2",
+        {"model_type": REQUIRED, "num_heads": REQUIRED, "head_dim": REQUIRED, "vocab_size": REQUIRED,
+         "hidden_size": REQUIRED, "intermediate_size": REQUIRED, "state_size": REQUIRED,
+         "num_hidden_layers": REQUIRED, "layer_norm_epsilon": REQUIRED, "conv_kernel": REQUIRED,
+         "n_groups": REQUIRED, "use_bias": REQUIRED, "use_conv_bias": REQUIRED,
+         "tie_word_embeddings": REQUIRED, "time_step_limit": REQUIRED, "time_step_rank": REQUIRED,
+         "ssm_state_size": None, "max_position_embeddings": 2056},
+        ("mamba2_state",),
+        # no layer attends: the attention sizes resolve (from the mixer's heads) but build nothing
+        n_heads="num_heads", n_kv_heads=None, head_dim="field",
+        names=_SINGLE_OP_NAMES,
+        rope=RopeKnobs(nope="all", nope_child=False),
+        norm=NormKnobs(eps="layer_norm_epsilon"),
+        hybrid=HybridKnobs("mamba2", "all", name="mixer", block="single", norm_eps=1e-5,
+                           knobs=Mamba2Knobs()),
+        sanitize=(_CONV1D_TORCH,),
+        ignored_keys={"expand": "mlx-lm sizes the mixer by num_heads * head_dim",
+                      "chunk_size": "mlx-lm's scan runs chunks of 256 whatever the config says",
+                      "residual_in_fp32": "mlx-lm adds the residual in the activations' dtype",
+                      "time_step_min": "initialization setting", "time_step_max": "initialization setting",
+                      "hidden_act": "mlx-lm's mixer applies SiLU whatever the config says",
+                      **_MAMBA_TRAINING},
+        notes="mamba2: every layer is x + mixer(norm(x)) (norm: nn.RMSNorm with its default eps "
+              "1e-5), the Mamba2 mixer (conv1d, SSD scan, gated RMSNorm over the full width); "
+              "final norm_f.",
+    ),
+    ArchDescriptor(
+        "nemotron_h",
+        {"model_type": REQUIRED, "vocab_size": REQUIRED, "hidden_size": REQUIRED,
+         "intermediate_size": REQUIRED, "max_position_embeddings": REQUIRED,
+         "num_attention_heads": REQUIRED, "num_key_value_heads": REQUIRED, "attention_bias": REQUIRED,
+         "mamba_num_heads": REQUIRED, "mamba_head_dim": REQUIRED, "mamba_proj_bias": REQUIRED,
+         "ssm_state_size": REQUIRED, "conv_kernel": REQUIRED, "n_groups": REQUIRED,
+         "mlp_bias": REQUIRED, "layer_norm_epsilon": REQUIRED, "use_bias": REQUIRED,
+         "use_conv_bias": REQUIRED, "hybrid_override_pattern": None, "layers_block_type": None,
+         "layer_types": None, "num_hidden_layers": None, "head_dim": None,
+         "time_step_limit": None, "time_step_min": None, "time_step_max": None,
+         # the MoE (E) layers' numbers: read by no layer mlxbun runs (E layers are refused)
+         **dict.fromkeys(("moe_intermediate_size", "moe_shared_expert_intermediate_size",
+                          "moe_latent_size", "n_group", "n_routed_experts", "n_shared_experts",
+                          "topk_group", "num_experts_per_tok", "norm_topk_prob",
+                          "routed_scaling_factor"))},
+        ("nemotron_pattern",),
+        attn_bias="attention_bias", out_bias="attention_bias",
+        names=_SINGLE_OP_NAMES,
+        rope=RopeKnobs(nope="all", nope_child=False),
+        mlp=MlpKnobs("plain", act="relu2", bias="mlp_bias"),
+        norm=NormKnobs(eps="layer_norm_epsilon"),
+        head=HeadKnobs(tie=False),
+        hybrid=HybridKnobs("mamba2", "pattern", field="hybrid_override_pattern", name="mixer",
+                           block="single",
+                           knobs=Mamba2Knobs(heads="mamba_num_heads", head_dim="mamba_head_dim",
+                                             in_bias="mamba_proj_bias", out_bias="mamba_proj_bias",
+                                             norm=GatedNorm.GROUPED, d_cast=True, scan_lengths=False)),
+        sanitize=(SanitizeRule("drop_prefix", "mtp.", "the multi-token-prediction heads"),
+                  _CONV1D_TORCH),
+        ignored_keys={"expand": "mlx-lm sizes the mixer by mamba_num_heads * mamba_head_dim",
+                      "chunk_size": "mlx-lm's scan runs chunks of 256 whatever the config says",
+                      "residual_in_fp32": "mlx-lm adds the residual in the activations' dtype",
+                      "mamba_ssm_cache_dtype": "mlx-lm keeps the SSM state in the scan's dtype",
+                      "use_mamba_kernels": "CUDA kernel switch of the reference implementation",
+                      "num_logits_to_keep": "generation setting",
+                      "mamba_hidden_act": "mlx-lm's mixer applies SiLU whatever the config says",
+                      "mlp_hidden_act": "mlx-lm's MLP applies relu2 whatever the config says",
+                      "num_nextn_predict_layers": "multi-token prediction (mlx-lm drops mtp.*)",
+                      "mtp_layers_block_type": "multi-token prediction (mlx-lm drops mtp.*)",
+                      "moe_shared_expert_overlap": "a compute-overlap switch; mlx-lm reads none",
+                      **_MAMBA_TRAINING},
+        notes="nemotron_h: one op per layer, x + mixer(norm(x)), the op by "
+              "hybrid_override_pattern: M the Mamba2 mixer (grouped gated RMSNorm, D cast to the "
+              "input dtype), * attention without rope, - a relu2 MLP (up_proj, down_proj); only M "
+              "and * layers hold a cache. MoE layers (E) are refused.",
     ),
 ]

@@ -7,6 +7,7 @@ ArraysCache of `cache_slots` slots."""
 from __future__ import annotations
 
 from mlxbun.models.universal.kinds import MixerKind, exhaustive
+from mlxbun.models.universal.mixers.mamba2 import Mamba2Knobs, Mamba2Mixer
 from mlxbun.models.universal.mixers.short_conv import ShortConv, ShortConvKnobs
 
 __all__ = ["MIXERS", "MIXER_KNOBS"]
@@ -14,7 +15,9 @@ __all__ = ["MIXERS", "MIXER_KNOBS"]
 # kind -> (module class, its knobs class)
 MIXERS = exhaustive([k for k in MixerKind if k is not MixerKind.ATTENTION], {
     MixerKind.SHORT_CONV: ShortConv,
+    MixerKind.MAMBA2: Mamba2Mixer,
 })
 MIXER_KNOBS = exhaustive(MIXERS, {
     MixerKind.SHORT_CONV: ShortConvKnobs,
+    MixerKind.MAMBA2: Mamba2Knobs,
 })

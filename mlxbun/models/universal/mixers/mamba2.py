@@ -95,12 +95,12 @@ class Mamba2Knobs:
             raise Mamba2KnobsError("Mamba2Knobs.norm_before_gate takes norm 'whole' (the grouped "
                                    "norm gates first)")
 
-    def refs(self) -> Iterator[tuple[str, str]]:
+    def field_refs(self) -> Iterator[tuple[str, str]]:
         """(knob, ModelArgs field) for every field the knobs read."""
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if isinstance(v, str) and not isinstance(v, GatedNorm):
-                yield f.name, v
+                yield f"hybrid.knobs.{f.name}", v
 
 
 class GatedRMSNorm(nn.Module):
