@@ -1,0 +1,119 @@
+"""The Mamba2 hybrid rows (mamba2, nemotron_h) beyond the manifest's gate: configs the zoo's
+tiny ones do not exercise, against mlx-lm built from the same config with the same weights
+(a literal block-norm eps, a tied head, biases, the hub's pattern string, legacy block-type
+spellings, a null time_step_limit), mlx-lm's cache list without the MLP layers, HF-layout
+checkpoints (torch conv1d, MTP heads), and the refusals (MoE layers, bad patterns, rows)."""
+
+import dataclasses
+import json
+import shutil
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten, tree_unflatten
+
+from mlxbun.cache.arrays import ArraysCache
+from mlxbun.cache.kv import KVCache
+from mlxbun.errors import ConfigError
+from mlxbun.models.universal.loader import build_model, load_universal
+from mlxbun.models.universal.schema import DescriptorError
+from mlxbun.models.universal.table import DESCRIPTORS
+from mlxbun.zoo.archs import tiny_config
+
+
+def _pair(cfg: dict, seed: int = 3):
+    """mlx-lm's model for `cfg` with random weights, and mlxbun's graph holding the same ones."""
+    from mlx_lm.utils import _get_classes
+
+    model_cls, args_cls = _get_classes(cfg)
+    ref = model_cls(args_cls.from_dict(cfg))
+    mx.random.seed(seed)
+    params = [(k, (1.0 + 0.1 * mx.random.normal(v.shape)) if "norm" in k or k.endswith(".D")
+               else 0.3 * mx.random.normal(v.shape)) for k, v in tree_flatten(ref.parameters())]
+    ref.update(tree_unflatten(params))
+    ours = build_model(cfg)
+    ours.load_weights(params, strict=True)
+    return ref, ours
+
+
+def _same_run(ref, ours, batch: int = 1):
+    """A 9-token prefill and three decode steps through each side's own caches."""
+    ids = mx.random.randint(1, 512, (batch, 9), key=mx.random.key(5))
+    rc, oc = ref.make_cache(), ours.make_cache()
+    assert [type(c).__name__ for c in oc] == [type(c).__name__ for c in rc]
+    for step in range(4):
+        want, got = ref(ids, cache=rc), ours(ids, cache=oc)
+        assert mx.array_equal(want, got), f"step {step}: max |diff| {mx.abs(want - got).max()}"
+        ids = mx.argmax(want[:, -1:], axis=-1)
+
+
+@pytest.mark.parametrize("arch, change", [
+    ("mamba2", {"layer_norm_epsilon": 1e-3}),  # the block norms keep nn.RMSNorm's 1e-5
+    ("mamba2", {"tie_word_embeddings": True, "use_bias": True, "use_conv_bias": False,
+                "time_step_limit": [0.05, 2.0], "n_groups": 4}),
+    ("mamba2", {"ssm_state_size": 32}),  # read before state_size
+    ("nemotron_h", {"hybrid_override_pattern": "M*-M", "layers_block_type": None}),  # hub form
+    ("nemotron_h", {"layers_block_type": ["mamba", "attention", "mlp", "mamba", "mlp"],
+                    "time_step_limit": None, "mamba_proj_bias": True, "attention_bias": True,
+                    "mlp_bias": True, "layer_norm_epsilon": 1e-3}),
+])
+def test_configs_the_zoo_does_not_exercise(arch, change):
+    ref, ours = _pair({**tiny_config(arch), **change})
+    _same_run(ref, ours)
+    _same_run(ref, ours, batch=2)
+
+
+def test_nemotron_h_cache_list_skips_the_mlp_layers():
+    cfg = {**tiny_config("nemotron_h"), "layers_block_type": None,
+           "hybrid_override_pattern": ["-", "M", "-", "*", "M"]}
+    ref, ours = _pair(cfg)
+    caches = ours.make_cache()
+    assert [type(c) for c in caches] == [ArraysCache, KVCache, ArraysCache]
+    assert [s.ffn_only for s in ours.args.layers] == [True, False, True, False, False]
+    _same_run(ref, ours)
+
+
+@pytest.mark.parametrize("pattern, msg", [
+    ("M*-E", "MoE layers"),
+    ("M*+M", "one of M, \\*, -, E"),
+    (["M", "*", 7], "one of M, \\*, -, E"),
+    ("*--*", "has no M"),
+])
+def test_nemotron_h_patterns_refused_with_the_key(pattern, msg):
+    cfg = {**tiny_config("nemotron_h"), "layers_block_type": None, "hybrid_override_pattern": pattern}
+    with pytest.raises(ConfigError, match=f"nemotron_h.*'hybrid_override_pattern'.*{msg}"):
+        build_model(cfg)
+
+
+def test_hf_checkpoint_layout_loads_as_mlx_lm_loads_it(zoo, tmp_path):
+    """torch's [C, 1, K] depthwise conv1d and nemotron_h's mtp.* heads, as HF ships them."""
+    from mlx_lm.utils import load_model
+
+    src = zoo("nemotron_h")
+    dst = tmp_path / "hf-layout"
+    shutil.copytree(src, dst)
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    shard = sorted(dst.glob("*.safetensors"))[0]
+    weights = dict(mx.load(str(shard)))
+    convs = [k for k in weights if k.endswith("conv1d.weight")]
+    for k in convs:
+        weights[k] = weights[k].swapaxes(1, 2)
+    weights["mtp.layers.0.norm.weight"] = mx.ones((64,))
+    index["weight_map"]["mtp.layers.0.norm.weight"] = shard.name
+    mx.save_safetensors(str(shard), weights, metadata={"format": "mlx"})
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    ids = mx.array([[5, 9, 2, 77, 31, 8]])
+    ours = load_universal(dst)
+    assert mx.array_equal(ours(ids), load_model(dst)[0](ids))
+    assert mx.array_equal(ours(ids), load_universal(src)(ids))
+
+
+@pytest.mark.parametrize("change, msg", [
+    (dict(block="paired"), "'pattern' .* goes with block 'single'"),
+    (dict(norm_eps=1e-5, block="paired", layers="all", field=""), "norm_eps"),
+    (dict(layers="all"), "field"),
+])
+def test_hybrid_rows_refused_when_built(change, msg):
+    d = DESCRIPTORS["nemotron_h"]
+    with pytest.raises(DescriptorError, match=msg):
+        dataclasses.replace(d, hybrid=dataclasses.replace(d.hybrid, **change))
