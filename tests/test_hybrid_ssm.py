@@ -1,4 +1,4 @@
-"""The Mamba2 hybrid rows (mamba2, nemotron_h) beyond the manifest's gate: configs the zoo's
+"""The Mamba2 hybrid rows (mamba2, nemotron_h, granitemoehybrid) beyond the manifest's gate: configs the zoo's
 tiny ones do not exercise, against mlx-lm built from the same config with the same weights
 (a literal block-norm eps, a tied head, biases, the hub's pattern string, legacy block-type
 spellings, a null time_step_limit), mlx-lm's cache list without the MLP layers, HF-layout
@@ -56,6 +56,11 @@ def _same_run(ref, ours, batch: int = 1):
     ("nemotron_h", {"layers_block_type": ["mamba", "attention", "mlp", "mamba", "mlp"],
                     "time_step_limit": None, "mamba_proj_bias": True, "attention_bias": True,
                     "mlp_bias": True, "layer_norm_epsilon": 1e-3}),
+    ("granitemoehybrid", {"position_embedding_type": "rope", "tie_word_embeddings": True,
+                          "mamba_proj_bias": True, "mamba_conv_bias": False,
+                          "layer_types": ["attention", "mamba", "mamba"]}),
+    ("granitemoehybrid", {"position_embedding_type": None, "time_step_limit": [0.01, 5.0],
+                          "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}),
 ])
 def test_configs_the_zoo_does_not_exercise(arch, change):
     ref, ours = _pair({**tiny_config(arch), **change})
@@ -106,6 +111,59 @@ def test_hf_checkpoint_layout_loads_as_mlx_lm_loads_it(zoo, tmp_path):
     ours = load_universal(dst)
     assert mx.array_equal(ours(ids), load_model(dst)[0](ids))
     assert mx.array_equal(ours(ids), load_universal(src)(ids))
+
+
+def test_granitemoehybrid_hf_layout_loads_as_mlx_lm_loads_it(zoo, tmp_path):
+    """HF's Granite 4.0 H dense checkpoints keep the MLP as shared_mlp.input_linear (gate | up)
+    and output_linear; both loaders rename and split them."""
+    from mlx_lm.utils import load_model
+
+    src = zoo("granitemoehybrid")
+    dst = tmp_path / "hf-layout"
+    shutil.copytree(src, dst)
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    shards = {name: dict(mx.load(str(dst / name))) for name in set(index["weight_map"].values())}
+    weights = {k: v for shard in shards.values() for k, v in shard.items()}
+    first = sorted(shards)[0]
+    for layer in range(3):
+        p = f"model.layers.{layer}"
+        gate, up, down = (weights.pop(f"{p}.mlp.{m}.weight") for m in ("gate_proj", "up_proj", "down_proj"))
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            key = f"{p}.mlp.{name}.weight"
+            shards[index["weight_map"].pop(key)].pop(key)
+        shards[first][f"{p}.shared_mlp.input_linear.weight"] = mx.concatenate([gate, up])
+        shards[first][f"{p}.shared_mlp.output_linear.weight"] = down
+        for k in ("input_linear", "output_linear"):
+            index["weight_map"][f"{p}.shared_mlp.{k}.weight"] = first
+    for name, shard in shards.items():
+        mx.save_safetensors(str(dst / name), shard, metadata={"format": "mlx"})
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    ids = mx.array([[5, 9, 2, 77, 31, 8]])
+    ours = load_universal(dst)
+    assert mx.array_equal(ours(ids), load_model(dst)[0](ids))
+    assert mx.array_equal(ours(ids), load_universal(src)(ids))
+
+
+_NEW_SPELLING = {"layer_types": ["linear_attention", "full_attention", "linear_attention"]}
+
+
+@pytest.mark.parametrize("change, msg", [
+    ({"num_local_experts": 4, "num_experts_per_tok": 2}, "'num_local_experts' .*runs only 0"),
+    (_NEW_SPELLING, "'layer_types' .*'linear_attention' are not supported"),
+])
+def test_granitemoehybrid_refusals_name_the_key(change, msg):
+    """mlx-lm 0.32.2 builds neither: its MoE configs are not a covered shape, and it refuses
+    transformers 5's layer_types spelling (mlxbun's graph too, naming the spellings it takes)."""
+    from mlxbun.errors import UnsupportedModelError
+    from mlxbun.models.universal.coverage import require_coverage
+
+    cfg = {**tiny_config("granitemoehybrid"), **change}
+    with pytest.raises(UnsupportedModelError, match=msg):
+        require_coverage("granitemoehybrid", cfg)
+    if change is _NEW_SPELLING:
+        with pytest.raises(ConfigError, match="'layer_types' must give each of the 3 layers one of "
+                                              "'mamba', 'attention'"):
+            build_model(cfg)
 
 
 @pytest.mark.parametrize("change, msg", [

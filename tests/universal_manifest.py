@@ -86,5 +86,6 @@ MANIFEST = {
         Entry("lfm2"),
         Entry("mamba2"),
         Entry("nemotron_h"),
+        Entry("granitemoehybrid"),
     ]
 }

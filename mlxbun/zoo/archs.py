@@ -425,6 +425,13 @@ def _lfm2_post(cfg: dict) -> None:
                tie_embedding=cfg["tie_word_embeddings"])
 
 
+def _granitemoehybrid_post(cfg: dict) -> None:
+    # transformers 5 rewrites layer_types to linear_attention / full_attention; hub configs (and
+    # mlx-lm 0.32.2, which refuses the new names) spell them mamba / attention
+    legacy = {"linear_attention": "mamba", "full_attention": "attention"}
+    cfg["layer_types"] = [legacy.get(t, t) for t in cfg["layer_types"]]
+
+
 # hybrid rows: attention on some layers, a recurrent mixer on the others (every kind appears)
 _HYBRID_ROWS = (
     # conv, attention, conv: the attention mask comes from layer 1, the conv mask from layer 0
@@ -443,6 +450,15 @@ _HYBRID_ROWS = (
          knobs={"mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2,
                 "layers_block_type": ["linear_attention", "mlp", "full_attention",
                                       "linear_attention"]}),
+    # Granite 4.0 H without experts (as granite-4.0-h-micro): mamba, attention (its mask from
+    # layer 1), mamba; NoPE as the hub configs say; granite's multipliers
+    Arch("granitemoehybrid", "GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", layers=3,
+         kv_heads=2,
+         knobs={"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_n_groups": 2,
+                "num_local_experts": 0, "layer_types": ["mamba", "attention", "mamba"],
+                "position_embedding_type": "nope", "embedding_multiplier": 12.0,
+                "attention_multiplier": 0.0625, "residual_multiplier": 0.22, "logits_scaling": 8.0},
+         post=_granitemoehybrid_post),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + _HYBRID_ROWS}

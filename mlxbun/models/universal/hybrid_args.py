@@ -28,6 +28,15 @@ def mixer_layers(d: Any, a: dict, n: int) -> list[MixerKind]:
         if h.mixer not in kinds:  # mlx-lm takes the recurrent mask from the first such layer
             raise fail(mt, f"'{h.field}' = {value!r} has no M (mixer) layer")
         return kinds
+    if h.layers is MixerLayers.LAYER_TYPES:
+        if not isinstance(value, (list, tuple)) or len(value) < n or not all(
+                t in (*h.layer_types, "attention") for t in value[:n]):
+            raise fail(mt, f"'{h.field}' must give each of the {n} layers one of "
+                           f"{', '.join(map(repr, (*h.layer_types, 'attention')))}; got {value!r}")
+        kinds = [h.mixer if t in h.layer_types else MixerKind.ATTENTION for t in value[:n]]
+        if h.mixer not in kinds:  # mlx-lm takes the recurrent mask from the first such layer
+            raise fail(mt, f"'{h.field}' = {value!r} leaves no {h.mixer.value} layer")
+        return kinds
     if h.layers is MixerLayers.INDEX_LIST:
         if not isinstance(value, (list, tuple)) or not all(
                 isinstance(i, int) and not isinstance(i, bool) for i in value):

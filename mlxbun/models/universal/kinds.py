@@ -102,6 +102,8 @@ class NopeRule(StrEnum):
     SLIDING_OR_ALL = "sliding_or_all"  # exaone_moe: rope on sliding layers; on every layer when
     # no layer slides (the rope child exists only where it runs)
     ALL = "all"  # no layer ropes (nemotron_h's attention); no rope field read
+    NOPE_TYPE = "nope_type"  # no layer ropes when position_embedding_type is "nope"
+    # (granitemoehybrid)
 
 
 class MlpKind(StrEnum):
@@ -266,6 +268,9 @@ class SanitizeOp(StrEnum):
     # weight_scale_inv, as bfloat16; the scales dropped (activation scales kept, as mlx-lm)
     STRIP_PREFIX = "strip_prefix"  # arg: prefix; when any key starts with it, those keys lose it
     # (laguna's repacked "language_model.")
+    SHARED_MLP_DENSE = "shared_mlp_dense"  # granitemoehybrid without experts: when layer 0 holds
+    # shared_mlp.input_linear, each layer's [2I, D] split in two -> mlp.gate_proj | mlp.up_proj,
+    # shared_mlp.output_linear -> mlp.down_proj
     CONV1D_LAYOUT = "conv1d_layout"  # arg: (substring, ConvLayout): the conv1d weights whose key
     # holds the substring go to mlx's layout when the test says they are in torch's
     STEP3P5 = "step3p5"  # step3p5.sanitize: drop .mtp and layers >= num_hidden_layers, rename
@@ -475,6 +480,9 @@ class MixerLayers(StrEnum):
     ALL = "all"  # no layer attends (mamba2); no field
     PATTERN = "pattern"  # field: one char per layer, M the mixer, * attention, - the MLP alone
     # (nemotron_h's hybrid_override_pattern; block 'single' only)
+    LAYER_TYPES = "layer_types"  # field: a list, the mixer where the entry is one of
+    # hybrid.layer_types, attention where it is "attention", any other entry refused
+    # (granitemoehybrid's "mamba" / "attention")
 
 
 class HybridBlock(StrEnum):

@@ -37,7 +37,7 @@ NOT_COVERED: dict[str, str] = {
                 "reads model_dim / num_heads / num_layers / num_vocab (phi-2's sizes by default)",
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3", "falcon_h1",
-         "gear", "granitemoehybrid", "jamba", "kimi_linear", "lfm2_moe", "longcat_flash_ngram",
+         "gear", "jamba", "kimi_linear", "lfm2_moe", "longcat_flash_ngram",
          "mamba", "olmo_hybrid", "plamo2", "qwen3_5", "qwen3_next",
          "recurrent_gemma", "rwkv7", "kimi_k3"], _HYBRID),
     **dict.fromkeys(

@@ -413,6 +413,8 @@ def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int,
         return _layer_type_partial_rope(a, i, head_dim)
     if r.nope is NopeRule.ALL or (r.nope is NopeRule.NO_ROPE_LAYERS and not a["no_rope_layers"][i]):
         return None
+    if r.nope is NopeRule.NOPE_TYPE and a["position_embedding_type"] == "nope":
+        return None
     if r.nope is NopeRule.SLIDING_OR_ALL and any_sliding and not sliding:
         return None
     if r.nope is NopeRule.GLOBAL_LAYERS:

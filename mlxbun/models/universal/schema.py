@@ -480,8 +480,9 @@ class ArchDescriptor:
             yield "rope.partial", r.partial
         if r.rotary_dim:
             yield "rope.rotary_dim", r.rotary_dim
-        if r.nope is NopeRule.NO_ROPE_LAYERS:
-            yield "rope.nope", "no_rope_layers"
+        nope = {NopeRule.NO_ROPE_LAYERS: "no_rope_layers", NopeRule.NOPE_TYPE: "position_embedding_type"}
+        if r.nope in nope:
+            yield "rope.nope", nope[r.nope]
         if r.kind is RopeKind.INITIALIZE:
             for knob, value in (("rope.traditional", r.traditional), ("rope.scaling", r.scaling),
                                 ("rope.max_positions", r.max_positions),

@@ -8,7 +8,9 @@ from mlxbun.models.universal.mixers.mamba2 import GatedNorm, Mamba2Knobs
 from mlxbun.models.universal.schema import (
     REQUIRED,
     ArchDescriptor,
+    BlockKnobs,
     HeadKnobs,
+    LogitScale,
     MlpKnobs,
     Names,
     NormKnobs,
@@ -135,5 +137,48 @@ HYBRID_ROWS = [
               "hybrid_override_pattern: M the Mamba2 mixer (grouped gated RMSNorm, D cast to the "
               "input dtype), * attention without rope, - a relu2 MLP (up_proj, down_proj); only M "
               "and * layers hold a cache. MoE layers (E) are refused.",
+    ),
+    ArchDescriptor(
+        "granitemoehybrid",
+        {"model_type": REQUIRED, "vocab_size": REQUIRED, "hidden_size": REQUIRED,
+         "intermediate_size": REQUIRED, "num_hidden_layers": REQUIRED,
+         "max_position_embeddings": REQUIRED, "num_attention_heads": REQUIRED,
+         "num_key_value_heads": REQUIRED, "attention_bias": REQUIRED, "embedding_multiplier": REQUIRED,
+         "attention_multiplier": REQUIRED, "logits_scaling": REQUIRED, "residual_multiplier": REQUIRED,
+         "layer_types": REQUIRED, "rms_norm_eps": REQUIRED,
+         **dict.fromkeys(("num_local_experts", "num_experts_per_tok", "shared_intermediate_size",
+                          "mamba_n_heads", "mamba_d_head", "mamba_proj_bias", "mamba_d_state",
+                          "mamba_d_conv", "mamba_n_groups", "mamba_conv_bias")),
+         "mlp_bias": False, "position_embedding_type": "rope", "tie_word_embeddings": True,
+         "time_step_limit": (0.001, 100.0), "rope_theta": 10000.0, "rope_parameters": None},
+        ("rope_parameters_theta",),
+        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        attn_scale="attention_multiplier",
+        rope=RopeKnobs(traditional=False, scaling=None, nope="nope_type", nope_child=False),
+        mlp=MlpKnobs(bias="mlp_bias"),
+        block=BlockKnobs(residual="scaled", residual_scale="residual_multiplier"),
+        embed_scale="embedding_multiplier",
+        head=HeadKnobs(post=LogitScale("div", "logits_scaling")),
+        hybrid=HybridKnobs("mamba2", "layer_types", field="layer_types", name="mamba",
+                           layer_types=("mamba",),
+                           knobs=Mamba2Knobs(heads="mamba_n_heads", head_dim="mamba_d_head",
+                                             state="mamba_d_state", groups="mamba_n_groups",
+                                             conv_kernel="mamba_d_conv", conv_bias="mamba_conv_bias",
+                                             in_bias="mamba_proj_bias", out_bias="mamba_proj_bias",
+                                             eps="rms_norm_eps", d_cast=True)),
+        sanitize=(_CONV1D_TORCH,
+                  SanitizeRule("shared_mlp_dense", None, "HF's dense layers live in shared_mlp"),
+                  SanitizeRule("drop_tied_head", None, "tied embeddings: the head is the embedding")),
+        accepted_values={"num_local_experts": (0,)},
+        ignored_keys={"mamba_expand": "mlx-lm sizes the mixer by mamba_n_heads * mamba_d_head",
+                      "mamba_chunk_size": "mlx-lm's scan runs chunks of 256 whatever the config says",
+                      "rope_scaling": "mlx-lm's granitemoehybrid builds its rope unscaled",
+                      "hidden_act": "mlx-lm's MLP applies SiLU whatever the config says"},
+        notes="granitemoehybrid (Granite 4.0 H) without experts: granite's block (embedding, "
+              "residual and logit multipliers, attention_multiplier as the scale) with the Mamba2 "
+              "mixer (mamba) in place of attention where layer_types says \"mamba\"; no rope when "
+              "position_embedding_type is \"nope\"; HF's shared_mlp renamed to mlp. The MoE "
+              "configs (num_local_experts > 0: a top-k precise-softmax router, SwitchGLU experts "
+              "and the fused shared_mlp on every layer) are refused.",
     ),
 ]
