@@ -1,8 +1,9 @@
-"""The Mamba2 hybrid rows (mamba2, nemotron_h, granitemoehybrid) beyond the manifest's gate: configs the zoo's
-tiny ones do not exercise, against mlx-lm built from the same config with the same weights
+"""The Mamba2 hybrid rows (mamba2, nemotron_h, granitemoehybrid) beyond the manifest's gate:
+configs the zoo's tiny ones do not exercise, against mlx-lm built from the same config with the same weights
 (a literal block-norm eps, a tied head, biases, the hub's pattern string, legacy block-type
-spellings, a null time_step_limit), mlx-lm's cache list without the MLP layers, HF-layout
-checkpoints (torch conv1d, MTP heads), and the refusals (MoE layers, bad patterns, rows)."""
+spellings, a null time_step_limit), mlx-lm's cache list without the MLP / MoE layers, HF-layout
+checkpoints (torch conv1d, per-expert tensors, MTP heads, shared_mlp), and the refusals
+(latent MoE, bad patterns, granite MoE configs, rows)."""
 
 import dataclasses
 import json
@@ -53,6 +54,9 @@ def _same_run(ref, ours, batch: int = 1):
                 "time_step_limit": [0.05, 2.0], "n_groups": 4}),
     ("mamba2", {"ssm_state_size": 32}),  # read before state_size
     ("nemotron_h", {"hybrid_override_pattern": "M*-M", "layers_block_type": None}),  # hub form
+    # one expert group, no renorm, no shared expert, E first
+    ("nemotron_h", {"hybrid_override_pattern": "EM*E", "layers_block_type": None, "n_group": 1,
+                    "norm_topk_prob": False, "n_shared_experts": None, "num_experts_per_tok": 1}),
     ("nemotron_h", {"layers_block_type": ["mamba", "attention", "mlp", "mamba", "mlp"],
                     "time_step_limit": None, "mamba_proj_bias": True, "attention_bias": True,
                     "mlp_bias": True, "layer_norm_epsilon": 1e-3}),
@@ -79,7 +83,6 @@ def test_nemotron_h_cache_list_skips_the_mlp_layers():
 
 
 @pytest.mark.parametrize("pattern, msg", [
-    ("M*-E", "MoE layers"),
     ("M*+M", "one of M, \\*, -, E"),
     (["M", "*", 7], "one of M, \\*, -, E"),
     ("*--*", "has no M"),
@@ -91,7 +94,8 @@ def test_nemotron_h_patterns_refused_with_the_key(pattern, msg):
 
 
 def test_hf_checkpoint_layout_loads_as_mlx_lm_loads_it(zoo, tmp_path):
-    """torch's [C, 1, K] depthwise conv1d and nemotron_h's mtp.* heads, as HF ships them."""
+    """torch's [C, 1, K] depthwise conv1d, per-expert tensors and the mtp.* heads, as HF ships
+    nemotron_h."""
     from mlx_lm.utils import load_model
 
     src = zoo("nemotron_h")
@@ -99,13 +103,21 @@ def test_hf_checkpoint_layout_loads_as_mlx_lm_loads_it(zoo, tmp_path):
     shutil.copytree(src, dst)
     index = json.loads((dst / "model.safetensors.index.json").read_text())
     shard = sorted(dst.glob("*.safetensors"))[0]
-    weights = dict(mx.load(str(shard)))
-    convs = [k for k in weights if k.endswith("conv1d.weight")]
-    for k in convs:
+    shards = {p.name: dict(mx.load(str(p))) for p in dst.glob("*.safetensors")}
+    mx.eval(shards)  # read before the files are rewritten
+    weights = shards[shard.name]
+    for k in [k for k in weights if k.endswith("conv1d.weight")]:
         weights[k] = weights[k].swapaxes(1, 2)
     weights["mtp.layers.0.norm.weight"] = mx.ones((64,))
     index["weight_map"]["mtp.layers.0.norm.weight"] = shard.name
-    mx.save_safetensors(str(shard), weights, metadata={"format": "mlx"})
+    for hf, ours in (("up_proj", "fc1"), ("down_proj", "fc2")):  # per-expert HF tensors
+        key = f"backbone.layers.1.mixer.switch_mlp.{ours}.weight"
+        stacked = shards[index["weight_map"].pop(key)].pop(key)
+        for e in range(stacked.shape[0]):
+            weights[f"backbone.layers.1.mixer.experts.{e}.{hf}.weight"] = stacked[e]
+            index["weight_map"][f"backbone.layers.1.mixer.experts.{e}.{hf}.weight"] = shard.name
+    for name, w in shards.items():
+        mx.save_safetensors(str(dst / name), w, metadata={"format": "mlx"})
     (dst / "model.safetensors.index.json").write_text(json.dumps(index))
     ids = mx.array([[5, 9, 2, 77, 31, 8]])
     ours = load_universal(dst)
@@ -123,6 +135,7 @@ def test_granitemoehybrid_hf_layout_loads_as_mlx_lm_loads_it(zoo, tmp_path):
     shutil.copytree(src, dst)
     index = json.loads((dst / "model.safetensors.index.json").read_text())
     shards = {name: dict(mx.load(str(dst / name))) for name in set(index["weight_map"].values())}
+    mx.eval(shards)  # read before the files are rewritten
     weights = {k: v for shard in shards.values() for k, v in shard.items()}
     first = sorted(shards)[0]
     for layer in range(3):
@@ -142,6 +155,14 @@ def test_granitemoehybrid_hf_layout_loads_as_mlx_lm_loads_it(zoo, tmp_path):
     ours = load_universal(dst)
     assert mx.array_equal(ours(ids), load_model(dst)[0](ids))
     assert mx.array_equal(ours(ids), load_universal(src)(ids))
+
+
+def test_nemotron_h_latent_moe_refused():
+    from mlxbun.errors import UnsupportedModelError
+    from mlxbun.models.universal.coverage import require_coverage
+
+    with pytest.raises(UnsupportedModelError, match="'moe_latent_size' .*runs only None"):
+        require_coverage("nemotron_h", {**tiny_config("nemotron_h"), "moe_latent_size": 32})
 
 
 _NEW_SPELLING = {"layer_types": ["linear_attention", "full_attention", "linear_attention"]}

@@ -85,7 +85,7 @@ MANIFEST = {
         # hybrids: recurrent mixers on some layers (models/universal/mixers/)
         Entry("lfm2"),
         Entry("mamba2"),
-        Entry("nemotron_h"),
+        Entry("nemotron_h", EXPERT_VARIANTS),  # its E layers route (f16 / bf16: on CUDA)
         Entry("granitemoehybrid"),
     ]
 }

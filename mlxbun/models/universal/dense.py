@@ -369,8 +369,9 @@ class SingleOpBlock(nn.Module):
         self._mixer_name, self._norm_name = h.name, d.names.norms.pre_attn
         eps = a.eps if h.norm_eps is None else h.norm_eps
         setattr(self, self._norm_name, _NORMS[d.norm.kind](a.hidden, eps, a.norm_bias))
-        if spec.ffn_only:
-            op = MLP(a, d, limit=spec.swiglu_limits[1])
+        if spec.ffn_only:  # the MoE block where the row's moe rule picks the layer
+            op = (MoEBlock(a, d, spec.index, spec.swiglu_limits) if spec.moe
+                  else MLP(a, d, limit=spec.swiglu_limits[1]))
         elif spec.mixer is MixerKind.ATTENTION:
             op = Attention(a, d, spec)
         else:

@@ -539,8 +539,9 @@ def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]
 
     def describe(s: LayerSpec) -> tuple[str, str, str, str]:
         recurrent = mixer_label(d, a, s)
+        ff = "no feed-forward" if single_block(d) is not None and not s.ffn_only else moe_layer_label(d, a, s)
         if recurrent is not None:
-            return recurrent[0], "no rope", recurrent[1], moe_layer_label(d, a, s)
+            return recurrent[0], "no rope", recurrent[1], ff
         if s.sliding:
             attention = f"sliding window {a.sliding_window}"
             cache = f"RotatingKVCache({a.sliding_window})" if rotating else "KVCache (windowed mask)"
@@ -550,7 +551,7 @@ def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]
             owner = max(t.index for t in a.layers[:s.index + 1] if t.kv_proj)
             attention += f", k/v projections of layer {owner}"
         rope = "rope as above" if one_rope else _rope_text(s, d, a)
-        return attention, rope, cache, moe_layer_label(d, a, s)
+        return attention, rope, cache, ff
 
     groups: dict[tuple[str, str, str, str], list[int]] = {}
     for s in a.layers:

@@ -83,8 +83,9 @@ def single_block(d: ArchDescriptor) -> tuple[str, str] | None:
         return None
     eps = "its eps" if h.norm_eps is None else f"eps {h.norm_eps} (not the config's)"
     return (f"h = h + {h.name}({d.names.norms.pre_attn}(h))",
-            f"one op per layer, all named {h.name}: the {h.mixer.value} mixer, attention or the "
-            f"MLP (see layers); {d.names.norms.pre_attn}: the block norm, {eps}")
+            f"one op per layer, all named {h.name}: the {h.mixer.value} mixer, attention, the MLP"
+            f"{' or the MoE block' if d.moe else ''} (see layers); {d.names.norms.pre_attn}: the "
+            f"block norm, {eps}")
 
 
 def hybrid_lines(d: ArchDescriptor, a: UniversalArgs) -> list[tuple[str, str]]:
@@ -94,7 +95,7 @@ def hybrid_lines(d: ArchDescriptor, a: UniversalArgs) -> list[tuple[str, str]]:
 def mixer_label(d: ArchDescriptor, a: UniversalArgs, s: LayerSpec) -> tuple[str, str] | None:
     """(what the layer runs, its cache) for a recurrent layer; None for an attention layer."""
     if s.ffn_only:
-        return "the MLP alone (no mixer)", "none (mlx-lm's list skips the layer)"
+        return "no mixer, the feed-forward alone", "none (mlx-lm's list skips the layer)"
     if s.mixer is MixerKind.ATTENTION:
         return None
     slots = MIXERS[s.mixer].cache_slots

@@ -55,19 +55,18 @@ def mixer_layers(d: Any, a: dict, n: int) -> list[MixerKind]:
 
 
 def ffn_layers(d: Any, a: dict, n: int) -> list[bool]:
-    """Per layer: whether its one op is the MLP (block 'single', the pattern's '-' layers)."""
+    """Per layer: whether its one op is the MLP or the MoE block (block 'single', the pattern's
+    '-' and 'E' layers)."""
     h = d.hybrid
     if h is None or h.layers is not MixerLayers.PATTERN:
         return [False] * n
-    return [c == "-" for c in _pattern(a[h.field], h.field, n, d.model_type)]
+    return [c in "-E" for c in _pattern(a[h.field], h.field, n, d.model_type)]
 
 
 def _pattern(value: Any, key: str, n: int, mt: str) -> list[str]:
     if not isinstance(value, (str, list, tuple)) or len(value) != n or not all(
             isinstance(c, str) and c in "M*-E" and len(c) == 1 for c in value):
         raise fail(mt, f"'{key}' must give each of the {n} layers one of M, *, -, E; got {value!r}")
-    if "E" in value:
-        raise fail(mt, f"'{key}' has MoE layers (E): mlxbun's {mt} row runs M, * and - layers only")
     return list(value)
 
 

@@ -405,6 +405,8 @@ class Combine(StrEnum):
 
 class ExpertKind(StrEnum):
     GLU = "glu"  # SwitchGLU: down(swiglu(gate(x), up(x))) per expert
+    MLP_RELU2 = "mlp_relu2"  # SwitchMLP: down(relu2(up(x))) per expert, the names' up_proj /
+    # down_proj its fc1 / fc2 (nemotron_h)
     GLU_OAI = "glu_oai"  # gpt_oss: SwitchGLU with SwigluOAI, (clip(up, -l, l) + 1) * g * sigmoid(a * g),
     # g = min(gate, l); mlx-lm's constants a = 1.702, l = 7.0 (config swiglu_* not read)
 
@@ -452,6 +454,7 @@ class MoeLayers(StrEnum):
     ENUM_STRING = "enum_string"  # i in moe_layers_enum ("1,2,..."); unset: every layer but 0 (step3p5)
     FREQ_LIST = "freq_list"  # moe_layer_freq[i] == 1, a per-layer list (mimo_v2_flash)
     MLP_LAYER_TYPES = "mlp_layer_types"  # mlp_layer_types[i] == "sparse" (laguna)
+    PATTERN_E = "pattern_e"  # hybrid_override_pattern[i] == "E" (nemotron_h's one-op MoE layers)
 
 
 class SwigluClamp(StrEnum):
@@ -478,8 +481,8 @@ class MixerLayers(StrEnum):
     INDEX_LIST = "index_list"  # field: the attending layers' indices (lfm2's full_attn_idxs)
     INTERVAL = "interval"  # field n: layer i attends when (i + 1) % n == 0 (qwen3_next)
     ALL = "all"  # no layer attends (mamba2); no field
-    PATTERN = "pattern"  # field: one char per layer, M the mixer, * attention, - the MLP alone
-    # (nemotron_h's hybrid_override_pattern; block 'single' only)
+    PATTERN = "pattern"  # field: one char per layer, M the mixer, * attention, - the MLP alone,
+    # E the MoE block (nemotron_h's hybrid_override_pattern; block 'single' only)
     LAYER_TYPES = "layer_types"  # field: a list, the mixer where the entry is one of
     # hybrid.layer_types, attention where it is "attention", any other entry refused
     # (granitemoehybrid's "mamba" / "attention")

@@ -9,6 +9,11 @@ from mlxbun.models.universal.schema import (
     REQUIRED,
     ArchDescriptor,
     BlockKnobs,
+    MoEKnobs,
+    MoENames,
+    RouterKnobs,
+    SharedKnobs,
+    StackExperts,
     HeadKnobs,
     LogitScale,
     MlpKnobs,
@@ -102,7 +107,7 @@ HYBRID_ROWS = [
          "use_conv_bias": REQUIRED, "hybrid_override_pattern": None, "layers_block_type": None,
          "layer_types": None, "num_hidden_layers": None, "head_dim": None,
          "time_step_limit": None, "time_step_min": None, "time_step_max": None,
-         # the MoE (E) layers' numbers: read by no layer mlxbun runs (E layers are refused)
+         # the MoE (E) layers' numbers
          **dict.fromkeys(("moe_intermediate_size", "moe_shared_expert_intermediate_size",
                           "moe_latent_size", "n_group", "n_routed_experts", "n_shared_experts",
                           "topk_group", "num_experts_per_tok", "norm_topk_prob",
@@ -114,13 +119,26 @@ HYBRID_ROWS = [
         mlp=MlpKnobs("plain", act="relu2", bias="mlp_bias"),
         norm=NormKnobs(eps="layer_norm_epsilon"),
         head=HeadKnobs(tie=False),
+        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="pattern_e",
+                     expert="mlp_relu2",
+                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
+                                        renorm="sum_eps",
+                                        params={"scaling": "routed_scaling_factor", "n_group": "n_group",
+                                                "topk_group": "topk_group"}),
+                     shared=SharedKnobs("plain", size="moe_shared_expert_intermediate_size",
+                                        when="n_shared_experts", bias="mlp_bias"),
+                     names=MoENames(up_proj="fc1", down_proj="fc2")),
         hybrid=HybridKnobs("mamba2", "pattern", field="hybrid_override_pattern", name="mixer",
                            block="single",
                            knobs=Mamba2Knobs(heads="mamba_num_heads", head_dim="mamba_head_dim",
                                              in_bias="mamba_proj_bias", out_bias="mamba_proj_bias",
                                              norm=GatedNorm.GROUPED, d_cast=True, scan_lengths=False)),
         sanitize=(SanitizeRule("drop_prefix", "mtp.", "the multi-token-prediction heads"),
-                  _CONV1D_TORCH),
+                  _CONV1D_TORCH,
+                  SanitizeRule("stack_experts", StackExperts((("up_proj", "fc1"), ("down_proj", "fc2")),
+                                                             ("weight",)),
+                               "per-expert HF tensors stacked into the fused SwitchMLP weights")),
+        accepted_values={"moe_latent_size": (None,)},
         ignored_keys={"expand": "mlx-lm sizes the mixer by mamba_num_heads * mamba_head_dim",
                       "chunk_size": "mlx-lm's scan runs chunks of 256 whatever the config says",
                       "residual_in_fp32": "mlx-lm adds the residual in the activations' dtype",
@@ -136,7 +154,9 @@ HYBRID_ROWS = [
         notes="nemotron_h: one op per layer, x + mixer(norm(x)), the op by "
               "hybrid_override_pattern: M the Mamba2 mixer (grouped gated RMSNorm, D cast to the "
               "input dtype), * attention without rope, - a relu2 MLP (up_proj, down_proj); only M "
-              "and * layers hold a cache. MoE layers (E) are refused.",
+              "and * layers hold a cache; E the MoE block (sigmoid router with correction bias, "
+              "grouped top-k, renorm by sum + 1e-20, scaled; relu2 SwitchMLP experts fc1 / fc2; "
+              "a relu2 shared expert). Latent MoE projections (moe_latent_size) are refused.",
     ),
     ArchDescriptor(
         "granitemoehybrid",
