@@ -196,3 +196,18 @@ def test_hybrid_rows_refused_when_built(change, msg):
     d = DESCRIPTORS["nemotron_h"]
     with pytest.raises(DescriptorError, match=msg):
         dataclasses.replace(d, hybrid=dataclasses.replace(d.hybrid, **change))
+
+
+def test_nemotron_h_prompt_cache_round_trips_its_short_cache_list(zoo, tmp_path):
+    """A saved prompt cache holds one entry per cache of mlx-lm's list (M and * layers only)."""
+    from mlxbun.cache.prompt_cache import save_prompt_cache
+    from mlxbun.generation_caches import load_prompt_cache_for, model_identity_of
+
+    model = load_universal(zoo("nemotron_h"))
+    caches = model.make_cache()
+    assert len(caches) == 3 and model_identity_of(model)["num_layers"] == "3"
+    model(mx.array([[5, 9, 2, 77, 31, 8]]), cache=caches)
+    save_prompt_cache(tmp_path / "p.safetensors", caches, model_identity=model_identity_of(model))
+    loaded, _ = load_prompt_cache_for(model, tmp_path / "p.safetensors")
+    ids = mx.array([[100, 200, 3]])
+    assert mx.array_equal(model(ids, cache=loaded), model(ids, cache=caches))
