@@ -21,7 +21,6 @@ import json
 import math
 import platform
 import sys
-import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -158,7 +157,6 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     env = environment()
     sections: dict[str, list[str]] = {"kv": [], "weights": [], "spec": [], "speed": []}
-    tic = time.perf_counter()
     for name in args.models.split(","):  # each model's tables saved as measured
         gguf = real_gguf(name, _Factory(work))
         dense = cached_import(gguf, root=work, quant="none")  # float32: BLAS matmuls, seconds not minutes
@@ -181,8 +179,9 @@ def main(argv=None) -> int:
         "# Real models: SmolLM2-135M-Instruct and Gemma-3-270M",
         "",
         f"Machine: {platform.machine()} {env.get('cpu') or platform.processor()}, {env.get('cpu_count')} cores, "
-        f"mlx {mx.__version__} ({env.get('backend')}), mlxbun at {env.get('revision') or 'unknown revision'}; "
-        f"this run took {(time.perf_counter() - tic) / 60:.0f} minutes.",
+        f"mlx {mx.__version__} ({env.get('backend')}); the sections measured last were measured at mlxbun "
+        f"{env.get('revision') or 'unknown revision'} (each section's rows in the results table carry "
+        "their own revision).",
         "",
         "Command: `LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 .venv/bin/python "
         "benchmarks/real_models.py` (the mlxbun-vs-llama.cpp section: `make oracle`). The models are the GGUF "

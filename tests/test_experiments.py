@@ -225,6 +225,20 @@ def test_bringup_on_moe_passes_then_localizes_a_perturbed_expert(zoo, monkeypatc
     assert (heat.loc["model.layers.0"].fillna(0) == 0).all() and heat.loc["model.layers.1", "mlp"] > 0
 
 
+def test_bringup_on_a_hybrid_compares_its_recurrent_states(tmp_path):
+    """The bring-up notebook on a hybrid (lfm2: short convs on layers 0 and 2): its conv states
+    are compared after every diffed step, and the largest state difference is recorded."""
+    db = tmp_path / "r.sqlite"
+    b = bringup("zoo:lfm2", decode_steps=3, prompt_len=12, diff_decode_steps=1, goldens_dir=tmp_path / "g",
+                results_path=db)
+    assert b.verdict == "pass" and b.trajectory.identical
+    states = b.states()
+    assert sorted(set(zip(states.step, states.layer))) == [(0, 0), (0, 2), (1, 0), (1, 2)]
+    assert states.equal.all() and (states.norm_a > 0).all()
+    rows = _rows(db, experiment="port_bringup")
+    assert rows.loc[rows.metric == "state_diff_max", "value"].tolist() == [0.0]
+
+
 def test_bringup_of_a_refused_checkpoint_records_the_refusal(zoo, tmp_path):
     odd = tmp_path / "odd"
     shutil.copytree(zoo("llama"), odd)

@@ -130,3 +130,90 @@ def test_the_zoo_config_is_a_real_lfm2_config():
     cfg = tiny_config("lfm2")
     assert json.loads(json.dumps(cfg))["layer_types"] == ["conv", "full_attention", "conv"]
     assert cfg["block_dim"] == cfg["hidden_size"]
+
+
+@pytest.mark.parametrize("bias,norm", [(True, True), (False, True), (True, False)])
+def test_lfm2_moe_router_is_mlx_lm_s(bias, norm):
+    """The sigmoid_scaled router and block against mlx-lm's Lfm2MoeSparseMoeBlock, the branches the
+    zoo row does not take included (no expert bias, no renorm)."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import lfm2_moe
+
+    from mlxbun.models.universal.moe import MoEBlock
+
+    cfg = {**tiny_config("lfm2_moe"), "use_expert_bias": bias, "norm_topk_prob": norm}
+    d = DESCRIPTORS["lfm2_moe"]
+    ref = lfm2_moe.Lfm2MoeSparseMoeBlock(lfm2_moe.ModelArgs.from_dict(cfg))
+    if bias:
+        ref.expert_bias = mx.random.normal((cfg["num_experts"],), key=mx.random.key(3))
+    ours = MoEBlock(resolve_args(d, cfg), d, 1)
+    ours.load_weights(tree_flatten(ref.parameters()), strict=True)
+    for dtype in (mx.float32, mx.bfloat16):
+        x = mx.random.normal((2, 7, cfg["hidden_size"]), key=mx.random.key(5)).astype(dtype)
+        assert mx.array_equal(ours(x), ref(x))
+
+
+def test_hf_layout_lfm2_moe_checkpoints_load_as_mlx_lm_loads_them(zoo, tmp_path):
+    """HF checkpoints: per-expert w1 / w2 / w3 tensors, torch-layout convs; the rename and stack
+    rules bring them to the zoo's (mlx-lm's) layout, as mlx-lm's sanitize does."""
+    src = zoo("lfm2_moe")
+    dst = tmp_path / "hf-layout"
+    shutil.copytree(src, dst)
+    names = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
+    for shard in sorted(dst.glob("*.safetensors")):
+        out = {}
+        for k, v in mx.load(str(shard)).items():
+            if k.endswith("conv.conv.weight"):
+                out[k] = v.swapaxes(1, 2)
+            elif ".switch_mlp." in k:
+                head, proj = k.split(".switch_mlp.")[0], k.split(".")[-2]
+                for e in range(v.shape[0]):
+                    out[f"{head}.experts.{e}.{names[proj]}.weight"] = v[e]
+            elif ".feed_forward." in k and k.split(".")[-2] in names:
+                out[k.replace(k.split(".")[-2], names[k.split(".")[-2]])] = v
+            else:
+                out[k] = v
+        mx.save_safetensors(str(shard), out, metadata={"format": "mlx"})
+    index = dst / "model.safetensors.index.json"
+    if index.is_file():  # the weight map names the new keys
+        shard_of = {k: s.name for s in dst.glob("*.safetensors") for k in mx.load(str(s))}
+        meta = json.loads(index.read_text())
+        index.write_text(json.dumps({**meta, "weight_map": shard_of}))
+    ids = mx.array([[5, 9, 2, 77, 31, 8, 100, 4]])
+    ours = load_universal(dst)
+    assert mx.array_equal(ours(ids), _oracle(dst)(ids))
+    assert mx.array_equal(ours(ids), load_universal(src)(ids))
+
+
+def test_layer_diff_reports_the_recurrent_states_step_by_step(lfm2):
+    from mlxbun.parity.layer_diff import layer_diff
+
+    prompt, decode = [4, 8, 15, 16, 23, 42], [7, 9]
+    diff = layer_diff(load_universal(lfm2), _oracle(lfm2), prompt, decode)
+    t = diff.state_table
+    assert sorted(set(zip(t["step"], t["layer"]))) == [(s, layer) for s in range(3) for layer in (0, 2)]
+    assert t["equal"].all() and (t["max_abs_diff"] == 0).all()
+    assert (t["norm_a"] > 0).all() and (t["norm_a"] == t["norm_b"]).all()
+    assert t["shape_a"].tolist() == [(1, 2, 64)] * 6
+    assert diff.state_heatmap().shape == (2, 3)
+    assert json.loads(diff.to_json())["recurrent_states"][0]["layer"] == 0
+
+
+def test_a_state_that_differs_while_the_outputs_agree_is_localized(lfm2):
+    """The conv's output never reads the state it writes in the same forward: a corrupted write
+    shows in no output of the step, only in the state (and at the next step's outputs)."""
+    from mlxbun.parity.layer_diff import layer_diff
+    from mlxbun.parity.localize import first_divergence
+
+    class Skewed(ArraysCache):
+        def __setitem__(self, idx, value):
+            super().__setitem__(idx, value * 1.001)
+
+    candidate = load_universal(lfm2)
+    candidate.make_cache = lambda: [Skewed(1) if isinstance(c, ArraysCache) else c
+                                    for c in type(candidate).make_cache(candidate)]
+    found = first_divergence(candidate, _oracle(lfm2), [4, 8, 15, 16], [7])
+    assert (found.path, found.step, found.layer_index, found.substep) == ("cache[0].state[0]", 0, 0, "state")
+    assert found.max_abs_diff > 0
+    heat = layer_diff(candidate, _oracle(lfm2), [4, 8, 15, 16], [7]).state_heatmap()
+    assert (heat > 0).all().all()

@@ -15,8 +15,9 @@ from mlxbun.config import TextConfig, load_model_config
 from mlxbun.errors import ConfigError, LoadError, MlxbunError
 from mlxbun.models.mlxlm import MlxLmRuntimeModel, load_mlxlm
 from mlxbun.models.runtime import RuntimeModel
+from mlxbun.parity.compare import bit_equal, max_abs_diff
 from mlxbun.parity.gate import gate, second_prompt
-from mlxbun.parity.localize import bit_equal, first_divergence, max_abs_diff
+from mlxbun.parity.localize import first_divergence
 from mlxbun.parity.manifest import (
     ManifestError,
     config_fingerprint,

@@ -84,6 +84,7 @@ MANIFEST = {
         Entry("laguna", EXPERT_VARIANTS),
         # hybrids: recurrent mixers on some layers (models/universal/mixers/)
         Entry("lfm2"),
+        Entry("lfm2_moe", EXPERT_VARIANTS),
         Entry("mamba2"),
         Entry("nemotron_h", EXPERT_VARIANTS),  # its E layers route (f16 / bf16: on CUDA)
         Entry("granitemoehybrid"),

@@ -103,6 +103,7 @@ ROUTER_PROBS = exhaustive(RouterKind, {
     RouterKind.SIGMOID_CORRECTED: _normalized_sigmoid,
     RouterKind.SIGMOID_EPS: _normalized_sigmoid,
     RouterKind.SIGMOID_BIASED: _normalized_sigmoid,
+    RouterKind.SIGMOID_SCALED: _normalized_sigmoid,
     RouterKind.SCORED_GROUPED: _as_score_func,
     RouterKind.CAPPED_SCORE: _as_capped_score,
 })

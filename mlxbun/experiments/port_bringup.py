@@ -110,6 +110,13 @@ class Bringup:
             raise MlxbunError(f"{self.target}: no layer diff ({self.port.verdict}: {self.port.reason})")
         return self.layer_diff.heatmap(step).dropna(how="all")
 
+    def states(self):
+        """A hybrid's recurrent states after each diffed step: per layer and slot, both sides' L2
+        norm and max |mlxbun - mlx-lm| (empty for a model without recurrent layers)."""
+        if self.layer_diff is None:
+            raise MlxbunError(f"{self.target}: no layer diff ({self.port.verdict}: {self.port.reason})")
+        return self.layer_diff.state_table
+
 
 def bringup(model: str = "zoo:llama", *, variant: str = "float32", decode_steps: int = 8, prompt_len: int = 24,
             diff_decode_steps: int = 2, top_k: int = 5, goldens_dir=None, results_path=None,
@@ -166,6 +173,10 @@ def bringup(model: str = "zoo:llama", *, variant: str = "float32", decode_steps:
                 both = [r for r in recs if r["a"] is not None and r["b"] is not None]
                 rows.append(("modules_differing", sum(not r["equal"] for r in both), "outputs"))
                 rows.append(("modules_one_side", len(recs) - len(both), "outputs"))
+                state_diffs = [s["max_abs_diff"] for s in out.layer_diff.states]
+                if state_diffs:  # a hybrid: its recurrent states, compared after each step
+                    rows.append(("state_diff_max", max((math.nan if d is None else d for d in state_diffs)),
+                                 None, {"slots": len(state_diffs)}))
             if out.trajectory is not None and out.trajectory.first_divergence is not None:
                 rows.append(("trajectory_first_divergence", out.trajectory.first_divergence, "step"))
             run.record_many(rows)

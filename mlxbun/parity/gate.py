@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from mlxbun.errors import MlxbunError
-from mlxbun.parity.localize import Divergence, bit_equal, first_divergence, max_abs_diff, nonfinite_sides
+from mlxbun.parity.compare import bit_equal, max_abs_diff, nonfinite_sides
+from mlxbun.parity.localize import Divergence, first_divergence
 from mlxbun.parity.oracle import Trajectory, as_batch, repeated_tokens, run_trajectory
 
 __all__ = ["GateResult", "compare_trajectories", "gate", "second_prompt"]

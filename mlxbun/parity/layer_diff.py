@@ -12,7 +12,10 @@ each side's shape, dtype, mean, std, min and max, and the max |a - b|:
   ready for `imshow`;
 - `LayerDiff.tree`: the same records nested by module path, in the shape of
   transformers' model-addition debugger dump (`module_path`, `outputs`,
-  `children`), JSON-ready via `to_json()`.
+  `children`), JSON-ready via `to_json()`;
+- `LayerDiff.state_table` / `state_heatmap()`: a hybrid's recurrent states after
+  each step (`parity.states`): per layer and slot, both sides' L2 norm and the
+  max |a - b|; layers x steps -> max |diff|.
 
 Side "a" is the candidate, side "b" the reference (as in `first_divergence`).
 """
@@ -28,7 +31,9 @@ import mlx.core as mx
 
 from mlxbun.config_reader import json_safe
 from mlxbun.models.taps import Taps, block_paths, layer_index_of, substep_of
-from mlxbun.parity.localize import bit_equal, max_abs_diff, merged_order, tapped_steps
+from mlxbun.parity.compare import bit_equal, max_abs_diff
+from mlxbun.parity.localize import merged_order, tapped_steps
+from mlxbun.parity.states import state_cells, state_records
 
 __all__ = ["LayerDiff", "layer_diff", "summarize"]
 
@@ -83,6 +88,7 @@ class LayerDiff:
 
     records: list[dict[str, Any]]  # execution order, all steps
     root_name: str = "Model"
+    states: list[dict[str, Any]] = field(default_factory=list)  # recurrent slots after each step
     _blocks: list[str] = field(default_factory=list, repr=False)
 
     # ------------------------------------------------------------ flat views
@@ -153,6 +159,28 @@ class LayerDiff:
             df.loc[u, c] = max(v)
         return df
 
+    @property
+    def state_table(self):
+        """One row per (step, layer, slot) of a recurrent state: shapes, dtypes, L2 norms of both
+        sides, max_abs_diff, equal. Empty when neither model keeps one."""
+        import pandas as pd
+
+        cols = ["step", "layer", "slot", "shape_a", "shape_b", "dtype_a", "dtype_b", "norm_a", "norm_b",
+                "max_abs_diff", "equal"]
+        return pd.DataFrame(self.states, columns=cols)
+
+    def state_heatmap(self):
+        """Recurrent layers (rows) x steps (columns) -> max |diff| over the layer's state slots."""
+        import pandas as pd
+
+        cells = state_cells(self.states)
+        layers = sorted({k[0] for k in cells})
+        steps = sorted({k[1] for k in cells})
+        df = pd.DataFrame(math.nan, index=pd.Index(layers, name="layer"), columns=pd.Index(steps, name="step"))
+        for (layer, step), v in cells.items():
+            df.loc[layer, step] = v
+        return df
+
     def first_difference(self) -> dict[str, Any] | None:
         """The first record (execution order) that is not bit-equal, None if all are."""
         return next((r for r in self.records if not r["equal"]), None)
@@ -187,6 +215,8 @@ class LayerDiff:
             node["max_abs_diff"] = None if not diffs or any(d is None for d in diffs) else max(diffs)
             if not node["children"]:
                 node.pop("children")
+        if self.states:
+            root["recurrent_states"] = self.states
         return root
 
     def to_json(self, path: Any = None, indent: int = 2) -> str:
@@ -222,10 +252,12 @@ def layer_diff(model_a: Any, model_b: Any, prompt_ids: Sequence, decode_ids: Seq
     "layers", a list of module paths, or a predicate.
     """
     records: list[dict[str, Any]] = []
+    states: list[dict[str, Any]] = []
     all_paths: set[str] = set()
-    for step, ta, tb, la, lb in tapped_steps(model_a, model_b, prompt_ids, decode_ids, paths):
+    for step, ta, tb, la, lb, ca, cb in tapped_steps(model_a, model_b, prompt_ids, decode_ids, paths):
         records += _compare_step(ta, tb, la, lb, step, len(records))
+        states += state_records(ca, cb, step)
         all_paths |= set(ta.called()) | set(tb.called())
         del ta, tb  # the step's activations are summarized; free them before the next forward
-    return LayerDiff(records=records, root_name=_root_name(model_a),
+    return LayerDiff(records=records, root_name=_root_name(model_a), states=states,
                      _blocks=block_paths([(p, None) for p in all_paths]))

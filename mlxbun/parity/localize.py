@@ -17,7 +17,6 @@ Side "a" is the candidate, side "b" the oracle.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -26,8 +25,11 @@ import mlx.nn as nn
 
 from mlxbun.errors import MlxbunError
 from mlxbun.models.taps import Taps, block_paths, capture, layer_index_of, substep_of
+from mlxbun.parity.compare import bit_equal, dtype_name, max_abs_diff, nonfinite_sides
+from mlxbun.parity.states import recurrent_slots
 
-__all__ = ["Divergence", "bit_equal", "first_divergence", "max_abs_diff", "nonfinite_sides", "tap"]
+__all__ = ["Divergence", "bit_equal", "first_divergence", "first_state_divergence", "max_abs_diff", "nonfinite_sides",
+           "tap"]
 
 
 @dataclass
@@ -55,39 +57,6 @@ class Divergence:
             return f"{where}: non-finite values (NaN/inf) on the {self.nonfinite}"
         return (f"{where}: max |diff| {self.max_abs_diff}, candidate {self.dtype_a}{list(self.shape_a or ())} "
                 f"vs oracle {self.dtype_b}{list(self.shape_b or ())}")
-
-
-def _dtype(a: mx.array) -> str:
-    return str(a.dtype).removeprefix("mlx.core.")
-
-
-def _finite(a: mx.array) -> bool:
-    return bool(mx.all(mx.isfinite(a)).item())
-
-
-def nonfinite_sides(a: mx.array, b: mx.array) -> str | None:
-    """Which side holds a NaN or inf: "candidate" (a), "oracle" (b), "candidate and oracle", or
-    None when both are finite."""
-    sides = [name for name, x in (("candidate", a), ("oracle", b)) if not _finite(x)]
-    return " and ".join(sides) or None
-
-
-def bit_equal(a: mx.array, b: mx.array) -> bool:
-    """Same dtype, same shape, same values, and finite: a NaN or inf is never equal, not even
-    to the same NaN or inf on the other side (a model that emits them has failed)."""
-    return (a.dtype == b.dtype and a.shape == b.shape and bool(mx.array_equal(a, b))
-            and _finite(a))
-
-
-def max_abs_diff(a: mx.array, b: mx.array) -> float | None:
-    """max |a - b| computed in float32 (0.0 where bit-equal); None when the shapes differ, NaN
-    when either side holds a NaN or inf."""
-    if a.shape != b.shape:
-        return None
-    if not (_finite(a) and _finite(b)):
-        return math.nan
-    a32, b32 = a.astype(mx.float32), b.astype(mx.float32)
-    return float(mx.max(mx.abs(a32 - b32)).item()) if a.size else 0.0
 
 
 def tap(model: Any, paths: Any = None):
@@ -126,7 +95,7 @@ def _compare_taps(a: Taps, b: Taps, step: int) -> Divergence | None:
             return Divergence(**label, max_abs_diff=None, kind="structural",
                               shape_a=None if xa is None else tuple(xa.shape),
                               shape_b=None if xb is None else tuple(xb.shape),
-                              dtype_a=None if xa is None else _dtype(xa), dtype_b=None if xb is None else _dtype(xb))
+                              dtype_a=None if xa is None else dtype_name(xa), dtype_b=None if xb is None else dtype_name(xb))
         if not bit_equal(xa, xb):
             return _numeric(label, xa, xb)
     return None
@@ -136,8 +105,25 @@ def _numeric(label: dict, xa: mx.array, xb: mx.array) -> Divergence:
     """A value divergence: non-finite when either side holds NaN/inf, else numeric."""
     sides = nonfinite_sides(xa, xb)
     return Divergence(**label, max_abs_diff=max_abs_diff(xa, xb), shape_a=tuple(xa.shape), shape_b=tuple(xb.shape),
-                      dtype_a=_dtype(xa), dtype_b=_dtype(xb), kind="nonfinite" if sides else "numeric",
+                      dtype_a=dtype_name(xa), dtype_b=dtype_name(xb), kind="nonfinite" if sides else "numeric",
                       nonfinite=sides)
+
+
+def first_state_divergence(cache_a: Sequence, cache_b: Sequence, step: int) -> Divergence | None:
+    """The first recurrent slot (layer order) whose state is not bit-equal after `step`
+    (`parity.states`), or None."""
+    for layer, slot, xa, xb in recurrent_slots(cache_a, cache_b):
+        label = dict(path=f"cache[{layer}].state[{slot}]", layer_index=layer, substep="state",
+                     step=step, call=0)
+        if xa is None or xb is None or xa.shape != xb.shape:
+            return Divergence(**label, max_abs_diff=None, kind="structural",
+                              shape_a=None if xa is None else tuple(xa.shape),
+                              shape_b=None if xb is None else tuple(xb.shape),
+                              dtype_a=None if xa is None else dtype_name(xa),
+                              dtype_b=None if xb is None else dtype_name(xb))
+        if not bit_equal(xa, xb):
+            return _numeric(label, xa, xb)
+    return None
 
 
 def step_feeds(prompt_ids: Sequence, decode_ids: Sequence | None) -> list[mx.array]:
@@ -155,7 +141,8 @@ def step_feeds(prompt_ids: Sequence, decode_ids: Sequence | None) -> list[mx.arr
 
 def tapped_steps(model_a, model_b, prompt_ids: Sequence, decode_ids: Sequence | None = None, paths: Any = None):
     """Run both models step by step (prefill, then each decode id) through their own caches under
-    taps; yields (step, taps_a, taps_b, logits_a, logits_b) with everything evaluated."""
+    taps; yields (step, taps_a, taps_b, logits_a, logits_b, cache_a, cache_b) with everything
+    evaluated (the caches as the step left them: a hybrid's recurrent states included)."""
     from mlxbun.models.mlxlm import ensure_runtime
 
     model_a, model_b = ensure_runtime(model_a), ensure_runtime(model_b)
@@ -166,7 +153,7 @@ def tapped_steps(model_a, model_b, prompt_ids: Sequence, decode_ids: Sequence | 
         with tap(model_b, paths) as tb:
             lb = model_b(x, cache=cache_b)
         mx.eval(la, lb, [v for t in (ta, tb) for outs in t.values() for v in outs])
-        yield step, ta, tb, la, lb
+        yield step, ta, tb, la, lb, cache_a, cache_b
 
 
 def first_divergence(candidate: Any, oracle: Any, prompt_ids: Sequence, decode_ids: Sequence | None = None,
@@ -175,12 +162,17 @@ def first_divergence(candidate: Any, oracle: Any, prompt_ids: Sequence, decode_i
 
     `decode_ids` (flat for one prompt, one list per row for a batch) are fed one
     at a time after the prefill, to reach a divergence that only shows in decode.
-    Returns None when every tapped output and every logit is bit-equal.
+    A hybrid's recurrent states are compared after each step's logits (`parity.states`): a state
+    that differs while every output agrees is reported there, a step before the outputs show it.
+    Returns None when every tapped output, every logit and every recurrent state is bit-equal.
     """
-    for step, ta, tb, la, lb in tapped_steps(candidate, oracle, prompt_ids, decode_ids, paths):
+    for step, ta, tb, la, lb, ca, cb in tapped_steps(candidate, oracle, prompt_ids, decode_ids, paths):
         found = _compare_taps(ta, tb, step)
         if found is not None:
             return found
         if not bit_equal(la, lb):
             return _numeric(dict(path="logits", layer_index=None, substep="head", step=step, call=0), la, lb)
+        found = first_state_divergence(ca, cb, step)
+        if found is not None:
+            return found
     return None

@@ -431,13 +431,17 @@ _HYBRID_ROWS = (
     Arch("lfm2", "Lfm2ForCausalLM", "Lfm2Config", layers=3, kv_heads=2,
          knobs={"layer_types": ["conv", "full_attention", "conv"], "block_multiple_of": 32},
          post=_lfm2_post),
+    # conv, attention, conv; layer 0 dense, layers 1-2 MoE (sigmoid router with expert bias)
+    Arch("lfm2_moe", "Lfm2MoeForCausalLM", "Lfm2MoeConfig", layers=3, kv_heads=2,
+         knobs={"layer_types": ["conv", "full_attention", "conv"], "num_dense_layers": 1,
+                "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "routed_scaling_factor": 1.5}),
     # every layer the Mamba2 mixer: 8 heads x 16 = 2 * hidden, 2 groups of state 16; mlx-lm
     # requires intermediate_size, which transformers 5's Mamba2Config no longer writes
     Arch("mamba2", "Mamba2ForCausalLM", "Mamba2Config", legacy_rope=False,
          knobs={"num_heads": 8, "state_size": 16, "n_groups": 2}, extra={"intermediate_size": 2 * HIDDEN}),
-    # mamba, MoE, attention, MLP, mamba: mlx-lm's cache list skips the MoE and MLP layers, so
-    # the attention mask comes from cache 1 (layer 2) and the ssm mask from cache 0; two expert
-    # groups (one kept) and Nemotron-3's routed scaling
+    # mamba, MoE, attention, MLP, mamba: mlx-lm's cache list skips the MoE and MLP layers (the
+    # attention mask comes from cache 1, layer 2); two expert groups, one kept; routed scaling
     Arch("nemotron_h", "NemotronHForCausalLM", "NemotronHConfig", layers=5, kv_heads=2,
          legacy_rope=False,
          knobs={"mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2,
@@ -447,9 +451,8 @@ _HYBRID_ROWS = (
                 "moe_intermediate_size": MOE_INTERMEDIATE,
                 "moe_shared_expert_intermediate_size": MOE_INTERMEDIATE, "n_group": 2,
                 "topk_group": 1, "routed_scaling_factor": 2.5}),
-    # Granite 4.0 H without experts (granite-4.0-h-micro): mamba, attention (its mask from layer
-    # 1), mamba, spelled as hub configs do (transformers 5 rewrites them to linear_attention /
-    # full_attention, which mlx-lm 0.32.2 refuses); NoPE as the hub configs say
+    # Granite 4.0 H without experts, NoPE: layer_types spelled as hub configs do (transformers 5
+    # writes linear_attention / full_attention, which mlx-lm 0.32.2 refuses)
     Arch("granitemoehybrid", "GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", layers=3,
          kv_heads=2, extra={"layer_types": ["mamba", "attention", "mamba"]},
          knobs={"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_n_groups": 2,

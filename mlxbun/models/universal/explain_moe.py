@@ -169,6 +169,16 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line("w = take_along_axis(s, experts)" + (" / sum" if spec.norm_topk else ""),
                    f"sigmoid scores{renorm} (no k > 1 guard)")
         yield Line("w = w.astype(x.dtype)", "the weights in the block input's dtype")
+    elif r.kind is RouterKind.SIGMOID_SCALED:
+        sel = _SELECT[r.select]
+        yield Line("s = sigmoid(logits)", "in the logits' dtype")
+        yield Line(f"experts = {sel.format(s=f's.astype(float32) + {n.correction_bias}')}" if spec.corrected
+                   else f"experts = {sel.format(s='s')}",
+                   f"{n.correction_bias} [E] float32, on the block: the bias steers the choice, not the "
+                   "weights" if spec.corrected else f"{r.corrected} = False: no expert bias")
+        yield Line("w = take_along_axis(s, experts)" + (" / (sum + 1e-6)" if spec.norm_topk else ""),
+                   f"sigmoid scores{renorm}")
+        yield Line(f"w = (w * {r.params['scaling']}).astype(x.dtype)", f"= {spec.params['scaling']}")
     elif r.kind is RouterKind.SCORED_GROUPED:
         p = spec.params
         fn = "sigmoid" if p["score_func"] == "sigmoid" else "softmax"

@@ -268,6 +268,8 @@ class SanitizeOp(StrEnum):
     # weight_scale_inv, as bfloat16; the scales dropped (activation scales kept, as mlx-lm)
     STRIP_PREFIX = "strip_prefix"  # arg: prefix; when any key starts with it, those keys lose it
     # (laguna's repacked "language_model.")
+    RENAME_SUBSTRINGS = "rename_substrings"  # arg: ((old, new), ...): every key holding old gets
+    # it replaced by new, in order (lfm2_moe: w1.weight -> gate_proj.weight, ...)
     SHARED_MLP_DENSE = "shared_mlp_dense"  # granitemoehybrid without experts: when layer 0 holds
     # shared_mlp.input_linear, each layer's [2I, D] split in two -> mlp.gate_proj | mlp.up_proj,
     # shared_mlp.output_linear -> mlp.down_proj
@@ -303,6 +305,9 @@ class RouterKind(StrEnum):
     # sigmoid scores, optional renorm (no k > 1 guard), cast to the input's dtype (Klear)
     CAPPED_SCORE = "capped_score"  # laguna: float32 logits, tanh softcap when softcap > 0, score
     # (ScoreFunc), + correction bias for the choice, top-k, the k scores renormalized by their sum
+    SIGMOID_SCALED = "sigmoid_scaled"  # lfm2_moe: sigmoid of the logits (their dtype); top-k
+    # (select) of it, or of its float32 + the expert bias when there is one; the k sigmoid scores,
+    # optional renorm by sum + 1e-6, times scaling, cast to the input's dtype
     SCORED_GROUPED = "scored_grouped"  # uncompiled: sigmoid or softmax (the score_func field) in
     # f32, + expert bias, grouped top-k if n_group > 1, renorm if k > 1, scale (afmoe)
 
@@ -321,6 +326,7 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
     RouterKind.SIGMOID_CORRECTED: (),
     RouterKind.SIGMOID_EPS: ("scaling",),  # moe_router_scaling_factor
     RouterKind.SIGMOID_BIASED: (),
+    RouterKind.SIGMOID_SCALED: ("scaling",),  # routed_scaling_factor
     RouterKind.SCORED_GROUPED: ("score_func", "scaling", "n_group", "topk_group"),  # afmoe:
     # score_func ("sigmoid", anything else softmax), route_scale, n_group, topk_group
     RouterKind.CAPPED_SCORE: ("softcap", "score_fn"),  # moe_router_logit_softcapping,
@@ -331,7 +337,7 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
 # RouterKnobs.corrected says it exists; RouterKnobs.bias_at says which module holds it)
 CORRECTED_ROUTERS = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE, RouterKind.SIGMOID_CORRECTED,
                      RouterKind.SIGMOID_BIASED, RouterKind.SCORED_GROUPED, RouterKind.SIGMOID_EPS,
-                     RouterKind.CAPPED_SCORE)
+                     RouterKind.CAPPED_SCORE, RouterKind.SIGMOID_SCALED)
 
 
 class BiasAt(StrEnum):

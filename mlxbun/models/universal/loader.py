@@ -373,6 +373,14 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _split_interleaved_experts(w), {}
     if op is SanitizeOp.STEP3P5:
         return _step3p5(w, fields)
+    if op is SanitizeOp.RENAME_SUBSTRINGS:  # lfm2_moe.sanitize's loop, replacement by replacement
+        out = {}
+        for k, v in w.items():
+            for old, new in rule.arg:
+                if old in k:
+                    k = k.replace(old, new)
+            out[k] = v
+        return out, {}
     if op is SanitizeOp.SHARED_MLP_DENSE:
         return _shared_mlp_dense(d, w, fields), {}
     if op is SanitizeOp.CONV1D_LAYOUT:

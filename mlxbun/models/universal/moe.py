@@ -232,6 +232,17 @@ def _sigmoid_biased(r: "Router", logits, bias):  # Klear (the cast to x's dtype:
     return inds, scores
 
 
+def _sigmoid_scaled(r: "Router", logits, bias):  # lfm2_moe (the cast to x's dtype: Router)
+    routing_weights = mx.sigmoid(logits)
+    k = r.top_k
+    chosen_by = routing_weights if bias is None else routing_weights.astype(mx.float32) + bias
+    inds = mx.stop_gradient(_SELECT[r.select](chosen_by, k))
+    scores = mx.take_along_axis(routing_weights, inds, axis=-1)
+    if r.norm_topk:
+        scores = scores / (mx.sum(scores, axis=-1, keepdims=True) + 1e-6)
+    return inds, scores * r.params["scaling"]
+
+
 def _scored_grouped(r: "Router", logits, bias):  # afmoe.AfmoeMoE, op for op (not compiled)
     p = r.params
     if p["score_func"] == "sigmoid":
@@ -289,12 +300,13 @@ _ROUTE = exhaustive(RouterKind, {
     RouterKind.SIGMOID_CORRECTED: _sigmoid_corrected,
     RouterKind.SIGMOID_EPS: _sigmoid_eps,
     RouterKind.SIGMOID_BIASED: _sigmoid_biased,
+    RouterKind.SIGMOID_SCALED: _sigmoid_scaled,
     RouterKind.SCORED_GROUPED: _scored_grouped,
     RouterKind.CAPPED_SCORE: _capped_score,
 })
 # the router kinds whose weights end cast to the block input's dtype, `weights.astype(x.dtype)`
 # (minimax; Klear: scores.astype(x.dtype))
-_CAST_TO_INPUT = (RouterKind.SIGMOID_CORRECTED, RouterKind.SIGMOID_BIASED)
+_CAST_TO_INPUT = (RouterKind.SIGMOID_CORRECTED, RouterKind.SIGMOID_BIASED, RouterKind.SIGMOID_SCALED)
 
 # the experts' activation module, given the layer's routed clamp limit (None: SwitchGLU's shared
 # SwiGLU, as mlx-lm's default argument)

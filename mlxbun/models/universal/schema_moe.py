@@ -78,7 +78,7 @@ _FIXED_NORM_ROUTERS = (RouterKind.SPARSEMIXER, RouterKind.F32_ACT_TOPK, RouterKi
                        RouterKind.CAPPED_SCORE)
 # corrected router kinds whose correction bias a row may switch off (`RouterKnobs.corrected`);
 # the other corrected kinds always add theirs
-_SWITCHABLE_BIAS = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE)
+_SWITCHABLE_BIAS = (RouterKind.NOAUX_TC, RouterKind.GROUPED_SCORE, RouterKind.SIGMOID_SCALED)
 # the gate kinds whose logits a sibling module of the router computes
 _SIBLING_GATE = (GateKind.LINEAR, GateKind.WRAPPED)
 

@@ -1,0 +1,76 @@
+"""Recurrent-state diffing: the arrays a hybrid's recurrent layers keep between forwards (an
+ArraysCache's slots: a conv window, an SSM / delta-rule state) compared after each step.
+
+A recurrent layer's output can agree bit for bit while the state it leaves behind does not (a
+wrong window kept, a state written in another dtype): the difference shows only at the next
+step. `state_records` gives, per step, per layer, per slot, both sides' L2 norm and the max
+|a - b| (`layer_diff` keeps them); `localize.first_state_divergence` the first slot that is not
+bit-equal (layer order).
+A cache is a recurrent state when it holds a `cache` list of slots and no `offset` (mlx-lm's
+ArraysCache and mlxbun's alike); attention caches are left to the tapped outputs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Sequence
+
+import mlx.core as mx
+
+from mlxbun.parity.compare import bit_equal, dtype_name, max_abs_diff
+
+__all__ = ["is_recurrent_state", "recurrent_slots", "state_cells", "state_records"]
+
+
+def is_recurrent_state(cache: Any) -> bool:
+    return isinstance(getattr(cache, "cache", None), list) and not hasattr(cache, "offset")
+
+
+def recurrent_slots(cache_a: Sequence, cache_b: Sequence) -> Iterator[tuple[int, int, Any, Any]]:
+    """(layer, slot, array a, array b) of every recurrent slot either side holds, layer order."""
+    for layer, (ca, cb) in enumerate(zip(cache_a, cache_b)):
+        if not (is_recurrent_state(ca) or is_recurrent_state(cb)):
+            continue
+        sa = ca.cache if is_recurrent_state(ca) else []
+        sb = cb.cache if is_recurrent_state(cb) else []
+        for slot in range(max(len(sa), len(sb))):
+            xa = sa[slot] if slot < len(sa) else None
+            xb = sb[slot] if slot < len(sb) else None
+            if xa is not None or xb is not None:
+                yield layer, slot, xa, xb
+
+
+def _norm(x: mx.array | None) -> float | None:
+    if x is None:
+        return None
+    return float(mx.sqrt(mx.sum(mx.square(x.astype(mx.float32)))).item())
+
+
+def state_records(cache_a: Sequence, cache_b: Sequence, step: int) -> list[dict[str, Any]]:
+    """One record per recurrent slot after `step`: layer, slot, shapes, dtypes, both L2 norms
+    (float32), max |a - b| (None when the shapes differ or a side has no state) and equality."""
+    out = []
+    for layer, slot, xa, xb in recurrent_slots(cache_a, cache_b):
+        both = xa is not None and xb is not None
+        out.append({
+            "step": step, "layer": layer, "slot": slot,
+            "shape_a": None if xa is None else tuple(xa.shape),
+            "shape_b": None if xb is None else tuple(xb.shape),
+            "dtype_a": None if xa is None else dtype_name(xa),
+            "dtype_b": None if xb is None else dtype_name(xb),
+            "norm_a": _norm(xa), "norm_b": _norm(xb),
+            "max_abs_diff": max_abs_diff(xa, xb) if both else None,
+            "equal": both and bit_equal(xa, xb),
+        })
+    return out
+
+
+def state_cells(records: Sequence[dict[str, Any]]) -> dict[tuple[int, int], float]:
+    """(layer, step) -> max |diff| over the layer's slots (NaN where a slot's diff is unknown)."""
+    cells: dict[tuple[int, int], float] = {}
+    for r in records:
+        d = math.nan if r["max_abs_diff"] is None else r["max_abs_diff"]
+        key = (r["layer"], r["step"])
+        cells[key] = d if key not in cells or math.isnan(d) else (
+            cells[key] if math.isnan(cells[key]) else max(cells[key], d))
+    return cells
