@@ -2,10 +2,10 @@
 
 mlx-lm's mixer is built from a tiny real config (transformers' Mamba2Config, NemotronHConfig,
 FalconH1Config, GraniteMoeHybridConfig through mlx-lm's ModelArgs), given random parameters,
-and mlxbun's mixer takes the same ones (a strict load: the parameter paths are mlx-lm's). Outputs and both cache slots
-are compared bit-exact (mx.array_equal) in float32 and bfloat16 (also with the scan's
-parameters left in float32): a prefill without a cache, a
-prefill of more than one 256-token scan chunk, a prefill then decode steps through an
+and mlxbun's mixer takes the same ones (a strict load: the parameter paths are mlx-lm's).
+Outputs and both cache slots are compared bit-exact (mx.array_equal) in float32 and bfloat16
+(also with the scan's parameters left in float32): a prefill without a cache, a prefill of
+more than one 256-token scan chunk, a prefill then decode steps through an
 ArraysCache (mlxbun's vs mlx-lm's), a batch of two with left padding (the ssm mask), and a
 batch of two prefilled with per-row lengths (mlx-lm's batched generation), then decoded.
 """
@@ -29,22 +29,19 @@ from mlxbun.models.universal.mixers.mamba2 import (
     Mamba2KnobsError,
     Mamba2Mixer,
 )
+from mlxbun.models.universal.table import DESCRIPTORS
 
 SIZES = dict(hidden_size=32, vocab_size=128, n_groups=2, conv_kernel=4)
 
-NEMOTRON_H = Mamba2Knobs(heads="mamba_num_heads", head_dim="mamba_head_dim",
-                         in_bias="mamba_proj_bias", out_bias="mamba_proj_bias",
-                         norm=GatedNorm.GROUPED, d_cast=True, scan_lengths=False)
+# the rows' knobs (falcon_h1 has no row: its knobs are here)
+MAMBA2, NEMOTRON_H, GRANITEMOEHYBRID = (DESCRIPTORS[a].hybrid.mixer_knobs()
+                                        for a in ("mamba2", "nemotron_h", "granitemoehybrid"))
 FALCON_H1 = Mamba2Knobs(heads="mamba_n_heads", head_dim="mamba_d_head", state="mamba_d_state",
                         groups="mamba_n_groups", conv_kernel="mamba_d_conv",
                         conv_bias="mamba_conv_bias", in_bias="mamba_proj_bias",
                         out_bias="projectors_bias", eps="rms_norm_eps", intermediate="mamba_d_ssm",
                         time_step_limit=(0.0, math.inf), norm_when="mamba_rms_norm",
                         norm_before_gate="mamba_norm_before_gate")
-GRANITEMOEHYBRID = Mamba2Knobs(heads="mamba_n_heads", head_dim="mamba_d_head", state="mamba_d_state",
-                               groups="mamba_n_groups", conv_kernel="mamba_d_conv",
-                               conv_bias="mamba_conv_bias", in_bias="mamba_proj_bias",
-                               out_bias="mamba_proj_bias", eps="rms_norm_eps", d_cast=True)
 
 
 def _mamba2():
@@ -56,7 +53,7 @@ def _mamba2():
     # mlx-lm's ModelArgs requires intermediate_size, which transformers 5's Mamba2Config no
     # longer writes (its mixer never reads it)
     args = ModelArgs.from_dict({**cfg, "intermediate_size": 64})
-    return args, Mamba2Block(args, 0), Mamba2Knobs(), lambda m, x, mask, c: m(x, mask, c)
+    return args, Mamba2Block(args, 0), MAMBA2, lambda m, x, mask, c: m(x, mask, c)
 
 
 def _nemotron_h():

@@ -41,8 +41,8 @@ from mlxbun.models.universal.kinds import (
     AttnOutGate,
     EmbedScale,
     FinalSoftcap,
-    MakeCache,
     HybridBlock,
+    MakeCache,
     MixerKind,
     NormKind,
     NormSlot,
@@ -420,8 +420,9 @@ class UniversalDense(nn.Module):
         self[n.root] = Backbone(args, d)  # an item: mamba2's root is named like the property
         if not d.head.in_root and (not args.tie or d.head.always):
             setattr(self, n.head, nn.Linear(args.hidden, args.vocab, bias=d.head.bias))
-        # mlx-lm's cache list leaves out the one-op MLP layers (nemotron_h's -): layer i's cache is
-        # cache[_cache_idx[i]]; mlx-lm takes each mask from the cache of the first layer of its kind
+        # mlx-lm's cache list leaves out the one-op MLP / MoE layers (nemotron_h's - and E): layer
+        # i's cache is cache[_cache_idx[i]]; mlx-lm takes each mask from the cache of the first
+        # layer of its kind
         cached = [s for s in args.layers if not s.ffn_only]
         slots = iter(range(len(cached)))
         self._cache_idx = None if len(cached) == len(args.layers) else [
@@ -520,7 +521,7 @@ class UniversalDense(nn.Module):
         if self._swa_idx is not None:
             swa_mask = create_attention_mask(h, cache[self._swa_idx], window_size=a.sliding_window)
         ssm_mask = None if self._ssm_idx is None else create_ssm_mask(h, cache[self._ssm_idx])
-        if self._cache_idx is not None:  # layer by layer (the one-op MLP layers hold none)
+        if self._cache_idx is not None:  # layer by layer (the one-op MLP / MoE layers hold none)
             cache = [None if j is None else cache[j] for j in self._cache_idx]
         shared_kv = None
         for layer, spec, c in zip(blocks, a.layers, cache):

@@ -248,8 +248,9 @@ def moe_lines(d: ArchDescriptor, a: UniversalArgs):
     if m.flat_tokens:
         yield Line("x = x.reshape(-1, D)", "tokens routed flattened; the sum is reshaped back")
     yield from _router_lines(d, a)
+    fused = "SwitchMLP" if m.expert is ExpertKind.MLP_RELU2 else "SwitchGLU"
     yield Line(f"y = {n.switch}(x, experts)",
-               f"{'SwitchMLP' if m.expert is ExpertKind.MLP_RELU2 else 'SwitchGLU'}: {_GLU[m.expert].format(g=n.gate_proj, u=n.up_proj, d=n.down_proj)} per "
+               f"{fused}: {_GLU[m.expert].format(g=n.gate_proj, u=n.up_proj, d=n.down_proj)} per "
                f"chosen expert, [E, Ie, D] weights, bias={spec.expert_bias}; gather_mm (gather_qmm "
                f"quantized), tokens sorted by expert from 64 picks")
     if d.swiglu_clamp is not None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from mlxbun.models.universal.kinds import HybridBlock, MixerKind, MixerLayers
+from mlxbun.models.universal.kinds import BlockKind, HybridBlock, MixerKind, MixerLayers, NormKind, Residual
 from mlxbun.models.universal.kinds import kind_field as _kind
 from mlxbun.models.universal.mixers import MIXER_KNOBS
 
@@ -56,8 +56,11 @@ def check_hybrid(d: Any) -> None:
     if h.layers is MixerLayers.PATTERN and h.block is not HybridBlock.SINGLE:
         raise d.error("hybrid.layers 'pattern' (its MLP-only layers) goes with block 'single'")
     if h.block is HybridBlock.SINGLE and (d.names.norms.pre_attn is None
-                                          or d.norm.kind.value == "functional_rms"):
-        raise d.error("hybrid block 'single' takes a norm module named names.norms.pre_attn")
+                                          or d.norm.kind is NormKind.FUNCTIONAL_RMS
+                                          or d.block.kind is not BlockKind.PRE
+                                          or d.block.residual is not Residual.PLAIN):
+        raise d.error("hybrid block 'single' is x + op(norm(x)): a pre-norm block (a norm module "
+                      "named names.norms.pre_attn) with a plain residual")
     elif h.norm_eps is not None and h.block is not HybridBlock.SINGLE:
         raise d.error("hybrid.norm_eps is the single-op block's norm eps")
     if h.name in (d.names.attn, d.names.mlp) and h.block is not HybridBlock.SINGLE:
