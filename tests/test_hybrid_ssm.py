@@ -198,6 +198,14 @@ def test_hybrid_rows_refused_when_built(change, msg):
         dataclasses.replace(d, hybrid=dataclasses.replace(d.hybrid, **change))
 
 
+def test_single_op_block_refuses_what_it_does_not_run():
+    from mlxbun.models.universal.schema import BlockKnobs
+
+    d = DESCRIPTORS["mamba2"]
+    with pytest.raises(DescriptorError, match="'single' is x \\+ op\\(norm\\(x\\)\\)"):
+        dataclasses.replace(d, block=BlockKnobs(residual="clip_f16"))
+
+
 def test_nemotron_h_prompt_cache_round_trips_its_short_cache_list(zoo, tmp_path):
     """A saved prompt cache holds one entry per cache of mlx-lm's list (M and * layers only)."""
     from mlxbun.cache.prompt_cache import save_prompt_cache
