@@ -72,6 +72,22 @@ def test_configs_the_zoo_does_not_exercise(arch, change):
     _same_run(ref, ours, batch=2)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_nemotron_h_without_experts_in_half_precision(dtype):
+    """The zoo's nemotron_h routes (its float16 / bfloat16 run on CUDA only): its M, * and -
+    layers in half precision here, cast as mlx_lm.convert casts (A_log kept in float32)."""
+    ref, ours = _pair({**tiny_config("nemotron_h"), "layers_block_type": None,
+                       "hybrid_override_pattern": "M-*M"})
+    keep = ref.cast_predicate
+    params = [(k, v.astype(getattr(mx, dtype)) if keep(k) else v)
+              for k, v in tree_flatten(ref.parameters())]
+    ref.update(tree_unflatten(params))
+    ours.load_weights(params, strict=True)
+    assert ours.backbone.layers[0].mixer.A_log.dtype == mx.float32
+    _same_run(ref, ours)
+    _same_run(ref, ours, batch=2)
+
+
 def test_nemotron_h_cache_list_skips_the_mlp_layers():
     cfg = {**tiny_config("nemotron_h"), "layers_block_type": None,
            "hybrid_override_pattern": ["-", "M", "-", "*", "M"]}
