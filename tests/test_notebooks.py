@@ -72,3 +72,26 @@ def test_port_bringup_fails_headless_when_the_port_does_not_pass(zoo, zoo_root, 
                      "--results", str(tmp_path / "r.sqlite"), "--no-progress", "--timeout", "120"])
     err = capsys.readouterr().err
     assert code == 1 and "port fail" in err and "not finite" in err, err
+
+
+def test_the_acceptance_notebook_runs_on_a_hybrid_with_rollback_stats(zoo_root, tmp_path, monkeypatch, capfd):
+    """spec_acceptance on lfm2 (short convs + attention): every drafter kind, a draft model that is a
+    hybrid itself; greedy equal to plain decoding (the notebook's last cell), and the recurrent
+    rollbacks it needed (replayed tokens, replay time) in its tables and rows."""
+    monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
+    db, out = tmp_path / "results.sqlite", tmp_path / "out"
+    drafters = '["ngram", "self:2", "model:zoo:lfm2@q8", "model:zoo:lfm2@seed1"]'
+    code = cli.main(["lab", "run", "spec_acceptance", "-p", "model", "zoo:lfm2", "-p", "drafters", drafters,
+                     "-p", "ks", "[1, 4]", "--out", str(out), "--results", str(db), "--no-progress",
+                     "--timeout", "120"])
+    assert code == 0, capfd.readouterr().err
+    executed = nbformat.read(out / "spec_acceptance.ipynb", 4)
+    shown = "".join(o.get("data", {}).get("text/plain", "") for c in executed.cells if c.cell_type == "code"
+                    for o in c.outputs)
+    assert "replayed_tokens" in shown and "model:zoo:lfm2@seed1" in shown
+    with open_results(db, create=False) as store:
+        rows = store.load(expand_params=True)
+    replayed = rows[(rows.experiment == "spec_acceptance") & (rows.metric == "replayed_tokens")]
+    runs = replayed.filter(like="params.").drop_duplicates()
+    assert len(replayed) > 0 and replayed.value.sum() > 0  # the seed-1 draft model gets rejected
+    assert {"model:zoo:lfm2@seed1", "ngram"} <= set(replayed["params.drafter"]) and len(runs) >= 8

@@ -23,12 +23,13 @@ from mlxbun.speculative.engine import (
     speculative_generate_step,
     speculative_text,
 )
+from mlxbun.speculative.replay import Rollback
 from mlxbun.speculative.stats import SpecStats
 from mlxbun.speculative.verify import Sampling, Verdict, verify_greedy, verify_sampled
 
 __all__ = [
     "AdaptiveDraftLength", "Draft", "DraftModelDrafter", "DraftSession", "Drafter", "LayerSkipDrafter",
-    "NGramDrafter", "Sampling", "SpecResponse", "SpecStats", "Verdict", "VocabularyMismatchError",
+    "NGramDrafter", "Rollback", "Sampling", "SpecResponse", "SpecStats", "Verdict", "VocabularyMismatchError",
     "make_drafter", "speculative_generate", "speculative_generate_step", "speculative_text", "verify_greedy",
     "verify_sampled",
 ]
