@@ -193,7 +193,11 @@ def model_identity_of(model) -> Optional[dict]:
     """The identity a saved prompt cache records (`prompt_cache.model_identity`), when the model
     has an mlxbun config (an mlx-lm model without one has none to check against)."""
     config = getattr(model, "config", None)
-    return model_identity(config) if isinstance(config, TextConfig) else None
+    if not isinstance(config, TextConfig):
+        return None
+    # one saved cache per entry of the model's cache list, which may skip layers (nemotron_h's
+    # MLP and MoE layers hold none, as in mlx-lm)
+    return {**model_identity(config), "num_layers": str(len(model.make_cache()))}
 
 
 def load_prompt_cache_for(model, path) -> tuple[list, dict]:

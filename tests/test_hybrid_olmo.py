@@ -185,14 +185,14 @@ def test_coverage_reads_the_hub_config():
 
 def test_the_hybrid_block_knobs_are_checked_with_the_row():
     row = DESCRIPTORS["olmo_hybrid"]
-    with pytest.raises(DescriptorError, match="hybrid.block and hybrid.norms"):
-        dataclasses.replace(row, hybrid=dataclasses.replace(row.hybrid, norms=None))
-    with pytest.raises(DescriptorError, match="slot\\(s\\) pre_mlp that hybrid.norms leaves unnamed"):
-        dataclasses.replace(row, hybrid=dataclasses.replace(row.hybrid, norms=NormNames(pre_mlp=None)))
+    with pytest.raises(DescriptorError, match="hybrid.mixer_block and hybrid.mixer_norms"):
+        dataclasses.replace(row, hybrid=dataclasses.replace(row.hybrid, mixer_norms=None))
+    with pytest.raises(DescriptorError, match="slot\\(s\\) pre_mlp that hybrid.mixer_norms leaves unnamed"):
+        dataclasses.replace(row, hybrid=dataclasses.replace(row.hybrid, mixer_norms=NormNames(pre_mlp=None)))
     with pytest.raises(DescriptorError, match="'type_list' needs hybrid.layer_types"):
         dataclasses.replace(row, hybrid=dataclasses.replace(row.hybrid, layer_types=()))
-    with pytest.raises(DescriptorError, match="hybrid.norms must be a NormNames"):
-        dataclasses.replace(row, hybrid=dataclasses.replace(row.hybrid, norms="input_layernorm"))
+    with pytest.raises(DescriptorError, match="hybrid.mixer_norms must be a NormNames"):
+        dataclasses.replace(row, hybrid=dataclasses.replace(row.hybrid, mixer_norms="input_layernorm"))
 
 
 def test_explain_shows_both_block_kinds():

@@ -89,5 +89,8 @@ MANIFEST = {
         Entry("qwen3_next", EXPERT_VARIANTS),
         Entry("lfm2_moe", EXPERT_VARIANTS),
         Entry("olmo_hybrid"),
+        Entry("mamba2"),
+        Entry("nemotron_h", EXPERT_VARIANTS),  # its E layers route (f16 / bf16: on CUDA)
+        Entry("granitemoehybrid"),
     ]
 }

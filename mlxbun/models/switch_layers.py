@@ -137,6 +137,35 @@ class ClampedSwiGLU(nn.Module):
 _SHARED_SWIGLU = SwiGLU()
 
 
+class SwitchMLP(nn.Module):
+    """mlx-lm's SwitchMLP: fc1 / activation / fc2 SwitchLinears (`names`), tokens sorted by expert
+    from 64 picks."""
+
+    def __init__(self, input_dims: int, hidden_dims: int, num_experts: int, activation: nn.Module,
+                 bias: bool = False, names: tuple[str, str] = ("fc1", "fc2")):
+        super().__init__()
+        self._names = names
+        setattr(self, names[0], SwitchLinear(input_dims, hidden_dims, num_experts, bias=bias))
+        setattr(self, names[1], SwitchLinear(hidden_dims, input_dims, num_experts, bias=bias))
+        self.activation = activation
+
+    def __call__(self, x, indices) -> mx.array:
+        fc1, fc2 = self._names
+        x = mx.expand_dims(x, (-2, -3))
+        indices = mx.stop_gradient(indices)
+        do_sort = indices.size >= 64
+        idx = indices
+        inv_order = None
+        if do_sort:
+            x, idx, inv_order = gather_sort(x, indices)
+        x = self[fc1](x, idx, sorted_indices=do_sort)
+        x = self.activation(x)
+        x = self[fc2](x, idx, sorted_indices=do_sort)
+        if do_sort:
+            x = scatter_unsort(x, inv_order, indices.shape)
+        return x.squeeze(-2)
+
+
 class SwitchGLU(nn.Module):
     """mlx-lm's SwitchGLU: gate/up/down SwitchLinears, tokens sorted by expert from 64 picks."""
 

@@ -463,6 +463,29 @@ _HYBRID_ROWS = (
          knobs={"layer_types": ["linear_attention", "full_attention", "linear_attention"],
                 "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 32,
                 "linear_value_head_dim": 16}),
+    # every layer the Mamba2 mixer: 8 heads x 16 = 2 * hidden, 2 groups of state 16; mlx-lm
+    # requires intermediate_size, which transformers 5's Mamba2Config no longer writes
+    Arch("mamba2", "Mamba2ForCausalLM", "Mamba2Config", legacy_rope=False,
+         knobs={"num_heads": 8, "state_size": 16, "n_groups": 2}, extra={"intermediate_size": 2 * HIDDEN}),
+    # mamba, MoE, attention, MLP, mamba: mlx-lm's cache list skips the MoE and MLP layers (the
+    # attention mask comes from cache 1, layer 2); two expert groups, one kept; routed scaling
+    Arch("nemotron_h", "NemotronHForCausalLM", "NemotronHConfig", layers=5, kv_heads=2,
+         legacy_rope=False,
+         knobs={"mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2,
+                "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp",
+                                      "linear_attention"],
+                "n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE,
+                "moe_shared_expert_intermediate_size": MOE_INTERMEDIATE, "n_group": 2,
+                "topk_group": 1, "routed_scaling_factor": 2.5}),
+    # Granite 4.0 H without experts, NoPE: layer_types spelled as hub configs do (transformers 5
+    # writes linear_attention / full_attention, which mlx-lm 0.32.2 refuses)
+    Arch("granitemoehybrid", "GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", layers=3,
+         kv_heads=2, extra={"layer_types": ["mamba", "attention", "mamba"]},
+         knobs={"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_n_groups": 2,
+                "num_local_experts": 0, "layer_types": ["mamba", "attention", "mamba"],
+                "position_embedding_type": "nope", "embedding_multiplier": 12.0,
+                "attention_multiplier": 0.0625, "residual_multiplier": 0.22, "logits_scaling": 8.0}),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + _HYBRID_ROWS}

@@ -42,6 +42,7 @@ from mlxbun.models.universal.kinds import (
     AttnOutGate,
     EmbedScale,
     FinalSoftcap,
+    HybridBlock,
     MakeCache,
     MixerKind,
     NormKind,
@@ -320,9 +321,9 @@ class Block(nn.Module):
         self._cla = d.layers.kv_share is not None
         slots = d.block.norm_slots(a.parallel)
         self._norm_names = d.names.norms
-        if spec.mixer is not MixerKind.ATTENTION and d.hybrid.block is not None:
+        if spec.mixer is not MixerKind.ATTENTION and d.hybrid.mixer_block is not None:
             # the mixer layers' own norms (olmo_hybrid: pre-norm, the attention layers post-norm)
-            slots, self._norm_names = BLOCK_SLOTS[d.hybrid.block], d.hybrid.norms
+            slots, self._norm_names = BLOCK_SLOTS[d.hybrid.mixer_block], d.hybrid.mixer_norms
         self._slots = frozenset(slots)  # a tuple would join the module tree
         for slot in slots:
             norm = _NORMS[d.norm.kind](a.hidden, a.eps, a.norm_bias)
@@ -366,6 +367,37 @@ class Block(nn.Module):
         return self._add(h, self._norm(NormSlot.POST_MLP, r))
 
 
+class SingleOpBlock(nn.Module):
+    """A hybrid's one-op layer (HybridBlock.SINGLE: mamba2, nemotron_h): x + op(norm(x)), the op
+    the row's mixer, the attention or the MLP, held as the `hybrid.name` attribute."""
+
+    def __init__(self, a: UniversalArgs, d: ArchDescriptor, spec: LayerSpec):
+        super().__init__()
+        h = d.hybrid
+        self.use_sliding = spec.sliding
+        self.mixer_kind = spec.mixer
+        self._ffn = spec.ffn_only
+        self._mixer_name, self._norm_name = h.name, d.names.norms.pre_attn
+        eps = a.eps if h.norm_eps is None else h.norm_eps
+        setattr(self, self._norm_name, _NORMS[d.norm.kind](a.hidden, eps, a.norm_bias))
+        if spec.ffn_only:  # the MoE block where the row's moe rule picks the layer
+            op = (MoEBlock(a, d, spec.index, spec.swiglu_limits) if spec.moe
+                  else MLP(a, d, limit=spec.swiglu_limits[1]))
+        elif spec.mixer is MixerKind.ATTENTION:
+            op = Attention(a, d, spec)
+        else:
+            op = MIXERS[spec.mixer](a, h.mixer_knobs(), spec.index)
+        setattr(self, h.name, op)
+
+    def __call__(self, x, mask=None, cache=None, attn_scale=None):
+        op, h = self[self._mixer_name], self[self._norm_name](x)
+        if self._ffn:
+            return x + op(h)
+        if self.mixer_kind is MixerKind.ATTENTION:
+            return x + op(h, mask, cache, attn_scale)
+        return x + op(h, mask, cache)
+
+
 class Backbone(nn.Module):
     """mlx-lm's inner model (`model` / `transformer`): embedding, blocks, final norm."""
 
@@ -373,7 +405,8 @@ class Backbone(nn.Module):
         super().__init__()
         n = d.names
         setattr(self, n.embed, nn.Embedding(a.vocab, a.hidden))
-        setattr(self, n.layers, [Block(a, d, spec) for spec in a.layers])
+        single = d.hybrid is not None and d.hybrid.block is HybridBlock.SINGLE
+        setattr(self, n.layers, [(SingleOpBlock if single else Block)(a, d, spec) for spec in a.layers])
         if n.final_norm is not None:
             norm = _NORMS[d.norm.kind](a.hidden, a.eps, a.norm_bias)
             if norm is not None:
@@ -397,14 +430,20 @@ class UniversalDense(nn.Module):
         self._tied = args.tie
         if n.wrapper is not None:  # a VLM wrapper (qwen3_5): Model.<wrapper> holds root and head
             setattr(self, n.wrapper, nn.Module())
-        setattr(self.text_model, n.root, Backbone(args, d))
+        self.text_model[n.root] = Backbone(args, d)  # an item: mamba2's root is named like the property
         if not d.head.in_root and (not args.tie or d.head.always):
             setattr(self.text_model, n.head, nn.Linear(args.hidden, args.vocab, bias=d.head.bias))
-        # mlx-lm takes each mask from the first layer of its kind
-        attends = [s.sliding if s.mixer is MixerKind.ATTENTION else None for s in args.layers]
+        # mlx-lm's cache list leaves out the one-op MLP / MoE layers (nemotron_h's - and E): layer
+        # i's cache is cache[_cache_idx[i]]; mlx-lm takes each mask from the cache of the first
+        # layer of its kind
+        cached = [s for s in args.layers if not s.ffn_only]
+        slots = iter(range(len(cached)))
+        self._cache_idx = None if len(cached) == len(args.layers) else [
+            None if s.ffn_only else next(slots) for s in args.layers]
+        attends = [s.sliding if s.mixer is MixerKind.ATTENTION else None for s in cached]
         self._full_idx = attends.index(False) if False in attends else None
         self._swa_idx = attends.index(True) if True in attends else None
-        recurrent = [s.mixer is not MixerKind.ATTENTION for s in args.layers]
+        recurrent = [s.mixer is not MixerKind.ATTENTION for s in cached]
         self._ssm_idx = recurrent.index(True) if any(recurrent) else None
 
     # ------------------------------------------------------------- structure
@@ -460,7 +499,7 @@ class UniversalDense(nn.Module):
             return [ArraysCache(size=layer[layer._mixer_name].cache_slots)
                     if spec.mixer is not MixerKind.ATTENTION
                     else RotatingKVCache(max_size=max_kv_size, keep=4) if max_kv_size else KVCache()
-                    for layer, spec in zip(self.layers, self.args.layers)]
+                    for layer, spec in zip(self.layers, self.args.layers) if not spec.ffn_only]
         if max_kv_size is not None:
             return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in self.args.layers]
         return [KVCache() for _ in self.args.layers]
@@ -501,6 +540,8 @@ class UniversalDense(nn.Module):
         if self._swa_idx is not None:
             swa_mask = create_attention_mask(h, cache[self._swa_idx], window_size=a.sliding_window)
         ssm_mask = None if self._ssm_idx is None else create_ssm_mask(h, cache[self._ssm_idx])
+        if self._cache_idx is not None:  # layer by layer (the one-op MLP / MoE layers hold none)
+            cache = [None if j is None else cache[j] for j in self._cache_idx]
         shared_kv = None
         for layer, spec, c in zip(blocks, a.layers, cache):
             mask = ssm_mask if spec.mixer is not MixerKind.ATTENTION else (

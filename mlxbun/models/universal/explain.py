@@ -24,7 +24,7 @@ from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError
 from mlxbun.models.rope import rope_type_of
 from mlxbun.models.universal.coverage import check_coverage
-from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label
+from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label, single_block
 from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
 from mlxbun.models.universal.kinds import (
     BLOCK_SLOTS,
@@ -40,6 +40,7 @@ from mlxbun.models.universal.kinds import (
     HeadDim,
     KVShare,
     MakeCache,
+    MixerKind,
     MlpKind,
     MlpSize,
     NormKind,
@@ -181,6 +182,9 @@ def _norm(d: ArchDescriptor, a: UniversalArgs, dims: str = "D") -> str:
 
 def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Line, ...]], ...]:
     n = d.names
+    # a hybrid's one-op layers may run no attention (mamba2) or no MLP
+    attends = any(s.mixer is MixerKind.ATTENTION and not s.ffn_only for s in a.layers)
+    mlp = single_block(d) is None or any(s.ffn_only for s in a.layers)
     return (
         *(((f"wrapper ({n.wrapper})", (Line(f"{n.wrapper}.{n.root}, {n.wrapper}.{n.head}",
                                             "a VLM wrapper: every path below is under it; the "
@@ -190,10 +194,11 @@ def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Lin
         (f"block ({n.root}.{n.layers}[i], i < N): {_block_form(d, a)}", tuple(_block(d, a))),
         ("norms", (Line(_norm(d, a), "every block norm" + (
             f"; eps from {d.norm.eps}" if d.norm.kind is not NormKind.FUNCTIONAL_RMS else "")),)),
-        (f"attention ({n.root}.{n.layers}[i].{n.attn})", tuple(_attention(d, a))),
+        *(((f"attention ({n.root}.{n.layers}[i].{n.attn})", tuple(_attention(d, a))),)
+          if attends else ()),
         *(((hybrid_title(d), tuple(Line(c, note) for c, note in hybrid_lines(d, a))),)
           if d.hybrid is not None else ()),
-        *_mlp_sections(d, a),
+        *(_mlp_sections(d, a) if mlp else ()),
         ("final norm and head", tuple(_head(d, a))),
     )
 
@@ -238,8 +243,8 @@ def _block_form(d: ArchDescriptor, a: UniversalArgs) -> str:
     if isinstance(d.block.parallel, str):
         form += f" ({d.block.parallel} = {a.parallel})"
     h = d.hybrid
-    if h is not None and h.block is not None:
-        form += f" on the attention layers, {_FORMS[h.block]} on the {h.mixer.value} layers"
+    if h is not None and h.mixer_block is not None:
+        form += f" on the attention layers, {_FORMS[h.mixer_block]} on the {h.mixer.value} layers"
     return form
 
 
@@ -256,6 +261,10 @@ def _block(d: ArchDescriptor, a: UniversalArgs):
             return x
         return f"rms_norm({x})" if functional else f"{names.of(slot)}({x})"
 
+    one_op = single_block(d)
+    if one_op is not None:  # a hybrid's one-op layers (mamba2, nemotron_h)
+        yield Line(*one_op)
+        return
     if a.parallel:
         if b.parallel_mlp_norm is ParallelMlpNorm.SHARED:
             yield Line(f"x = {norm(NormSlot.PRE_ATTN, 'h')}", "attention and mlp share it")
@@ -274,8 +283,8 @@ def _block(d: ArchDescriptor, a: UniversalArgs):
             Residual.SCALED: f"s = {_residual_scale(d)} = {a.residual_scale}",
             Residual.CLIP_F16: "float16: added in float32, clipped to the float16 range"}[b.residual]
     h = d.hybrid
-    if h is not None and h.block is not None:  # the mixer layers have their own norms
-        own = {"slots": set(BLOCK_SLOTS[h.block]), "names": h.norms}
+    if h is not None and h.mixer_block is not None:  # the mixer layers have their own norms
+        own = {"slots": set(BLOCK_SLOTS[h.mixer_block]), "names": h.mixer_norms}
         for mixer, kw, where in ((n.attn, {}, "attention layers"),
                                  (h.name, own, f"{h.mixer.value} layers (see layers)")):
             attn = norm(NormSlot.POST_ATTN, f"{mixer}({norm(NormSlot.PRE_ATTN, 'h', **kw)})", **kw)
@@ -557,8 +566,9 @@ def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]
 
     def describe(s: LayerSpec) -> tuple[str, str, str, str]:
         recurrent = mixer_label(d, a, s)
+        ff = "no feed-forward" if single_block(d) is not None and not s.ffn_only else moe_layer_label(d, a, s)
         if recurrent is not None:
-            return recurrent[0], "no rope", recurrent[1], moe_layer_label(d, a, s)
+            return recurrent[0], "no rope", recurrent[1], ff
         if s.sliding:
             attention = f"sliding window {a.sliding_window}"
             cache = f"RotatingKVCache({a.sliding_window})" if rotating else "KVCache (windowed mask)"
@@ -568,7 +578,7 @@ def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]
             owner = max(t.index for t in a.layers[:s.index + 1] if t.kv_proj)
             attention += f", k/v projections of layer {owner}"
         rope = "rope as above" if one_rope else _rope_text(s, d, a)
-        return attention, rope, cache, moe_layer_label(d, a, s)
+        return attention, rope, cache, ff
 
     groups: dict[tuple[str, str, str, str], list[int]] = {}
     for s in a.layers:

@@ -48,6 +48,7 @@ _COMBINE = exhaustive(Combine, {
 
 _GLU = exhaustive(ExpertKind, {
     ExpertKind.GLU: "{d}(silu({g}(x)) * {u}(x))",
+    ExpertKind.MLP_RELU2: "{d}(relu2({u}(x)))",
     ExpertKind.GLU_OAI: "{d}((clip({u}(x), -7, 7) + 1) * g * sigmoid(1.702 * g)), g = min({g}(x), 7)",
 })
 
@@ -64,6 +65,7 @@ _LAYER_RULE = exhaustive(MoeLayers, {
     MoeLayers.ENUM_STRING: "i in moe_layers_enum (unset: every layer but 0)",
     MoeLayers.FREQ_LIST: "moe_layer_freq[i] == 1",
     MoeLayers.MLP_LAYER_TYPES: "mlp_layer_types[i] == \"sparse\"",
+    MoeLayers.PATTERN_E: "hybrid_override_pattern[i] == \"E\"",
 })
 
 _RENORM = exhaustive(TopKRenorm, {TopKRenorm.SUM: " / sum", TopKRenorm.SUM_EPS: " / (sum + 1e-20)"})
@@ -246,8 +248,9 @@ def moe_lines(d: ArchDescriptor, a: UniversalArgs):
     if m.flat_tokens:
         yield Line("x = x.reshape(-1, D)", "tokens routed flattened; the sum is reshaped back")
     yield from _router_lines(d, a)
+    fused = "SwitchMLP" if m.expert is ExpertKind.MLP_RELU2 else "SwitchGLU"
     yield Line(f"y = {n.switch}(x, experts)",
-               f"SwitchGLU: {_GLU[m.expert].format(g=n.gate_proj, u=n.up_proj, d=n.down_proj)} per "
+               f"{fused}: {_GLU[m.expert].format(g=n.gate_proj, u=n.up_proj, d=n.down_proj)} per "
                f"chosen expert, [E, Ie, D] weights, bias={spec.expert_bias}; gather_mm (gather_qmm "
                f"quantized), tokens sorted by expert from 64 picks")
     if d.swiglu_clamp is not None:

@@ -3,13 +3,14 @@ ModelArgs `__post_init__` steps and sizes of the hybrid rows (resolve.py calls t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mlxbun.models.universal.fields import fail
 from mlxbun.models.universal.kinds import MixerKind, MixerLayers
 
-__all__ = ["full_attn_idxs", "lfm2_ff_dim", "lfm2_intermediate", "mixer_layers", "olmo_hybrid_args",
-           "qwen3_5_rope"]
+__all__ = ["ffn_layers", "full_attn_idxs", "lfm2_ff_dim", "lfm2_intermediate", "mamba2_state",
+           "mixer_layers", "nemotron_pattern", "olmo_hybrid_args", "qwen3_5_rope"]
 
 
 def mixer_layers(d: Any, a: dict, n: int) -> list[MixerKind]:
@@ -17,7 +18,25 @@ def mixer_layers(d: Any, a: dict, n: int) -> list[MixerKind]:
     h = d.hybrid
     if h is None:
         return [MixerKind.ATTENTION] * n
-    value, mt = a[h.field], d.model_type
+    mt = d.model_type
+    if h.layers is MixerLayers.ALL:
+        return [h.mixer] * n
+    value = a[h.field]
+    if h.layers is MixerLayers.PATTERN:
+        ops = _pattern(value, h.field, n, mt)
+        kinds = [h.mixer if c == "M" else MixerKind.ATTENTION for c in ops]
+        if h.mixer not in kinds:  # mlx-lm takes the recurrent mask from the first such layer
+            raise fail(mt, f"'{h.field}' = {value!r} has no M (mixer) layer")
+        return kinds
+    if h.layers is MixerLayers.LAYER_TYPES:
+        if not isinstance(value, (list, tuple)) or len(value) < n or not all(
+                t in (*h.layer_types, "attention") for t in value[:n]):
+            raise fail(mt, f"'{h.field}' must give each of the {n} layers one of "
+                           f"{', '.join(map(repr, (*h.layer_types, 'attention')))}; got {value!r}")
+        kinds = [h.mixer if t in h.layer_types else MixerKind.ATTENTION for t in value[:n]]
+        if h.mixer not in kinds:  # mlx-lm takes the recurrent mask from the first such layer
+            raise fail(mt, f"'{h.field}' = {value!r} leaves no {h.mixer.value} layer")
+        return kinds
     if h.layers is MixerLayers.INDEX_LIST:
         if not isinstance(value, (list, tuple)) or not all(
                 isinstance(i, int) and not isinstance(i, bool) for i in value):
@@ -40,6 +59,48 @@ def mixer_layers(d: Any, a: dict, n: int) -> list[MixerKind]:
     if h.mixer not in kinds:  # mlx-lm takes the recurrent mask from the first such layer
         raise fail(mt, f"'{h.field}' = {value!r} leaves no {h.mixer.value} layer")
     return kinds
+
+
+def ffn_layers(d: Any, a: dict, n: int) -> list[bool]:
+    """Per layer: whether its one op is the MLP or the MoE block (block 'single', the pattern's
+    '-' and 'E' layers)."""
+    h = d.hybrid
+    if h is None or h.layers is not MixerLayers.PATTERN:
+        return [False] * n
+    return [c in "-E" for c in _pattern(a[h.field], h.field, n, d.model_type)]
+
+
+def _pattern(value: Any, key: str, n: int, mt: str) -> list[str]:
+    if not isinstance(value, (str, list, tuple)) or len(value) != n or not all(
+            isinstance(c, str) and c in "M*-E" and len(c) == 1 for c in value):
+        raise fail(mt, f"'{key}' must give each of the {n} layers one of M, *, -, E; got {value!r}")
+    return list(value)
+
+
+_BLOCK_CHARS = {"full_attention": "*", "linear_attention": "M", "moe": "E", "mlp": "-",
+                "attention": "*", "mamba": "M", "conv": "M"}  # nemotron_h's _block_type_to_char
+
+
+def nemotron_pattern(a: dict, mt: str) -> None:  # nemotron_h's __post_init__
+    if a["time_step_limit"] is None:
+        a["time_step_limit"] = (0.0, float("inf"))
+    block_types = a["layers_block_type"] or a["layer_types"]
+    if a["hybrid_override_pattern"] is None and block_types is not None:
+        unknown = sorted(set(block_types) - _BLOCK_CHARS.keys())
+        if unknown:
+            raise fail(mt, f"unsupported layers_block_type {unknown}, expected any of "
+                           f"{sorted(_BLOCK_CHARS)}")
+        a["hybrid_override_pattern"] = [_BLOCK_CHARS[t] for t in block_types]
+    if a["hybrid_override_pattern"] is None:
+        raise fail(mt, "needs layers_block_type or hybrid_override_pattern to describe the layers")
+    a["num_hidden_layers"] = len(a["hybrid_override_pattern"])
+
+
+def mamba2_state(a: dict, mt: str) -> None:  # mamba2's __post_init__
+    if a["time_step_rank"] == "auto":
+        a["time_step_rank"] = math.ceil(a["hidden_size"] / 16)
+    if a["ssm_state_size"] is None:
+        a["ssm_state_size"] = a["state_size"]
 
 
 def lfm2_ff_dim(a: dict, mt: str) -> None:  # lfm2's __post_init__, first step

@@ -103,6 +103,9 @@ class NopeRule(StrEnum):
     GLOBAL_LAYERS = "global_layers"  # cohere2, exaone4: rope only on sliding layers
     SLIDING_OR_ALL = "sliding_or_all"  # exaone_moe: rope on sliding layers; on every layer when
     # no layer slides (the rope child exists only where it runs)
+    ALL = "all"  # no layer ropes (nemotron_h's attention); no rope field read
+    NOPE_TYPE = "nope_type"  # no layer ropes when position_embedding_type is "nope"
+    # (granitemoehybrid)
 
 
 class MlpKind(StrEnum):
@@ -270,6 +273,9 @@ class SanitizeOp(StrEnum):
     # (laguna's repacked "language_model.")
     RENAME_SUBSTRINGS = "rename_substrings"  # arg: ((old, new), ...): every key holding old gets
     # it replaced by new, in order (lfm2_moe: w1.weight -> gate_proj.weight, ...)
+    SHARED_MLP_DENSE = "shared_mlp_dense"  # granitemoehybrid without experts: when layer 0 holds
+    # shared_mlp.input_linear, each layer's [2I, D] split in two -> mlp.gate_proj | mlp.up_proj,
+    # shared_mlp.output_linear -> mlp.down_proj
     CONV1D_LAYOUT = "conv1d_layout"  # arg: (substring, ConvLayout): the conv1d weights whose key
     # holds the substring go to mlx's layout when the test says they are in torch's
     NORM_PLUS_ONE = "norm_plus_one"  # arg: (suffixes, HfCheckpoint): when the test says the
@@ -415,6 +421,8 @@ class Combine(StrEnum):
 
 class ExpertKind(StrEnum):
     GLU = "glu"  # SwitchGLU: down(swiglu(gate(x), up(x))) per expert
+    MLP_RELU2 = "mlp_relu2"  # SwitchMLP: down(relu2(up(x))) per expert, the names' up_proj /
+    # down_proj its fc1 / fc2 (nemotron_h)
     GLU_OAI = "glu_oai"  # gpt_oss: SwitchGLU with SwigluOAI, (clip(up, -l, l) + 1) * g * sigmoid(a * g),
     # g = min(gate, l); mlx-lm's constants a = 1.702, l = 7.0 (config swiglu_* not read)
 
@@ -462,6 +470,7 @@ class MoeLayers(StrEnum):
     ENUM_STRING = "enum_string"  # i in moe_layers_enum ("1,2,..."); unset: every layer but 0 (step3p5)
     FREQ_LIST = "freq_list"  # moe_layer_freq[i] == 1, a per-layer list (mimo_v2_flash)
     MLP_LAYER_TYPES = "mlp_layer_types"  # mlp_layer_types[i] == "sparse" (laguna)
+    PATTERN_E = "pattern_e"  # hybrid_override_pattern[i] == "E" (nemotron_h's one-op MoE layers)
 
 
 class SwigluClamp(StrEnum):
@@ -487,6 +496,8 @@ class MixerKind(StrEnum):
     # q / k l2-norm -> the gated delta rule (beta * 2 when the row's field allows negative
     # eigenvalues) -> gated RMSNorm (silu(g)) -> o_proj; state: three conv windows, the delta
     # state (mixers/gated_delta_split.py)
+    MAMBA2 = "mamba2"  # in_proj -> [gate | conv1d + SiLU -> x, B, C | dt] -> SSD scan -> gated
+    # RMSNorm -> out_proj; state: conv inputs and the SSM state (mixers/mamba2.py, mixers/ssm.py)
 
 
 class MixerLayers(StrEnum):
@@ -496,6 +507,20 @@ class MixerLayers(StrEnum):
     INTERVAL = "interval"  # field n: layer i attends when (i + 1) % n == 0 (qwen3_next)
     TYPE_LIST = "type_list"  # field: every layer's kind name; the layers named one of
     # hybrid.layer_types run the mixer, every other one attends (olmo_hybrid's layer_types)
+    ALL = "all"  # no layer attends (mamba2); no field
+    PATTERN = "pattern"  # field: one char per layer, M the mixer, * attention, - the MLP alone,
+    # E the MoE block (nemotron_h's hybrid_override_pattern; block 'single' only)
+    LAYER_TYPES = "layer_types"  # field: a list, the mixer where the entry is one of
+    # hybrid.layer_types, attention where it is "attention", any other entry refused
+    # (granitemoehybrid's "mamba" / "attention")
+
+
+class HybridBlock(StrEnum):
+    """The decoder layer of a hybrid row."""
+
+    PAIRED = "paired"  # the mixer (or attention), then the MLP, each with its norm and residual
+    SINGLE = "single"  # one op per layer: x + op(norm(x)), the op the mixer, attention or the MLP
+    # (mamba2, nemotron_h: every op is the layer's `hybrid.name` attribute)
 
 
 class ConvLayout(StrEnum):
@@ -553,6 +578,11 @@ class PostInit(StrEnum):
     # None: full_attention on i % 4 == 3, linear_attention elsewhere
     QWEN3_5_ROPE = "qwen3_5_rope"  # rope_parameters (when truthy): rope_type renamed type, then
     # partial_rotary_factor (0.25), rope_theta (100000.0) read from it, rope_scaling = it
+    MAMBA2_STATE = "mamba2_state"  # ssm_state_size None: state_size; time_step_rank "auto":
+    # ceil(hidden_size / 16)
+    NEMOTRON_PATTERN = "nemotron_pattern"  # time_step_limit None: (0.0, inf); no
+    # hybrid_override_pattern: layers_block_type (or layer_types) mapped to its chars;
+    # num_hidden_layers = the pattern's length
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
 

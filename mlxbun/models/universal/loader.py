@@ -148,6 +148,27 @@ def _split_glu_experts(d: ArchDescriptor, w: dict, fields: Mapping) -> dict:
     return out
 
 
+def _shared_mlp_dense(d: ArchDescriptor, w: dict, fields: Mapping) -> dict:
+    """granitemoehybrid.sanitize without experts: shared_mlp.input_linear [2I, D] -> mlp.gate_proj |
+    mlp.up_proj, shared_mlp.output_linear -> mlp.down_proj."""
+    n = d.names
+    if f"{n.root}.{n.layers}.0.shared_mlp.input_linear.weight" not in w:
+        return w
+    out = dict(w)
+    for layer in range(fields[d.n_layers]):
+        prefix = f"{n.root}.{n.layers}.{layer}"
+        value = out.pop(f"{prefix}.shared_mlp.input_linear.weight")
+        if isinstance(value, _Meta):
+            two_i, dims = value.shape
+            gate = up = _Meta((two_i // 2, dims), value.dtype)
+        else:
+            gate, up = mx.split(value, 2, axis=0)
+        out[f"{prefix}.{n.mlp}.{n.gate}.weight"] = gate
+        out[f"{prefix}.{n.mlp}.{n.up}.weight"] = up
+        out[f"{prefix}.{n.mlp}.{n.down}.weight"] = out.pop(f"{prefix}.shared_mlp.output_linear.weight")
+    return out
+
+
 def _split_half(value):
     if isinstance(value, _Meta):
         e, two_i, dims = value.shape
@@ -413,6 +434,8 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
                     k = k.replace(old, new)
             out[k] = v
         return out, {}
+    if op is SanitizeOp.SHARED_MLP_DENSE:
+        return _shared_mlp_dense(d, w, fields), {}
     if op is SanitizeOp.CONV1D_LAYOUT:
         return _conv1d_layout(rule.arg, w), {}
     if op is SanitizeOp.NORM_PLUS_ONE:

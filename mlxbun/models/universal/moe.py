@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxbun.models.layers import SwigluOAI
-from mlxbun.models.switch_layers import ClampedSwiGLU, SwitchGLU
+from mlxbun.models.switch_layers import ClampedSwiGLU, SwitchGLU, SwitchMLP
 from mlxbun.models.universal.kinds import (
     CORRECTED_ROUTERS,
     BiasAt,
@@ -312,6 +312,7 @@ _CAST_TO_INPUT = (RouterKind.SIGMOID_CORRECTED, RouterKind.SIGMOID_BIASED, Route
 # SwiGLU, as mlx-lm's default argument)
 _ACTIVATION = exhaustive(ExpertKind, {
     ExpertKind.GLU: lambda limit: ClampedSwiGLU(limit) if limit > 0 else None,  # step3p5: clamped
+    ExpertKind.MLP_RELU2: lambda limit: nn.ReLU2(),  # nemotron_h's SwitchMLP
     ExpertKind.GLU_OAI: lambda limit: SwigluOAI(),  # gpt_oss: one instance per block, as its MLPBlock
 })
 
@@ -416,9 +417,12 @@ class MoEBlock(nn.Module):
             act = _GATE_ACT[spec.params["act"]]()
             setattr(self, n.gate_act, act)
             object.__setattr__(self.router, "gate_act", act)  # outside the router's tree
-        setattr(self, n.switch, SwitchGLU(D, spec.size, spec.experts, bias=spec.expert_bias,
-                                          names=(n.gate_proj, n.up_proj, n.down_proj),
-                                          activation=_ACTIVATION[m.expert](limits[0])))
+        act = _ACTIVATION[m.expert](limits[0])
+        setattr(self, n.switch, SwitchMLP(D, spec.size, spec.experts, act, bias=spec.expert_bias,
+                                          names=(n.up_proj, n.down_proj))
+                if m.expert is ExpertKind.MLP_RELU2 else
+                SwitchGLU(D, spec.size, spec.experts, bias=spec.expert_bias,
+                          names=(n.gate_proj, n.up_proj, n.down_proj), activation=act))
         self._shared = m.shared.kind if spec.shared_size is not None else None
         self._routed_scale = a.fields[m.shared.scale] if m.shared is not None and m.shared.scale else None
         if self._shared is not None:
@@ -433,7 +437,7 @@ class MoEBlock(nn.Module):
     def router(self) -> Router:
         return self[self._router_name]
 
-    def fused_experts(self) -> SwitchGLU:
+    def fused_experts(self) -> SwitchGLU | SwitchMLP:
         """The fused routed experts (all of them; a token reads `router.top_k` of each tensor's rows).
         A method, not a property: mlx-lm names the module itself "experts" in some files."""
         return self[self._m.names.switch]

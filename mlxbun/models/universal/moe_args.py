@@ -104,6 +104,7 @@ _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exh
     MoeLayers.ENUM_STRING: _enum_string,
     MoeLayers.FREQ_LIST: _freq_list,
     MoeLayers.MLP_LAYER_TYPES: _mlp_layer_types,
+    MoeLayers.PATTERN_E: lambda a, i, m: a["hybrid_override_pattern"][i] == "E",  # nemotron_h
 })
 
 

@@ -21,10 +21,13 @@ from mlxbun.models.universal.fields import fail as _fail
 from mlxbun.models.universal.fields import get as _get
 from mlxbun.models.universal.fields import int_field as _int_field
 from mlxbun.models.universal.hybrid_args import (
+    ffn_layers,
     full_attn_idxs,
     lfm2_ff_dim,
     lfm2_intermediate,
+    mamba2_state,
     mixer_layers,
+    nemotron_pattern,
     olmo_hybrid_args,
     qwen3_5_rope,
 )
@@ -296,6 +299,8 @@ _POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit
     PostInit.FULL_ATTN_IDXS: full_attn_idxs,
     PostInit.QWEN3_5_ROPE: qwen3_5_rope,
     PostInit.OLMO_HYBRID_ARGS: olmo_hybrid_args,
+    PostInit.MAMBA2_STATE: mamba2_state,
+    PostInit.NEMOTRON_PATTERN: nemotron_pattern,
 })
 
 
@@ -422,7 +427,9 @@ def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int,
         return _per_layer_lists_rope(a, i, head_dim, mt)
     if r.kind is RopeKind.LAYER_TYPE_PARTIAL:
         return _layer_type_partial_rope(a, i, head_dim)
-    if r.nope is NopeRule.NO_ROPE_LAYERS and not a["no_rope_layers"][i]:
+    if r.nope is NopeRule.ALL or (r.nope is NopeRule.NO_ROPE_LAYERS and not a["no_rope_layers"][i]):
+        return None
+    if r.nope is NopeRule.NOPE_TYPE and a["position_embedding_type"] == "nope":
         return None
     if r.nope is NopeRule.SLIDING_OR_ALL and any_sliding and not sliding:
         return None
@@ -544,11 +551,12 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
         raise _fail(mt, f"{len(kinds)} layer kinds for {n_layers} layers")
     routed = moe_layers(d, a, n_layers)
     mixers = mixer_layers(d, a, n_layers)
+    ffn = ffn_layers(d, a, n_layers)
     kv_proj = _kv_proj(d, a, n_layers)
     attn = [_layer_attn(d, a, i, s, head_dim) for i, s in enumerate(kinds)]
     layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, (at.get("dims") or (head_dim,))[0], any(kinds)),
                              routed[i], kv_proj[i], swiglu_limits=_swiglu_limits(d, a, i),
-                             mixer=mixers[i], **at)
+                             mixer=mixers[i], ffn_only=ffn[i], **at)
                    for i, (s, at) in enumerate(zip(kinds, attn)))
     window = a[d.layers.sliding_window] if d.layers.sliding_window else None
     if any(kinds) and d.layers.make_cache is MakeCache.ROTATING_SLIDING:

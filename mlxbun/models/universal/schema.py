@@ -475,13 +475,16 @@ class ArchDescriptor:
             yield from (("rope", f) for f in ("rope_theta", "partial_rotary_factors", "yarn_only_types",
                                               "rope_scaling", "max_position_embeddings", "layer_types"))
             return
+        if r.nope is NopeRule.ALL:
+            return
         yield "rope.theta", r.theta
         if r.partial:
             yield "rope.partial", r.partial
         if r.rotary_dim:
             yield "rope.rotary_dim", r.rotary_dim
-        if r.nope is NopeRule.NO_ROPE_LAYERS:
-            yield "rope.nope", "no_rope_layers"
+        nope = {NopeRule.NO_ROPE_LAYERS: "no_rope_layers", NopeRule.NOPE_TYPE: "position_embedding_type"}
+        if r.nope in nope:
+            yield "rope.nope", nope[r.nope]
         if r.kind is RopeKind.INITIALIZE:
             for knob, value in (("rope.traditional", r.traditional), ("rope.scaling", r.scaling),
                                 ("rope.max_positions", r.max_positions),

@@ -12,8 +12,11 @@ from mlxbun.models.universal.kinds import (
     BLOCK_SLOTS,
     BlockKind,
     HfCheckpoint,
+    HybridBlock,
     MixerKind,
     MixerLayers,
+    NormKind,
+    Residual,
     SanitizeOp,
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
@@ -33,10 +36,13 @@ class HybridKnobs:
     knobs: Any = None  # the mixer's own knobs (`mixers.MIXER_KNOBS[mixer]`); None: its defaults
     layer_types: tuple[str, ...] = ()  # the config's layer_types values naming the mixer's layers
     # (lfm2: "conv"): coverage holds layer_types to the layers the rule picks
-    # the mixer layers' own norm placement and names, when not the row's (olmo_hybrid: post-norm
-    # attention layers, pre-norm linear-attention layers); both or neither
-    block: BlockKind | None = _kind(BlockKind, None)
-    norms: Any = None  # a schema.NormNames
+    block: HybridBlock = _kind(HybridBlock, HybridBlock.PAIRED)
+    norm_eps: float | None = None  # block 'single': the block norm's literal eps (mamba2's
+    # nn.RMSNorm(hidden_size) keeps its default 1e-5); None: the row's norm eps field
+    # block 'paired': the mixer layers' own norm placement and names, when not the row's
+    # (olmo_hybrid: post-norm attention layers, pre-norm linear-attention layers); both or neither
+    mixer_block: BlockKind | None = _kind(BlockKind, None)
+    mixer_norms: Any = None  # a schema.NormNames
 
     def mixer_knobs(self) -> Any:
         return self.knobs if self.knobs is not None else MIXER_KNOBS[self.mixer]()
@@ -44,7 +50,8 @@ class HybridKnobs:
 
 def hybrid_refs(h: HybridKnobs) -> Iterator[tuple[str, str]]:
     """(knob, ModelArgs field) for every field a row's HybridKnobs `h` reads."""
-    yield "hybrid.field", h.field
+    if h.field:
+        yield "hybrid.field", h.field
     yield from h.mixer_knobs().field_refs()
 
 
@@ -57,23 +64,36 @@ def check_hybrid(d: Any) -> None:
     if h.knobs is not None and not isinstance(h.knobs, want):
         raise d.error(f"hybrid.knobs for mixer {h.mixer.value!r} must be a {want.__name__}, "
                       f"got {type(h.knobs).__name__}")
-    if not h.field or not h.name:
-        raise d.error("hybrid needs field (what its layers rule reads) and name (the mixer's attribute)")
-    if h.name in (d.names.attn, d.names.mlp):
+    if not h.name or (not h.field) != (h.layers is MixerLayers.ALL):
+        raise d.error("hybrid needs name (the mixer's attribute) and field (what its layers rule "
+                      "reads; none for layers 'all')")
+    if h.layers is MixerLayers.PATTERN and h.block is not HybridBlock.SINGLE:
+        raise d.error("hybrid.layers 'pattern' (its MLP-only layers) goes with block 'single'")
+    if h.block is HybridBlock.SINGLE and (d.names.norms.pre_attn is None
+                                          or d.norm.kind is NormKind.FUNCTIONAL_RMS
+                                          or d.block.kind is not BlockKind.PRE
+                                          or d.block.residual is not Residual.PLAIN):
+        raise d.error("hybrid block 'single' is x + op(norm(x)): a pre-norm block (a norm module "
+                      "named names.norms.pre_attn) with a plain residual")
+    elif h.norm_eps is not None and h.block is not HybridBlock.SINGLE:
+        raise d.error("hybrid.norm_eps is the single-op block's norm eps")
+    if h.name in (d.names.attn, d.names.mlp) and h.block is not HybridBlock.SINGLE:
         raise d.error(f"hybrid.name {h.name!r} is already the attention's or the MLP's attribute")
     if d.block.parallel is not False or d.layers.kv_share is not None:
         raise d.error("a hybrid row takes a sequential block without shared k/v")
-    if (h.block is None) != (h.norms is None):
-        raise d.error("hybrid.block and hybrid.norms (the mixer layers' own norms) go together")
-    if h.block is not None:
-        if not callable(getattr(h.norms, "of", None)):
-            raise d.error(f"hybrid.norms must be a NormNames, got {type(h.norms).__name__}")
-        unnamed = sorted(s.value for s in BLOCK_SLOTS[h.block] if h.norms.of(s) is None)
+    if (h.mixer_block is None) != (h.mixer_norms is None):
+        raise d.error("hybrid.mixer_block and hybrid.mixer_norms (the mixer layers' own norms) go together")
+    if h.mixer_block is not None and h.block is HybridBlock.SINGLE:
+        raise d.error("hybrid.mixer_block is the paired block's mixer-layer norms")
+    if h.mixer_block is not None:
+        if not callable(getattr(h.mixer_norms, "of", None)):
+            raise d.error(f"hybrid.mixer_norms must be a NormNames, got {type(h.mixer_norms).__name__}")
+        unnamed = sorted(s.value for s in BLOCK_SLOTS[h.mixer_block] if h.mixer_norms.of(s) is None)
         if unnamed:
-            raise d.error(f"hybrid.block uses norm slot(s) {', '.join(unnamed)} that hybrid.norms "
+            raise d.error(f"hybrid.mixer_block uses norm slot(s) {', '.join(unnamed)} that hybrid.mixer_norms "
                           f"leaves unnamed")
         if d.block.inner_norms:
-            raise d.error("hybrid.block takes a row whose norms are the block's (not inner_norms)")
+            raise d.error("hybrid.mixer_block takes a row whose norms are the block's (not inner_norms)")
     if h.layers is MixerLayers.TYPE_LIST and not h.layer_types:
         raise d.error("hybrid.layers 'type_list' needs hybrid.layer_types (the mixer layers' names)")
     check_hybrid_sanitize(d)

@@ -56,6 +56,8 @@ def moe_refs(m: Any) -> Iterator[tuple[str, str]]:
         yield "moe.layers", "moe_layer_freq"
     elif m.layers is MoeLayers.MLP_LAYER_TYPES:
         yield "moe.layers", "mlp_layer_types"
+    elif m.layers is MoeLayers.PATTERN_E:
+        yield "moe.layers", "hybrid_override_pattern"
     sh = m.shared
     if sh is not None:
         if not isinstance(sh.size, SharedSize):

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from mlxbun.models.universal.kinds import ConvLayout, HfCheckpoint
 from mlxbun.models.universal.mixers.gated_delta import GatedDeltaKnobs, GdnProjections
+from mlxbun.models.universal.mixers.mamba2 import GatedNorm, Mamba2Knobs
 from mlxbun.models.universal.schema import (
     REQUIRED,
     ArchDescriptor,
     BlockKnobs,
     HeadKnobs,
+    LogitScale,
     MlpKnobs,
     MoEKnobs,
     MoENames,
@@ -68,6 +70,15 @@ _LFM2_CONV_LAYOUT = SanitizeRule("conv1d_layout", ("conv.weight", "last_gt_middl
                                  "torch's depthwise conv1d layout [C, 1, K] -> mlx's [C, K, 1]")
 _LFM2_TIED = {"tie_embedding": "mlx-lm's lfm2 files always tie the head to the embedding",
               "tie_word_embeddings": "mlx-lm's lfm2 files always tie the head to the embedding"}
+# the one-op blocks (mamba2, nemotron_h): backbone.embeddings, layers[i].norm / .mixer (the
+# mixer, attention or MLP), norm_f (a one-op block has the pre_attn norm only)
+_SINGLE_OP_NAMES = Names(root="backbone", embed="embeddings", final_norm="norm_f", attn="mixer",
+                         mlp="mixer", norms=NormNames(pre_attn="norm"))
+_CONV1D_TORCH = SanitizeRule("conv1d_layout", ("conv1d.weight", "last_ne_one"),
+                             "torch's depthwise conv1d layout [C, 1, K] -> mlx's [C, K, 1]")
+# the reference implementations' initialization and training settings
+_MAMBA_TRAINING = {k: "initialization / training setting" for k in (
+    "time_step_floor", "rescale_prenorm_residual")}
 
 HYBRID_ROWS = [
     ArchDescriptor(
@@ -216,7 +227,7 @@ HYBRID_ROWS = [
         block=BlockKnobs("post"),
         hybrid=HybridKnobs("gated_delta_split_conv", "type_list", field="layer_types",
                            name="linear_attn", layer_types=("linear_attention",),
-                           block="pre", norms=NormNames()),
+                           mixer_block="pre", mixer_norms=NormNames()),
         sanitize=(SanitizeRule("drop_tied_head", None, "tied embeddings: the head is the embedding"),
                   SanitizeRule("conv1d_layout", ("conv1d.weight", ConvLayout.LAST_NE_ONE),
                                "torch's depthwise conv1d layout [C, 1, K] -> mlx's [C, K, 1]")),
@@ -234,5 +245,137 @@ HYBRID_ROWS = [
               "when it has none; no rope scaling); mlx-lm builds one layer per layer_types entry. A "
               "transformers save_pretrained checkpoint (q/k/v convs fused into linear_attn.conv1d) "
               "loads in neither.",
+    ),
+    ArchDescriptor(
+        "mamba2",
+        {"model_type": REQUIRED, "num_heads": REQUIRED, "head_dim": REQUIRED, "vocab_size": REQUIRED,
+         "hidden_size": REQUIRED, "intermediate_size": REQUIRED, "state_size": REQUIRED,
+         "num_hidden_layers": REQUIRED, "layer_norm_epsilon": REQUIRED, "conv_kernel": REQUIRED,
+         "n_groups": REQUIRED, "use_bias": REQUIRED, "use_conv_bias": REQUIRED,
+         "tie_word_embeddings": REQUIRED, "time_step_limit": REQUIRED, "time_step_rank": REQUIRED,
+         "ssm_state_size": None, "max_position_embeddings": 2056},
+        ("mamba2_state",),
+        # no layer attends: the attention sizes resolve (from the mixer's heads) but build nothing
+        n_heads="num_heads", n_kv_heads=None, head_dim="field",
+        names=_SINGLE_OP_NAMES,
+        rope=RopeKnobs(nope="all", nope_child=False),
+        norm=NormKnobs(eps="layer_norm_epsilon"),
+        hybrid=HybridKnobs("mamba2", "all", name="mixer", block="single", norm_eps=1e-5,
+                           knobs=Mamba2Knobs()),
+        sanitize=(_CONV1D_TORCH,),
+        ignored_keys={"expand": "mlx-lm sizes the mixer by num_heads * head_dim",
+                      "chunk_size": "mlx-lm's scan runs chunks of 256 whatever the config says",
+                      "residual_in_fp32": "mlx-lm adds the residual in the activations' dtype",
+                      "time_step_min": "initialization setting", "time_step_max": "initialization setting",
+                      "hidden_act": "mlx-lm's mixer applies SiLU whatever the config says",
+                      **_MAMBA_TRAINING},
+        notes="mamba2: every layer is x + mixer(norm(x)) (norm: nn.RMSNorm with its default eps "
+              "1e-5), the Mamba2 mixer (conv1d, SSD scan, gated RMSNorm over the full width); "
+              "final norm_f.",
+    ),
+    ArchDescriptor(
+        "nemotron_h",
+        {"model_type": REQUIRED, "vocab_size": REQUIRED, "hidden_size": REQUIRED,
+         "intermediate_size": REQUIRED, "max_position_embeddings": REQUIRED,
+         "num_attention_heads": REQUIRED, "num_key_value_heads": REQUIRED, "attention_bias": REQUIRED,
+         "mamba_num_heads": REQUIRED, "mamba_head_dim": REQUIRED, "mamba_proj_bias": REQUIRED,
+         "ssm_state_size": REQUIRED, "conv_kernel": REQUIRED, "n_groups": REQUIRED,
+         "mlp_bias": REQUIRED, "layer_norm_epsilon": REQUIRED, "use_bias": REQUIRED,
+         "use_conv_bias": REQUIRED, "hybrid_override_pattern": None, "layers_block_type": None,
+         "layer_types": None, "num_hidden_layers": None, "head_dim": None,
+         "time_step_limit": None, "time_step_min": None, "time_step_max": None,
+         # the MoE (E) layers' numbers
+         **dict.fromkeys(("moe_intermediate_size", "moe_shared_expert_intermediate_size",
+                          "moe_latent_size", "n_group", "n_routed_experts", "n_shared_experts",
+                          "topk_group", "num_experts_per_tok", "norm_topk_prob",
+                          "routed_scaling_factor"))},
+        ("nemotron_pattern",),
+        attn_bias="attention_bias", out_bias="attention_bias",
+        names=_SINGLE_OP_NAMES,
+        rope=RopeKnobs(nope="all", nope_child=False),
+        mlp=MlpKnobs("plain", act="relu2", bias="mlp_bias"),
+        norm=NormKnobs(eps="layer_norm_epsilon"),
+        head=HeadKnobs(tie=False),
+        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="pattern_e",
+                     expert="mlp_relu2",
+                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
+                                        renorm="sum_eps",
+                                        params={"scaling": "routed_scaling_factor", "n_group": "n_group",
+                                                "topk_group": "topk_group"}),
+                     shared=SharedKnobs("plain", size="moe_shared_expert_intermediate_size",
+                                        when="n_shared_experts", bias="mlp_bias"),
+                     names=MoENames(up_proj="fc1", down_proj="fc2")),
+        hybrid=HybridKnobs("mamba2", "pattern", field="hybrid_override_pattern", name="mixer",
+                           block="single",
+                           knobs=Mamba2Knobs(heads="mamba_num_heads", head_dim="mamba_head_dim",
+                                             in_bias="mamba_proj_bias", out_bias="mamba_proj_bias",
+                                             norm=GatedNorm.GROUPED, d_cast=True, scan_lengths=False)),
+        sanitize=(SanitizeRule("drop_prefix", "mtp.", "the multi-token-prediction heads"),
+                  _CONV1D_TORCH,
+                  SanitizeRule("stack_experts", StackExperts((("up_proj", "fc1"), ("down_proj", "fc2")),
+                                                             ("weight",)),
+                               "per-expert HF tensors stacked into the fused SwitchMLP weights")),
+        accepted_values={"moe_latent_size": (None,)},
+        ignored_keys={"expand": "mlx-lm sizes the mixer by mamba_num_heads * mamba_head_dim",
+                      "chunk_size": "mlx-lm's scan runs chunks of 256 whatever the config says",
+                      "residual_in_fp32": "mlx-lm adds the residual in the activations' dtype",
+                      "mamba_ssm_cache_dtype": "mlx-lm keeps the SSM state in the scan's dtype",
+                      "use_mamba_kernels": "CUDA kernel switch of the reference implementation",
+                      "num_logits_to_keep": "generation setting",
+                      "mamba_hidden_act": "mlx-lm's mixer applies SiLU whatever the config says",
+                      "mlp_hidden_act": "mlx-lm's MLP applies relu2 whatever the config says",
+                      "num_nextn_predict_layers": "multi-token prediction (mlx-lm drops mtp.*)",
+                      "mtp_layers_block_type": "multi-token prediction (mlx-lm drops mtp.*)",
+                      "moe_shared_expert_overlap": "a compute-overlap switch; mlx-lm reads none",
+                      **_MAMBA_TRAINING},
+        notes="nemotron_h: one op per layer, x + mixer(norm(x)), the op by "
+              "hybrid_override_pattern: M the Mamba2 mixer (grouped gated RMSNorm, D cast to the "
+              "input dtype), * attention without rope, - a relu2 MLP (up_proj, down_proj); only M "
+              "and * layers hold a cache; E the MoE block (sigmoid router with correction bias, "
+              "grouped top-k, renorm by sum + 1e-20, scaled; relu2 SwitchMLP experts fc1 / fc2; "
+              "a relu2 shared expert). Latent MoE projections (moe_latent_size) are refused.",
+    ),
+    ArchDescriptor(
+        "granitemoehybrid",
+        {"model_type": REQUIRED, "vocab_size": REQUIRED, "hidden_size": REQUIRED,
+         "intermediate_size": REQUIRED, "num_hidden_layers": REQUIRED,
+         "max_position_embeddings": REQUIRED, "num_attention_heads": REQUIRED,
+         "num_key_value_heads": REQUIRED, "attention_bias": REQUIRED, "embedding_multiplier": REQUIRED,
+         "attention_multiplier": REQUIRED, "logits_scaling": REQUIRED, "residual_multiplier": REQUIRED,
+         "layer_types": REQUIRED, "rms_norm_eps": REQUIRED,
+         **dict.fromkeys(("num_local_experts", "num_experts_per_tok", "shared_intermediate_size",
+                          "mamba_n_heads", "mamba_d_head", "mamba_proj_bias", "mamba_d_state",
+                          "mamba_d_conv", "mamba_n_groups", "mamba_conv_bias")),
+         "mlp_bias": False, "position_embedding_type": "rope", "tie_word_embeddings": True,
+         "time_step_limit": (0.001, 100.0), "rope_theta": 10000.0, "rope_parameters": None},
+        ("rope_parameters_theta",),
+        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        attn_scale="attention_multiplier",
+        rope=RopeKnobs(traditional=False, scaling=None, nope="nope_type", nope_child=False),
+        mlp=MlpKnobs(bias="mlp_bias"),
+        block=BlockKnobs(residual="scaled", residual_scale="residual_multiplier"),
+        embed_scale="embedding_multiplier",
+        head=HeadKnobs(post=LogitScale("div", "logits_scaling")),
+        hybrid=HybridKnobs("mamba2", "layer_types", field="layer_types", name="mamba",
+                           layer_types=("mamba",),
+                           knobs=Mamba2Knobs(heads="mamba_n_heads", head_dim="mamba_d_head",
+                                             state="mamba_d_state", groups="mamba_n_groups",
+                                             conv_kernel="mamba_d_conv", conv_bias="mamba_conv_bias",
+                                             in_bias="mamba_proj_bias", out_bias="mamba_proj_bias",
+                                             eps="rms_norm_eps", d_cast=True)),
+        sanitize=(_CONV1D_TORCH,
+                  SanitizeRule("shared_mlp_dense", None, "HF's dense layers live in shared_mlp"),
+                  SanitizeRule("drop_tied_head", None, "tied embeddings: the head is the embedding")),
+        accepted_values={"num_local_experts": (0,)},
+        ignored_keys={"mamba_expand": "mlx-lm sizes the mixer by mamba_n_heads * mamba_d_head",
+                      "mamba_chunk_size": "mlx-lm's scan runs chunks of 256 whatever the config says",
+                      "rope_scaling": "mlx-lm's granitemoehybrid builds its rope unscaled",
+                      "hidden_act": "mlx-lm's MLP applies SiLU whatever the config says"},
+        notes="granitemoehybrid (Granite 4.0 H) without experts: granite's block (embedding, "
+              "residual and logit multipliers, attention_multiplier as the scale) with the Mamba2 "
+              "mixer (mamba) in place of attention where layer_types says \"mamba\"; no rope when "
+              "position_embedding_type is \"nope\"; HF's shared_mlp renamed to mlp. The MoE "
+              "configs (num_local_experts > 0: a top-k precise-softmax router, SwitchGLU experts "
+              "and the fused shared_mlp on every layer) are refused.",
     ),
 ]

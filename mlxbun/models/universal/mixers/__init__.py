@@ -9,6 +9,7 @@ from __future__ import annotations
 from mlxbun.models.universal.kinds import MixerKind, exhaustive
 from mlxbun.models.universal.mixers.gated_delta import GatedDeltaKnobs, GatedDeltaNet
 from mlxbun.models.universal.mixers.gated_delta_split import GatedDeltaSplitConv, GatedDeltaSplitKnobs
+from mlxbun.models.universal.mixers.mamba2 import Mamba2Knobs, Mamba2Mixer
 from mlxbun.models.universal.mixers.short_conv import ShortConv, ShortConvKnobs
 
 __all__ = ["MIXERS", "MIXER_KNOBS"]
@@ -18,9 +19,11 @@ MIXERS = exhaustive([k for k in MixerKind if k is not MixerKind.ATTENTION], {
     MixerKind.SHORT_CONV: ShortConv,
     MixerKind.GATED_DELTA: GatedDeltaNet,
     MixerKind.GATED_DELTA_SPLIT_CONV: GatedDeltaSplitConv,
+    MixerKind.MAMBA2: Mamba2Mixer,
 })
 MIXER_KNOBS = exhaustive(MIXERS, {
     MixerKind.SHORT_CONV: ShortConvKnobs,
     MixerKind.GATED_DELTA: GatedDeltaKnobs,
     MixerKind.GATED_DELTA_SPLIT_CONV: GatedDeltaSplitKnobs,
+    MixerKind.MAMBA2: Mamba2Knobs,
 })
