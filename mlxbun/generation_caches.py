@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from mlxbun.cache.arrays import ArraysCache
+from mlxbun.cache.cache_list import CacheList
 from mlxbun.cache.convert import maybe_quantize_kv_cache
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.cache.mixed import KVPlan
@@ -67,16 +69,23 @@ def check_kv_options(
 
 
 def _as_mlxbun_cache(c):
-    """An empty mlx-lm KVCache / RotatingKVCache becomes mlxbun's (same layout and maths); other
-    kinds (recurrent caches, which mlxbun has not ported) stay."""
+    """An empty mlx-lm KVCache / RotatingKVCache / ArraysCache becomes mlxbun's (same layout and
+    maths; mlxbun's carry the spec-round contract and save as prompt caches), and a CacheList of
+    those mlxbun's CacheList; other kinds stay."""
     from mlx_lm.models import cache as mc  # mlx-lm's own classes, to recognise them
 
-    if isinstance(c, (KVCache, RotatingKVCache)):
+    if isinstance(c, (KVCache, RotatingKVCache, ArraysCache, CacheList)):
         return c
     if type(c) is mc.KVCache and c.keys is None:
         return KVCache()
     if type(c) is mc.RotatingKVCache and c.keys is None:
         return RotatingKVCache(max_size=c.max_size, keep=c.keep)
+    if type(c) is mc.ArraysCache and c.empty() and c.left_padding is None and c.lengths is None:
+        return ArraysCache(len(c.cache))
+    if type(c) is mc.CacheList:
+        children = [_as_mlxbun_cache(x) for x in c.caches]
+        if all(type(x).__module__.startswith("mlxbun.") for x in children):
+            return CacheList(*children)
     return c
 
 

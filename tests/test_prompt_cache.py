@@ -27,6 +27,8 @@ from mlxbun.cache.prompt_cache import (
 from mlxbun.cache.quantized import QuantizedKVCache
 from mlxbun.config import config_from_dict
 from mlxbun.errors import MlxbunError
+from tests.hybrid_models import MODELS as HYBRID_MODELS
+from tests.hybrid_models import IdTokenizer, open_hybrid
 
 LLAMA = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
              num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5,
@@ -407,3 +409,124 @@ def test_prefix_reuse_edges(tmp_path):
     rot = fill([RotatingKVCache(max_size=4)], chunks=(6,))
     with pytest.raises(PromptCacheError, match="RotatingKVCache"):
         reuse_prefix(rot, [1, 2, 3, 4, 5, 6], [1, 2])
+
+
+# ================================================================== hybrids: recurrent state
+
+
+def test_spec_marks_restore_one_token_states_exactly(lfm2):
+    """A drafter feeding one token per call marks each step: committing n restores the state
+    after n tokens bit for bit, no replay asked."""
+    toks = [ids(1, 20 + i) for i in range(4)]
+    for n in range(4):
+        caches = [ArraysCache(1), KVCache()]
+        lfm2(ids(6, 1), cache=caches)
+        begin_spec_round(caches)
+        for t in toks[:3]:
+            lfm2(t, cache=caches)
+            caches[0].spec_mark()
+        lfm2(toks[3], cache=caches)
+        assert not caches[0].spec_needs_replay(n) and commit_spec_round(caches, n) == 0
+        ref = [ArraysCache(1), KVCache()]
+        lfm2(ids(6, 1), cache=ref)
+        for t in toks[:n]:
+            lfm2(t, cache=ref)
+        assert same(list(caches[0].state), list(ref[0].state)) and caches[1].offset == 6 + n
+        assert caches[0].tokens_seen == ref[0].tokens_seen == 6 + n
+        assert same(lfm2(ids(1, 9), cache=caches), lfm2(ids(1, 9), cache=ref)), n
+
+
+@pytest.mark.parametrize("name", HYBRID_MODELS)
+def test_generation_caches_of_a_hybrid_match_mlx_lms_own(name):
+    """make_generation_cache turns mlx-lm's ArraysCache (and falcon_h1's CacheList of it and a
+    KVCache) into mlxbun's: the logits stay mlx-lm's bit for bit, chunk after chunk."""
+    from mlxbun.cache.cache_list import CacheList
+    from mlxbun.generation_caches import make_generation_cache
+
+    model = open_hybrid(name)
+    mine, ref = make_generation_cache(model), model.module.make_cache()
+    assert all(type(c).__module__.startswith("mlxbun.cache") for c in mine)
+    assert any(isinstance(c, (ArraysCache, CacheList)) for c in mine)
+    for i, n in enumerate([6, 1, 1, 4, 1]):
+        assert same(model(ids(n, i), cache=mine), model(ids(n, i), cache=ref)), i
+
+
+def _hybrid_identity(name, caches):
+    return {"model_type": name, "num_layers": str(len(caches)), "num_kv_heads": "1", "head_dim": "32",
+            "config_fingerprint": f"tests/hybrid_models.py:{name}"}
+
+
+@pytest.mark.parametrize("name", HYBRID_MODELS)
+def test_hybrid_prompt_cache_round_trip_and_prefix_reuse_are_exact(tmp_path, name):
+    """Every hybrid's caches (recurrent state arrays included) saved after prompt A and loaded:
+    the arrays come back bit for bit; reusing the saved prefix for prompt A + B gives the logits
+    of the same forwards on caches that never left memory, bit for bit; generation from the
+    loaded cache streams the same log-probabilities; a prompt leaving A refuses (a recurrent
+    state cannot drop tokens)."""
+    from mlxbun.generate import stream_generate
+    from mlxbun.generation_caches import make_generation_cache
+
+    model = open_hybrid(name)
+    a, b = [(5 * i + 2) % 256 for i in range(10)], [(9 * i + 7) % 256 for i in range(5)]
+    mem = make_generation_cache(model)
+    assert any(isinstance(x, ArraysCache) for c in mem for x in getattr(c, "caches", [c]))  # falcon_h1: CacheList
+    model(mx.array([a]), cache=mem)
+    path = tmp_path / "h.safetensors"
+    save_prompt_cache(path, mem, model_identity=_hybrid_identity(name, mem), tokens=a)
+    loaded, meta = load_prompt_cache(path, expect_identity=_hybrid_identity(name, mem), expect_layout=mem)
+    for x, y in zip(loaded, mem):
+        assert type(x) is type(y) and same(x.state, y.state) and x.nbytes == y.nbytes
+    keep = reuse_prefix(loaded, cached_tokens(meta), a + b)
+    assert keep == len(a)
+    assert same(model(mx.array([(a + b)[keep:]]), cache=loaded), model(mx.array([b]), cache=mem))
+    # generation continues identically from a loaded cache
+    c1 = load_prompt_cache(path)[0]
+    c2 = make_generation_cache(model)
+    model(mx.array([a]), cache=c2)
+    s1 = list(stream_generate(model, IdTokenizer(), b, prompt_cache=c1, max_tokens=6))
+    s2 = list(stream_generate(model, IdTokenizer(), b, prompt_cache=c2, max_tokens=6))
+    assert all(same(x.logprobs, y.logprobs) for x, y in zip(s1, s2)) and len(s1) == 6
+    with pytest.raises(PromptCacheError, match=r"\((ArraysCache|CacheList)\) cannot drop its last 4"):
+        reuse_prefix(load_prompt_cache(path)[0], a, a[:6] + b)
+
+
+def _batch_caches(model, left_padding, arrays_cls, ssm_mask=True):
+    """mlx-lm's batched caches (BatchKVCache for attention) with `arrays_cls` for the recurrent
+    layers (given the padding unless not ssm_mask)."""
+    def batched(c):
+        if type(c).__name__ == "ArraysCache":
+            return arrays_cls(len(c.cache), left_padding=left_padding if ssm_mask else None)
+        if type(c).__name__ == "CacheList":  # falcon_h1
+            return o_cache.CacheList(*(batched(x) for x in c.caches))
+        return o_cache.BatchKVCache(left_padding)
+
+    return [batched(c) for c in model.make_cache()]
+
+
+@pytest.mark.parametrize("name", HYBRID_MODELS)
+def test_hybrid_batch_of_two_left_padded(name):
+    """A batch of two prompts (7 and 4 tokens, the short one left-padded by 3) + 3 decode steps:
+    with mlxbun's ArraysCache the logits equal mlx-lm's ArraysCache bit for bit (the ssm mask from
+    left_padding, advance). Each row matches its batch-1 run as closely as mlx-lm's own model does:
+    not bit for bit (the batched matmuls round differently, ~4e-6 here, even on the unpadded row),
+    same argmax; without the padding mask the padded row is far off."""
+    model = open_hybrid(name).module
+    a, b = [(5 * i + 1) % 256 for i in range(7)], [(11 * i + 3) % 256 for i in range(4)]
+    x = mx.array([a, [0, 0, 0] + b])
+    steps = [mx.array([[10 + s], [20 + s]]) for s in range(3)]
+
+    def run(caches):
+        outs = [model(x, cache=caches)[:, -1]] + [model(t, cache=caches)[:, -1] for t in steps]
+        return mx.stack(outs, 1)
+
+    mine, ref = run(_batch_caches(model, [0, 3], ArraysCache)), run(_batch_caches(model, [0, 3], o_cache.ArraysCache))
+    assert same(mine, ref)
+    for row, prompt in enumerate((a, b)):
+        caches = model.make_cache()
+        outs = [model(mx.array([prompt]), cache=caches)[:, -1]]
+        outs += [model(t[row:row + 1], cache=caches)[:, -1] for t in steps]
+        one = mx.stack(outs, 1)[0]
+        assert mx.abs(one - mine[row]).max().item() < 1e-4 and same(one.argmax(-1), mine[row].argmax(-1))
+        if row == 1:
+            unmasked = run(_batch_caches(model, [0, 3], ArraysCache, ssm_mask=False))[1]
+            assert mx.abs(one - unmasked).max().item() > 1e-2

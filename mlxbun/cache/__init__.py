@@ -3,6 +3,7 @@ contract `spec_begin() / spec_commit(n_accepted) / spec_rollback()`. Each KV cac
 attends over what it fetched: `cache.attention(queries, keys, values, scale, mask, sinks)`."""
 
 from mlxbun.cache.arrays import ArraysCache, begin_spec_round, commit_spec_round, rollback_spec_round
+from mlxbun.cache.cache_list import CacheList
 from mlxbun.cache.convert import maybe_quantize_kv_cache, quantize_cache
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.cache.mixed import KVPlan, KVPlanError
@@ -21,7 +22,7 @@ from mlxbun.cache.quantized import KVQuantError, QuantizedKVCache, check_kv_quan
 from mlxbun.cache.turboquant import TurboQuantKVCache, patch_mlxlm_attention, turboquant_sdpa
 
 __all__ = [
-    "ArraysCache", "KVCache", "RotatingKVCache", "QuantizedKVCache", "TurboQuantKVCache",
+    "ArraysCache", "CacheList", "KVCache", "RotatingKVCache", "QuantizedKVCache", "TurboQuantKVCache",
     "KVPlan", "KVPlanError", "KVQuantError", "PromptCacheError",
     "begin_spec_round", "commit_spec_round", "rollback_spec_round",
     "check_kv_quant", "maybe_quantize_kv_cache", "quantize_cache",

@@ -15,6 +15,11 @@ after n of the round's tokens was never materialized):
       n <  added: restore the snapshot and return n: the caller must feed the
                   round's first n tokens through the model again (replay) to
                   bring the state up to date. 0 means a plain rollback.
+  spec_mark()                  record the state as it is now, after `added` tokens of
+                               the round: a later commit of n == that count restores
+                               the mark instead of asking for a replay (a drafter
+                               that feeds one token per call marks after each one,
+                               so its rounds never replay)
   `added` is counted from `advance()` calls since spec_begin; for a model that
   does not call advance, pass `n_added` (else a commit with n > 0 raises).
 In a hybrid model every cache must see the same tokens, so a replay needs the
@@ -196,24 +201,28 @@ class ArraysCache:
     def in_spec_round(self) -> bool:
         return getattr(self, "_spec", None) is not None
 
+    def _snapshot(self) -> dict:
+        # copies: a model may write a slot in place (`cache[0][...] = x`)
+        return {"cache": [snapshot(c) for c in self.cache], "left_padding": snapshot(self.left_padding),
+                "lengths": snapshot(self.lengths), "seen": self.tokens_seen}
+
     def spec_begin(self):
-        self._spec = {
-            # copies: a model may write a slot in place (`cache[0][...] = x`)
-            "cache": [snapshot(c) for c in self.cache],
-            "left_padding": snapshot(self.left_padding),
-            "lengths": snapshot(self.lengths),
-            "seen": self.tokens_seen,
-        }
+        self._spec = {**self._snapshot(), "marks": {}}
+
+    def spec_mark(self):
+        """Remember the state after the tokens added so far in the round (see the module doc)."""
+        spec = self._spec_state()
+        spec["marks"][self.tokens_seen - spec["seen"]] = self._snapshot()
 
     def _spec_state(self):
         if getattr(self, "_spec", None) is None:
             raise RuntimeError("ArraysCache: spec_commit/spec_rollback without spec_begin")
         return self._spec
 
-    def _restore(self, spec):
-        self.cache = list(spec["cache"])
-        self.left_padding, self.lengths = spec["left_padding"], spec["lengths"]
-        self._seen = spec["seen"]
+    def _restore(self, state):
+        self.cache = list(state["cache"])
+        self.left_padding, self.lengths = state["left_padding"], state["lengths"]
+        self._seen = state["seen"]
         self._spec = None
 
     def spec_rollback(self):
@@ -231,9 +240,12 @@ class ArraysCache:
         return n_added
 
     def spec_needs_replay(self, n_accepted: int, n_added: Optional[int] = None) -> bool:
-        """Whether committing `n_accepted` would restore the snapshot (n < added)."""
-        added = self._added(self._spec_state(), n_added)
-        return self._check(n_accepted, added) < added
+        """Whether committing `n_accepted` would restore the snapshot and ask for a replay
+        (0 < n < added, no mark at n)."""
+        spec = self._spec_state()
+        added = self._added(spec, n_added)
+        n = self._check(n_accepted, added)
+        return 0 < n < added and n not in spec["marks"]
 
     def _check(self, n_accepted, added):
         if isinstance(n_accepted, bool) or not isinstance(n_accepted, int):
@@ -252,6 +264,9 @@ class ArraysCache:
         n = self._check(n_accepted, added)
         if n == added:
             self._spec = None
+            return 0
+        if n in spec["marks"]:
+            self._restore(spec["marks"][n])
             return 0
         self._restore(spec)
         return n
@@ -274,8 +289,8 @@ def commit_spec_round(caches: Sequence[Any], n_accepted: int) -> int:
     """Commit a round over a model's caches; return the number of tokens to replay.
 
     If no cache needs a replay (attention caches trim exactly; a recurrent cache
-    needs none when every drafted token was accepted) each cache commits and
-    this returns 0. Otherwise every cache rolls back to spec_begin and this
+    needs none when every drafted token was accepted, none were, or it holds a
+    `spec_mark` at n_accepted) each cache commits and this returns 0. Otherwise every cache rolls back to spec_begin and this
     returns n_accepted: feed the round's first n_accepted tokens through the
     model again, so attention and recurrent layers see the same tokens.
     """

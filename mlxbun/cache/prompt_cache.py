@@ -25,6 +25,7 @@ from typing import Any, Optional
 import mlx.core as mx
 
 from mlxbun.cache.arrays import ArraysCache
+from mlxbun.cache.cache_list import CacheList
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.cache.quantized import QuantizedKVCache
 from mlxbun.errors import MlxbunError, WeightsError
@@ -50,7 +51,7 @@ IDENTITY_KEYS = ("model_type", "num_layers", "num_kv_heads", "head_dim", "config
 TOKENS_KEY = "tokens"
 
 CACHE_CLASSES: dict[str, type] = {
-    c.__name__: c for c in (KVCache, RotatingKVCache, QuantizedKVCache, ArraysCache)
+    c.__name__: c for c in (KVCache, RotatingKVCache, QuantizedKVCache, ArraysCache, CacheList)
 }
 
 

@@ -83,7 +83,7 @@ def _drafter_factories(drafters: Sequence[str], engine: str) -> dict:
 
 ROW_COLUMNS = ["drafter", "k", "prompt", "drafts", "draft_tokens", "accepted_tokens", "draft_acceptance_rate",
                "mean_acceptance_length", "tokens_per_s", "plain_tokens_per_s", "speedup", "draft_s", "verify_s",
-               "same_as_plain"]
+               "replayed_tokens", "replay_s", "same_as_plain"]  # replay: a recurrent target's rollback
 
 
 @dataclass
@@ -110,7 +110,7 @@ class SpecSweep:
         for (d, k, p), s in self.runs.items():
             rows.append([d, k, p, s.drafts, s.draft_tokens, s.accepted_tokens, s.draft_acceptance_rate,
                          s.mean_acceptance_length, s.tokens_per_s, s.plain_tokens_per_s, s.speedup, s.draft_s,
-                         s.verify_s, self.same.get((d, k, p))])
+                         s.verify_s, s.replayed_tokens, s.replay_s, self.same.get((d, k, p))])
         return pd.DataFrame(rows, columns=ROW_COLUMNS)
 
     def summary(self):
@@ -122,7 +122,8 @@ class SpecSweep:
                 same = [self.same.get((d, k, p)) for p in self.prompts]
                 rows.append([d, k, len(self.prompts), s.drafts, s.draft_tokens, s.accepted_tokens,
                              s.draft_acceptance_rate, s.mean_acceptance_length, s.tokens_per_s, s.plain_tokens_per_s,
-                             s.speedup, s.draft_s, s.verify_s, None if None in same else all(same)])
+                             s.speedup, s.draft_s, s.verify_s, s.replayed_tokens, s.replay_s,
+                             None if None in same else all(same)])
         return pd.DataFrame(rows, columns=["drafter", "k", "prompts"] + ROW_COLUMNS[3:])
 
     def per_position(self):

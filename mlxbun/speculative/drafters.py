@@ -11,11 +11,14 @@ One interface (`Drafter`):
   contract. The token feeding is mlx-lm 0.32.2's `speculative_generate_step`: the prompt is
   prefilled all but its last token, each round feeds the 1 or 2 tokens the draft has not seen
   (the target's token, preceded by the last draft token when all were accepted), then each
-  draft token but the last.
+  draft token but the last. A recurrent draft cache (ArraysCache) marks its state after each of
+  those one-token steps (`spec_mark`), so a rejection restores the state after the accepted
+  drafts exactly, with no replay (memory: up to k - 2 copies of the recurrent state).
 - `NGramDrafter` (prompt lookup): the longest suffix n-gram (max_n down to min_n) that occurred
   before in the prompt or the generated text; proposes what followed its most recent occurrence.
 - `LayerSkipDrafter` (self-draft): the target's first L blocks, then its own final norm and head,
-  sharing every weight; only the cache of those L layers is extra memory.
+  sharing every weight; only the cache of those L layers is extra memory (the caches those blocks
+  use, found by a one-token probe: a hybrid may give some blocks none, as nemotron_h's MLP blocks).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import mlx.core as mx
 
+from mlxbun.cache.arrays import commit_spec_round
 from mlxbun.errors import GenerationError, MlxbunError, UnsupportedModelError
 from mlxbun.generation_caches import make_generation_cache
 from mlxbun.names import DrafterSpec, parse_drafter
@@ -225,6 +229,7 @@ class _ModelDrafter(Drafter):
             self._done = len(context_ids)
             for c in self._cache:
                 c.spec_begin()
+            marking = [c for c in self._cache if hasattr(c, "spec_mark")]
             self._round_k = k
             keys = None if s.sampling.greedy else mx.random.split(key if key is not None else mx.random.key(0), k)
             ys, qs = [], []
@@ -238,6 +243,9 @@ class _ModelDrafter(Drafter):
                     if history is not None:
                         history = mx.concatenate([history, y.astype(mx.int32)])
                     logprobs = self._row(y.astype(mx.int32), history)
+                    if i < k - 2:  # the state after i + 1 drafts (k - 1: the round's end)
+                        for c in marking:
+                            c.spec_mark()
             tokens = mx.concatenate(ys).tolist()
         return Draft(tokens, mx.concatenate(qs, axis=0) if qs else None)
 
@@ -247,8 +255,9 @@ class _ModelDrafter(Drafter):
             return
         # the cache holds the first k-1 draft tokens (the last one was never fed)
         keep = min(int(n_accepted), k - 1)
-        for c in self._cache:
-            c.spec_commit(keep)
+        if commit_spec_round(self._cache, keep):  # every position 0..k-1 is kept or marked
+            raise MlxbunError(f"{type(self).__name__}: a draft cache asked for a replay of {keep} tokens "
+                              "(a recurrent layer that does not report its tokens through advance())")
         self._done += keep
         self._round_k = 0
 
@@ -323,15 +332,27 @@ class LayerSkipDrafter(_ModelDrafter):
     def _new_cache(self) -> list:
         full = make_generation_cache(self.session.target, **self.session.kv)
         self._n_caches = len(full)
-        return full[: self.layers]
+        self._n_own = self._caches_used()
+        return full[: self._n_own]
+
+    def _caches_used(self) -> int:
+        """How many caches the first `layers` blocks use: one token through them with a
+        throwaway cache list; they must be a prefix of the list (mlx-lm's order)."""
+        probe = make_generation_cache(self.session.target, **self.session.kv)
+        with skipping(self._blocks[self.layers:]):
+            self.session.target(mx.array([[0]], dtype=mx.int32), cache=probe)
+        used = [i for i, c in enumerate(probe) if getattr(c, "offset", 0) or getattr(c, "tokens_seen", 0)]
+        if used != list(range(len(used))):
+            raise UnsupportedModelError(f"layer-skip draft: the first {self.layers} blocks use caches {used}, "
+                                        "not the first ones of the model's cache list")
+        return len(used)
 
     def _hook(self):
-        return quantize_hook(self.session.kv, self._n_caches, first=self.layers)
+        return quantize_hook(self.session.kv, self._n_caches, first=self._n_own)
 
     def _logits(self, ids: mx.array) -> mx.array:
-        n = len(self._blocks)
         with skipping(self._blocks[self.layers:]):
-            return self.session.target(ids, cache=self._view() + [None] * (n - self.layers))
+            return self.session.target(ids, cache=self._view() + [None] * (self._n_caches - self._n_own))
 
     def params(self) -> dict:
         return {"drafter": self.name, "draft_layers": self.layers}

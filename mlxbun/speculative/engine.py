@@ -3,11 +3,16 @@
 A round: the drafter proposes up to k tokens; the target runs once over [last token, drafts]
 with its caches inside a spec round (`spec_begin`); verification accepts n drafts (greedy
 exact match, or rejection sampling); the caches keep the n + 1 tokens the target has now seen
-(`spec_commit(n + 1)`); the drafter is told n; the n accepted drafts and the target's own next
-token are emitted. Plain, rotating (sliding-window), quantized (kv_bits or a kv_config plan)
-and TurboQuant caches all roll back through the spec-round contract; rings that keep attention
-sinks (`max_kv_size`) are seen through `ring.sink_exact` while verifying, so k+1 tokens attend
-as k+1 one-token steps would.
+(`commit_spec_round(cache, n + 1)`); the drafter is told n; the n accepted drafts and the target's
+own next token are emitted. A recurrent state (ArraysCache: conv, SSM, DeltaNet) cannot be
+trimmed: when the target rejected a draft, the recurrent caches go back to the round's start and
+the n + 1 kept tokens are replayed (`SpecStats.replayed_tokens`, `replay_s`), through the
+recurrent mixers alone (`rollback="mixers"`) or the whole target (`"model"`); see
+`speculative/replay.py`. A round that accepted every draft keeps the state as verified.
+Plain, rotating (sliding-window), quantized (kv_bits or a kv_config plan) and TurboQuant caches
+all roll back through the spec-round contract; rings that keep attention sinks (`max_kv_size`)
+are seen through `ring.sink_exact` while verifying, so k+1 tokens attend as k+1 one-token steps
+would.
 
 Exactness (greedy): every emitted token is the target's argmax after the tokens before it, as in
 plain decoding, so the stream equals `mlxbun.generate.stream_generate`'s token for token whenever
@@ -29,11 +34,13 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Generator, Iterable, Optional, Sequence, Union
 
 import mlx.core as mx
 
+from mlxbun.cache.arrays import commit_spec_round
 from mlxbun.errors import MlxbunError
 from mlxbun.generate import (
     GenerationResponse,
@@ -57,8 +64,17 @@ from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.names import is_int
 from mlxbun.sampling import GenerationError, LogitsProcessor, make_logits_processors
 from mlxbun.speculative.adaptive import AdaptiveDraftLength
-from mlxbun.speculative.drafters import Draft, Drafter, DraftSession, _check_contract, logits_width, make_drafter
+from mlxbun.speculative.drafters import (
+    Draft,
+    Drafter,
+    DraftSession,
+    _check_contract,
+    logits_width,
+    make_drafter,
+    model_blocks,
+)
 from mlxbun.speculative.kv import quantize_hook
+from mlxbun.speculative.replay import Rollback, mixer_replay, parse_rollback
 from mlxbun.speculative.ring import sink_exact
 from mlxbun.speculative.stats import SpecStats
 from mlxbun.speculative.verify import Sampling, verify_greedy, verify_sampled
@@ -77,8 +93,10 @@ class SpecResponse(GenerationResponse):
     stats: Optional[SpecStats] = None
 
 
-def _offset(cache: Sequence[Any]) -> int:
-    return max((int(getattr(c, "offset", 0)) for c in cache if c is not None), default=0)
+def _offset(cache: Sequence[Any]) -> Optional[int]:
+    """The attention caches' length; None when the model has none (nothing there quantizes)."""
+    offsets = [int(c.offset) for c in cache if c is not None and hasattr(c, "offset")]
+    return max(offsets) if offsets else None
 
 
 def _process_rows(logits: mx.array, history: Optional[mx.array], drafts: Sequence[int],
@@ -113,10 +131,12 @@ def speculative_generate_step(
     key: Optional[mx.array] = None,
     adaptive: Union[bool, AdaptiveDraftLength] = False,
     stats: Optional[SpecStats] = None,
+    rollback: Union[str, Rollback] = Rollback.MIXERS,
     stream=None,
 ) -> Generator[tuple[int, mx.array, bool], None, None]:
     """Yield (token, logprobs [V], from_draft) over a bound `drafter` and a ready target cache
     list (updated in place). The caller binds the drafter; `stats` is filled as rounds run.
+    rollback: how a recurrent target goes back after a rejection (`mlxbun.speculative.replay`).
     quantize: the KV quantize hook (`quantize_hook`), None when nothing quantizes; rounds then
     respect `quantized_kv_start` (see the module docstring)."""
 
@@ -129,9 +149,12 @@ def speculative_generate_step(
     if not sampling.greedy and key is None:
         key = mx.random.key(0)
     history_ids = [int(t) for t in prompt.tolist()]
+    mixers = mixer_replay(target, cache, rollback, model_blocks)
+    verify = target if mixers is None else mixers.verify
 
     tic = time.perf_counter()
-    with mx.stream(stream):
+    attached = mixers.attach(lambda: make_generation_cache(target)) if mixers is not None else nullcontext()
+    with mx.stream(stream), attached:
         y = prompt
         while y.size > 1:  # generate_step's prefill
             n_pre = min(prefill_step_size, y.size - 1)
@@ -148,7 +171,7 @@ def speculative_generate_step(
             if max_tokens is not None:
                 k = min(k, max_tokens - ntoks)  # as mlx-lm: never draft past the budget
             offset = _offset(cache)
-            if converting and (offset < quantized_kv_start or offset == 0):
+            if converting and offset is not None and (offset < quantized_kv_start or offset == 0):
                 k = min(k, max(0, quantized_kv_start - 1 - offset))  # the hook has not converted yet
             if key is not None:
                 key, k_draft, k_verify = mx.random.split(key, 3)
@@ -164,7 +187,7 @@ def speculative_generate_step(
             m = len(draft)
             for c in cache:
                 c.spec_begin()
-            logits = target(mx.array([pending, *draft], dtype=mx.int32)[None], cache=sink_exact(cache))[0]
+            logits = verify(mx.array([pending, *draft], dtype=mx.int32)[None], cache=sink_exact(cache))[0]
             history = mx.array(history_ids, dtype=mx.int32) if logits_processors else None
             logprobs = _process_rows(logits, history, draft, logits_processors)
             if sampling.greedy:
@@ -172,15 +195,24 @@ def speculative_generate_step(
             else:
                 verdict = verify_sampled(sampling.probs(logprobs), draft, draft.q, k_verify)
             n = verdict.n_accepted
-            for c in cache:
-                c.spec_commit(n + 1)
-            quantize(cache)
             t2 = time.perf_counter()
+            if mixers is not None:  # the recurrent mixers alone re-run on the kept positions
+                replay = mixers.commit(cache, n + 1, m + 1)
+            else:  # a recurrent state went back to the round's start: feed the kept tokens
+                replay = commit_spec_round(cache, n + 1)
+                if replay:
+                    target(mx.array([pending, *draft[:n]], dtype=mx.int32)[None], cache=sink_exact(cache))
+            if replay:
+                mx.eval([c.state for c in cache])
+            t3 = time.perf_counter()
+            quantize(cache)
 
             drafter.observe(list(draft[:n]), n)
             stats.add_round(k, m, n, t1 - t0, t2 - t1)
-            if controller is not None:
-                controller.update(k, m, n, t1 - t0, t2 - t1)
+            if replay:
+                stats.add_replay(replay, t3 - t2)
+            if controller is not None:  # a replay is part of what a verify round costs
+                controller.update(k, m, n, t1 - t0, t3 - t1)
 
             for i, tok in enumerate([*draft[:n], verdict.token]):
                 history_ids.append(tok)
@@ -223,6 +255,7 @@ def speculative_generate(
     stop: Union[str, Sequence[str], None] = None,
     prefill_step_size: int = 2048,
     adaptive: bool = False,
+    rollback: Union[str, Rollback] = Rollback.MIXERS,
 ) -> Generator[SpecResponse, None, None]:
     """Generate from `prompt` with speculative decoding; one `SpecResponse` per token.
 
@@ -230,7 +263,9 @@ def speculative_generate(
     draft model (same vocabulary), or "ngram" / "self" (see `make_drafter`). num_draft: draft
     tokens per round (the maximum, with `adaptive`). The other options are
     `mlxbun.generate.stream_generate`'s; greedy output equals its output token for token, and
-    sampling draws from the same distribution. Bad options raise `GenerationError` before work.
+    sampling draws from the same distribution. rollback: "mixers" (default) or "model", how a
+    recurrent target goes back after a rejection (`mlxbun.speculative.replay`). Bad options raise
+    `GenerationError` before work.
     """
     if temp is not None:
         if temperature not in (0.0, temp):
@@ -247,6 +282,10 @@ def speculative_generate(
     processors = tuple(make_logits_processors(repetition_penalty=repetition_penalty,
                                               repetition_context_size=repetition_context_size)
                        + list(logits_processors or ()))
+    try:
+        rollback = parse_rollback(rollback)
+    except MlxbunError as e:
+        raise GenerationError(str(e)) from None
     drafter = make_drafter(drafter)
 
     target = ensure_runtime(target)
@@ -272,7 +311,7 @@ def speculative_generate(
         prompt_ids, target, drafter, cache=cache, num_draft=num_draft, max_tokens=max_tokens,
         sampling=sampling, logits_processors=processors, prefill_step_size=prefill_step_size,
         quantize=quantize_hook(kv, len(cache)), quantized_kv_start=quantized_kv_start, key=key,
-        adaptive=adaptive, stats=stats,
+        adaptive=adaptive, stats=stats, rollback=rollback,
         stream=generation_stream)
     turboquant = kv_scheme == "turboquant" and kv_bits is not None
     return _responses(tokens, prompt_ids, detokenizer, eos, stops, max_tokens, stats,

@@ -10,7 +10,11 @@ Per request (one `SpecStats` filled by the engine) and aggregated (`SpecStats.ag
 - mean_acceptance_length = 1 + accepted_tokens / drafts;
 - draft_acceptance_rate = accepted_tokens / draft_tokens;
 - time in draft vs verify, end-to-end tokens/s and, when measured on the same prompt, plain
-  decoding's tokens/s and the speedup.
+  decoding's tokens/s and the speedup;
+- the rollback cost of a recurrent target (mlxbun's own, no vLLM name): replays (rounds whose
+  rejection sent a recurrent state back to the round's start), replayed_tokens (tokens fed
+  again: the accepted drafts + the round's first token) and replay_s (their forwards' time,
+  not part of verify_s).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ class SpecStats:
     prefill_s: float = 0.0  # the target's (and the drafter's first) prompt processing
     draft_s: float = 0.0
     verify_s: float = 0.0
+    replays: int = 0
+    replayed_tokens: int = 0
+    replay_s: float = 0.0
     wall_s: float = 0.0  # from the call to the last token
     plain_tokens_per_s: Optional[float] = None
     requests: int = 1
@@ -63,6 +70,12 @@ class SpecStats:
         for i in range(n_accepted):
             self.accepted_per_position[i] += 1
         self.acceptance_length_histogram[1 + n_accepted] += 1
+
+    def add_replay(self, tokens: int, seconds: float) -> None:
+        """A rollback by replay: `tokens` fed again through the target in `seconds`."""
+        self.replays += 1
+        self.replayed_tokens += int(tokens)
+        self.replay_s += seconds
 
     # ------------------------------------------------------------------ derived
 
@@ -95,6 +108,12 @@ class SpecStats:
         return self.tokens_per_s / self.plain_tokens_per_s
 
     @property
+    def replay_time_fraction(self) -> float:
+        """Replay seconds over draft + verify + replay seconds (0 when nothing was replayed)."""
+        busy = self.draft_s + self.verify_s + self.replay_s
+        return self.replay_s / busy if busy > 0 else math.nan
+
+    @property
     def draft_time_fraction(self) -> float:
         busy = self.draft_s + self.verify_s
         return self.draft_s / busy if busy > 0 else math.nan
@@ -108,9 +127,10 @@ class SpecStats:
         plain_time, plain_tokens = 0.0, 0
         for s in stats:
             out.requests += s.requests
-            for name in ("rounds", "drafts", "draft_tokens", "accepted_tokens", "generated_tokens"):
+            for name in ("rounds", "drafts", "draft_tokens", "accepted_tokens", "generated_tokens", "replays",
+                         "replayed_tokens"):
                 setattr(out, name, getattr(out, name) + getattr(s, name))
-            for name in ("prefill_s", "draft_s", "verify_s", "wall_s"):
+            for name in ("prefill_s", "draft_s", "verify_s", "replay_s", "wall_s"):
                 setattr(out, name, getattr(out, name) + getattr(s, name))
             for name in ("accepted_per_position", "drafted_per_position"):
                 mine, theirs = getattr(out, name), getattr(s, name)
@@ -148,6 +168,10 @@ class SpecStats:
             "prefill_s": self.prefill_s,
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
+            "replays": self.replays,
+            "replayed_tokens": self.replayed_tokens,
+            "replay_s": self.replay_s,
+            "replay_time_fraction": self.replay_time_fraction,
             "wall_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
             "plain_tokens_per_s": self.plain_tokens_per_s,
@@ -156,7 +180,8 @@ class SpecStats:
 
     _UNITS = {"draft_s": "s", "verify_s": "s", "prefill_s": "s", "wall_s": "s", "tokens_per_s": "tok/s",
               "plain_tokens_per_s": "tok/s", "draft_tokens": "tokens", "accepted_tokens": "tokens",
-              "generated_tokens": "tokens", "mean_acceptance_length": "tokens"}
+              "generated_tokens": "tokens", "mean_acceptance_length": "tokens", "replays": "rounds",
+              "replayed_tokens": "tokens", "replay_s": "s"}
 
     def as_rows(self, **params: Any) -> list[tuple]:
         """(metric, value, unit, params) rows for `Run.record_many`; NaN metrics are left out, the
@@ -165,7 +190,8 @@ class SpecStats:
         rows = []
         for name in ("drafts", "draft_tokens", "accepted_tokens", "generated_tokens", "rounds",
                      "mean_acceptance_length", "draft_acceptance_rate", "prefill_s", "draft_s", "verify_s",
-                     "wall_s", "tokens_per_s", "plain_tokens_per_s", "speedup"):
+                     "replays", "replayed_tokens", "replay_s", "wall_s", "tokens_per_s", "plain_tokens_per_s",
+                     "speedup"):
             v = d[name]
             if v is None or (isinstance(v, float) and math.isnan(v)):
                 continue
@@ -188,6 +214,9 @@ class SpecStats:
                 f"Draft acceptance rate: {100 * self.draft_acceptance_rate:.1f}%, "
                 f"Per-position acceptance rate: [{pos}], "
                 f"draft {self.draft_s:.3f}s / verify {self.verify_s:.3f}s, {self.tokens_per_s:.1f} tok/s")
+        if self.replays:
+            line += (f", rollback: {self.replayed_tokens} tokens replayed in {self.replays} rounds "
+                     f"({self.replay_s:.3f}s)")
         if self.plain_tokens_per_s:
             line += f" (plain {self.plain_tokens_per_s:.1f} tok/s, speedup {self.speedup:.2f}x)"
         return line
