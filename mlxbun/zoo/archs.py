@@ -459,6 +459,13 @@ _HYBRID_ROWS = (
                 "num_local_experts": 0, "layer_types": ["mamba", "attention", "mamba"],
                 "position_embedding_type": "nope", "embedding_multiplier": 12.0,
                 "attention_multiplier": 0.0625, "residual_multiplier": 0.22, "logits_scaling": 8.0}),
+    # mamba2 beside attention in each layer (8 heads x 16, 2 groups, gated norm); tied head scaled
+    # by lm_head / embedding multiplier (the others fold into HF-layout weights: tests/test_hybrid_falcon)
+    Arch("falcon_h1", "FalconH1ForCausalLM", "FalconH1Config", kv_heads=2, extra={"head_dim": HEAD_DIM},
+         knobs={"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16,
+                "mamba_n_groups": 2, "mamba_rms_norm": True, "mamba_norm_before_gate": False,
+                "tie_word_embeddings": True, "embedding_multiplier": 5.656854249492381,
+                "lm_head_multiplier": 0.0390625}),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + _HYBRID_ROWS}

@@ -55,7 +55,7 @@ from mlxbun.models.universal.kinds import (
     ParallelMlpNorm,
     ParallelSum,
     PostInit,
-    PostOp,
+    POST_OVER, PostOp,
     PreDivide,
     QKNormAt,
     QKNormKind,
@@ -431,7 +431,7 @@ class ArchDescriptor:
         if h.pre_divide is PreDivide.WIDTH_RATIO:
             yield from (("head.pre_divide", "hidden_size"), ("head.pre_divide", "dim_model_base"))
         if h.post is not None:
-            yield "head.post", h.post.by
+            yield from (("head.post", f) for f in (h.post.by, POST_OVER.get(h.post.op)) if f)
         if h.softcap is FinalSoftcap.FIELD:
             yield "head.softcap", "final_logit_softcapping"
         lk = self.layers
