@@ -12,13 +12,12 @@ Adding an arch is one `Arch(...)` row in `_ROWS`.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from mlxbun.errors import UnsupportedModelError
+from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
 from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 
 HIDDEN = 64
@@ -511,34 +510,6 @@ def runnable_variants(arch: str) -> tuple[str, ...]:
                  and (v not in OPT_IN_VARIANTS or v in row.extra_variants))
 
 
-def _transformers_config_class(name: str):
-    # transformers nags about PyTorch at import; the zoo only needs configuration classes
-    key = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
-    saved = os.environ.get(key)
-    os.environ[key] = "1"
-    try:
-        import transformers
-    finally:
-        if saved is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = saved
-    return getattr(transformers, name)
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """Silence config validation chatter (hub-style keys transformers 5 does not know)."""
-    from transformers.utils import logging
-
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(level)
-
-
 def _shrink_kwargs(row: Arch, defaults: dict) -> dict:
     sizes = {
         "hidden_size": HIDDEN,
@@ -587,8 +558,8 @@ def tiny_config(arch: str) -> dict:
     """The shrunk config.json dict of `arch` (float32; the builder sets torch_dtype/quantization)."""
     row = get_arch(arch)
     if row.hf_config is not None:
-        cls = _transformers_config_class(row.hf_config)
-        with _quiet_transformers():
+        cls = transformers_config_class(row.hf_config)
+        with quiet_transformers():
             defaults = cls().to_dict()
             cfg = cls(**_shrink_kwargs(row, defaults)).to_dict()
         for key in _GENERIC_KEYS:
