@@ -240,3 +240,22 @@ def test_speculative_greedy_equals_plain_over_the_cache_lists(zoo, rollback):
                                              max_tokens=12, rollback=rollback))
             assert [r.token for r in spec] == plain, (type(make()).__name__, k)
     assert spec[-1].stats.replays > 0  # the seed-1 draft is rejected somewhere: a replay ran
+
+
+def test_a_hub_style_config_is_covered():
+    """The keys Falcon-H1 checkpoints carry (transformers 4.5x era: rope_theta, the time_step_*
+    initialization settings, mamba_use_mlp, mlp_expansion_factor) are understood or ignored as
+    mlx-lm ignores them."""
+    from mlxbun.models.universal.coverage import check_coverage
+
+    hub = {**DESCRIPTORS["falcon_h1"].fields, "tie_word_embeddings": False,
+           "architectures": ["FalconH1ForCausalLM"], "hidden_act": "silu", "initializer_range": 0.02,
+           "mamba_chunk_size": 128, "mamba_expand": 2, "mamba_use_mlp": True, "mlp_expansion_factor": 8,
+           "num_logits_to_keep": 1, "time_step_min": 0.001, "time_step_max": 0.1,
+           "time_step_floor": 0.0001, "torch_dtype": "bfloat16", "use_cache": True}
+    report = check_coverage("falcon_h1", hub)
+    assert report.ok and not report.unknown, report.describe()
+    assert set(report.ignored) == {"hidden_act", "mamba_chunk_size", "mamba_expand", "mamba_use_mlp",
+                                   "mlp_expansion_factor", "num_logits_to_keep", "time_step_min",
+                                   "time_step_max", "time_step_floor"}
+    assert not check_coverage("falcon_h1", {**hub, "attn_layer_indices": [1, 3]}).ok  # unknown: refused

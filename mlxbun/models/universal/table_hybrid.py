@@ -280,7 +280,9 @@ HYBRID_ROWS = [
                       "mlp_expansion_factor": "mlx-lm sizes the MLP by intermediate_size",
                       "time_step_limit": "mlx-lm's falcon_h1 mixer fixes the dt clip to (0, inf)",
                       "hidden_act": "mlx-lm's MLP and mixer apply SiLU whatever the config says",
-                      "num_logits_to_keep": "generation setting"},
+                      "num_logits_to_keep": "generation setting",
+                      "time_step_min": "initialization setting", "time_step_max": "initialization setting",
+                      **_MAMBA_TRAINING},
         notes="falcon_h1: every layer runs the Mamba2 mixer (mamba) and attention side by side on "
               "one input_layernorm'd input, h = x + mamba + attn, then the SwiGLU feed_forward "
               "after pre_ff_layernorm; each layer's cache is CacheList(ArraysCache, KVCache). The "
