@@ -259,3 +259,20 @@ def test_a_hub_style_config_is_covered():
                                    "mlp_expansion_factor", "num_logits_to_keep", "time_step_min",
                                    "time_step_max", "time_step_floor"}
     assert not check_coverage("falcon_h1", {**hub, "attn_layer_indices": [1, 3]}).ok  # unknown: refused
+
+
+def test_state_diffing_reads_the_mixer_state_inside_each_cache_list(zoo):
+    """The layer diff's recurrent-state records reach the ArraysCache inside each CacheList."""
+    from mlx_lm.utils import load_model
+
+    from mlxbun.parity.states import state_records
+
+    path = zoo("falcon_h1")
+    ours, ref = load_universal(path), load_model(path)[0]
+    oc, rc = ours.make_cache(), ref.make_cache()
+    ours(IDS, cache=oc), ref(IDS, cache=rc)
+    records = state_records(oc, rc, step=0)
+    assert [(r["layer"], r["slot"]) for r in records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(r["equal"] for r in records)
+    oc[1][0][1] = oc[1][0][1] * 1.5  # a drifted SSM state shows in its slot only
+    assert [r["equal"] for r in state_records(oc, rc, step=0)] == [True, True, True, False]
