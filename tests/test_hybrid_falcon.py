@@ -276,3 +276,26 @@ def test_state_diffing_reads_the_mixer_state_inside_each_cache_list(zoo):
     assert all(r["equal"] for r in records)
     oc[1][0][1] = oc[1][0][1] * 1.5  # a drifted SSM state shows in its slot only
     assert [r["equal"] for r in state_records(oc, rc, step=0)] == [True, True, True, False]
+
+
+@pytest.mark.parametrize("arrays", ["mlx-lm", "mlxbun"])
+def test_left_padded_batch_through_batched_cache_lists(zoo, arrays):
+    """Two prompts, the first left-padded by 3, in CacheList(ArraysCache(left_padding),
+    BatchKVCache) per layer (mlx-lm's batch generation): prefill and three decode steps give
+    mlx-lm's logits bit for bit (the ssm mask and the attention mask from layer 0's children)."""
+    from mlx_lm.models import cache as o_cache
+    from mlx_lm.utils import load_model
+
+    path = zoo("falcon_h1")
+    ours, ref = load_universal(path), load_model(path)[0]
+    pad, cls = [3, 0], o_cache.ArraysCache if arrays == "mlx-lm" else ArraysCache
+
+    def caches(arrays_cls):
+        return [o_cache.CacheList(arrays_cls(2, left_padding=pad), o_cache.BatchKVCache(pad)) for _ in range(2)]
+
+    rc, oc = caches(o_cache.ArraysCache), caches(cls)
+    ids = mx.array([[0, 0, 0, 5, 9, 2, 77], [4, 8, 15, 16, 23, 42, 7]])
+    for step in range(4):
+        want, got = ref(ids, cache=rc), ours(ids, cache=oc)
+        assert mx.array_equal(want, got), step
+        ids = mx.argmax(want[:, -1:], axis=-1)
