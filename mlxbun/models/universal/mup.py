@@ -72,26 +72,28 @@ def fold_falcon_h1(w: dict, a: Mapping[str, Any], mt: str) -> dict:
     ssm_in, mup = _number(a, "ssm_in_multiplier", mt), _mup_vector(a, mt)
     out = {}
     for name, param in w.items():
-        real = isinstance(param, mx.array)  # header-only tensors keep their shape and dtype
+        if not isinstance(param, mx.array):  # a header-only tensor: only a conv1d's shape moves
+            out[name] = param.swapaxes(1, 2) if "conv1d.weight" in name else param
+            continue
         if name.endswith("embed_tokens.weight"):
-            param = param * emb if real else param
+            param = param * emb
         elif name.endswith("lm_head.weight"):
-            param = param * head if real else param
+            param = param * head
         elif name.endswith("q_proj.weight") or name.endswith("k_proj.weight"):
-            param = param * attn_in if real else param
+            param = param * attn_in
         elif name.endswith("key_proj.weight"):
-            param = param * (attn_in * key) if real else param
+            param = param * (attn_in * key)
         elif name.endswith("o_proj.weight"):
-            param = param * attn_out if real else param
+            param = param * attn_out
         elif name.endswith("out_proj.weight"):
-            param = param * ssm_out if real else param
+            param = param * ssm_out
         elif name.endswith("gate_proj.weight"):
-            param = param * mlp[0] if real else param
+            param = param * mlp[0]
         elif name.endswith("down_proj.weight"):
-            param = param * mlp[1] if real else param
+            param = param * mlp[1]
         elif name.endswith("in_proj.weight"):
-            param = param * (ssm_in * mup.astype(param.dtype)[:, None]) if real else param
+            param = param * (ssm_in * mup.astype(param.dtype)[:, None])
         elif "conv1d.weight" in name:
-            param = param.swapaxes(1, 2)  # mlx-lm's transpose(0, 2, 1)
+            param = param.transpose(0, 2, 1)
         out[name] = param
     return out
