@@ -92,7 +92,11 @@ def _assert_parity(path):
         expected, got = ref(token, cache=ref_cache), ours(token, cache=our_cache)
         assert mx.array_equal(expected, got), f"decode step {step} differs"
         token = mx.argmax(expected[:, -1], axis=-1)[:, None]
-    for c, r in zip(our_cache, ref_cache):  # a recurrent layer's state, bit for bit; a KV cache's offset
+    def children(caches):  # falcon_h1: each layer's CacheList, child by child
+        return [x for c in caches for x in getattr(c, "caches", (c,))]
+
+    for c, r in zip(children(our_cache), children(ref_cache), strict=True):  # a recurrent layer's
+        # state, bit for bit; a KV cache's offset
         if hasattr(r, "offset"):
             assert c.offset == r.offset
         else:

@@ -92,5 +92,6 @@ MANIFEST = {
         Entry("mamba2"),
         Entry("nemotron_h", EXPERT_VARIANTS),  # its E layers route (f16 / bf16: on CUDA)
         Entry("granitemoehybrid"),
+        Entry("falcon_h1"),  # mamba2 beside attention in every layer (a CacheList each)
     ]
 }

@@ -7,7 +7,8 @@ step. `state_records` gives, per step, per layer, per slot, both sides' L2 norm 
 |a - b| (`layer_diff` keeps them); `localize.first_state_divergence` the first slot that is not
 bit-equal (layer order).
 A cache is a recurrent state when it holds a `cache` list of slots and no `offset` (mlx-lm's
-ArraysCache and mlxbun's alike); attention caches are left to the tapped outputs.
+ArraysCache and mlxbun's alike), alone or as a CacheList's child (falcon_h1); attention caches
+are left to the tapped outputs.
 """
 
 from __future__ import annotations
@@ -26,13 +27,21 @@ def is_recurrent_state(cache: Any) -> bool:
     return isinstance(getattr(cache, "cache", None), list) and not hasattr(cache, "offset")
 
 
+def _recurrent(cache: Any) -> Any:
+    """The recurrent state a layer's cache is or holds (falcon_h1: a CacheList's child), or None."""
+    if is_recurrent_state(cache):
+        return cache
+    return next((c for c in getattr(cache, "caches", ()) if is_recurrent_state(c)), None)
+
+
 def recurrent_slots(cache_a: Sequence, cache_b: Sequence) -> Iterator[tuple[int, int, Any, Any]]:
     """(layer, slot, array a, array b) of every recurrent slot either side holds, layer order."""
     for layer, (ca, cb) in enumerate(zip(cache_a, cache_b)):
-        if not (is_recurrent_state(ca) or is_recurrent_state(cb)):
+        ra, rb = _recurrent(ca), _recurrent(cb)
+        if ra is None and rb is None:
             continue
-        sa = ca.cache if is_recurrent_state(ca) else []
-        sb = cb.cache if is_recurrent_state(cb) else []
+        sa = ra.cache if ra is not None else []
+        sb = rb.cache if rb is not None else []
         for slot in range(max(len(sa), len(sb))):
             xa = sa[slot] if slot < len(sa) else None
             xb = sb[slot] if slot < len(sb) else None

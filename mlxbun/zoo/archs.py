@@ -12,14 +12,13 @@ Adding an arch is one `Arch(...)` row in `_ROWS`.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.zoo.gated_delta_configs import QWEN3_5_KNOBS, qwen3_5_post, qwen3_next_post
+from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
 from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 
 HIDDEN = 64
@@ -486,6 +485,13 @@ _HYBRID_ROWS = (
                 "num_local_experts": 0, "layer_types": ["mamba", "attention", "mamba"],
                 "position_embedding_type": "nope", "embedding_multiplier": 12.0,
                 "attention_multiplier": 0.0625, "residual_multiplier": 0.22, "logits_scaling": 8.0}),
+    # mamba2 beside attention in each layer (8 heads x 16, 2 groups, gated norm); tied head scaled
+    # by lm_head / embedding multiplier (the others fold into HF-layout weights: tests/test_hybrid_falcon)
+    Arch("falcon_h1", "FalconH1ForCausalLM", "FalconH1Config", kv_heads=2, extra={"head_dim": HEAD_DIM},
+         knobs={"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16,
+                "mamba_n_groups": 2, "mamba_rms_norm": True, "mamba_norm_before_gate": False,
+                "tie_word_embeddings": True, "embedding_multiplier": 5.656854249492381,
+                "lm_head_multiplier": 0.0390625}),
 )
 
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + _HYBRID_ROWS}
@@ -547,34 +553,6 @@ def runnable_variants(arch: str) -> tuple[str, ...]:
                  and (v not in OPT_IN_VARIANTS or v in row.extra_variants))
 
 
-def _transformers_config_class(name: str):
-    # transformers nags about PyTorch at import; the zoo only needs configuration classes
-    key = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
-    saved = os.environ.get(key)
-    os.environ[key] = "1"
-    try:
-        import transformers
-    finally:
-        if saved is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = saved
-    return getattr(transformers, name)
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """Silence config validation chatter (hub-style keys transformers 5 does not know)."""
-    from transformers.utils import logging
-
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(level)
-
-
 def _shrink_kwargs(row: Arch, defaults: dict) -> dict:
     sizes = {
         "hidden_size": HIDDEN,
@@ -623,8 +601,8 @@ def tiny_config(arch: str) -> dict:
     """The shrunk config.json dict of `arch` (float32; the builder sets torch_dtype/quantization)."""
     row = get_arch(arch)
     if row.hf_config is not None:
-        cls = _transformers_config_class(row.hf_config)
-        with _quiet_transformers():
+        cls = transformers_config_class(row.hf_config)
+        with quiet_transformers():
             defaults = cls().to_dict()
             cfg = cls(**_shrink_kwargs(row, defaults)).to_dict()
         for key in _GENERIC_KEYS:

@@ -29,6 +29,7 @@ from mlx.utils import tree_flatten
 
 from mlxbun.attention import softcapped_attention
 from mlxbun.cache.arrays import ArraysCache
+from mlxbun.cache.cache_list import CacheList
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.errors import MlxbunError
 from mlxbun.models import layers as L
@@ -308,12 +309,15 @@ class Block(nn.Module):
         self._residual = _RESIDUAL[d.block.residual]
         self.use_sliding = spec.sliding  # mlx-lm's llama/ministral3 attribute
         self.mixer_kind = spec.mixer
+        self._beside = spec.mixer is not MixerKind.ATTENTION and d.hybrid.block is HybridBlock.PARALLEL
         if spec.mixer is MixerKind.ATTENTION:
             self._mixer_name = d.names.attn
             setattr(self, d.names.attn, Attention(a, d, spec))
         else:  # a hybrid's recurrent layer: the row's mixer, called with the ssm mask
             self._mixer_name = d.hybrid.name
             setattr(self, d.hybrid.name, MIXERS[spec.mixer](a, d.hybrid.mixer_knobs(), spec.index))
+            if self._beside:  # falcon_h1: attention beside the mixer
+                setattr(self, d.names.attn, Attention(a, d, spec))
         # the MoE block on the layers the row's moe rule picks, else the dense MLP
         self._mlp_name = (d.moe.names.block or d.names.mlp) if spec.moe else d.names.mlp
         setattr(self, self._mlp_name, MoEBlock(a, d, spec.index, spec.swiglu_limits) if spec.moe
@@ -342,6 +346,12 @@ class Block(nn.Module):
 
     def __call__(self, x, mask=None, cache=None, attn_scale=None, kv_states=None):
         attn, mlp = self[self._mixer_name], self[self._mlp_name]
+        if self._beside:
+            # HybridBlock.PARALLEL: mask (ssm, attention), cache a CacheList(mixer's, attention's)
+            h = self._norm(NormSlot.PRE_ATTN, x)
+            mc, ac = (None, None) if cache is None else (cache[0], cache[1])
+            h = x + attn(h, mask[0], mc) + self[self._n.attn](h, mask[1], ac, attn_scale)
+            return self._add_mlp(h, mlp)
         if self.mixer_kind is not MixerKind.ATTENTION:
             r = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache)
             return self._add_mlp(self._add(x, self._norm(NormSlot.POST_ATTN, r)), mlp)
@@ -445,6 +455,7 @@ class UniversalDense(nn.Module):
         self._swa_idx = attends.index(True) if True in attends else None
         recurrent = [s.mixer is not MixerKind.ATTENTION for s in cached]
         self._ssm_idx = recurrent.index(True) if any(recurrent) else None
+        self._parallel_hybrid = d.hybrid is not None and d.hybrid.block is HybridBlock.PARALLEL
 
     # ------------------------------------------------------------- structure
 
@@ -496,9 +507,13 @@ class UniversalDense(nn.Module):
             full = (lambda: RotatingKVCache(max_size=max_kv_size, keep=4)) if max_kv_size else KVCache
             return [RotatingKVCache(max_size=w) if s.sliding else full() for s in self.args.layers]
         if self._ssm_idx is not None:  # a hybrid: mlx-lm's make_cache (max_kv_size bounds attention)
+            def attn():
+                return RotatingKVCache(max_size=max_kv_size, keep=4) if max_kv_size else KVCache()
+            if self._parallel_hybrid:  # falcon_h1: CacheList(ArraysCache, KVCache) per layer
+                return [CacheList(ArraysCache(size=layer[layer._mixer_name].cache_slots), attn())
+                        for layer in self.layers]
             return [ArraysCache(size=layer[layer._mixer_name].cache_slots)
-                    if spec.mixer is not MixerKind.ATTENTION
-                    else RotatingKVCache(max_size=max_kv_size, keep=4) if max_kv_size else KVCache()
+                    if spec.mixer is not MixerKind.ATTENTION else attn()
                     for layer, spec in zip(self.layers, self.args.layers) if not spec.ffn_only]
         if max_kv_size is not None:
             return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in self.args.layers]
@@ -540,6 +555,10 @@ class UniversalDense(nn.Module):
         if self._swa_idx is not None:
             swa_mask = create_attention_mask(h, cache[self._swa_idx], window_size=a.sliding_window)
         ssm_mask = None if self._ssm_idx is None else create_ssm_mask(h, cache[self._ssm_idx])
+        if self._parallel_hybrid:  # falcon_h1: both masks from layer 0's CacheList children
+            c = (None, None) if cache[0] is None else cache[0]
+            ssm_mask = (create_ssm_mask(h, c[0]),
+                        create_attention_mask(h, c[1], return_array=d.layers.mask_array))
         if self._cache_idx is not None:  # layer by layer (the one-op MLP / MoE layers hold none)
             cache = [None if j is None else cache[j] for j in self._cache_idx]
         shared_kv = None

@@ -24,11 +24,12 @@ from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError
 from mlxbun.models.rope import rope_type_of
 from mlxbun.models.universal.coverage import check_coverage
-from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label, single_block
+from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label, parallel_block, single_block
 from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
 from mlxbun.models.universal.kinds import (
     BLOCK_SLOTS,
     COMPILED_SOFTCAP,
+    POST_OVER,
     QKV,
     Act,
     AttnKind,
@@ -183,7 +184,8 @@ def _norm(d: ArchDescriptor, a: UniversalArgs, dims: str = "D") -> str:
 def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Line, ...]], ...]:
     n = d.names
     # a hybrid's one-op layers may run no attention (mamba2) or no MLP
-    attends = any(s.mixer is MixerKind.ATTENTION and not s.ffn_only for s in a.layers)
+    attends = any(s.mixer is MixerKind.ATTENTION and not s.ffn_only for s in a.layers) or bool(
+        parallel_block(d))
     mlp = single_block(d) is None or any(s.ffn_only for s in a.layers)
     return (
         *(((f"wrapper ({n.wrapper})", (Line(f"{n.wrapper}.{n.root}, {n.wrapper}.{n.head}",
@@ -264,6 +266,9 @@ def _block(d: ArchDescriptor, a: UniversalArgs):
     one_op = single_block(d)
     if one_op is not None:  # a hybrid's one-op layers (mamba2, nemotron_h)
         yield Line(*one_op)
+        return
+    if parallel_block(d) is not None:  # falcon_h1: the mixer beside attention
+        yield from (Line(code, note) for code, note in parallel_block(d))
         return
     if a.parallel:
         if b.parallel_mlp_norm is ParallelMlpNorm.SHARED:
@@ -477,7 +482,9 @@ def _head(d: ArchDescriptor, a: UniversalArgs):
     if a.head_post is not None:
         op, value = a.head_post
         sym = "/" if op is PostOp.DIV else "*"
-        yield Line(f"logits = logits {sym} {h.post.by}", f"= {value}")
+        by = (f"({h.post.by} / {POST_OVER[h.post.op]})" if h.post.op in POST_OVER else h.post.by)
+        yield Line(f"logits = logits {sym} {by}", f"= {value}" + (
+            "; tied heads only" if h.post.op in POST_OVER else ""))
     if h.softcap is FinalSoftcap.COMPILED:
         yield Line("logits = c * tanh(logits / c)", f"compiled softcap, constant c = {COMPILED_SOFTCAP}")
     elif a.final_softcap_value is not None:
@@ -567,8 +574,9 @@ def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]
     def describe(s: LayerSpec) -> tuple[str, str, str, str]:
         recurrent = mixer_label(d, a, s)
         ff = "no feed-forward" if single_block(d) is not None and not s.ffn_only else moe_layer_label(d, a, s)
-        if recurrent is not None:
-            return recurrent[0], "no rope", recurrent[1], ff
+        if recurrent is not None:  # a parallel layer's attention has the rope
+            rope = ("rope as above" if one_rope else _rope_text(s, d, a)) if parallel_block(d) else "no rope"
+            return recurrent[0], rope, recurrent[1], ff
         if s.sliding:
             attention = f"sliding window {a.sliding_window}"
             cache = f"RotatingKVCache({a.sliding_window})" if rotating else "KVCache (windowed mask)"

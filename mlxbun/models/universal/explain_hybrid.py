@@ -13,7 +13,7 @@ from mlxbun.models.universal.mixers.mamba2 import GatedNorm
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import LayerSpec, UniversalArgs
 
-__all__ = ["hybrid_lines", "hybrid_title", "mixer_label", "single_block"]
+__all__ = ["hybrid_lines", "hybrid_title", "mixer_label", "parallel_block", "single_block"]
 
 
 def _short_conv(d: ArchDescriptor, a: UniversalArgs, knobs: Any) -> list[tuple[str, str]]:
@@ -136,7 +136,8 @@ _LINES = exhaustive(MIXERS, {
 
 def hybrid_title(d: ArchDescriptor) -> str:
     n, h = d.names, d.hybrid
-    where = "its layers" if h.block is HybridBlock.SINGLE else "the non-attention layers"
+    where = {HybridBlock.SINGLE: "its layers", HybridBlock.PARALLEL: "every layer, beside attention"
+             }.get(h.block, "the non-attention layers")
     return f"{h.mixer.value} mixer ({n.root}.{n.layers}[i].{h.name}) on {where}"
 
 
@@ -152,6 +153,18 @@ def single_block(d: ArchDescriptor) -> tuple[str, str] | None:
             f"block norm, {eps}")
 
 
+def parallel_block(d: ArchDescriptor) -> list[tuple[str, str]] | None:
+    """The parallel layer's lines (HybridBlock.PARALLEL), None for other rows."""
+    h, n = d.hybrid, d.names
+    if h is None or h.block is not HybridBlock.PARALLEL:
+        return None
+    x = f"{n.norms.pre_attn}(h)"
+    return [(f"h = h + {h.name}({x}) + {n.attn}({x})",
+             f"the {h.mixer.value} mixer (ssm mask) and attention on one normed input, summed in "
+             "this order; each layer's cache CacheList(ArraysCache, KVCache)"),
+            (f"h = h + {n.mlp}({n.norms.pre_mlp}(h))", "")]
+
+
 def hybrid_lines(d: ArchDescriptor, a: UniversalArgs) -> list[tuple[str, str]]:
     return _LINES[d.hybrid.mixer](d, a, d.hybrid.mixer_knobs())
 
@@ -163,4 +176,7 @@ def mixer_label(d: ArchDescriptor, a: UniversalArgs, s: LayerSpec) -> tuple[str,
     if s.mixer is MixerKind.ATTENTION:
         return None
     slots = MIXERS[s.mixer].cache_slots
+    if d.hybrid.block is HybridBlock.PARALLEL:
+        return (f"{s.mixer.value} (ssm mask) beside global attention",
+                f"CacheList(ArraysCache({slots}), KVCache)")
     return f"{s.mixer.value} (ssm mask)", f"ArraysCache({slots})"

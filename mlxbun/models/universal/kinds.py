@@ -209,6 +209,11 @@ class PreDivide(StrEnum):
 class PostOp(StrEnum):
     DIV = "div"
     MUL = "mul"
+    TIED_MUL_RATIO = "tied_mul_ratio"  # falcon_h1: a tied head's logits * (by / POST_OVER's field),
+    # the Python ratio; an untied head is not scaled (its multiplier is folded into the weights)
+
+
+POST_OVER = {PostOp.TIED_MUL_RATIO: "embedding_multiplier"}  # the field a ratio divides by
 
 
 class FinalSoftcap(StrEnum):
@@ -285,6 +290,9 @@ class SanitizeOp(StrEnum):
     # dropped (the vision tower), HF's model.<wrapper> -> <wrapper>.<root>, the rest under <wrapper>
     SPLIT_GATE_UP_EXPERTS = "split_gate_up_experts"  # qwen3_5_moe: per layer, experts.gate_up_proj
     # [E, 2I, D] -> <switch>.gate_proj | up_proj, experts.down_proj -> <switch>.down_proj
+    FALCON_H1_MUP = "falcon_h1_mup"  # falcon_h1.sanitize: when layer 0's conv1d is in torch's layout,
+    # the muP multipliers folded into the weights by key suffix (in its order) and every conv1d
+    # transposed to mlx's layout; else nothing (mup.py)
     STEP3P5 = "step3p5"  # step3p5.sanitize: drop .mtp and layers >= num_hidden_layers, rename
     # HF moe.* / share_expert keys into mlp.*, norm weights + 1 when the checkpoint is HF's
 
@@ -521,6 +529,8 @@ class HybridBlock(StrEnum):
     PAIRED = "paired"  # the mixer (or attention), then the MLP, each with its norm and residual
     SINGLE = "single"  # one op per layer: x + op(norm(x)), the op the mixer, attention or the MLP
     # (mamba2, nemotron_h: every op is the layer's `hybrid.name` attribute)
+    PARALLEL = "parallel"  # every layer: x + mixer(n(x)) + attention(n(x)) on one normed input,
+    # then the MLP with its norm and residual; the cache a CacheList(ArraysCache, KVCache) (falcon_h1)
 
 
 class ConvLayout(StrEnum):

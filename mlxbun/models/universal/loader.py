@@ -30,6 +30,7 @@ from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.kinds import ConvLayout, HfCheckpoint, SanitizeOp, TieRule, exhaustive
 from mlxbun.models.universal.moe_args import moe_layers
+from mlxbun.models.universal.mup import fold_falcon_h1
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule, StackExperts
 from mlxbun.quant import quantize_model, resolve_quantization
@@ -444,6 +445,8 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _wrapper_keys(d, rule.arg, w)
     if op is SanitizeOp.SPLIT_GATE_UP_EXPERTS:
         return _split_gate_up_experts(d, w, fields), {}
+    if op is SanitizeOp.FALCON_H1_MUP:
+        return fold_falcon_h1(w, fields, d.model_type), {}
     if op is SanitizeOp.STRIP_PREFIX:  # laguna: repacked checkpoints wrap every tensor in it
         if any(k.startswith(rule.arg) for k in w):
             return {(k[len(rule.arg):] if k.startswith(rule.arg) else k): v for k, v in w.items()}, {}

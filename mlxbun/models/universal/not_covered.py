@@ -35,15 +35,6 @@ NOT_COVERED: dict[str, str] = {
                 "rope base (no config fields): several knobs for one arch, whose hub configs "
                 "(phi-msft) give the sizes as n_embd / n_head / n_layer / vocab_size while mlx-lm "
                 "reads model_dim / num_heads / num_layers / num_vocab (phi-2's sizes by default)",
-    "falcon_h1": "hybrid: every layer runs the Mamba2 mixer and attention side by side on one normed "
-                 "input (h + mamba(x) + attn(x), then the MLP), so each layer holds two caches in "
-                 "mlx-lm's CacheList(ArraysCache, KVCache), a cache container mlxbun lacks (with "
-                 "its spec-round and prompt-cache handling); its sanitize folds the muP multipliers "
-                 "(embedding, lm_head, attention in / out, ssm in / out, mlp, the in_proj rows by "
-                 "per-segment ssm_multipliers) into HF-layout weights only, and a "
-                 "tied head is scaled by lm_head_multiplier / embedding_multiplier. Its mixer is "
-                 "mixers/mamba2.py with falcon_h1's knobs, bit-exact to FalconH1Mixer "
-                 "(tests/test_mixer_ssm.py)",
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3",
          "gear", "jamba", "kimi_linear", "longcat_flash_ngram",

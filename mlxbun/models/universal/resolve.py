@@ -32,6 +32,7 @@ from mlxbun.models.universal.hybrid_args import (
     qwen3_5_rope,
 )
 from mlxbun.models.universal.kinds import (
+    POST_OVER,
     AttnKind,
     AttnScale,
     EmbedScale,
@@ -44,6 +45,7 @@ from mlxbun.models.universal.kinds import (
     NopeRule,
     NormKind,
     PostInit,
+    PostOp,
     PreDivide,
     QueryScale,
     ResidualScale,
@@ -52,6 +54,7 @@ from mlxbun.models.universal.kinds import (
     exhaustive,
 )
 from mlxbun.models.universal.moe_args import moe_layers, resolve_moe
+from mlxbun.models.universal.mup import tied_ratio
 from mlxbun.models.universal.not_covered import NOT_COVERED
 from mlxbun.models.universal.schema import REQUIRED, ArchDescriptor
 from mlxbun.models.universal.specs import LayerSpec, RopeSpec, UniversalArgs
@@ -575,6 +578,8 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
     pre_divide = (a["hidden_size"] / a["dim_model_base"]
                   if d.head.pre_divide is PreDivide.WIDTH_RATIO else None)
     post = (d.head.post.op, a[d.head.post.by]) if d.head.post else None
+    if post is not None and post[0] is PostOp.TIED_MUL_RATIO:  # falcon_h1: tied heads only
+        post = (PostOp.MUL, tied_ratio(a, d.head.post.by, POST_OVER[post[0]], mt)) if tie else None
     softcap = d.head.softcap
     softcap_value = a["final_logit_softcapping"] if softcap is FinalSoftcap.FIELD else None
     llama4 = None

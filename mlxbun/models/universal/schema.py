@@ -29,6 +29,7 @@ from mlxbun.models.universal.kinds import (
     FUSED_ACTS,
     GATED_ACTS,
     PLAIN_ACTS,
+    POST_OVER,
     QKV,
     Act,
     AttnKind,
@@ -433,7 +434,7 @@ class ArchDescriptor:
         if h.pre_divide is PreDivide.WIDTH_RATIO:
             yield from (("head.pre_divide", "hidden_size"), ("head.pre_divide", "dim_model_base"))
         if h.post is not None:
-            yield "head.post", h.post.by
+            yield from (("head.post", f) for f in (h.post.by, POST_OVER.get(h.post.op)) if f)
         if h.softcap is FinalSoftcap.FIELD:
             yield "head.softcap", "final_logit_softcapping"
         lk = self.layers

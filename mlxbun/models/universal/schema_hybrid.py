@@ -16,6 +16,7 @@ from mlxbun.models.universal.kinds import (
     MixerKind,
     MixerLayers,
     NormKind,
+    NormSlot,
     Residual,
     SanitizeOp,
 )
@@ -77,6 +78,11 @@ def check_hybrid(d: Any) -> None:
                       "named names.norms.pre_attn) with a plain residual")
     elif h.norm_eps is not None and h.block is not HybridBlock.SINGLE:
         raise d.error("hybrid.norm_eps is the single-op block's norm eps")
+    if h.block is HybridBlock.PARALLEL and (
+            h.layers is not MixerLayers.ALL or d.moe is not None or d.block.residual is not Residual.PLAIN
+            or set(d.block.norm_slots(False)) != {NormSlot.PRE_ATTN, NormSlot.PRE_MLP}):
+        raise d.error("hybrid block 'parallel' runs the mixer and attention on every layer (layers "
+                      "'all'), a pre-norm block with a plain residual, a dense MLP")
     if h.name in (d.names.attn, d.names.mlp) and h.block is not HybridBlock.SINGLE:
         raise d.error(f"hybrid.name {h.name!r} is already the attention's or the MLP's attribute")
     if d.block.parallel is not False or d.layers.kv_share is not None:

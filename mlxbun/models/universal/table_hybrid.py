@@ -378,4 +378,53 @@ HYBRID_ROWS = [
               "configs (num_local_experts > 0: a top-k precise-softmax router, SwitchGLU experts "
               "and the fused shared_mlp on every layer) are refused.",
     ),
+    ArchDescriptor(
+        "falcon_h1",
+        {"model_type": "falcon_h1", "attention_bias": False, "attention_in_multiplier": 1.0,
+         "attention_out_multiplier": 0.9375, "embedding_multiplier": 5.656854249492381,
+         "head_dim": 64, "hidden_size": 1024, "intermediate_size": 2048, "key_multiplier": 0.390625,
+         "lm_head_multiplier": 0.0390625, "mamba_conv_bias": True, "mamba_d_conv": 4,
+         "mamba_d_head": 64, "mamba_d_ssm": 1536, "mamba_d_state": 128, "mamba_n_groups": 1,
+         "mamba_n_heads": 24, "mamba_norm_before_gate": False, "mamba_proj_bias": False,
+         "mamba_rms_norm": False, "max_position_embeddings": 131072, "mlp_bias": False,
+         "mlp_multipliers": (0.8838834764831844, 0.5859375), "num_attention_heads": 8,
+         "num_hidden_layers": 36, "num_key_value_heads": 2, "projectors_bias": False,
+         "rms_norm_eps": 1e-05, "rope_traditional": False, "rope_scaling": None,
+         "rope_theta": 100000000000.0, "ssm_in_multiplier": 1.25,
+         "ssm_multipliers": (0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738),
+         "ssm_out_multiplier": 0.23570226039551587, "vocab_size": 32784, "tie_word_embeddings": True},
+        (),
+        head_dim="field", attn_bias="attention_bias", out_bias="attention_bias",
+        names=Names(mlp="feed_forward", final_norm="final_layernorm",
+                    norms=NormNames(pre_mlp="pre_ff_layernorm")),
+        mlp=MlpKnobs(bias="mlp_bias"),
+        norm=NormKnobs(eps="rms_norm_eps"),
+        head=HeadKnobs(post=LogitScale("tied_mul_ratio", "lm_head_multiplier")),
+        hybrid=HybridKnobs("mamba2", "all", name="mamba", block="parallel",
+                           knobs=Mamba2Knobs(heads="mamba_n_heads", head_dim="mamba_d_head",
+                                             state="mamba_d_state", groups="mamba_n_groups",
+                                             conv_kernel="mamba_d_conv", conv_bias="mamba_conv_bias",
+                                             in_bias="mamba_proj_bias", out_bias="projectors_bias",
+                                             eps="rms_norm_eps", intermediate="mamba_d_ssm",
+                                             time_step_limit=(0.0, float("inf")),
+                                             norm_when="mamba_rms_norm",
+                                             norm_before_gate="mamba_norm_before_gate")),
+        sanitize=(SanitizeRule("falcon_h1_mup", None, "muP multipliers folded into HF-layout "
+                               "weights, conv1d to mlx's layout (mup.py)"),),
+        ignored_keys={"mamba_chunk_size": "mlx-lm's scan runs chunks of 256 whatever the config says",
+                      "mamba_expand": "mlx-lm sizes the mixer by mamba_d_ssm",
+                      "mamba_use_mlp": "mlx-lm's falcon_h1 layers always hold the MLP",
+                      "mlp_expansion_factor": "mlx-lm sizes the MLP by intermediate_size",
+                      "time_step_limit": "mlx-lm's falcon_h1 mixer fixes the dt clip to (0, inf)",
+                      "hidden_act": "mlx-lm's MLP and mixer apply SiLU whatever the config says",
+                      "num_logits_to_keep": "generation setting",
+                      "time_step_min": "initialization setting", "time_step_max": "initialization setting",
+                      **_MAMBA_TRAINING},
+        notes="falcon_h1: every layer runs the Mamba2 mixer (mamba) and attention side by side on "
+              "one input_layernorm'd input, h = x + mamba + attn, then the SwiGLU feed_forward "
+              "after pre_ff_layernorm; each layer's cache is CacheList(ArraysCache, KVCache). The "
+              "muP multipliers are folded into HF-layout weights at load (mlx-lm's sanitize: "
+              "key_multiplier never applies, v_proj is not scaled); a tied head's logits are "
+              "scaled by lm_head_multiplier / embedding_multiplier.",
+    ),
 ]
