@@ -74,7 +74,8 @@ HYBRIDS = {"lfm2": _lfm2, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "nemot
 CONFIGS = {**HYBRIDS, "llama": _llama}
 MODELS = [f"mlx-lm:{name}" for name in HYBRIDS]
 # the universal graph's hybrid rows (zoo checkpoints: vocab 512, attention head dim 16)
-UNIVERSAL = ["zoo:lfm2", "zoo:lfm2_moe", "zoo:mamba2", "zoo:nemotron_h", "zoo:granitemoehybrid"]
+UNIVERSAL = ["zoo:lfm2", "zoo:lfm2_moe", "zoo:qwen3_next", "zoo:qwen3_5", "zoo:qwen3_5_moe", "zoo:mamba2",
+             "zoo:nemotron_h", "zoo:granitemoehybrid"]
 ATTENTION_HEAD_DIM = 32  # every attention layer above: KV group size 32 divides it
 
 

@@ -9,7 +9,10 @@ from mlx.utils import tree_flatten
 
 from mlxbun.errors import ConfigError, MlxbunError, UnsupportedModelError
 from mlxbun.explain import explain
-from mlxbun.models.universal.kinds import HybridBlock, MixerKind
+from mlxbun.models.universal.kinds_hybrid import (
+    HybridBlock,
+    MixerKind,
+)
 from mlxbun.models.universal.loader import build_model
 from mlxbun.models.universal.not_covered import NOT_COVERED
 from mlxbun.zoo import ARCHS, tiny_config

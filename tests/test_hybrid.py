@@ -13,11 +13,13 @@ from mlxbun.cache.arrays import ArraysCache
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.errors import ConfigError
 from mlxbun.models.universal.coverage import check_coverage
-from mlxbun.models.universal.kinds import MixerKind
+from mlxbun.models.universal.kinds_hybrid import (
+    MixerKind,
+)
 from mlxbun.models.universal.loader import load_universal
 from mlxbun.models.universal.mixers.short_conv import ShortConvKnobs
 from mlxbun.models.universal.resolve import resolve_args
-from mlxbun.models.universal.schema import DescriptorError
+from mlxbun.models.universal.schema import DescriptorError, SanitizeRule
 from mlxbun.models.universal.schema_hybrid import HybridKnobs
 from mlxbun.models.universal.table import DESCRIPTORS
 from mlxbun.zoo.archs import tiny_config
@@ -225,3 +227,10 @@ def test_the_zoo_knows_its_hybrids():
     assert {"lfm2", "lfm2_moe"} <= set(hybrid_archs()) and "llama" not in hybrid_archs()
     assert has_recurrent_layers("lfm2_moe") and not has_recurrent_layers("qwen3_moe")
     assert all(DESCRIPTORS[a].hybrid is not None for a in hybrid_archs())
+
+
+def test_a_conv_layout_rule_names_its_test_as_a_member():
+    """A layout test spelled as a string would never match the enum in the loader: refused."""
+    bad = SanitizeRule("conv1d_layout", ("conv.weight", "last_gt_middle"), "")
+    with pytest.raises(DescriptorError, match="'conv1d_layout' takes"):
+        dataclasses.replace(LFM2, sanitize=(bad,))

@@ -15,7 +15,9 @@ from mlxbun.cache.arrays import ArraysCache
 from mlxbun.cache.kv import KVCache
 from mlxbun.errors import ConfigError
 from mlxbun.models.universal.coverage import check_coverage
-from mlxbun.models.universal.kinds import MixerKind
+from mlxbun.models.universal.kinds_hybrid import (
+    MixerKind,
+)
 from mlxbun.models.universal.loader import build_model, load_universal
 from mlxbun.models.universal.schema import DescriptorError, NormNames
 from mlxbun.models.universal.table import DESCRIPTORS

@@ -28,10 +28,12 @@ from mlxbun.models.universal.schema import (
     ArchDescriptor,
     DescriptorError,
     LayerKnobs,
+    SanitizeRule,
+)
+from mlxbun.models.universal.schema_moe import (
     MoEKnobs,
     MoENames,
     RouterKnobs,
-    SanitizeRule,
     SharedKnobs,
 )
 from mlxbun.models.universal.table import DESCRIPTORS
@@ -356,7 +358,7 @@ def test_minimax_fp8_block_weights_dequantize_like_mlx_lm(zoo, tmp_path):
     from mlx_lm.models.minimax import Model as RefModel
     from mlx_lm.models.minimax import ModelArgs
 
-    from mlxbun.models.universal.loader import sanitize_weights
+    from mlxbun.models.universal.sanitize import sanitize_weights
 
     cfg = tiny_config("minimax_m2")
     big = mx.random.normal((300, 200), key=mx.random.key(1))  # 3 x 2 blocks, padded at the edges
@@ -907,7 +909,7 @@ def test_gpt_oss_hf_mxfp4_checkpoint_is_sanitized_and_runs_like_mlx_lm(zoo, tmp_
     and bit-equal logits."""
     from mlx_lm.models.gpt_oss import Model, ModelArgs
 
-    from mlxbun.models.universal.loader import sanitize_weights
+    from mlxbun.models.universal.sanitize import sanitize_weights
 
     path = _rewrite(zoo("gpt_oss"), tmp_path / "gpt_oss_hf", _to_hf_mxfp4, config=lambda cfg: {
         **cfg, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
@@ -1285,7 +1287,7 @@ def test_mimo_v2_flash_fp8_experts_and_mtp_are_sanitized_like_mlx_lm():
     from mlx_lm.models.mimo_v2_flash import Model as RefModel
     from mlx_lm.models.mimo_v2_flash import ModelArgs
 
-    from mlxbun.models.universal.loader import sanitize_weights
+    from mlxbun.models.universal.sanitize import sanitize_weights
 
     cfg = tiny_config("mimo_v2_flash")
     big = mx.random.normal((300, 200), key=mx.random.key(2))  # 3 x 2 blocks, padded at the edges

@@ -17,6 +17,16 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from mlxbun.errors import UnsupportedModelError
+from mlxbun.zoo.config_fixups import (
+    cohere2_post,
+    exaone4_post,
+    exaone_moe_post,
+    gemma3_post,
+    gpt_neox_post,
+    mellum_post,
+    minimax_m2_post,
+    qwen3_moe_post,
+)
 from mlxbun.zoo.gated_delta_configs import QWEN3_5_KNOBS, qwen3_5_post, qwen3_next_post
 from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
 from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
@@ -76,53 +86,6 @@ def _llama3(theta: float, factor: float) -> dict:
     }
 
 
-def _gemma3_post(cfg: dict) -> None:
-    # mlx-lm reads sliding_window_pattern and rope_local_base_freq (the pre-v5 hub keys)
-    cfg["sliding_window_pattern"] = cfg.pop("_sliding_window_pattern")
-    cfg["rope_local_base_freq"] = cfg["rope_parameters"]["sliding_attention"]["rope_theta"]
-
-
-def _cohere2_post(cfg: dict) -> None:
-    kinds = cfg["layer_types"]
-    cfg["sliding_window_pattern"] = kinds.index("full_attention") + 1
-
-
-def _exaone4_post(cfg: dict) -> None:
-    # real EXAONE 4.0 configs spell the pattern as a string of Local/Global, as mlx-lm expects
-    cfg["sliding_window_pattern"] = "".join(
-        "L" if t == "sliding_attention" else "G" for t in cfg["layer_types"]
-    )
-
-
-def _gpt_neox_post(cfg: dict) -> None:
-    # pythia-style hub configs use the original GPT-NeoX names, which mlx-lm reads
-    cfg["rotary_emb_base"] = cfg["rope_theta"]
-    cfg["rotary_pct"] = cfg["partial_rotary_factor"]
-
-
-def _mellum_post(cfg: dict) -> None:
-    # transformers' class spells the expert count num_local_experts; mlx-lm's ModelArgs requires
-    # num_experts (what a checkpoint mlx-lm loads carries)
-    cfg["num_experts"] = cfg.pop("num_local_experts")
-
-
-def _qwen3_moe_post(cfg: dict) -> None:
-    # transformers 5 spells the expert count num_local_experts; Qwen3 MoE hub configs (and
-    # mlx-lm) say num_experts
-    cfg["num_experts"] = cfg.pop("num_local_experts")
-
-
-def _exaone_moe_post(cfg: dict) -> None:
-    # mlx-lm reads is_moe_layer (K-EXAONE's hub config carries it); transformers writes mlp_layer_types
-    cfg["is_moe_layer"] = [t == "sparse" for t in cfg["mlp_layer_types"]]
-
-
-def _minimax_m2_post(cfg: dict) -> None:
-    # MiniMax-M2 hub configs give partial rope as rotary_dim only (transformers 5 derives the
-    # fraction into rope_parameters; other transformers versions do not write it at all)
-    cfg.pop("partial_rotary_factor", None)
-
-
 # MoE rows: 4 experts, 2 per token, expert width 64 (a quantization group), so a 40-token
 # prompt routes 80 picks (mlx-lm's sorted-indices path) and a decode step 2 (the unsorted one)
 MOE_EXPERTS, MOE_TOP_K, MOE_INTERMEDIATE = 4, 2, 64
@@ -145,7 +108,7 @@ _ROWS = (
               "rope_parameters": {
                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
-         post=_gemma3_post),
+         post=gemma3_post),
     # phi-4-mini style: partial rotary + longrope (mlx-lm applies the long factors)
     Arch("phi3", "Phi3ForCausalLM", "Phi3Config", kv_heads=2, rope_type_key="type",
          knobs={"partial_rotary_factor": 0.75, "original_max_position_embeddings": 128,
@@ -163,11 +126,11 @@ _ROWS = (
     Arch("starcoder2", "Starcoder2ForCausalLM", "Starcoder2Config"),
     Arch("cohere", "CohereForCausalLM", "CohereConfig"),
     Arch("cohere2", "Cohere2ForCausalLM", "Cohere2Config", layers=4, kv_heads=2,
-         post=_cohere2_post),
+         post=cohere2_post),
     Arch("ernie4_5", "Ernie4_5ForCausalLM", "Ernie4_5Config"),
     Arch("exaone4", "Exaone4ForCausalLM", "Exaone4Config", layers=4, kv_heads=2,
          knobs={"sliding_window_pattern": 4, "rope_parameters": _llama3(1000000.0, 16.0)},
-         extra={"head_dim": HEAD_DIM}, post=_exaone4_post),
+         extra={"head_dim": HEAD_DIM}, post=exaone4_post),
     Arch("helium", "HeliumForCausalLM", "HeliumConfig"),
     Arch("internlm3", "InternLM3ForCausalLM", "InternLM3Config",
          knobs={"rope_parameters": {"rope_type": "dynamic", "factor": 6.0, "rope_theta": 50000000.0}},
@@ -189,7 +152,7 @@ _ROWS = (
         "model_type": "lille-130m", "block_size": MAX_POSITIONS, "layer_norm_eps": 1e-05,
         "n_embd": HIDDEN, "n_head": HEADS, "n_kv_heads": 2, "n_layer": 2,
         "rope_theta": 10000.0, "vocab_size": VOCAB_SIZE, "tie_word_embeddings": True}),
-    Arch("gpt_neox", "GPTNeoXForCausalLM", "GPTNeoXConfig", post=_gpt_neox_post),
+    Arch("gpt_neox", "GPTNeoXForCausalLM", "GPTNeoXConfig", post=gpt_neox_post),
     Arch("phi", "PhiForCausalLM", "PhiConfig"),
     # Hunyuan-7B's dynamic-alpha NTK rope and qk norm
     Arch("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", kv_heads=2,
@@ -215,7 +178,7 @@ _ROWS = (
     Arch("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", kv_heads=2,
          knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
                 "moe_intermediate_size": MOE_INTERMEDIATE, "norm_topk_prob": True},
-         extra={"head_dim": HEAD_DIM}, post=_qwen3_moe_post),
+         extra={"head_dim": HEAD_DIM}, post=qwen3_moe_post),
     Arch("qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig", kv_heads=2,
          knobs={"num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
                 "moe_intermediate_size": MOE_INTERMEDIATE,
@@ -248,7 +211,7 @@ _ROWS = (
                 "moe_intermediate_size": MOE_INTERMEDIATE, "num_shared_experts": 1,
                 "first_k_dense_replace": 1, "sliding_window_pattern": 4,
                 "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
-         extra={"head_dim": HEAD_DIM}, post=_exaone_moe_post),
+         extra={"head_dim": HEAD_DIM}, post=exaone_moe_post),
     # no transformers class (5.24 has bailing_hybrid only): the keys mlx-lm's ModelArgs reads,
     # with Ling-mini-2.0's knobs (sigmoid grouped router with expert bias, layer 0 dense, q/k
     # norm, half rotary, one shared expert) shrunk
@@ -312,7 +275,7 @@ _ROWS = (
                 "intermediate_size": MOE_INTERMEDIATE, "rotary_dim": HEAD_DIM // 2},
          extra={"shared_intermediate_size": 0, "use_qk_norm": True, "qk_norm_type": "per_layer",
                 "scoring_func": "sigmoid", "use_routing_bias": True},
-         post=_minimax_m2_post),
+         post=minimax_m2_post),
     # no transformers class: the keys of deepseek-ai/deepseek-moe-16b-base's config
     Arch("deepseek", "DeepseekForCausalLM", base={
         "model_type": "deepseek", "attention_bias": False, "attention_dropout": 0.0,
@@ -413,7 +376,7 @@ _ROWS = (
          knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
                 "moe_intermediate_size": MOE_INTERMEDIATE,
                 "layer_types": ["sliding_attention", "full_attention"]},
-         post=_mellum_post),
+         post=mellum_post),
 )
 
 

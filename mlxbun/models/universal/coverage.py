@@ -23,7 +23,13 @@ from mlxbun.config_reader import thaw
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.models.rope import rope_type_of
 from mlxbun.models.universal.hybrid_args import mixer_layers
-from mlxbun.models.universal.kinds import HeadDim, LayerKinds, MixerKind
+from mlxbun.models.universal.kinds import (
+    HeadDim,
+    LayerKinds,
+)
+from mlxbun.models.universal.kinds_hybrid import (
+    MixerKind,
+)
 from mlxbun.models.universal.resolve import descriptor_for, layer_kinds, model_args, text_config
 
 __all__ = ["CoverageReport", "HARMLESS_KEYS", "check_coverage", "require_coverage"]

@@ -27,91 +27,40 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from mlxbun.attention import softcapped_attention
 from mlxbun.cache.arrays import ArraysCache
 from mlxbun.cache.cache_list import CacheList
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.errors import MlxbunError
 from mlxbun.models import layers as L
 from mlxbun.models import rope as R
-from mlxbun.models.base import create_attention_mask, create_ssm_mask, scaled_dot_product_attention
+from mlxbun.models.base import create_attention_mask, create_ssm_mask
 from mlxbun.models.taps import capture
+from mlxbun.models.universal.attention import Attention
 from mlxbun.models.universal.kinds import (
     BLOCK_SLOTS,
-    QKV,
-    AttnKind,
-    AttnOutGate,
     EmbedScale,
     FinalSoftcap,
-    HybridBlock,
     MakeCache,
-    MixerKind,
     NormKind,
     NormSlot,
     ParallelMlpNorm,
     ParallelSum,
     PostOp,
-    QKNormAt,
-    QKNormKind,
     Residual,
-    RopeKind,
     TiedOp,
     exhaustive,
+)
+from mlxbun.models.universal.kinds_hybrid import (
+    HybridBlock,
+    MixerKind,
 )
 from mlxbun.models.universal.mixers import MIXERS
 from mlxbun.models.universal.mlp import MLP
 from mlxbun.models.universal.moe import MoEBlock
 from mlxbun.models.universal.schema import ArchDescriptor
-from mlxbun.models.universal.specs import LayerSpec, RopeSpec, UniversalArgs
+from mlxbun.models.universal.specs import LayerSpec, UniversalArgs
 
 __all__ = ["UniversalDense"]
-
-
-def _phi3_rope(s: RopeSpec) -> nn.Module:
-    # phi3.py builds its rope by hand
-    if s.scaling and s.scaling["type"] in ["longrope", "su"]:
-        return R.SuScaledRoPE(
-            s.dims, base=s.base, max_position_embeddings=s.max_positions,
-            original_max_position_embeddings=s.original_max_positions,
-            short_factor=s.scaling["short_factor"], long_factor=s.scaling["long_factor"],
-        )
-    rope_scale = 1.0
-    if s.scaling and s.scaling["type"] == "linear":
-        rope_scale = 1 / s.scaling["factor"]
-    return nn.RoPE(s.dims, traditional=s.traditional, base=s.base, scale=rope_scale)
-
-
-def _su_scaled_rope(s: RopeSpec) -> nn.Module:
-    # phimoe: a null rope_scaling means plain RoPE; any other is su-scaled with its mscales
-    if s.scaling is None:
-        return nn.RoPE(s.dims, base=s.base)
-    return R.SuScaledRoPE(
-        s.dims, base=s.base, max_position_embeddings=s.max_positions,
-        original_max_position_embeddings=s.original_max_positions,
-        short_factor=s.scaling["short_factor"], long_factor=s.scaling["long_factor"],
-        short_mscale=s.scaling["short_mscale"], long_mscale=s.scaling["long_mscale"],
-    )
-
-
-_ROPES = exhaustive(RopeKind, {
-    RopeKind.INITIALIZE: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
-                                                     s.max_positions),
-    RopeKind.PHI3: _phi3_rope,
-    RopeKind.NEMOTRON: lambda s: nn.RoPE(s.dims, base=s.base, scale=s.scale),
-    RopeKind.HUNYUAN_ALPHA: lambda s: R.DynamicNTKAlphaRoPE(s.dims, base=s.base, scaling_alpha=s.alpha),
-    RopeKind.NANOCHAT: lambda s: R.NanochatRoPE(s.dims, base=s.base),
-    RopeKind.SU_SCALED: _su_scaled_rope,
-    RopeKind.LAYER_TYPE_PARAMS: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
-                                                            s.max_positions),
-    RopeKind.PER_LAYER_LISTS: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
-                                                          s.max_positions),
-    RopeKind.LAYER_TYPE_PARTIAL: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
-                                                             s.max_positions),
-})
-
-
-def _make_rope(spec: RopeSpec | None) -> nn.Module:
-    return R.NoPE() if spec is None else _ROPES[spec.kind](spec)
 
 
 # a norm module, or None for the parameter-free functional RMSNorm
@@ -122,176 +71,6 @@ _NORMS = exhaustive(NormKind, {
     NormKind.LAYERNORM1P: lambda dims, eps, bias: L.NemotronLayerNorm1P(dims, eps=eps),
     NormKind.FUNCTIONAL_RMS: lambda dims, eps, bias: None,
 })
-
-# (q norm, k norm) modules for H query heads, KV key heads of width hd (None: functional)
-_QK_NORMS = exhaustive(QKNormKind, {
-    QKNormKind.RMS: lambda qd, kd, H, KV, hd, eps: (nn.RMSNorm(qd, eps=eps), nn.RMSNorm(kd, eps=eps)),
-    QKNormKind.GEMMA_RMS: lambda qd, kd, H, KV, hd, eps: (L.GemmaRMSNorm(qd, eps=eps),
-                                                          L.GemmaRMSNorm(kd, eps=eps)),
-    QKNormKind.LAYERNORM_2D: lambda qd, kd, H, KV, hd, eps: (L.LayerNorm2D(H, hd, eps=eps),
-                                                             L.LayerNorm2D(KV, hd, eps=eps)),
-    QKNormKind.LAYERNORM_PER_HEAD: lambda qd, kd, H, KV, hd, eps: (L.LayerNormPerHead(hd, H, eps=eps),
-                                                                   L.LayerNormPerHead(hd, KV, eps=eps)),
-    QKNormKind.FUNCTIONAL_RMS: lambda qd, kd, H, KV, hd, eps: None,
-})
-
-
-# (q, k, v, cache, scale, mask, softcap, sinks) -> o; only SDPA takes sinks (the row checks it)
-def _sdpa_f32_if_f16(queries, keys, values, cache, scale, mask, softcap, sinks):  # cohere2
-    sdpa_type = mx.float32 if queries.dtype == mx.float16 else queries.dtype
-    return scaled_dot_product_attention(
-        queries.astype(sdpa_type), keys, values, cache=cache, scale=scale, mask=mask,
-    ).astype(queries.dtype)
-
-
-def _sdpa_q_f32(queries, keys, values, cache, scale, mask, softcap, sinks):  # phi
-    return scaled_dot_product_attention(
-        queries.astype(mx.float32), keys, values, cache=cache, scale=scale, mask=mask,
-    ).astype(values.dtype)
-
-
-def _sdpa_qk_f32(queries, keys, values, cache, scale, mask, softcap, sinks):  # stablelm
-    queries = queries.astype(mx.float32)
-    keys = keys.astype(mx.float32)
-    return scaled_dot_product_attention(
-        queries, keys, values, cache=cache, scale=scale, mask=mask).astype(values.dtype)
-
-
-_ATTENTION = exhaustive(AttnKind, {
-    AttnKind.SDPA: lambda q, k, v, cache, scale, mask, softcap, sinks: scaled_dot_product_attention(
-        q, k, v, cache=cache, scale=scale, mask=mask, sinks=sinks),
-    AttnKind.SOFTCAP: lambda q, k, v, cache, scale, mask, softcap, sinks: softcapped_attention(
-        q, k, v, scale, softcap, mask),
-    AttnKind.SDPA_F32_IF_F16: _sdpa_f32_if_f16,
-    AttnKind.SDPA_Q_F32: _sdpa_q_f32,
-    AttnKind.SDPA_QK_F32: _sdpa_qk_f32,
-})
-
-
-class Attention(nn.Module):
-    def __init__(self, a: UniversalArgs, d: ArchDescriptor, spec: LayerSpec):
-        super().__init__()
-        self._d, self._n = d, d.names
-        H, KV = spec.heads or (a.n_heads, a.n_kv_heads)  # step3p5, mimo: sliding layers' own counts
-        hd, vd = spec.dims or (a.head_dim, a.head_dim)  # mimo_v2_flash: own q/k and value dims
-        self._h, self._kv, self._hd = H, KV, hd
-        self._scale = a.attn_scale if spec.scale is None else spec.scale
-        self._softcap = a.attn_softcap
-        self._value_scale = a.fields[d.value_scale] if d.value_scale else None
-        self._attend = _ATTENTION[d.attention]
-        D, n = a.hidden, d.names
-        # KVShare.CLA (hunyuan): takes (and returns) the key / value projections
-        self._cla = d.layers.kv_share is not None
-        self._sinks = spec.sinks
-        if spec.sinks:  # gpt_oss: first in its AttentionBlock's tree, as there
-            setattr(self, n.sinks, mx.zeros((H,)))
-        self._gate = d.attn_gate if (d.attn_gate_when is None or a.fields[d.attn_gate_when]) else None
-        if d.qkv is QKV.SEPARATE:
-            q_width = H * hd * (2 if self._gate is AttnOutGate.QUERY_SIGMOID else 1)
-            setattr(self, n.q, nn.Linear(D, q_width, bias=a.attn_bias))
-            if spec.kv_proj:
-                setattr(self, n.k, nn.Linear(D, KV * hd, bias=a.attn_bias))
-                setattr(self, n.v, nn.Linear(D, KV * vd, bias=a.attn_bias))
-        elif d.qkv is QKV.FUSED:
-            setattr(self, n.qkv, nn.Linear(D, H * hd + 2 * (KV * hd), bias=a.attn_bias))
-        else:  # QKV.FUSED_NEOX
-            setattr(self, n.qkv, nn.Linear(D, 3 * D, bias=a.attn_bias))
-        setattr(self, n.o, nn.Linear(H * vd, D, bias=a.out_bias))
-        if self._gate is not None and self._gate is not AttnOutGate.QUERY_SIGMOID:  # no bias
-            width = H * hd if self._gate is AttnOutGate.SIGMOID else H
-            setattr(self, n.attn_gate, nn.Linear(D, width, bias=False))
-
-        self._qk = d.qk_norm if a.qk_norm else None
-        if self._qk is not None:
-            qd, kd = (H * hd, KV * hd) if self._qk.at is QKNormAt.FLAT else (hd, hd)
-            modules = _QK_NORMS[self._qk.kind](qd, kd, H, KV, hd, a.eps)
-            if modules is not None:
-                for name, module in zip(self._qk.names, modules):
-                    setattr(self, name, module)
-        if d.block.inner_norms:
-            setattr(self, n.inner_norm, nn.RMSNorm(D, eps=a.eps))
-        rope = _make_rope(spec.rope)
-        # the call goes through _rope_fn; the tree holds `rope` only where mlx-lm's does
-        object.__setattr__(self, "_rope_fn", rope)
-        if d.rope.child and (spec.rope is not None or d.rope.nope_child):
-            self.rope = rope
-
-    def _qk_norm(self, q, k):
-        if self._qk.kind is QKNormKind.FUNCTIONAL_RMS:
-            return L.rms_norm_no_weight(q), L.rms_norm_no_weight(k)
-        qn, kn = self._qk.names
-        return self[qn](q), self[kn](k)
-
-    def __call__(self, x, mask=None, cache=None, attn_scale=None, kv_states=None):
-        d, n = self._d, self._n
-        H, KV, hd = self._h, self._kv, self._hd
-        B, L_, _ = x.shape
-        if d.block.inner_norms:
-            x = self[n.inner_norm](x)
-        at = self._qk.at if self._qk is not None else None
-
-        if d.qkv is QKV.FUSED_NEOX:
-            qkv = self[n.qkv](x)
-            qkv = qkv.reshape(*(qkv.shape[:-1] + (H, 3 * hd)))
-            queries, keys, values = [t.transpose(0, 2, 1, 3) for t in qkv.split(3, -1)]
-        else:
-            if d.qkv is QKV.FUSED:
-                qkv = self[n.qkv](x)
-                q_size = H * hd
-                queries, keys, values = mx.split(qkv, [q_size, q_size + KV * hd], axis=-1)
-            elif self._cla:  # hunyuan: a sharing layer takes the projecting layer's k / v
-                queries = self[n.q](x)
-                if kv_states is None:
-                    keys, values = self[n.k](x), self[n.v](x)
-                    kv_states = keys, values
-                else:
-                    keys, values = kv_states
-            else:
-                queries, keys, values = self[n.q](x), self[n.k](x), self[n.v](x)
-            if self._gate is AttnOutGate.QUERY_SIGMOID:  # qwen3_next: per head [q | gate]
-                queries, q_gate = mx.split(queries.reshape(B, L_, H, -1), 2, axis=-1)
-                q_gate = q_gate.reshape(B, L_, -1)
-            if at is QKNormAt.FLAT:
-                queries, keys = self._qk_norm(queries, keys)
-            queries = queries.reshape(B, L_, H, -1)
-            keys = keys.reshape(B, L_, KV, -1)
-            if at is QKNormAt.HEADS:
-                queries, keys = self._qk_norm(queries, keys)
-            queries = queries.transpose(0, 2, 1, 3)
-            keys = keys.transpose(0, 2, 1, 3)
-            values = values.reshape(B, L_, KV, -1).transpose(0, 2, 1, 3)
-            if at is QKNormAt.HEADS_TRANSPOSED:
-                queries, keys = self._qk_norm(queries, keys)
-            if self._value_scale is not None:  # mimo_v2_flash
-                values = values * self._value_scale
-
-        offset = cache.offset if cache is not None else 0
-        queries = self._rope_fn(queries, offset=offset)
-        keys = self._rope_fn(keys, offset=offset)
-        if at is QKNormAt.AFTER_ROPE:
-            queries, keys = self._qk_norm(queries, keys)
-        if cache is not None:
-            keys, values = cache.update_and_fetch(keys, values)
-        if attn_scale is not None:
-            queries = queries * attn_scale
-
-        sinks = self[n.sinks] if self._sinks else None
-        output = self._attend(queries, keys, values, cache, self._scale, mask, self._softcap, sinks)
-        output = output.transpose(0, 2, 1, 3)
-        if self._gate is AttnOutGate.HEAD_SIGMOID:
-            output = output * mx.sigmoid(self[n.attn_gate](x))[..., None]
-        elif self._gate is AttnOutGate.HEAD_SOFTPLUS:  # laguna
-            gate = nn.softplus(self[n.attn_gate](x).astype(mx.float32)).astype(output.dtype)
-            output = output * gate[..., None]
-        output = output.reshape(B, L_, -1)
-        if self._gate is AttnOutGate.SIGMOID:
-            output = output * mx.sigmoid(self[n.attn_gate](x))
-        elif self._gate is AttnOutGate.QUERY_SIGMOID:
-            output = output * mx.sigmoid(q_gate)
-        if self._cla:
-            return self[n.o](output), kv_states
-        return self[n.o](output)
-
 
 _RESIDUAL = exhaustive(Residual, {
     Residual.PLAIN: lambda x, r, s: x + r,

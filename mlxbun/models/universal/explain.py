@@ -22,10 +22,10 @@ from typing import Any
 from mlxbun.config import MODEL_REMAPPING
 from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError
-from mlxbun.models.rope import rope_type_of
 from mlxbun.models.universal.coverage import check_coverage
 from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label, parallel_block, single_block
 from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
+from mlxbun.models.universal.explain_rope import rope_text
 from mlxbun.models.universal.kinds import (
     BLOCK_SLOTS,
     COMPILED_SOFTCAP,
@@ -41,7 +41,6 @@ from mlxbun.models.universal.kinds import (
     HeadDim,
     KVShare,
     MakeCache,
-    MixerKind,
     MlpKind,
     MlpSize,
     NormKind,
@@ -54,9 +53,11 @@ from mlxbun.models.universal.kinds import (
     QKNormKind,
     Residual,
     ResidualScale,
-    RopeKind,
     TiedOp,
     TieRule,
+)
+from mlxbun.models.universal.kinds_hybrid import (
+    MixerKind,
 )
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor
@@ -376,7 +377,7 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
                    "transpose [B, heads, L, hd]")
     if qk_line and qk.at in (QKNormAt.HEADS, QKNormAt.HEADS_TRANSPOSED):
         yield qk_line
-    ropes = {_rope_text(s, d, a) for s in a.layers}
+    ropes = {rope_text(s, d, a) for s in a.layers}
     where = ropes.pop() if len(ropes) == 1 else "per layer, see layers"
     yield Line("q, k = rope(q, offset), rope(k, offset)", where)
     if qk_line and qk.at is QKNormAt.AFTER_ROPE:
@@ -517,65 +518,15 @@ def _own_shapes(d: ArchDescriptor, a: UniversalArgs):
                    "and the cache")
 
 
-def _rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
-    spec = layer.rope
-    if spec is None:
-        return "NoPE (no rotary embedding)"
-    dims = "hd"
-    if d.rope.rotary_dim and a.fields[d.rope.rotary_dim] is not None:
-        dims = f"{spec.dims} of hd ({d.rope.rotary_dim})"
-    elif d.rope.partial:
-        dims = f"{spec.dims} of hd ({d.rope.partial} {a.fields[d.rope.partial]})"
-    elif spec.dims != a.head_dim:  # step3p5: partial_rotary_factors[i]
-        dims = f"{spec.dims} of hd"
-    trad = f", traditional {spec.traditional}" if spec.traditional else ""
-    if spec.kind in (RopeKind.INITIALIZE, RopeKind.LAYER_TYPE_PARAMS, RopeKind.PER_LAYER_LISTS,
-                     RopeKind.LAYER_TYPE_PARTIAL):
-        kind = rope_type_of(spec.scaling)
-        params = {k: v for k, v in (spec.scaling or {}).items()
-                  if k not in ("type", "rope_type", "rope_theta")}
-        extra = f", {_short(params)}" if params else ""
-        local = (f" ({d.rope.sliding_theta}, unscaled)" if layer.sliding and d.rope.sliding_theta
-                 else "")
-        if spec.kind in (RopeKind.LAYER_TYPE_PARAMS, RopeKind.LAYER_TYPE_PARTIAL):
-            local = f" (rope_parameters[{a.fields['layer_types'][layer.index]!r}])"
-        return f"{kind} rope, dims {dims}, base {spec.base}{local}{trad}{extra}"
-    if spec.kind is RopeKind.PHI3:
-        kind = spec.scaling["type"] if spec.scaling else "default"
-        if kind in ("longrope", "su"):
-            return (f"phi3 su-scaled rope (long factors), dims {dims}, base {spec.base}, "
-                    f"original_max_position_embeddings {spec.original_max_positions}")
-        scale = f", scale 1/{spec.scaling['factor']}" if kind == "linear" else ""
-        return f"phi3 rope, dims {dims}, base {spec.base}{trad}{scale}"
-    if spec.kind is RopeKind.NEMOTRON:
-        return f"nn.RoPE, dims {dims}, base {spec.base}, scale {spec.scale}"
-    if spec.kind is RopeKind.SU_SCALED:
-        if spec.scaling is None:
-            return f"nn.RoPE, dims {dims}, base {spec.base} (rope_scaling null)"
-        return (f"su-scaled rope (long factors, long_mscale {spec.scaling['long_mscale']}), dims "
-                f"{dims}, base {spec.base}, original_max_position_embeddings "
-                f"{spec.original_max_positions}")
-    if spec.kind is RopeKind.HUNYUAN_ALPHA:
-        return (f"NTK-alpha rope, dims {dims}, base {spec.base} * alpha**(dims / (dims - 2)), "
-                f"alpha {spec.alpha}")
-    return f"nanochat rope (negated exp frequencies), dims {dims}, base {spec.base}"
-
-
-def _short(params: Mapping[str, Any]) -> str:
-    def value(v):
-        return f"[{len(v)} values]" if isinstance(v, list) and len(v) > 4 else v
-    return ", ".join(f"{k} {value(v)}" for k, v in params.items())
-
-
 def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]:
     rotating = d.layers.make_cache is MakeCache.ROTATING_SLIDING
-    one_rope = len({_rope_text(s, d, a) for s in a.layers}) == 1
+    one_rope = len({rope_text(s, d, a) for s in a.layers}) == 1
 
     def describe(s: LayerSpec) -> tuple[str, str, str, str]:
         recurrent = mixer_label(d, a, s)
         ff = "no feed-forward" if single_block(d) is not None and not s.ffn_only else moe_layer_label(d, a, s)
         if recurrent is not None:  # a parallel layer's attention has the rope
-            rope = ("rope as above" if one_rope else _rope_text(s, d, a)) if parallel_block(d) else "no rope"
+            rope = ("rope as above" if one_rope else rope_text(s, d, a)) if parallel_block(d) else "no rope"
             return recurrent[0], rope, recurrent[1], ff
         if s.sliding:
             attention = f"sliding window {a.sliding_window}"
@@ -585,7 +536,7 @@ def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]
         if not s.kv_proj:
             owner = max(t.index for t in a.layers[:s.index + 1] if t.kv_proj)
             attention += f", k/v projections of layer {owner}"
-        rope = "rope as above" if one_rope else _rope_text(s, d, a)
+        rope = "rope as above" if one_rope else rope_text(s, d, a)
         return attention, rope, cache, ff
 
     groups: dict[tuple[str, str, str, str], list[int]] = {}

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxbun.models.universal.kinds import HybridBlock, MixerKind, exhaustive
+from mlxbun.models.universal.kinds import (
+    exhaustive,
+)
+from mlxbun.models.universal.kinds_hybrid import (
+    HybridBlock,
+    MixerKind,
+)
 from mlxbun.models.universal.mixers import MIXERS
 from mlxbun.models.universal.mixers.gated_delta import GdnProjections
 from mlxbun.models.universal.mixers.mamba2 import GatedNorm

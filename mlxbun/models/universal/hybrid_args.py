@@ -7,7 +7,10 @@ import math
 from typing import Any
 
 from mlxbun.models.universal.fields import fail
-from mlxbun.models.universal.kinds import MixerKind, MixerLayers
+from mlxbun.models.universal.kinds_hybrid import (
+    MixerKind,
+    MixerLayers,
+)
 
 __all__ = ["ffn_layers", "full_attn_idxs", "lfm2_ff_dim", "lfm2_intermediate", "mamba2_state",
            "mixer_layers", "nemotron_pattern", "olmo_hybrid_args", "qwen3_5_rope"]

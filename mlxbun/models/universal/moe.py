@@ -46,7 +46,12 @@ from mlxbun.models.universal.kinds import (
 )
 from mlxbun.models.universal.mlp import MLP
 from mlxbun.models.universal.moe_args import MoESpec
-from mlxbun.models.universal.schema import ArchDescriptor, MoEKnobs
+from mlxbun.models.universal.schema import (
+    ArchDescriptor,
+)
+from mlxbun.models.universal.schema_moe import (
+    MoEKnobs,
+)
 from mlxbun.models.universal.specs import UniversalArgs
 
 __all__ = ["Gate", "MoEBlock", "Router", "Routing"]

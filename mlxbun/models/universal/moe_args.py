@@ -15,7 +15,12 @@ from typing import Any
 
 from mlxbun.models.universal.fields import fail, get, int_field
 from mlxbun.models.universal.kinds import ROUTER_PARAM_KINDS, MoeLayers, SharedSize, SharedWhen, exhaustive
-from mlxbun.models.universal.schema import ArchDescriptor, MoEKnobs
+from mlxbun.models.universal.schema import (
+    ArchDescriptor,
+)
+from mlxbun.models.universal.schema_moe import (
+    MoEKnobs,
+)
 
 __all__ = ["MoESpec", "moe_layers", "resolve_moe"]
 

@@ -22,14 +22,8 @@ from mlxbun.models.universal.fields import get as _get
 from mlxbun.models.universal.fields import int_field as _int_field
 from mlxbun.models.universal.hybrid_args import (
     ffn_layers,
-    full_attn_idxs,
-    lfm2_ff_dim,
     lfm2_intermediate,
-    mamba2_state,
     mixer_layers,
-    nemotron_pattern,
-    olmo_hybrid_args,
-    qwen3_5_rope,
 )
 from mlxbun.models.universal.kinds import (
     POST_OVER,
@@ -44,7 +38,6 @@ from mlxbun.models.universal.kinds import (
     MlpSize,
     NopeRule,
     NormKind,
-    PostInit,
     PostOp,
     PreDivide,
     QueryScale,
@@ -56,6 +49,7 @@ from mlxbun.models.universal.kinds import (
 from mlxbun.models.universal.moe_args import moe_layers, resolve_moe
 from mlxbun.models.universal.mup import tied_ratio
 from mlxbun.models.universal.not_covered import NOT_COVERED
+from mlxbun.models.universal.post_init import POST_INIT
 from mlxbun.models.universal.schema import REQUIRED, ArchDescriptor
 from mlxbun.models.universal.specs import LayerSpec, RopeSpec, UniversalArgs
 from mlxbun.models.universal.table import DESCRIPTORS
@@ -79,232 +73,6 @@ def descriptor_for(model_type: str) -> ArchDescriptor:
 
 
 # ----------------------------------------------------------------- ModelArgs emulation
-
-
-def _kv_heads_default(a: dict, mt: str) -> None:
-    if a.get("num_key_value_heads") is None:
-        a["num_key_value_heads"] = a["num_attention_heads"]
-
-
-def _layer_types_full(a: dict, mt: str) -> None:
-    if a["layer_types"] is None:
-        a["layer_types"] = ["full_attention"] * a["num_hidden_layers"]
-
-
-def _require_full_layer(a: dict, mt: str) -> None:
-    if "full_attention" not in a["layer_types"]:
-        raise _fail(mt, "layer_types has no 'full_attention' layer (mlx-lm needs one)")
-
-
-def _layer_types_olmo3(a: dict, mt: str) -> None:
-    if a["layer_types"] is None:
-        a["layer_types"] = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention"
-                            for i in range(a["num_hidden_layers"])]
-
-
-def _olmo3_require_both(a: dict, mt: str) -> None:
-    for kind in ("sliding_attention", "full_attention"):
-        if kind not in a["layer_types"]:
-            raise _fail(mt, f"layer_types has no '{kind}' layer (mlx-lm's olmo3 needs both)")
-
-
-def _smollm3_no_rope(a: dict, mt: str) -> None:
-    if a["no_rope_layers"] is None:
-        a["no_rope_layers"] = [int((i + 1) % a["no_rope_layer_interval"] != 0)
-                               for i in range(a["num_hidden_layers"])]
-    elif len(a["no_rope_layers"]) != a["num_hidden_layers"]:
-        raise _fail(mt, "`no_rope_layers` length mismatch")
-
-
-def _qwen3_rope_parameters(a: dict, mt: str) -> None:
-    # transformers >= 5 nests rope_theta and rope_scaling under rope_parameters.
-    if a["rope_parameters"]:
-        if a["rope_theta"] is None:
-            a["rope_theta"] = a["rope_parameters"].get("rope_theta")
-        if a["rope_scaling"] is None:
-            a["rope_scaling"] = a["rope_parameters"]
-    if a["rope_theta"] is None:
-        raise _fail(mt, "rope_theta is missing from the model config.")
-
-
-def _phi3_rope_scaling(a: dict, mt: str) -> None:
-    rs = a["rope_scaling"]
-    if rs:
-        if not all(k in rs for k in ("long_factor", "type")):
-            raise _fail(mt, "rope_scaling must contain keys {'long_factor', 'type'}")
-        if rs["type"] not in ["longrope", "su", "linear"]:
-            a["rope_scaling"] = None  # mlx-lm warns and disables the scaling
-        elif rs["type"] == "linear" and not isinstance(rs.get("factor"), float):
-            raise _fail(mt, "rope_scaling.factor must be a float for linear scaling")
-        elif rs["type"] != "linear" and "short_factor" not in rs:
-            raise _fail(mt, "rope_scaling lacks 'short_factor'")
-
-
-def _internlm3_rope_scaling(a: dict, mt: str) -> None:
-    rs = a["rope_scaling"]
-    if rs:
-        if not all(k in rs for k in ("factor", "rope_type")):
-            raise _fail(mt, "rope_scaling must contain keys {'factor', 'rope_type'}")
-        if rs["rope_type"] not in ["linear", "dynamic"]:
-            raise _fail(mt, "rope_scaling 'rope_type' currently only supports 'linear' or 'dynamic'")
-
-
-def _nemotron_rope_scaling(a: dict, mt: str) -> None:
-    rs = a["rope_scaling"]
-    if rs:
-        if "factor" not in rs:
-            raise _fail(mt, "rope_scaling must contain 'factor'")
-        rope_type = rs.get("type") or rs.get("rope_type")
-        if rope_type is None:
-            raise _fail(mt, "rope_scaling must contain either 'type' or 'rope_type'")
-        if rope_type not in ["linear"]:
-            raise _fail(mt, "rope_scaling 'type' currently only supports 'linear'")
-        if "type" not in rs:  # the Attention reads rope_scaling["type"] (KeyError in mlx-lm)
-            raise _fail(mt, "rope_scaling needs the key 'type' (mlx-lm's nemotron reads it)")
-        if not isinstance(rs["factor"], float):  # mlx-lm asserts a float
-            raise _fail(mt, "rope_scaling.factor must be a float")
-
-
-def _hunyuan_rope_scaling(a: dict, mt: str) -> None:
-    rs = a["rope_scaling"]
-    if rs and not all(k in rs for k in ("alpha", "factor", "type")):
-        raise _fail(mt, "rope_scaling must contain keys {'alpha', 'factor', 'type'}")
-
-
-def _cohere2_head_dim_check(a: dict, mt: str) -> None:
-    if a["head_dim"] * a["num_attention_heads"] != a["hidden_size"]:
-        raise _fail(mt, "hidden_size must equal head_dim * num_attention_heads")
-
-
-def _split_head_dim_check(a: dict, mt: str) -> None:
-    if (a["hidden_size"] // a["num_attention_heads"]) * a["num_attention_heads"] != a["hidden_size"]:
-        raise _fail(mt, "hidden_size must be divisible by num_attention_heads")
-
-
-def _ministral3_rope(a: dict, mt: str) -> None:
-    rp = a["rope_parameters"]
-    if not isinstance(rp, Mapping):
-        raise _fail(mt, "rope_parameters is required (mlx-lm's ministral3 reads it)")
-    for key in ("rope_theta", "llama_4_scaling_beta", "original_max_position_embeddings"):
-        if key not in rp:
-            raise _fail(mt, f"rope_parameters lacks '{key}'")
-
-
-def _linear_rope_scaling(a: dict, mt: str) -> None:  # qwen2_moe
-    rs = a["rope_scaling"]
-    if rs:
-        if not all(k in rs for k in ("factor", "type")):
-            raise _fail(mt, "rope_scaling must contain keys {'factor', 'type'}")
-        if rs["type"] != "linear":
-            raise _fail(mt, "rope_scaling 'type' currently only supports 'linear'")
-
-
-def _deepseek_rope_scaling(a: dict, mt: str) -> None:
-    rs = a["rope_scaling"]
-    if rs:  # the attention reads rope_scaling["type"] (KeyError in mlx-lm) and asserts a float
-        if "type" not in rs:
-            raise _fail(mt, "rope_scaling needs the key 'type' (mlx-lm's deepseek reads it)")
-        if rs["type"] == "linear" and not isinstance(rs.get("factor"), float):
-            raise _fail(mt, "rope_scaling.factor must be a float")
-
-
-def _hunyuan_moe_rope_scaling(a: dict, mt: str) -> None:
-    rs = a["rope_scaling"]
-    if rs and not all(k in rs for k in ("factor", "type")):
-        raise _fail(mt, "rope_scaling must contain keys {'factor', 'type'}")
-    if not isinstance(rs, Mapping) or "alpha" not in rs:  # the attention reads rope_scaling["alpha"]
-        raise _fail(mt, "rope_scaling needs the key 'alpha' (mlx-lm's hunyuan reads it)")
-
-
-def _rope_parameters_theta(a: dict, mt: str) -> None:  # exaone_moe
-    if a["rope_parameters"] is not None and "rope_theta" in a["rope_parameters"]:
-        a["rope_theta"] = a["rope_parameters"]["rope_theta"]
-
-
-def _phimoe_rope_scaling(a: dict, mt: str) -> None:
-    rs = a["rope_scaling"]
-    if rs is not None:  # phimoe's attention reads these four keys of any non-null rope_scaling
-        missing = [k for k in ("short_factor", "long_factor", "short_mscale", "long_mscale")
-                   if not isinstance(rs, Mapping) or k not in rs]
-        if missing:
-            raise _fail(mt, f"rope_scaling lacks {', '.join(map(repr, missing))} (mlx-lm's phimoe "
-                            "reads them)")
-
-
-def _gpt_oss_layer_types(a: dict, mt: str) -> None:
-    # GptOssMoeModel.__init__: the default pattern, then .index() of each kind (ValueError there)
-    if a["layer_types"] is None:
-        a["layer_types"] = ["sliding_attention", "full_attention"] * (a["num_hidden_layers"] // 2)
-    # the forward zips layers with layer_types: extra entries are never read (fewer: refused below)
-    a["layer_types"] = list(a["layer_types"])[:a["num_hidden_layers"]]
-    for kind in ("sliding_attention", "full_attention"):
-        if kind not in a["layer_types"]:
-            raise _fail(mt, f"layer_types has no '{kind}' layer (mlx-lm's gpt_oss needs both)")
-
-
-def _scaling_none_one(a: dict, mt: str) -> None:  # mimo_v2_flash's MoEGate
-    a["routed_scaling_factor"] = 1.0 if a["routed_scaling_factor"] is None else a["routed_scaling_factor"]
-
-
-def _laguna_lists(a: dict, mt: str) -> None:  # laguna's __post_init__, then one entry per layer
-    n = a["num_hidden_layers"]
-    if a["mlp_layer_types"] is None:
-        a["mlp_layer_types"] = ["dense"] + ["sparse"] * (n - 1)
-    if a["num_attention_heads_per_layer"] is None:
-        a["num_attention_heads_per_layer"] = [a["num_attention_heads"]] * n
-    for key in ("layer_types", "mlp_layer_types", "num_attention_heads_per_layer"):
-        if not isinstance(a[key], list) or len(a[key]) < n:
-            raise _fail(mt, f"'{key}' must list one entry per layer ({n}), got {a[key]!r}")
-
-
-def _layer_type_ropes(a: dict, mt: str) -> None:  # mellum
-    lt, rp = a["layer_types"], a["rope_parameters"]
-    if not isinstance(lt, list) or len(lt) != a["num_hidden_layers"]:
-        raise _fail(mt, f"layer_types must list one kind per layer ({a['num_hidden_layers']}), "
-                        f"got {lt!r}")
-    odd = sorted({t for t in lt if t not in ("full_attention", "sliding_attention")})
-    if odd:
-        raise _fail(mt, f"layer_types holds {', '.join(map(repr, odd))}; mellum's layers are "
-                        "'full_attention' or 'sliding_attention'")
-    _require_full_layer(a, mt)
-    for t in sorted(set(lt)):
-        if not isinstance(rp, Mapping) or not isinstance(rp.get(t), Mapping) or "rope_theta" not in rp[t]:
-            raise _fail(mt, f"rope_parameters needs '{t}' with its 'rope_theta' (mlx-lm reads "
-                            "rope_parameters[layer_type])")
-
-
-_POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit, {
-    PostInit.KV_HEADS_DEFAULT: _kv_heads_default,
-    PostInit.LAYER_TYPES_FULL: _layer_types_full,
-    PostInit.REQUIRE_FULL_LAYER: _require_full_layer,
-    PostInit.LAYER_TYPES_OLMO3: _layer_types_olmo3,
-    PostInit.OLMO3_REQUIRE_BOTH: _olmo3_require_both,
-    PostInit.SMOLLM3_NO_ROPE: _smollm3_no_rope,
-    PostInit.QWEN3_ROPE_PARAMETERS: _qwen3_rope_parameters,
-    PostInit.PHI3_ROPE_SCALING: _phi3_rope_scaling,
-    PostInit.INTERNLM3_ROPE_SCALING: _internlm3_rope_scaling,
-    PostInit.NEMOTRON_ROPE_SCALING: _nemotron_rope_scaling,
-    PostInit.HUNYUAN_ROPE_SCALING: _hunyuan_rope_scaling,
-    PostInit.COHERE2_HEAD_DIM_CHECK: _cohere2_head_dim_check,
-    PostInit.SPLIT_HEAD_DIM_CHECK: _split_head_dim_check,
-    PostInit.NEOX_DIVISIBLE: _split_head_dim_check,
-    PostInit.MINISTRAL3_ROPE: _ministral3_rope,
-    PostInit.LINEAR_ROPE_SCALING: _linear_rope_scaling,
-    PostInit.DEEPSEEK_ROPE_SCALING: _deepseek_rope_scaling,
-    PostInit.ROPE_PARAMETERS_THETA: _rope_parameters_theta,
-    PostInit.HUNYUAN_MOE_ROPE_SCALING: _hunyuan_moe_rope_scaling,
-    PostInit.GPT_OSS_LAYER_TYPES: _gpt_oss_layer_types,
-    PostInit.PHIMOE_ROPE_SCALING: _phimoe_rope_scaling,
-    PostInit.LAYER_TYPE_ROPES: _layer_type_ropes,
-    PostInit.SCALING_NONE_ONE: _scaling_none_one,
-    PostInit.LAGUNA_LISTS: _laguna_lists,
-    PostInit.LFM2_FF_DIM: lfm2_ff_dim,
-    PostInit.FULL_ATTN_IDXS: full_attn_idxs,
-    PostInit.QWEN3_5_ROPE: qwen3_5_rope,
-    PostInit.OLMO_HYBRID_ARGS: olmo_hybrid_args,
-    PostInit.MAMBA2_STATE: mamba2_state,
-    PostInit.NEMOTRON_PATTERN: nemotron_pattern,
-})
 
 
 def _kv_proj(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
@@ -336,7 +104,7 @@ def model_args(d: ArchDescriptor, config: Mapping[str, Any]) -> dict[str, Any]:
         raise _fail(d.model_type, f"missing required key(s) {', '.join(missing)}")
     a = {k: thaw(config[k]) if k in config else thaw(v) for k, v in d.fields.items()}
     for step in d.post_init:
-        _POST_INIT[step](a, d.model_type)
+        POST_INIT[step](a, d.model_type)
     return a
 
 

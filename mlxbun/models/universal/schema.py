@@ -35,21 +35,15 @@ from mlxbun.models.universal.kinds import (
     AttnKind,
     AttnOutGate,
     AttnScale,
-    BiasAt,
     BlockKind,
-    Combine,
     EmbedScale,
-    ExpertKind,
     FinalSoftcap,
-    GateKind,
-    GroupGuard,
     HeadDim,
     KVShare,
     LayerKinds,
     MakeCache,
     MlpKind,
     MlpSize,
-    MoeLayers,
     NopeRule,
     NormKind,
     NormSlot,
@@ -64,21 +58,20 @@ from mlxbun.models.universal.kinds import (
     Residual,
     ResidualScale,
     RopeKind,
-    RouterKind,
     SanitizeOp,
-    SharedKind,
-    SharedSize,
-    SharedWhen,
     StrEnum,
     SwigluClamp,
     TiedOp,
     TieRule,
-    TopKRenorm,
-    TopKSelect,
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
 from mlxbun.models.universal.schema_hybrid import HybridKnobs, check_hybrid, hybrid_refs
-from mlxbun.models.universal.schema_moe import check_moe, moe_refs
+from mlxbun.models.universal.schema_moe import (  # the MoE knobs and their checks
+    MoEKnobs,
+    StackExperts,
+    check_moe,
+    moe_refs,
+)
 
 REQUIRED = "<required>"  # a ModelArgs field without a default
 
@@ -232,87 +225,6 @@ class LayerKnobs:
     # num_attention_groups replace the head counts on sliding layers (step3p5)
     sliding_attn: SlidingAttn | None = None  # sliding layers' own head counts and dims (mimo_v2_flash)
     heads_per_layer: str | None = None  # field: every layer's query head count, a list (laguna)
-
-
-@dataclass(frozen=True)
-class MoENames:
-    """mlx-lm attribute names inside the MoE block (parameter paths and safetensors keys)."""
-
-    block: str | None = None  # the MoE block in the decoder layer; None: names.mlp
-    gate: str = "gate"  # the router's projection (LINEAR) or the router module (WEIGHT, NESTED)
-    gate_inner: str = "layer"  # NESTED: the Linear inside the router module
-    router: str = "router"  # LINEAR: the parameter-free routing module (not in mlx-lm's tree)
-    switch: str = "switch_mlp"  # the fused experts (SwitchGLU)
-    gate_proj: str = "gate_proj"
-    up_proj: str = "up_proj"
-    down_proj: str = "down_proj"
-    shared: str = "shared_experts"
-    shared_gate: str = "shared_expert_gate"  # SIGMOID_GATED: Linear(D, 1)
-    correction_bias: str = "e_score_correction_bias"  # corrected routers: on the module bias_at says
-    gate_act: str = "gate_act"  # f32_act_topk: the activation module (nn.Softmax / nn.Sigmoid)
-    coefficient: str = "coefficient"  # SharedKind.COEFFICIENT: Linear(D, 2) mixing routed / shared
-
-
-@dataclass(frozen=True)
-class RouterKnobs:
-    kind: RouterKind = _kind(RouterKind)
-    select: TopKSelect = _kind(TopKSelect, TopKSelect.NEG_FIRST)
-    gate: GateKind = _kind(GateKind, GateKind.LINEAR)
-    gate_bias: bool | str = False
-    norm_topk: bool | str = False  # renormalize the k weights: literal, or the field (norm_topk_prob)
-    # the kind's numbers (kinds.ROUTER_PARAMS names them): a ModelArgs field, or a non-str literal;
-    # noaux_tc: {"scaling": "routed_scaling_factor", "n_group": "n_group", "topk_group": "topk_group"}
-    params: Mapping[str, Any] = field(default_factory=dict)
-    group_guard: GroupGuard = _kind(GroupGuard, GroupGuard.N_GROUP_GT_1)  # noaux_tc
-    renorm: TopKRenorm = _kind(TopKRenorm, TopKRenorm.SUM)  # noaux_tc: the renormalizing division
-    corrected: bool | str = True  # corrected kinds (kinds.CORRECTED_ROUTERS): the per-expert
-    # correction bias exists (literal, or the field that switches it: bailing_moe's
-    # moe_router_enable_expert_bias)
-    bias_at: BiasAt = _kind(BiasAt, BiasAt.ROUTER)  # corrected kinds: the module holding the bias
-    gate_f32: bool = False  # gate LINEAR: the gate reads x.astype(float32) (minimax)
-
-
-@dataclass(frozen=True)
-class SharedKnobs:
-    kind: SharedKind = _kind(SharedKind, SharedKind.PLAIN)
-    size: SharedSize | str = _kind(SharedSize, SharedSize.MOE_TIMES_N, or_field=True)
-    count: str | None = None  # MOE_TIMES_N: the shared-expert count field (n_shared_experts)
-    when: str | None = None  # built only when this field is not None (deepseek n_shared_experts)
-    when_rule: SharedWhen = _kind(SharedWhen, SharedWhen.NOT_NONE)  # what `when` must hold
-    enabled: bool | str = True  # and this (literal, or a bool field: moe_router_enable_shared_expert)
-    bias: bool | str = False  # the shared MLP's biases (dots1: mlp_bias)
-    scale: str | None = None  # ROUTED_SCALED: the field the routed sum is multiplied by (laguna)
-
-
-@dataclass(frozen=True)
-class MoEKnobs:
-    """The MoE block of the layers `layers` selects; the other layers keep the row's MLP."""
-
-    experts: str = "num_experts"  # field: routed experts
-    top_k: str = "num_experts_per_tok"  # field
-    size: str = "moe_intermediate_size"  # field: one expert's intermediate width
-    size_fallback: str | None = None  # field read when `size`'s is 0 or None (hunyuan, ernie4_5_moe:
-    # intermediate_size)
-    per_layer: bool = False  # top_k, size and the shared count may each be an int or a list
-    # indexed by layer (hunyuan's _int_or_list)
-    router: RouterKnobs = RouterKnobs(RouterKind.SOFTMAX_TOPK)
-    layers: MoeLayers = _kind(MoeLayers, MoeLayers.ALL)
-    expert: ExpertKind = _kind(ExpertKind, ExpertKind.GLU)
-    expert_bias: bool | str = False
-    combine: Combine = _kind(Combine, Combine.SUM)
-    shared: SharedKnobs | None = None
-    flat_tokens: bool = False  # olmoe: route x.reshape(-1, D), reshape the sum back to [B, L, D]
-    names: MoENames = MoENames()
-
-
-@dataclass(frozen=True)
-class StackExperts:
-    """mlx-lm's sanitize loop stacking per-expert HF tensors into the fused SwitchGLU ones:
-    <layer>.<block>.experts.<e>.<src>.<key> for e < experts -> <layer>.<block>.<switch>.<dst>.<key>."""
-
-    names: tuple[tuple[str, str], ...] = (("gate_proj", "gate_proj"), ("up_proj", "up_proj"),
-                                          ("down_proj", "down_proj"))
-    keys: tuple[str, ...] = ("weight", "scales", "biases")  # qwen3_moe stacks "weight" only
 
 
 @dataclass(frozen=True)

@@ -11,16 +11,19 @@ from typing import Any
 from mlxbun.models.universal.kinds import (
     BLOCK_SLOTS,
     BlockKind,
-    HfCheckpoint,
-    HybridBlock,
-    MixerKind,
-    MixerLayers,
     NormKind,
     NormSlot,
     Residual,
     SanitizeOp,
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
+from mlxbun.models.universal.kinds_hybrid import (
+    ConvLayout,
+    HfCheckpoint,
+    HybridBlock,
+    MixerKind,
+    MixerLayers,
+)
 from mlxbun.models.universal.mixers import MIXER_KNOBS
 
 __all__ = ["HybridKnobs", "check_hybrid", "check_hybrid_sanitize", "hybrid_refs"]
@@ -106,10 +109,16 @@ def check_hybrid(d: Any) -> None:
 
 
 def check_hybrid_sanitize(d: Any) -> None:
-    """The args of the sanitize ops the hybrid rows brought (norm_plus_one, wrapper_keys,
-    split_gate_up_experts), checked when the row is built."""
+    """The args of the sanitize ops the hybrid rows brought (conv1d_layout, norm_plus_one,
+    wrapper_keys, split_gate_up_experts), checked when the row is built."""
     for rule in d.sanitize:
-        if rule.op is SanitizeOp.NORM_PLUS_ONE:
+        if rule.op is SanitizeOp.CONV1D_LAYOUT:
+            arg = rule.arg
+            if not (isinstance(arg, tuple) and len(arg) == 2 and isinstance(arg[0], str)
+                    and isinstance(arg[1], ConvLayout)):
+                raise d.error(f"sanitize 'conv1d_layout' takes (key substring, ConvLayout member), got "
+                              f"{arg!r}")
+        elif rule.op is SanitizeOp.NORM_PLUS_ONE:
             suffixes, test = rule.arg if isinstance(rule.arg, tuple) and len(rule.arg) == 2 else ((), "")
             if not suffixes or not all(isinstance(x, str) for x in suffixes) or test not in set(HfCheckpoint):
                 raise d.error("sanitize 'norm_plus_one' takes (suffixes, HfCheckpoint), one of "

@@ -1,16 +1,19 @@
-"""The MoE half of a descriptor row's checks (`schema.py` calls them when a row is built): the
-ModelArgs fields the MoE knobs read, and the knob combinations the MoE block has no branch for.
-Split from schema.py by job; it imports the kinds only (schema.py holds the knob dataclasses)."""
+"""The MoE part of a descriptor row: the knob dataclasses (`MoEKnobs` and its parts, which
+`schema.py` re-exports), the ModelArgs fields they read, and the knob combinations the MoE block
+has no branch for (`schema.py` calls the checks when a row is built). It imports the kinds only."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlxbun.models.universal.kinds import (
     CORRECTED_ROUTERS,
     ROUTER_PARAMS,
     BiasAt,
+    Combine,
+    ExpertKind,
     GateKind,
     GroupGuard,
     MoeLayers,
@@ -20,9 +23,92 @@ from mlxbun.models.universal.kinds import (
     SharedSize,
     SharedWhen,
     TopKRenorm,
+    TopKSelect,
 )
+from mlxbun.models.universal.kinds import kind_field as _kind
 
-__all__ = ["check_moe", "moe_refs"]
+__all__ = ["MoEKnobs", "MoENames", "RouterKnobs", "SharedKnobs", "StackExperts", "check_moe", "moe_refs"]
+
+
+@dataclass(frozen=True)
+class MoENames:
+    """mlx-lm attribute names inside the MoE block (parameter paths and safetensors keys)."""
+
+    block: str | None = None  # the MoE block in the decoder layer; None: names.mlp
+    gate: str = "gate"  # the router's projection (LINEAR) or the router module (WEIGHT, NESTED)
+    gate_inner: str = "layer"  # NESTED: the Linear inside the router module
+    router: str = "router"  # LINEAR: the parameter-free routing module (not in mlx-lm's tree)
+    switch: str = "switch_mlp"  # the fused experts (SwitchGLU)
+    gate_proj: str = "gate_proj"
+    up_proj: str = "up_proj"
+    down_proj: str = "down_proj"
+    shared: str = "shared_experts"
+    shared_gate: str = "shared_expert_gate"  # SIGMOID_GATED: Linear(D, 1)
+    correction_bias: str = "e_score_correction_bias"  # corrected routers: on the module bias_at says
+    gate_act: str = "gate_act"  # f32_act_topk: the activation module (nn.Softmax / nn.Sigmoid)
+    coefficient: str = "coefficient"  # SharedKind.COEFFICIENT: Linear(D, 2) mixing routed / shared
+
+
+@dataclass(frozen=True)
+class RouterKnobs:
+    kind: RouterKind = _kind(RouterKind)
+    select: TopKSelect = _kind(TopKSelect, TopKSelect.NEG_FIRST)
+    gate: GateKind = _kind(GateKind, GateKind.LINEAR)
+    gate_bias: bool | str = False
+    norm_topk: bool | str = False  # renormalize the k weights: literal, or the field (norm_topk_prob)
+    # the kind's numbers (kinds.ROUTER_PARAMS names them): a ModelArgs field, or a non-str literal;
+    # noaux_tc: {"scaling": "routed_scaling_factor", "n_group": "n_group", "topk_group": "topk_group"}
+    params: Mapping[str, Any] = field(default_factory=dict)
+    group_guard: GroupGuard = _kind(GroupGuard, GroupGuard.N_GROUP_GT_1)  # noaux_tc
+    renorm: TopKRenorm = _kind(TopKRenorm, TopKRenorm.SUM)  # noaux_tc: the renormalizing division
+    corrected: bool | str = True  # corrected kinds (kinds.CORRECTED_ROUTERS): the per-expert
+    # correction bias exists (literal, or the field that switches it: bailing_moe's
+    # moe_router_enable_expert_bias)
+    bias_at: BiasAt = _kind(BiasAt, BiasAt.ROUTER)  # corrected kinds: the module holding the bias
+    gate_f32: bool = False  # gate LINEAR: the gate reads x.astype(float32) (minimax)
+
+
+@dataclass(frozen=True)
+class SharedKnobs:
+    kind: SharedKind = _kind(SharedKind, SharedKind.PLAIN)
+    size: SharedSize | str = _kind(SharedSize, SharedSize.MOE_TIMES_N, or_field=True)
+    count: str | None = None  # MOE_TIMES_N: the shared-expert count field (n_shared_experts)
+    when: str | None = None  # built only when this field is not None (deepseek n_shared_experts)
+    when_rule: SharedWhen = _kind(SharedWhen, SharedWhen.NOT_NONE)  # what `when` must hold
+    enabled: bool | str = True  # and this (literal, or a bool field: moe_router_enable_shared_expert)
+    bias: bool | str = False  # the shared MLP's biases (dots1: mlp_bias)
+    scale: str | None = None  # ROUTED_SCALED: the field the routed sum is multiplied by (laguna)
+
+
+@dataclass(frozen=True)
+class MoEKnobs:
+    """The MoE block of the layers `layers` selects; the other layers keep the row's MLP."""
+
+    experts: str = "num_experts"  # field: routed experts
+    top_k: str = "num_experts_per_tok"  # field
+    size: str = "moe_intermediate_size"  # field: one expert's intermediate width
+    size_fallback: str | None = None  # field read when `size`'s is 0 or None (hunyuan, ernie4_5_moe:
+    # intermediate_size)
+    per_layer: bool = False  # top_k, size and the shared count may each be an int or a list
+    # indexed by layer (hunyuan's _int_or_list)
+    router: RouterKnobs = RouterKnobs(RouterKind.SOFTMAX_TOPK)
+    layers: MoeLayers = _kind(MoeLayers, MoeLayers.ALL)
+    expert: ExpertKind = _kind(ExpertKind, ExpertKind.GLU)
+    expert_bias: bool | str = False
+    combine: Combine = _kind(Combine, Combine.SUM)
+    shared: SharedKnobs | None = None
+    flat_tokens: bool = False  # olmoe: route x.reshape(-1, D), reshape the sum back to [B, L, D]
+    names: MoENames = MoENames()
+
+
+@dataclass(frozen=True)
+class StackExperts:
+    """mlx-lm's sanitize loop stacking per-expert HF tensors into the fused SwitchGLU ones:
+    <layer>.<block>.experts.<e>.<src>.<key> for e < experts -> <layer>.<block>.<switch>.<dst>.<key>."""
+
+    names: tuple[tuple[str, str], ...] = (("gate_proj", "gate_proj"), ("up_proj", "up_proj"),
+                                          ("down_proj", "down_proj"))
+    keys: tuple[str, ...] = ("weight", "scales", "biases")  # qwen3_moe stacks "weight" only
 
 
 def moe_refs(m: Any) -> Iterator[tuple[str, str]]:

@@ -7,7 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mlxbun.models.universal.kinds import FinalSoftcap, MixerKind, PostOp, RopeKind
+from mlxbun.models.universal.kinds import (
+    FinalSoftcap,
+    PostOp,
+    RopeKind,
+)
+from mlxbun.models.universal.kinds_hybrid import (
+    MixerKind,
+)
 from mlxbun.models.universal.moe_args import MoESpec
 
 __all__ = ["LayerSpec", "RopeSpec", "UniversalArgs"]

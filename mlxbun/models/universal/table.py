@@ -20,17 +20,19 @@ from mlxbun.models.universal.schema import (
     LayerKnobs,
     LogitScale,
     MlpKnobs,
-    MoEKnobs,
-    MoENames,
     Names,
     NormKnobs,
     NormNames,
     QKNormKnobs,
     RopeKnobs,
-    RouterKnobs,
     SanitizeRule,
-    SharedKnobs,
     SlidingAttn,
+)
+from mlxbun.models.universal.schema_moe import (
+    MoEKnobs,
+    MoENames,
+    RouterKnobs,
+    SharedKnobs,
     StackExperts,
 )
 from mlxbun.models.universal.table_hybrid import HYBRID_ROWS

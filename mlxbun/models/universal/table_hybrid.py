@@ -4,7 +4,10 @@ Same schema and rules as `table.py`'s rows; `table.DESCRIPTORS` holds them all."
 
 from __future__ import annotations
 
-from mlxbun.models.universal.kinds import ConvLayout, HfCheckpoint
+from mlxbun.models.universal.kinds_hybrid import (
+    ConvLayout,
+    HfCheckpoint,
+)
 from mlxbun.models.universal.mixers.gated_delta import GatedDeltaKnobs, GdnProjections
 from mlxbun.models.universal.mixers.mamba2 import GatedNorm, Mamba2Knobs
 from mlxbun.models.universal.schema import (
@@ -14,19 +17,21 @@ from mlxbun.models.universal.schema import (
     HeadKnobs,
     LogitScale,
     MlpKnobs,
-    MoEKnobs,
-    MoENames,
     Names,
     NormKnobs,
     NormNames,
     QKNormKnobs,
     RopeKnobs,
-    RouterKnobs,
     SanitizeRule,
+)
+from mlxbun.models.universal.schema_hybrid import HybridKnobs
+from mlxbun.models.universal.schema_moe import (
+    MoEKnobs,
+    MoENames,
+    RouterKnobs,
     SharedKnobs,
     StackExperts,
 )
-from mlxbun.models.universal.schema_hybrid import HybridKnobs
 
 __all__ = ["HYBRID_ROWS"]
 
@@ -66,7 +71,7 @@ _LFM2_NAMES = dict(o="out_proj", mlp="feed_forward", final_norm="embedding_norm"
 _LFM2_QK_NORM = QKNormKnobs("rms", "heads", names=("q_layernorm", "k_layernorm"))
 _LFM2_CONV = HybridKnobs("short_conv", "index_list", field="full_attn_idxs", name="conv",
                          layer_types=("conv",))
-_LFM2_CONV_LAYOUT = SanitizeRule("conv1d_layout", ("conv.weight", "last_gt_middle"),
+_LFM2_CONV_LAYOUT = SanitizeRule("conv1d_layout", ("conv.weight", ConvLayout.LAST_GT_MIDDLE),
                                  "torch's depthwise conv1d layout [C, 1, K] -> mlx's [C, K, 1]")
 _LFM2_TIED = {"tie_embedding": "mlx-lm's lfm2 files always tie the head to the embedding",
               "tie_word_embeddings": "mlx-lm's lfm2 files always tie the head to the embedding"}
@@ -74,7 +79,7 @@ _LFM2_TIED = {"tie_embedding": "mlx-lm's lfm2 files always tie the head to the e
 # mixer, attention or MLP), norm_f (a one-op block has the pre_attn norm only)
 _SINGLE_OP_NAMES = Names(root="backbone", embed="embeddings", final_norm="norm_f", attn="mixer",
                          mlp="mixer", norms=NormNames(pre_attn="norm"))
-_CONV1D_TORCH = SanitizeRule("conv1d_layout", ("conv1d.weight", "last_ne_one"),
+_CONV1D_TORCH = SanitizeRule("conv1d_layout", ("conv1d.weight", ConvLayout.LAST_NE_ONE),
                              "torch's depthwise conv1d layout [C, 1, K] -> mlx's [C, K, 1]")
 # the reference implementations' initialization and training settings
 _MAMBA_TRAINING = {k: "initialization / training setting" for k in (
@@ -387,12 +392,16 @@ HYBRID_ROWS = [
          "mamba_d_head": 64, "mamba_d_ssm": 1536, "mamba_d_state": 128, "mamba_n_groups": 1,
          "mamba_n_heads": 24, "mamba_norm_before_gate": False, "mamba_proj_bias": False,
          "mamba_rms_norm": False, "max_position_embeddings": 131072, "mlp_bias": False,
-         "mlp_multipliers": (0.8838834764831844, 0.5859375), "num_attention_heads": 8,
+         "mlp_multipliers": [0.8838834764831844, 0.5859375], "num_attention_heads": 8,
          "num_hidden_layers": 36, "num_key_value_heads": 2, "projectors_bias": False,
          "rms_norm_eps": 1e-05, "rope_traditional": False, "rope_scaling": None,
          "rope_theta": 100000000000.0, "ssm_in_multiplier": 1.25,
-         "ssm_multipliers": (0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738),
-         "ssm_out_multiplier": 0.23570226039551587, "vocab_size": 32784, "tie_word_embeddings": True},
+         "ssm_multipliers": [0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
+         "ssm_out_multiplier": 0.23570226039551587, "vocab_size": 32784, "tie_word_embeddings": True,
+         # read by mlx-lm's ModelArgs, used by nothing it builds (the scan runs chunks of 256, the
+         # mixer is sized by mamba_d_ssm, the MLP by intermediate_size, every layer holds it)
+         "initializer_range": 0.02, "mamba_chunk_size": 128, "mamba_expand": 2, "mamba_use_mlp": True,
+         "mlp_expansion_factor": 8},
         (),
         head_dim="field", attn_bias="attention_bias", out_bias="attention_bias",
         names=Names(mlp="feed_forward", final_norm="final_layernorm",
@@ -411,11 +420,7 @@ HYBRID_ROWS = [
                                              norm_before_gate="mamba_norm_before_gate")),
         sanitize=(SanitizeRule("falcon_h1_mup", None, "muP multipliers folded into HF-layout "
                                "weights, conv1d to mlx's layout (mup.py)"),),
-        ignored_keys={"mamba_chunk_size": "mlx-lm's scan runs chunks of 256 whatever the config says",
-                      "mamba_expand": "mlx-lm sizes the mixer by mamba_d_ssm",
-                      "mamba_use_mlp": "mlx-lm's falcon_h1 layers always hold the MLP",
-                      "mlp_expansion_factor": "mlx-lm sizes the MLP by intermediate_size",
-                      "time_step_limit": "mlx-lm's falcon_h1 mixer fixes the dt clip to (0, inf)",
+        ignored_keys={"time_step_limit": "mlx-lm's falcon_h1 mixer fixes the dt clip to (0, inf)",
                       "hidden_act": "mlx-lm's MLP and mixer apply SiLU whatever the config says",
                       "num_logits_to_keep": "generation setting",
                       "time_step_min": "initialization setting", "time_step_max": "initialization setting",

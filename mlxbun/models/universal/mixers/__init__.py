@@ -6,7 +6,12 @@ ArraysCache of `cache_slots` slots."""
 
 from __future__ import annotations
 
-from mlxbun.models.universal.kinds import MixerKind, exhaustive
+from mlxbun.models.universal.kinds import (
+    exhaustive,
+)
+from mlxbun.models.universal.kinds_hybrid import (
+    MixerKind,
+)
 from mlxbun.models.universal.mixers.gated_delta import GatedDeltaKnobs, GatedDeltaNet
 from mlxbun.models.universal.mixers.gated_delta_split import GatedDeltaSplitConv, GatedDeltaSplitKnobs
 from mlxbun.models.universal.mixers.mamba2 import Mamba2Knobs, Mamba2Mixer
