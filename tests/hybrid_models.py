@@ -85,6 +85,26 @@ def tiny_config(arch: str) -> dict:
     return CONFIGS[arch](transformers)
 
 
+def oracle_and_universal(cfg: dict, seed: int = 3):
+    """mlx-lm's model for `cfg` with random weights (norms and D near 1, the rest N(0, 0.3)), and
+    the universal graph holding the same ones."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.utils import _get_classes
+
+    from mlxbun.models.universal.loader import build_model
+
+    model_cls, args_cls = _get_classes(cfg)
+    ref = model_cls(args_cls.from_dict(cfg))
+    mx.random.seed(seed)
+    params = [(k, (1.0 + 0.1 * mx.random.normal(v.shape)) if "norm" in k or k.endswith(".D")
+               else 0.3 * mx.random.normal(v.shape)) for k, v in tree_flatten(ref.parameters())]
+    ref.update(tree_unflatten(params))
+    ours = build_model(cfg)
+    ours.load_weights(params, strict=True)
+    return ref, ours
+
+
 def open_hybrid(name: str, seed: int = 0):
     """The RuntimeModel of a model name with seeded weights: "mlx-lm:ARCH" one of the configs
     above (built in process), any other name through `mlxbun.locate` (e.g. "zoo:lfm2" once the

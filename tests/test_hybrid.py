@@ -22,7 +22,7 @@ from mlxbun.models.universal.resolve import resolve_args
 from mlxbun.models.universal.schema import DescriptorError, SanitizeRule
 from mlxbun.models.universal.schema_hybrid import HybridKnobs
 from mlxbun.models.universal.table import DESCRIPTORS
-from mlxbun.zoo.archs import tiny_config
+from mlxbun.zoo.archs import hybrid_archs, tiny_config
 
 LFM2 = DESCRIPTORS["lfm2"]
 
@@ -116,16 +116,18 @@ def test_hybrid_rows_are_checked_when_built():
         row(name="self_attn")
 
 
-def test_generation_on_a_hybrid_equals_mlx_lm(lfm2):
+@pytest.mark.parametrize("arch", hybrid_archs())
+def test_generation_on_every_hybrid_equals_mlx_lm(zoo, arch):
     from mlx_lm.generate import generate_step
 
     from mlxbun.generate import generate_step as our_step
 
+    path = zoo(arch)
     prompt = mx.array([7, 3, 99, 12, 5])
-    ref = [int(t) for t, _ in generate_step(prompt, _oracle(lfm2), max_tokens=12)]
-    model = load_universal(lfm2)
-    ours = [int(t) for t, _ in our_step(prompt, model, prompt_cache=model.make_cache(), max_tokens=12)]
-    assert ours == ref and len(ours) == 12
+    ref = [int(t) for t, _ in generate_step(prompt, _oracle(path), max_tokens=10)]
+    model = load_universal(path)
+    ours = [int(t) for t, _ in our_step(prompt, model, prompt_cache=model.make_cache(), max_tokens=10)]
+    assert ours == ref and len(ours) == 10
 
 
 def test_the_zoo_config_is_a_real_lfm2_config():

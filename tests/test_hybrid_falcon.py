@@ -9,7 +9,7 @@ import shutil
 
 import mlx.core as mx
 import pytest
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
 from mlxbun.cache.arrays import ArraysCache
 from mlxbun.cache.cache_list import CacheList
@@ -19,6 +19,7 @@ from mlxbun.models.universal.loader import build_model, load_universal
 from mlxbun.models.universal.schema import DescriptorError
 from mlxbun.models.universal.table import DESCRIPTORS
 from mlxbun.zoo.archs import tiny_config
+from tests.hybrid_models import oracle_and_universal as _pair
 
 IDS = mx.array([[5, 9, 2, 77, 31, 8, 400, 12, 3]])
 # Falcon-H1's own multipliers (mlx-lm's defaults): none a power of two, so a fold done in
@@ -116,21 +117,6 @@ def test_each_multiplier_changes_the_logits_as_in_mlx_lm(hf, tmp_path, key, valu
     ours, ref = _both(_variant(hf, tmp_path / "v", {key: value}))
     assert mx.array_equal(ours, ref)
     assert mx.array_equal(ours, base) == (key == "key_multiplier")
-
-
-def _pair(cfg: dict, seed: int = 3):
-    """mlx-lm's model for `cfg` with random weights, and mlxbun's graph holding the same ones."""
-    from mlx_lm.utils import _get_classes
-
-    model_cls, args_cls = _get_classes(cfg)
-    ref = model_cls(args_cls.from_dict(cfg))
-    mx.random.seed(seed)
-    params = [(k, (1.0 + 0.1 * mx.random.normal(v.shape)) if "norm" in k or k.endswith(".D")
-               else 0.3 * mx.random.normal(v.shape)) for k, v in tree_flatten(ref.parameters())]
-    ref.update(tree_unflatten(params))
-    ours = build_model(cfg)
-    ours.load_weights(params, strict=True)
-    return ref, ours
 
 
 @pytest.mark.parametrize("change", [

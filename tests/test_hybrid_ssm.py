@@ -20,21 +20,7 @@ from mlxbun.models.universal.loader import build_model, load_universal
 from mlxbun.models.universal.schema import DescriptorError
 from mlxbun.models.universal.table import DESCRIPTORS
 from mlxbun.zoo.archs import tiny_config
-
-
-def _pair(cfg: dict, seed: int = 3):
-    """mlx-lm's model for `cfg` with random weights, and mlxbun's graph holding the same ones."""
-    from mlx_lm.utils import _get_classes
-
-    model_cls, args_cls = _get_classes(cfg)
-    ref = model_cls(args_cls.from_dict(cfg))
-    mx.random.seed(seed)
-    params = [(k, (1.0 + 0.1 * mx.random.normal(v.shape)) if "norm" in k or k.endswith(".D")
-               else 0.3 * mx.random.normal(v.shape)) for k, v in tree_flatten(ref.parameters())]
-    ref.update(tree_unflatten(params))
-    ours = build_model(cfg)
-    ours.load_weights(params, strict=True)
-    return ref, ours
+from tests.hybrid_models import oracle_and_universal as _pair
 
 
 def _same_run(ref, ours, batch: int = 1):
