@@ -221,3 +221,18 @@ def test_nemotron_h_prompt_cache_round_trips_its_short_cache_list(zoo, tmp_path)
     loaded, _ = load_prompt_cache_for(model, tmp_path / "p.safetensors")
     ids = mx.array([[100, 200, 3]])
     assert mx.array_equal(model(ids, cache=loaded), model(ids, cache=caches))
+
+
+def test_the_state_diff_names_model_layers_where_the_cache_list_skips_some(zoo):
+    """nemotron_h's cache list leaves out its MLP / MoE layers: the state records still name the
+    model's layer index of each recurrent state (its M layers), not the cache list's position."""
+    from mlxbun.parity.layer_diff import layer_diff
+
+    path = zoo("nemotron_h")
+    ours = load_universal(path)
+    mamba = [i for i, s in enumerate(ours.args.layers) if s.mixer.value == "mamba2"]
+    assert ours.cache_layers != list(range(len(ours.args.layers)))  # it does skip layers
+    from mlx_lm.utils import load_model
+
+    diff = layer_diff(ours, load_model(path)[0], [4, 8, 15, 16], [7])
+    assert sorted(set(diff.state_table["layer"])) == mamba and diff.state_table["equal"].all()

@@ -253,10 +253,12 @@ def layer_diff(model_a: Any, model_b: Any, prompt_ids: Sequence, decode_ids: Seq
     """
     records: list[dict[str, Any]] = []
     states: list[dict[str, Any]] = []
+    # the model layer of each cache entry (a cache list that skips layers: nemotron_h)
+    layers = getattr(model_a, "cache_layers", None) or getattr(model_b, "cache_layers", None)
     all_paths: set[str] = set()
     for step, ta, tb, la, lb, ca, cb in tapped_steps(model_a, model_b, prompt_ids, decode_ids, paths):
         records += _compare_step(ta, tb, la, lb, step, len(records))
-        states += state_records(ca, cb, step)
+        states += state_records(ca, cb, step, layers)
         all_paths |= set(ta.called()) | set(tb.called())
         del ta, tb  # the step's activations are summarized; free them before the next forward
     return LayerDiff(records=records, root_name=_root_name(model_a), states=states,

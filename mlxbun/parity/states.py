@@ -55,14 +55,17 @@ def _norm(x: mx.array | None) -> float | None:
     return float(mx.sqrt(mx.sum(mx.square(x.astype(mx.float32)))).item())
 
 
-def state_records(cache_a: Sequence, cache_b: Sequence, step: int) -> list[dict[str, Any]]:
+def state_records(cache_a: Sequence, cache_b: Sequence, step: int,
+                  layers: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """One record per recurrent slot after `step`: layer, slot, shapes, dtypes, both L2 norms
-    (float32), max |a - b| (None when the shapes differ or a side has no state) and equality."""
+    (float32), max |a - b| (None when the shapes differ or a side has no state) and equality.
+    `layers`: the model layer of each cache entry when the cache list skips layers (a model's
+    `cache_layers`); None: entry i is layer i."""
     out = []
-    for layer, slot, xa, xb in recurrent_slots(cache_a, cache_b):
+    for entry, slot, xa, xb in recurrent_slots(cache_a, cache_b):
         both = xa is not None and xb is not None
         out.append({
-            "step": step, "layer": layer, "slot": slot,
+            "step": step, "layer": entry if layers is None else layers[entry], "slot": slot,
             "shape_a": None if xa is None else tuple(xa.shape),
             "shape_b": None if xb is None else tuple(xb.shape),
             "dtype_a": None if xa is None else dtype_name(xa),

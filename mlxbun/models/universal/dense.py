@@ -275,6 +275,14 @@ class UniversalDense(nn.Module):
     def weights_bytes(self) -> int:
         return sum(v.nbytes for _, v in tree_flatten(self.parameters()))
 
+    @property
+    def cache_layers(self) -> list[int]:
+        """The model layer each entry of `make_cache()`'s list belongs to (nemotron_h's list skips
+        its MLP / MoE layers, as mlx-lm's does; elsewhere entry i is layer i)."""
+        if self._cache_idx is None:
+            return list(range(len(self.args.layers)))
+        return [i for i, j in enumerate(self._cache_idx) if j is not None]
+
     def make_cache(self, max_kv_size: Optional[int] = None, **kv_options: Any) -> list:
         """mlx-lm's caches: the file's own make_cache, else make_prompt_cache's default."""
         if kv_options:
