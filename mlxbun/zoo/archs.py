@@ -110,8 +110,8 @@ _ROWS = (
                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
          post=gemma3_post),
-    # gemma3_text's layers behind the VLM wrapper (text_config, heads 8 / kv 4 by the wrapper's
-    # defaults; the checkpoint holds language_model.* only, as mlx-lm's Model builds no vision tower)
+    # gemma3_text's layers behind the VLM wrapper (text_config; the checkpoint holds
+    # language_model.* only, as mlx-lm's Model builds no vision tower)
     Arch("gemma3", "Gemma3ForConditionalGeneration", "Gemma3TextConfig", layers=4,
          knobs={"sliding_window_pattern": 3, "query_pre_attn_scalar": 24,
               "rope_parameters": {

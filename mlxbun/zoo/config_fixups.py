@@ -24,13 +24,12 @@ _GEMMA3_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers
 
 def gemma3_wrapper_post(cfg: dict) -> None:
     # Gemma 3 VLM hub configs: transformers' Gemma3Config (Gemma3ForConditionalGeneration) holds
-    # the text model in a sparse text_config (no head counts: mlx-lm's wrapper defaults them to
-    # 8 / 4) beside the vision_config; mlx-lm's wrapper writes the top-level vocab_size (262208
-    # when absent, as in the hub configs) over text_config's, so the tiny vocab is written there
+    # the text model in text_config beside the vision_config (the zoo keeps the head counts,
+    # which mlx-lm's wrapper defaults to 8 / 4: tests/test_wrappers.py); mlx-lm's wrapper writes
+    # the top-level vocab_size (262208 when absent, as in the hub configs) over text_config's,
+    # so the tiny vocab is written there
     gemma3_post(cfg)
-    text = {k: v for k, v in cfg.items()
-            if k not in ("architectures", "transformers_version", "num_attention_heads",
-                         "num_key_value_heads")}
+    text = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")}
     text["model_type"] = "gemma3_text"
     with quiet_transformers():
         outer = transformers_config_class("Gemma3Config")(vision_config=_GEMMA3_VISION).to_diff_dict()
