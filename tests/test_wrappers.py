@@ -1,6 +1,7 @@
-"""The multimodal wrappers' text paths (gemma3): a hub-layout checkpoint with the vision tower's
-keys loads and runs as mlx-lm's text path, the wrapper's own ModelArgs (heads 8 / kv 4 by
-default, the top-level vocab_size over text_config's) and coverage of the wrapper's keys. The
+"""The multimodal wrappers' text paths (gemma3, mistral3): hub-layout checkpoints with the vision
+tower's keys load and run as mlx-lm's text path, the wrappers' own ModelArgs (gemma3: heads 8 /
+kv 4 by default, the top-level vocab_size over text_config's; mistral3: untied unless
+text_config ties, llama's text model only) and coverage of the wrapper's keys. The
 logits of every zoo variant against mlx-lm are tests/test_universal_dense.py's (manifest)."""
 
 import dataclasses
@@ -10,7 +11,7 @@ import shutil
 import mlx.core as mx
 import pytest
 
-from mlxbun.errors import LoadError
+from mlxbun.errors import ConfigError, LoadError
 from mlxbun.models.universal.coverage import check_coverage
 from mlxbun.models.universal.loader import load_universal
 from mlxbun.models.universal.resolve import model_args
@@ -136,3 +137,54 @@ def test_wrapper_fields_need_a_wrapper():
         dataclasses.replace(row, wrapper_fields={"not_a_field": 1})
     assert DESCRIPTORS["gemma3_text"].names == dataclasses.replace(row.names, wrapper=None)
     assert Names().wrapper is None
+
+
+def _mistral3_hf(weights: dict) -> dict:
+    """transformers 5's Mistral3 layout: model.language_model.*, lm_head at the top, the vision
+    tower and projector under model."""
+    out = {k.replace("language_model.model.", "model.language_model.")
+            .replace("language_model.lm_head.", "lm_head."): v for k, v in weights.items()}
+    out.update({f"model.{k}": mx.ones(shape) for k, shape in _VISION.items()})
+    out["model.language_model.layers.0.self_attn.rotary_emb.inv_freq"] = mx.ones((8,))
+    return out
+
+
+@pytest.fixture(scope="module")
+def mistral3(zoo):
+    return zoo("mistral3")
+
+
+def test_a_transformers_mistral3_checkpoint_runs_as_mlx_lms_text_path(mistral3, tmp_path):
+    hf = _rewrite(mistral3, tmp_path / "hf", _mistral3_hf)
+    ours, ref = load_universal(hf), _oracle(hf)
+    assert {f"model.{k}" for k in _VISION} <= set(ours.audit.dropped)
+    assert not ours.tied and mx.array_equal(ours(IDS), ref(IDS))
+    assert mx.array_equal(ours(IDS), load_universal(mistral3)(IDS))  # the same tensors, moved
+
+
+def test_a_tied_text_config_drops_the_head_under_the_wrapper(mistral3, tmp_path):
+    def tie(cfg):
+        cfg["text_config"]["tie_word_embeddings"] = True
+
+    tied = _rewrite(mistral3, tmp_path / "tied", lambda w: w, tie)
+    ours, ref = load_universal(tied), _oracle(tied)
+    assert ours.tied and "language_model.lm_head.weight" in ours.audit.dropped
+    assert mx.array_equal(ours(IDS), ref(IDS))
+    assert not mx.array_equal(ours(IDS), load_universal(mistral3)(IDS))
+
+
+def test_mistral3_is_untied_unless_text_config_ties():
+    cfg = tiny_config("mistral3")
+    del cfg["text_config"]["tie_word_embeddings"]
+    assert model_args(DESCRIPTORS["mistral3"], {**cfg, "tie_word_embeddings": True})[
+        "tie_word_embeddings"] is False  # the top-level key is not read
+    report = check_coverage("mistral3", tiny_config("mistral3"))
+    assert report.ok and "outside text_config" in report.ignored["vision_config"]
+
+
+@pytest.mark.parametrize("text", ["ministral3", "mistral4"])
+def test_mistral3_refuses_a_text_model_other_than_llamas(text):
+    cfg = tiny_config("mistral3")
+    cfg["text_config"]["model_type"] = text
+    with pytest.raises(ConfigError, match=f"text_config.model_type '{text}'"):
+        model_args(DESCRIPTORS["mistral3"], cfg)
