@@ -188,3 +188,12 @@ def test_mistral3_refuses_a_text_model_other_than_llamas(text):
     cfg["text_config"]["model_type"] = text
     with pytest.raises(ConfigError, match=f"text_config.model_type '{text}'"):
         model_args(DESCRIPTORS["mistral3"], cfg)
+
+
+def test_explain_names_the_wrapper_and_where_its_args_come_from():
+    from mlxbun.explain import explain
+
+    gemma = explain("gemma3").text()
+    assert "language_model.model, language_model.lm_head" in gemma
+    assert "vocab_size the top-level one (default 262208)" in gemma
+    assert "top-level" not in explain("mistral3").text()
