@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlxbun.config_reader import thaw
 from mlxbun.errors import MlxbunError, UnsupportedModelError
 
 
@@ -35,7 +36,7 @@ def check_target_coverage(config, path=None):
         raise UnsupportedModelError(
             f"profile '{profile.id}' ({profile.fidelity}) is a dedicated graph, not the universal one "
             "that `port` gates against mlx-lm; its parity lives in its own test suite")
-    return require_coverage(config.model_type, dict(config.raw))
+    return require_coverage(config.model_type, thaw(config.raw_full))  # as the loader checks it
 
 
 def audit_dry_run(path, config, *, check_values: bool = False):
@@ -57,7 +58,7 @@ def _open_universal(path: Path, config, profile):
     from mlxbun.models.universal.coverage import require_coverage
     from mlxbun.models.universal.loader import load_universal
 
-    require_coverage(config.model_type, dict(config.raw))
+    require_coverage(config.model_type, thaw(config.raw_full))
     return load_universal(path, config=config)
 
 

@@ -278,11 +278,20 @@ def test_tree_caches_and_surface_match_mlx_lm(zoo, arch):
     assert ours.config.model_type == ours.model_type and ours.raw_config["model_type"] == arch
 
 
+# VLM wrappers around another file's text model: the file mlx-lm builds it from (mistral3: the
+# llama text model, the one its row runs)
+_WRAPPED = {"gemma3": "gemma3_text", "mistral3": "llama"}
+
+
 def test_descriptor_fields_are_mlx_lm_model_args():
     """Every row reads exactly its ModelArgs fields, with the same defaults."""
     for mt, d in DESCRIPTORS.items():
         args_cls = importlib.import_module(f"mlx_lm.models.{mt}").ModelArgs
-        if d.names.wrapper:  # a VLM wrapper (qwen3_5): the text model's args, from its file
+        injected = {}
+        if mt in _WRAPPED:  # gemma3, mistral3: the wrapped file's args
+            injected = args_cls(model_type=mt, text_config={}).text_config  # the wrapper's defaults
+            args_cls = importlib.import_module(f"mlx_lm.models.{_WRAPPED[mt]}").ModelArgs
+        elif d.names.wrapper:  # a VLM wrapper (qwen3_5): the text model's args, from its file
             model_cls = importlib.import_module(f"mlx_lm.models.{mt}").Model
             args_cls = next(vars(importlib.import_module(c.__module__))["TextModelArgs"]
                             for c in model_cls.__mro__ if "TextModelArgs" in vars(importlib.import_module(c.__module__)))
@@ -294,6 +303,7 @@ def test_descriptor_fields_are_mlx_lm_model_args():
             else:  # a default_factory field (ernie4_5_moe's moe_capacity, mellum's
                 # rope_parameters={}): its fresh value
                 want[f.name] = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        want.update(injected)
         assert dict(d.fields) == want, mt
         assert mt not in NOT_COVERED
 

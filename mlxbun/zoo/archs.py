@@ -22,6 +22,8 @@ from mlxbun.zoo.config_fixups import (
     exaone4_post,
     exaone_moe_post,
     gemma3_post,
+    gemma3_wrapper_post,
+    mistral3_wrapper_post,
     gpt_neox_post,
     mellum_post,
     minimax_m2_post,
@@ -109,6 +111,17 @@ _ROWS = (
                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
          post=gemma3_post),
+    # gemma3_text's layers behind the VLM wrapper (text_config; the checkpoint holds
+    # language_model.* only, as mlx-lm's Model builds no vision tower)
+    Arch("gemma3", "Gemma3ForConditionalGeneration", "Gemma3TextConfig", layers=4,
+         knobs={"sliding_window_pattern": 3, "query_pre_attn_scalar": 24,
+              "rope_parameters": {
+                  "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+         post=gemma3_wrapper_post),
+    # mistral's text model (run as llama) behind the VLM wrapper (text_config)
+    Arch("mistral3", "Mistral3ForConditionalGeneration", "MistralConfig",
+         knobs={"sliding_window": None}, post=mistral3_wrapper_post),
     # phi-4-mini style: partial rotary + longrope (mlx-lm applies the long factors)
     Arch("phi3", "Phi3ForCausalLM", "Phi3Config", kv_heads=2, rope_type_key="type",
          knobs={"partial_rotary_factor": 0.75, "original_max_position_embeddings": 128,

@@ -104,7 +104,9 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
     outer, config = config, text_config(d, config)
     if config is not outer:  # a VLM wrapper: the rest is the vision model's, or bookkeeping
         ignored.update({k: "outside text_config (mlx-lm's wrapper reads only text_config)"
-                        for k in outer if k != "text_config"})
+                        for k in outer if k != "text_config" and k not in d.wrapper_fields})
+        ignored.update({f"text_config.{k}": f"the wrapper writes its own {k} over it"
+                        for k in d.wrapper_fields if k in outer["text_config"]})
     offending: dict[str, str] = {}
     for key, value in config.items():
         if key in d.accepted_values and value is not None and value not in d.accepted_values[key]:

@@ -191,7 +191,10 @@ def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Lin
     return (
         *(((f"wrapper ({n.wrapper})", (Line(f"{n.wrapper}.{n.root}, {n.wrapper}.{n.head}",
                                             "a VLM wrapper: every path below is under it; the "
-                                            "args are text_config's, the text model runs alone"),)),)
+                                            "args are text_config's" + "".join(
+                                                f", {k} the top-level one (default {v})"
+                                                for k, v in d.wrapper_fields.items())
+                                            + "; the text model runs alone"),)),)
           if n.wrapper else ()),
         ("embedding", tuple(_embedding(d, a))),
         (f"block ({n.root}.{n.layers}[i], i < N): {_block_form(d, a)}", tuple(_block(d, a))),

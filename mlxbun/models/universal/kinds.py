@@ -533,6 +533,8 @@ class PostInit(StrEnum):
     NEMOTRON_PATTERN = "nemotron_pattern"  # time_step_limit None: (0.0, inf); no
     # hybrid_override_pattern: layers_block_type (or layer_types) mapped to its chars;
     # num_hidden_layers = the pattern's length
+    MISTRAL3_LLAMA_TEXT = "mistral3_llama_text"  # mistral3's wrapper: text_config's model_type
+    # ministral3 / mistral4 build those files' text models (not llama's): refused by name
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
 

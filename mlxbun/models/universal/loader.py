@@ -100,7 +100,9 @@ def _prepare(path: Path, config, *, headers_only: bool):
     else:
         originals = index.load()
     weights, dropped = sanitize_weights(model.descriptor, originals, model.tied, model.args.fields)
-    if model.descriptor.head.tie is TieRule.CHECKPOINT and f"{model.descriptor.names.head}.weight" not in weights:
+    n = model.descriptor.names
+    head = f"{n.wrapper}.{n.head}" if n.wrapper else n.head
+    if model.descriptor.head.tie is TieRule.CHECKPOINT and f"{head}.weight" not in weights:
         model.tie_to_embedding()
     quantization = resolve_quantization(raw)
     if quantization is not None:

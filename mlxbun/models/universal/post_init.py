@@ -33,6 +33,12 @@ def _layer_types_full(a: dict, mt: str) -> None:
         a["layer_types"] = ["full_attention"] * a["num_hidden_layers"]
 
 
+def _mistral3_llama_text(a: dict, mt: str) -> None:
+    if a["model_type"] in ("ministral3", "mistral4"):
+        raise _fail(mt, f"text_config.model_type {a['model_type']!r}: mlx-lm's mistral3 builds "
+                        f"{a['model_type']}'s text model there, which this row (llama's) does not run")
+
+
 def _require_full_layer(a: dict, mt: str) -> None:
     if "full_attention" not in a["layer_types"]:
         raise _fail(mt, "layer_types has no 'full_attention' layer (mlx-lm needs one)")
@@ -240,6 +246,7 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.LAYER_TYPE_ROPES: _layer_type_ropes,
     PostInit.SCALING_NONE_ONE: _scaling_none_one,
     PostInit.LAGUNA_LISTS: _laguna_lists,
+    PostInit.MISTRAL3_LLAMA_TEXT: _mistral3_llama_text,
     PostInit.LFM2_FF_DIM: lfm2_ff_dim,
     PostInit.FULL_ATTN_IDXS: full_attn_idxs,
     PostInit.QWEN3_5_ROPE: qwen3_5_rope,

@@ -430,9 +430,10 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         dropped = {k: rule.reason for k in w if rule.arg in k}
     elif op is SanitizeOp.DROP_SUFFIXES:
         dropped = {k: rule.reason for k in w if k.endswith(tuple(rule.arg))}
-    elif op is SanitizeOp.DROP_TIED_HEAD:
-        if tied and "lm_head.weight" in w:
-            dropped = {"lm_head.weight": rule.reason}
+    elif op is SanitizeOp.DROP_TIED_HEAD:  # under the wrapper (mistral3) where there is one
+        head = f"{d.names.wrapper}.lm_head.weight" if d.names.wrapper else "lm_head.weight"
+        if tied and head in w:
+            dropped = {head: rule.reason}
     elif op is SanitizeOp.NEOX_RENAME:  # gpt_neox.sanitize
         out = {}
         for k, v in w.items():

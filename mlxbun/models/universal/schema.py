@@ -249,6 +249,9 @@ class ArchDescriptor:
     vocab: str = "vocab_size"
     head_dim: HeadDim = _kind(HeadDim, HeadDim.OR_SPLIT)
     names: Names = Names()
+    # a VLM wrapper's own ModelArgs fields (top-level key -> default) its __post_init__ writes
+    # over text_config's (gemma3: vocab_size, 262208); needs names.wrapper
+    wrapper_fields: Mapping[str, Any] = field(default_factory=dict)
     # attention
     qkv: QKV = _kind(QKV, QKV.SEPARATE)
     attn_bias: bool | str = False
@@ -503,6 +506,8 @@ def _check_combinations(d: ArchDescriptor) -> None:
                       "layers.kinds must be 'layer_types'")
     if lk.heads_per_layer and (lk.sliding_attn is not None or lk.sliding_heads or not d.n_kv_heads):
         raise d.error("layers.heads_per_layer needs n_kv_heads, excludes sliding_attn / sliding_heads")
+    if d.wrapper_fields and (not d.names.wrapper or not set(d.wrapper_fields) <= set(d.fields)):
+        raise d.error("wrapper_fields needs names.wrapper and names ModelArgs fields only")
     if d.hybrid is not None:
         check_hybrid(d)
     if d.moe is not None:

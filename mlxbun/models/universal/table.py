@@ -238,6 +238,57 @@ _ROWS = [
                       "final_logit_softcapping": "mlx-lm's gemma3_text has no final softcap"},
         notes="tied iff the checkpoint has no lm_head.weight (mlx-lm decides in sanitize).",
     ),
+    # gemma3.py: the VLM wrapper around gemma3_text (text_config's args, heads defaulting to 8 / 4,
+    # the top-level vocab_size written over text_config's); the vision tower is not built
+    ArchDescriptor(
+        "gemma3",
+        _fields("model_type", hidden_size=1152, num_hidden_layers=26, intermediate_size=6912,
+                num_attention_heads=8, head_dim=256, rms_norm_eps=1.0e-6, vocab_size=262208,
+                num_key_value_heads=4, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+                query_pre_attn_scalar=256, sliding_window=512, sliding_window_pattern=6,
+                max_position_embeddings=32768, rope_scaling=None),
+        head_dim="field", attn_scale="qpas_pow",
+        qk_norm=QKNormKnobs("gemma_rms", "heads_transposed"),
+        rope=RopeKnobs(traditional=False, sliding_theta="rope_local_base_freq"),
+        mlp=MlpKnobs(act="gelu_approx"), norm=NormKnobs("gemma_rms"),
+        names=Names(norms=_GEMMA_NORMS, wrapper="language_model"),
+        wrapper_fields={"vocab_size": 262208},
+        block=BlockKnobs("sandwich", residual="clip_f16"), embed_scale="sqrt_hidden_bf16",
+        head=HeadKnobs(tie="checkpoint"),
+        layers=LayerKnobs("period", sliding_window="sliding_window", period="sliding_window_pattern",
+                      make_cache="rotating_sliding"),
+        sanitize=(SanitizeRule("drop_prefix", ("vision_tower.", "multi_modal_projector."),
+                               "the vision tower (the text model runs alone)"),),
+        accepted_values={"hidden_activation": ("gelu_pytorch_tanh",),
+                         "hidden_act": ("gelu_pytorch_tanh",)},
+        ignored_keys={"tie_word_embeddings": "mlx-lm ties iff the checkpoint has no lm_head.weight",
+                      "cache_implementation": "a transformers cache choice",
+                      "attn_logit_softcapping": "mlx-lm's gemma3 has no attention softcap",
+                      "final_logit_softcapping": "mlx-lm's gemma3_text has no final softcap"},
+        notes="gemma3: gemma3_text behind the VLM wrapper (language_model.*; text_config's args, "
+              "heads 8 / kv 4 by default, the top-level vocab_size (262208 by default) over "
+              "text_config's; the vision tower and projector dropped); tied iff the checkpoint "
+              "has no language_model.lm_head.weight.",
+    ),
+    # mistral3.py: the VLM wrapper around llama's text model (text_config's model_type mistral /
+    # llama; tie_word_embeddings False unless text_config sets it); the vision tower is not built
+    ArchDescriptor(
+        "mistral3", {**_LLAMA_FIELDS, "tie_word_embeddings": False},
+        ("mistral3_llama_text", "kv_heads_default", "layer_types_full", "require_full_layer"),
+        names=Names(wrapper="language_model"),
+        attn_bias="attention_bias", out_bias="attention_bias",
+        mlp=MlpKnobs(bias="mlp_bias"),
+        layers=LayerKnobs("layer_types", sliding_window="sliding_window", make_cache="rotating_sliding"),
+        sanitize=(SanitizeRule("wrapper_keys", ("vision_tower", "multi_modal_projector",
+                                                "model.vision_tower", "model.multi_modal_projector"),
+                               "the VLM wrapper: text weights under language_model"),
+                  _RMS_DROP_INV_FREQ, _DROP_TIED),
+        accepted_values=_SILU,
+        ignored_keys={"pretraining_tp": "training-time tensor-parallel split; inference is unaffected"},
+        notes="mistral3 (and llava, remapped to it): llama's text model behind the VLM wrapper "
+              "(language_model.*; text_config's args, untied unless text_config ties; the vision "
+              "tower and projector dropped). A ministral3 / mistral4 text_config is refused.",
+    ),
     ArchDescriptor(
         "olmo3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
