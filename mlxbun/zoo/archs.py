@@ -287,6 +287,17 @@ _ROWS = (
         "num_hidden_layers": 2, "num_key_value_heads": HEADS, "pretraining_tp": 1,
         "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000, "scoring_func": "softmax",
         "seq_aux": True, "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # DeepSeek-V2-Lite's knobs (yarn with mscale 0.707 on both, context shrunk 4096 * 40 -> 128 * 4),
+    # layer 0 dense, 2 shared experts, and q_lora_rank set so the low-rank q path runs
+    Arch("deepseek_v2", "DeepseekV2ForCausalLM", "DeepseekV2Config", kv_heads=4, rope_type_key="type",
+         knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "n_shared_experts": 2,
+                "first_k_dense_replace": 1, "q_lora_rank": 32, "kv_lora_rank": 32,
+                "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+                "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                    "original_max_position_embeddings": MAX_POSITIONS // 4,
+                                    "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                                    "mscale_all_dim": 0.707}}),
     # gpt-oss's knobs: sliding / full layers (window 16 here), attention sinks, yarn with the
     # original context shrunk as the max (131072 / 32 -> 512 / 32), clamped SwiGLU experts
     Arch("gpt_oss", "GptOssForCausalLM", "GptOssConfig", layers=4, kv_heads=2,

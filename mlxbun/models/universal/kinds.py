@@ -328,6 +328,8 @@ class RouterKind(StrEnum):
     # optional renorm by sum + 1e-6, times scaling, cast to the input's dtype
     SCORED_GROUPED = "scored_grouped"  # uncompiled: sigmoid or softmax (the score_func field) in
     # f32, + expert bias, grouped top-k if n_group > 1, renorm if k > 1, scale (afmoe)
+    SOFTMAX_GROUP_GREEDY = "softmax_group_greedy"  # deepseek_v2: precise softmax; group_limited_greedy
+    # zeroes the n_group - topk_group groups with the lowest max; top-k, times scaling (no renorm)
 
 
 # The numbers each router kind reads, by the name its routing function uses; a row maps each
@@ -349,6 +351,8 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
     # score_func ("sigmoid", anything else softmax), route_scale, n_group, topk_group
     RouterKind.CAPPED_SCORE: ("softcap", "score_fn"),  # moe_router_logit_softcapping,
     # moe_router_score_func (a ScoreFunc: ROUTER_PARAM_KINDS)
+    RouterKind.SOFTMAX_GROUP_GREEDY: ("method", "scaling", "n_group", "topk_group"),  # topk_method
+    # (a TopkMethod: ROUTER_PARAM_KINDS), routed_scaling_factor, n_group, topk_group
 }
 
 # the router kinds that add a per-expert correction bias to the scores they choose by (where
@@ -363,6 +367,14 @@ class BiasAt(StrEnum):
 
     ROUTER = "router"  # the router module (deepseek-v3 style MoEGate: glm4_moe, dots1)
     BLOCK = "block"  # the MoE block itself, beside the gate (minimax; Klear, afmoe: `expert_bias`)
+
+
+class TopkMethod(StrEnum):
+    """softmax_group_greedy: deepseek_v2's topk_method (any value but group_limited_greedy is greedy)."""
+
+    GREEDY = "greedy"  # HF's default
+    GREADY = "gready"  # mlx-lm's default spelling (greedy)
+    GROUP_LIMITED_GREEDY = "group_limited_greedy"
 
 
 class GateAct(StrEnum):
@@ -381,7 +393,8 @@ class ScoreFunc(StrEnum):
 
 # Router numbers that are a kind rather than a number: resolved into the enum member, a config
 # value outside it refused naming the field (mlx-lm raises ValueError there).
-ROUTER_PARAM_KINDS: Mapping[str, type[StrEnum]] = {"act": GateAct, "score_fn": ScoreFunc}
+ROUTER_PARAM_KINDS: Mapping[str, type[StrEnum]] = {"act": GateAct, "score_fn": ScoreFunc,
+                                                   "method": TopkMethod}
 
 
 class TopKSelect(StrEnum):

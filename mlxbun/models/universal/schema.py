@@ -66,6 +66,7 @@ from mlxbun.models.universal.kinds import (
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
 from mlxbun.models.universal.schema_hybrid import HybridKnobs, check_hybrid, hybrid_refs
+from mlxbun.models.universal.schema_mla import MlaKnobs
 from mlxbun.models.universal.schema_moe import (  # the MoE knobs and their checks
     MoEKnobs,
     StackExperts,
@@ -274,6 +275,7 @@ class ArchDescriptor:
     layers: LayerKnobs = LayerKnobs()
     moe: MoEKnobs | None = None
     hybrid: HybridKnobs | None = None  # recurrent mixers on some layers (schema_hybrid.py)
+    mla: MlaKnobs | None = None  # multi-head latent attention on every layer (mla.py; deepseek_v2)
     sanitize: tuple[SanitizeRule, ...] = ()
     # config keys mlx-lm deliberately ignores for this arch (known; reported, never refused)
     ignored_keys: Mapping[str, str] = field(default_factory=dict)
@@ -371,6 +373,8 @@ class ArchDescriptor:
             yield from (("layers.kv_share", "use_cla"), ("layers.kv_share", "cla_share_factor"))
         if self.moe is not None:
             yield from moe_refs(self.moe)
+        if self.mla is not None:
+            yield from (("mla", name) for name in self.mla.field_names())
         if self.hybrid is not None:
             yield from hybrid_refs(self.hybrid)
 
