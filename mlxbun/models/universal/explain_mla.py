@@ -1,0 +1,41 @@
+"""The attention section of `mlxbun explain` for an MLA row (`ArchDescriptor.mla`): mla.py's
+steps, op for op, with the config's ranks, head dims, yarn numbers and the softmax scale."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from mlxbun.models.universal.mla import MlaAttention
+from mlxbun.models.universal.schema import ArchDescriptor
+from mlxbun.models.universal.specs import UniversalArgs
+
+__all__ = ["mla_lines"]
+
+
+def mla_lines(d: ArchDescriptor, a: UniversalArgs) -> Iterator[tuple[str, str]]:
+    m = d.mla
+    layer = next(s for s in a.layers if s.rope is not None)
+    attn = MlaAttention(a.fields, m, a.model_type, a.hidden, a.n_heads, layer.rope.base, a.attn_bias)
+    r, kv, dn, dr, dv = (attn.q_lora_rank, attn.kv_lora_rank, attn.qk_nope_head_dim,
+                         attn.qk_rope_head_dim, attn.v_head_dim)
+    bias = f"bias={a.attn_bias} ({d.attn_bias})" if isinstance(d.attn_bias, str) else f"bias={a.attn_bias}"
+    if r is None:
+        yield "q = q_proj(x)", f"Linear(D, H*(dn+dr)); {m.q_lora_rank} = None; dn = {dn}, dr = {dr}"
+    else:
+        yield ("q = q_b_proj(q_a_layernorm(q_a_proj(x)))",
+               f"{m.q_lora_rank} = {r}: Linear(D, {r}) ({bias}), RMSNorm({r}, eps=1e-6), "
+               f"Linear({r}, H*(dn+dr)); dn = {dn} ({m.nope_dim}), dr = {dr} ({m.rope_dim})")
+    yield "q_nope, q_pe = split(heads(q), [dn])", "[B, H, L, dn] and [B, H, L, dr]"
+    yield ("c, k_pe = split(kv_a_proj_with_mqa(x), [kv])",
+           f"Linear(D, kv+dr), {bias}; kv = {m.kv_lora_rank} = {kv}; k_pe one head [B, 1, L, dr]")
+    yield ("k_nope, v = split(heads(kv_b_proj(kv_a_layernorm(c))), [dn])",
+           f"RMSNorm(kv, eps=1e-6), Linear(kv, H*(dn+dv)); dv = {m.v_dim} = {dv}")
+    mscale = f"x * {attn.rope.mscale}, then " if attn.rope.mscale != 1.0 else ""
+    yield ("q_pe, k_pe = rope(q_pe, offset), rope(k_pe, offset)",
+           f"deepseek_v2's yarn: {mscale}traditional rope over dr with yarn freqs; "
+           f"base {layer.rope.base}, {m.scaling} = {dict(a.fields[m.scaling])}")
+    yield "k = concat([k_nope, repeat(k_pe, H)]); q = concat([q_nope, q_pe])", "[B, H, L, dn+dr]"
+    yield "k, v = cache.update_and_fetch(k, v)", "the cache holds full per-head keys and values (not the latent)"
+    yield "o = sdpa(q, k, v, scale, mask)", (f"scale = (dn+dr)**-0.5 * mscale(factor, mscale_all_dim)**2 "
+                                             f"= {attn.scale}")
+    yield "out = o_proj(o)", f"Linear(H*dv, D), {bias}"
