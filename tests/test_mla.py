@@ -72,3 +72,29 @@ def test_bad_values_name_the_key(key, value):
     f = {**_fields(24), key: value}
     with pytest.raises(MlxbunError, match=repr(key)):
         MlaAttention(f, MlaKnobs(), "deepseek_v2", 64, 4, 10000.0, False)
+
+
+@pytest.mark.parametrize("knobs", [
+    {},  # the zoo's: low-rank q, greedy router
+    {"q_lora_rank": None, "topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1,
+     "routed_scaling_factor": 2.5},
+], ids=["zoo", "q_proj_group_limited"])
+def test_the_deepseek_v2_row_matches_mlx_lm_through_prefill_and_decode(knobs):
+    from mlxbun.zoo import tiny_config
+    from tests.hybrid_models import oracle_and_universal
+
+    ref, ours = oracle_and_universal({**tiny_config("deepseek_v2"), **knobs})
+    ids = mx.array([[5, 9, 2, 77, 31, 8, 100, 4]])
+    rc, oc = mlx_cache.make_prompt_cache(ref), ours.make_cache()
+    assert mx.array_equal(ref(ids, cache=rc), ours(ids, cache=oc))
+    for t in (11, 250, 3):
+        step = mx.array([[t]])
+        assert mx.array_equal(ref(step, cache=rc), ours(step, cache=oc)), t
+
+
+def test_a_bad_topk_method_is_refused_naming_the_key():
+    from mlxbun.models.universal.loader import build_model
+    from mlxbun.zoo import tiny_config
+
+    with pytest.raises(MlxbunError, match="topk_method"):
+        build_model({**tiny_config("deepseek_v2"), "topk_method": "noaux_tc"})
