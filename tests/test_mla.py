@@ -22,7 +22,8 @@ _SCALING = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1
 def _fields(q_lora_rank):
     return dict(model_type="deepseek_v2", hidden_size=64, num_attention_heads=4, q_lora_rank=q_lora_rank,
                 kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
-                rope_theta=10000.0, rope_scaling=_SCALING, attention_bias=False)
+                rope_theta=10000.0, rope_scaling=_SCALING, attention_bias=False,
+                max_position_embeddings=2048)
 
 
 def _pair(q_lora_rank):
@@ -31,7 +32,7 @@ def _pair(q_lora_rank):
     mx.random.seed(3)
     ref.update(tree_unflatten([(k, mx.random.normal(v.shape) * 0.2)
                                         for k, v in tree_flatten(ref.parameters())]))
-    ours = MlaAttention(f, MlaKnobs(), "deepseek_v2", 64, 4, 10000.0, False)
+    ours = MlaAttention(f, MlaKnobs(), "deepseek_v2", 64, 4, False)
     ours.load_weights(tree_flatten(ref.parameters()), strict=True)
     return ref, ours
 
@@ -71,7 +72,7 @@ def test_no_cache_matches(pair):
 def test_bad_values_name_the_key(key, value):
     f = {**_fields(24), key: value}
     with pytest.raises(MlxbunError, match=repr(key)):
-        MlaAttention(f, MlaKnobs(), "deepseek_v2", 64, 4, 10000.0, False)
+        MlaAttention(f, MlaKnobs(), "deepseek_v2", 64, 4, False)
 
 
 @pytest.mark.parametrize("knobs", [

@@ -55,7 +55,7 @@ from mlxbun.models.universal.kinds_hybrid import (
     MixerKind,
 )
 from mlxbun.models.universal.mixers import MIXERS
-from mlxbun.models.universal.mla import MlaAttention
+from mlxbun.models.universal.mla import mla_attention
 from mlxbun.models.universal.mlp import MLP
 from mlxbun.models.universal.moe import MoEBlock
 from mlxbun.models.universal.schema import ArchDescriptor
@@ -93,8 +93,7 @@ class Block(nn.Module):
         if spec.mixer is MixerKind.ATTENTION:
             self._mixer_name = d.names.attn
             setattr(self, d.names.attn, Attention(a, d, spec) if d.mla is None else
-                    MlaAttention(a.fields, d.mla, a.model_type, a.hidden, a.n_heads, spec.rope.base,
-                                 a.attn_bias))
+                    mla_attention(a.fields, d.mla, a.model_type, a.hidden, a.n_heads, a.attn_bias))
         else:  # a hybrid's recurrent layer: the row's mixer, called with the ssm mask
             self._mixer_name = d.hybrid.name
             setattr(self, d.hybrid.name, MIXERS[spec.mixer](a, d.hybrid.mixer_knobs(), spec.index))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from mlxbun.models.universal.mla import MlaAttention
+from mlxbun.models.universal.mla import mla_attention
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import UniversalArgs
 
@@ -14,8 +14,7 @@ __all__ = ["mla_lines"]
 
 def mla_lines(d: ArchDescriptor, a: UniversalArgs) -> Iterator[tuple[str, str]]:
     m = d.mla
-    layer = next(s for s in a.layers if s.rope is not None)
-    attn = MlaAttention(a.fields, m, a.model_type, a.hidden, a.n_heads, layer.rope.base, a.attn_bias)
+    attn = mla_attention(a.fields, m, a.model_type, a.hidden, a.n_heads, a.attn_bias)
     r, kv, dn, dr, dv = (attn.q_lora_rank, attn.kv_lora_rank, attn.qk_nope_head_dim,
                          attn.qk_rope_head_dim, attn.v_head_dim)
     bias = f"bias={a.attn_bias} ({d.attn_bias})" if isinstance(d.attn_bias, str) else f"bias={a.attn_bias}"
@@ -33,7 +32,7 @@ def mla_lines(d: ArchDescriptor, a: UniversalArgs) -> Iterator[tuple[str, str]]:
     mscale = f"x * {attn.rope.mscale}, then " if attn.rope.mscale != 1.0 else ""
     yield ("q_pe, k_pe = rope(q_pe, offset), rope(k_pe, offset)",
            f"deepseek_v2's yarn: {mscale}traditional rope over dr with yarn freqs; "
-           f"base {layer.rope.base}, {m.scaling} = {dict(a.fields[m.scaling])}")
+           f"base {a.fields[m.theta]}, {m.scaling} = {dict(a.fields[m.scaling])}")
     yield "k = concat([k_nope, repeat(k_pe, H)]); q = concat([q_nope, q_pe])", "[B, H, L, dn+dr]"
     yield "k, v = cache.update_and_fetch(k, v)", "the cache holds full per-head keys and values (not the latent)"
     yield "o = sdpa(q, k, v, scale, mask)", (f"scale = (dn+dr)**-0.5 * mscale(factor, mscale_all_dim)**2 "

@@ -290,6 +290,11 @@ class SanitizeOp(StrEnum):
     # dropped (the vision tower), HF's model.<wrapper> -> <wrapper>.<root>, the rest under <wrapper>
     SPLIT_GATE_UP_EXPERTS = "split_gate_up_experts"  # qwen3_5_moe: per layer, experts.gate_up_proj
     # [E, 2I, D] -> <switch>.gate_proj | up_proj, experts.down_proj -> <switch>.down_proj
+    INT4_PACKED = "int4_packed"  # deepseek_v3: X.weight_shape present: X.weight_packed viewed
+    # uint32 -> X.weight, X.weight_scale -> X.scales, X.biases = -8 * scales; other weight_scale /
+    # weight_packed keys dropped
+    SPLIT_KV_B = "split_kv_b"  # deepseek_v3: each layer's self_attn.kv_b_proj (dequantized when
+    # quantized) split per head -> embed_q (k part, transposed) | unembed_out (v part), requantized
     FALCON_H1_MUP = "falcon_h1_mup"  # falcon_h1.sanitize: when layer 0's conv1d is in torch's layout,
     # the muP multipliers folded into the weights by key suffix (in its order) and every conv1d
     # transposed to mlx's layout; else nothing (mup.py)
@@ -367,6 +372,15 @@ class BiasAt(StrEnum):
 
     ROUTER = "router"  # the router module (deepseek-v3 style MoEGate: glm4_moe, dots1)
     BLOCK = "block"  # the MoE block itself, beside the gate (minimax; Klear, afmoe: `expert_bias`)
+
+
+class MlaKind(StrEnum):
+    """Which mlx-lm MLA attention an `mla` row runs (`mla.py`)."""
+
+    EXPANDED = "expanded"  # deepseek_v2: kv_b_proj to per-head k_nope | v, full keys / values
+    # cached, its own yarn rope
+    ABSORBED = "absorbed"  # deepseek_v3: embed_q / unembed_out per-head linears, the latent and
+    # k_pe cached, the rope part as the sdpa mask (pe scores), initialize_rope
 
 
 class TopkMethod(StrEnum):

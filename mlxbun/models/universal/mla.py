@@ -1,9 +1,16 @@
-"""Multi-head latent attention (`ArchDescriptor.mla`), op for op as mlx-lm 0.32.2's
-deepseek_v2.py computes it: q through q_lora_rank (q_a_proj -> q_a_layernorm -> q_b_proj) or a
-direct q_proj; kv_a_proj_with_mqa split into the KV latent and one rope key shared by all heads;
-kv_b_proj(kv_a_layernorm(latent)) split per head into k_nope | values; deepseek_v2's own yarn
-rope on the rope parts; the scale q_head_dim ** -0.5 times yarn's mscale(mscale_all_dim) squared.
-The cache holds what mlx-lm's does: the full per-head keys [k_nope | k_pe] and the values."""
+"""Multi-head latent attention (`ArchDescriptor.mla`), op for op as mlx-lm 0.32.2 computes it.
+Both kinds: q through q_lora_rank (q_a_proj -> q_a_layernorm -> q_b_proj) or a direct q_proj;
+kv_a_proj_with_mqa split into the KV latent and one rope key shared by all heads.
+
+MlaKind.EXPANDED (deepseek_v2.py): kv_b_proj(kv_a_layernorm(latent)) split per head into
+k_nope | values; deepseek_v2's own yarn rope on the rope parts; the scale q_head_dim ** -0.5 times
+yarn's mscale(mscale_all_dim) squared; the cache holds the full per-head keys [k_nope | k_pe] and
+the values.
+
+MlaKind.ABSORBED (deepseek_v3.py): the cache holds the normed latent (as keys, one head) and k_pe
+(as values); the rope scores (q_pe * scale) @ k_pe^T, masked, are the sdpa's additive mask; a
+prefill expands the latent per head (embed_q / unembed_out), a decode step absorbs embed_q into q
+and unembed_out after the sdpa; rope by initialize_rope (traditional)."""
 
 from __future__ import annotations
 
@@ -14,10 +21,13 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxbun.errors import MlxbunError
+from mlxbun.models import rope as R
 from mlxbun.models.base import scaled_dot_product_attention
+from mlxbun.models.multi_linear import MultiLinear
+from mlxbun.models.universal.kinds import MlaKind, exhaustive
 from mlxbun.models.universal.schema_mla import MlaKnobs
 
-__all__ = ["DeepseekV2YarnRoPE", "MlaAttention", "mla_dims"]
+__all__ = ["DeepseekV2YarnRoPE", "MlaAbsorbedAttention", "MlaAttention", "mla_attention", "mla_dims"]
 
 _ROPE_KEYS = ("original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 
@@ -82,32 +92,56 @@ def mla_dims(fields: Mapping, m: MlaKnobs, model_type: str) -> dict:
     if dims["rope"] % 2:
         raise MlxbunError(f"{model_type}: config key {m.rope_dim!r} must be even (got {dims['rope']})")
     scaling = fields.get(m.scaling)
-    if not isinstance(scaling, Mapping) or not isinstance(scaling.get("factor"), (int, float)):
+    factor_needed = m.kind is MlaKind.EXPANDED or (scaling is not None and scaling.get("mscale_all_dim"))
+    if (m.kind is MlaKind.EXPANDED or scaling is not None) and not isinstance(scaling, Mapping) or (
+            factor_needed and not isinstance(scaling.get("factor"), (int, float))):
         raise MlxbunError(f"{model_type}: config key {m.scaling!r} must be a dict with a numeric "
-                          f"'factor' (mlx-lm's deepseek_v2 reads rope_scaling['factor']; got {scaling!r})")
+                          f"'factor' (mlx-lm's {model_type} reads {m.scaling}['factor']; got {scaling!r})")
     dims["scaling"] = scaling
     return dims
 
 
+def _init_q_kv_a(self, dm: dict, hidden: int, heads: int, bias: bool) -> None:
+    """The projections both kinds share, as mlx-lm builds them."""
+    self.num_heads = heads
+    self.q_lora_rank, self.kv_lora_rank = dm["q_lora_rank"], dm["kv_lora_rank"]
+    self.qk_nope_head_dim, self.qk_rope_head_dim = dm["nope"], dm["rope"]
+    self.v_head_dim = dm["v"]
+    self.q_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
+    self.scale = self.q_head_dim**-0.5
+    if self.q_lora_rank is None:
+        self.q_proj = nn.Linear(hidden, heads * self.q_head_dim, bias=False)
+    else:
+        self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
+        self.q_a_layernorm = nn.RMSNorm(self.q_lora_rank, eps=1e-6)
+        self.q_b_proj = nn.Linear(self.q_lora_rank, heads * self.q_head_dim, bias=False)
+    self.kv_a_proj_with_mqa = nn.Linear(hidden, self.kv_lora_rank + self.qk_rope_head_dim, bias=bias)
+    self.kv_a_layernorm = nn.RMSNorm(self.kv_lora_rank, eps=1e-6)
+
+
+def _q_and_latent(self, x):
+    """q_nope, q_pe [B, H, L, .], the latent before its norm [B, L, kv], k_pe [B, 1, L, dr]."""
+    B, L, D = x.shape
+    if self.q_lora_rank is None:
+        q = self.q_proj(x)
+    else:
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+    q = q.reshape(B, L, self.num_heads, self.q_head_dim).transpose(0, 2, 1, 3)
+    q_nope, q_pe = mx.split(q, [self.qk_nope_head_dim], axis=-1)
+    compressed_kv = self.kv_a_proj_with_mqa(x)
+    compressed_kv, k_pe = mx.split(compressed_kv, [self.kv_lora_rank], axis=-1)
+    k_pe = k_pe.reshape(B, L, 1, self.qk_rope_head_dim).transpose(0, 2, 1, 3)
+    return q_nope, q_pe, compressed_kv, k_pe
+
+
 class MlaAttention(nn.Module):
+    """MlaKind.EXPANDED: deepseek_v2's DeepseekV2Attention."""
+
     def __init__(self, fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: int,
-                 base, bias: bool):
+                 bias: bool):
         super().__init__()
         dm = mla_dims(fields, m, model_type)
-        self.num_heads = heads
-        self.q_lora_rank, self.kv_lora_rank = dm["q_lora_rank"], dm["kv_lora_rank"]
-        self.qk_nope_head_dim, self.qk_rope_head_dim = dm["nope"], dm["rope"]
-        self.v_head_dim = dm["v"]
-        self.q_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
-        self.scale = self.q_head_dim**-0.5
-        if self.q_lora_rank is None:
-            self.q_proj = nn.Linear(hidden, heads * self.q_head_dim, bias=False)
-        else:
-            self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
-            self.q_a_layernorm = nn.RMSNorm(self.q_lora_rank, eps=1e-6)
-            self.q_b_proj = nn.Linear(self.q_lora_rank, heads * self.q_head_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(hidden, self.kv_lora_rank + self.qk_rope_head_dim, bias=bias)
-        self.kv_a_layernorm = nn.RMSNorm(self.kv_lora_rank, eps=1e-6)
+        _init_q_kv_a(self, dm, hidden, heads, bias)
         self.kv_b_proj = nn.Linear(
             self.kv_lora_rank, heads * (self.q_head_dim - self.qk_rope_head_dim + self.v_head_dim),
             bias=False)
@@ -119,20 +153,12 @@ class MlaAttention(nn.Module):
             mscale = _yarn_get_mscale(scaling_factor, mscale_all_dim)
             self.scale = self.scale * mscale * mscale
         rope_kwargs = {key: scaling[key] for key in _ROPE_KEYS if key in scaling}
-        self.rope = DeepseekV2YarnRoPE(self.qk_rope_head_dim, base=base, scaling_factor=scaling_factor,
-                                       **rope_kwargs)
+        self.rope = DeepseekV2YarnRoPE(self.qk_rope_head_dim, base=fields[m.theta],
+                                       scaling_factor=scaling_factor, **rope_kwargs)
 
     def __call__(self, x, mask=None, cache=None):
         B, L, D = x.shape
-        if self.q_lora_rank is None:
-            q = self.q_proj(x)
-        else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q = q.reshape(B, L, self.num_heads, self.q_head_dim).transpose(0, 2, 1, 3)
-        q_nope, q_pe = mx.split(q, [self.qk_nope_head_dim], axis=-1)
-        compressed_kv = self.kv_a_proj_with_mqa(x)
-        compressed_kv, k_pe = mx.split(compressed_kv, [self.kv_lora_rank], axis=-1)
-        k_pe = k_pe.reshape(B, L, 1, self.qk_rope_head_dim).transpose(0, 2, 1, 3)
+        q_nope, q_pe, compressed_kv, k_pe = _q_and_latent(self, x)
         kv = self.kv_b_proj(self.kv_a_layernorm(compressed_kv))
         kv = kv.reshape(B, L, self.num_heads, -1).transpose(0, 2, 1, 3)
         k_nope, values = mx.split(kv, [self.qk_nope_head_dim], axis=-1)
@@ -151,3 +177,60 @@ class MlaAttention(nn.Module):
                                               mask=mask)
         output = output.transpose(0, 2, 1, 3).reshape(B, L, -1)
         return self.o_proj(output)
+
+
+class MlaAbsorbedAttention(nn.Module):
+    """MlaKind.ABSORBED: deepseek_v3's DeepseekV3Attention (takes the boolean mask array)."""
+
+    def __init__(self, fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: int,
+                 bias: bool):
+        super().__init__()
+        dm = mla_dims(fields, m, model_type)
+        _init_q_kv_a(self, dm, hidden, heads, bias)
+        self.embed_q = MultiLinear(self.qk_nope_head_dim, self.kv_lora_rank, heads)
+        self.unembed_out = MultiLinear(self.kv_lora_rank, self.v_head_dim, heads)
+        self.o_proj = nn.Linear(heads * self.v_head_dim, hidden, bias=bias)
+        scaling = dm["scaling"]
+        if scaling is not None:
+            mscale_all_dim = scaling.get("mscale_all_dim", 0)
+            if mscale_all_dim:
+                scaling_factor = scaling["factor"]
+                if scaling_factor > 1:
+                    s = 0.1 * mscale_all_dim * math.log(scaling_factor) + 1.0
+                    self.scale = self.scale * s * s
+        self.rope = R.initialize_rope(self.qk_rope_head_dim, fields[m.theta], True, scaling,
+                                      fields[m.max_positions])
+
+    def __call__(self, x, mask=None, cache=None):
+        B, L, D = x.shape
+        q_nope, q_pe, compressed_kv, k_pe = _q_and_latent(self, x)
+        kv_latent = self.kv_a_layernorm(compressed_kv)
+        offset = cache.offset if cache is not None else 0
+        q_pe = self.rope(q_pe, offset)
+        k_pe = self.rope(k_pe, offset)
+        kv_latent = mx.expand_dims(kv_latent, axis=1)
+        if cache is not None:
+            kv_latent, k_pe = cache.update_and_fetch(kv_latent, k_pe)
+        pe_scores = (q_pe * self.scale) @ k_pe.swapaxes(-1, -2)
+        if mask is not None:
+            pe_scores = mx.where(mask, pe_scores, mx.array(mx.finfo(pe_scores.dtype).min, pe_scores.dtype))
+        if L == 1:
+            q_nope = self.embed_q(q_nope)
+            k = v = kv_latent
+        else:
+            k = self.embed_q(kv_latent, transpose=False)
+            v = self.unembed_out(kv_latent)
+        output = scaled_dot_product_attention(q_nope, k, v, cache=cache, scale=self.scale, mask=pe_scores)
+        if L == 1:
+            output = self.unembed_out(output)
+        output = output.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return self.o_proj(output)
+
+
+_MLA = exhaustive(MlaKind, {MlaKind.EXPANDED: MlaAttention, MlaKind.ABSORBED: MlaAbsorbedAttention})
+
+
+def mla_attention(fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: int,
+                  bias: bool) -> nn.Module:
+    """The attention module of an `mla` row's kind."""
+    return _MLA[m.kind](fields, m, model_type, hidden, heads, bias)
