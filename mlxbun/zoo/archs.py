@@ -298,6 +298,19 @@ _ROWS = (
                                     "original_max_position_embeddings": MAX_POSITIONS // 4,
                                     "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
                                     "mscale_all_dim": 0.707}}),
+    # DeepSeek-V3's knobs (yarn with mscale 1.0 on both, context shrunk 4096 * 40 -> 128 * 4),
+    # layer 0 dense, grouped noaux_tc routing (2 groups, 1 kept), scaling 2.5, q_lora_rank set;
+    # kv_lora_rank 64 so unembed_out quantizes (embed_q's 16-wide input stays dense)
+    Arch("deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3Config", kv_heads=4, rope_type_key="type",
+         knobs={"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE, "n_shared_experts": 1,
+                "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+                "q_lora_rank": 32, "kv_lora_rank": 64, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                "v_head_dim": 16,
+                "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                    "original_max_position_embeddings": MAX_POSITIONS // 4,
+                                    "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+                                    "mscale_all_dim": 1.0}}),
     # gpt-oss's knobs: sliding / full layers (window 16 here), attention sinks, yarn with the
     # original context shrunk as the max (131072 / 32 -> 512 / 32), clamped SwiGLU experts
     Arch("gpt_oss", "GptOssForCausalLM", "GptOssConfig", layers=4, kv_heads=2,

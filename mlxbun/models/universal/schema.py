@@ -58,6 +58,7 @@ from mlxbun.models.universal.kinds import (
     Residual,
     ResidualScale,
     RopeKind,
+    MlaKind,
     SanitizeOp,
     StrEnum,
     SwigluClamp,
@@ -514,6 +515,9 @@ def _check_combinations(d: ArchDescriptor) -> None:
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):
         raise d.error("sanitize rules stack_experts / split_glu_experts / split_interleaved_experts / "
                       "rename_in_moe_layers need a moe block")
+    if any(r.op is SanitizeOp.SPLIT_KV_B for r in d.sanitize) and (
+            d.mla is None or d.mla.kind is not MlaKind.ABSORBED):
+        raise d.error("sanitize rule split_kv_b needs mla knobs of kind 'absorbed'")
 
 
 _MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS, SanitizeOp.SPLIT_INTERLEAVED_EXPERTS,
