@@ -92,11 +92,13 @@ def mla_dims(fields: Mapping, m: MlaKnobs, model_type: str) -> dict:
     if dims["rope"] % 2:
         raise MlxbunError(f"{model_type}: config key {m.rope_dim!r} must be even (got {dims['rope']})")
     scaling = fields.get(m.scaling)
-    factor_needed = m.kind is MlaKind.EXPANDED or (scaling is not None and scaling.get("mscale_all_dim"))
-    if (m.kind is MlaKind.EXPANDED or scaling is not None) and not isinstance(scaling, Mapping) or (
-            factor_needed and not isinstance(scaling.get("factor"), (int, float))):
-        raise MlxbunError(f"{model_type}: config key {m.scaling!r} must be a dict with a numeric "
-                          f"'factor' (mlx-lm's {model_type} reads {m.scaling}['factor']; got {scaling!r})")
+    if scaling is not None or m.kind is MlaKind.EXPANDED:  # deepseek_v3 allows none
+        if not isinstance(scaling, Mapping):
+            raise MlxbunError(f"{model_type}: config key {m.scaling!r} must be a dict (got {scaling!r})")
+        if (m.kind is MlaKind.EXPANDED or scaling.get("mscale_all_dim")) and not isinstance(
+                scaling.get("factor"), (int, float)):
+            raise MlxbunError(f"{model_type}: config key {m.scaling!r} needs a numeric 'factor' (mlx-lm's "
+                              f"{model_type} reads {m.scaling}['factor']; got {scaling!r})")
     dims["scaling"] = scaling
     return dims
 
