@@ -136,3 +136,26 @@ def test_bad_values_name_the_key(key, value):
     with pytest.raises(MlxbunError, match=repr(key)):
         MlaAbsorbedAttention({**_fields(24, _YARN), key: value}, descriptor_for("deepseek_v3").mla,
                              "deepseek_v3", 64, 4, False)
+
+
+def test_quantized_kv_refuses_the_latent_cache_like_mlx_lm(zoo):
+    """mlx-lm's deepseek_v3 fails on a QuantizedKVCache (its rope key comes back as a packed tuple);
+    mlxbun refuses uniform and per-layer-plan KV quantization before the prefill. TurboQuant runs."""
+    from mlx_lm.models.cache import QuantizedKVCache as MlxLmQuantized
+
+    from mlxbun.errors import GenerationError
+    from mlxbun.generate import stream_generate
+    from mlxbun.models.universal.loader import load_universal
+    from mlxbun.tokenizer import load_tokenizer
+
+    cfg = {**tiny_config("deepseek_v3"), "qk_rope_head_dim": 64}  # quantizable widths
+    ref, _ = oracle_and_universal(cfg)
+    with pytest.raises(AttributeError):
+        ref(mx.array([[1, 2, 3]]), cache=[MlxLmQuantized(group_size=64, bits=8) for _ in ref.layers])
+    path = zoo("deepseek_v3")
+    model, tok = load_universal(path), load_tokenizer(path)
+    for kv in (dict(kv_bits=8, quantized_kv_start=1000),
+               dict(kv_config=[{"layer_idx": 1, "bits": 4, "group_size": 32}])):
+        with pytest.raises(GenerationError, match="MLA latent"):
+            list(stream_generate(model, tok, "hello", max_tokens=2, **kv))
+    assert len(list(stream_generate(model, tok, "hello", max_tokens=2, kv_bits=4, kv_scheme="turboquant"))) == 2

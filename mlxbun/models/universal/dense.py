@@ -41,6 +41,7 @@ from mlxbun.models.universal.kinds import (
     EmbedScale,
     FinalSoftcap,
     MakeCache,
+    MlaKind,
     NormKind,
     NormSlot,
     ParallelMlpNorm,
@@ -265,6 +266,12 @@ class UniversalDense(nn.Module):
     def attention_sinks(self) -> bool:
         """Whether attention adds per-head sink logits (generation refuses quantized KV for them)."""
         return self.descriptor.sinks
+
+    @property
+    def latent_kv(self) -> bool:
+        """Whether the cache holds an MLA latent and rope key (deepseek_v3): its attention reads the
+        rope key as an array, so uniform quantized KV cannot run (nor in mlx-lm)."""
+        return self.descriptor.mla is not None and self.descriptor.mla.kind is MlaKind.ABSORBED
 
     @property
     def tied(self) -> bool:
