@@ -294,13 +294,13 @@ _ROWS = (
         "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000, "scoring_func": "softmax",
         "seq_aux": True, "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
     # DeepSeek-V2-Lite / V3 knobs (yarn, context shrunk 4096 * 40 -> 128 * 4), layer 0 dense,
-    # q_lora_rank set; v3: grouped noaux_tc routing, kv_lora_rank 64 so unembed_out quantizes
+    # q_lora_rank set; v3: grouped noaux_tc routing, embed_q / unembed_out inputs (32, 64) quantizable
     Arch("deepseek_v2", "DeepseekV2ForCausalLM", "DeepseekV2Config", kv_heads=4, rope_type_key="type",
          knobs={**_MLA_KNOBS, "n_shared_experts": 2, "kv_lora_rank": 32,
                 "rope_parameters": {**_DEEPSEEK_YARN, "mscale": 0.707, "mscale_all_dim": 0.707}}),
     Arch("deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3Config", kv_heads=4, rope_type_key="type",
-         knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "n_group": 2, "topk_group": 1,
-                "routed_scaling_factor": 2.5,
+         knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+                "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
                 "rope_parameters": {**_DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}}),
     # gpt-oss's knobs: sliding / full layers (window 16 here), attention sinks, yarn with the
     # original context shrunk as the max (131072 / 32 -> 512 / 32), clamped SwiGLU experts
