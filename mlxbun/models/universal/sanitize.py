@@ -296,13 +296,13 @@ def _int4_packed(w: dict) -> dict:
     return out
 
 
-def _split_kv_b(w: dict, fields: Mapping, m) -> dict:
+def _split_kv_b(w: dict, fields: Mapping, d: ArchDescriptor) -> dict:
     """deepseek_v3.sanitize: each kv_b_proj [H*(dn+dv), kv] -> embed_q [H, kv, dn] (k part,
     transposed) and unembed_out [H, dv, kv]; a quantized one dequantized, split, requantized."""
     w = dict(w)
-    dn, dv, kv, heads = (fields[m.nope_dim], fields[m.v_dim], fields[m.kv_lora_rank],
-                         fields["num_attention_heads"])
-    for layer in range(fields["num_hidden_layers"]):
+    m = d.mla
+    dn, dv, kv, heads = fields[m.nope_dim], fields[m.v_dim], fields[m.kv_lora_rank], fields[d.n_heads]
+    for layer in range(fields[d.n_layers]):
         prefix = f"model.layers.{layer}.self_attn"
         if f"{prefix}.kv_b_proj.weight" not in w:
             continue
@@ -480,7 +480,7 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
     if op is SanitizeOp.INT4_PACKED:
         return _int4_packed(w), {}
     if op is SanitizeOp.SPLIT_KV_B:
-        return _split_kv_b(w, fields, d.mla), {}
+        return _split_kv_b(w, fields, d), {}
     if op is SanitizeOp.FALCON_H1_MUP:
         return fold_falcon_h1(w, fields, d.model_type), {}
     if op is SanitizeOp.STRIP_PREFIX:  # laguna: repacked checkpoints wrap every tensor in it
