@@ -170,6 +170,12 @@ def make_generation_cache(
             f"{getattr(model, 'model_type', 'this model')}: its attention sinks are not supported by "
             "quantized-KV attention (nor by mlx-lm's quantized SDPA); use plain KV or TurboQuant "
             "(kv_scheme='turboquant', --kv turboquant:BITS)")
+    if getattr(model, "latent_kv", False) and (
+            (kv_bits is not None and kv_scheme == "uniform") or not _no_plan(kv_config)):
+        raise GenerationError(
+            f"{getattr(model, 'model_type', 'this model')}: its cache holds the MLA latent and rope key, "
+            "which its attention reads as arrays: uniform quantized KV cannot run (nor in mlx-lm); use "
+            "plain KV or TurboQuant (kv_scheme='turboquant', --kv turboquant:BITS)")
     caches = _base_caches(model, max_kv_size)
     if not _no_plan(kv_config):
         # Refuse a plan that names a missing, sliding-window or recurrent layer now, not mid-run.

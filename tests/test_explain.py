@@ -97,6 +97,10 @@ def test_nanochat_shows_the_compiled_softcap_and_functional_norms():
     ("ministral3", ["llama-4 query scale"]),
     ("phi", ["sdpa(q.astype(float32), k, v).astype(v.dtype)", "x = input_layernorm(h)"]),
     ("lille-130m", ["x = norm(x)", "transformer.tok_embeddings.as_linear(h)"]),
+    ("deepseek_v2", ["q = q_b_proj(q_a_layernorm(q_a_proj(x)))", "split(kv_a_proj_with_mqa(x), [kv])",
+                     "k = concat([k_nope, repeat(k_pe, H)])", "w = take_along_axis(p, experts) * scaling"]),
+    ("deepseek_v3", ["c, k_pe = cache.update_and_fetch(c, k_pe)", "o = sdpa(q_nope, k, v, scale, mask=pe)",
+                     "L == 1: q_nope = embed_q(q_nope); k = v = c"]),
 ])
 def test_arch_specific_steps_are_shown(arch, expected):
     text = explain(arch).text()

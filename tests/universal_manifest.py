@@ -74,6 +74,8 @@ MANIFEST = {
         Entry("hunyuan", EXPERT_VARIANTS),
         Entry("dots1", EXPERT_VARIANTS),
         Entry("deepseek", EXPERT_VARIANTS),
+        Entry("deepseek_v2", EXPERT_VARIANTS),  # multi-head latent attention (universal/mla.py)
+        Entry("deepseek_v3", EXPERT_VARIANTS),  # absorbed MLA (the latent cached)
         Entry("gpt_oss", EXPERT_VARIANTS + ("mxfp4",)),  # mxfp4: experts as gpt-oss ships them
         Entry("phimoe", EXPERT_VARIANTS),
         Entry("ernie4_5_moe", EXPERT_VARIANTS),

@@ -106,6 +106,7 @@ ROUTER_PROBS = exhaustive(RouterKind, {
     RouterKind.SIGMOID_SCALED: _normalized_sigmoid,
     RouterKind.SCORED_GROUPED: _as_score_func,
     RouterKind.CAPPED_SCORE: _as_capped_score,
+    RouterKind.SOFTMAX_GROUP_GREEDY: _softmax,  # deepseek_v2: the softmax its top-k (group-limited) reads
 })
 
 

@@ -92,6 +92,12 @@ def _llama3(theta: float, factor: float) -> dict:
 # prompt routes 80 picks (mlx-lm's sorted-indices path) and a decode step 2 (the unsorted one)
 MOE_EXPERTS, MOE_TOP_K, MOE_INTERMEDIATE = 4, 2, 64
 
+_MLA_KNOBS = {"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+              "moe_intermediate_size": MOE_INTERMEDIATE, "first_k_dense_replace": 1, "q_lora_rank": 32,
+              "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}
+_DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32, "beta_slow": 1,
+                  "original_max_position_embeddings": MAX_POSITIONS // 4}  # DeepSeek's, factor 4
+
 _ROWS = (
     Arch("llama", "LlamaForCausalLM", "LlamaConfig", kv_heads=2,
          knobs={"rope_parameters": _llama3(500000.0, 8.0)}),
@@ -300,6 +306,15 @@ _ROWS = (
         "num_hidden_layers": 2, "num_key_value_heads": HEADS, "pretraining_tp": 1,
         "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000, "scoring_func": "softmax",
         "seq_aux": True, "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # DeepSeek-V2-Lite / V3 knobs (yarn, context shrunk 4096 * 40 -> 128 * 4), layer 0 dense,
+    # q_lora_rank set; v3: grouped noaux_tc routing, embed_q / unembed_out inputs (32, 64) quantizable
+    Arch("deepseek_v2", "DeepseekV2ForCausalLM", "DeepseekV2Config", kv_heads=4, rope_type_key="type",
+         knobs={**_MLA_KNOBS, "n_shared_experts": 2, "kv_lora_rank": 32,
+                "rope_parameters": {**_DEEPSEEK_YARN, "mscale": 0.707, "mscale_all_dim": 0.707}}),
+    Arch("deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3Config", kv_heads=4, rope_type_key="type",
+         knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+                "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+                "rope_parameters": {**_DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}}),
     # gpt-oss's knobs: sliding / full layers (window 16 here), attention sinks, yarn with the
     # original context shrunk as the max (131072 / 32 -> 512 / 32), clamped SwiGLU experts
     Arch("gpt_oss", "GptOssForCausalLM", "GptOssConfig", layers=4, kv_heads=2,

@@ -132,7 +132,7 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
             else:
                 understood.append(key)
         elif (key in d.fields or key in d.accepted_values
-              or (key == "head_dim" and d.head_dim is HeadDim.SPLIT)
+              or (key == "head_dim" and d.head_dim is HeadDim.SPLIT and d.mla is None)
               or (key == "layer_types" and _hybrid_layer_types(d))):
             understood.append(key)  # a split head_dim is checked against hidden // heads below,
             # a hybrid's layer_types against the layers its rule picks
@@ -146,7 +146,8 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
             offending[key] = f"unknown key with value {value!r} could change numerics"
     _check_layer_types(d, a, config, offending)
     hd = config.get("head_dim")
-    if d.head_dim is HeadDim.SPLIT and hd is not None and hd != a[d.hidden] // a[d.n_heads]:
+    # (an MLA row's head_dim is transformers' qk_rope_head_dim, which mlx-lm does not read: ignored_keys)
+    if d.head_dim is HeadDim.SPLIT and d.mla is None and hd is not None and hd != a[d.hidden] // a[d.n_heads]:
         offending["head_dim"] = (f"{hd!r}, but mlx-lm's {d.model_type} uses hidden_size // "
                                  f"num_attention_heads = {a[d.hidden] // a[d.n_heads]}")
     return CoverageReport(d.model_type, tuple(understood), tuple(harmless), ignored,

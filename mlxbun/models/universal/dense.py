@@ -41,6 +41,7 @@ from mlxbun.models.universal.kinds import (
     EmbedScale,
     FinalSoftcap,
     MakeCache,
+    MlaKind,
     NormKind,
     NormSlot,
     ParallelMlpNorm,
@@ -55,6 +56,7 @@ from mlxbun.models.universal.kinds_hybrid import (
     MixerKind,
 )
 from mlxbun.models.universal.mixers import MIXERS
+from mlxbun.models.universal.mla import mla_attention
 from mlxbun.models.universal.mlp import MLP
 from mlxbun.models.universal.moe import MoEBlock
 from mlxbun.models.universal.schema import ArchDescriptor
@@ -91,7 +93,8 @@ class Block(nn.Module):
         self._beside = spec.mixer is not MixerKind.ATTENTION and d.hybrid.block is HybridBlock.PARALLEL
         if spec.mixer is MixerKind.ATTENTION:
             self._mixer_name = d.names.attn
-            setattr(self, d.names.attn, Attention(a, d, spec))
+            setattr(self, d.names.attn, Attention(a, d, spec) if d.mla is None else
+                    mla_attention(a.fields, d.mla, a.model_type, a.hidden, a.n_heads, a.attn_bias))
         else:  # a hybrid's recurrent layer: the row's mixer, called with the ssm mask
             self._mixer_name = d.hybrid.name
             setattr(self, d.hybrid.name, MIXERS[spec.mixer](a, d.hybrid.mixer_knobs(), spec.index))
@@ -102,6 +105,7 @@ class Block(nn.Module):
         setattr(self, self._mlp_name, MoEBlock(a, d, spec.index, spec.swiglu_limits) if spec.moe
                 else MLP(a, d, limit=spec.swiglu_limits[1]))
         self._cla = d.layers.kv_share is not None
+        self._mla = d.mla is not None
         slots = d.block.norm_slots(a.parallel)
         self._norm_names = d.names.norms
         if spec.mixer is not MixerKind.ATTENTION and d.hybrid.mixer_block is not None:
@@ -145,6 +149,8 @@ class Block(nn.Module):
             return x + attn_h + ff_h
         if self._cla:  # hunyuan: the block hands the k / v projections on, as mlx-lm's does
             r, kv_states = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache, attn_scale, kv_states)
+        elif self._mla:  # MlaAttention: no query scale (deepseek_v2)
+            r = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache)
         else:
             r = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache, attn_scale)
         r = self._norm(NormSlot.POST_ATTN, r)
@@ -260,6 +266,12 @@ class UniversalDense(nn.Module):
     def attention_sinks(self) -> bool:
         """Whether attention adds per-head sink logits (generation refuses quantized KV for them)."""
         return self.descriptor.sinks
+
+    @property
+    def latent_kv(self) -> bool:
+        """Whether the cache holds an MLA latent and rope key (deepseek_v3): its attention reads the
+        rope key as an array, so uniform quantized KV cannot run (nor in mlx-lm)."""
+        return self.descriptor.mla is not None and self.descriptor.mla.kind is MlaKind.ABSORBED
 
     @property
     def tied(self) -> bool:

@@ -24,6 +24,7 @@ from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError
 from mlxbun.models.universal.coverage import check_coverage
 from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label, parallel_block, single_block
+from mlxbun.models.universal.explain_mla import mla_lines
 from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
 from mlxbun.models.universal.explain_rope import rope_text
 from mlxbun.models.universal.kinds import (
@@ -201,7 +202,9 @@ def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Lin
         ("norms", (Line(_norm(d, a), "every block norm" + (
             f"; eps from {d.norm.eps}" if d.norm.kind is not NormKind.FUNCTIONAL_RMS else "")),)),
         *(((f"attention ({n.root}.{n.layers}[i].{n.attn})", tuple(_attention(d, a))),)
-          if attends else ()),
+          if attends and d.mla is None else ()),
+        *(((f"attention ({n.root}.{n.layers}[i].{n.attn}): multi-head latent",
+            tuple(Line(c, note) for c, note in mla_lines(d, a))),) if d.mla is not None else ()),
         *(((hybrid_title(d), tuple(Line(c, note) for c, note in hybrid_lines(d, a))),)
           if d.hybrid is not None else ()),
         *(_mlp_sections(d, a) if mlp else ()),

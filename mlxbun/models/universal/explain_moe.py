@@ -22,6 +22,7 @@ from mlxbun.models.universal.kinds import (
     SharedWhen,
     TopKRenorm,
     TopKSelect,
+    TopkMethod,
     exhaustive,
 )
 from mlxbun.models.universal.schema import ArchDescriptor
@@ -130,6 +131,16 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
                    "softmax over the k chosen only")
     elif r.kind is RouterKind.GROUPED_SCORE:
         yield from _grouped_score_lines(d, a, renorm)
+    elif r.kind is RouterKind.SOFTMAX_GROUP_GREEDY:
+        p = spec.params
+        yield Line("p = softmax(logits, precise=True)")
+        if p["method"] is TopkMethod.GROUP_LIMITED_GREEDY:
+            yield Line("p: zero the n_group - topk_group groups with the lowest max",
+                       f"n_group = {p['n_group']}, topk_group = {p['topk_group']}")
+        yield Line("experts = argpartition(-p, kth=k - 1)[..., :k]", "the order the outputs are summed in")
+        yield Line("w = take_along_axis(p, experts) * scaling",
+                   f"{r.params['scaling']} = {p['scaling']}; {r.params['method']} = {p['method'].value!r}; "
+                   f"never renormalized")
     elif r.kind is RouterKind.SPARSEMIXER:
         eps = spec.params["jitter_eps"]
         yield Line("masked = logits; for each of the k rounds:",

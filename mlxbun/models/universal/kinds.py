@@ -290,6 +290,11 @@ class SanitizeOp(StrEnum):
     # dropped (the vision tower), HF's model.<wrapper> -> <wrapper>.<root>, the rest under <wrapper>
     SPLIT_GATE_UP_EXPERTS = "split_gate_up_experts"  # qwen3_5_moe: per layer, experts.gate_up_proj
     # [E, 2I, D] -> <switch>.gate_proj | up_proj, experts.down_proj -> <switch>.down_proj
+    INT4_PACKED = "int4_packed"  # deepseek_v3: X.weight_shape present: X.weight_packed viewed
+    # uint32 -> X.weight, X.weight_scale -> X.scales, X.biases = -8 * scales; other weight_scale /
+    # weight_packed keys dropped
+    SPLIT_KV_B = "split_kv_b"  # deepseek_v3: each layer's self_attn.kv_b_proj (dequantized when
+    # quantized) split per head -> embed_q (k part, transposed) | unembed_out (v part), requantized
     FALCON_H1_MUP = "falcon_h1_mup"  # falcon_h1.sanitize: when layer 0's conv1d is in torch's layout,
     # the muP multipliers folded into the weights by key suffix (in its order) and every conv1d
     # transposed to mlx's layout; else nothing (mup.py)
@@ -328,6 +333,8 @@ class RouterKind(StrEnum):
     # optional renorm by sum + 1e-6, times scaling, cast to the input's dtype
     SCORED_GROUPED = "scored_grouped"  # uncompiled: sigmoid or softmax (the score_func field) in
     # f32, + expert bias, grouped top-k if n_group > 1, renorm if k > 1, scale (afmoe)
+    SOFTMAX_GROUP_GREEDY = "softmax_group_greedy"  # deepseek_v2: precise softmax; group_limited_greedy
+    # zeroes the n_group - topk_group groups with the lowest max; top-k, times scaling (no renorm)
 
 
 # The numbers each router kind reads, by the name its routing function uses; a row maps each
@@ -349,6 +356,8 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
     # score_func ("sigmoid", anything else softmax), route_scale, n_group, topk_group
     RouterKind.CAPPED_SCORE: ("softcap", "score_fn"),  # moe_router_logit_softcapping,
     # moe_router_score_func (a ScoreFunc: ROUTER_PARAM_KINDS)
+    RouterKind.SOFTMAX_GROUP_GREEDY: ("method", "scaling", "n_group", "topk_group"),  # topk_method
+    # (a TopkMethod: ROUTER_PARAM_KINDS), routed_scaling_factor, n_group, topk_group
 }
 
 # the router kinds that add a per-expert correction bias to the scores they choose by (where
@@ -363,6 +372,23 @@ class BiasAt(StrEnum):
 
     ROUTER = "router"  # the router module (deepseek-v3 style MoEGate: glm4_moe, dots1)
     BLOCK = "block"  # the MoE block itself, beside the gate (minimax; Klear, afmoe: `expert_bias`)
+
+
+class MlaKind(StrEnum):
+    """Which mlx-lm MLA attention an `mla` row runs (`mla.py`)."""
+
+    EXPANDED = "expanded"  # deepseek_v2: kv_b_proj to per-head k_nope | v, full keys / values
+    # cached, its own yarn rope
+    ABSORBED = "absorbed"  # deepseek_v3: embed_q / unembed_out per-head linears, the latent and
+    # k_pe cached, the rope part as the sdpa mask (pe scores), initialize_rope
+
+
+class TopkMethod(StrEnum):
+    """softmax_group_greedy: deepseek_v2's topk_method (any value but group_limited_greedy is greedy)."""
+
+    GREEDY = "greedy"  # HF's default
+    GREADY = "gready"  # mlx-lm's default spelling (greedy)
+    GROUP_LIMITED_GREEDY = "group_limited_greedy"
 
 
 class GateAct(StrEnum):
@@ -381,7 +407,8 @@ class ScoreFunc(StrEnum):
 
 # Router numbers that are a kind rather than a number: resolved into the enum member, a config
 # value outside it refused naming the field (mlx-lm raises ValueError there).
-ROUTER_PARAM_KINDS: Mapping[str, type[StrEnum]] = {"act": GateAct, "score_fn": ScoreFunc}
+ROUTER_PARAM_KINDS: Mapping[str, type[StrEnum]] = {"act": GateAct, "score_fn": ScoreFunc,
+                                                   "method": TopkMethod}
 
 
 class TopKSelect(StrEnum):

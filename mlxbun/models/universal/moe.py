@@ -42,6 +42,7 @@ from mlxbun.models.universal.kinds import (
     SharedKind,
     TopKRenorm,
     TopKSelect,
+    TopkMethod,
     exhaustive,
 )
 from mlxbun.models.universal.mlp import MLP
@@ -78,6 +79,24 @@ def _softmax_topk(r: "Router", logits, bias):  # qwen3_moe, qwen2_moe, olmoe, de
     if r.norm_topk:
         scores = scores / mx.sum(scores, axis=-1, keepdims=True)
     return inds, scores
+
+
+def _softmax_group_greedy(r: "Router", logits, bias):  # deepseek_v2's MoEGate, op for op
+    p = r.params
+    scores = mx.softmax(logits, axis=-1, precise=True)
+    if p["method"] is TopkMethod.GROUP_LIMITED_GREEDY:
+        bsz, seq_len = logits.shape[:2]
+        scores = scores.reshape(bsz, seq_len, p["n_group"], -1)
+        group_scores = scores.max(axis=-1, keepdims=True)
+        k = p["n_group"] - p["topk_group"]
+        group_idx = mx.argpartition(group_scores, kth=k - 1, axis=-2)[..., :k, :]
+        group_idx = mx.stop_gradient(group_idx)
+        scores = mx.put_along_axis(scores, group_idx, mx.array(0.0, scores.dtype), axis=-2)
+        scores = scores.reshape(bsz, seq_len, -1)
+    k = r.top_k
+    inds = mx.stop_gradient(mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k])
+    scores = mx.take_along_axis(scores, inds, axis=-1)
+    return inds, scores * p["scaling"]
 
 
 def _topk_softmax(r: "Router", logits, bias):  # mixtral
@@ -308,6 +327,7 @@ _ROUTE = exhaustive(RouterKind, {
     RouterKind.SIGMOID_SCALED: _sigmoid_scaled,
     RouterKind.SCORED_GROUPED: _scored_grouped,
     RouterKind.CAPPED_SCORE: _capped_score,
+    RouterKind.SOFTMAX_GROUP_GREEDY: _softmax_group_greedy,
 })
 # the router kinds whose weights end cast to the block input's dtype, `weights.astype(x.dtype)`
 # (minimax; Klear: scores.astype(x.dtype))

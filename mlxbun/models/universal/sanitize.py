@@ -280,6 +280,68 @@ def _fp8_block_dequant(weight, scale_inv):
     return weight[:m, :n].astype(dtype)
 
 
+def _int4_packed(w: dict) -> dict:
+    """deepseek_v3.sanitize's int4 remap: X.weight_shape marks a packed X."""
+    out = {}
+    for k, v in w.items():
+        if k.endswith("weight_shape"):
+            base = k.replace("weight_shape", "")
+            packed, s = w[base + "weight_packed"], w[base + "weight_scale"]
+            out[base + "weight"] = (Meta(packed.shape[:-1] + (packed.shape[-1] * packed.dtype.size // 4,),
+                                         mx.uint32) if isinstance(packed, Meta) else packed.view(mx.uint32))
+            out[base + "scales"] = s
+            out[base + "biases"] = Meta(s.shape, s.dtype) if isinstance(s, Meta) else -8 * s
+        elif not (k.endswith("weight_scale") or k.endswith("weight_packed")):
+            out[k] = v
+    return out
+
+
+def _split_kv_b(w: dict, fields: Mapping, d: ArchDescriptor) -> dict:
+    """deepseek_v3.sanitize: each kv_b_proj [H*(dn+dv), kv] -> embed_q [H, kv, dn] (k part,
+    transposed) and unembed_out [H, dv, kv]; a quantized one dequantized, split, requantized."""
+    w = dict(w)
+    m = d.mla
+    dn, dv, kv, heads = fields[m.nope_dim], fields[m.v_dim], fields[m.kv_lora_rank], fields[d.n_heads]
+    for layer in range(fields[d.n_layers]):
+        prefix = f"model.layers.{layer}.self_attn"
+        if f"{prefix}.kv_b_proj.weight" not in w:
+            continue
+        quantized = f"{prefix}.kv_b_proj.scales" in w
+        v = w.pop(f"{prefix}.kv_b_proj.weight")
+        head_dim = dn + dv
+        if quantized:
+            scales = w.pop(f"{prefix}.kv_b_proj.scales")
+            biases = w.pop(f"{prefix}.kv_b_proj.biases")
+            bits = (v.shape[-1] * 32) // kv
+            group_size = kv // scales.shape[-1]
+        if isinstance(v, Meta):
+            shapes = {"embed_q": (heads, kv, dn), "unembed_out": (heads, dv, kv)}
+            for name, shape in shapes.items():
+                if quantized:
+                    w[f"{prefix}.{name}.weight"] = Meta(shape[:-1] + (shape[-1] * bits // 32,), mx.uint32)
+                    for part in ("scales", "biases"):
+                        w[f"{prefix}.{name}.{part}"] = Meta(shape[:-1] + (shape[-1] // group_size,),
+                                                            scales.dtype)
+                else:
+                    w[f"{prefix}.{name}.weight"] = Meta(shape, v.dtype)
+            continue
+        if quantized:
+            v = mx.dequantize(v, scales, biases, bits=bits, group_size=group_size)
+        v = v.reshape(heads, head_dim, -1)
+        wk = mx.contiguous(v[:, :dn, :].swapaxes(-1, -2))
+        wv = mx.contiguous(v[:, dn:, :])
+        if quantized:
+            wk, wk_scales, wk_biases = mx.quantize(wk, bits=bits, group_size=group_size)
+            wv, wv_scales, wv_biases = mx.quantize(wv, bits=bits, group_size=group_size)
+            w[f"{prefix}.embed_q.scales"] = wk_scales
+            w[f"{prefix}.unembed_out.scales"] = wv_scales
+            w[f"{prefix}.embed_q.biases"] = wk_biases
+            w[f"{prefix}.unembed_out.biases"] = wv_biases
+        w[f"{prefix}.embed_q.weight"] = wk
+        w[f"{prefix}.unembed_out.weight"] = wv
+    return w
+
+
 _STEP3P5_REMAP = (
     (".moe.gate_proj.", ".mlp.switch_mlp.gate_proj."),
     (".moe.up_proj.", ".mlp.switch_mlp.up_proj."),
@@ -415,6 +477,10 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _wrapper_keys(d, rule.arg, w)
     if op is SanitizeOp.SPLIT_GATE_UP_EXPERTS:
         return _split_gate_up_experts(d, w, fields), {}
+    if op is SanitizeOp.INT4_PACKED:
+        return _int4_packed(w), {}
+    if op is SanitizeOp.SPLIT_KV_B:
+        return _split_kv_b(w, fields, d), {}
     if op is SanitizeOp.FALCON_H1_MUP:
         return fold_falcon_h1(w, fields, d.model_type), {}
     if op is SanitizeOp.STRIP_PREFIX:  # laguna: repacked checkpoints wrap every tensor in it

@@ -58,6 +58,7 @@ from mlxbun.models.universal.kinds import (
     Residual,
     ResidualScale,
     RopeKind,
+    MlaKind,
     SanitizeOp,
     StrEnum,
     SwigluClamp,
@@ -66,6 +67,7 @@ from mlxbun.models.universal.kinds import (
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
 from mlxbun.models.universal.schema_hybrid import HybridKnobs, check_hybrid, hybrid_refs
+from mlxbun.models.universal.schema_mla import MlaKnobs
 from mlxbun.models.universal.schema_moe import (  # the MoE knobs and their checks
     MoEKnobs,
     StackExperts,
@@ -277,6 +279,7 @@ class ArchDescriptor:
     layers: LayerKnobs = LayerKnobs()
     moe: MoEKnobs | None = None
     hybrid: HybridKnobs | None = None  # recurrent mixers on some layers (schema_hybrid.py)
+    mla: MlaKnobs | None = None  # multi-head latent attention on every layer (mla.py; deepseek_v2)
     sanitize: tuple[SanitizeRule, ...] = ()
     # config keys mlx-lm deliberately ignores for this arch (known; reported, never refused)
     ignored_keys: Mapping[str, str] = field(default_factory=dict)
@@ -374,6 +377,8 @@ class ArchDescriptor:
             yield from (("layers.kv_share", "use_cla"), ("layers.kv_share", "cla_share_factor"))
         if self.moe is not None:
             yield from moe_refs(self.moe)
+        if self.mla is not None:
+            yield from (("mla", name) for name in self.mla.field_names())
         if self.hybrid is not None:
             yield from hybrid_refs(self.hybrid)
 
@@ -515,6 +520,9 @@ def _check_combinations(d: ArchDescriptor) -> None:
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):
         raise d.error("sanitize rules stack_experts / split_glu_experts / split_interleaved_experts / "
                       "rename_in_moe_layers need a moe block")
+    if any(r.op is SanitizeOp.SPLIT_KV_B for r in d.sanitize) and (
+            d.mla is None or d.mla.kind is not MlaKind.ABSORBED):
+        raise d.error("sanitize rule split_kv_b needs mla knobs of kind 'absorbed'")
 
 
 _MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS, SanitizeOp.SPLIT_INTERLEAVED_EXPERTS,

@@ -28,6 +28,7 @@ from mlxbun.models.universal.schema import (
     SanitizeRule,
     SlidingAttn,
 )
+from mlxbun.models.universal.schema_mla import MlaKnobs
 from mlxbun.models.universal.schema_moe import (
     MoEKnobs,
     MoENames,
@@ -958,6 +959,80 @@ _MOE_ROWS = [
                       "aux_loss_alpha": "training-time router loss", "seq_aux": "training-time router loss"},
         notes="DeepSeek-MoE (v1): softmax router without renormalization, shared experts, dense "
               "first layers; linear rope scaling only.",
+    ),
+    ArchDescriptor(
+        "deepseek_v2",
+        dict(model_type="deepseek_v2", vocab_size=102400, hidden_size=4096, intermediate_size=11008,
+             moe_intermediate_size=1407, num_hidden_layers=30, num_attention_heads=32,
+             num_key_value_heads=32, n_shared_experts=None, n_routed_experts=None,
+             routed_scaling_factor=1.0, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
+             v_head_dim=128, qk_nope_head_dim=128, topk_method="gready", n_group=None,
+             topk_group=None, num_experts_per_tok=None, moe_layer_freq=1, first_k_dense_replace=0,
+             max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0,
+             rope_scaling=None, attention_bias=False),
+        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=True, max_positions=None),  # the base and the scaling mla.py reads
+        head=HeadKnobs(tie=False), mla=MlaKnobs(),
+        moe=MoEKnobs(experts="n_routed_experts", layers="first_k_dense_freq",
+                     router=RouterKnobs("softmax_group_greedy", gate="weight",
+                                        params={"method": "topk_method", "scaling": "routed_scaling_factor",
+                                                "n_group": "n_group", "topk_group": "topk_group"}),
+                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
+        sanitize=(_STACK,), accepted_values={**_SILU, "mlp_bias": (False,)},
+        ignored_keys={**_ROUTER_TRAINING,
+                      "norm_topk_prob": "mlx-lm's deepseek_v2 never renormalizes the top-k weights",
+                      "tie_word_embeddings": "mlx-lm's deepseek_v2 always has its own lm_head",
+                      "head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "aux_loss_alpha": "training-time router loss", "seq_aux": "training-time router loss"},
+        notes="DeepSeek-V2: multi-head latent attention (low-rank q, a compressed KV latent, one "
+              "rope key shared by the heads, deepseek_v2's own yarn rope scaling all of q_pe / k_pe "
+              "by mscale, the softmax scale times mscale(mscale_all_dim) squared; the cache holds "
+              "full per-head keys and values, as mlx-lm's); softmax router, optionally "
+              "group-limited, times routed_scaling_factor, never renormalized; shared experts, "
+              "dense first layers. rope_scaling must be a dict with a factor (mlx-lm reads it).",
+    ),
+    ArchDescriptor(
+        "deepseek_v3",
+        dict(model_type="deepseek_v3", vocab_size=102400, hidden_size=4096, intermediate_size=11008,
+             moe_intermediate_size=1407, num_hidden_layers=30, num_attention_heads=32,
+             num_key_value_heads=32, n_shared_experts=None, n_routed_experts=None,
+             routed_scaling_factor=1.0, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
+             v_head_dim=128, qk_nope_head_dim=128, topk_method="noaux_tc", scoring_func="sigmoid",
+             norm_topk_prob=True, n_group=1, topk_group=1, num_experts_per_tok=1, moe_layer_freq=1,
+             first_k_dense_replace=0, max_position_embeddings=2048, rms_norm_eps=1e-6,
+             rope_theta=10000.0, rope_scaling=None, attention_bias=False),
+        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
+        head=HeadKnobs(tie=False), mla=MlaKnobs("absorbed"), layers=LayerKnobs(mask_array=True),
+        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense_freq",
+                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
+                                        params=_NOAUX_PARAMS),
+                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
+        sanitize=(SanitizeRule("int4_packed", None, "packed int4 weights (weight_packed / weight_scale) "
+                                                    "as mlx affine 4-bit (biases -8 * scales)"),
+                  SanitizeRule("fp8_block_dequant", None, "fp8 weights dequantized to bfloat16"),
+                  _STACK,
+                  SanitizeRule("split_kv_b", None, "kv_b_proj split per head into embed_q | unembed_out"),
+                  SanitizeRule("drop_prefix", "model.layers.61", "the multi-token-prediction layer "
+                                                                 "(mlx-lm drops layer 61 by name)"),
+                  SanitizeRule("drop_containing", "rotary_emb.inv_freq", "precomputed rotary freqs")),
+        accepted_values={**_SILU, "scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",),
+                         "rope_interleave": (True,)},
+        ignored_keys={**_ROUTER_TRAINING,
+                      "tie_word_embeddings": "mlx-lm's deepseek_v3 always has its own lm_head",
+                      "head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "num_nextn_predict_layers": "mlx-lm drops the multi-token-prediction layer",
+                      "aux_loss_alpha": "training-time router loss", "seq_aux": "training-time router loss"},
+        notes="DeepSeek-V3: absorbed multi-head latent attention (the cache holds the normed KV "
+              "latent and the rope key, one head each; the rope scores are the sdpa's additive mask; "
+              "a prefill expands the latent per head through embed_q / unembed_out, a decode step "
+              "absorbs them into q and the output); kv_b_proj checkpoints split at load. "
+              "noaux_tc router (sigmoid + correction bias, grouped top-k, renorm, scaling), shared "
+              "experts, dense first layers; int4-packed and fp8 checkpoints load as mlx-lm's.",
     ),
     ArchDescriptor(
         "gpt_oss",

@@ -1,0 +1,238 @@
+"""Multi-head latent attention (`ArchDescriptor.mla`), op for op as mlx-lm 0.32.2 computes it.
+Both kinds: q through q_lora_rank (q_a_proj -> q_a_layernorm -> q_b_proj) or a direct q_proj;
+kv_a_proj_with_mqa split into the KV latent and one rope key shared by all heads.
+
+MlaKind.EXPANDED (deepseek_v2.py): kv_b_proj(kv_a_layernorm(latent)) split per head into
+k_nope | values; deepseek_v2's own yarn rope on the rope parts; the scale q_head_dim ** -0.5 times
+yarn's mscale(mscale_all_dim) squared; the cache holds the full per-head keys [k_nope | k_pe] and
+the values.
+
+MlaKind.ABSORBED (deepseek_v3.py): the cache holds the normed latent (as keys, one head) and k_pe
+(as values); the rope scores (q_pe * scale) @ k_pe^T, masked, are the sdpa's additive mask; a
+prefill expands the latent per head (embed_q / unembed_out), a decode step absorbs embed_q into q
+and unembed_out after the sdpa; rope by initialize_rope (traditional)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxbun.errors import MlxbunError
+from mlxbun.models import rope as R
+from mlxbun.models.base import scaled_dot_product_attention
+from mlxbun.models.multi_linear import MultiLinear
+from mlxbun.models.universal.kinds import MlaKind, exhaustive
+from mlxbun.models.universal.schema_mla import MlaKnobs
+
+__all__ = ["DeepseekV2YarnRoPE", "MlaAbsorbedAttention", "MlaAttention", "mla_attention", "mla_dims"]
+
+_ROPE_KEYS = ("original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+
+
+def _yarn_get_mscale(scale=1, mscale=1):
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_linear_ramp_mask(min_val, max_val, dim):
+    if min_val == max_val:
+        max_val += 0.001  # Prevent singularity
+    linear_func = (mx.arange(dim, dtype=mx.float32) - min_val) / (max_val - min_val)
+    return mx.clip(linear_func, 0, 1)
+
+
+def _yarn_correction_dim(num_rotations, dim, base, max_position_embeddings):
+    return (dim * math.log(max_position_embeddings / (num_rotations * 2 * math.pi))) / (
+        2 * math.log(base))
+
+
+class DeepseekV2YarnRoPE(nn.Module):
+    """deepseek_v2.py's DeepseekV2YarnRotaryEmbedding (not rope.py's YarnRoPE: it scales all of x)."""
+
+    def __init__(self, dim, base=10000, scaling_factor=1.0, original_max_position_embeddings=4096,
+                 beta_fast=32, beta_slow=1, mscale=1, mscale_all_dim=0):
+        super().__init__()
+        self.mscale = _yarn_get_mscale(scaling_factor, mscale) / _yarn_get_mscale(
+            scaling_factor, mscale_all_dim)
+        freq_extra = base ** (mx.arange(0, dim, 2, dtype=mx.float32) / dim)
+        freq_inter = scaling_factor * base ** (mx.arange(0, dim, 2, dtype=mx.float32) / dim)
+        low = math.floor(_yarn_correction_dim(beta_fast, dim, base, original_max_position_embeddings))
+        high = math.ceil(_yarn_correction_dim(beta_slow, dim, base, original_max_position_embeddings))
+        low, high = max(low, 0), min(high, dim - 1)
+        freq_mask = 1.0 - _yarn_linear_ramp_mask(low, high, dim // 2)
+        self._freqs = (freq_inter * freq_extra) / (freq_inter * freq_mask + freq_extra * (1 - freq_mask))
+
+    def __call__(self, x, offset=0):
+        if self.mscale != 1.0:
+            x = self.mscale * x
+        return mx.fast.rope(x, x.shape[-1], traditional=True, base=None, scale=1.0, offset=offset,
+                            freqs=self._freqs)
+
+
+def _int(fields: Mapping, key: str, model_type: str, optional: bool = False):
+    v = fields.get(key)
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise MlxbunError(f"{model_type}: config key {key!r} must be a positive integer"
+                          f"{' or null' if optional else ''} (got {v!r})")
+    return v
+
+
+def mla_dims(fields: Mapping, m: MlaKnobs, model_type: str) -> dict:
+    """The MLA numbers of a config, each checked (a bad value names its key)."""
+    dims = dict(q_lora_rank=_int(fields, m.q_lora_rank, model_type, optional=True),
+                kv_lora_rank=_int(fields, m.kv_lora_rank, model_type),
+                nope=_int(fields, m.nope_dim, model_type), rope=_int(fields, m.rope_dim, model_type),
+                v=_int(fields, m.v_dim, model_type))
+    if dims["rope"] % 2:
+        raise MlxbunError(f"{model_type}: config key {m.rope_dim!r} must be even (got {dims['rope']})")
+    scaling = fields.get(m.scaling)
+    if scaling is not None or m.kind is MlaKind.EXPANDED:  # deepseek_v3 allows none
+        if not isinstance(scaling, Mapping):
+            raise MlxbunError(f"{model_type}: config key {m.scaling!r} must be a dict (got {scaling!r})")
+        if (m.kind is MlaKind.EXPANDED or scaling.get("mscale_all_dim")) and not isinstance(
+                scaling.get("factor"), (int, float)):
+            raise MlxbunError(f"{model_type}: config key {m.scaling!r} needs a numeric 'factor' (mlx-lm's "
+                              f"{model_type} reads {m.scaling}['factor']; got {scaling!r})")
+    dims["scaling"] = scaling
+    return dims
+
+
+def _init_q_kv_a(self, dm: dict, hidden: int, heads: int, bias: bool) -> None:
+    """The projections both kinds share, as mlx-lm builds them."""
+    self.num_heads = heads
+    self.q_lora_rank, self.kv_lora_rank = dm["q_lora_rank"], dm["kv_lora_rank"]
+    self.qk_nope_head_dim, self.qk_rope_head_dim = dm["nope"], dm["rope"]
+    self.v_head_dim = dm["v"]
+    self.q_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
+    self.scale = self.q_head_dim**-0.5
+    if self.q_lora_rank is None:
+        self.q_proj = nn.Linear(hidden, heads * self.q_head_dim, bias=False)
+    else:
+        self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
+        self.q_a_layernorm = nn.RMSNorm(self.q_lora_rank, eps=1e-6)
+        self.q_b_proj = nn.Linear(self.q_lora_rank, heads * self.q_head_dim, bias=False)
+    self.kv_a_proj_with_mqa = nn.Linear(hidden, self.kv_lora_rank + self.qk_rope_head_dim, bias=bias)
+    self.kv_a_layernorm = nn.RMSNorm(self.kv_lora_rank, eps=1e-6)
+
+
+def _q_and_latent(self, x):
+    """q_nope, q_pe [B, H, L, .], the latent before its norm [B, L, kv], k_pe [B, 1, L, dr]."""
+    B, L, D = x.shape
+    if self.q_lora_rank is None:
+        q = self.q_proj(x)
+    else:
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+    q = q.reshape(B, L, self.num_heads, self.q_head_dim).transpose(0, 2, 1, 3)
+    q_nope, q_pe = mx.split(q, [self.qk_nope_head_dim], axis=-1)
+    compressed_kv = self.kv_a_proj_with_mqa(x)
+    compressed_kv, k_pe = mx.split(compressed_kv, [self.kv_lora_rank], axis=-1)
+    k_pe = k_pe.reshape(B, L, 1, self.qk_rope_head_dim).transpose(0, 2, 1, 3)
+    return q_nope, q_pe, compressed_kv, k_pe
+
+
+class MlaAttention(nn.Module):
+    """MlaKind.EXPANDED: deepseek_v2's DeepseekV2Attention."""
+
+    def __init__(self, fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: int,
+                 bias: bool):
+        super().__init__()
+        dm = mla_dims(fields, m, model_type)
+        _init_q_kv_a(self, dm, hidden, heads, bias)
+        self.kv_b_proj = nn.Linear(
+            self.kv_lora_rank, heads * (self.q_head_dim - self.qk_rope_head_dim + self.v_head_dim),
+            bias=False)
+        self.o_proj = nn.Linear(heads * self.v_head_dim, hidden, bias=bias)
+        scaling = dm["scaling"]
+        mscale_all_dim = scaling.get("mscale_all_dim", 0)
+        scaling_factor = scaling["factor"]
+        if mscale_all_dim:
+            mscale = _yarn_get_mscale(scaling_factor, mscale_all_dim)
+            self.scale = self.scale * mscale * mscale
+        rope_kwargs = {key: scaling[key] for key in _ROPE_KEYS if key in scaling}
+        self.rope = DeepseekV2YarnRoPE(self.qk_rope_head_dim, base=fields[m.theta],
+                                       scaling_factor=scaling_factor, **rope_kwargs)
+
+    def __call__(self, x, mask=None, cache=None):
+        B, L, D = x.shape
+        q_nope, q_pe, compressed_kv, k_pe = _q_and_latent(self, x)
+        kv = self.kv_b_proj(self.kv_a_layernorm(compressed_kv))
+        kv = kv.reshape(B, L, self.num_heads, -1).transpose(0, 2, 1, 3)
+        k_nope, values = mx.split(kv, [self.qk_nope_head_dim], axis=-1)
+        if cache is not None:
+            q_pe = self.rope(q_pe, cache.offset)
+            k_pe = self.rope(k_pe, cache.offset)
+            k_pe = mx.repeat(k_pe, self.num_heads, axis=1)
+            keys, values = cache.update_and_fetch(mx.concatenate([k_nope, k_pe], axis=-1), values)
+        else:
+            q_pe = self.rope(q_pe)
+            k_pe = self.rope(k_pe)
+            k_pe = mx.repeat(k_pe, self.num_heads, axis=1)
+            keys = mx.concatenate([k_nope, k_pe], axis=-1)
+        queries = mx.concatenate([q_nope, q_pe], axis=-1)
+        output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale,
+                                              mask=mask)
+        output = output.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return self.o_proj(output)
+
+
+class MlaAbsorbedAttention(nn.Module):
+    """MlaKind.ABSORBED: deepseek_v3's DeepseekV3Attention (takes the boolean mask array)."""
+
+    def __init__(self, fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: int,
+                 bias: bool):
+        super().__init__()
+        dm = mla_dims(fields, m, model_type)
+        _init_q_kv_a(self, dm, hidden, heads, bias)
+        self.embed_q = MultiLinear(self.qk_nope_head_dim, self.kv_lora_rank, heads)
+        self.unembed_out = MultiLinear(self.kv_lora_rank, self.v_head_dim, heads)
+        self.o_proj = nn.Linear(heads * self.v_head_dim, hidden, bias=bias)
+        scaling = dm["scaling"]
+        if scaling is not None:
+            mscale_all_dim = scaling.get("mscale_all_dim", 0)
+            if mscale_all_dim:
+                scaling_factor = scaling["factor"]
+                if scaling_factor > 1:
+                    s = 0.1 * mscale_all_dim * math.log(scaling_factor) + 1.0
+                    self.scale = self.scale * s * s
+        self.rope = R.initialize_rope(self.qk_rope_head_dim, fields[m.theta], True, scaling,
+                                      fields[m.max_positions])
+
+    def __call__(self, x, mask=None, cache=None):
+        B, L, D = x.shape
+        q_nope, q_pe, compressed_kv, k_pe = _q_and_latent(self, x)
+        kv_latent = self.kv_a_layernorm(compressed_kv)
+        offset = cache.offset if cache is not None else 0
+        q_pe = self.rope(q_pe, offset)
+        k_pe = self.rope(k_pe, offset)
+        kv_latent = mx.expand_dims(kv_latent, axis=1)
+        if cache is not None:
+            kv_latent, k_pe = cache.update_and_fetch(kv_latent, k_pe)
+        pe_scores = (q_pe * self.scale) @ k_pe.swapaxes(-1, -2)
+        if mask is not None:
+            pe_scores = mx.where(mask, pe_scores, mx.array(mx.finfo(pe_scores.dtype).min, pe_scores.dtype))
+        if L == 1:
+            q_nope = self.embed_q(q_nope)
+            k = v = kv_latent
+        else:
+            k = self.embed_q(kv_latent, transpose=False)
+            v = self.unembed_out(kv_latent)
+        output = scaled_dot_product_attention(q_nope, k, v, cache=cache, scale=self.scale, mask=pe_scores)
+        if L == 1:
+            output = self.unembed_out(output)
+        output = output.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return self.o_proj(output)
+
+
+_MLA = exhaustive(MlaKind, {MlaKind.EXPANDED: MlaAttention, MlaKind.ABSORBED: MlaAbsorbedAttention})
+
+
+def mla_attention(fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: int,
+                  bias: bool) -> nn.Module:
+    """The attention module of an `mla` row's kind."""
+    return _MLA[m.kind](fields, m, model_type, hidden, heads, bias)
