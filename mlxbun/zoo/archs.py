@@ -7,38 +7,42 @@ rope as `rope_parameters`; mlx-lm 0.32.2 mostly reads the pre-v5 keys
 (`rope_theta`, `rope_scaling`, `partial_rotary_factor`), which real hub
 checkpoints carry, so both are written and agree.
 
-Adding an arch is one `Arch(...)` row in `_ROWS`.
+Adding an arch is one `Arch(...)` row in `_ROWS` (a hybrid: `archs_hybrid.HYBRID_ROWS`); `Arch` and
+the tiny sizes are `arch_row.py`.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from mlxbun.errors import UnsupportedModelError
+from mlxbun.zoo.arch_row import (
+    HEAD_DIM,
+    HEADS,
+    HIDDEN,
+    INTERMEDIATE,
+    MAX_POSITIONS,
+    MOE_EXPERTS,
+    MOE_INTERMEDIATE,
+    MOE_TOP_K,
+    SLIDING_WINDOW,
+    Arch,
+)
+from mlxbun.zoo.archs_hybrid import HYBRID_ROWS
 from mlxbun.zoo.config_fixups import (
     cohere2_post,
     exaone4_post,
     exaone_moe_post,
     gemma3_post,
     gemma3_wrapper_post,
-    mistral3_wrapper_post,
     gpt_neox_post,
     mellum_post,
     minimax_m2_post,
+    mistral3_wrapper_post,
     qwen3_moe_post,
 )
-from mlxbun.zoo.gated_delta_configs import QWEN3_5_KNOBS, qwen3_5_post, qwen3_next_post
 from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
 from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
-
-HIDDEN = 64
-HEADS = 4
-HEAD_DIM = 16
-INTERMEDIATE = 128
-MAX_POSITIONS = 512
-SLIDING_WINDOW = 16  # a 40-token prompt crosses it
 
 # PretrainedConfig bookkeeping that real hub configs (saved with to_diff_dict) do not carry.
 _GENERIC_KEYS = (
@@ -57,25 +61,6 @@ _GENERIC_KEYS = (
 )
 
 
-@dataclass(frozen=True)
-class Arch:
-    """One zoo row. `hf_config` names the transformers configuration class whose defaults are
-    shrunk; without one, `base` holds the keys of a real hub config."""
-
-    name: str  # model_type
-    architecture: str  # config.json "architectures"[0]
-    hf_config: str | None = None
-    base: Mapping = field(default_factory=dict)
-    layers: int = 2  # enough that every layer kind of the arch appears
-    kv_heads: int | None = None  # None: 2 if the default config has GQA, else 4 (MHA)
-    knobs: Mapping = field(default_factory=dict)  # config-class kwargs: rope, pattern, ...
-    extra: Mapping = field(default_factory=dict)  # hub-config keys the config class lacks
-    legacy_rope: bool = True  # mlx-lm reads rope_theta/rope_scaling rather than rope_parameters
-    rope_type_key: str = "rope_type"  # the key real hub rope_scaling dicts use ("type" for some)
-    post: Callable[[dict], None] | None = None  # last fix-ups to match real hub configs
-    extra_variants: tuple[str, ...] = ()  # names.OPT_IN_VARIANTS this arch's port / manifest run
-
-
 def _llama3(theta: float, factor: float) -> dict:
     # Llama 3.1 parameters with the context shrunk: max / original = factor (8192 * 8 -> 64 * 8)
     return {
@@ -88,9 +73,6 @@ def _llama3(theta: float, factor: float) -> dict:
     }
 
 
-# MoE rows: 4 experts, 2 per token, expert width 64 (a quantization group), so a 40-token
-# prompt routes 80 picks (mlx-lm's sorted-indices path) and a decode step 2 (the unsorted one)
-MOE_EXPERTS, MOE_TOP_K, MOE_INTERMEDIATE = 4, 2, 64
 
 _MLA_KNOBS = {"n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
               "moe_intermediate_size": MOE_INTERMEDIATE, "first_k_dense_replace": 1, "q_lora_rank": 32,
@@ -409,83 +391,7 @@ _ROWS = (
 
 
 
-def _lfm2_post(cfg: dict) -> None:
-    # real hub configs carry block_dim / block_ff_dim (mlx-lm requires block_dim) and
-    # tie_embedding (the config class reads it, mlx-lm always ties)
-    cfg.update(block_dim=cfg["hidden_size"], block_ff_dim=cfg["intermediate_size"],
-               tie_embedding=cfg["tie_word_embeddings"])
-
-
-# hybrid rows: attention on some layers, a recurrent mixer on the others (every kind appears)
-_HYBRID_ROWS = (
-    # conv, attention, conv: the attention mask comes from layer 1, the conv mask from layer 0
-    Arch("lfm2", "Lfm2ForCausalLM", "Lfm2Config", layers=3, kv_heads=2,
-         knobs={"layer_types": ["conv", "full_attention", "conv"], "block_multiple_of": 32},
-         post=_lfm2_post),
-    # delta, attention, delta; Qwen3-Next's knobs (renormalized top-k, a shared expert), layer 2
-    # dense (mlp_only_layers); key heads of 32 (mlx-lm's Metal kernel needs Dk % 32 == 0)
-    Arch("qwen3_next", "Qwen3NextForCausalLM", "Qwen3NextConfig", layers=3, kv_heads=2,
-         knobs={"full_attention_interval": 2, "linear_num_value_heads": 4,
-                "linear_num_key_heads": 2, "linear_key_head_dim": 32, "linear_value_head_dim": 16,
-                "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
-                "moe_intermediate_size": MOE_INTERMEDIATE,
-                "shared_expert_intermediate_size": MOE_INTERMEDIATE, "mlp_only_layers": [2]},
-         post=qwen3_next_post),
-    # delta, attention, delta behind the VLM wrapper
-    Arch("qwen3_5", "Qwen3_5ForConditionalGeneration", "Qwen3_5TextConfig", layers=3, kv_heads=2,
-         legacy_rope=False, knobs=QWEN3_5_KNOBS, post=qwen3_5_post),
-    Arch("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeTextConfig", layers=3,
-         kv_heads=2, legacy_rope=False,
-         knobs={**QWEN3_5_KNOBS, "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
-                "moe_intermediate_size": MOE_INTERMEDIATE,
-                "shared_expert_intermediate_size": MOE_INTERMEDIATE},
-         post=qwen3_5_post),
-    # conv, attention, conv; layer 0 dense, layers 1-2 MoE (sigmoid router with expert bias)
-    Arch("lfm2_moe", "Lfm2MoeForCausalLM", "Lfm2MoeConfig", layers=3, kv_heads=2,
-         knobs={"layer_types": ["conv", "full_attention", "conv"], "num_dense_layers": 1,
-                "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
-                "moe_intermediate_size": MOE_INTERMEDIATE, "routed_scaling_factor": 1.5}),
-    # delta, attention, delta: the attention (post-norm) and delta (pre-norm) blocks, beta * 2
-    # (linear_allow_neg_eigval's default); key heads of 32 (mlx-lm's Metal kernel needs Dk % 32 == 0);
-    # rope_parameters only, as transformers-5 hub configs write it
-    Arch("olmo_hybrid", "OlmoHybridForCausalLM", "OlmoHybridConfig", layers=3, kv_heads=2,
-         legacy_rope=False,
-         knobs={"layer_types": ["linear_attention", "full_attention", "linear_attention"],
-                "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 32,
-                "linear_value_head_dim": 16}),
-    # every layer the Mamba2 mixer: 8 heads x 16 = 2 * hidden, 2 groups of state 16; mlx-lm
-    # requires intermediate_size, which transformers 5's Mamba2Config no longer writes
-    Arch("mamba2", "Mamba2ForCausalLM", "Mamba2Config", legacy_rope=False,
-         knobs={"num_heads": 8, "state_size": 16, "n_groups": 2}, extra={"intermediate_size": 2 * HIDDEN}),
-    # mamba, MoE, attention, MLP, mamba: mlx-lm's cache list skips the MoE and MLP layers (the
-    # attention mask comes from cache 1, layer 2); two expert groups, one kept; routed scaling
-    Arch("nemotron_h", "NemotronHForCausalLM", "NemotronHConfig", layers=5, kv_heads=2,
-         legacy_rope=False,
-         knobs={"mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 2,
-                "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp",
-                                      "linear_attention"],
-                "n_routed_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
-                "moe_intermediate_size": MOE_INTERMEDIATE,
-                "moe_shared_expert_intermediate_size": MOE_INTERMEDIATE, "n_group": 2,
-                "topk_group": 1, "routed_scaling_factor": 2.5}),
-    # Granite 4.0 H without experts, NoPE: layer_types spelled as hub configs do (transformers 5
-    # writes linear_attention / full_attention, which mlx-lm 0.32.2 refuses)
-    Arch("granitemoehybrid", "GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", layers=3,
-         kv_heads=2, extra={"layer_types": ["mamba", "attention", "mamba"]},
-         knobs={"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_n_groups": 2,
-                "num_local_experts": 0, "layer_types": ["mamba", "attention", "mamba"],
-                "position_embedding_type": "nope", "embedding_multiplier": 12.0,
-                "attention_multiplier": 0.0625, "residual_multiplier": 0.22, "logits_scaling": 8.0}),
-    # mamba2 beside attention in each layer (8 heads x 16, 2 groups, gated norm); tied head scaled
-    # by lm_head / embedding multiplier (the others fold into HF-layout weights: tests/test_hybrid_falcon)
-    Arch("falcon_h1", "FalconH1ForCausalLM", "FalconH1Config", kv_heads=2, extra={"head_dim": HEAD_DIM},
-         knobs={"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16,
-                "mamba_n_groups": 2, "mamba_rms_norm": True, "mamba_norm_before_gate": False,
-                "tie_word_embeddings": True, "embedding_multiplier": 5.656854249492381,
-                "lm_head_multiplier": 0.0390625}),
-)
-
-ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + _HYBRID_ROWS}
+ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + HYBRID_ROWS}
 ARCHS: tuple[str, ...] = tuple(ARCH_TABLE)
 
 

@@ -1,0 +1,39 @@
+"""One zoo row (`Arch`) and the tiny sizes every row shrinks its real config to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+__all__ = ["Arch", "HEAD_DIM", "HEADS", "HIDDEN", "INTERMEDIATE", "MAX_POSITIONS", "MOE_EXPERTS",
+           "MOE_INTERMEDIATE", "MOE_TOP_K", "SLIDING_WINDOW"]
+
+HIDDEN = 64
+HEADS = 4
+HEAD_DIM = 16
+INTERMEDIATE = 128
+MAX_POSITIONS = 512
+SLIDING_WINDOW = 16  # a 40-token prompt crosses it
+
+# MoE rows: 4 experts, 2 per token, expert width 64 (a quantization group), so a 40-token
+# prompt routes 80 picks (mlx-lm's sorted-indices path) and a decode step 2 (the unsorted one)
+MOE_EXPERTS, MOE_TOP_K, MOE_INTERMEDIATE = 4, 2, 64
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One zoo row. `hf_config` names the transformers configuration class whose defaults are
+    shrunk; without one, `base` holds the keys of a real hub config."""
+
+    name: str  # model_type
+    architecture: str  # config.json "architectures"[0]
+    hf_config: str | None = None
+    base: Mapping = field(default_factory=dict)
+    layers: int = 2  # enough that every layer kind of the arch appears
+    kv_heads: int | None = None  # None: 2 if the default config has GQA, else 4 (MHA)
+    knobs: Mapping = field(default_factory=dict)  # config-class kwargs: rope, pattern, ...
+    extra: Mapping = field(default_factory=dict)  # hub-config keys the config class lacks
+    legacy_rope: bool = True  # mlx-lm reads rope_theta/rope_scaling rather than rope_parameters
+    rope_type_key: str = "rope_type"  # the key real hub rope_scaling dicts use ("type" for some)
+    post: Callable[[dict], None] | None = None  # last fix-ups to match real hub configs
+    extra_variants: tuple[str, ...] = ()  # names.OPT_IN_VARIANTS this arch's port / manifest run
