@@ -210,7 +210,8 @@ def test_configs_keep_the_arch_knobs():
         heads = cfg.get("num_attention_heads", cfg.get("n_head"))  # mamba2 has no attention
         assert hidden == 64 and (heads == 4 or (arch == "mamba2" and heads is None)), arch
         assert cfg.get("max_position_embeddings", cfg.get("block_size", 512)) >= 512, arch
-        if "head_dim" in cfg:
+        if "head_dim" in cfg and cfg.get("qk_rope_head_dim") is None:  # MLA configs: head_dim is
+            # transformers' copy of qk_rope_head_dim, which mlx-lm never reads
             assert cfg["head_dim"] == 16, arch
         if cfg.get("layer_types"):
             kinds = set(cfg["layer_types"])
