@@ -33,7 +33,7 @@ from mlxbun.config_reader import json_safe
 from mlxbun.models.taps import Taps, block_paths, layer_index_of, substep_of
 from mlxbun.parity.compare import bit_equal, max_abs_diff
 from mlxbun.parity.localize import merged_order, tapped_steps
-from mlxbun.parity.states import state_cells, state_records
+from mlxbun.parity.states import cache_layers_of, state_cells, state_records
 
 __all__ = ["LayerDiff", "layer_diff", "summarize"]
 
@@ -253,8 +253,7 @@ def layer_diff(model_a: Any, model_b: Any, prompt_ids: Sequence, decode_ids: Seq
     """
     records: list[dict[str, Any]] = []
     states: list[dict[str, Any]] = []
-    # the model layer of each cache entry (a cache list that skips layers: nemotron_h)
-    layers = getattr(model_a, "cache_layers", None) or getattr(model_b, "cache_layers", None)
+    layers = cache_layers_of(model_a, model_b)
     all_paths: set[str] = set()
     for step, ta, tb, la, lb, ca, cb in tapped_steps(model_a, model_b, prompt_ids, decode_ids, paths):
         records += _compare_step(ta, tb, la, lb, step, len(records))

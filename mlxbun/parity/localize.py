@@ -26,7 +26,7 @@ import mlx.nn as nn
 from mlxbun.errors import MlxbunError
 from mlxbun.models.taps import Taps, block_paths, capture, layer_index_of, substep_of
 from mlxbun.parity.compare import bit_equal, dtype_name, max_abs_diff, nonfinite_sides
-from mlxbun.parity.states import recurrent_slots
+from mlxbun.parity.states import cache_layers_of, recurrent_slots
 
 __all__ = ["Divergence", "bit_equal", "first_divergence", "first_state_divergence", "max_abs_diff", "nonfinite_sides",
            "tap"]
@@ -92,13 +92,17 @@ def _compare_taps(a: Taps, b: Taps, step: int) -> Divergence | None:
         if (xb is None and path in a.observers) or (xa is None and path in b.observers):
             continue  # a module only mlxbun's tree has (an MoE router): nothing to compare
         if xa is None or xb is None:
-            return Divergence(**label, max_abs_diff=None, kind="structural",
-                              shape_a=None if xa is None else tuple(xa.shape),
-                              shape_b=None if xb is None else tuple(xb.shape),
-                              dtype_a=None if xa is None else dtype_name(xa), dtype_b=None if xb is None else dtype_name(xb))
+            return _structural(label, xa, xb)
         if not bit_equal(xa, xb):
             return _numeric(label, xa, xb)
     return None
+
+
+def _structural(label: dict, xa: mx.array | None, xb: mx.array | None) -> Divergence:
+    """A divergence in structure: a side missing, or (recurrent states) the shapes differing."""
+    return Divergence(**label, max_abs_diff=None, kind="structural",
+                      shape_a=None if xa is None else tuple(xa.shape), shape_b=None if xb is None else tuple(xb.shape),
+                      dtype_a=None if xa is None else dtype_name(xa), dtype_b=None if xb is None else dtype_name(xb))
 
 
 def _numeric(label: dict, xa: mx.array, xb: mx.array) -> Divergence:
@@ -109,18 +113,16 @@ def _numeric(label: dict, xa: mx.array, xb: mx.array) -> Divergence:
                       nonfinite=sides)
 
 
-def first_state_divergence(cache_a: Sequence, cache_b: Sequence, step: int) -> Divergence | None:
-    """The first recurrent slot (layer order) whose state is not bit-equal after `step`
-    (`parity.states`), or None."""
-    for layer, slot, xa, xb in recurrent_slots(cache_a, cache_b):
-        label = dict(path=f"cache[{layer}].state[{slot}]", layer_index=layer, substep="state",
-                     step=step, call=0)
+def first_state_divergence(cache_a: Sequence, cache_b: Sequence, step: int,
+                           layers: Sequence[int] | None = None) -> Divergence | None:
+    """The first recurrent slot (cache order) whose state is not bit-equal after `step`
+    (`parity.states`), or None. `layers`: the model layer of each cache entry where the cache
+    list skips layers (a model's `cache_layers`); None: entry i is layer i."""
+    for entry, slot, xa, xb in recurrent_slots(cache_a, cache_b):
+        label = dict(path=f"cache[{entry}].state[{slot}]", layer_index=entry if layers is None else layers[entry],
+                     substep="state", step=step, call=0)
         if xa is None or xb is None or xa.shape != xb.shape:
-            return Divergence(**label, max_abs_diff=None, kind="structural",
-                              shape_a=None if xa is None else tuple(xa.shape),
-                              shape_b=None if xb is None else tuple(xb.shape),
-                              dtype_a=None if xa is None else dtype_name(xa),
-                              dtype_b=None if xb is None else dtype_name(xb))
+            return _structural(label, xa, xb)
         if not bit_equal(xa, xb):
             return _numeric(label, xa, xb)
     return None
@@ -172,7 +174,7 @@ def first_divergence(candidate: Any, oracle: Any, prompt_ids: Sequence, decode_i
             return found
         if not bit_equal(la, lb):
             return _numeric(dict(path="logits", layer_index=None, substep="head", step=step, call=0), la, lb)
-        found = first_state_divergence(ca, cb, step)
+        found = first_state_divergence(ca, cb, step, cache_layers_of(candidate, oracle))
         if found is not None:
             return found
     return None

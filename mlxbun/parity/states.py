@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from mlxbun.parity.compare import bit_equal, dtype_name, max_abs_diff
 
-__all__ = ["is_recurrent_state", "recurrent_slots", "state_cells", "state_records"]
+__all__ = ["cache_layers_of", "is_recurrent_state", "recurrent_slots", "state_cells", "state_records"]
 
 
 def is_recurrent_state(cache: Any) -> bool:
@@ -47,6 +47,12 @@ def recurrent_slots(cache_a: Sequence, cache_b: Sequence) -> Iterator[tuple[int,
             xb = sb[slot] if slot < len(sb) else None
             if xa is not None or xb is not None:
                 yield layer, slot, xa, xb
+
+
+def cache_layers_of(*models: Any) -> list[int] | None:
+    """The model layer of each cache entry, from the first model that says (`cache_layers`: a
+    cache list that skips layers, nemotron_h's); None: entry i is layer i."""
+    return next((m.cache_layers for m in models if getattr(m, "cache_layers", None)), None)
 
 
 def _norm(x: mx.array | None) -> float | None:

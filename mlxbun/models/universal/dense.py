@@ -353,11 +353,12 @@ class UniversalDense(nn.Module):
                                             return_array=d.layers.mask_array)
         if self._swa_idx is not None:
             swa_mask = create_attention_mask(h, cache[self._swa_idx], window_size=a.sliding_window)
-        ssm_mask = None if self._ssm_idx is None else create_ssm_mask(h, cache[self._ssm_idx])
         if self._parallel_hybrid:  # falcon_h1: both masks from layer 0's CacheList children
             c = (None, None) if cache[0] is None else cache[0]
             ssm_mask = (create_ssm_mask(h, c[0]),
                         create_attention_mask(h, c[1], return_array=d.layers.mask_array))
+        else:
+            ssm_mask = None if self._ssm_idx is None else create_ssm_mask(h, cache[self._ssm_idx])
         if self._cache_idx is not None:  # layer by layer (the one-op MLP / MoE layers hold none)
             cache = [None if j is None else cache[j] for j in self._cache_idx]
         shared_kv = None
