@@ -136,7 +136,7 @@ def _fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def quality_tables(prompt_tokens: int = 64, continuation: int = 64, schemes=QUALITY_SCHEMES, zoo_root=None) -> str:
+def quality_tables(prompt_tokens: int = 64, continuation: int = 128, schemes=QUALITY_SCHEMES, zoo_root=None) -> str:
     """KLD / top-1 vs plain KV on zoo:deepseek_v2 / zoo:deepseek_v3, as built and widened."""
     from mlxbun.models.universal.loader import load_universal
     from mlxbun.parity.forced import eval_ids
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-measure", action="store_true", help="closed forms only")
     p.add_argument("--no-quality", action="store_true", help="skip the zoo KLD tables")
     p.add_argument("--prompt", type=int, default=64, help="prompt tokens of the KLD run")
-    p.add_argument("--continuation", type=int, default=64, help="greedy continuation tokens compared")
+    p.add_argument("--continuation", type=int, default=128, help="greedy continuation tokens compared")
     p.add_argument("--zoo-root", help="zoo checkpoint cache (default: $MLXBUN_ZOO_CACHE or ~/.cache/mlxbun/zoo)")
     args = p.parse_args(argv)
     known = {c.name: c for c in CONFIGS}
