@@ -3,7 +3,7 @@ the caches hold after a prefill, per scheme and MLA layout; the MLA command on a
 
 import pytest
 
-from mlxbun.bench.kv_bytes import SCHEMES, KVLayout, Refused, layout_bytes, measured_bytes, mla_layouts
+from mlxbun.bench.kv_bytes import SCHEMES, KVLayout, Refused, layout_bytes, measured_bytes, mla_layouts, total_bytes
 from mlxbun.errors import MlxbunError
 from mlxbun.zoo.archs import tiny_config
 
@@ -30,6 +30,11 @@ def test_deepseek_v3_closed_form_by_hand():
     assert layout_bytes(lay["latent"], "q8-latent") == (512 + 2 * 8 * 2) + (64 + 2 * 1 * 2)
     assert isinstance(layout_bytes(lay["latent"], "q8"), Refused)  # as mlx-lm: not runnable
     assert layout_bytes(lay["mha"], "q8-latent").reason.startswith("n/a")
+    # over 61 layers; TurboQuant keeps the last at 16 bits (mlx-vlm's rule)
+    assert total_bytes(lay["latent"], "16bit", 61) == 61 * 1152
+    assert total_bytes(lay["latent"], "turboquant3.5", 61) == 60 * 228 + 1152
+    assert total_bytes(lay["latent"], "turboquant3.5", 2) == 2 * 228
+    assert isinstance(total_bytes(lay["latent"], "q4", 61), Refused)
 
 
 def test_minicpm3_value_dim_and_group_refusal():
@@ -69,7 +74,7 @@ def test_mla_kv_command_on_a_tiny_setting(capsys, zoo_root):
     assert main(["--configs", "zoo:deepseek_v2,zoo:deepseek_v3", "--prompt", "8", "--continuation", "8",
                  "--zoo-root", str(zoo_root)]) == 0
     out = capsys.readouterr().out
-    assert "| zoo:deepseek_v3 | **latent** | 144 |" in out  # 2 bytes x (64 latent + 8 rope key)
+    assert "| zoo:deepseek_v3 | **latent** | 144 |" in out and "| zoo:deepseek_v3 | latent | 0.3 |" in out  # 2 bytes x (64 latent + 8 rope key)
     assert out.count("= closed form (256 tokens)") == 4
     assert "| zoo:deepseek_v3 widened (64 / 64) | q8-latent | 0.281 |" in out  # (64 + 2*4) / 256 bytes
     assert "zoo:deepseek_v3 (64 / 8) q8" in out and "MLA latent" in out  # refusals listed

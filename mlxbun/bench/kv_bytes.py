@@ -36,7 +36,7 @@ from mlxbun.cache.turboquant_codec import resolve_kv_bits
 from mlxbun.errors import MlxbunError
 
 __all__ = ["LATENT_REFUSAL", "SCHEMES", "KVLayout", "Refused", "layout_bytes", "measured_bytes", "mla_layouts",
-           "scheme_settings"]
+           "scheme_settings", "total_bytes"]
 
 SCHEMES = ("16bit", "q8", "q4", "turboquant3.5", "q8-latent", "q4-latent")
 GROUP_SIZE = 64  # mlx-lm's default kv_group_size
@@ -114,6 +114,17 @@ def layout_bytes(layout: KVLayout, scheme: str, group_size: int = GROUP_SIZE) ->
         _, kb, vb = resolve_kv_bits(float(scheme[len("turboquant"):]))
         return TurboQuantKVCache.bytes_per_token(layout.heads, layout.key_dim, layout.value_dim, kb, vb)
     raise MlxbunError(f"unknown KV scheme {scheme!r}; choose from {', '.join(SCHEMES)}")
+
+
+def total_bytes(layout: KVLayout, scheme: str, layers: int, group_size: int = GROUP_SIZE) -> int | Refused:
+    """Bytes one token takes over `layers` layers of `layout` (every layer MLA): TurboQuant keeps
+    the last layer at 16 bits when there are more than 2 (mlx-vlm's rule, `turboquant_layers`)."""
+    per_layer = layout_bytes(layout, scheme, group_size)
+    if isinstance(per_layer, Refused):
+        return per_layer
+    if scheme.startswith("turboquant") and layers > 2:
+        return (layers - 1) * per_layer + layout_bytes(layout, "16bit")
+    return layers * per_layer
 
 
 def scheme_settings(scheme: str, group_size: int = GROUP_SIZE) -> dict:

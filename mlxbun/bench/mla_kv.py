@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxbun.bench.kv_bytes import GROUP_SIZE, SCHEMES, layout_bytes, measured_bytes, mla_layouts
+from mlxbun.bench.kv_bytes import GROUP_SIZE, SCHEMES, layout_bytes, measured_bytes, mla_layouts, total_bytes
 from mlxbun.bench.kv_quality import QUALITY_SCHEMES, kv_quality
 from mlxbun.errors import MlxbunError
 from mlxbun.zoo.archs import tiny_config
@@ -100,8 +100,8 @@ def bytes_table(configs=CONFIGS, tokens: int = 256, measure: bool = True) -> str
     refusal reasons; with `measure`, every closed form is checked against the caches' bytes."""
     shapes = ["| config | source | mlx-lm caches | layers | latent values/token/layer | "
               "MHA-equivalent values/token/layer | MHA / latent |", "|---|---|---|---:|---|---|---:|"]
-    rows = ["| config | layout | " + " | ".join(SCHEMES) + " | 16-bit KiB/token, all layers | measured |",
-            "|---|---|" + "---:|" * (len(SCHEMES) + 1) + "---|"]
+    rows = ["| config | layout | " + " | ".join(SCHEMES) + " | measured |",
+            "|---|---|" + "---:|" * len(SCHEMES) + "---|"]
     reasons: dict[str, int] = {}
     for c in configs:
         lay = mla_layouts(c.keys)
@@ -124,12 +124,33 @@ def bytes_table(configs=CONFIGS, tokens: int = 256, measure: bool = True) -> str
                 check = f"= closed form ({tokens} tokens)"
             elif name == "mha":
                 check = "(byte for byte the expanded cache)"
-            kib = closed["16bit"] * c.layers / 1024
             label = f"**{name}**" if name == c.cached_as else name
             rows.append(f"| {c.name} | {label} | " + " | ".join(_cell(closed[s], group[s], reasons) for s in SCHEMES)
-                        + f" | {kib:,.1f} | {check} |")
+                        + f" | {check} |")
     notes = "\n".join(f"[{n}] {r.split(': ', 1)[1]}" for r, n in reasons.items())
-    return "\n".join(shapes) + "\n\nBytes per token per layer:\n\n" + "\n".join(rows) + "\n\n" + notes
+    return ("\n".join(shapes) + "\n\nBytes per token per layer:\n\n" + "\n".join(rows) + "\n\n" + notes
+            + "\n\n" + totals_table(configs, reasons))
+
+
+def totals_table(configs=CONFIGS, reasons: dict[str, int] | None = None) -> str:
+    """KiB per token over all layers, and GiB for a 32k-token context, per scheme: the layout
+    mlx-lm caches for the config, and the equivalent MHA."""
+    reasons = {} if reasons is None else reasons
+    ctx = 32768
+    lines = ["| config | layout | " + " | ".join(f"{s} KiB/token" for s in SCHEMES)
+             + f" | 16bit GiB at {ctx // 1024}k tokens |", "|---|---|" + "---:|" * (len(SCHEMES) + 1)]
+    for c in configs:
+        lay = mla_layouts(c.keys)
+        for name in dict.fromkeys((c.cached_as, "mha")):
+            cells = []
+            for s in SCHEMES:
+                group = _group(lay[name], s)
+                t = total_bytes(lay[name], s, c.layers, group)
+                cells.append(_cell(t, group, reasons) if not isinstance(t, int)
+                             else f"{t / 1024:,.1f}" + ("" if group == GROUP_SIZE else f" (g{group})"))
+            gib = total_bytes(lay[name], "16bit", c.layers) * ctx / 2**30
+            lines.append(f"| {c.name} | {name} | " + " | ".join(cells) + f" | {gib:,.2f} |")
+    return "Per token over all layers (TurboQuant: the last layer at 16 bits, mlx-vlm's rule):\n\n" + "\n".join(lines)
 
 
 def _fmt(x, spec: str) -> str:
