@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from importlib.resources import files
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -77,9 +77,13 @@ def cache_nbytes(cache: Sequence[Any]) -> tuple[int, int]:
 
 
 def teacher_forced(model, ids: Sequence[int], *, prefill: int, kv: KVSettings = KVSettings(),
-                   plan=None) -> ForcedRun:
+                   plan=None, quantize: Callable[[list], None] | None = None) -> ForcedRun:
     """Feed `ids` as generation would, but with the known next token instead of a sampled one.
     `plan`: a per-layer KV plan (a `KVPlan`, or what `load_kv_plan` reads) instead of `kv`.
+    The caches are built as generation builds them for these settings, so what generation
+    refuses (e.g. uniform KV on an MLA latent cache) is refused here too (`GenerationError`).
+    `quantize`: an explicit conversion run at the same points instead of the settings' (an
+    opt-in beyond generation's KV options, e.g. `mlxbun.cache.latent_quant`); plain `kv` only.
 
     ids[:prefill-1] go in as one prefill forward; the KV cache is then quantized (as mlx-lm's
     generate_step does after each prefill chunk), and ids[prefill-1:-1] follow one token at a
@@ -91,12 +95,16 @@ def teacher_forced(model, ids: Sequence[int], *, prefill: int, kv: KVSettings = 
         raise MlxbunError(f"prefill must be in [2, {len(ids) - 1}] for {len(ids)} ids, got {prefill}")
     model = ensure_runtime(model)
     check_token_ids(ids, vocab_size_of(model), "ids")
-    cache = make_generation_cache(model)
+    if (plan is not None or quantize is not None) and kv.quantized:
+        raise MlxbunError("give a per-layer KV plan, a quantize hook or quantized KV settings, not more")
+    if plan is not None and quantize is not None:
+        raise MlxbunError("give a per-layer KV plan or a quantize hook, not both")
+    options = kv.as_options()
+    cache = make_generation_cache(model, **options, kv_config=plan)
     if plan is not None:
-        if kv.quantized:
-            raise MlxbunError("give a per-layer KV plan or quantized KV settings, not both")
         plan = load_kv_plan(plan, len(cache))
-    quantize = kv_quantizer(kv.scheme if kv.quantized else "uniform", kv.bits, kv.group, kv.start, plan)
+    if quantize is None:
+        quantize = kv_quantizer(options["kv_scheme"], kv.bits, kv.group, kv.start, plan)
     mx.synchronize()
     mx.reset_peak_memory()
     with attention_routing(kv.scheme == "turboquant"):

@@ -32,14 +32,15 @@ def _check_head_dim(arch: str, head_dim) -> None:
                                "setting, so its heads cannot be widened")
 
 
-def build_files(v: Variant, out: Path) -> None:
-    """Write every file of variant `v` into the existing empty directory `out`."""
+def build_files(v: Variant, out: Path, config_overrides: dict | None = None) -> None:
+    """Write every file of variant `v` into the existing empty directory `out`; `config_overrides`
+    (keys over the tiny config, e.g. wider MLA head dims for a bench) make an off-zoo variant."""
     from mlx_lm.utils import save_config
 
     from mlxbun.zoo import weights
     from mlxbun.zoo.tokenizer import write_tokenizer_files
 
-    config = tiny_config(v.arch)
+    config = {**tiny_config(v.arch), **(config_overrides or {})}
     config["torch_dtype"] = v.dtype
     if v.head_dim is not None:
         config["head_dim"] = v.head_dim
