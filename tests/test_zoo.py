@@ -153,14 +153,16 @@ def test_variant_loads_and_runs(zoo, arch, variant):
         assert experts and {v.dtype for v in experts.values()} == {getattr(mx, dtype)}
         return
     model, tokenizer = _load(path)
+    kept = getattr(model, "cast_predicate", lambda _: True)  # qwen3_5 keeps A_log in float32
+    # read before a forward: mlx-lm's gemma3n writes its AltUp coefficients back in float32 when it runs
+    param_dtypes = {v.dtype for k, v in tree_flatten(model.parameters()) if kept(k)}
     logits = _forward(model, tokenizer)
     assert logits.dtype == getattr(mx, dtype)
 
     quant = kw.get("quant")
     if quant is None:
         assert "quantization" not in config
-        kept = getattr(model, "cast_predicate", lambda _: True)  # qwen3_5 keeps A_log in float32
-        assert {v.dtype for k, v in tree_flatten(model.parameters()) if kept(k)} <= {getattr(mx, dtype)}
+        assert param_dtypes <= {getattr(mx, dtype)}
         return
     q = config["quantization"]
     assert q == config["quantization_config"]
