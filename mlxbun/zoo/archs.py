@@ -112,9 +112,9 @@ _ROWS = (
     # 5 layers, the last 2 KV-shared (one sliding, one full: they read layers 2 and 1's caches),
     # activation sparsity on the first two, per-layer MLP widths, 4 AltUp streams, LAuReL rank 8,
     # per-layer inputs of 16 over a per-layer vocab of 384 (ids past it read row 0), a coefficient
-    # clip the perturbed AltUp weights cross; heads of 32 so uniform KV quantization (group 32) runs
+    # clip the perturbed AltUp weights cross
     Arch("gemma3n", "Gemma3nForConditionalGeneration", "Gemma3nTextConfig", layers=5,
-         knobs={"head_dim": 32, "intermediate_size": [INTERMEDIATE, 192, INTERMEDIATE, 64, INTERMEDIATE],
+         knobs={"intermediate_size": [INTERMEDIATE, 192, INTERMEDIATE, 64, INTERMEDIATE],
                 "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
                                 "sliding_attention", "full_attention"],
                 "num_kv_shared_layers": 2, "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0, 0.0],
