@@ -14,8 +14,6 @@ mlx-lm's generate cannot reach for gemma3n (its window caches refuse kv_bits).
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -29,24 +27,12 @@ from tests.kv_sharing import PROMPT, N, changed, oracle_stream, same_stream
 
 
 @pytest.fixture(scope="module")
-def wide_gemma3n(zoo, tmp_path_factory) -> Path:
-    """The zoo's gemma3n with 2 heads of 32 (quantized KV needs a group of 32 dividing head_dim;
-    the zoo's heads are 16 and mlx-lm's gemma3n has no top-level head_dim for the zoo's option):
-    the same tensors, the q/k norm weights widened."""
-    src, dst = zoo("gemma3n"), tmp_path_factory.mktemp("kv") / "gemma3n_wide"
-    shutil.copytree(src, dst)
-    tensors = {}
-    for f in sorted(dst.glob("*.safetensors")):
-        tensors.update(mx.load(str(f)))
-        f.unlink()
-    (dst / "model.safetensors.index.json").unlink(missing_ok=True)
-    tensors = {k: mx.concatenate([v, v]) if k.endswith(("q_norm.weight", "k_norm.weight")) else v
-               for k, v in tensors.items()}
-    mx.save_safetensors(str(dst / "model.safetensors"), tensors, metadata={"format": "mlx"})
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["text_config"].update(num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
+def wide_gemma3n(zoo_root) -> Path:
+    """The zoo's gemma3n with heads of 32 (`zoo:gemma3n,head_dim=32`): quantized KV needs a group
+    of 32+ dividing head_dim, and the zoo's heads are 16."""
+    from mlxbun.zoo import cached_checkpoint
+
+    return cached_checkpoint("gemma3n", head_dim=32, root=zoo_root)
 
 
 @pytest.fixture(scope="module")

@@ -388,6 +388,12 @@ def test_head_dim_widens_the_heads_and_refuses_where_mlx_lm_ignores_it(tmp_path)
         make_checkpoint("gpt_neox", tmp_path, head_dim=32)  # its ModelArgs has no head_dim
     with pytest.raises(ZooArgumentError, match="even integer"):
         make_checkpoint("qwen3", tmp_path, head_dim=7)
+    # a wrapper's text model reads text_config's head_dim (gemma3n's TextConfig requires it)
+    wrapped = make_checkpoint("gemma3n", tmp_path, head_dim=32)
+    config = json.loads((wrapped / "config.json").read_text())
+    assert config["text_config"]["head_dim"] == 32 and "head_dim" not in config
+    model, _ = mlx_lm.load(str(wrapped))
+    assert model.layers[4].self_attn.q_proj.weight.shape == (4 * 32, 64)
 
 
 def test_a_rebuild_replaces_only_the_zoos_own_builds(tmp_path):
