@@ -100,6 +100,9 @@ def test_coverage_sorts_wrapper_and_text_keys():
             "text_config.rope_parameters"} <= set(report.understood)
     assert "vision_config" in report.ignored and "audio_config" in report.ignored
     assert "text_config.tie_word_embeddings" in report.ignored
+    # keys Gemma 3n hub configs carry that transformers' class does not write
+    hub = _text(dict(altup_lr_multiplier=1.0, query_pre_attn_scalar=256, torch_dtype="bfloat16"))
+    assert check_coverage(hub).ok
     # no text_config at all: mlx-lm's ModelArgs requires it
     with pytest.raises(ConfigError, match="'text_config'"):
         gemma3n_args({"model_type": "gemma3n"})
@@ -155,3 +158,22 @@ def test_zoo_config_exercises_every_feature():
     assert a.altup_num_inputs > 1 and a.laurel_rank > 0 and a.altup_coef_clip is not None
     assert a.vocab_size_per_layer_input < a.vocab_size and len(set(a.intermediate_size)) > 1
     assert json.loads(json.dumps(text))["model_type"] == "gemma3n_text"
+
+
+def test_the_released_sizes_resolve_as_mlx_lm_computes_them():
+    """transformers' default Gemma3nConfig (the released E4B text sizes): 35 layers, the last 15
+    KV-shared, reading layer 19's (full) and 18's (sliding) caches. transformers 5 writes rope as
+    rope_parameters only; mlx-lm requires the legacy keys hub configs carry, so without them the
+    config refuses naming the key."""
+    from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
+
+    with quiet_transformers():
+        cfg = transformers_config_class("Gemma3nConfig")().to_dict()
+    with pytest.raises(ConfigError, match="required key 'rope_local_base_freq'"):
+        gemma3n_args(cfg)
+    cfg["text_config"].update(rope_local_base_freq=10000.0, rope_theta=1000000.0)
+    assert check_coverage(cfg).ok
+    a = gemma3n_args(cfg)
+    assert a.first_kv_shared == 20 and a.cache_idx[20:] == tuple(19 if t == "full_attention" else 18
+                                                                  for t in a.layer_types[20:])
+    assert (a.layer_types[19], a.layer_types[18]) == ("full_attention", "sliding_attention")

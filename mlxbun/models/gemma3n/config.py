@@ -186,6 +186,7 @@ _IGNORED = {
     "rope_scaling": "mlx-lm's gemma3n reads it into TextConfig but builds plain nn.RoPE (never applies it)",
     "attention_dropout": None,
     "query_pre_attn_scalar": "mlx-lm's gemma3n attends with scale 1.0 (the q/k norms set the scale)",
+    "altup_lr_multiplier": "a training-time learning-rate multiplier (Gemma 3n hub configs carry 1.0)",
 }
 _ACCEPTED = {"hidden_activation": ("gelu_pytorch_tanh",), "hidden_act": ("gelu_pytorch_tanh",),
              "attention_bias": (False,)}
