@@ -187,3 +187,23 @@ def test_layer_skip_cuts_at_every_depth_keep_the_sharing(sides):
             assert max(mx.abs(a.logprobs - b.logprobs).max().item() for a, b in zip(spec, plain)) < 1e-4
             if layers == 5:
                 assert spec[-1].stats.draft_acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("name", ["plan", "turboquant", "rotating"])
+def test_speculative_rounds_on_quantized_and_ring_owners_equal_plain(sides, name):
+    """Speculative greedy under a KV setting equals plain greedy under the same setting: the
+    rounds roll back (trim / snapshot) the owner caches the shared layers read; the n-gram
+    drafter and a self-draft that keeps shared layer 3 (reading cache 2)."""
+    from mlxbun.cache.mixed import KVPlan
+    from mlxbun.speculative.drafters import LayerSkipDrafter, NGramDrafter
+    from mlxbun.speculative.engine import speculative_generate
+
+    ours, _, _, tok, _ = sides
+    options = {"plan": dict(kv_config=KVPlan.from_args(bits=4, group_size=32, layers=[1], num_layers=3)),
+               **SETTINGS}[name]
+    plain = list(stream_generate(ours, tok, PROMPT, max_tokens=N, **options))
+    for make in (NGramDrafter, lambda: LayerSkipDrafter(4)):
+        for k in (1, 3):
+            spec = list(speculative_generate(ours, tok, PROMPT, drafter=make(), num_draft=k, max_tokens=N, **options))
+            assert [r.token for r in spec] == [r.token for r in plain], (name, k)
+            assert max(mx.abs(a.logprobs - b.logprobs).max().item() for a, b in zip(spec, plain)) < 1e-4
