@@ -80,6 +80,7 @@ def _text(change=None, drop=()):
                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
      (), UnsupportedModelError, "rope type 'linear'"),
     ({}, ("laurel_rank",), ConfigError, "required key 'laurel_rank'"),
+    ({}, ("model_type",), ConfigError, "required key 'model_type'"),  # mlx-lm's TextConfig needs it too
     (dict(num_kv_shared_layers=5), (), ConfigError, "num_kv_shared_layers"),
     (dict(layer_types=["sliding_attention"] * 3 + ["full_attention"] * 2), (), UnsupportedModelError,
      "before the 2 KV-shared ones must hold both"),

@@ -119,9 +119,6 @@ def gemma3n_args(config: Mapping[str, Any], source: str = "config.json") -> Gemm
             kw[f.name] = text.get(f.name)
             continue
         if f.name not in text:
-            if f.name == "model_type":
-                kw[f.name] = "gemma3n_text"
-                continue
             raise ConfigError(f"{where}: required key {f.name!r} is missing (mlx-lm's gemma3n TextConfig "
                               "has no default for it)")
         kw[f.name] = text[f.name]

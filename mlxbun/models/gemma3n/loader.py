@@ -40,8 +40,7 @@ _COEFS = ("altup.prediction_coefs", "altup.correction_coefs")
 def build_gemma3n(config: Mapping[str, Any], *, text_config: Any = None) -> Gemma3nModel:
     """An unquantized Gemma3nModel for a config.json dict (the wrapper level)."""
     raw = thaw(config)
-    return Gemma3nModel(gemma3n_args(raw), config=text_config if text_config is not None else None,
-                        raw_config=raw)
+    return Gemma3nModel(gemma3n_args(raw), config=text_config, raw_config=raw)
 
 
 def sanitize_gemma3n(weights: Mapping[str, Any]) -> tuple[dict, dict[str, str]]:
