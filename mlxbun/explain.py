@@ -16,6 +16,8 @@ from mlxbun.config import load_model_config
 from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError, UnsupportedModelError
 from mlxbun.locate import locate
+from mlxbun.models.gemma3n.config import MODEL_TYPE as GEMMA3N
+from mlxbun.models.gemma3n.explain import explain_gemma3n
 from mlxbun.models.universal.explain import Explanation, explain_config
 from mlxbun.models.universal.resolve import descriptor_for
 from mlxbun.names import parse_model
@@ -43,12 +45,18 @@ def explain(target: str | Path) -> Explanation:
     else:
         return _explain_arch(text, text)
     config = load_model_config(path)
+    if config.model_type == GEMMA3N:  # a dedicated port (models/gemma3n/)
+        return explain_gemma3n(thaw(config.raw_full), target=text,
+                               source=f"{path / 'config.json' if path.is_dir() else path}")
     return explain_config(thaw(config.raw_full), target=text,
                           source=f"{path / 'config.json' if path.is_dir() else path}",
                           model_type=config.model_type)
 
 
 def _explain_arch(arch: str, target: str) -> Explanation:
+    if arch == GEMMA3N:
+        return explain_gemma3n(tiny_config(arch), target=target,
+                               source=f"the zoo's tiny config (mlxbun.zoo.tiny_config({arch!r}))")
     d = descriptor_for(arch)  # refuses unknown and not-covered model_types, naming them
     if arch not in ARCHS:
         raise UnsupportedModelError(f"'{arch}' ({d.model_type}) has no zoo config to size it; "

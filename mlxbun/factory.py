@@ -26,26 +26,60 @@ def _checkpoint_dir(path) -> Path:
     return p
 
 
-def check_target_coverage(config, path=None):
-    """Resolve + validate the profile and check the config keys; raises on refusal."""
+def _universal_coverage(config):
     from mlxbun.models.universal.coverage import require_coverage
+
+    return require_coverage(config.model_type, thaw(config.raw_full))  # as the loader checks it
+
+
+def _gemma3n_coverage(config):
+    from mlxbun.models.gemma3n.config import require_coverage
+
+    return require_coverage(thaw(config.raw_full))
+
+
+def _universal_audit(path, config):
+    from mlxbun.models.universal.loader import audit_checkpoint
+
+    return audit_checkpoint(path, config)
+
+
+def _gemma3n_audit(path, config):
+    from mlxbun.models.gemma3n.loader import audit_gemma3n
+
+    return audit_gemma3n(path, config)
+
+
+# The graphs `port` gates against mlx-lm (L1): (config-key coverage, header-only weight audit).
+GATED_GRAPHS = {
+    "universal-dense": (_universal_coverage, _universal_audit),
+    "gemma3n": (_gemma3n_coverage, _gemma3n_audit),
+}
+
+
+def _gated(config, path=None):
     from mlxbun.profile import resolve_model_profile, validate_profile
 
     profile = validate_profile(resolve_model_profile(config, path))
-    if profile.execution.graph != "universal-dense":
+    if profile.execution.graph not in GATED_GRAPHS:
         raise UnsupportedModelError(
-            f"profile '{profile.id}' ({profile.fidelity}) is a dedicated graph, not the universal one "
-            "that `port` gates against mlx-lm; its parity lives in its own test suite")
-    return require_coverage(config.model_type, thaw(config.raw_full))  # as the loader checks it
+            f"profile '{profile.id}' ({profile.fidelity}) is a dedicated graph held to {profile.fidelity.oracle}, "
+            "not one that `port` gates against mlx-lm; its parity lives in its own test suite")
+    return GATED_GRAPHS[profile.execution.graph]
+
+
+def check_target_coverage(config, path=None):
+    """Resolve + validate the profile and check the config keys; raises on refusal."""
+    coverage, _ = _gated(config, path)
+    return coverage(config)
 
 
 def audit_dry_run(path, config, *, check_values: bool = False):
     """The weight audit from safetensors headers only: no tensor data is read, so NaN/inf
     weights go unseen. `check_values` also reads every floating tensor's values: one holding
     NaN or inf fails the audit (a LoadError naming it)."""
-    from mlxbun.models.universal.loader import audit_checkpoint
-
-    report = audit_checkpoint(path, config)
+    _, audit = _gated(config, path)
+    report = audit(path, config)
     if check_values:
         from mlxbun.weight_audit import check_values as scan_values
         from mlxbun.weights import read_index
@@ -68,6 +102,12 @@ def _open_diffusion_gemma(path: Path, config, profile):
     return load_diffusion_gemma(path)
 
 
+def _open_gemma3n(path: Path, config, profile):
+    from mlxbun.models.gemma3n.loader import load_gemma3n
+
+    return load_gemma3n(path, config)
+
+
 def _open_llada2(path: Path, config, profile):
     from mlxbun.models.llada2 import load_llada2
 
@@ -78,6 +118,7 @@ GRAPH_BUILDERS = {
     "universal-dense": _open_universal,
     "diffusion-gemma": _open_diffusion_gemma,
     "llada2": _open_llada2,
+    "gemma3n": _open_gemma3n,
 }
 
 

@@ -30,6 +30,7 @@ ENGINE_CAPABILITIES: frozenset[str] = frozenset(
         "autoregressive",
         "diffusion",
         "diffusion-gemma-graph",
+        "gemma3n-graph",
         "llada2-graph",
         "masked-diffusion",
         "safetensors",
@@ -43,10 +44,12 @@ _LOOP_CAPS = {"autoregressive": "autoregressive", "diffusion": "diffusion", "mas
 _GRAPH_CAPS = {
     "universal-dense": "universal-dense-graph",
     "diffusion-gemma": "diffusion-gemma-graph",
+    "gemma3n": "gemma3n-graph",
     "llada2": "llada2-graph",
 }
 # Graphs that only make sense under one loop.
-_GRAPH_LOOP = {"diffusion-gemma": "diffusion", "llada2": "masked-diffusion", "universal-dense": "autoregressive"}
+_GRAPH_LOOP = {"diffusion-gemma": "diffusion", "llada2": "masked-diffusion", "universal-dense": "autoregressive",
+               "gemma3n": "autoregressive"}
 # Which oracle may back which level.
 _LEVEL_ORACLES = {"L1": {"mlx-lm"}, "L2": {"mlx-vlm", "mlx-optiq"}, "L3": {None}}
 _LEVEL_BAR = {"L1": "bit-exact", "L2": "bit-exact", "L3": "measured"}
@@ -103,10 +106,11 @@ class FamilyProfile:
 
 
 def _dedicated(model_type: str, graph: str, loop: str, oracle: str) -> FamilyProfile:
-    """A dedicated graph for one model_type, held bit-exact (L2) to the reference that ships it."""
+    """A dedicated graph for one model_type, held bit-exact to the reference that ships it: L1 when
+    that is mlx-lm, else L2."""
     profile = ModelProfile(
         id=f"{graph}-dedicated",
-        fidelity=Fidelity("L2", oracle, "bit-exact"),
+        fidelity=Fidelity("L1" if oracle == "mlx-lm" else "L2", oracle, "bit-exact"),
         required_capabilities=frozenset({"safetensors", _LOOP_CAPS[loop], _GRAPH_CAPS[graph]}),
         execution=Execution("safetensors", graph, loop, "dedicated"),
         model_type=model_type,
@@ -122,7 +126,14 @@ FAMILY_PROFILES: list[FamilyProfile] = [
     # tests/test_masked_diffusion.py hold the graphs and loops to it).
     _dedicated("diffusion_gemma", "diffusion-gemma", "diffusion", "mlx-vlm"),
     _dedicated("llada2_moe", "llada2", "masked-diffusion", "mlx-vlm"),
+    # mlx-lm runs it (L1): AltUp streams, per-layer inputs and a cache list shorter than the
+    # layers do not fit the universal block (models/gemma3n/__init__.py says why)
+    _dedicated("gemma3n", "gemma3n", "autoregressive", "mlx-lm"),
 ]
+
+# Dedicated graphs held to mlx-lm (L1): `mlxbun port` gates them like the universal rows.
+L1_DEDICATED_TYPES: tuple[str, ...] = tuple(
+    t for fam in FAMILY_PROFILES if fam.build(None).fidelity.level == "L1" for t in fam.model_types)
 
 
 def _generic_types() -> dict:

@@ -15,10 +15,13 @@ from mlxbun.models.universal.kinds_hybrid import (
 )
 from mlxbun.models.universal.loader import build_model
 from mlxbun.models.universal.not_covered import NOT_COVERED
+from mlxbun.profile import L1_DEDICATED_TYPES
 from mlxbun.zoo import ARCHS, tiny_config
 
+UNIVERSAL_ARCHS = [a for a in ARCHS if a not in L1_DEDICATED_TYPES]  # gemma3n: test_gemma3n_* below
 
-@pytest.mark.parametrize("arch", ARCHS)
+
+@pytest.mark.parametrize("arch", UNIVERSAL_ARCHS)
 def test_every_covered_arch_renders_every_module_and_layer(arch):
     e = explain(arch)
     text = e.text()
@@ -216,3 +219,25 @@ def test_step3p5_renders_its_gate_heads_router_and_clamps():
     assert "q, k = rope(q, offset), rope(k, offset)      # per layer, see layers" in text
     assert "layer 0: global; yarn rope, dims 8 of hd, base 1000000.0" in text
     assert "layers 1, 3: sliding window 16; default rope, dims hd, base 10000.0" in text
+
+
+def test_gemma3n_lists_its_port_every_module_and_the_kv_sharing():
+    from mlxbun.models.gemma3n.loader import build_gemma3n
+
+    e = explain("gemma3n")
+    text = e.text()
+    assert text.splitlines()[0].startswith("gemma3n: the gemma3n port's forward, as mlx-lm 0.32.2 models/gemma3n.py")
+    for title in ("embedding", "block (", "attention (", "mlp (", "final norm and head", "layers"):
+        assert f"\n{title}" in text, title
+    model = build_gemma3n(tiny_config("gemma3n"))
+    for name, _ in tree_flatten(model.parameters()):
+        for part in name.split(".")[:-1]:
+            if not part.isdigit() and part not in ("model", "language_model", "layers"):
+                assert part in text, f"module {part!r} ({name}) missing from\n{text}"
+    seen = [i for g in e.layers for i in g.layers]
+    assert sorted(seen) == list(range(5))
+    assert "layer 3: sliding window 16; rope base 10000.0; cache reads layer 2's cache (KV-shared)" in text
+    assert "layer 4: global; rope base 1000000.0; cache reads layer 1's cache (KV-shared)" in text
+    assert "sparsity 0.95" in text and "gelu_topk" in text
+    d = json.loads(json.dumps(e.as_dict()))
+    assert d["model_type"] == "gemma3n" and d["graph"] == "the gemma3n port"

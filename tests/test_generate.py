@@ -105,9 +105,10 @@ def _run_both(loaded, arch, side, prompt=PROMPT, max_tokens=N, **options):
 
 
 @pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "gemma3_text"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "gemma3_text", "gemma3n"])
 def test_greedy_matches_mlx_lm(loaded, arch, side):
-    # gemma3_text: sliding layers (window 16) under a prompt + generation that crosses it
+    # gemma3_text: sliding layers (window 16) under a prompt + generation that crosses it;
+    # gemma3n: the same, and its KV-shared layers read their owners' caches
     ours, theirs = _run_both(loaded, arch, side)
     _assert_same_stream(ours, theirs)
     assert ours[-1].finish_reason == "length" and len(ours) == N

@@ -25,9 +25,7 @@ import pytest
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.generate import stream_generate
 from mlxbun.generation_caches import make_generation_cache
-
-PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
-N = 12
+from tests.kv_sharing import PROMPT, N, changed, oracle_stream, same_stream
 
 
 @pytest.fixture(scope="module")
@@ -67,19 +65,6 @@ def sides(wide_hunyuan):
     return ours, module, oracle, load_tokenizer(wide_hunyuan), otok
 
 
-def _same(a, b):
-    assert [r.token for r in a] == [r.token for r in b]
-    for i, (x, y) in enumerate(zip(a, b)):
-        assert mx.array_equal(x.logprobs, y.logprobs).item(), f"step {i}: logprobs differ"
-
-
-def _oracle(oracle, otok, **options):
-    from mlx_lm import stream_generate as mlx_stream
-
-    options.setdefault("quantized_kv_start", 0)  # mlxbun's default (mlx-lm's is 5000)
-    return list(mlx_stream(oracle, otok, PROMPT, max_tokens=N, **options))
-
-
 SETTINGS = {
     "plain": dict(),
     "rotating": dict(max_kv_size=16),
@@ -95,12 +80,12 @@ def test_every_kv_setting_keeps_mlx_lms_sharing(sides, name):
     options = SETTINGS[name]
     got = list(stream_generate(ours, tok, PROMPT, max_tokens=N, **options))
     want = list(stream_generate(module, tok, PROMPT, max_tokens=N, **options))
-    _same(got, want)
+    same_stream(got, want)
     if name != "turboquant":  # mlx-lm's own generate and caches
-        _same(got, _oracle(oracle, otok, **options))
+        same_stream(got, oracle_stream(oracle, otok, **options))
     plain = list(stream_generate(ours, tok, PROMPT, max_tokens=N))
     if name not in ("plain", "rotating"):  # the cache did change the numbers (it ran)
-        assert not all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(got, plain))
+        assert changed(got, plain)
 
 
 def test_a_mixed_plan_on_sharing_layers_only(sides):
@@ -115,7 +100,7 @@ def test_a_mixed_plan_on_sharing_layers_only(sides):
     got = list(stream_generate(ours, tok, PROMPT, max_tokens=N, prompt_cache=cache, kv_config=plan))
     assert [type(c) for c in cache] == [KVCache, QuantizedKVCache] * 2
     want = list(stream_generate(module, tok, PROMPT, max_tokens=N, kv_config=plan))
-    _same(got, want)
+    same_stream(got, want)
 
 
 def test_a_saved_prompt_cache_continues_the_sharing(sides, tmp_path):
@@ -132,10 +117,10 @@ def test_a_saved_prompt_cache_continues_the_sharing(sides, tmp_path):
     pc.save_prompt_cache(file, live, model_identity=model_identity_of(ours))
     continued = list(stream_generate(ours, tok, tail, max_tokens=N, prompt_cache=live))
     from_file = list(stream_generate(ours, tok, tail, max_tokens=N, prompt_cache=str(file)))
-    _same(from_file, continued)
+    same_stream(from_file, continued)
     ref = make_generation_cache(module)
     list(stream_generate(module, tok, head, max_tokens=2, prompt_cache=ref))
-    _same(continued, list(stream_generate(module, tok, tail, max_tokens=N, prompt_cache=ref)))
+    same_stream(continued, list(stream_generate(module, tok, tail, max_tokens=N, prompt_cache=ref)))
 
 
 def test_hunyuan_caches_are_one_plain_cache_per_layer_as_mlx_lm(sides):

@@ -32,9 +32,10 @@ from mlxbun.models.universal.schema import (
     SanitizeRule,
 )
 from mlxbun.models.universal.table import DESCRIPTORS
-from tests.universal_manifest import MANIFEST
+from tests.universal_manifest import MANIFEST, universal_archs
 
-ARCHS = sorted(MANIFEST)  # every row's arch (+ mistral, which mlx-lm remaps to llama)
+ARCHS = universal_archs()  # every row's arch (+ mistral, which mlx-lm remaps to llama); the
+# dedicated L1 graphs (gemma3n) have their own tests and share test_universal_parity's gate
 VARIANTS = {
     "float32": dict(dtype="float32"),
     "float16": dict(dtype="float16"),
@@ -316,7 +317,10 @@ def test_table_manifest_and_zoo_agree():
     assert set(MANIFEST) == set(ZOO_ARCHS), (
         f"zoo archs without a manifest entry: {sorted(set(ZOO_ARCHS) - set(MANIFEST))}; "
         f"manifest entries without a zoo arch: {sorted(set(MANIFEST) - set(ZOO_ARCHS))}")
-    remapped = {MODEL_REMAPPING.get(a, a) for a in MANIFEST}
+    from mlxbun.profile import L1_DEDICATED_TYPES
+
+    remapped = {MODEL_REMAPPING.get(a, a) for a in ARCHS}
+    assert {a for a in MANIFEST if a not in ARCHS} == set(L1_DEDICATED_TYPES)
     assert remapped == set(DESCRIPTORS), (
         f"rows without a manifest/zoo entry: {sorted(set(DESCRIPTORS) - remapped)}; "
         f"entries without a row: {sorted(remapped - set(DESCRIPTORS))}")

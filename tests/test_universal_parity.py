@@ -25,9 +25,10 @@ def test_gate_is_bit_exact(zoo, arch, variant):
 def test_manifest_covers_every_descriptor():
     from mlxbun.config import MODEL_REMAPPING
     from mlxbun.models.universal.table import DESCRIPTORS
+    from mlxbun.profile import L1_DEDICATED_TYPES
 
     covered = {MODEL_REMAPPING.get(a, a) for a in MANIFEST}
-    assert covered == set(DESCRIPTORS), (
+    assert covered == set(DESCRIPTORS) | set(L1_DEDICATED_TYPES), (
         f"descriptors without a manifest entry: {sorted(set(DESCRIPTORS) - covered)}; "
         f"entries without a descriptor: {sorted(covered - set(DESCRIPTORS))}"
     )
@@ -38,10 +39,24 @@ def test_every_mlx_lm_model_file_is_covered_or_explained():
 
     from mlxbun.models.universal.not_covered import INFRASTRUCTURE_FILES, NOT_COVERED
     from mlxbun.models.universal.table import DESCRIPTORS
+    from mlxbun.profile import L1_DEDICATED_TYPES
 
     files = {p.stem for p in Path(models_pkg.__file__).parent.glob("*.py") if p.stem != "__init__"}
     arch_files = files - set(INFRASTRUCTURE_FILES)
-    unexplained = sorted(arch_files - set(DESCRIPTORS) - set(NOT_COVERED))
+    covered = set(DESCRIPTORS) | set(L1_DEDICATED_TYPES)  # rows and dedicated ports held to mlx-lm
+    unexplained = sorted(arch_files - covered - set(NOT_COVERED))
     assert not unexplained, f"mlx-lm model files neither covered nor explained: {unexplained}"
-    assert not set(DESCRIPTORS) & set(NOT_COVERED)
+    assert not covered & set(NOT_COVERED)
     assert all(len(reason) > 10 for reason in NOT_COVERED.values())
+
+
+def test_each_entry_opens_on_the_graph_it_expects():
+    """`expect_graph`: the graph open_model resolves for the entry's zoo config (its profile)."""
+    from mlxbun.config import config_from_dict
+    from mlxbun.profile import resolve_model_profile
+    from mlxbun.zoo import tiny_config
+
+    for arch, entry in MANIFEST.items():
+        profile = resolve_model_profile(config_from_dict(tiny_config(arch)))
+        assert profile.execution.graph == entry.expect_graph, arch
+        assert str(profile.fidelity).startswith("L1"), arch

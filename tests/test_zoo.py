@@ -153,14 +153,16 @@ def test_variant_loads_and_runs(zoo, arch, variant):
         assert experts and {v.dtype for v in experts.values()} == {getattr(mx, dtype)}
         return
     model, tokenizer = _load(path)
+    kept = getattr(model, "cast_predicate", lambda _: True)  # qwen3_5 keeps A_log in float32
+    # read before a forward: mlx-lm's gemma3n writes its AltUp coefficients back in float32 when it runs
+    param_dtypes = {v.dtype for k, v in tree_flatten(model.parameters()) if kept(k)}
     logits = _forward(model, tokenizer)
     assert logits.dtype == getattr(mx, dtype)
 
     quant = kw.get("quant")
     if quant is None:
         assert "quantization" not in config
-        kept = getattr(model, "cast_predicate", lambda _: True)  # qwen3_5 keeps A_log in float32
-        assert {v.dtype for k, v in tree_flatten(model.parameters()) if kept(k)} <= {getattr(mx, dtype)}
+        assert param_dtypes <= {getattr(mx, dtype)}
         return
     q = config["quantization"]
     assert q == config["quantization_config"]
@@ -386,6 +388,12 @@ def test_head_dim_widens_the_heads_and_refuses_where_mlx_lm_ignores_it(tmp_path)
         make_checkpoint("gpt_neox", tmp_path, head_dim=32)  # its ModelArgs has no head_dim
     with pytest.raises(ZooArgumentError, match="even integer"):
         make_checkpoint("qwen3", tmp_path, head_dim=7)
+    # a wrapper's text model reads text_config's head_dim (gemma3n's TextConfig requires it)
+    wrapped = make_checkpoint("gemma3n", tmp_path, head_dim=32)
+    config = json.loads((wrapped / "config.json").read_text())
+    assert config["text_config"]["head_dim"] == 32 and "head_dim" not in config
+    model, _ = mlx_lm.load(str(wrapped))
+    assert model.layers[4].self_attn.q_proj.weight.shape == (4 * 32, 64)
 
 
 def test_a_rebuild_replaces_only_the_zoos_own_builds(tmp_path):

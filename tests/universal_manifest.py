@@ -20,7 +20,7 @@ EXPERT_VARIANTS = ("float32", "q4", "q8", "mixed")
 class Entry:
     arch: str  # zoo arch == config model_type as written (before mlx-lm remapping)
     variants: tuple[str, ...] = ALL_VARIANTS
-    expect_graph: str = "universal-dense"
+    expect_graph: str = "universal-dense"  # the graph open_model resolves (profile.execution.graph)
 
 
 MANIFEST = {
@@ -97,5 +97,12 @@ MANIFEST = {
         Entry("nemotron_h", EXPERT_VARIANTS),  # its E layers route (f16 / bf16: on CUDA)
         Entry("granitemoehybrid"),
         Entry("falcon_h1"),  # mamba2 beside attention in every layer (a CacheList each)
+        # dedicated graphs held to mlx-lm (L1), gated like the rows
+        Entry("gemma3n", expect_graph="gemma3n"),  # AltUp, LAuReL, per-layer inputs, KV-shared layers
     ]
 }
+
+
+def universal_archs() -> list[str]:
+    """The manifest's archs that are descriptor rows (run on the universal graph)."""
+    return sorted(a for a, e in MANIFEST.items() if e.expect_graph == "universal-dense")

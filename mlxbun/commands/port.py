@@ -72,7 +72,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=2))
     else:
-        table = Table(title="mlxbun port: universal graph vs mlx-lm 0.32.2")
+        table = Table(title="mlxbun port: mlxbun vs mlx-lm 0.32.2")
         for col in ("target", "arch", "dtype/quant", "coverage", "audit", "trajectory", "max |diff|", "verdict"):
             table.add_column(col)
         style = {"pass": "green", "fail": "red", "refused": "yellow"}

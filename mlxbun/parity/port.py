@@ -1,6 +1,7 @@
-"""`mlxbun port`: bring a checkpoint up on the universal graph and prove it bit-exact.
+"""`mlxbun port`: bring a checkpoint up on mlxbun's graph and prove it bit-exact.
 
-Steps per target, each reported: descriptor coverage (config keys), weight audit
+The graph is the universal one or a dedicated port held to mlx-lm (`factory.GATED_GRAPHS`:
+gemma3n). Steps per target, each reported: config-key coverage, weight audit
 dry run from safetensors headers (plus every tensor's values with `check_values`),
 oracle run (mlx-lm, live, same process), the gate (greedy trajectory + every step's
 raw logits bit-exact, batch-2 forward), verdict, and the golden manifest entry.

@@ -35,6 +35,7 @@ from mlxbun.zoo.config_fixups import (
     exaone_moe_post,
     gemma3_post,
     gemma3_wrapper_post,
+    gemma3n_wrapper_post,
     gpt_neox_post,
     mellum_post,
     minimax_m2_post,
@@ -107,6 +108,19 @@ _ROWS = (
                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
          post=gemma3_wrapper_post),
+    # gemma3n's language model behind its wrapper (text_config; a dedicated port, models/gemma3n/):
+    # 5 layers, the last 2 KV-shared (one sliding, one full: they read layers 2 and 1's caches),
+    # activation sparsity on the first two, per-layer MLP widths, 4 AltUp streams, LAuReL rank 8,
+    # per-layer inputs of 16 over a per-layer vocab of 384 (ids past it read row 0), a coefficient
+    # clip the perturbed AltUp weights cross
+    Arch("gemma3n", "Gemma3nForConditionalGeneration", "Gemma3nTextConfig", layers=5,
+         knobs={"intermediate_size": [INTERMEDIATE, 192, INTERMEDIATE, 64, INTERMEDIATE],
+                "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                                "sliding_attention", "full_attention"],
+                "num_kv_shared_layers": 2, "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0, 0.0],
+                "laurel_rank": 8, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 384,
+                "altup_coef_clip": 0.3},
+         post=gemma3n_wrapper_post),
     # mistral's text model (run as llama) behind the VLM wrapper (text_config)
     Arch("mistral3", "Mistral3ForConditionalGeneration", "MistralConfig",
          knobs={"sliding_window": None}, post=mistral3_wrapper_post),

@@ -17,16 +17,26 @@ def variant(arch: str, *, quant=None, dtype: str = "float32", seed: int = 0, hea
     return Variant(arch, parse_quant(quant), dtype, seed, head_dim)
 
 
+def _head_dim_owner(config: dict) -> dict:
+    """The dict whose head_dim mlx-lm reads: a VLM wrapper's text_config when it carries one (the
+    wrapper hands text_config to its text model: gemma3n, gemma3, mistral3), else the config."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) and "head_dim" in text else config
+
+
 def _check_head_dim(arch: str, head_dim) -> None:
-    """Only archs whose mlx-lm ModelArgs read `head_dim` can widen their heads: elsewhere the
-    key would be ignored and the checkpoint silently keep hidden/heads."""
+    """Only archs whose mlx-lm ModelArgs (or a wrapper's text model) read `head_dim` can widen
+    their heads: elsewhere the key would be ignored and the checkpoint silently keep hidden/heads."""
     import inspect
 
     from mlx_lm.utils import _get_classes
 
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
         raise ZooArgumentError(f"head_dim must be an even integer >= 2, got {head_dim!r}")
-    _, args_class = _get_classes(tiny_config(arch))
+    config = tiny_config(arch)
+    if _head_dim_owner(config) is not config:
+        return
+    _, args_class = _get_classes(config)
     if "head_dim" not in inspect.signature(args_class).parameters:
         raise ZooArgumentError(f"zoo arch {arch!r}: mlx-lm's {args_class.__module__} has no head_dim "
                                "setting, so its heads cannot be widened")
@@ -43,7 +53,7 @@ def build_files(v: Variant, out: Path, config_overrides: dict | None = None) -> 
     config = {**tiny_config(v.arch), **(config_overrides or {})}
     config["torch_dtype"] = v.dtype
     if v.head_dim is not None:
-        config["head_dim"] = v.head_dim
+        _head_dim_owner(config)["head_dim"] = v.head_dim
     model = weights.build_model(config, v.seed)
     weights.cast(model, v.dtype)
     if v.quant is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
 
 __all__ = ["cohere2_post", "exaone4_post", "exaone_moe_post", "gemma3_post", "gemma3_wrapper_post",
+           "gemma3n_wrapper_post",
            "mistral3_wrapper_post",
            "gpt_neox_post", "mellum_post", "minimax_m2_post", "qwen3_moe_post"]
 
@@ -36,6 +37,21 @@ def gemma3_wrapper_post(cfg: dict) -> None:
         outer = transformers_config_class("Gemma3Config")(vision_config=_GEMMA3_VISION).to_diff_dict()
     cfg.clear()
     cfg.update(outer, text_config=text, vocab_size=text["vocab_size"])
+
+
+def gemma3n_wrapper_post(cfg: dict) -> None:
+    # Gemma 3n hub configs: transformers' Gemma3nConfig holds the text model in text_config beside
+    # the vision (MobileNet) and audio configs, which the zoo leaves at their defaults (no tower
+    # weights: mlx-lm's gemma3n builds neither). mlx-lm's TextConfig requires rope_theta and
+    # rope_local_base_freq (the pre-v5 hub keys), written beside rope_parameters
+    text = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")}
+    text["model_type"] = "gemma3n_text"
+    text["rope_local_base_freq"] = text["rope_parameters"]["sliding_attention"]["rope_theta"]
+    with quiet_transformers():
+        outer = transformers_config_class("Gemma3nConfig")().to_diff_dict()
+    outer.pop("text_config", None)
+    cfg.clear()
+    cfg.update(outer, text_config=dict(sorted(text.items())))
 
 
 # a tiny Pixtral tower for mistral3's vision_config (no vision weights: mlx-lm's mistral3.Model

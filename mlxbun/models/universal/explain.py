@@ -94,9 +94,10 @@ class Explanation:
     coverage: str
     notes: str = ""
     descriptor: Mapping[str, Any] = field(default_factory=dict)
+    graph: str = "the universal graph"  # a dedicated port names itself (gemma3n: models/gemma3n/)
 
     def text(self) -> str:
-        out = [f"{self.model_type}: the universal graph's forward, as mlx-lm 0.32.2 "
+        out = [f"{self.model_type}: {self.graph}'s forward, as mlx-lm 0.32.2 "
                f"{self.mlx_lm_file} runs it",
                f"config: {self.config_source}",
                f"coverage: {self.coverage}",
@@ -117,7 +118,7 @@ class Explanation:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "model_type": self.model_type, "target": self.target,
+            "model_type": self.model_type, "target": self.target, "graph": self.graph,
             "config_source": self.config_source, "mlx_lm_file": self.mlx_lm_file,
             "coverage": self.coverage,
             "sizes": [{"symbol": s, "from": src, "value": v} for s, src, v in self.sizes],
