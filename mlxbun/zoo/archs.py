@@ -28,6 +28,7 @@ from mlxbun.zoo.arch_row import (
     SLIDING_WINDOW,
     Arch,
 )
+from mlxbun.zoo.archs_gemma4 import GEMMA4_ROWS
 from mlxbun.zoo.archs_hybrid import HYBRID_ROWS
 from mlxbun.zoo.config_fixups import (
     cohere2_post,
@@ -391,7 +392,7 @@ _ROWS = (
 
 
 
-ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + HYBRID_ROWS}
+ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + GEMMA4_ROWS + HYBRID_ROWS}
 ARCHS: tuple[str, ...] = tuple(ARCH_TABLE)
 
 
