@@ -59,8 +59,8 @@ def _attention(a: UniversalArgs) -> Iterator[tuple[str, str]]:
            f"KV-shared layers (i >= N - num_kv_shared_layers = {first_kv_shared(f)}): the keys, values "
            "and offset their type's last projecting layer computed in this forward")
     yield "k, v = cache.update_and_fetch(k, v)", "projecting layers (the shared ones hold no cache)"
-    yield "o = sdpa(q, k, v, scale=1.0, mask)", "the mask of the layer's type; a shared layer attends " \
-                                                "through its producer's cache"
+    yield "o = sdpa(q, k, v, scale=1.0, mask)", ("the mask of the layer's type; a shared layer: no cache, "
+                                                 "or its producer's over packed quantized keys")
     yield "out = o_proj(o)", "Linear(H*hd_i, D); no biases anywhere"
 
 

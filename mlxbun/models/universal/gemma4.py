@@ -9,9 +9,10 @@ What differs from the universal blocks:
 - KV sharing: the last `num_kv_shared_layers` layers have no k / v projections; each takes the
   keys, values and rope offset its type's last projecting layer computed in the same forward
   (mlx-lm's `previous_kvs` / `intermediates`). mlx-lm's cache list holds the projecting layers
-  only; a shared layer attends through the producer's cache (`attention_cache`), so quantized
-  and TurboQuant caches read their own storage format (with plain / rotating caches this is the
-  fused kernel, as mlx-lm's cache=None call is);
+  only, and a shared layer attends with no cache (the fused kernel over the arrays handed on, as
+  mlx-lm); where those are packed quantized groups (uniform / per-layer quantized KV, on which
+  mlx-lm's shared layers fail) it attends through the producer's cache (`shared_attention_cache`),
+  i.e. the quantized attention of the producer's bits and group;
 - full layers: `global_head_dim`, proportional rope on a partial rotary fraction, and with
   `attention_k_eq_v` the values are the key projection (`num_global_key_value_heads` heads);
   values RMS-normed without a scale; attention scale 1.0;
@@ -40,7 +41,7 @@ from mlxbun.models.universal.gemma4_args import FULL, SLIDING, Gemma4Layer, firs
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import UniversalArgs
 
-__all__ = ["Gemma4Text", "attention_cache"]
+__all__ = ["Gemma4Text", "shared_attention_cache"]
 
 
 @partial(mx.compile, shapeless=True)
@@ -53,10 +54,12 @@ def geglu(gate, x):
     return nn.gelu_approx(gate) * x
 
 
-def attention_cache(caches: list, producer: list[int], i: int):
-    """The cache layer `i` attends through: its own, else (a KV-shared layer, no cache of its
-    own) the cache of the layer whose keys / values it reads, never written by it."""
-    return caches[i] if caches[i] is not None else caches[producer[i]]
+def shared_attention_cache(keys, producer_cache):
+    """The cache a KV-shared layer (no cache of its own) attends through: none (mlx-lm's call: the
+    fused kernel over the keys / values handed on), unless those are a quantized cache's packed
+    (data, scales, biases) groups, which only the producer's quantized attention reads (its
+    bits and group; mlx-lm's shared layers fail there). Never written by the shared layer."""
+    return None if isinstance(keys, mx.array) else producer_cache
 
 
 class RMSNormNoScale(nn.Module):
@@ -90,7 +93,7 @@ class Attention(nn.Module):
         self.rope = R.initialize_rope(hd, spec.rope.get("rope_theta", 10000.0), a["rope_traditional"],
                                       spec.rope, a["max_position_embeddings"])
 
-    def __call__(self, x, mask=None, cache=None, shared_kv=None, offset=None, attend_cache=None):
+    def __call__(self, x, mask=None, cache=None, shared_kv=None, offset=None, producer_cache=None):
         B, L, _ = x.shape
         queries = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim))
         if shared_kv is not None:
@@ -109,8 +112,8 @@ class Attention(nn.Module):
         queries = self.rope(queries.transpose(0, 2, 1, 3), offset=offset)
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
-        output = scaled_dot_product_attention(queries, keys, values, cache=attend_cache,
-                                              scale=self.scale, mask=mask)
+        attend = cache if cache is not None else shared_attention_cache(keys, producer_cache)
+        output = scaled_dot_product_attention(queries, keys, values, cache=attend, scale=self.scale, mask=mask)
         output = output.transpose(0, 2, 1, 3).reshape(B, L, -1)
         return self.o_proj(output), (keys, values), offset
 
@@ -192,9 +195,9 @@ class DecoderLayer(nn.Module):
         self.layer_scalar = mx.ones((1,))
 
     def __call__(self, x, mask=None, cache=None, per_layer_input=None, shared_kv=None, offset=None,
-                 attend_cache=None):
+                 producer_cache=None):
         h, shared_kv, offset = self.self_attn(self.input_layernorm(x), mask, cache, shared_kv=shared_kv,
-                                              offset=offset, attend_cache=attend_cache)
+                                              offset=offset, producer_cache=producer_cache)
         h = x + self.post_attention_layernorm(h)
         residual = h
         if self._moe:
@@ -301,7 +304,7 @@ class Gemma4Text(UniversalDense):
         for i, (layer, spec) in enumerate(zip(blocks, self._specs)):
             kvs, offset = intermediates[self._producer[i]]
             out = layer(h, masks[spec.layer_type], cache[i], per_layer_input=per_layer[i], shared_kv=kvs,
-                        offset=offset, attend_cache=attention_cache(cache, self._producer, i))
+                        offset=offset, producer_cache=cache[self._producer[i]])
             if not isinstance(out, tuple):  # a block the layer-skip drafter skips: h alone
                 h = out
                 continue
