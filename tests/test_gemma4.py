@@ -8,6 +8,7 @@ import json
 
 import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 
 from mlxbun.errors import ConfigError, MlxbunError
 from mlxbun.models.universal.loader import build_model, load_universal
@@ -128,3 +129,51 @@ def test_taps_and_the_localizer(zoo, tmp_path):
 def test_configs_mlx_lm_cannot_wire_refuse_by_name(overrides, needle):
     with pytest.raises((ConfigError, MlxbunError), match=needle):
         build_model(_config(**overrides))
+
+
+# ----------------------------------------------------------------- the gemma4 VLM wrapper
+
+
+def test_a_hub_layout_wrapper_checkpoint_runs_as_mlx_lm_s_text_path(zoo, tmp_path):
+    """transformers' Gemma 4 layout: model.language_model.* (fused experts, the KV-shared layers'
+    k / v projections), the vision and audio towers and their embedders: dropped, as mlx-lm."""
+    src = zoo("gemma4")
+    cfg = json.loads((src / "config.json").read_text())
+    mlx_layout = tmp_path / "flat"
+    text = {k.replace("language_model.", "", 1): v for k, v in _load_all(src).items()}
+    mlx_layout.mkdir()
+    mx.save_safetensors(str(mlx_layout / "model.safetensors"), text, metadata={"format": "mlx"})
+    hf = _hf_layout(mlx_layout, tmp_path / "hf", cfg["text_config"])
+    weights = {f"model.language_model.{k.removeprefix('model.')}": v for k, v in _load_all(hf).items()}
+    towers = {"model.vision_tower.encoder.weight": mx.ones((4, 4)), "model.audio_tower.conv.weight": mx.ones((4,)),
+              "model.embed_vision.embedding_projection.weight": mx.ones((4, 4)),
+              "model.embed_audio.embedding_projection.weight": mx.ones((4, 4))}
+    mx.save_safetensors(str(hf / "model.safetensors"), {**weights, **towers}, metadata={"format": "pt"})
+    (hf / "config.json").write_text(json.dumps(cfg))
+    _assert_parity(hf)
+    dropped = load_universal(hf).audit.dropped
+    assert set(towers) <= set(dropped) and "audio towers" in dropped["model.audio_tower.conv.weight"]
+    assert "model.language_model.layers.5.self_attn.k_proj.weight" in dropped
+
+
+def _load_all(path) -> dict:
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        out.update(mx.load(str(f)))
+    return out
+
+
+def test_the_wrapper_reads_text_config_and_its_own_vocab_size():
+    from mlxbun.models.universal.coverage import require_coverage
+    from mlxbun.models.universal.resolve import descriptor_for, resolve_args
+    from mlxbun.zoo import tiny_config
+
+    cfg = tiny_config("gemma4")
+    report = require_coverage("gemma4", cfg)
+    for key in ("vision_config", "audio_config", "image_token_id"):
+        assert "outside text_config" in report.ignored[key]
+    assert resolve_args(descriptor_for("gemma4"), cfg).vocab == 512
+    del cfg["vocab_size"]  # mlx-lm's wrapper default, written over text_config's
+    assert resolve_args(descriptor_for("gemma4"), cfg).vocab == 262144
+    params = dict(tree_flatten(build_model(tiny_config("gemma4")).parameters()))
+    assert "language_model.model.layers.0.experts.switch_glu.gate_proj.weight" in params

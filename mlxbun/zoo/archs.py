@@ -415,9 +415,10 @@ def _descriptor(arch: str):
 
 
 def has_experts(arch: str) -> bool:
-    """True when the zoo arch's descriptor row routes through mixture-of-experts blocks."""
+    """True when the zoo arch's descriptor row routes through mixture-of-experts blocks (or its
+    config does: `Arch.routed`)."""
     d = _descriptor(arch)
-    return d is not None and d.moe is not None
+    return (d is not None and d.moe is not None) or get_arch(arch).routed
 
 
 def has_recurrent_layers(arch: str) -> bool:

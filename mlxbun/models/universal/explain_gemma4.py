@@ -11,7 +11,7 @@ from mlxbun.models.universal.specs import UniversalArgs
 
 __all__ = ["GEMMA4_GRAPH_ROWS", "gemma4_layer_groups", "gemma4_sections"]
 
-GEMMA4_GRAPH_ROWS = frozenset({"gemma4_text"})
+GEMMA4_GRAPH_ROWS = frozenset({"gemma4_text", "gemma4"})
 
 Pairs = tuple[tuple[str, str], ...]
 

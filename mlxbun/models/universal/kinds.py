@@ -300,7 +300,7 @@ class SanitizeOp(StrEnum):
     # transposed to mlx's layout; else nothing (mup.py)
     STEP3P5 = "step3p5"  # step3p5.sanitize: drop .mtp and layers >= num_hidden_layers, rename
     # HF moe.* / share_expert keys into mlp.*, norm weights + 1 when the checkpoint is HF's
-    GEMMA4 = "gemma4"  # gemma4_text.sanitize (gemma4_sanitize.py): buffers, shared layers' k/v dropped
+    GEMMA4 = "gemma4"  # gemma4_text.sanitize (gemma4_sanitize.py); arg: gemma4's wrapper name or None
 
 
 # ----------------------------------------------------------------- mixture of experts

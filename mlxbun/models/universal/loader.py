@@ -63,7 +63,7 @@ def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
 
 # rows whose forward is a UniversalDense subclass of its own (the row's knobs still drive the
 # loader, sanitize, quantization, audit and coverage)
-_GRAPHS = {"gemma4_text": Gemma4Text}
+_GRAPHS = {"gemma4_text": Gemma4Text, "gemma4": Gemma4Text}
 
 
 # ----------------------------------------------------------------- loading

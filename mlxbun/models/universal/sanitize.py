@@ -461,7 +461,7 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
     if op is SanitizeOp.STEP3P5:
         return _step3p5(w, fields)
     if op is SanitizeOp.GEMMA4:
-        return gemma4_sanitize(w, fields)
+        return gemma4_sanitize(w, fields, rule.arg)
     if op is SanitizeOp.RENAME_SUBSTRINGS:  # lfm2_moe.sanitize's loop, replacement by replacement
         out = {}
         for k, v in w.items():
