@@ -131,6 +131,14 @@ def test_configs_mlx_lm_cannot_wire_refuse_by_name(overrides, needle):
         build_model(_config(**overrides))
 
 
+def test_coverage_takes_vision_bidirectionality_and_refuses_all():
+    from mlxbun.models.universal.coverage import require_coverage
+
+    require_coverage("gemma4_text", _config(use_bidirectional_attention="vision"))
+    with pytest.raises(MlxbunError, match="use_bidirectional_attention"):
+        require_coverage("gemma4_text", _config(use_bidirectional_attention="all"))
+
+
 # ----------------------------------------------------------------- the gemma4 VLM wrapper
 
 

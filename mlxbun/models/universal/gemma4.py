@@ -11,7 +11,7 @@ What differs from the universal blocks:
   (mlx-lm's `previous_kvs` / `intermediates`). mlx-lm's cache list holds the projecting layers
   only, and a shared layer attends with no cache (the fused kernel over the arrays handed on, as
   mlx-lm); where those are packed quantized groups (uniform / per-layer quantized KV, on which
-  mlx-lm's shared layers fail) it attends through the producer's cache (`shared_attention_cache`),
+  mlx-lm's shared layers fail) it attends through the producer's cache (`models/kv_sharing.py`),
   i.e. the quantized attention of the producer's bits and group;
 - full layers: `global_head_dim`, proportional rope on a partial rotary fraction, and with
   `attention_k_eq_v` the values are the key projection (`num_global_key_value_heads` heads);
@@ -35,13 +35,14 @@ from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.errors import MlxbunError
 from mlxbun.models import rope as R
 from mlxbun.models.base import create_attention_mask, scaled_dot_product_attention
+from mlxbun.models.kv_sharing import shared_attention_cache
 from mlxbun.models.switch_layers import SwitchGLU
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.gemma4_args import FULL, SLIDING, Gemma4Layer, first_kv_shared, gemma4_layers
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import UniversalArgs
 
-__all__ = ["Gemma4Text", "shared_attention_cache"]
+__all__ = ["Gemma4Text"]
 
 
 @partial(mx.compile, shapeless=True)
@@ -52,14 +53,6 @@ def logit_softcap(softcap, x):
 @partial(mx.compile, shapeless=True)
 def geglu(gate, x):
     return nn.gelu_approx(gate) * x
-
-
-def shared_attention_cache(keys, producer_cache):
-    """The cache a KV-shared layer (no cache of its own) attends through: none (mlx-lm's call: the
-    fused kernel over the keys / values handed on), unless those are a quantized cache's packed
-    (data, scales, biases) groups, which only the producer's quantized attention reads (its
-    bits and group; mlx-lm's shared layers fail there). Never written by the shared layer."""
-    return None if isinstance(keys, mx.array) else producer_cache
 
 
 class RMSNormNoScale(nn.Module):

@@ -75,11 +75,12 @@ _GEMMA4_FIELDS = _fields(
     attention_k_eq_v=False, final_logit_softcapping=30.0, use_double_wide_mlp=True,
     enable_moe_block=False, num_experts=None, top_k_experts=None, moe_intermediate_size=None,
     layer_types=None, tie_word_embeddings=True)
+# use_bidirectional_attention "vision" makes image tokens bidirectional (no image input here);
+# "all" (every token, a halved window) is not what mlx-lm's causal text path runs
 _GEMMA4_ACCEPTED = {"hidden_activation": ("gelu_pytorch_tanh",), "attention_bias": (False,),
-                    "use_bidirectional_attention": (None,)}
+                    "use_bidirectional_attention": (None, "vision")}
 _GEMMA4_IGNORED = {"per_layer_config": "transformers' per-layer head_dim / kv heads; mlx-lm reads "
                                        "global_head_dim and num_global_key_value_heads",
-                   "global_partial_rotary_factor": "mlx-lm reads the full layers' rope dict instead",
                    "attention_dropout": "training only", "use_cache": "a transformers cache choice"}
 
 _ROWS = [
