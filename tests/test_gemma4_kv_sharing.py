@@ -130,7 +130,8 @@ def test_caches_are_mlx_lm_s_projecting_layers_only(wide, all_full):
     assert [c.max_size for c in wide[0].make_cache()[:2]] == [16, 16]
 
 
-PLAIN = {"plain": dict(), "rotating": dict(max_kv_size=24), "turboquant": dict(kv_bits=3.5, kv_scheme="turboquant")}
+PLAIN = {"plain": dict(), "chunked": dict(prefill_step_size=5), "rotating": dict(max_kv_size=24),
+         "turboquant": dict(kv_bits=3.5, kv_scheme="turboquant")}
 # TurboQuant converts full-attention KVCaches except the last cache of more than two: the wide
 # model's list is [ring, ring, KVCache], so it runs on the all-full one
 _PLAIN_CASES = [(f, n) for n in PLAIN for f in ("wide", "all_full") if not (n == "turboquant" and f == "wide")]
@@ -142,8 +143,8 @@ def test_full_precision_and_turboquant_caches_keep_mlx_lm_s_sharing(request, fix
     options = PLAIN[name]
     got = list(stream_generate(ours, tok, PROMPT, max_tokens=N, **options))
     _same(got, list(stream_generate(module, tok, PROMPT, max_tokens=N, **options)))
-    if name == "plain":  # mlx-lm's own generate and caches (its make_cache ignores max_kv_size)
-        _same(got, _oracle(oracle, otok))
+    if name in ("plain", "chunked"):  # mlx-lm's own generate and caches (its make_cache ignores
+        _same(got, _oracle(oracle, otok, **options))  # max_kv_size)
     else:  # the cache changed the numbers (it ran)
         plain = list(stream_generate(ours, tok, PROMPT, max_tokens=N))
         assert not all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(got, plain))
