@@ -23,7 +23,7 @@ from mlxbun.config import MODEL_REMAPPING
 from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError
 from mlxbun.models.universal.coverage import check_coverage
-from mlxbun.models.universal.explain_gemma4 import GEMMA4_GRAPH_ROWS, gemma4_layer_groups, gemma4_sections
+from mlxbun.models.universal.explain_gemma4 import GEMMA4_MODEL_TYPES, gemma4_layer_groups, gemma4_sections
 from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label, parallel_block, single_block
 from mlxbun.models.universal.explain_mla import mla_lines
 from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
@@ -143,7 +143,7 @@ def explain_config(config: Mapping[str, Any], *, target: str, source: str,
     coverage = (f"ok ({len(report.understood)} keys understood)" if report.ok
                 else "REFUSED: " + report.describe())
     sections, layers = _sections(d, a), _layer_groups(d, a)
-    if d.model_type in GEMMA4_GRAPH_ROWS:  # its own forward (gemma4.py)
+    if d.model_type in GEMMA4_MODEL_TYPES:  # its own forward (gemma4.py)
         sections = tuple((t, tuple(Line(*p) for p in pairs)) for t, pairs in gemma4_sections(d, a))
         layers = tuple(LayerGroup(*g) for g in gemma4_layer_groups(a))
     return Explanation(

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from mlxbun.models.universal.gemma4_args import Gemma4Layer, first_kv_shared, gemma4_layers
+from mlxbun.models.universal.gemma4_args import GEMMA4_MODEL_TYPES, Gemma4Layer, first_kv_shared, gemma4_layers
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import UniversalArgs
 
-__all__ = ["GEMMA4_GRAPH_ROWS", "gemma4_layer_groups", "gemma4_sections"]
-
-GEMMA4_GRAPH_ROWS = frozenset({"gemma4_text", "gemma4"})
+__all__ = ["GEMMA4_MODEL_TYPES", "gemma4_layer_groups", "gemma4_sections"]
 
 Pairs = tuple[tuple[str, str], ...]
 

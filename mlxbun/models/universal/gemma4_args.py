@@ -17,9 +17,11 @@ from typing import Any
 
 from mlxbun.models.universal.fields import fail as _fail
 
-__all__ = ["FULL", "SLIDING", "Gemma4Layer", "gemma4_layers", "gemma4_text_post_init"]
+__all__ = ["FULL", "GEMMA4_MODEL_TYPES", "SLIDING", "Gemma4Layer", "gemma4_layers", "gemma4_text_post_init"]
 
 FULL, SLIDING = "full_attention", "sliding_attention"
+# the rows whose forward is gemma4.py's (the loader builds it, explain lists it)
+GEMMA4_MODEL_TYPES = frozenset({"gemma4_text", "gemma4"})
 
 _DEFAULT_ROPE = {
     FULL: {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},

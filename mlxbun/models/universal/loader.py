@@ -28,6 +28,7 @@ from mlxbun.models.switch_layers import SwitchLinear, gather_mm_supported
 from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.gemma4 import Gemma4Text
+from mlxbun.models.universal.gemma4_args import GEMMA4_MODEL_TYPES
 from mlxbun.models.universal.kinds import TieRule
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.sanitize import Meta, sanitize_weights
@@ -63,7 +64,7 @@ def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
 
 # rows whose forward is a UniversalDense subclass of its own (the row's knobs still drive the
 # loader, sanitize, quantization, audit and coverage)
-_GRAPHS = {"gemma4_text": Gemma4Text, "gemma4": Gemma4Text}
+_GRAPHS = dict.fromkeys(GEMMA4_MODEL_TYPES, Gemma4Text)
 
 
 # ----------------------------------------------------------------- loading
