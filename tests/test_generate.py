@@ -122,7 +122,8 @@ LONG_PROMPT = ("The quick brown fox jumps over the lazy dog. The quick brown fox
 
 
 @pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gpt_oss", "gemma4"])  # gemma4: the MoE block
+# beside the MLP, behind the VLM wrapper
 def test_moe_greedy_sampled_and_chunked_match_mlx_lm(loaded, arch, side):
     for options in (dict(), dict(temperature=0.8, top_p=0.9, seed=21), dict(prefill_step_size=7)):
         ours, theirs = _run_both(loaded, arch, side, prompt=LONG_PROMPT, **options)

@@ -125,7 +125,7 @@ def _mismatches(models, target_name, arch, prompts=(PROMPT,), **kw):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral",
-                                  "gpt_oss", "gemma4_text"])
+                                  "gpt_oss", "gemma4_text", "gemma4"])
 def test_greedy_equals_plain_on_plain_and_sliding_caches(models, arch):
     # gemma3_text: sliding-window layers hold RotatingKVCache(16) and the prompt crosses it
     assert _mismatches(models, arch, arch) == []
