@@ -185,3 +185,14 @@ def test_the_wrapper_reads_text_config_and_its_own_vocab_size():
     assert resolve_args(descriptor_for("gemma4"), cfg).vocab == 262144
     params = dict(tree_flatten(build_model(tiny_config("gemma4")).parameters()))
     assert "language_model.model.layers.0.experts.switch_glu.gate_proj.weight" in params
+
+
+def test_explain_lists_gemma4_s_own_forward():
+    from mlxbun.explain import explain
+
+    text = explain("gemma4_text").text()
+    assert "k, v, offset = intermediates[previous_kvs[i]]" in text
+    assert "layers 3-4: sliding window 16, hd_i 16, KV_i 2" in text and "cache none (reads layer 1's" in text
+    assert "layer 2: global, hd_i 64, KV_i 1, k = v; proportional rope, base 1000000.0, 16 of 64 dims" in text
+    moe = explain("gemma4").text()
+    assert "wrapper (language_model)" in moe and "E = num_experts = 4, k = top_k_experts = 2" in moe

@@ -43,7 +43,6 @@ def _block(a: UniversalArgs) -> Iterator[tuple[str, str]]:
         yield ("h = h + post_per_layer_input_norm(per_layer_projection(gelu_approx("
                "per_layer_input_gate(h)) * per_layer[i]))", "Linear(D, P), Linear(P, D)")
     yield "h = h * layer_scalar", "a learned [1] per layer"
-    yield f"RMSNorm(D, eps={a.eps})", "every norm (plain weight, not 1 + w)"
 
 
 def _attention(a: UniversalArgs) -> Iterator[tuple[str, str]]:
@@ -89,10 +88,14 @@ def gemma4_sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, Pai
     wrapper = d.names.wrapper
     return (
         *(((f"wrapper ({wrapper})", ((f"{wrapper}.model, {wrapper}.lm_head",
-                                      "the args are text_config's; the text model runs alone"),)),)
+                                      "a VLM wrapper: every path below is under it; the args are "
+                                      "text_config's, vocab_size the top-level one; the text model runs "
+                                      "alone"),)),)
           if wrapper else ()),
         ("embedding", tuple(_embedding(a))),
         ("block (model.layers[i], i < N)", tuple(_block(a))),
+        ("norms", ((f"RMSNorm(D, eps={a.eps})", "every block norm (a plain weight, not 1 + w); eps from "
+                                                 "rms_norm_eps"),)),
         ("attention (model.layers[i].self_attn)", tuple(_attention(a))),
         ("mlp (model.layers[i].mlp)" + (", router, experts" if a.fields["enable_moe_block"] else ""),
          tuple(_mlp(a))),
