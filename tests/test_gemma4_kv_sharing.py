@@ -51,8 +51,8 @@ def _sides(path: Path):
 def wide(zoo_root):
     """The zoo's gemma4_text (s s f | s s f, the last three KV-shared) with head_dim 32 (global 64),
     so a KV group of 32 divides every layer's head dim."""
-    ours, *rest = sides = _sides(locate(parse_model("zoo:gemma4_text,head_dim=32"), zoo_root=zoo_root))
-    assert ours.args.fields["head_dim"] == 32 and ours.cache_layers == [0, 1, 2]
+    sides = _sides(locate(parse_model("zoo:gemma4_text,head_dim=32"), zoo_root=zoo_root))
+    assert sides[0].args.fields["head_dim"] == 32 and sides[0].cache_layers == [0, 1, 2]
     return sides
 
 

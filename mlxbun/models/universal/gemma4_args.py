@@ -109,7 +109,7 @@ def gemma4_layers(a: Mapping) -> tuple[Gemma4Layer, ...]:
             kvs_by_type[lt[i]] = i
         double = bool(a["use_double_wide_mlp"]) and i >= first > 0
         out.append(Gemma4Layer(i, lt[i], head_dim, kv_heads, has_kv,
-                               i if has_kv or not a["num_kv_shared_layers"] else kvs_by_type[lt[i]],
+                               i if has_kv else kvs_by_type[lt[i]],
                                k_eq_v, a["intermediate_size"] * (2 if double else 1),
                                (a["rope_parameters"] or {}).get(lt[i], {})))
     return tuple(out)
