@@ -105,7 +105,7 @@ def _run_both(loaded, arch, side, prompt=PROMPT, max_tokens=N, **options):
 
 
 @pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "gemma3_text", "gemma3n"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "gemma3_text", "gemma3n", "gemma4_text"])
 def test_greedy_matches_mlx_lm(loaded, arch, side):
     # gemma3_text: sliding layers (window 16) under a prompt + generation that crosses it;
     # gemma3n: the same, and its KV-shared layers read their owners' caches
@@ -123,7 +123,8 @@ LONG_PROMPT = ("The quick brown fox jumps over the lazy dog. The quick brown fox
 
 
 @pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gpt_oss", "gemma4"])  # gemma4: the MoE block
+# beside the MLP, behind the VLM wrapper
 def test_moe_greedy_sampled_and_chunked_match_mlx_lm(loaded, arch, side):
     for options in (dict(), dict(temperature=0.8, top_p=0.9, seed=21), dict(prefill_step_size=7)):
         ours, theirs = _run_both(loaded, arch, side, prompt=LONG_PROMPT, **options)
@@ -189,7 +190,7 @@ def test_max_kv_size_matches_mlx_lm_rotating(loaded, side, prefill_step_size):
     assert not all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(ours, unbounded))
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "gpt_oss"])  # gpt_oss: attention sinks
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "gpt_oss", "gemma4_text"])  # gpt_oss: attention sinks
 def test_max_kv_size_is_honoured_where_mlx_lm_ignores_it(loaded, arch):  # over the ring too
     from mlx_lm.models import cache as mc
 
@@ -658,7 +659,8 @@ def test_sampler_option_errors(options):
 # ----------------------------------------------------------------------------- caches in, caches out
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gpt_oss", "qwen3_moe"])  # gpt_oss: sliding rings and full caches
+@pytest.mark.parametrize("arch", ["qwen3", "gpt_oss", "qwen3_moe", "gemma4_text"])  # gpt_oss: sliding rings and full
+# caches; gemma4_text: a cache list without its KV-shared layers
 def test_prompt_cache_list_continues_like_mlx_lm(loaded, arch):
     """A prefix in a cache list, then the rest as the prompt: mlx-lm's multi-turn use."""
     from mlx_lm.models import cache as mc
@@ -680,7 +682,7 @@ def test_prompt_cache_list_continues_like_mlx_lm(loaded, arch):
     _assert_same_stream(ours, theirs)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gpt_oss", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["qwen3", "gpt_oss", "qwen3_moe", "gemma4_text"])
 def test_saved_prompt_cache_round_trip(loaded, tmp_path, arch):
     from mlxbun.cache import prompt_cache as pc
     from mlxbun.generation_caches import model_identity_of

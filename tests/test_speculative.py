@@ -125,7 +125,7 @@ def _mismatches(models, target_name, arch, prompts=(PROMPT,), **kw):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3", "gemma3_text", "qwen3_moe", "mixtral",
-                                  "gpt_oss", "gemma3n"])
+                                  "gpt_oss", "gemma3n", "gemma4_text", "gemma4"])
 def test_greedy_equals_plain_on_plain_and_sliding_caches(models, arch):
     # gemma3_text: sliding-window layers hold RotatingKVCache(16) and the prompt crosses it;
     # gemma3n: its last two layers read layers 2 and 1's caches (the rollback trims only owners)

@@ -42,6 +42,8 @@ MANIFEST = {
         # the rest of mlx-lm 0.32.2's dense llama-family files
         Entry("gemma3_text"),
         Entry("gemma3"),  # gemma3_text behind the VLM wrapper (language_model.*, text_config)
+        Entry("gemma4_text"),  # its own forward (models/universal/gemma4.py): KV sharing, per-layer inputs
+        Entry("gemma4", EXPERT_VARIANTS),  # gemma4_text behind the VLM wrapper, its MoE block on
         Entry("mistral3"),  # llama's text model behind the VLM wrapper
         Entry("olmo3"),
         Entry("cohere"),

@@ -28,6 +28,7 @@ from mlxbun.zoo.arch_row import (
     SLIDING_WINDOW,
     Arch,
 )
+from mlxbun.zoo.archs_gemma4 import GEMMA4_ROWS
 from mlxbun.zoo.archs_hybrid import HYBRID_ROWS
 from mlxbun.zoo.config_fixups import (
     cohere2_post,
@@ -405,7 +406,7 @@ _ROWS = (
 
 
 
-ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + HYBRID_ROWS}
+ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + GEMMA4_ROWS + HYBRID_ROWS}
 ARCHS: tuple[str, ...] = tuple(ARCH_TABLE)
 
 
@@ -428,9 +429,10 @@ def _descriptor(arch: str):
 
 
 def has_experts(arch: str) -> bool:
-    """True when the zoo arch's descriptor row routes through mixture-of-experts blocks."""
+    """True when the zoo arch's descriptor row routes through mixture-of-experts blocks (or its
+    config does: `Arch.routed`)."""
     d = _descriptor(arch)
-    return d is not None and d.moe is not None
+    return (d is not None and d.moe is not None) or get_arch(arch).routed
 
 
 def has_recurrent_layers(arch: str) -> bool:

@@ -23,6 +23,7 @@ from mlxbun.config import MODEL_REMAPPING
 from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError
 from mlxbun.models.universal.coverage import check_coverage
+from mlxbun.models.universal.explain_gemma4 import GEMMA4_MODEL_TYPES, gemma4_layer_groups, gemma4_sections
 from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label, parallel_block, single_block
 from mlxbun.models.universal.explain_mla import mla_lines
 from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
@@ -142,10 +143,14 @@ def explain_config(config: Mapping[str, Any], *, target: str, source: str,
     report = check_coverage(mt, raw)
     coverage = (f"ok ({len(report.understood)} keys understood)" if report.ok
                 else "REFUSED: " + report.describe())
+    sections, layers = _sections(d, a), _layer_groups(d, a)
+    if d.model_type in GEMMA4_MODEL_TYPES:  # its own forward (gemma4.py)
+        sections = tuple((t, tuple(Line(*p) for p in pairs)) for t, pairs in gemma4_sections(d, a))
+        layers = tuple(LayerGroup(*g) for g in gemma4_layer_groups(a))
     return Explanation(
         model_type=d.model_type, target=target, config_source=source,
         mlx_lm_file=f"models/{MODEL_REMAPPING.get(mt, mt)}.py", sizes=_sizes(d, a),
-        sections=_sections(d, a), layers=_layer_groups(d, a), coverage=coverage,
+        sections=sections, layers=layers, coverage=coverage,
         notes=d.notes, descriptor=_descriptor_dict(d),
     )
 

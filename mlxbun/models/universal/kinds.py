@@ -300,6 +300,7 @@ class SanitizeOp(StrEnum):
     # transposed to mlx's layout; else nothing (mup.py)
     STEP3P5 = "step3p5"  # step3p5.sanitize: drop .mtp and layers >= num_hidden_layers, rename
     # HF moe.* / share_expert keys into mlp.*, norm weights + 1 when the checkpoint is HF's
+    GEMMA4 = "gemma4"  # gemma4_text.sanitize (gemma4_sanitize.py); arg: gemma4's wrapper name or None
 
 
 # ----------------------------------------------------------------- mixture of experts
@@ -564,6 +565,7 @@ class PostInit(StrEnum):
     # ministral3 / mistral4 build those files' text models (not llama's): refused by name
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
+    GEMMA4_TEXT = "gemma4_text"  # rope_parameters / layer_types defaults; KV sharing checked (gemma4_args)
 
 
 def kind_field(enum: type[StrEnum], default: Any = dataclasses.MISSING, *, or_field: bool = False,

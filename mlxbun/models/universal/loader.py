@@ -27,6 +27,8 @@ from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 from mlxbun.models.switch_layers import SwitchLinear, gather_mm_supported
 from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.dense import UniversalDense
+from mlxbun.models.universal.gemma4 import Gemma4Text
+from mlxbun.models.universal.gemma4_args import GEMMA4_MODEL_TYPES
 from mlxbun.models.universal.kinds import TieRule
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.sanitize import Meta, sanitize_weights
@@ -56,7 +58,13 @@ def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
     args = resolve_args(d, raw)
     # a plain dict attribute would join the module tree: hand over a read-only view
     config_view = text_config if text_config is not None else MappingProxyType(raw)
-    return UniversalDense(args, d, config=config_view, raw_config=raw)
+    graph = _GRAPHS.get(d.model_type, UniversalDense)
+    return graph(args, d, config=config_view, raw_config=raw)
+
+
+# rows whose forward is a UniversalDense subclass of its own (the row's knobs still drive the
+# loader, sanitize, quantization, audit and coverage)
+_GRAPHS = dict.fromkeys(GEMMA4_MODEL_TYPES, Gemma4Text)
 
 
 # ----------------------------------------------------------------- loading

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from mlxbun.models.universal.fields import fail as _fail
+from mlxbun.models.universal.gemma4_args import gemma4_text_post_init
 from mlxbun.models.universal.hybrid_args import (
     full_attn_idxs,
     lfm2_ff_dim,
@@ -253,4 +254,5 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.OLMO_HYBRID_ARGS: olmo_hybrid_args,
     PostInit.MAMBA2_STATE: mamba2_state,
     PostInit.NEMOTRON_PATTERN: nemotron_pattern,
+    PostInit.GEMMA4_TEXT: gemma4_text_post_init,
 })

@@ -13,6 +13,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxbun.errors import LoadError
+from mlxbun.models.universal.gemma4_sanitize import gemma4_sanitize
 from mlxbun.models.universal.kinds import (
     SanitizeOp,
     exhaustive,
@@ -459,6 +460,8 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _split_interleaved_experts(w), {}
     if op is SanitizeOp.STEP3P5:
         return _step3p5(w, fields)
+    if op is SanitizeOp.GEMMA4:
+        return gemma4_sanitize(w, fields, rule.arg)
     if op is SanitizeOp.RENAME_SUBSTRINGS:  # lfm2_moe.sanitize's loop, replacement by replacement
         out = {}
         for k, v in w.items():

@@ -64,6 +64,25 @@ def _fields(*required: str, **defaults: Any) -> dict[str, Any]:
     return {**{k: REQUIRED for k in required}, **defaults}
 
 
+# gemma4_text's ModelArgs (the gemma4 wrapper's text_config reads the same)
+_GEMMA4_FIELDS = _fields(
+    model_type="gemma4_text", hidden_size=1536, num_hidden_layers=35, intermediate_size=6144,
+    num_attention_heads=8, head_dim=256, global_head_dim=512, global_partial_rotary_factor=0.25,
+    rms_norm_eps=1e-6, vocab_size=262144, vocab_size_per_layer_input=262144, num_key_value_heads=1,
+    num_global_key_value_heads=None, num_kv_shared_layers=20, pad_token_id=0,
+    hidden_size_per_layer_input=256, rope_traditional=False, partial_rotary_factor=1.0,
+    rope_parameters=None, sliding_window=512, sliding_window_pattern=5, max_position_embeddings=131072,
+    attention_k_eq_v=False, final_logit_softcapping=30.0, use_double_wide_mlp=True,
+    enable_moe_block=False, num_experts=None, top_k_experts=None, moe_intermediate_size=None,
+    layer_types=None, tie_word_embeddings=True)
+# use_bidirectional_attention "vision" makes image tokens bidirectional (no image input here);
+# "all" (every token, a halved window) is not what mlx-lm's causal text path runs
+_GEMMA4_ACCEPTED = {"hidden_activation": ("gelu_pytorch_tanh",), "attention_bias": (False,),
+                    "use_bidirectional_attention": (None, "vision")}
+_GEMMA4_IGNORED = {"per_layer_config": "transformers' per-layer head_dim / kv heads; mlx-lm reads "
+                                       "global_head_dim and num_global_key_value_heads",
+                   "attention_dropout": "training only", "use_cache": "a transformers cache choice"}
+
 _ROWS = [
     ArchDescriptor(
         "llama", _LLAMA_FIELDS, ("kv_heads_default", "layer_types_full", "require_full_layer"),
@@ -238,6 +257,37 @@ _ROWS = [
                       "attn_logit_softcapping": "mlx-lm's gemma3 has no attention softcap",
                       "final_logit_softcapping": "mlx-lm's gemma3_text has no final softcap"},
         notes="tied iff the checkpoint has no lm_head.weight (mlx-lm decides in sanitize).",
+    ),
+    # gemma4_text.py: its graph is gemma4.py's Gemma4Text (per-layer inputs, KV sharing, k = v,
+    # the MoE block beside the MLP); the knobs below resolve the layer kinds, rope dicts, the
+    # head, the sanitize rule and the config keys the loader, coverage and port read
+    ArchDescriptor(
+        "gemma4_text", _GEMMA4_FIELDS, ("gemma4_text",),
+        head_dim="field", rope=RopeKnobs("layer_type_partial"), mlp=MlpKnobs(act="gelu_approx"),
+        names=Names(norms=_GEMMA_NORMS), block=BlockKnobs("sandwich"), embed_scale="sqrt_hidden",
+        head=HeadKnobs(tie="tie_word_embeddings", softcap="field"),
+        layers=LayerKnobs("layer_types", sliding_window="sliding_window", make_cache="rotating_sliding"),
+        sanitize=(SanitizeRule("gemma4", None, "gemma4_text.sanitize"),),
+        accepted_values=_GEMMA4_ACCEPTED, ignored_keys=_GEMMA4_IGNORED,
+        notes="gemma4.py's graph: per-layer inputs, the last num_kv_shared_layers layers reading the "
+              "keys / values of their type's last projecting layer (their caches left out, as "
+              "mlx-lm's make_cache), k = v full layers with global_head_dim and proportional rope, "
+              "the double-wide MLP on shared layers, the optional MoE block, the final softcap.",
+    ),
+    # gemma4.py: the VLM wrapper around gemma4_text (text_config's args, the top-level vocab_size
+    # over text_config's); the vision and audio towers are not built
+    ArchDescriptor(
+        "gemma4", _GEMMA4_FIELDS, ("gemma4_text",),
+        head_dim="field", rope=RopeKnobs("layer_type_partial"), mlp=MlpKnobs(act="gelu_approx"),
+        names=Names(norms=_GEMMA_NORMS, wrapper="language_model"), wrapper_fields={"vocab_size": 262144},
+        block=BlockKnobs("sandwich"), embed_scale="sqrt_hidden",
+        head=HeadKnobs(tie="tie_word_embeddings", softcap="field"),
+        layers=LayerKnobs("layer_types", sliding_window="sliding_window", make_cache="rotating_sliding"),
+        sanitize=(SanitizeRule("gemma4", "language_model", "gemma4.sanitize, then gemma4_text's"),),
+        accepted_values=_GEMMA4_ACCEPTED, ignored_keys=_GEMMA4_IGNORED,
+        notes="gemma4: gemma4_text behind the VLM wrapper (language_model.*; text_config's args, the "
+              "top-level vocab_size (262144 by default) over text_config's; the vision and audio towers "
+              "and their embedders dropped, their inputs not ported).",
     ),
     # gemma3.py: the VLM wrapper around gemma3_text (text_config's args, heads defaulting to 8 / 4,
     # the top-level vocab_size written over text_config's); the vision tower is not built
