@@ -101,11 +101,22 @@ def test_nanochat_shows_the_compiled_softcap_and_functional_norms():
                      "k = concat([k_nope, repeat(k_pe, H)])", "w = take_along_axis(p, experts) * scaling"]),
     ("deepseek_v3", ["c, k_pe = cache.update_and_fetch(c, k_pe)", "o = sdpa(q_nope, k, v, scale, mask=pe)",
                      "L == 1: q_nope = embed_q(q_nope); k = v = c"]),
+    ("minicpm3", ["SuScaledRoPE over dr", "dv = D // H = 16 (not read from the config)", "RMSNorm(kv, eps=1e-05)",
+                  "scale = (dn+dr)**-0.5 = ", "h = h * scale_emb", "scale_depth / N**0.5"]),
 ])
 def test_arch_specific_steps_are_shown(arch, expected):
     text = explain(arch).text()
     for snippet in expected:
         assert snippet in text, f"{arch}: {snippet!r} missing from\n{text}"
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v2", "minicpm3"])
+def test_an_mla_rows_sizes_are_its_attention_head_dims(arch):
+    """An MLA row shows dn / dr / dv / kv, not hd (a config's head_dim is transformers' copy of
+    qk_rope_head_dim, which mlx-lm does not read) nor KV (the latent is one head)."""
+    sizes = {s: (src, v) for s, src, v in explain(arch).sizes}
+    assert "hd" not in sizes and "KV" not in sizes
+    assert sizes["q/k head dim"][1] == sizes["dn"][1] + sizes["dr"][1]
 
 
 def test_a_checkpoint_directory_explains_its_config(zoo):

@@ -297,6 +297,14 @@ _ROWS = (
          knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
                 "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
                 "rope_parameters": {**_DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}}),
+    # MiniCPM3-4B's knobs (longrope over the rope part, context shrunk so max / original = 4),
+    # q_lora_rank set, v_head_dim None (hidden // heads); tied as transformers' default
+    Arch("minicpm3", "MiniCPM3ForCausalLM", "MiniCPM3Config", rope_type_key="type",
+         knobs={"q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                "scale_emb": 12, "dim_model_base": 16, "scale_depth": 1.4,
+                "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                    "original_max_position_embeddings": MAX_POSITIONS // 4,
+                                    "long_factor": [1.0, 1.3, 2.2, 5.1], "short_factor": [1.0, 1.0, 1.1, 1.2]}}),
     # gpt-oss's knobs: sliding / full layers (window 16 here), attention sinks, yarn with the
     # original context shrunk as the max (131072 / 32 -> 512 / 32), clamped SwiGLU experts
     Arch("gpt_oss", "GptOssForCausalLM", "GptOssConfig", layers=4, kv_heads=2,

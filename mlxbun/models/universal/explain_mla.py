@@ -6,11 +6,42 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mlxbun.models.universal.kinds import MlaKind
+from mlxbun.models.universal.kinds_mla import MlaMscale, MlaRope
 from mlxbun.models.universal.mla import mla_attention
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import UniversalArgs
 
-__all__ = ["mla_lines"]
+__all__ = ["mla_lines", "mla_sizes"]
+
+
+def _rope_note(m, attn, a: UniversalArgs) -> str:
+    scaling = a.fields[m.scaling]
+    where = f"base {a.fields[m.theta]}, {m.scaling} = {dict(scaling) if scaling else None}"
+    if m.rope is MlaRope.DEEPSEEK_YARN:
+        mscale = f"x * {attn.rope.mscale}, then " if attn.rope.mscale != 1.0 else ""
+        return f"deepseek_v2's yarn: {mscale}traditional rope over dr with yarn freqs; {where}"
+    if m.rope is MlaRope.SU_SCALED:
+        return (f"SuScaledRoPE over dr (the long factors; x[..., :dr] * {attn.rope._scale}), "
+                f"max positions {a.fields[m.max_positions]}; {where}")
+    trad = f" ({m.traditional})" if isinstance(m.traditional, str) else ""
+    return f"initialize_rope over dr, traditional={attn.rope.traditional}{trad}; {where}"
+
+
+def _scale_note(m, attn) -> str:
+    if m.mscale is MlaMscale.NONE:
+        return f"scale = (dn+dr)**-0.5 = {attn.scale}"
+    return f"scale = (dn+dr)**-0.5 * mscale(factor, mscale_all_dim)**2 = {attn.scale}"
+
+
+def mla_sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, object], ...]:
+    """The sizes an MLA row's attention runs on, in place of KV and hd: the head dims are
+    qk_nope_head_dim + qk_rope_head_dim (q, k) and the value dims, never a config's head_dim
+    (transformers writes qk_rope_head_dim there; mlx-lm does not read it)."""
+    m = d.mla
+    attn = mla_attention(a.fields, m, a.model_type, a.hidden, a.n_heads, a.attn_bias)
+    return (("dn", m.nope_dim, attn.qk_nope_head_dim), ("dr", m.rope_dim, attn.qk_rope_head_dim),
+            ("dv", m.v_dim or "D // H", attn.v_head_dim), ("kv", m.kv_lora_rank, attn.kv_lora_rank),
+            ("q/k head dim", "dn + dr (a config's head_dim is not read)", attn.q_head_dim))
 
 
 def mla_lines(d: ArchDescriptor, a: UniversalArgs) -> Iterator[tuple[str, str]]:
@@ -19,37 +50,33 @@ def mla_lines(d: ArchDescriptor, a: UniversalArgs) -> Iterator[tuple[str, str]]:
     r, kv, dn, dr, dv = (attn.q_lora_rank, attn.kv_lora_rank, attn.qk_nope_head_dim,
                          attn.qk_rope_head_dim, attn.v_head_dim)
     bias = f"bias={a.attn_bias} ({d.attn_bias})" if isinstance(d.attn_bias, str) else f"bias={a.attn_bias}"
+    eps = f"eps={attn.kv_a_layernorm.eps}" + (f" ({m.norm_eps})" if isinstance(m.norm_eps, str) else "")
+    dv_from = f"{m.v_dim} = {dv}" if m.v_dim is not None else f"D // H = {dv} (not read from the config)"
     if r is None:
         yield "q = q_proj(x)", f"Linear(D, H*(dn+dr)); {m.q_lora_rank} = None; dn = {dn}, dr = {dr}"
     else:
         yield ("q = q_b_proj(q_a_layernorm(q_a_proj(x)))",
-               f"{m.q_lora_rank} = {r}: Linear(D, {r}) ({bias}), RMSNorm({r}, eps=1e-6), "
+               f"{m.q_lora_rank} = {r}: Linear(D, {r}) ({bias}), RMSNorm({r}, {eps}), "
                f"Linear({r}, H*(dn+dr)); dn = {dn} ({m.nope_dim}), dr = {dr} ({m.rope_dim})")
     yield "q_nope, q_pe = split(heads(q), [dn])", "[B, H, L, dn] and [B, H, L, dr]"
     yield ("c, k_pe = split(kv_a_proj_with_mqa(x), [kv])",
            f"Linear(D, kv+dr), {bias}; kv = {m.kv_lora_rank} = {kv}; k_pe one head [B, 1, L, dr]")
-    scaling = a.fields[m.scaling]
-    scale = f"scale = (dn+dr)**-0.5 * mscale(factor, mscale_all_dim)**2 = {attn.scale}"
+    scale = _scale_note(m, attn)
     if m.kind is MlaKind.EXPANDED:
         yield ("k_nope, v = split(heads(kv_b_proj(kv_a_layernorm(c))), [dn])",
-               f"RMSNorm(kv, eps=1e-6), Linear(kv, H*(dn+dv)); dv = {m.v_dim} = {dv}")
-        mscale = f"x * {attn.rope.mscale}, then " if attn.rope.mscale != 1.0 else ""
-        yield ("q_pe, k_pe = rope(q_pe, offset), rope(k_pe, offset)",
-               f"deepseek_v2's yarn: {mscale}traditional rope over dr with yarn freqs; "
-               f"base {a.fields[m.theta]}, {m.scaling} = {dict(scaling)}")
+               f"RMSNorm(kv, {eps}), Linear(kv, H*(dn+dv)); dv = {dv_from}")
+        yield "q_pe, k_pe = rope(q_pe, offset), rope(k_pe, offset)", _rope_note(m, attn, a)
         yield "k = concat([k_nope, repeat(k_pe, H)]); q = concat([q_nope, q_pe])", "[B, H, L, dn+dr]"
         yield "k, v = cache.update_and_fetch(k, v)", "the cache holds full per-head keys and values (not the latent)"
         yield "o = sdpa(q, k, v, scale, mask)", scale
     else:  # MlaKind.ABSORBED
-        yield "c = expand_dims(kv_a_layernorm(c), 1)", "RMSNorm(kv, eps=1e-6); one head [B, 1, L, kv]"
-        yield ("q_pe, k_pe = rope(q_pe, offset), rope(k_pe, offset)",
-               f"initialize_rope over dr, traditional, base {a.fields[m.theta]}, {m.scaling} = "
-               f"{dict(scaling) if scaling else None}")
+        yield "c = expand_dims(kv_a_layernorm(c), 1)", f"RMSNorm(kv, {eps}); one head [B, 1, L, kv]"
+        yield "q_pe, k_pe = rope(q_pe, offset), rope(k_pe, offset)", _rope_note(m, attn, a)
         yield "c, k_pe = cache.update_and_fetch(c, k_pe)", "the cache holds the latent and the rope key"
         yield ("pe = where(mask, (q_pe * scale) @ k_pe.T, finfo.min)",
                "the rope scores, passed to the sdpa as its additive mask (mask: a boolean array)")
         yield ("L > 1: k, v = embed_q(c, transpose=False), unembed_out(c)",
-               f"MultiLinear [H, kv, dn] and [H, dv, kv]; dv = {m.v_dim} = {dv}")
+               f"MultiLinear [H, kv, dn] and [H, dv, kv]; dv = {dv_from}")
         yield "L == 1: q_nope = embed_q(q_nope); k = v = c", "embed_q absorbed into q"
         yield "o = sdpa(q_nope, k, v, scale, mask=pe)", scale
         yield "L == 1: o = unembed_out(o)", "unembed_out after the sdpa"

@@ -25,6 +25,7 @@ from mlxbun.models import rope as R
 from mlxbun.models.base import scaled_dot_product_attention
 from mlxbun.models.multi_linear import MultiLinear
 from mlxbun.models.universal.kinds import MlaKind, exhaustive
+from mlxbun.models.universal.kinds_mla import MlaMscale, MlaRope
 from mlxbun.models.universal.schema_mla import MlaKnobs
 
 __all__ = ["DeepseekV2YarnRoPE", "MlaAbsorbedAttention", "MlaAttention", "mla_attention", "mla_dims"]
@@ -83,24 +84,64 @@ def _int(fields: Mapping, key: str, model_type: str, optional: bool = False):
     return v
 
 
-def mla_dims(fields: Mapping, m: MlaKnobs, model_type: str) -> dict:
+def _literal_or_field(fields: Mapping, value, kind: type, key: str, model_type: str):
+    """A knob that is a literal or names a field: the literal, else the field's value, checked."""
+    if not isinstance(value, str):
+        return value
+    v = fields.get(value)
+    if isinstance(v, bool) is not (kind is bool) or not isinstance(v, kind):
+        raise MlxbunError(f"{model_type}: config key {value!r} must be a {kind.__name__} ({key}; got {v!r})")
+    return v
+
+
+def mla_dims(fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: int) -> dict:
     """The MLA numbers of a config, each checked (a bad value names its key)."""
-    dims = dict(q_lora_rank=_int(fields, m.q_lora_rank, model_type, optional=True),
+    dims = dict(q_lora_rank=_int(fields, m.q_lora_rank, model_type, optional=m.q_direct),
                 kv_lora_rank=_int(fields, m.kv_lora_rank, model_type),
                 nope=_int(fields, m.nope_dim, model_type), rope=_int(fields, m.rope_dim, model_type),
-                v=_int(fields, m.v_dim, model_type))
+                v=hidden // heads if m.v_dim is None else _int(fields, m.v_dim, model_type),
+                eps=_literal_or_field(fields, m.norm_eps, float, "the latent norms' eps", model_type))
     if dims["rope"] % 2:
         raise MlxbunError(f"{model_type}: config key {m.rope_dim!r} must be even (got {dims['rope']})")
     scaling = fields.get(m.scaling)
-    if scaling is not None or m.kind is MlaKind.EXPANDED:  # deepseek_v3 allows none
+    if scaling is not None or m.rope is not MlaRope.INITIALIZE:  # initialize_rope allows none
         if not isinstance(scaling, Mapping):
             raise MlxbunError(f"{model_type}: config key {m.scaling!r} must be a dict (got {scaling!r})")
-        if (m.kind is MlaKind.EXPANDED or scaling.get("mscale_all_dim")) and not isinstance(
-                scaling.get("factor"), (int, float)):
+        needs_factor = m.rope is MlaRope.DEEPSEEK_YARN or (
+            m.mscale is MlaMscale.ALL_DIM and scaling.get("mscale_all_dim"))
+        if needs_factor and not isinstance(scaling.get("factor"), (int, float)):
             raise MlxbunError(f"{model_type}: config key {m.scaling!r} needs a numeric 'factor' (mlx-lm's "
                               f"{model_type} reads {m.scaling}['factor']; got {scaling!r})")
     dims["scaling"] = scaling
     return dims
+
+
+def _softmax_scale(scale: float, m: MlaKnobs, scaling) -> float:
+    """q_head_dim ** -0.5, times yarn's mscale(mscale_all_dim) squared per MlaMscale, as mlx-lm's
+    deepseek_v2 / v3 compute it (the same float either way: v2 multiplies by 1.0 * 1.0 at factor <= 1)."""
+    if m.mscale is MlaMscale.ALL_DIM and scaling is not None:
+        mscale_all_dim = scaling.get("mscale_all_dim", 0)
+        if mscale_all_dim:
+            scaling_factor = scaling["factor"]
+            if scaling_factor > 1:
+                s = 0.1 * mscale_all_dim * math.log(scaling_factor) + 1.0
+                scale = scale * s * s
+    return scale
+
+
+def _mla_rope(fields: Mapping, m: MlaKnobs, model_type: str, dims: int, scaling) -> nn.Module:
+    """The rope over the rope part of q and k, per MlaRope."""
+    if m.rope is MlaRope.DEEPSEEK_YARN:
+        rope_kwargs = {key: scaling[key] for key in _ROPE_KEYS if key in scaling}
+        return DeepseekV2YarnRoPE(dims, base=fields[m.theta], scaling_factor=scaling["factor"], **rope_kwargs)
+    if m.rope is MlaRope.SU_SCALED:
+        return R.SuScaledRoPE(dims=dims, base=fields[m.theta], max_position_embeddings=fields[m.max_positions],
+                              original_max_position_embeddings=scaling.get("original_max_position_embeddings",
+                                                                           4096),
+                              short_factor=scaling.get("short_factor", 1.0),
+                              long_factor=scaling.get("long_factor", 1.0))
+    traditional = _literal_or_field(fields, m.traditional, bool, "the rope's traditional", model_type)
+    return R.initialize_rope(dims, fields[m.theta], traditional, scaling, fields[m.max_positions])
 
 
 def _init_q_kv_a(self, dm: dict, hidden: int, heads: int, bias: bool) -> None:
@@ -111,14 +152,15 @@ def _init_q_kv_a(self, dm: dict, hidden: int, heads: int, bias: bool) -> None:
     self.v_head_dim = dm["v"]
     self.q_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
     self.scale = self.q_head_dim**-0.5
+    eps = dm["eps"]
     if self.q_lora_rank is None:
         self.q_proj = nn.Linear(hidden, heads * self.q_head_dim, bias=False)
     else:
         self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
-        self.q_a_layernorm = nn.RMSNorm(self.q_lora_rank, eps=1e-6)
+        self.q_a_layernorm = nn.RMSNorm(self.q_lora_rank, eps=eps)
         self.q_b_proj = nn.Linear(self.q_lora_rank, heads * self.q_head_dim, bias=False)
     self.kv_a_proj_with_mqa = nn.Linear(hidden, self.kv_lora_rank + self.qk_rope_head_dim, bias=bias)
-    self.kv_a_layernorm = nn.RMSNorm(self.kv_lora_rank, eps=1e-6)
+    self.kv_a_layernorm = nn.RMSNorm(self.kv_lora_rank, eps=eps)
 
 
 def _q_and_latent(self, x):
@@ -142,21 +184,14 @@ class MlaAttention(nn.Module):
     def __init__(self, fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: int,
                  bias: bool):
         super().__init__()
-        dm = mla_dims(fields, m, model_type)
+        dm = mla_dims(fields, m, model_type, hidden, heads)
         _init_q_kv_a(self, dm, hidden, heads, bias)
         self.kv_b_proj = nn.Linear(
             self.kv_lora_rank, heads * (self.q_head_dim - self.qk_rope_head_dim + self.v_head_dim),
             bias=False)
         self.o_proj = nn.Linear(heads * self.v_head_dim, hidden, bias=bias)
-        scaling = dm["scaling"]
-        mscale_all_dim = scaling.get("mscale_all_dim", 0)
-        scaling_factor = scaling["factor"]
-        if mscale_all_dim:
-            mscale = _yarn_get_mscale(scaling_factor, mscale_all_dim)
-            self.scale = self.scale * mscale * mscale
-        rope_kwargs = {key: scaling[key] for key in _ROPE_KEYS if key in scaling}
-        self.rope = DeepseekV2YarnRoPE(self.qk_rope_head_dim, base=fields[m.theta],
-                                       scaling_factor=scaling_factor, **rope_kwargs)
+        self.scale = _softmax_scale(self.scale, m, dm["scaling"])
+        self.rope = _mla_rope(fields, m, model_type, self.qk_rope_head_dim, dm["scaling"])
 
     def __call__(self, x, mask=None, cache=None):
         B, L, D = x.shape
@@ -187,21 +222,13 @@ class MlaAbsorbedAttention(nn.Module):
     def __init__(self, fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: int,
                  bias: bool):
         super().__init__()
-        dm = mla_dims(fields, m, model_type)
+        dm = mla_dims(fields, m, model_type, hidden, heads)
         _init_q_kv_a(self, dm, hidden, heads, bias)
         self.embed_q = MultiLinear(self.qk_nope_head_dim, self.kv_lora_rank, heads)
         self.unembed_out = MultiLinear(self.kv_lora_rank, self.v_head_dim, heads)
         self.o_proj = nn.Linear(heads * self.v_head_dim, hidden, bias=bias)
-        scaling = dm["scaling"]
-        if scaling is not None:
-            mscale_all_dim = scaling.get("mscale_all_dim", 0)
-            if mscale_all_dim:
-                scaling_factor = scaling["factor"]
-                if scaling_factor > 1:
-                    s = 0.1 * mscale_all_dim * math.log(scaling_factor) + 1.0
-                    self.scale = self.scale * s * s
-        self.rope = R.initialize_rope(self.qk_rope_head_dim, fields[m.theta], True, scaling,
-                                      fields[m.max_positions])
+        self.scale = _softmax_scale(self.scale, m, dm["scaling"])
+        self.rope = _mla_rope(fields, m, model_type, self.qk_rope_head_dim, dm["scaling"])
 
     def __call__(self, x, mask=None, cache=None):
         B, L, D = x.shape

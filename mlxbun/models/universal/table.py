@@ -1005,7 +1005,8 @@ _MOE_ROWS = [
              rope_theta=10000.0, rope_scaling=None, attention_bias=False),
         head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
         rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
-        head=HeadKnobs(tie=False), mla=MlaKnobs("absorbed"), layers=LayerKnobs(mask_array=True),
+        head=HeadKnobs(tie=False), mla=MlaKnobs("absorbed", rope="initialize"),
+        layers=LayerKnobs(mask_array=True),
         moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense_freq",
                      router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
                                         params=_NOAUX_PARAMS),
@@ -1033,6 +1034,34 @@ _MOE_ROWS = [
               "absorbs them into q and the output); kv_b_proj checkpoints split at load. "
               "noaux_tc router (sigmoid + correction bias, grouped top-k, renorm, scaling), shared "
               "experts, dense first layers; int4-packed and fp8 checkpoints load as mlx-lm's.",
+    ),
+    ArchDescriptor(
+        "minicpm3",
+        _fields("model_type", "hidden_size", "dim_model_base", "num_hidden_layers",
+                "intermediate_size", "num_attention_heads", "rms_norm_eps", "vocab_size",
+                "num_key_value_heads", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                "kv_lora_rank", "scale_depth", "scale_emb", "max_position_embeddings",
+                attention_bias=False, rope_theta=1000000.0, rope_traditional=False, rope_scaling=None,
+                tie_word_embeddings=False),
+        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=False),  # the base, scaling and max positions mla.py reads
+        mla=MlaKnobs(rope="su_scaled", mscale="none", norm_eps=1e-5, q_direct=False, v_dim=None),
+        block=BlockKnobs(residual="scaled", residual_scale="minicpm_depth"),
+        embed_scale="scale_emb", head=HeadKnobs(pre_divide="width_ratio"),
+        accepted_values=_SILU,
+        ignored_keys={"head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim and qk_rope_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "v_head_dim": "mlx-lm's minicpm3 computes hidden_size // num_attention_heads "
+                                    "(transformers writes the same by default)",
+                      "pretraining_tp": "training-time tensor-parallel split; inference is unaffected"},
+        notes="MiniCPM3: multi-head latent attention, expanded as deepseek_v2's (low-rank q always, "
+              "value heads hidden_size // num_attention_heads, latent norms eps 1e-5; the cache holds "
+              "full per-head keys and values, as mlx-lm's) with SuScaledRoPE (the long factors) on the "
+              "rope part and the plain softmax scale; minicpm's muP: embeddings times scale_emb, "
+              "residuals times scale_depth / sqrt(N), the untied head's input divided by "
+              "hidden_size / dim_model_base (tied: embed_tokens.as_linear, undivided). rope_scaling "
+              "must be a dict (mlx-lm reads it whatever its type).",
     ),
     ArchDescriptor(
         "gpt_oss",

@@ -1,0 +1,28 @@
+"""The kinds an `mla` row chooses beside `MlaKind` (`schema_mla.MlaKnobs`): which rope the rope
+part of q / k runs and how yarn's mscale enters the softmax scale. Each member's comment says what
+`mla.py` does for it."""
+
+from __future__ import annotations
+
+from mlxbun.models.universal.kinds import StrEnum
+
+__all__ = ["MlaMscale", "MlaRope"]
+
+
+class MlaRope(StrEnum):
+    """The rope over the qk_rope_head_dim part of q and the shared k."""
+
+    DEEPSEEK_YARN = "deepseek_yarn"  # deepseek_v2.py's DeepseekV2YarnRotaryEmbedding (traditional,
+    # yarn freqs, all of x times its mscale); the scaling dict with a factor is required
+    INITIALIZE = "initialize"  # rope_utils.initialize_rope over the scaling dict (None: plain rope);
+    # traditional per `MlaKnobs.traditional` (deepseek_v3, glm4_moe_lite, youtu_llm)
+    SU_SCALED = "su_scaled"  # minicpm3: SuScaledRoPE whatever the dict's type (original max
+    # positions default 4096, short / long factors default 1.0); the scaling dict is required
+
+
+class MlaMscale(StrEnum):
+    """What yarn's mscale does to the softmax scale (q_head_dim ** -0.5)."""
+
+    ALL_DIM = "all_dim"  # times (0.1 * mscale_all_dim * log(factor) + 1) ** 2 when the dict has a
+    # nonzero mscale_all_dim and factor > 1 (deepseek_v2 / v3, glm4_moe_lite)
+    NONE = "none"  # the plain scale (minicpm3, youtu_llm)
