@@ -297,6 +297,14 @@ _ROWS = (
          knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
                 "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
                 "rope_parameters": {**_DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}}),
+    # GLM-4.7-Flash's knobs (deepseek_v3's absorbed MLA, plain rope): layer 0 dense (mlx-lm reads
+    # first_k_dense_replace, which the hub config carries; transformers writes mlp_layer_types),
+    # grouped noaux_tc routing; embed_q / unembed_out inputs (32, 64) quantizable
+    Arch("glm4_moe_lite", "Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", kv_heads=4,
+         knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+                "n_group": 2, "topk_group": 1, "routed_scaling_factor": 1.8,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+         extra={"first_k_dense_replace": 1}),
     # MiniCPM3-4B's knobs (longrope over the rope part, context shrunk so max / original = 4),
     # q_lora_rank set, v_head_dim None (hidden // heads); tied as transformers' default
     Arch("minicpm3", "MiniCPM3ForCausalLM", "MiniCPM3Config", rope_type_key="type",

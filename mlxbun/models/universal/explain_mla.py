@@ -27,9 +27,11 @@ def _rope_note(m, attn, a: UniversalArgs) -> str:
     return f"initialize_rope over dr, traditional={attn.rope.traditional}{trad}; {where}"
 
 
-def _scale_note(m, attn) -> str:
+def _scale_note(m, attn, scaling) -> str:
     if m.mscale is MlaMscale.NONE:
         return f"scale = (dn+dr)**-0.5 = {attn.scale}"
+    if not scaling or not scaling.get("mscale_all_dim"):
+        return f"scale = (dn+dr)**-0.5 = {attn.scale} (no mscale_all_dim in {m.scaling})"
     return f"scale = (dn+dr)**-0.5 * mscale(factor, mscale_all_dim)**2 = {attn.scale}"
 
 
@@ -61,7 +63,7 @@ def mla_lines(d: ArchDescriptor, a: UniversalArgs) -> Iterator[tuple[str, str]]:
     yield "q_nope, q_pe = split(heads(q), [dn])", "[B, H, L, dn] and [B, H, L, dr]"
     yield ("c, k_pe = split(kv_a_proj_with_mqa(x), [kv])",
            f"Linear(D, kv+dr), {bias}; kv = {m.kv_lora_rank} = {kv}; k_pe one head [B, 1, L, dr]")
-    scale = _scale_note(m, attn)
+    scale = _scale_note(m, attn, a.fields[m.scaling])
     if m.kind is MlaKind.EXPANDED:
         yield ("k_nope, v = split(heads(kv_b_proj(kv_a_layernorm(c))), [dn])",
                f"RMSNorm(kv, {eps}), Linear(kv, H*(dn+dv)); dv = {dv_from}")

@@ -263,6 +263,8 @@ class SanitizeOp(StrEnum):
     SPLIT_GLU_EXPERTS = "split_glu_experts"  # granitemoe: input_linear -> gate_proj | up_proj,
     # output_linear -> down_proj (arg: (block name, switch name))
     DROP_LAYER_N = "drop_layer_n"  # keys starting "model.layers.{num_hidden_layers}" (MTP layer)
+    DROP_LAYERS_FROM_N = "drop_layers_from_n"  # keys "<x>.layers.<i>..." with i >= num_hidden_layers
+    # (glm4_moe_lite's is_mpt_layer: every MTP layer)
     DROP_PREFIX = "drop_prefix"  # arg: prefix (exaone_moe's "mtp." heads)
     HUNYUAN_FUSED = "hunyuan_fused"  # when layer 0 has mlp.gate_and_up_proj: every qkv_proj split
     # per kv head into q | k | v, every gate_and_up_proj into up | gate (hunyuan's original layout)

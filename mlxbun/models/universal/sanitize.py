@@ -492,6 +492,10 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
     elif op is SanitizeOp.DROP_LAYER_N:  # startswith, as mlx-lm writes it
         head = f"model.layers.{fields[d.n_layers]}"
         dropped = {k: rule.reason for k in w if k.startswith(head)}
+    elif op is SanitizeOp.DROP_LAYERS_FROM_N:  # glm4_moe_lite's is_mpt_layer
+        n = fields[d.n_layers]
+        dropped = {k: rule.reason for k in w
+                   if (p := k.split("."))[1:2] == ["layers"] and len(p) > 2 and p[2].isdigit() and int(p[2]) >= n}
     elif op is SanitizeOp.DROP_CONTAINING:
         dropped = {k: rule.reason for k in w if rule.arg in k}
     elif op is SanitizeOp.DROP_SUFFIXES:

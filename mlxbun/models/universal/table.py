@@ -1036,6 +1036,44 @@ _MOE_ROWS = [
               "experts, dense first layers; int4-packed and fp8 checkpoints load as mlx-lm's.",
     ),
     ArchDescriptor(
+        "glm4_moe_lite",
+        dict(model_type="glm4_moe_lite", vocab_size=154880, hidden_size=2048, intermediate_size=10240,
+             moe_intermediate_size=1536, num_hidden_layers=47, num_attention_heads=20,
+             num_key_value_heads=20, n_shared_experts=1, n_routed_experts=64, routed_scaling_factor=1.8,
+             kv_lora_rank=512, q_lora_rank=768, qk_rope_head_dim=64, qk_nope_head_dim=192, v_head_dim=256,
+             topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, n_group=1, topk_group=1,
+             num_experts_per_tok=4, moe_layer_freq=1, first_k_dense_replace=1,
+             max_position_embeddings=202752, rms_norm_eps=1e-5, rope_theta=1_000_000.0, rope_scaling=None,
+             attention_bias=False, attention_dropout=0.0, partial_rotary_factor=1.0,
+             tie_word_embeddings=False, num_nextn_predict_layers=1, quantization=None),
+        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
+        head=HeadKnobs(tie=False),
+        mla=MlaKnobs("absorbed", rope="initialize", norm_eps="rms_norm_eps"),
+        layers=LayerKnobs(mask_array=True),
+        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense_freq",
+                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
+                                        params=_NOAUX_PARAMS, renorm="sum_eps"),
+                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
+        sanitize=(SanitizeRule("drop_layers_from_n", None, "the multi-token-prediction layers "
+                                                           "(mlx-lm drops every layer index >= N)"),
+                  _STACK,
+                  SanitizeRule("split_kv_b", None, "kv_b_proj split per head into embed_q | unembed_out")),
+        accepted_values={**_SILU, "scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",),
+                         "rope_interleave": (True,)},
+        ignored_keys={**_ROUTER_TRAINING,
+                      "head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "mlp_layer_types": "mlx-lm reads first_k_dense_replace and moe_layer_freq"},
+        notes="GLM-4.7-Flash: deepseek_v3's absorbed multi-head latent attention (the cache holds the "
+              "normed KV latent and the rope key) with the latent norms at rms_norm_eps; kv_b_proj "
+              "checkpoints split at load; noaux_tc router with 1e-20 added to the renormalizing sum, "
+              "shared experts, dense first layers; every layer index >= N (the MTP layers) dropped. "
+              "partial_rotary_factor and tie_word_embeddings are read but unused (rope over "
+              "qk_rope_head_dim, own lm_head).",
+    ),
+    ArchDescriptor(
         "minicpm3",
         _fields("model_type", "hidden_size", "dim_model_base", "num_hidden_layers",
                 "intermediate_size", "num_attention_heads", "rms_norm_eps", "vocab_size",
