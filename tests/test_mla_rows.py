@@ -90,3 +90,20 @@ def test_glm4_moe_lite_sanitize_matches_mlx_lm():
     for k in want:
         assert got[k].dtype == want[k].dtype and mx.array_equal(got[k], want[k]), k
     assert {"model.layers.2.self_attn.o_proj.weight", "model.layers.3.eh_proj.weight"} <= set(dropped)
+
+
+@pytest.mark.parametrize("knobs", [
+    {},  # the zoo's: tied, traditional rope, v_head_dim != qk_nope_head_dim
+    {"tie_word_embeddings": False, "rope_traditional": False, "q_lora_rank": None, "attention_bias": True,
+     "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+                      "mscale_all_dim": 1.0}},  # yarn rope, still the plain softmax scale
+], ids=["zoo", "untied_q_proj_yarn"])
+def test_the_youtu_llm_row_matches_mlx_lm_through_prefill_and_decode(knobs):
+    rc, oc = _prefill_and_decode({**tiny_config("youtu_llm"), **knobs})
+    assert oc[0].values.shape[1:2] == (4,) and oc[0].values[..., :oc[0].offset, :].shape[-1] == 24
+    assert mx.array_equal(rc[0].keys[..., :rc[0].offset, :], oc[0].keys[..., :oc[0].offset, :])
+
+
+def test_youtu_llm_refuses_a_non_bool_rope_traditional_naming_it():
+    with pytest.raises(MlxbunError, match="'rope_traditional'"):
+        build_model({**tiny_config("youtu_llm"), "rope_traditional": "yes"})

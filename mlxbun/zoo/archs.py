@@ -313,6 +313,12 @@ _ROWS = (
                 "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
                                     "original_max_position_embeddings": MAX_POSITIONS // 4,
                                     "long_factor": [1.0, 1.3, 2.2, 5.1], "short_factor": [1.0, 1.0, 1.1, 1.2]}}),
+    # Youtu-LLM-2B's knobs (expanded MLA, initialize_rope, q_lora_rank set); mlx-lm names it
+    # youtu_llm (transformers: youtu)
+    Arch("youtu_llm", "YoutuForCausalLM", "YoutuConfig",
+         knobs={"q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                "v_head_dim": 24, "rope_parameters": {"rope_type": "default", "rope_theta": 1600000.0}},
+         extra={"head_dim": 8}),  # YoutuConfig's own value: qk_rope_head_dim (mlx-lm does not read it)
     # gpt-oss's knobs: sliding / full layers (window 16 here), attention sinks, yarn with the
     # original context shrunk as the max (131072 / 32 -> 512 / 32), clamped SwiGLU experts
     Arch("gpt_oss", "GptOssForCausalLM", "GptOssConfig", layers=4, kv_heads=2,

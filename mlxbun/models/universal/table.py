@@ -1102,6 +1102,27 @@ _MOE_ROWS = [
               "must be a dict (mlx-lm reads it whatever its type).",
     ),
     ArchDescriptor(
+        "youtu_llm",
+        dict(model_type="youtu_llm", vocab_size=128256, hidden_size=2048, intermediate_size=6144,
+             num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512,
+             q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
+             max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1600000, rope_traditional=True,
+             rope_scaling=None, attention_bias=False, mlp_bias=False, tie_word_embeddings=True),
+        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias", mlp=MlpKnobs(bias="mlp_bias"),
+        rope=RopeKnobs(traditional="rope_traditional"),  # the base, scaling and max positions mla.py reads
+        mla=MlaKnobs(rope="initialize", mscale="none", traditional="rope_traditional", norm_eps="rms_norm_eps"),
+        sanitize=(_DROP_TIED,), accepted_values=_SILU,
+        ignored_keys={"head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "rope_interleave": "mlx-lm's youtu_llm reads rope_traditional (default True)",
+                      "embedding_initializer_range": "training-time initialization"},
+        notes="Youtu-LLM: deepseek_v2's expanded multi-head latent attention (the cache holds full "
+              "per-head keys and values, as mlx-lm's) with initialize_rope over the rope part "
+              "(traditional per rope_traditional), the plain softmax scale (no yarn mscale) and the "
+              "latent norms at rms_norm_eps; dense SwiGLU MLP, tied by default.",
+    ),
+    ArchDescriptor(
         "gpt_oss",
         dict(model_type="gpt_oss", num_hidden_layers=36, num_local_experts=128, num_experts_per_tok=4,
              vocab_size=201088, rms_norm_eps=1e-05, hidden_size=2880, intermediate_size=2880,
