@@ -41,7 +41,6 @@ from mlxbun.models.universal.kinds import (
     EmbedScale,
     FinalSoftcap,
     MakeCache,
-    MlaKind,
     NormKind,
     NormSlot,
     ParallelMlpNorm,
@@ -55,6 +54,7 @@ from mlxbun.models.universal.kinds_hybrid import (
     HybridBlock,
     MixerKind,
 )
+from mlxbun.models.universal.kinds_mla import MlaKind
 from mlxbun.models.universal.mixers import MIXERS
 from mlxbun.models.universal.mla import mla_attention
 from mlxbun.models.universal.mlp import MLP

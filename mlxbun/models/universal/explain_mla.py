@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from mlxbun.models.universal.kinds import MlaKind
-from mlxbun.models.universal.kinds_mla import MlaMscale, MlaRope
+from mlxbun.models.universal.kinds_mla import MlaKind, MlaMscale, MlaRope
 from mlxbun.models.universal.mla import mla_attention
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import UniversalArgs

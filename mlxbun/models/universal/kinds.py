@@ -263,8 +263,7 @@ class SanitizeOp(StrEnum):
     SPLIT_GLU_EXPERTS = "split_glu_experts"  # granitemoe: input_linear -> gate_proj | up_proj,
     # output_linear -> down_proj (arg: (block name, switch name))
     DROP_LAYER_N = "drop_layer_n"  # keys starting "model.layers.{num_hidden_layers}" (MTP layer)
-    DROP_LAYERS_FROM_N = "drop_layers_from_n"  # keys "<x>.layers.<i>..." with i >= num_hidden_layers
-    # (glm4_moe_lite's is_mpt_layer: every MTP layer)
+    DROP_LAYERS_FROM_N = "drop_layers_from_n"  # "<x>.layers.<i>..." with i >= N (glm4_moe_lite's MTP)
     DROP_PREFIX = "drop_prefix"  # arg: prefix (exaone_moe's "mtp." heads)
     HUNYUAN_FUSED = "hunyuan_fused"  # when layer 0 has mlp.gate_and_up_proj: every qkv_proj split
     # per kv head into q | k | v, every gate_and_up_proj into up | gate (hunyuan's original layout)
@@ -374,15 +373,6 @@ class BiasAt(StrEnum):
 
     ROUTER = "router"  # the router module (deepseek-v3 style MoEGate: glm4_moe, dots1)
     BLOCK = "block"  # the MoE block itself, beside the gate (minimax; Klear, afmoe: `expert_bias`)
-
-
-class MlaKind(StrEnum):
-    """Which mlx-lm MLA attention an `mla` row runs (`mla.py`)."""
-
-    EXPANDED = "expanded"  # deepseek_v2: kv_b_proj to per-head k_nope | v, full keys / values
-    # cached, its own yarn rope
-    ABSORBED = "absorbed"  # deepseek_v3: embed_q / unembed_out per-head linears, the latent and
-    # k_pe cached, the rope part as the sdpa mask (pe scores), initialize_rope
 
 
 class TopkMethod(StrEnum):

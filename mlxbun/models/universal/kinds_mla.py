@@ -1,12 +1,21 @@
-"""The kinds an `mla` row chooses beside `MlaKind` (`schema_mla.MlaKnobs`): which rope the rope
-part of q / k runs and how yarn's mscale enters the softmax scale. Each member's comment says what
-`mla.py` does for it."""
+"""The kinds an `mla` row chooses (`schema_mla.MlaKnobs`): how the latent becomes keys / values,
+which rope the rope part of q / k runs and how yarn's mscale enters the softmax scale. Each
+member's comment says what `mla.py` does for it."""
 
 from __future__ import annotations
 
 from mlxbun.models.universal.kinds import StrEnum
 
-__all__ = ["MlaMscale", "MlaRope"]
+__all__ = ["MlaKind", "MlaMscale", "MlaRope"]
+
+
+class MlaKind(StrEnum):
+    """Which mlx-lm MLA attention an `mla` row runs (`mla.py`)."""
+
+    EXPANDED = "expanded"  # deepseek_v2: kv_b_proj to per-head k_nope | v, full keys / values
+    # cached, its own yarn rope
+    ABSORBED = "absorbed"  # deepseek_v3: embed_q / unembed_out per-head linears, the latent and
+    # k_pe cached, the rope part as the sdpa mask (pe scores), initialize_rope
 
 
 class MlaRope(StrEnum):

@@ -24,8 +24,8 @@ from mlxbun.errors import MlxbunError
 from mlxbun.models import rope as R
 from mlxbun.models.base import scaled_dot_product_attention
 from mlxbun.models.multi_linear import MultiLinear
-from mlxbun.models.universal.kinds import MlaKind, exhaustive
-from mlxbun.models.universal.kinds_mla import MlaMscale, MlaRope
+from mlxbun.models.universal.kinds import exhaustive
+from mlxbun.models.universal.kinds_mla import MlaKind, MlaMscale, MlaRope
 from mlxbun.models.universal.schema_mla import MlaKnobs
 
 __all__ = ["DeepseekV2YarnRoPE", "MlaAbsorbedAttention", "MlaAttention", "mla_attention", "mla_dims"]

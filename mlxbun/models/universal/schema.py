@@ -58,7 +58,6 @@ from mlxbun.models.universal.kinds import (
     Residual,
     ResidualScale,
     RopeKind,
-    MlaKind,
     SanitizeOp,
     StrEnum,
     SwigluClamp,
@@ -66,6 +65,7 @@ from mlxbun.models.universal.kinds import (
     TieRule,
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
+from mlxbun.models.universal.kinds_mla import MlaKind
 from mlxbun.models.universal.schema_hybrid import HybridKnobs, check_hybrid, hybrid_refs
 from mlxbun.models.universal.schema_mla import MlaKnobs
 from mlxbun.models.universal.schema_moe import (  # the MoE knobs and their checks

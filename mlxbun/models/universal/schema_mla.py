@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlxbun.models.universal.kinds import MlaKind
 from mlxbun.models.universal.kinds import kind_field as _kind
-from mlxbun.models.universal.kinds_mla import MlaMscale, MlaRope
+from mlxbun.models.universal.kinds_mla import MlaKind, MlaMscale, MlaRope
 
 __all__ = ["MlaKnobs"]
 
