@@ -107,6 +107,9 @@ def test_nanochat_shows_the_compiled_softcap_and_functional_norms():
                        "initialize_rope over dr, traditional=True", "/ (sum + 1e-20)"]),
     ("youtu_llm", ["traditional=True (rope_traditional)", "dv = v_head_dim = 24", "scale = (dn+dr)**-0.5 = ",
                    "k, v = cache.update_and_fetch(k, v)"]),
+    ("mistral4", ["q_nope, q_pe = q_nope * s, q_pe * s", "scale = apply_yarn_mscale((dn+dr)**-0.5, rope_parameters)",
+                  "L > 1: o = sdpa(concat([q_nope, q_pe]), k, v, scale, mask)", "/ (sum + 1e-20)",
+                  "p = softmax(logits.astype(float32))"]),
 ])
 def test_arch_specific_steps_are_shown(arch, expected):
     text = explain(arch).text()
@@ -114,7 +117,7 @@ def test_arch_specific_steps_are_shown(arch, expected):
         assert snippet in text, f"{arch}: {snippet!r} missing from\n{text}"
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v2", "minicpm3", "glm4_moe_lite", "youtu_llm"])
+@pytest.mark.parametrize("arch", ["deepseek_v2", "minicpm3", "glm4_moe_lite", "youtu_llm", "mistral4"])
 def test_an_mla_rows_sizes_are_its_attention_head_dims(arch):
     """An MLA row shows dn / dr / dv / kv, not hd (a config's head_dim is transformers' copy of
     qk_rope_head_dim, which mlx-lm does not read) nor KV (the latent is one head)."""

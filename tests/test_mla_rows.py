@@ -107,3 +107,101 @@ def test_the_youtu_llm_row_matches_mlx_lm_through_prefill_and_decode(knobs):
 def test_youtu_llm_refuses_a_non_bool_rope_traditional_naming_it():
     with pytest.raises(MlxbunError, match="'rope_traditional'"):
         build_model({**tiny_config("youtu_llm"), "rope_traditional": "yes"})
+
+
+_M4_ROPE = tiny_config("mistral4")["rope_parameters"]
+
+
+@pytest.mark.parametrize("knobs", [
+    {},  # the zoo's: yarn + llama-4 scale (original context 16), grouped routing, traditional rope
+    {"rope_interleave": None, "q_lora_rank": None, "n_group": 1, "norm_topk_prob": False,
+     "tie_word_embeddings": True, "n_shared_experts": None},
+    {"rope_interleave": False, "attention_bias": True, "num_experts_per_tok": 1,
+     "rope_parameters": {"type": "default", "mscale_all_dim": 1.0, "factor": 4.0,  # no mscale: type default
+                         "llama_4_scaling_beta": 0.3, "original_max_position_embeddings": 4}},  # theta 1e5
+], ids=["zoo", "interleave_none_q_proj_tied", "not_interleaved_default_rope"])
+def test_the_mistral4_row_matches_mlx_lm_through_prefill_chunks_and_decode(knobs):
+    ref, ours = oracle_and_universal({**tiny_config("mistral4"), **knobs})
+    rc, oc = mlx_cache.make_prompt_cache(ref), ours.make_cache()
+    assert mx.array_equal(ref(IDS, cache=rc), ours(IDS, cache=oc))
+    chunk = mx.array([[17, 3, 200]])  # a second prefill: the causal mask over an offset cache
+    assert mx.array_equal(ref(chunk, cache=rc), ours(chunk, cache=oc))
+    for t in (11, 250, 3):
+        step = mx.array([[t]])
+        assert mx.array_equal(ref(step, cache=rc), ours(step, cache=oc)), t
+    assert mx.array_equal(rc[1].keys[..., :rc[1].offset, :], oc[1].keys[..., :oc[1].offset, :])
+    assert mx.array_equal(rc[1].values[..., :rc[1].offset, :], oc[1].values[..., :oc[1].offset, :])
+
+
+@pytest.mark.parametrize("rope_parameters", [None, {k: v for k, v in _M4_ROPE.items() if k != "llama_4_scaling_beta"}])
+def test_mistral4_needs_the_llama4_keys_of_rope_parameters(rope_parameters):
+    with pytest.raises(MlxbunError, match="rope_parameters lacks 'llama_4_scaling_beta'"):
+        build_model({**tiny_config("mistral4"), "rope_parameters": rope_parameters})
+
+
+def test_mistral4_sanitize_matches_mlx_lm():
+    """An HF-layout checkpoint: fused experts.gate_up_proj / down_proj, fp8 weights with a
+    per-tensor, a per-expert and a 128-block scale, a static activation scale, kv_b_proj (one layer
+    quantized), an int4-packed projection and a rotary buffer."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.mistral4 import Model, ModelArgs
+
+    from mlxbun.models.universal.resolve import descriptor_for
+    from mlxbun.models.universal.sanitize import Meta, sanitize_weights
+
+    cfg = tiny_config("mistral4")
+    mx.random.seed(0)
+    w = {k: mx.random.normal(v.shape) for k, v in tree_flatten(Model(ModelArgs.from_dict(cfg)).parameters())}
+    H, dn, dv, kv = 4, cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    for layer in range(2):
+        p = f"model.layers.{layer}.self_attn"
+        del w[f"{p}.embed_q.weight"], w[f"{p}.unembed_out.weight"]
+        kv_b = mx.random.normal((H * (dn + dv), kv))
+        if layer == 0:
+            (w[f"{p}.kv_b_proj.weight"], w[f"{p}.kv_b_proj.scales"],
+             w[f"{p}.kv_b_proj.biases"]) = mx.quantize(kv_b, group_size=32, bits=4)
+        else:
+            w[f"{p}.kv_b_proj.weight"] = kv_b
+    moe = "model.layers.1.mlp"
+    gate, up = w.pop(f"{moe}.switch_mlp.gate_proj.weight"), w.pop(f"{moe}.switch_mlp.up_proj.weight")
+    w[f"{moe}.experts.gate_up_proj"] = mx.concatenate([gate, up], axis=1)
+    w[f"{moe}.experts.down_proj"] = mx.to_fp8(w.pop(f"{moe}.switch_mlp.down_proj.weight"))
+    w[f"{moe}.experts.down_proj_scale_inv"] = mx.array([0.5, 1.0, 2.0, 0.25]).reshape(4, 1, 1)
+    for name, scale in (("model.layers.0.mlp.up_proj", mx.array(0.125)),
+                        ("model.layers.0.mlp.down_proj", mx.array([[0.5]]))):
+        w[f"{name}.weight"] = mx.to_fp8(w[f"{name}.weight"])
+        w[f"{name}.weight_scale_inv"] = scale
+        w[f"{name}.activation_scale"] = mx.array(1.0)
+    o = "model.layers.1.self_attn.o_proj"  # [64, 64]: one 128 block, padded
+    w[f"{o}.weight"] = mx.to_fp8(w[f"{o}.weight"])
+    w[f"{o}.weight_scale_inv"] = mx.array([[0.75]])
+    q_a = "model.layers.1.self_attn.q_a_proj."
+    packed, scales, _ = mx.quantize(w.pop(q_a + "weight"), group_size=32, bits=4)
+    w.update({q_a + "weight_packed": packed.view(mx.int32), q_a + "weight_scale": scales,
+              q_a + "weight_shape": mx.array(packed.shape)})
+    w["model.layers.0.self_attn.rotary_emb.inv_freq"] = mx.zeros((4,))
+    want = Model(ModelArgs.from_dict(cfg)).sanitize(dict(w))
+    fields = build_model(cfg).args.fields
+    d = descriptor_for("mistral4")
+    got, dropped = sanitize_weights(d, w, False, fields)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and mx.array_equal(got[k], want[k]), k
+    assert "model.layers.0.mlp.up_proj.activation_scale" in dropped
+    meta, _ = sanitize_weights(d, {k: Meta(v.shape, v.dtype) for k, v in w.items()}, False, fields)
+    assert {k: (v.shape, v.dtype) for k, v in meta.items()} == {k: (v.shape, v.dtype) for k, v in got.items()}
+
+
+def test_mistral4_refuses_quantized_kv_for_its_latent_cache_like_the_absorbed_kind(zoo):
+    """mlx-lm's mistral4 reads the rope key as an array (prefill and decode): a QuantizedKVCache
+    fails there, so mlxbun refuses uniform KV quantization by name; TurboQuant runs."""
+    from mlxbun.errors import GenerationError
+    from mlxbun.generate import stream_generate
+    from mlxbun.models.universal.loader import load_universal
+    from mlxbun.tokenizer import load_tokenizer
+
+    path = zoo("mistral4")
+    model, tok = load_universal(path), load_tokenizer(path)
+    with pytest.raises(GenerationError, match="MLA latent"):
+        list(stream_generate(model, tok, "hello", max_tokens=2, kv_bits=8))
+    assert len(list(stream_generate(model, tok, "hello", max_tokens=2, kv_bits=4, kv_scheme="turboquant"))) == 2

@@ -305,6 +305,17 @@ _ROWS = (
                 "n_group": 2, "topk_group": 1, "routed_scaling_factor": 1.8,
                 "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
          extra={"first_k_dense_replace": 1}),
+    # Mistral 4's knobs (transformers' default rope_parameters: yarn + llama-4 query scaling, read
+    # from rope_parameters only; original context 16 so a 40-token prompt reaches the scaled region),
+    # layer 0 dense, grouped routing; embed_q / unembed_out inputs (32, 64) quantizable
+    Arch("mistral4", "Mistral4ForCausalLM", "Mistral4Config", kv_heads=4, legacy_rope=False,
+         knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+                "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0,
+                "rope_parameters": {"type": "yarn", "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                    "original_max_position_embeddings": 16, "max_position_embeddings": MAX_POSITIONS,
+                                    "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+                                    "llama_4_scaling_beta": 0.1, "partial_rotary_factor": 0.2}},
+         extra={"head_dim": 40}),  # Mistral4Config's own value: dn + dr (mlx-lm does not read it)
     # MiniCPM3-4B's knobs (longrope over the rope part, context shrunk so max / original = 4),
     # q_lora_rank set, v_head_dim None (hidden // heads); tied as transformers' default
     Arch("minicpm3", "MiniCPM3ForCausalLM", "MiniCPM3Config", rope_type_key="type",

@@ -105,7 +105,6 @@ class Block(nn.Module):
         setattr(self, self._mlp_name, MoEBlock(a, d, spec.index, spec.swiglu_limits) if spec.moe
                 else MLP(a, d, limit=spec.swiglu_limits[1]))
         self._cla = d.layers.kv_share is not None
-        self._mla = d.mla is not None
         slots = d.block.norm_slots(a.parallel)
         self._norm_names = d.names.norms
         if spec.mixer is not MixerKind.ATTENTION and d.hybrid.mixer_block is not None:
@@ -149,9 +148,7 @@ class Block(nn.Module):
             return x + attn_h + ff_h
         if self._cla:  # hunyuan: the block hands the k / v projections on, as mlx-lm's does
             r, kv_states = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache, attn_scale, kv_states)
-        elif self._mla:  # MlaAttention: no query scale (deepseek_v2)
-            r = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache)
-        else:
+        else:  # (an MLA row's attn_scale: the llama-4 query scale of mistral4, else None)
             r = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache, attn_scale)
         r = self._norm(NormSlot.POST_ATTN, r)
         out = self._add_mlp(self._add(x, r), mlp)
@@ -271,7 +268,7 @@ class UniversalDense(nn.Module):
     def latent_kv(self) -> bool:
         """Whether the cache holds an MLA latent and rope key (deepseek_v3): its attention reads the
         rope key as an array, so uniform quantized KV cannot run (nor in mlx-lm)."""
-        return self.descriptor.mla is not None and self.descriptor.mla.kind is MlaKind.ABSORBED
+        return self.descriptor.mla is not None and self.descriptor.mla.kind is not MlaKind.EXPANDED
 
     @property
     def tied(self) -> bool:

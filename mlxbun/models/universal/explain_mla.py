@@ -29,6 +29,8 @@ def _rope_note(m, attn, a: UniversalArgs) -> str:
 def _scale_note(m, attn, scaling) -> str:
     if m.mscale is MlaMscale.NONE:
         return f"scale = (dn+dr)**-0.5 = {attn.scale}"
+    if m.mscale is MlaMscale.APPLY_YARN:
+        return f"scale = apply_yarn_mscale((dn+dr)**-0.5, {m.scaling}) = {attn.scale}"
     if not scaling or not scaling.get("mscale_all_dim"):
         return f"scale = (dn+dr)**-0.5 = {attn.scale} (no mscale_all_dim in {m.scaling})"
     return f"scale = (dn+dr)**-0.5 * mscale(factor, mscale_all_dim)**2 = {attn.scale}"
@@ -70,6 +72,18 @@ def mla_lines(d: ArchDescriptor, a: UniversalArgs) -> Iterator[tuple[str, str]]:
         yield "k = concat([k_nope, repeat(k_pe, H)]); q = concat([q_nope, q_pe])", "[B, H, L, dn+dr]"
         yield "k, v = cache.update_and_fetch(k, v)", "the cache holds full per-head keys and values (not the latent)"
         yield "o = sdpa(q, k, v, scale, mask)", scale
+    elif m.kind is MlaKind.ABSORBED_DECODE:
+        yield "c = expand_dims(kv_a_layernorm(c), 1)", f"RMSNorm(kv, {eps}); one head [B, 1, L, kv]"
+        yield "q_pe, k_pe = rope(q_pe, offset), rope(k_pe, offset)", _rope_note(m, attn, a)
+        yield ("q_nope, q_pe = q_nope * s, q_pe * s",
+               "s: the llama-4 query scale 1 + beta * log(1 + floor(pos / original_max_position_embeddings)) "
+               f"from {m.scaling}, cast to h's dtype")
+        yield "c, k_pe = cache.update_and_fetch(c, k_pe)", "the cache holds the latent and the rope key"
+        yield ("L > 1: k = concat([embed_q(c, transpose=False), broadcast(k_pe, H)]); v = unembed_out(c)",
+               f"MultiLinear [H, kv, dn] and [H, dv, kv]; dv = {dv_from}")
+        yield "L > 1: o = sdpa(concat([q_nope, q_pe]), k, v, scale, mask)", f"the plain mask; {scale}"
+        yield "L == 1: pe = (q_pe * scale) @ k_pe.T", "the rope scores as the sdpa's additive mask"
+        yield "L == 1: o = unembed_out(sdpa(embed_q(q_nope), c, c, scale, mask=pe))", "absorbed as deepseek_v3's"
     else:  # MlaKind.ABSORBED
         yield "c = expand_dims(kv_a_layernorm(c), 1)", f"RMSNorm(kv, {eps}); one head [B, 1, L, kv]"
         yield "q_pe, k_pe = rope(q_pe, offset), rope(k_pe, offset)", _rope_note(m, attn, a)

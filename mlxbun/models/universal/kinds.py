@@ -273,6 +273,8 @@ class SanitizeOp(StrEnum):
     # each MoE layer: <layer>.<block>.<src> -> <layer>.<block>.<dst> (exaone_moe, bailing_moe)
     SPLIT_INTERLEAVED_EXPERTS = "split_interleaved_experts"  # gpt_oss: HF gate_up_proj rows
     # interleaved gate/up -> gate_proj | up_proj (weights, mxfp4 _blocks/_scales, biases)
+    FP8_DEQUANT_BROADCAST = "fp8_dequant_broadcast"  # mistral4: every X_scale_inv: X from fp8 times
+    # it (broadcast when it fits X, else per 128x128 block) as bfloat16; activation scales dropped
     FP8_BLOCK_DEQUANT = "fp8_block_dequant"  # minimax: each fp8 weight times its 128x128-block
     # weight_scale_inv, as bfloat16; the scales dropped (activation scales kept, as mlx-lm)
     STRIP_PREFIX = "strip_prefix"  # arg: prefix; when any key starts with it, those keys lose it
@@ -336,6 +338,8 @@ class RouterKind(StrEnum):
     # f32, + expert bias, grouped top-k if n_group > 1, renorm if k > 1, scale (afmoe)
     SOFTMAX_GROUP_GREEDY = "softmax_group_greedy"  # deepseek_v2: precise softmax; group_limited_greedy
     # zeroes the n_group - topk_group groups with the lowest max; top-k, times scaling (no renorm)
+    SOFTMAX_GROUPED = "softmax_grouped"  # mistral4, compiled: softmax(f32), grouped (top-2 sums) if
+    # n_group > 1, top-k, renorm by (sum + 1e-20) with no k > 1 guard, times scaling
 
 
 # The numbers each router kind reads, by the name its routing function uses; a row maps each
@@ -359,6 +363,7 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
     # moe_router_score_func (a ScoreFunc: ROUTER_PARAM_KINDS)
     RouterKind.SOFTMAX_GROUP_GREEDY: ("method", "scaling", "n_group", "topk_group"),  # topk_method
     # (a TopkMethod: ROUTER_PARAM_KINDS), routed_scaling_factor, n_group, topk_group
+    RouterKind.SOFTMAX_GROUPED: ("scaling", "n_group", "topk_group"),
 }
 
 # the router kinds that add a per-expert correction bias to the scores they choose by (where
@@ -554,6 +559,8 @@ class PostInit(StrEnum):
     # num_hidden_layers = the pattern's length
     MISTRAL3_LLAMA_TEXT = "mistral3_llama_text"  # mistral3's wrapper: text_config's model_type
     # ministral3 / mistral4 build those files' text models (not llama's): refused by name
+    MISTRAL4_ROPE = "mistral4_rope"  # head dims defaulted; rope_parameters sets rope_theta (100000.0
+    # when absent) and rope_scaling; it must hold llama_4_scaling_beta and original_max_position_embeddings
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
 

@@ -16,6 +16,9 @@ class MlaKind(StrEnum):
     # cached, its own yarn rope
     ABSORBED = "absorbed"  # deepseek_v3: embed_q / unembed_out per-head linears, the latent and
     # k_pe cached, the rope part as the sdpa mask (pe scores), initialize_rope
+    ABSORBED_DECODE = "absorbed_decode"  # mistral4: the latent and k_pe cached as ABSORBED; a
+    # prefill runs one sdpa over [q_nope | q_pe] and [embed_q(latent) | k_pe per head] with the plain
+    # mask, a decode step ABSORBED's (pe scores as the mask); q times the llama-4 query scale
 
 
 class MlaRope(StrEnum):
@@ -35,3 +38,5 @@ class MlaMscale(StrEnum):
     ALL_DIM = "all_dim"  # times (0.1 * mscale_all_dim * log(factor) + 1) ** 2 when the dict has a
     # nonzero mscale_all_dim and factor > 1 (deepseek_v2 / v3, glm4_moe_lite)
     NONE = "none"  # the plain scale (minicpm3, youtu_llm)
+    APPLY_YARN = "apply_yarn"  # rope_utils.apply_yarn_mscale: ALL_DIM's, only when the dict's type
+    # is not 'default' (mistral4)

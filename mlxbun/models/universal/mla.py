@@ -1,8 +1,8 @@
 """Multi-head latent attention (`ArchDescriptor.mla`), op for op as mlx-lm 0.32.2 computes it.
-Both kinds: q through q_lora_rank (q_a_proj -> q_a_layernorm -> q_b_proj) or a direct q_proj;
+Every kind: q through q_lora_rank (q_a_proj -> q_a_layernorm -> q_b_proj) or a direct q_proj;
 kv_a_proj_with_mqa split into the KV latent and one rope key shared by all heads.
 
-MlaKind.EXPANDED (deepseek_v2.py): kv_b_proj(kv_a_layernorm(latent)) split per head into
+MlaKind.EXPANDED (deepseek_v2.py; minicpm3, youtu_llm): kv_b_proj(kv_a_layernorm(latent)) split per head into
 k_nope | values; deepseek_v2's own yarn rope on the rope parts; the scale q_head_dim ** -0.5 times
 yarn's mscale(mscale_all_dim) squared; the cache holds the full per-head keys [k_nope | k_pe] and
 the values.
@@ -10,7 +10,13 @@ the values.
 MlaKind.ABSORBED (deepseek_v3.py): the cache holds the normed latent (as keys, one head) and k_pe
 (as values); the rope scores (q_pe * scale) @ k_pe^T, masked, are the sdpa's additive mask; a
 prefill expands the latent per head (embed_q / unembed_out), a decode step absorbs embed_q into q
-and unembed_out after the sdpa; rope by initialize_rope (traditional)."""
+and unembed_out after the sdpa; rope by initialize_rope (traditional).
+
+MlaKind.ABSORBED_DECODE (mistral4.py): ABSORBED's cache and decode step; a prefill attends over
+[q_nope | q_pe] and [embed_q(latent) | k_pe broadcast to the heads] with the plain mask; q_nope and
+q_pe are times the llama-4 query scale after the rope.
+
+The rope (MlaRope), the scale's mscale (MlaMscale) and the latent norms' eps are the row's knobs."""
 
 from __future__ import annotations
 
@@ -28,7 +34,8 @@ from mlxbun.models.universal.kinds import exhaustive
 from mlxbun.models.universal.kinds_mla import MlaKind, MlaMscale, MlaRope
 from mlxbun.models.universal.schema_mla import MlaKnobs
 
-__all__ = ["DeepseekV2YarnRoPE", "MlaAbsorbedAttention", "MlaAttention", "mla_attention", "mla_dims"]
+__all__ = ["DeepseekV2YarnRoPE", "MlaAbsorbedAttention", "MlaAbsorbedDecodeAttention", "MlaAttention",
+           "mla_attention", "mla_dims"]
 
 _ROPE_KEYS = ("original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 
@@ -84,11 +91,14 @@ def _int(fields: Mapping, key: str, model_type: str, optional: bool = False):
     return v
 
 
-def _literal_or_field(fields: Mapping, value, kind: type, key: str, model_type: str):
-    """A knob that is a literal or names a field: the literal, else the field's value, checked."""
+def _literal_or_field(fields: Mapping, value, kind: type, key: str, model_type: str, if_none=None):
+    """A knob that is a literal or names a field: the literal, else the field's value, checked
+    (a null field reads `if_none` when that is set)."""
     if not isinstance(value, str):
         return value
     v = fields.get(value)
+    if v is None and if_none is not None:
+        return if_none
     if isinstance(v, bool) is not (kind is bool) or not isinstance(v, kind):
         raise MlxbunError(f"{model_type}: config key {value!r} must be a {kind.__name__} ({key}; got {v!r})")
     return v
@@ -118,7 +128,10 @@ def mla_dims(fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: 
 
 def _softmax_scale(scale: float, m: MlaKnobs, scaling) -> float:
     """q_head_dim ** -0.5, times yarn's mscale(mscale_all_dim) squared per MlaMscale, as mlx-lm's
-    deepseek_v2 / v3 compute it (the same float either way: v2 multiplies by 1.0 * 1.0 at factor <= 1)."""
+    deepseek_v2 / v3 compute it (the same float either way: v2 multiplies by 1.0 * 1.0 at factor <= 1)
+    or rope_utils.apply_yarn_mscale (mistral4)."""
+    if m.mscale is MlaMscale.APPLY_YARN:
+        return R.apply_yarn_mscale(scale, scaling)
     if m.mscale is MlaMscale.ALL_DIM and scaling is not None:
         mscale_all_dim = scaling.get("mscale_all_dim", 0)
         if mscale_all_dim:
@@ -140,7 +153,8 @@ def _mla_rope(fields: Mapping, m: MlaKnobs, model_type: str, dims: int, scaling)
                                                                            4096),
                               short_factor=scaling.get("short_factor", 1.0),
                               long_factor=scaling.get("long_factor", 1.0))
-    traditional = _literal_or_field(fields, m.traditional, bool, "the rope's traditional", model_type)
+    traditional = _literal_or_field(fields, m.traditional, bool, "the rope's traditional", model_type,
+                                    m.traditional_if_none)
     return R.initialize_rope(dims, fields[m.theta], traditional, scaling, fields[m.max_positions])
 
 
@@ -193,7 +207,7 @@ class MlaAttention(nn.Module):
         self.scale = _softmax_scale(self.scale, m, dm["scaling"])
         self.rope = _mla_rope(fields, m, model_type, self.qk_rope_head_dim, dm["scaling"])
 
-    def __call__(self, x, mask=None, cache=None):
+    def __call__(self, x, mask=None, cache=None, attn_scale=None):  # attn_scale: None (schema)
         B, L, D = x.shape
         q_nope, q_pe, compressed_kv, k_pe = _q_and_latent(self, x)
         kv = self.kv_b_proj(self.kv_a_layernorm(compressed_kv))
@@ -230,7 +244,7 @@ class MlaAbsorbedAttention(nn.Module):
         self.scale = _softmax_scale(self.scale, m, dm["scaling"])
         self.rope = _mla_rope(fields, m, model_type, self.qk_rope_head_dim, dm["scaling"])
 
-    def __call__(self, x, mask=None, cache=None):
+    def __call__(self, x, mask=None, cache=None, attn_scale=None):  # attn_scale: None (schema)
         B, L, D = x.shape
         q_nope, q_pe, compressed_kv, k_pe = _q_and_latent(self, x)
         kv_latent = self.kv_a_layernorm(compressed_kv)
@@ -256,7 +270,41 @@ class MlaAbsorbedAttention(nn.Module):
         return self.o_proj(output)
 
 
-_MLA = exhaustive(MlaKind, {MlaKind.EXPANDED: MlaAttention, MlaKind.ABSORBED: MlaAbsorbedAttention})
+class MlaAbsorbedDecodeAttention(MlaAbsorbedAttention):
+    """MlaKind.ABSORBED_DECODE: mistral4's Mistral4Attention (the plain mask; q times the llama-4
+    query scale the backbone passes)."""
+
+    def __call__(self, x, mask=None, cache=None, attn_scale=None):
+        B, L, D = x.shape
+        q_nope, q_rope, k_latent, k_rope = _q_and_latent(self, x)
+        kv_latent = mx.expand_dims(self.kv_a_layernorm(k_latent), axis=1)
+        offset = cache.offset if cache is not None else 0
+        q_rope = self.rope(q_rope, offset)
+        k_rope = self.rope(k_rope, offset)
+        q_nope = q_nope * attn_scale
+        q_rope = q_rope * attn_scale
+        if cache is not None:
+            kv_latent, k_rope = cache.update_and_fetch(kv_latent, k_rope)
+        if L == 1:
+            pe_scores = (q_rope * self.scale) @ k_rope.swapaxes(-1, -2)
+            if mask is not None:
+                pe_scores = mx.where(mask, pe_scores, mx.array(mx.finfo(pe_scores.dtype).min, pe_scores.dtype))
+            output = scaled_dot_product_attention(self.embed_q(q_nope), kv_latent, kv_latent, cache=cache,
+                                                  scale=self.scale, mask=pe_scores)
+            output = self.unembed_out(output)
+        else:
+            k_nope = self.embed_q(kv_latent, transpose=False)
+            v = self.unembed_out(kv_latent)
+            k_rope = mx.broadcast_to(k_rope, [B, self.num_heads, k_rope.shape[2], self.qk_rope_head_dim])
+            output = scaled_dot_product_attention(mx.concatenate([q_nope, q_rope], axis=-1),
+                                                  mx.concatenate([k_nope, k_rope], axis=-1), v, cache=cache,
+                                                  scale=self.scale, mask=mask)
+        output = output.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return self.o_proj(output)
+
+
+_MLA = exhaustive(MlaKind, {MlaKind.EXPANDED: MlaAttention, MlaKind.ABSORBED: MlaAbsorbedAttention,
+                            MlaKind.ABSORBED_DECODE: MlaAbsorbedDecodeAttention})
 
 
 def mla_attention(fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: int,

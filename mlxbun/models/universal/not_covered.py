@@ -42,7 +42,7 @@ NOT_COVERED: dict[str, str] = {
          "recurrent_gemma", "rwkv7", "kimi_k3"], _HYBRID),
     **dict.fromkeys(
         ["deepseek_v32", "glm_moe_dsa",
-         "longcat_flash", "mistral4"], _MLA),
+         "longcat_flash"], _MLA),
     **dict.fromkeys(
         ["gemma3n", "gemma4", "kimi_k25", "kimi_vl", "lfm2-vl", "minimax_m3_vl",
          "muse_glimmer", "muse_spark", "pixtral", "prism_hadamard_qwen35", "qwen2_vl",

@@ -521,8 +521,10 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error("sanitize rules stack_experts / split_glu_experts / split_interleaved_experts / "
                       "rename_in_moe_layers need a moe block")
     if any(r.op is SanitizeOp.SPLIT_KV_B for r in d.sanitize) and (
-            d.mla is None or d.mla.kind is not MlaKind.ABSORBED):
-        raise d.error("sanitize rule split_kv_b needs mla knobs of kind 'absorbed'")
+            d.mla is None or d.mla.kind is MlaKind.EXPANDED):
+        raise d.error("sanitize rule split_kv_b needs mla knobs of kind 'absorbed' or 'absorbed_decode'")
+    if d.mla is not None and (d.query_scale is not None) != (d.mla.kind is MlaKind.ABSORBED_DECODE):
+        raise d.error("mla kind 'absorbed_decode' and query_scale go together (mistral4's llama-4 scale)")
 
 
 _MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS, SanitizeOp.SPLIT_INTERLEAVED_EXPERTS,

@@ -21,6 +21,8 @@ class MlaKnobs:
     rope: MlaRope = _kind(MlaRope, MlaRope.DEEPSEEK_YARN)
     mscale: MlaMscale = _kind(MlaMscale, MlaMscale.ALL_DIM)
     traditional: bool | str = True  # MlaRope.INITIALIZE's traditional: a literal or a field
+    traditional_if_none: bool | None = None  # what a null `traditional` field means (mistral4's
+    # rope_interleave: True); None: a null is refused, as mlx-lm's rope fails on it
     norm_eps: float | str = 1e-6  # q_a_layernorm / kv_a_layernorm eps: a literal or a field
     q_direct: bool = True  # q_lora_rank None builds a direct q_proj (False: mlx-lm needs a rank)
     q_lora_rank: str = "q_lora_rank"  # field: None = direct q_proj, else q_a_proj -> norm -> q_b_proj

@@ -1074,6 +1074,41 @@ _MOE_ROWS = [
               "qk_rope_head_dim, own lm_head).",
     ),
     ArchDescriptor(
+        "mistral4",
+        _fields("model_type", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "n_shared_experts",
+                "n_routed_experts", "routed_scaling_factor", "kv_lora_rank", "q_lora_rank", "norm_topk_prob",
+                "max_position_embeddings", "rms_norm_eps", "topk_group", "num_experts_per_tok",
+                "first_k_dense_replace", "n_group", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+                head_dim=None, qk_head_dim=None, rope_theta=10000.0, tie_word_embeddings=False,
+                rope_interleave=None, attention_bias=False, rope_scaling=None, rope_parameters=None),
+        ("mistral4_rope",), head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        query_scale="llama4",
+        rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
+        mla=MlaKnobs("absorbed_decode", rope="initialize", mscale="apply_yarn", traditional="rope_interleave",
+                     traditional_if_none=True, scaling="rope_parameters"),
+        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense",
+                     router=RouterKnobs("softmax_grouped", norm_topk="norm_topk_prob", params=_NOAUX_PARAMS),
+                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
+        sanitize=(SanitizeRule("int4_packed", None, "packed int4 weights (weight_packed / weight_scale) "
+                                                    "as mlx affine 4-bit (biases -8 * scales)"),
+                  SanitizeRule("fp8_dequant_broadcast", None, "fp8 weights dequantized to bfloat16"),
+                  SanitizeRule("split_gate_up_experts", None, "fused experts.gate_up_proj split in halves"),
+                  _STACK,
+                  SanitizeRule("split_kv_b", None, "kv_b_proj split per head into embed_q | unembed_out"),
+                  SanitizeRule("drop_containing", "rotary_emb.inv_freq", "precomputed rotary freqs")),
+        accepted_values={**_SILU},
+        ignored_keys={**_ROUTER_TRAINING},
+        notes="Mistral 4 text model: multi-head latent attention with the latent and the rope key "
+              "cached (deepseek_v3's cache and decode step; a prefill attends over [q_nope | q_pe] and "
+              "[embed_q(latent) | k_pe] with the plain mask), q times the llama-4 position scale, "
+              "initialize_rope over rope_parameters (traditional unless rope_interleave is false), "
+              "apply_yarn_mscale on the softmax scale; compiled float32 softmax router, grouped top-k, "
+              "renorm by sum + 1e-20, scaling; shared experts; dense first layers; fused gate_up "
+              "experts, int4-packed and fp8 checkpoints load as mlx-lm's. rope_parameters must hold "
+              "llama_4_scaling_beta and original_max_position_embeddings.",
+    ),
+    ArchDescriptor(
         "minicpm3",
         _fields("model_type", "hidden_size", "dim_model_base", "num_hidden_layers",
                 "intermediate_size", "num_attention_heads", "rms_norm_eps", "vocab_size",
