@@ -110,6 +110,8 @@ def test_nanochat_shows_the_compiled_softcap_and_functional_norms():
     ("mistral4", ["q_nope, q_pe = q_nope * s, q_pe * s", "scale = apply_yarn_mscale((dn+dr)**-0.5, rope_parameters)",
                   "L > 1: o = sdpa(concat([q_nope, q_pe]), k, v, scale, mask)", "/ (sum + 1e-20)",
                   "p = softmax(logits.astype(float32))"]),
+    ("deepseek_v32", ["cache[0].update_and_fetch(c, k_pe)", "index_topk = 8", "CacheList(KVCache, KVCache)",
+                      "L == 1: c, k_pe = gather(c, top), gather(k_pe, top)"]),
 ])
 def test_arch_specific_steps_are_shown(arch, expected):
     text = explain(arch).text()
@@ -117,7 +119,8 @@ def test_arch_specific_steps_are_shown(arch, expected):
         assert snippet in text, f"{arch}: {snippet!r} missing from\n{text}"
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v2", "minicpm3", "glm4_moe_lite", "youtu_llm", "mistral4"])
+@pytest.mark.parametrize("arch", ["deepseek_v2", "minicpm3", "glm4_moe_lite", "youtu_llm", "mistral4",
+                                  "deepseek_v32"])
 def test_an_mla_rows_sizes_are_its_attention_head_dims(arch):
     """An MLA row shows dn / dr / dv / kv, not hd (a config's head_dim is transformers' copy of
     qk_rope_head_dim, which mlx-lm does not read) nor KV (the latent is one head)."""

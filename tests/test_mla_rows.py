@@ -205,3 +205,82 @@ def test_mistral4_refuses_quantized_kv_for_its_latent_cache_like_the_absorbed_ki
     with pytest.raises(GenerationError, match="MLA latent"):
         list(stream_generate(model, tok, "hello", max_tokens=2, kv_bits=8))
     assert len(list(stream_generate(model, tok, "hello", max_tokens=2, kv_bits=4, kv_scheme="turboquant"))) == 2
+
+
+LONG = mx.array([[(7 * i * i + 3 * i) % 500 for i in range(14)]])  # past the zoo's index_topk (8)
+
+
+@pytest.mark.parametrize("knobs", [
+    {},  # the zoo's: index_topk 8, so the prefill masks and the decode steps gather
+    {"indexer_rope_interleave": True, "index_topk": 12, "n_group": 1, "rope_scaling": None},
+], ids=["zoo", "interleaved_topk12_plain_rope"])
+def test_the_deepseek_v32_row_matches_mlx_lm_through_prefill_chunks_and_decode(knobs):
+    ref, ours = oracle_and_universal({**tiny_config("deepseek_v32"), **knobs})
+    rc, oc = mlx_cache.make_prompt_cache(ref), ours.make_cache()
+    assert type(rc[0]).__name__ == type(oc[0]).__name__ == "CacheList"
+    assert mx.array_equal(ref(LONG, cache=rc), ours(LONG, cache=oc))
+    chunk = mx.array([[17, 3, 200]])
+    assert mx.array_equal(ref(chunk, cache=rc), ours(chunk, cache=oc))
+    for t in (11, 250, 3):
+        step = mx.array([[t]])
+        assert mx.array_equal(ref(step, cache=rc), ours(step, cache=oc)), t
+    for i in (0, 1):  # the latent / rope key, and the indexer's keys
+        r, o = rc[1][i], oc[1][i]
+        assert mx.array_equal(r.keys[..., :r.offset, :], o.keys[..., :o.offset, :]), i
+
+
+def test_deepseek_v32_attends_to_the_indexers_choice_past_index_topk():
+    """The sparse path runs: past index_topk positions the logits differ from a top-k no prompt
+    reaches (the dense attention), and below it they are the same."""
+    cfg = tiny_config("deepseek_v32")
+    _, sparse = oracle_and_universal(cfg)
+    _, dense = oracle_and_universal({**cfg, "index_topk": 4096})
+    assert mx.array_equal(sparse(LONG[:, :8]), dense(LONG[:, :8]))
+    assert not mx.array_equal(sparse(LONG), dense(LONG))
+
+
+def test_deepseek_v32_refuses_max_kv_size_and_quantized_kv(zoo):
+    from mlxbun.errors import GenerationError
+    from mlxbun.generate import stream_generate
+    from mlxbun.models.universal.loader import load_universal
+    from mlxbun.tokenizer import load_tokenizer
+
+    path = zoo("deepseek_v32")
+    model, tok = load_universal(path), load_tokenizer(path)
+    with pytest.raises(MlxbunError, match="max_kv_size"):
+        model.make_cache(max_kv_size=16)
+    with pytest.raises(GenerationError, match="MLA latent"):
+        list(stream_generate(model, tok, "hello", max_tokens=2, kv_bits=8))
+
+
+def test_deepseek_v32_sanitize_matches_mlx_lm():
+    """An HF-layout checkpoint: per-expert tensors, kv_b_proj, an fp8 block-scaled projection and
+    two MTP layers past N."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.deepseek_v32 import Model, ModelArgs
+
+    from mlxbun.models.universal.resolve import descriptor_for
+    from mlxbun.models.universal.sanitize import sanitize_weights
+
+    cfg = tiny_config("deepseek_v32")
+    mx.random.seed(0)
+    w = {k: mx.random.normal(v.shape) for k, v in tree_flatten(Model(ModelArgs.from_dict(cfg)).parameters())}
+    H, dn, dv, kv = 4, cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    for layer in range(2):
+        p = f"model.layers.{layer}.self_attn"
+        del w[f"{p}.embed_q.weight"], w[f"{p}.unembed_out.weight"]
+        w[f"{p}.kv_b_proj.weight"] = mx.random.normal((H * (dn + dv), kv))
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        stacked = w.pop(f"model.layers.1.mlp.switch_mlp.{name}.weight")
+        w.update({f"model.layers.1.mlp.experts.{e}.{name}.weight": stacked[e] for e in range(4)})
+    wq = "model.layers.0.self_attn.indexer.wq_b"
+    w[f"{wq}.weight"] = mx.to_fp8(w[f"{wq}.weight"])
+    w[f"{wq}.weight_scale_inv"] = mx.array([[0.5]])
+    w["model.layers.2.self_attn.o_proj.weight"] = mx.zeros((2, 2))
+    w["model.layers.3.eh_proj.weight"] = mx.zeros((2, 2))
+    want = Model(ModelArgs.from_dict(cfg)).sanitize(dict(w))
+    got, dropped = sanitize_weights(descriptor_for("deepseek_v32"), w, False, build_model(cfg).args.fields)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and mx.array_equal(got[k], want[k]), k
+    assert {"model.layers.2.self_attn.o_proj.weight", "model.layers.3.eh_proj.weight"} <= set(dropped)

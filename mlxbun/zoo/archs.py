@@ -297,6 +297,13 @@ _ROWS = (
          knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
                 "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
                 "rope_parameters": {**_DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}}),
+    # DeepSeek-V3.2's knobs: v3's, plus the DSA indexer with index_topk 8 so a 40-token prompt
+    # (and its decode steps) attend to the indexer's choice only
+    Arch("deepseek_v32", "DeepseekV32ForCausalLM", "DeepseekV32Config", kv_heads=4, rope_type_key="type",
+         knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+                "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5, "index_topk": 8,
+                "index_n_heads": 4, "index_head_dim": 16,
+                "rope_parameters": {**_DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}}),
     # GLM-4.7-Flash's knobs (deepseek_v3's absorbed MLA, plain rope): layer 0 dense (mlx-lm reads
     # first_k_dense_replace, which the hub config carries; transformers writes mlp_layer_types),
     # grouped noaux_tc routing; embed_q / unembed_out inputs (32, 64) quantizable

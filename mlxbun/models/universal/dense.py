@@ -238,6 +238,7 @@ class UniversalDense(nn.Module):
         recurrent = [s.mixer is not MixerKind.ATTENTION for s in cached]
         self._ssm_idx = recurrent.index(True) if any(recurrent) else None
         self._parallel_hybrid = d.hybrid is not None and d.hybrid.block is HybridBlock.PARALLEL
+        self._indexed = d.mla is not None and d.mla.kind is MlaKind.ABSORBED_INDEXED
 
     # ------------------------------------------------------------- structure
 
@@ -311,6 +312,11 @@ class UniversalDense(nn.Module):
             return [ArraysCache(size=layer[layer._mixer_name].cache_slots)
                     if spec.mixer is not MixerKind.ATTENTION else attn()
                     for layer, spec in zip(self.layers, self.args.layers) if not spec.ffn_only]
+        if self._indexed:  # deepseek_v32's make_cache: the latent's and the indexer's caches
+            if max_kv_size is not None:
+                raise MlxbunError(f"{self.model_type}: max_kv_size is not supported (the indexer's top-k "
+                                  "addresses the whole cache; mlx-lm's make_cache ignores max_kv_size)")
+            return [CacheList(KVCache(), KVCache()) for _ in self.args.layers]
         if max_kv_size is not None:
             return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in self.args.layers]
         return [KVCache() for _ in self.args.layers]
@@ -346,8 +352,10 @@ class UniversalDense(nn.Module):
             cache = [None] * len(blocks)
         fa_mask = swa_mask = None
         if self._full_idx is not None:
-            fa_mask = create_attention_mask(h, cache[self._full_idx],
-                                            return_array=d.layers.mask_array)
+            c = cache[self._full_idx]
+            if self._indexed and c is not None:  # deepseek_v32: the mask from the latent's cache
+                c = c[0]
+            fa_mask = create_attention_mask(h, c, return_array=d.layers.mask_array)
         if self._swa_idx is not None:
             swa_mask = create_attention_mask(h, cache[self._swa_idx], window_size=a.sliding_window)
         if self._parallel_hybrid:  # falcon_h1: both masks from layer 0's CacheList children

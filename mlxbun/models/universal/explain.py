@@ -540,7 +540,8 @@ def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]
             attention = f"sliding window {a.sliding_window}"
             cache = f"RotatingKVCache({a.sliding_window})" if rotating else "KVCache (windowed mask)"
         else:
-            attention, cache = "global", "KVCache"
+            attention, cache = "global", ("CacheList(KVCache, KVCache)" if d.mla is not None
+                                          and d.mla.indexer is not None else "KVCache")
         if not s.kv_proj:
             owner = max(t.index for t in a.layers[:s.index + 1] if t.kv_proj)
             attention += f", k/v projections of layer {owner}"

@@ -47,6 +47,20 @@ def mla_sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, obje
             ("q/k head dim", "dn + dr (a config's head_dim is not read)", attn.q_head_dim))
 
 
+def _indexer_lines(m, attn) -> Iterator[tuple[str, str]]:
+    ix, n = attn.indexer, m.indexer
+    yield ("c, k_pe = cache[0].update_and_fetch(c, k_pe); ki = cache[1] <- indexer keys",
+           "each layer's cache: CacheList(KVCache (latent, rope key), KVCache (the indexer's keys))")
+    yield ("qi = heads(indexer.wq_b(q_a_layernorm(q_a_proj(x)))); ki = k_norm(indexer.wk(x))",
+           f"{n.heads} = {ix.n_heads} heads of {n.head_dim} = {ix.head_dim}; k_norm LayerNorm; rope over dr "
+           f"({n.traditional}: traditional={ix.rope.traditional})")
+    yield ("top = argpartition(where(mask, sum_h(relu(qi @ ki.T) * w_h), -inf), -topk)[..., -topk:]",
+           f"w = weights_proj(x) * H_i**-0.5 * hd_i**-0.5; only once the cache holds more than "
+           f"{n.topk} = {ix.index_topk} positions")
+    yield ("L > 1: mask = mask & (positions in top); L == 1: c, k_pe = gather(c, top), gather(k_pe, top)",
+           "the attention sees the indexer's top-k only")
+
+
 def mla_lines(d: ArchDescriptor, a: UniversalArgs) -> Iterator[tuple[str, str]]:
     m = d.mla
     attn = mla_attention(a.fields, m, a.model_type, a.hidden, a.n_heads, a.attn_bias)
@@ -84,10 +98,13 @@ def mla_lines(d: ArchDescriptor, a: UniversalArgs) -> Iterator[tuple[str, str]]:
         yield "L > 1: o = sdpa(concat([q_nope, q_pe]), k, v, scale, mask)", f"the plain mask; {scale}"
         yield "L == 1: pe = (q_pe * scale) @ k_pe.T", "the rope scores as the sdpa's additive mask"
         yield "L == 1: o = unembed_out(sdpa(embed_q(q_nope), c, c, scale, mask=pe))", "absorbed as deepseek_v3's"
-    else:  # MlaKind.ABSORBED
+    else:  # MlaKind.ABSORBED, ABSORBED_INDEXED
         yield "c = expand_dims(kv_a_layernorm(c), 1)", f"RMSNorm(kv, {eps}); one head [B, 1, L, kv]"
         yield "q_pe, k_pe = rope(q_pe, offset), rope(k_pe, offset)", _rope_note(m, attn, a)
-        yield "c, k_pe = cache.update_and_fetch(c, k_pe)", "the cache holds the latent and the rope key"
+        if m.kind is MlaKind.ABSORBED_INDEXED:
+            yield from _indexer_lines(m, attn)
+        else:
+            yield "c, k_pe = cache.update_and_fetch(c, k_pe)", "the cache holds the latent and the rope key"
         yield ("pe = where(mask, (q_pe * scale) @ k_pe.T, finfo.min)",
                "the rope scores, passed to the sdpa as its additive mask (mask: a boolean array)")
         yield ("L > 1: k, v = embed_q(c, transpose=False), unembed_out(c)",

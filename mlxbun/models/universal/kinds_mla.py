@@ -19,6 +19,10 @@ class MlaKind(StrEnum):
     ABSORBED_DECODE = "absorbed_decode"  # mistral4: the latent and k_pe cached as ABSORBED; a
     # prefill runs one sdpa over [q_nope | q_pe] and [embed_q(latent) | k_pe per head] with the plain
     # mask, a decode step ABSORBED's (pe scores as the mask); q times the llama-4 query scale
+    ABSORBED_INDEXED = "absorbed_indexed"  # deepseek_v32: ABSORBED with the DSA indexer (its own
+    # keys cached beside the latent: CacheList(KVCache, KVCache) per layer); past index_topk cached
+    # positions the attention sees only the indexer's top-k (a prefill: a sparse mask; a decode
+    # step: the latent / rope keys gathered)
 
 
 class MlaRope(StrEnum):

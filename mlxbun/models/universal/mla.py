@@ -16,6 +16,9 @@ MlaKind.ABSORBED_DECODE (mistral4.py): ABSORBED's cache and decode step; a prefi
 [q_nope | q_pe] and [embed_q(latent) | k_pe broadcast to the heads] with the plain mask; q_nope and
 q_pe are times the llama-4 query scale after the rope.
 
+MlaKind.ABSORBED_INDEXED (deepseek_v32.py): ABSORBED with the DSA indexer (mla_indexer.py) choosing
+which cached positions each query sees once the cache is longer than index_topk.
+
 The rope (MlaRope), the scale's mscale (MlaMscale) and the latent norms' eps are the row's knobs."""
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ from mlxbun.models.base import scaled_dot_product_attention
 from mlxbun.models.multi_linear import MultiLinear
 from mlxbun.models.universal.kinds import exhaustive
 from mlxbun.models.universal.kinds_mla import MlaKind, MlaMscale, MlaRope
+from mlxbun.models.universal.mla_indexer import Indexer
 from mlxbun.models.universal.schema_mla import MlaKnobs
 
 __all__ = ["DeepseekV2YarnRoPE", "MlaAbsorbedAttention", "MlaAbsorbedDecodeAttention", "MlaAttention",
-           "mla_attention", "mla_dims"]
+           "MlaIndexedAttention", "mla_attention", "mla_dims"]
 
 _ROPE_KEYS = ("original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 
@@ -303,8 +307,78 @@ class MlaAbsorbedDecodeAttention(MlaAbsorbedAttention):
         return self.o_proj(output)
 
 
+class MlaIndexedAttention(MlaAbsorbedAttention):
+    """MlaKind.ABSORBED_INDEXED: deepseek_v32's DeepseekV32Attention (the cache a CacheList of the
+    latent's KVCache and the indexer's; the boolean mask array)."""
+
+    def __init__(self, fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: int,
+                 bias: bool):
+        super().__init__(fields, m, model_type, hidden, heads, bias)
+        ix = m.indexer
+        self.indexer = Indexer(hidden, self.q_lora_rank, _int(fields, ix.heads, model_type),
+                               _int(fields, ix.head_dim, model_type), _int(fields, ix.topk, model_type),
+                               self.qk_rope_head_dim, fields[m.theta],
+                               _literal_or_field(fields, ix.traditional, bool, "the indexer rope's traditional",
+                                                 model_type),
+                               fields[m.scaling], fields[m.max_positions])
+
+    def __call__(self, x, mask=None, cache=None, attn_scale=None):  # attn_scale: None (schema)
+        B, L, D = x.shape
+        qr = self.q_a_layernorm(self.q_a_proj(x))
+        q = self.q_b_proj(qr)
+        q = q.reshape(B, L, self.num_heads, self.q_head_dim).transpose(0, 2, 1, 3)
+        q_nope, q_pe = mx.split(q, [self.qk_nope_head_dim], axis=-1)
+        compressed_kv = self.kv_a_proj_with_mqa(x)
+        compressed_kv, k_pe = mx.split(compressed_kv, [self.kv_lora_rank], axis=-1)
+        k_pe = k_pe.reshape(B, L, 1, self.qk_rope_head_dim).transpose(0, 2, 1, 3)
+        kv_latent = self.kv_a_layernorm(compressed_kv)
+        offset = cache[0].offset if cache is not None else 0
+        q_pe = self.rope(q_pe, offset)
+        k_pe = self.rope(k_pe, offset)
+        kv_latent = mx.expand_dims(kv_latent, axis=1)
+        if cache is not None:
+            kv_latent, k_pe = cache[0].update_and_fetch(kv_latent, k_pe)
+        else:
+            cache = [None] * 2
+        topk_indices = self.indexer(x, qr, mask, cache=cache[1])
+        if topk_indices is not None:
+            topk_indices = mx.stop_gradient(topk_indices)
+            if L == 1:
+                idx = topk_indices[:, :, 0, :, None]
+                kv_latent = mx.take_along_axis(
+                    kv_latent, mx.broadcast_to(idx, idx.shape[:-1] + (kv_latent.shape[-1],)), axis=2)
+                k_pe = mx.take_along_axis(k_pe, mx.broadcast_to(idx, idx.shape[:-1] + (k_pe.shape[-1],)), axis=2)
+                if mask is not None:
+                    mask = mx.take_along_axis(mask, topk_indices, axis=-1)
+            else:
+                shape = list(topk_indices.shape)
+                shape[-1] = kv_latent.shape[2]
+                sparse_mask = mx.zeros(shape, dtype=mx.bool_)
+                sparse_mask = mx.put_along_axis(sparse_mask, topk_indices, mx.array(True), axis=-1)
+                if mask is not None:
+                    sparse_mask = sparse_mask & mask
+                mask = sparse_mask
+        if cache[0] is not None:  # as mlx-lm: the indexer's cache evaluated with the latent's
+            cache[0].keys = mx.depends(cache[0].keys, (cache[1].keys, cache[1].values))
+        pe_scores = (q_pe * self.scale) @ k_pe.swapaxes(-1, -2)
+        if mask is not None:
+            pe_scores = mx.where(mask, pe_scores, mx.array(mx.finfo(pe_scores.dtype).min, pe_scores.dtype))
+        if L == 1:
+            q_nope = self.embed_q(q_nope)
+            k = v = kv_latent
+        else:
+            k = self.embed_q(kv_latent, transpose=False)
+            v = self.unembed_out(kv_latent)
+        output = scaled_dot_product_attention(q_nope, k, v, cache=cache[0], scale=self.scale, mask=pe_scores)
+        if L == 1:
+            output = self.unembed_out(output)
+        output = output.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return self.o_proj(output)
+
+
 _MLA = exhaustive(MlaKind, {MlaKind.EXPANDED: MlaAttention, MlaKind.ABSORBED: MlaAbsorbedAttention,
-                            MlaKind.ABSORBED_DECODE: MlaAbsorbedDecodeAttention})
+                            MlaKind.ABSORBED_DECODE: MlaAbsorbedDecodeAttention,
+                            MlaKind.ABSORBED_INDEXED: MlaIndexedAttention})
 
 
 def mla_attention(fields: Mapping, m: MlaKnobs, model_type: str, hidden: int, heads: int,

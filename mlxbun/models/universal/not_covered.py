@@ -41,7 +41,7 @@ NOT_COVERED: dict[str, str] = {
          "mamba", "plamo2",
          "recurrent_gemma", "rwkv7", "kimi_k3"], _HYBRID),
     **dict.fromkeys(
-        ["deepseek_v32", "glm_moe_dsa",
+        ["glm_moe_dsa",
          "longcat_flash"], _MLA),
     **dict.fromkeys(
         ["gemma3n", "gemma4", "kimi_k25", "kimi_vl", "lfm2-vl", "minimax_m3_vl",

@@ -523,6 +523,8 @@ def _check_combinations(d: ArchDescriptor) -> None:
     if any(r.op is SanitizeOp.SPLIT_KV_B for r in d.sanitize) and (
             d.mla is None or d.mla.kind is MlaKind.EXPANDED):
         raise d.error("sanitize rule split_kv_b needs mla knobs of kind 'absorbed' or 'absorbed_decode'")
+    if d.mla is not None and (d.mla.indexer is not None) != (d.mla.kind is MlaKind.ABSORBED_INDEXED):
+        raise d.error("mla kind 'absorbed_indexed' and mla.indexer go together (deepseek_v32's DSA indexer)")
     if d.mla is not None and (d.query_scale is not None) != (d.mla.kind is MlaKind.ABSORBED_DECODE):
         raise d.error("mla kind 'absorbed_decode' and query_scale go together (mistral4's llama-4 scale)")
 

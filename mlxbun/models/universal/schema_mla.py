@@ -9,7 +9,20 @@ from dataclasses import dataclass
 from mlxbun.models.universal.kinds import kind_field as _kind
 from mlxbun.models.universal.kinds_mla import MlaKind, MlaMscale, MlaRope
 
-__all__ = ["MlaKnobs"]
+__all__ = ["IndexerKnobs", "MlaKnobs"]
+
+
+@dataclass(frozen=True)
+class IndexerKnobs:
+    """deepseek_v32's DSA indexer (MlaKind.ABSORBED_INDEXED): ModelArgs fields."""
+
+    heads: str = "index_n_heads"
+    head_dim: str = "index_head_dim"
+    topk: str = "index_topk"
+    traditional: str = "indexer_rope_interleave"  # its rope's traditional (over qk_rope_head_dim)
+
+    def field_names(self) -> tuple[str, ...]:
+        return (self.heads, self.head_dim, self.topk, self.traditional)
 
 
 @dataclass(frozen=True)
@@ -33,8 +46,10 @@ class MlaKnobs:
     scaling: str = "rope_scaling"  # field: the rope scaling dict (factor, mscale, mscale_all_dim, ...)
     theta: str = "rope_theta"  # field: the rope base
     max_positions: str = "max_position_embeddings"  # field (INITIALIZE / SU_SCALED read it)
+    indexer: IndexerKnobs | None = None  # MlaKind.ABSORBED_INDEXED's indexer
 
     def field_names(self) -> tuple[str, ...]:
         literal = (self.v_dim, *(v for v in (self.traditional, self.norm_eps) if isinstance(v, str)))
         return (self.q_lora_rank, self.kv_lora_rank, self.nope_dim, self.rope_dim, self.scaling,
-                self.theta, self.max_positions, *(f for f in literal if f is not None))
+                self.theta, self.max_positions, *(f for f in literal if f is not None),
+                *(self.indexer.field_names() if self.indexer is not None else ()))

@@ -28,7 +28,7 @@ from mlxbun.models.universal.schema import (
     SanitizeRule,
     SlidingAttn,
 )
-from mlxbun.models.universal.schema_mla import MlaKnobs
+from mlxbun.models.universal.schema_mla import IndexerKnobs, MlaKnobs
 from mlxbun.models.universal.schema_moe import (
     MoEKnobs,
     MoENames,
@@ -1034,6 +1034,51 @@ _MOE_ROWS = [
               "absorbs them into q and the output); kv_b_proj checkpoints split at load. "
               "noaux_tc router (sigmoid + correction bias, grouped top-k, renorm, scaling), shared "
               "experts, dense first layers; int4-packed and fp8 checkpoints load as mlx-lm's.",
+    ),
+    ArchDescriptor(
+        "deepseek_v32",
+        dict(model_type="deepseek_v32", vocab_size=102400, hidden_size=4096, index_head_dim=128,
+             index_n_heads=64, index_topk=2048, intermediate_size=11008, moe_intermediate_size=1407,
+             num_hidden_layers=30, num_attention_heads=32, num_key_value_heads=32, n_shared_experts=None,
+             n_routed_experts=None, routed_scaling_factor=1.0, kv_lora_rank=512, q_lora_rank=1536,
+             qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, topk_method="noaux_tc",
+             scoring_func="sigmoid", norm_topk_prob=True, n_group=1, topk_group=1, num_experts_per_tok=1,
+             moe_layer_freq=1, first_k_dense_replace=0, max_position_embeddings=2048, rms_norm_eps=1e-6,
+             rope_theta=10000.0, rope_scaling=None, attention_bias=False, indexer_rope_interleave=False),
+        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
+        head=HeadKnobs(tie=False),
+        mla=MlaKnobs("absorbed_indexed", rope="initialize", q_direct=False, indexer=IndexerKnobs()),
+        layers=LayerKnobs(mask_array=True),
+        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense_freq",
+                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
+                                        params=_NOAUX_PARAMS),
+                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
+        sanitize=(SanitizeRule("drop_layers_from_n", None, "the multi-token-prediction layers "
+                                                           "(mlx-lm drops every layer index >= N)"),
+                  SanitizeRule("fp8_block_dequant", None, "fp8 weights dequantized to bfloat16"),
+                  _STACK,
+                  SanitizeRule("split_kv_b", None, "kv_b_proj split per head into embed_q | unembed_out")),
+        accepted_values={**_SILU, "scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",),
+                         "rope_interleave": (True,)},
+        ignored_keys={**_ROUTER_TRAINING,
+                      "tie_word_embeddings": "mlx-lm's deepseek_v32 always has its own lm_head",
+                      "head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "mlp_layer_types": "mlx-lm reads first_k_dense_replace and moe_layer_freq",
+                      "layer_types": "mlx-lm's deepseek_v32 runs the indexer on every layer",
+                      "mlp_bias": "mlx-lm's deepseek_v32 MLPs have no biases",
+                      "num_nextn_predict_layers": "mlx-lm drops the multi-token-prediction layers",
+                      "aux_loss_alpha": "training-time router loss", "seq_aux": "training-time router loss"},
+        notes="DeepSeek-V3.2: deepseek_v3's absorbed multi-head latent attention (low-rank q only) "
+              "with the DSA indexer: index_n_heads heads of index_head_dim over their own cached keys "
+              "(LayerNorm, rope over qk_rope_head_dim, traditional per indexer_rope_interleave) pick "
+              "the index_topk cached positions each query attends to once the cache is longer (a "
+              "prefill masks the rest, a decode step gathers them); each layer's cache is "
+              "CacheList(KVCache, KVCache), as mlx-lm's make_cache (max_kv_size refused: mlx-lm ignores "
+              "it). noaux_tc router, shared experts, dense first layers; every layer index >= N "
+              "dropped; fp8 checkpoints load as mlx-lm's.",
     ),
     ArchDescriptor(
         "glm4_moe_lite",
