@@ -120,7 +120,7 @@ def test_arch_specific_steps_are_shown(arch, expected):
 
 
 @pytest.mark.parametrize("arch", ["deepseek_v2", "minicpm3", "glm4_moe_lite", "youtu_llm", "mistral4",
-                                  "deepseek_v32"])
+                                  "deepseek_v32", "glm_moe_dsa"])
 def test_an_mla_rows_sizes_are_its_attention_head_dims(arch):
     """An MLA row shows dn / dr / dv / kv, not hd (a config's head_dim is transformers' copy of
     qk_rope_head_dim, which mlx-lm does not read) nor KV (the latent is one head)."""

@@ -1,5 +1,5 @@
 """Generation and speculative decoding over the MLA rows (zoo deepseek_v2 / deepseek_v3 / minicpm3 /
-glm4_moe_lite / youtu_llm / mistral4 / deepseek_v32): the token stream equals mlx-lm's, and speculative greedy output equals plain
+glm4_moe_lite / youtu_llm / mistral4 / deepseek_v32 / glm_moe_dsa): the token stream equals mlx-lm's, and speculative greedy output equals plain
 decoding for every drafter kind (the absorbed kind's latent cache trims like any KV cache)."""
 
 import mlx.core as mx
@@ -12,7 +12,8 @@ from tests.hybrid_models import IdTokenizer
 
 PROMPT = [(7 * i * i + 3 * i) % 256 for i in range(12)] * 2
 TOK = IdTokenizer()
-MLA_ARCHS = ["deepseek_v2", "deepseek_v3", "minicpm3", "glm4_moe_lite", "youtu_llm", "mistral4", "deepseek_v32"]
+MLA_ARCHS = ["deepseek_v2", "deepseek_v3", "minicpm3", "glm4_moe_lite", "youtu_llm", "mistral4", "deepseek_v32",
+             "glm_moe_dsa"]
 
 
 @pytest.mark.parametrize("arch", MLA_ARCHS)

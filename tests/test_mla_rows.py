@@ -284,3 +284,19 @@ def test_deepseek_v32_sanitize_matches_mlx_lm():
     for k in want:
         assert got[k].dtype == want[k].dtype and mx.array_equal(got[k], want[k]), k
     assert {"model.layers.2.self_attn.o_proj.weight", "model.layers.3.eh_proj.weight"} <= set(dropped)
+
+
+@pytest.mark.parametrize("knobs", [{}, {"indexer_rope_interleave": False, "index_topk": 100}],
+                         ids=["zoo", "not_interleaved_dense"])
+def test_the_glm_moe_dsa_row_is_deepseek_v32s_graph_under_its_args(knobs):
+    ref, ours = oracle_and_universal({**tiny_config("glm_moe_dsa"), **knobs})
+    rc, oc = mlx_cache.make_prompt_cache(ref), ours.make_cache()
+    assert mx.array_equal(ref(LONG, cache=rc), ours(LONG, cache=oc))
+    for t in (11, 250):
+        step = mx.array([[t]])
+        assert mx.array_equal(ref(step, cache=rc), ours(step, cache=oc)), t
+
+
+def test_glm_moe_dsa_needs_rope_theta_in_rope_parameters():
+    with pytest.raises(MlxbunError, match="rope_parameters must be a dict holding 'rope_theta'"):
+        build_model({**tiny_config("glm_moe_dsa"), "rope_parameters": {"rope_type": "default"}})

@@ -81,6 +81,7 @@ MANIFEST = {
         Entry("youtu_llm"),  # expanded MLA, initialize_rope, dense
         Entry("mistral4", EXPERT_VARIANTS),  # absorbed MLA decode, expanded prefill, llama-4 scale
         Entry("deepseek_v32", EXPERT_VARIANTS),  # absorbed MLA with the DSA indexer (CacheList)
+        Entry("glm_moe_dsa", EXPERT_VARIANTS),  # deepseek_v32's graph under its own ModelArgs
         Entry("gpt_oss", EXPERT_VARIANTS + ("mxfp4",)),  # mxfp4: experts as gpt-oss ships them
         Entry("phimoe", EXPERT_VARIANTS),
         Entry("ernie4_5_moe", EXPERT_VARIANTS),

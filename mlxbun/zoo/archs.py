@@ -304,6 +304,13 @@ _ROWS = (
                 "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5, "index_topk": 8,
                 "index_n_heads": 4, "index_head_dim": 16,
                 "rope_parameters": {**_DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}}),
+    # GLM-5's knobs (deepseek_v32's graph, rope_parameters only, plain rope); mlx-lm requires the
+    # router keys the hub config carries and transformers does not write
+    Arch("glm_moe_dsa", "GlmMoeDsaForCausalLM", "GlmMoeDsaConfig", kv_heads=4, legacy_rope=False,
+         knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+                "n_group": 2, "topk_group": 1, "index_topk": 8, "index_n_heads": 4, "index_head_dim": 16,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+         extra={"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1}),
     # GLM-4.7-Flash's knobs (deepseek_v3's absorbed MLA, plain rope): layer 0 dense (mlx-lm reads
     # first_k_dense_replace, which the hub config carries; transformers writes mlp_layer_types),
     # grouped noaux_tc routing; embed_q / unembed_out inputs (32, 64) quantizable

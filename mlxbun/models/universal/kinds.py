@@ -559,6 +559,8 @@ class PostInit(StrEnum):
     # num_hidden_layers = the pattern's length
     MISTRAL3_LLAMA_TEXT = "mistral3_llama_text"  # mistral3's wrapper: text_config's model_type
     # ministral3 / mistral4 build those files' text models (not llama's): refused by name
+    ROPE_PARAMETERS_REQUIRED = "rope_parameters_required"  # glm_moe_dsa: rope_scaling = rope_parameters,
+    # rope_theta = its rope_theta (both required)
     MISTRAL4_ROPE = "mistral4_rope"  # head dims defaulted; rope_parameters sets rope_theta (100000.0
     # when absent) and rope_scaling; it must hold llama_4_scaling_beta and original_max_position_embeddings
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_

@@ -1081,6 +1081,48 @@ _MOE_ROWS = [
               "dropped; fp8 checkpoints load as mlx-lm's.",
     ),
     ArchDescriptor(
+        "glm_moe_dsa",
+        _fields("model_type", "vocab_size", "hidden_size", "index_head_dim", "index_n_heads", "index_topk",
+                "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "n_shared_experts", "n_routed_experts", "routed_scaling_factor",
+                "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim",
+                "topk_method", "scoring_func", "norm_topk_prob", "n_group", "topk_group", "num_experts_per_tok",
+                "moe_layer_freq", "first_k_dense_replace", "max_position_embeddings", "rms_norm_eps",
+                "rope_parameters", "attention_bias", rope_scaling=None, rope_theta=None,
+                indexer_rope_interleave=True),
+        ("rope_parameters_required",), head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
+        head=HeadKnobs(tie=False),
+        mla=MlaKnobs("absorbed_indexed", rope="initialize", q_direct=False, indexer=IndexerKnobs()),
+        layers=LayerKnobs(mask_array=True),
+        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense_freq",
+                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
+                                        params=_NOAUX_PARAMS),
+                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
+        sanitize=(SanitizeRule("drop_layers_from_n", None, "the multi-token-prediction layers "
+                                                           "(mlx-lm drops every layer index >= N)"),
+                  SanitizeRule("fp8_block_dequant", None, "fp8 weights dequantized to bfloat16"),
+                  _STACK,
+                  SanitizeRule("split_kv_b", None, "kv_b_proj split per head into embed_q | unembed_out")),
+        accepted_values={**_SILU, "scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",),
+                         "rope_interleave": (True,)},
+        ignored_keys={**_ROUTER_TRAINING,
+                      "tie_word_embeddings": "mlx-lm's glm_moe_dsa (deepseek_v32's Model) always has its own lm_head",
+                      "indexer_types": "mlx-lm's glm_moe_dsa runs the full indexer on every layer",
+                      "head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "mlp_layer_types": "mlx-lm reads first_k_dense_replace and moe_layer_freq",
+                      "layer_types": "mlx-lm's glm_moe_dsa runs the indexer on every layer",
+                      "mlp_bias": "mlx-lm's glm_moe_dsa MLPs have no biases",
+                      "num_nextn_predict_layers": "mlx-lm drops the multi-token-prediction layers",
+                      "aux_loss_alpha": "training-time router loss", "seq_aux": "training-time router loss"},
+        notes="GLM-5 (MoE + DSA): deepseek_v32's graph (mlx-lm imports its Model) under glm_moe_dsa's "
+              "ModelArgs: rope_parameters required (rope_scaling = it, rope_theta = its rope_theta), "
+              "the indexer's rope interleaved by default; indexer_types is not read (every layer runs the "
+              "full indexer).",
+    ),
+    ArchDescriptor(
         "glm4_moe_lite",
         dict(model_type="glm4_moe_lite", vocab_size=154880, hidden_size=2048, intermediate_size=10240,
              moe_intermediate_size=1536, num_hidden_layers=47, num_attention_heads=20,
