@@ -1221,7 +1221,7 @@ _MOE_ROWS = [
               "rope part and the plain softmax scale; minicpm's muP: embeddings times scale_emb, "
               "residuals times scale_depth / sqrt(N), the untied head's input divided by "
               "hidden_size / dim_model_base (tied: embed_tokens.as_linear, undivided). rope_scaling "
-              "must be a dict (mlx-lm reads it whatever its type).",
+              "must be a dict (mlx-lm reads it whatever its type); rope_traditional is read but unused.",
     ),
     ArchDescriptor(
         "youtu_llm",
