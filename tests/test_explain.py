@@ -104,11 +104,32 @@ def test_nanochat_shows_the_compiled_softcap_and_functional_norms():
                      "k = concat([k_nope, repeat(k_pe, H)])", "w = take_along_axis(p, experts) * scaling"]),
     ("deepseek_v3", ["c, k_pe = cache.update_and_fetch(c, k_pe)", "o = sdpa(q_nope, k, v, scale, mask=pe)",
                      "L == 1: q_nope = embed_q(q_nope); k = v = c"]),
+    ("minicpm3", ["SuScaledRoPE over dr", "dv = D // H = 16 (not read from the config)", "RMSNorm(kv, eps=1e-05)",
+                  "scale = (dn+dr)**-0.5 = ", "h = h * scale_emb", "scale_depth / N**0.5"]),
+    ("glm4_moe_lite", ["RMSNorm(kv, eps=1e-05 (rms_norm_eps))", "o = sdpa(q_nope, k, v, scale, mask=pe)",
+                       "initialize_rope over dr, traditional=True", "/ (sum + 1e-20)"]),
+    ("youtu_llm", ["traditional=True (rope_traditional)", "dv = v_head_dim = 24", "scale = (dn+dr)**-0.5 = ",
+                   "k, v = cache.update_and_fetch(k, v)"]),
+    ("mistral4", ["q_nope, q_pe = q_nope * s, q_pe * s", "scale = apply_yarn_mscale((dn+dr)**-0.5, rope_parameters)",
+                  "L > 1: o = sdpa(concat([q_nope, q_pe]), k, v, scale, mask)", "/ (sum + 1e-20)",
+                  "p = softmax(logits.astype(float32))"]),
+    ("deepseek_v32", ["cache[0].update_and_fetch(c, k_pe)", "index_topk = 8", "CacheList(KVCache, KVCache)",
+                      "L == 1: c, k_pe = gather(c, top), gather(k_pe, top)"]),
 ])
 def test_arch_specific_steps_are_shown(arch, expected):
     text = explain(arch).text()
     for snippet in expected:
         assert snippet in text, f"{arch}: {snippet!r} missing from\n{text}"
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v2", "minicpm3", "glm4_moe_lite", "youtu_llm", "mistral4",
+                                  "deepseek_v32", "glm_moe_dsa"])
+def test_an_mla_rows_sizes_are_its_attention_head_dims(arch):
+    """An MLA row shows dn / dr / dv / kv, not hd (a config's head_dim is transformers' copy of
+    qk_rope_head_dim, which mlx-lm does not read) nor KV (the latent is one head)."""
+    sizes = {s: (src, v) for s, src, v in explain(arch).sizes}
+    assert "hd" not in sizes and "KV" not in sizes
+    assert sizes["q/k head dim"][1] == sizes["dn"][1] + sizes["dr"][1]
 
 
 def test_a_checkpoint_directory_explains_its_config(zoo):

@@ -1,6 +1,6 @@
-"""Generation and speculative decoding over the MLA rows (zoo deepseek_v2 / deepseek_v3): the
-token stream equals mlx-lm's, and speculative greedy output equals plain decoding for every
-drafter kind (the absorbed kind's latent cache trims like any KV cache)."""
+"""Generation and speculative decoding over the MLA rows (zoo deepseek_v2 / deepseek_v3 / minicpm3 /
+glm4_moe_lite / youtu_llm / mistral4 / deepseek_v32 / glm_moe_dsa): the token stream equals mlx-lm's, and speculative greedy output equals plain
+decoding for every drafter kind (the absorbed kind's latent cache trims like any KV cache)."""
 
 import mlx.core as mx
 import pytest
@@ -12,9 +12,11 @@ from tests.hybrid_models import IdTokenizer
 
 PROMPT = [(7 * i * i + 3 * i) % 256 for i in range(12)] * 2
 TOK = IdTokenizer()
+MLA_ARCHS = ["deepseek_v2", "deepseek_v3", "minicpm3", "glm4_moe_lite", "youtu_llm", "mistral4", "deepseek_v32",
+             "glm_moe_dsa"]
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
+@pytest.mark.parametrize("arch", MLA_ARCHS)
 def test_generation_equals_mlx_lm(zoo, arch):
     from mlx_lm.generate import generate_step
     from mlx_lm.utils import load_model
@@ -29,7 +31,7 @@ def test_generation_equals_mlx_lm(zoo, arch):
     assert ours == ref and len(ours) == 10
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
+@pytest.mark.parametrize("arch", MLA_ARCHS)
 def test_speculative_greedy_equals_plain_for_every_drafter(zoo, arch):
     target, draft = load_universal(zoo(arch)), load_universal(zoo(arch, seed=1))
     plain = [r.token for r in stream_generate(target, TOK, PROMPT, max_tokens=12)]

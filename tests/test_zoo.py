@@ -216,7 +216,7 @@ def test_configs_keep_the_arch_knobs():
         assert hidden == 64 and (heads == 4 or (arch == "mamba2" and heads is None)), arch
         assert cfg.get("max_position_embeddings", cfg.get("block_size", 512)) >= 512, arch
         if "head_dim" in cfg and cfg.get("qk_rope_head_dim") is None:  # MLA configs: head_dim is
-            # transformers' copy of qk_rope_head_dim, which mlx-lm never reads
+            # transformers' bookkeeping (qk_rope_head_dim; mistral4: dn + dr), which mlx-lm's MLA never reads
             assert cfg["head_dim"] == 16, arch
         if cfg.get("layer_types"):
             kinds = set(cfg["layer_types"])
@@ -397,6 +397,11 @@ def test_head_dim_widens_the_heads_and_refuses_where_mlx_lm_ignores_it(tmp_path)
     assert config["text_config"]["head_dim"] == 32 and "head_dim" not in config
     model, _ = mlx_lm.load(str(wrapped))
     assert model.layers[4].self_attn.q_proj.weight.shape == (4 * 32, 64)
+    # an MLA arch's heads are qk_nope_head_dim + qk_rope_head_dim and its value dims, never head_dim
+    # (mistral4's ModelArgs has a head_dim field all the same)
+    for arch in ("mistral4", "minicpm3"):
+        with pytest.raises(ZooArgumentError, match="multi-head latent attention"):
+            make_checkpoint(arch, tmp_path, head_dim=32)
 
 
 def test_a_rebuild_replaces_only_the_zoos_own_builds(tmp_path):

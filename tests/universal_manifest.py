@@ -78,6 +78,12 @@ MANIFEST = {
         Entry("deepseek", EXPERT_VARIANTS),
         Entry("deepseek_v2", EXPERT_VARIANTS),  # multi-head latent attention (universal/mla.py)
         Entry("deepseek_v3", EXPERT_VARIANTS),  # absorbed MLA (the latent cached)
+        Entry("minicpm3"),  # expanded MLA, SuScaledRoPE, minicpm's muP
+        Entry("glm4_moe_lite", EXPERT_VARIANTS),  # deepseek_v3's absorbed MLA, glm4_moe's router
+        Entry("youtu_llm"),  # expanded MLA, initialize_rope, dense
+        Entry("mistral4", EXPERT_VARIANTS),  # absorbed MLA decode, expanded prefill, llama-4 scale
+        Entry("deepseek_v32", EXPERT_VARIANTS),  # absorbed MLA with the DSA indexer (CacheList)
+        Entry("glm_moe_dsa", EXPERT_VARIANTS),  # deepseek_v32's graph under its own ModelArgs
         Entry("gpt_oss", EXPERT_VARIANTS + ("mxfp4",)),  # mxfp4: experts as gpt-oss ships them
         Entry("phimoe", EXPERT_VARIANTS),
         Entry("ernie4_5_moe", EXPERT_VARIANTS),

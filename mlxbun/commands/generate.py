@@ -230,9 +230,18 @@ def _kv_plan(args, model, kv: dict):
 
 
 def _zoo_hint(model: str, group_size: int) -> str:
-    """For a zoo model, the wide form of its name whose head dim the group size divides."""
+    """For a zoo model whose heads the zoo can widen, the wide form of its name whose head dim the
+    group size divides (none where the build would refuse it: MLA heads, no head_dim setting)."""
+    from mlxbun.zoo import ZooArgumentError, check_head_dim
+
     spec = parse_model(model)
     if spec.kind != "zoo":
+        return ""
+    try:
+        check_head_dim(spec.value, group_size)
+    except ZooArgumentError as e:
+        return f"; {e}"
+    except MlxbunError:  # an arch outside the dense table (its own builder): no hint
         return ""
     return f"; the zoo builds wider heads on request: --model {replace(spec, head_dim=group_size)}"
 

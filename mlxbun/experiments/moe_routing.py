@@ -107,6 +107,7 @@ ROUTER_PROBS = exhaustive(RouterKind, {
     RouterKind.SCORED_GROUPED: _as_score_func,
     RouterKind.CAPPED_SCORE: _as_capped_score,
     RouterKind.SOFTMAX_GROUP_GREEDY: _softmax,  # deepseek_v2: the softmax its top-k (group-limited) reads
+    RouterKind.SOFTMAX_GROUPED: _softmax,  # mistral4: the float32 softmax its (grouped) top-k reads
 })
 
 

@@ -13,6 +13,7 @@ weights, tokenizer, hfcache.
 """
 
 from mlxbun.zoo.archs import ARCHS, tiny_config
+from mlxbun.zoo.build import check_head_dim
 from mlxbun.zoo.common import DTYPES, QUANTS, ZooArgumentError
 from mlxbun.zoo.diffusion import cached_diffusion_checkpoint, make_diffusion_checkpoint
 from mlxbun.zoo.llada import cached_llada2_checkpoint, make_llada2_checkpoint
@@ -31,6 +32,7 @@ __all__ = [
     "ZooArgumentError",
     "cached_checkpoint",
     "check_build",
+    "check_head_dim",
     "make_checkpoint",
     "tiny_config",
 ]

@@ -312,6 +312,53 @@ _ROWS = (
          knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
                 "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
                 "rope_parameters": {**_DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}}),
+    # DeepSeek-V3.2's knobs: v3's, plus the DSA indexer with index_topk 8 so a 40-token prompt
+    # (and its decode steps) attend to the indexer's choice only
+    Arch("deepseek_v32", "DeepseekV32ForCausalLM", "DeepseekV32Config", kv_heads=4, rope_type_key="type",
+         knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+                "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5, "index_topk": 8,
+                "index_n_heads": 4, "index_head_dim": 16,
+                "rope_parameters": {**_DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}}),
+    # GLM-5's knobs (deepseek_v32's graph, rope_parameters only, plain rope); mlx-lm requires the
+    # router keys the hub config carries and transformers does not write
+    Arch("glm_moe_dsa", "GlmMoeDsaForCausalLM", "GlmMoeDsaConfig", kv_heads=4, legacy_rope=False,
+         knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+                "n_group": 2, "topk_group": 1, "index_topk": 8, "index_n_heads": 4, "index_head_dim": 16,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+         extra={"topk_method": "noaux_tc", "scoring_func": "sigmoid", "moe_layer_freq": 1}),
+    # GLM-4.7-Flash's knobs (deepseek_v3's absorbed MLA, plain rope): layer 0 dense (mlx-lm reads
+    # first_k_dense_replace, which the hub config carries; transformers writes mlp_layer_types),
+    # grouped noaux_tc routing; embed_q / unembed_out inputs (32, 64) quantizable
+    Arch("glm4_moe_lite", "Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", kv_heads=4,
+         knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+                "n_group": 2, "topk_group": 1, "routed_scaling_factor": 1.8,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+         extra={"first_k_dense_replace": 1}),
+    # Mistral 4's knobs (transformers' default rope_parameters: yarn + llama-4 query scaling, read
+    # from rope_parameters only; original context 16 so a 40-token prompt reaches the scaled region),
+    # layer 0 dense, grouped routing; embed_q / unembed_out inputs (32, 64) quantizable
+    Arch("mistral4", "Mistral4ForCausalLM", "Mistral4Config", kv_heads=4, legacy_rope=False,
+         knobs={**_MLA_KNOBS, "n_shared_experts": 1, "kv_lora_rank": 64, "qk_nope_head_dim": 32,
+                "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0,
+                "rope_parameters": {"type": "yarn", "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                    "original_max_position_embeddings": 16, "max_position_embeddings": MAX_POSITIONS,
+                                    "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+                                    "llama_4_scaling_beta": 0.1, "partial_rotary_factor": 0.2}},
+         extra={"head_dim": 40}),  # Mistral4Config's own value: dn + dr (mlx-lm does not read it)
+    # MiniCPM3-4B's knobs (longrope over the rope part, context shrunk so max / original = 4),
+    # q_lora_rank set, v_head_dim None (hidden // heads); tied as transformers' default
+    Arch("minicpm3", "MiniCPM3ForCausalLM", "MiniCPM3Config", rope_type_key="type",
+         knobs={"q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                "scale_emb": 12, "dim_model_base": 16, "scale_depth": 1.4,
+                "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                    "original_max_position_embeddings": MAX_POSITIONS // 4,
+                                    "long_factor": [1.0, 1.3, 2.2, 5.1], "short_factor": [1.0, 1.0, 1.1, 1.2]}}),
+    # Youtu-LLM-2B's knobs (expanded MLA, initialize_rope, q_lora_rank set); mlx-lm names it
+    # youtu_llm (transformers: youtu)
+    Arch("youtu_llm", "YoutuForCausalLM", "YoutuConfig",
+         knobs={"q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                "v_head_dim": 24, "rope_parameters": {"rope_type": "default", "rope_theta": 1600000.0}},
+         extra={"head_dim": 8}),  # YoutuConfig's own value: qk_rope_head_dim (mlx-lm does not read it)
     # gpt-oss's knobs: sliding / full layers (window 16 here), attention sinks, yarn with the
     # original context shrunk as the max (131072 / 32 -> 512 / 32), clamped SwiGLU experts
     Arch("gpt_oss", "GptOssForCausalLM", "GptOssConfig", layers=4, kv_heads=2,

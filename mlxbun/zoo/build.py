@@ -13,7 +13,7 @@ def variant(arch: str, *, quant=None, dtype: str = "float32", seed: int = 0, hea
     get_arch(arch)  # UnsupportedModelError naming the known archs
     check_dtype_and_seed(dtype, seed)
     if head_dim is not None:
-        _check_head_dim(arch, head_dim)
+        check_head_dim(arch, head_dim)
     return Variant(arch, parse_quant(quant), dtype, seed, head_dim)
 
 
@@ -24,16 +24,26 @@ def _head_dim_owner(config: dict) -> dict:
     return text if isinstance(text, dict) and "head_dim" in text else config
 
 
-def _check_head_dim(arch: str, head_dim) -> None:
+def check_head_dim(arch: str, head_dim) -> None:
     """Only archs whose mlx-lm ModelArgs (or a wrapper's text model) read `head_dim` can widen
-    their heads: elsewhere the key would be ignored and the checkpoint silently keep hidden/heads."""
+    their heads: elsewhere the key would be ignored and the checkpoint silently keep hidden/heads
+    (an MLA arch never reads it for its heads)."""
     import inspect
 
     from mlx_lm.utils import _get_classes
 
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
         raise ZooArgumentError(f"head_dim must be an even integer >= 2, got {head_dim!r}")
+    from mlxbun.models.universal.table import DESCRIPTORS
+
     config = tiny_config(arch)
+    d = DESCRIPTORS.get(config["model_type"])
+    if d is not None and d.mla is not None:  # mistral4's ModelArgs reads head_dim, its MLA does not
+        m = d.mla
+        raise ZooArgumentError(
+            f"zoo arch {arch!r}: multi-head latent attention sizes its heads by {m.nope_dim} + {m.rope_dim} "
+            f"(q / k: {config[m.nope_dim]} + {config[m.rope_dim]}) and {m.v_dim or 'hidden_size // heads'} "
+            "(values), never head_dim, so its heads cannot be widened")
     if _head_dim_owner(config) is not config:
         return
     _, args_class = _get_classes(config)

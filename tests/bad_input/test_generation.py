@@ -335,6 +335,16 @@ def test_narrow_zoo_heads_name_the_fix(run, group):
     assert len(json.loads(out)["tokens"]) == 4
 
 
+def test_narrow_mla_zoo_heads_say_head_dim_cannot_widen_them(run):
+    """An expanded-MLA row (minicpm3: keys dn + dr = 24) has no head_dim to widen: the hint names
+    the keys that size its heads instead of a zoo name the build would refuse."""
+    line = refused(run("--model", "zoo:minicpm3", "--prompt", "hello", "--max-tokens", "4", "--kv-bits", "4",
+                       "--kv-group-size", "64"),
+                   "head dim 24 is not a multiple of the group size 64", "--kv turboquant:BITS",
+                   "multi-head latent attention sizes its heads by qk_nope_head_dim + qk_rope_head_dim")
+    assert "head_dim=64" not in line
+
+
 def test_a_group_size_that_divides_the_head_dim_is_named():
     from mlxbun.cache.kv import KVCache
     from mlxbun.generation_caches import KVHeadDimError, kv_quantizer

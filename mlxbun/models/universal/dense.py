@@ -41,7 +41,6 @@ from mlxbun.models.universal.kinds import (
     EmbedScale,
     FinalSoftcap,
     MakeCache,
-    MlaKind,
     NormKind,
     NormSlot,
     ParallelMlpNorm,
@@ -55,6 +54,7 @@ from mlxbun.models.universal.kinds_hybrid import (
     HybridBlock,
     MixerKind,
 )
+from mlxbun.models.universal.kinds_mla import MlaKind
 from mlxbun.models.universal.mixers import MIXERS
 from mlxbun.models.universal.mla import mla_attention
 from mlxbun.models.universal.mlp import MLP
@@ -105,7 +105,6 @@ class Block(nn.Module):
         setattr(self, self._mlp_name, MoEBlock(a, d, spec.index, spec.swiglu_limits) if spec.moe
                 else MLP(a, d, limit=spec.swiglu_limits[1]))
         self._cla = d.layers.kv_share is not None
-        self._mla = d.mla is not None
         slots = d.block.norm_slots(a.parallel)
         self._norm_names = d.names.norms
         if spec.mixer is not MixerKind.ATTENTION and d.hybrid.mixer_block is not None:
@@ -149,9 +148,7 @@ class Block(nn.Module):
             return x + attn_h + ff_h
         if self._cla:  # hunyuan: the block hands the k / v projections on, as mlx-lm's does
             r, kv_states = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache, attn_scale, kv_states)
-        elif self._mla:  # MlaAttention: no query scale (deepseek_v2)
-            r = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache)
-        else:
+        else:  # (an MLA row's attn_scale: the llama-4 query scale of mistral4, else None)
             r = attn(self._norm(NormSlot.PRE_ATTN, x), mask, cache, attn_scale)
         r = self._norm(NormSlot.POST_ATTN, r)
         out = self._add_mlp(self._add(x, r), mlp)
@@ -241,6 +238,7 @@ class UniversalDense(nn.Module):
         recurrent = [s.mixer is not MixerKind.ATTENTION for s in cached]
         self._ssm_idx = recurrent.index(True) if any(recurrent) else None
         self._parallel_hybrid = d.hybrid is not None and d.hybrid.block is HybridBlock.PARALLEL
+        self._indexed = d.mla is not None and d.mla.kind is MlaKind.ABSORBED_INDEXED
 
     # ------------------------------------------------------------- structure
 
@@ -271,7 +269,7 @@ class UniversalDense(nn.Module):
     def latent_kv(self) -> bool:
         """Whether the cache holds an MLA latent and rope key (deepseek_v3): its attention reads the
         rope key as an array, so uniform quantized KV cannot run (nor in mlx-lm)."""
-        return self.descriptor.mla is not None and self.descriptor.mla.kind is MlaKind.ABSORBED
+        return self.descriptor.mla is not None and self.descriptor.mla.kind is not MlaKind.EXPANDED
 
     @property
     def tied(self) -> bool:
@@ -314,6 +312,11 @@ class UniversalDense(nn.Module):
             return [ArraysCache(size=layer[layer._mixer_name].cache_slots)
                     if spec.mixer is not MixerKind.ATTENTION else attn()
                     for layer, spec in zip(self.layers, self.args.layers) if not spec.ffn_only]
+        if self._indexed:  # deepseek_v32's make_cache: the latent's and the indexer's caches
+            if max_kv_size is not None:
+                raise MlxbunError(f"{self.model_type}: max_kv_size is not supported (the indexer's top-k "
+                                  "addresses the whole cache; mlx-lm's make_cache ignores max_kv_size)")
+            return [CacheList(KVCache(), KVCache()) for _ in self.args.layers]
         if max_kv_size is not None:
             return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in self.args.layers]
         return [KVCache() for _ in self.args.layers]
@@ -349,8 +352,10 @@ class UniversalDense(nn.Module):
             cache = [None] * len(blocks)
         fa_mask = swa_mask = None
         if self._full_idx is not None:
-            fa_mask = create_attention_mask(h, cache[self._full_idx],
-                                            return_array=d.layers.mask_array)
+            c = cache[self._full_idx]
+            if self._indexed and c is not None:  # deepseek_v32: the mask from the latent's cache
+                c = c[0]
+            fa_mask = create_attention_mask(h, c, return_array=d.layers.mask_array)
         if self._swa_idx is not None:
             swa_mask = create_attention_mask(h, cache[self._swa_idx], window_size=a.sliding_window)
         if self._parallel_hybrid:  # falcon_h1: both masks from layer 0's CacheList children

@@ -25,7 +25,7 @@ from mlxbun.errors import ConfigError
 from mlxbun.models.universal.coverage import check_coverage
 from mlxbun.models.universal.explain_gemma4 import GEMMA4_MODEL_TYPES, gemma4_layer_groups, gemma4_sections
 from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label, parallel_block, single_block
-from mlxbun.models.universal.explain_mla import mla_lines
+from mlxbun.models.universal.explain_mla import mla_lines, mla_sizes
 from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
 from mlxbun.models.universal.explain_rope import rope_text
 from mlxbun.models.universal.kinds import (
@@ -164,9 +164,11 @@ def _sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any], .
     inter = d.mlp.intermediate
     inter = {MlpSize.FOUR_X_HIDDEN: "4 * D",
              MlpSize.LILLE: "256 * round(int(8 * D / 3) / 256)"}.get(inter, inter)
+    heads = (("KV", d.n_kv_heads or "H (multi-head)", a.n_kv_heads), ("hd", head_dim, a.head_dim))
+    if d.mla is not None:  # MLA: no kv heads, its own head dims
+        heads = mla_sizes(d, a)
     return (("D", d.hidden, a.hidden), ("N", d.n_layers, a.n_layers), ("H", d.n_heads, a.n_heads),
-            ("KV", d.n_kv_heads or "H (multi-head)", a.n_kv_heads), ("hd", head_dim, a.head_dim),
-            ("I", inter, a.intermediate), ("V", d.vocab, a.vocab)) + moe_sizes(d, a)
+            *heads, ("I", inter, a.intermediate), ("V", d.vocab, a.vocab)) + moe_sizes(d, a)
 
 
 # ----------------------------------------------------------------- sections
@@ -544,7 +546,8 @@ def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]
             attention = f"sliding window {a.sliding_window}"
             cache = f"RotatingKVCache({a.sliding_window})" if rotating else "KVCache (windowed mask)"
         else:
-            attention, cache = "global", "KVCache"
+            attention, cache = "global", ("CacheList(KVCache, KVCache)" if d.mla is not None
+                                          and d.mla.indexer is not None else "KVCache")
         if not s.kv_proj:
             owner = max(t.index for t in a.layers[:s.index + 1] if t.kv_proj)
             attention += f", k/v projections of layer {owner}"

@@ -20,9 +20,9 @@ from mlxbun.models.universal.kinds import (
     SharedKind,
     SharedSize,
     SharedWhen,
+    TopkMethod,
     TopKRenorm,
     TopKSelect,
-    TopkMethod,
     exhaustive,
 )
 from mlxbun.models.universal.schema import ArchDescriptor
@@ -141,6 +141,16 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         yield Line("w = take_along_axis(p, experts) * scaling",
                    f"{r.params['scaling']} = {p['scaling']}; {r.params['method']} = {p['method'].value!r}; "
                    f"never renormalized")
+    elif r.kind is RouterKind.SOFTMAX_GROUPED:
+        p = spec.params
+        yield Line("p = softmax(logits.astype(float32))", "compiled with the rest of the selection")
+        if p["n_group"] > 1:
+            yield Line("p: zero the n_group - topk_group groups with the lowest top-2 sums (for the choice)",
+                       f"n_group = {p['n_group']}, topk_group = {p['topk_group']}")
+        yield Line("experts = argpartition(-p, kth=k - 1)[..., :k]", "the order the outputs are summed in")
+        yield Line("w = take_along_axis(p, experts)" + (" / (sum + 1e-20)" if spec.norm_topk else ""),
+                   f"the ungrouped softmax{renorm} (no k > 1 guard)")
+        yield Line(f"w = w * {r.params['scaling']}", f"= {p['scaling']}")
     elif r.kind is RouterKind.SPARSEMIXER:
         eps = spec.params["jitter_eps"]
         yield Line("masked = logits; for each of the k rounds:",

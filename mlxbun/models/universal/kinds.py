@@ -263,6 +263,7 @@ class SanitizeOp(StrEnum):
     SPLIT_GLU_EXPERTS = "split_glu_experts"  # granitemoe: input_linear -> gate_proj | up_proj,
     # output_linear -> down_proj (arg: (block name, switch name))
     DROP_LAYER_N = "drop_layer_n"  # keys starting "model.layers.{num_hidden_layers}" (MTP layer)
+    DROP_LAYERS_FROM_N = "drop_layers_from_n"  # "<x>.layers.<i>..." with i >= N (glm4_moe_lite's MTP)
     DROP_PREFIX = "drop_prefix"  # arg: prefix (exaone_moe's "mtp." heads)
     HUNYUAN_FUSED = "hunyuan_fused"  # when layer 0 has mlp.gate_and_up_proj: every qkv_proj split
     # per kv head into q | k | v, every gate_and_up_proj into up | gate (hunyuan's original layout)
@@ -272,6 +273,8 @@ class SanitizeOp(StrEnum):
     # each MoE layer: <layer>.<block>.<src> -> <layer>.<block>.<dst> (exaone_moe, bailing_moe)
     SPLIT_INTERLEAVED_EXPERTS = "split_interleaved_experts"  # gpt_oss: HF gate_up_proj rows
     # interleaved gate/up -> gate_proj | up_proj (weights, mxfp4 _blocks/_scales, biases)
+    FP8_DEQUANT_BROADCAST = "fp8_dequant_broadcast"  # mistral4: every X_scale_inv: X from fp8 times
+    # it (broadcast when it fits X, else per 128x128 block) as bfloat16; activation scales dropped
     FP8_BLOCK_DEQUANT = "fp8_block_dequant"  # minimax: each fp8 weight times its 128x128-block
     # weight_scale_inv, as bfloat16; the scales dropped (activation scales kept, as mlx-lm)
     STRIP_PREFIX = "strip_prefix"  # arg: prefix; when any key starts with it, those keys lose it
@@ -336,6 +339,8 @@ class RouterKind(StrEnum):
     # f32, + expert bias, grouped top-k if n_group > 1, renorm if k > 1, scale (afmoe)
     SOFTMAX_GROUP_GREEDY = "softmax_group_greedy"  # deepseek_v2: precise softmax; group_limited_greedy
     # zeroes the n_group - topk_group groups with the lowest max; top-k, times scaling (no renorm)
+    SOFTMAX_GROUPED = "softmax_grouped"  # mistral4, compiled: softmax(f32), grouped (top-2 sums) if
+    # n_group > 1, top-k, renorm by (sum + 1e-20) with no k > 1 guard, times scaling
 
 
 # The numbers each router kind reads, by the name its routing function uses; a row maps each
@@ -359,6 +364,7 @@ ROUTER_PARAMS: Mapping[RouterKind, tuple[str, ...]] = {
     # moe_router_score_func (a ScoreFunc: ROUTER_PARAM_KINDS)
     RouterKind.SOFTMAX_GROUP_GREEDY: ("method", "scaling", "n_group", "topk_group"),  # topk_method
     # (a TopkMethod: ROUTER_PARAM_KINDS), routed_scaling_factor, n_group, topk_group
+    RouterKind.SOFTMAX_GROUPED: ("scaling", "n_group", "topk_group"),
 }
 
 # the router kinds that add a per-expert correction bias to the scores they choose by (where
@@ -373,15 +379,6 @@ class BiasAt(StrEnum):
 
     ROUTER = "router"  # the router module (deepseek-v3 style MoEGate: glm4_moe, dots1)
     BLOCK = "block"  # the MoE block itself, beside the gate (minimax; Klear, afmoe: `expert_bias`)
-
-
-class MlaKind(StrEnum):
-    """Which mlx-lm MLA attention an `mla` row runs (`mla.py`)."""
-
-    EXPANDED = "expanded"  # deepseek_v2: kv_b_proj to per-head k_nope | v, full keys / values
-    # cached, its own yarn rope
-    ABSORBED = "absorbed"  # deepseek_v3: embed_q / unembed_out per-head linears, the latent and
-    # k_pe cached, the rope part as the sdpa mask (pe scores), initialize_rope
 
 
 class TopkMethod(StrEnum):
@@ -563,6 +560,10 @@ class PostInit(StrEnum):
     # num_hidden_layers = the pattern's length
     MISTRAL3_LLAMA_TEXT = "mistral3_llama_text"  # mistral3's wrapper: text_config's model_type
     # ministral3 / mistral4 build those files' text models (not llama's): refused by name
+    ROPE_PARAMETERS_REQUIRED = "rope_parameters_required"  # glm_moe_dsa: rope_scaling = rope_parameters,
+    # rope_theta = its rope_theta (both required)
+    MISTRAL4_ROPE = "mistral4_rope"  # head dims defaulted; rope_parameters sets rope_theta (100000.0
+    # when absent) and rope_scaling; it must hold llama_4_scaling_beta and original_max_position_embeddings
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
     GEMMA4_TEXT = "gemma4_text"  # rope_parameters / layer_types defaults; KV sharing checked (gemma4_args)

@@ -40,9 +40,9 @@ from mlxbun.models.universal.kinds import (
     RouterKind,
     ScoreFunc,
     SharedKind,
+    TopkMethod,
     TopKRenorm,
     TopKSelect,
-    TopkMethod,
     exhaustive,
 )
 from mlxbun.models.universal.mlp import MLP
@@ -135,6 +135,34 @@ def _group_select(gates, e_score_correction_bias, top_k, n_group, topk_group, ro
         scores = scores / (denominator + 1e-20) if eps_renorm else scores / denominator
     scores = scores * routed_scaling_factor
     return inds, scores
+
+
+@mx.compile
+def _mistral4_select(gates, top_k, n_group, topk_group, routed_scaling_factor, norm_topk_prob):
+    # mlx-lm's mistral4_expert_select, op for op (compiled there too)
+    scores = mx.softmax(gates.astype(mx.float32), axis=-1)
+    if n_group > 1:
+        scores_grouped = mx.unflatten(scores, axis=-1, shape=(n_group, -1))
+        group_scores = mx.topk(scores_grouped, 2, axis=-1).sum(axis=-1, keepdims=True)
+        k = n_group - topk_group
+        group_idx = mx.argpartition(group_scores, kth=k - 1, axis=-2)[..., :k, :]
+        scores_grouped = mx.put_along_axis(scores_grouped, mx.stop_gradient(group_idx), mx.array(0.0), axis=-2)
+        scores_for_choice = mx.flatten(scores_grouped, -2, -1)
+    else:
+        scores_for_choice = scores
+    inds = mx.argpartition(-scores_for_choice, kth=top_k - 1, axis=-1)[..., :top_k]
+    inds = mx.stop_gradient(inds)
+    selected_scores = mx.take_along_axis(scores, inds, axis=-1)
+    if norm_topk_prob:
+        denominator = selected_scores.sum(axis=-1, keepdims=True) + 1e-20
+        selected_scores = selected_scores / denominator
+    selected_scores = selected_scores * routed_scaling_factor
+    return inds, selected_scores
+
+
+def _softmax_grouped(r: "Router", logits, bias):  # mistral4
+    p = r.params
+    return _mistral4_select(logits, r.top_k, p["n_group"], p["topk_group"], p["scaling"], r.norm_topk)
 
 
 # the guard as _group_select's k_nonzero_guard flag
@@ -328,6 +356,7 @@ _ROUTE = exhaustive(RouterKind, {
     RouterKind.SCORED_GROUPED: _scored_grouped,
     RouterKind.CAPPED_SCORE: _capped_score,
     RouterKind.SOFTMAX_GROUP_GREEDY: _softmax_group_greedy,
+    RouterKind.SOFTMAX_GROUPED: _softmax_grouped,
 })
 # the router kinds whose weights end cast to the block input's dtype, `weights.astype(x.dtype)`
 # (minimax; Klear: scores.astype(x.dtype))

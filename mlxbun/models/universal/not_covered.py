@@ -15,7 +15,6 @@ INFRASTRUCTURE_FILES = (
 _MOE = ("mixture-of-experts: needs a router / layer rule / expert kind the MoE knobs "
         "(models/universal/moe.py) do not have yet")
 _HYBRID = "recurrent / SSM / linear-attention layers: needs a dedicated port"
-_MLA = "multi-head latent attention (low-rank q/kv, split rope dims): needs the MLA module"
 _WRAP = "multimodal wrapper (text stack under language_model.*): needs a wrapper shim"
 
 NOT_COVERED: dict[str, str] = {
@@ -40,9 +39,14 @@ NOT_COVERED: dict[str, str] = {
          "gear", "jamba", "kimi_linear", "longcat_flash_ngram",
          "mamba", "plamo2",
          "recurrent_gemma", "rwkv7", "kimi_k3"], _HYBRID),
-    **dict.fromkeys(
-        ["deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",
-         "longcat_flash", "minicpm3", "mistral4", "youtu_llm"], _MLA),
+    "longcat_flash": "multi-head latent attention (deepseek_v3's absorbed kind, with q / kv latents "
+                     "scaled by sqrt(hidden / rank)) in a layer shape the block has no form for: two "
+                     "attention + dense-MLP sub-blocks per layer (self_attn.0/1, mlps.0/1, norms as "
+                     "lists, a CacheList of two KVCaches) and a shortcut MoE fed from the first sub-block "
+                     "and added after the second; its router (softmax + correction bias, last-k "
+                     "argpartition, classifier with optional bias, kept 8-bit by its quant_predicate) "
+                     "picks among n_routed_experts + zero_expert_num experts, the zero ones identity "
+                     "experts weighting x: needs a dedicated port",
     **dict.fromkeys(
         ["kimi_k25", "kimi_vl", "lfm2-vl", "minimax_m3_vl",
          "muse_glimmer", "muse_spark", "pixtral", "prism_hadamard_qwen35", "qwen2_vl",

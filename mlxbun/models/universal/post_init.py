@@ -139,6 +139,29 @@ def _ministral3_rope(a: dict, mt: str) -> None:
             raise _fail(mt, f"rope_parameters lacks '{key}'")
 
 
+def _rope_parameters_required(a: dict, mt: str) -> None:
+    rp = a["rope_parameters"]
+    if not isinstance(rp, Mapping) or "rope_theta" not in rp:
+        raise _fail(mt, f"rope_parameters must be a dict holding 'rope_theta' (mlx-lm's {mt} reads it; got {rp!r})")
+    a["rope_scaling"] = rp
+    a["rope_theta"] = rp["rope_theta"]
+
+
+def _mistral4_rope(a: dict, mt: str) -> None:
+    for key in ("qk_head_dim", "head_dim"):
+        if a[key] is None:
+            a[key] = a["qk_nope_head_dim"] + a["qk_rope_head_dim"]
+    rp = a["rope_parameters"]
+    if rp is not None:
+        a["rope_theta"] = rp.get("rope_theta", 100000.0)
+        a["rope_scaling"] = rp
+    missing = [k for k in ("llama_4_scaling_beta", "original_max_position_embeddings")
+               if not isinstance(rp, Mapping) or k not in rp]
+    if missing:
+        raise _fail(mt, f"rope_parameters lacks {', '.join(map(repr, missing))} (mlx-lm's mistral4 "
+                        "reads them for the llama-4 query scale on every call)")
+
+
 def _linear_rope_scaling(a: dict, mt: str) -> None:  # qwen2_moe
     rs = a["rope_scaling"]
     if rs:
@@ -247,6 +270,8 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.LAYER_TYPE_ROPES: _layer_type_ropes,
     PostInit.SCALING_NONE_ONE: _scaling_none_one,
     PostInit.LAGUNA_LISTS: _laguna_lists,
+    PostInit.MISTRAL4_ROPE: _mistral4_rope,
+    PostInit.ROPE_PARAMETERS_REQUIRED: _rope_parameters_required,
     PostInit.MISTRAL3_LLAMA_TEXT: _mistral3_llama_text,
     PostInit.LFM2_FF_DIM: lfm2_ff_dim,
     PostInit.FULL_ATTN_IDXS: full_attn_idxs,

@@ -24,6 +24,7 @@ from mlxbun.models.universal.kinds_hybrid import (
 )
 from mlxbun.models.universal.moe_args import moe_layers
 from mlxbun.models.universal.mup import fold_falcon_h1
+from mlxbun.models.universal.sanitize_fp8 import fp8_block_dequant, fp8_dequant_broadcast
 from mlxbun.models.universal.schema import (
     ArchDescriptor,
     SanitizeRule,
@@ -31,40 +32,10 @@ from mlxbun.models.universal.schema import (
 from mlxbun.models.universal.schema_moe import (
     StackExperts,
 )
+from mlxbun.models.universal.weight_meta import Meta
 from mlxbun.weights import name_list
 
 __all__ = ["Meta", "sanitize_weights"]
-
-
-class Meta:
-    """A tensor known from its header: enough for sanitize, quantize and the audit."""
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = tuple(shape), dtype
-
-    @property
-    def mx_dtype(self):
-        return self.dtype
-
-    def squeeze(self):
-        return Meta([s for s in self.shape if s != 1], self.dtype)
-
-    def swapaxes(self, a: int, b: int):
-        shape = list(self.shape)
-        shape[a], shape[b] = shape[b], shape[a]
-        return Meta(shape, self.dtype)
-
-    def __add__(self, scalar):  # a norm weight + 1 (qwen3_next, qwen3_5)
-        return self
-
-    def __mul__(self, other):
-        try:
-            import numpy as np
-
-            shape = np.broadcast_shapes(self.shape, tuple(other.shape))
-        except ValueError:
-            raise LoadError(f"cannot broadcast shapes {self.shape} and {tuple(other.shape)}") from None
-        return Meta(shape, other.dtype)
 
 
 _NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".attention.rotary_emb.inv_freq")
@@ -260,25 +231,6 @@ def _norm_head(flag: str, w: dict, fields: Mapping) -> dict:
     dtype = v.dtype
     weight_norm = mx.linalg.norm(v.astype(mx.float32), axis=0, keepdims=True) + 1e-7
     return {**w, "lm_head.weight": (v / weight_norm).astype(dtype)}
-
-
-_FP8_BLOCK = 128
-
-
-def _fp8_block_dequant(weight, scale_inv):
-    """minimax.sanitize's dequant, op for op: fp8 bytes -> bfloat16, times the per-block scale."""
-    if isinstance(weight, Meta):
-        return Meta(weight.shape, mx.bfloat16)
-    dtype = mx.bfloat16
-    weight = mx.from_fp8(weight, dtype=mx.bfloat16)
-    bs = _FP8_BLOCK
-    m, n = weight.shape
-    pad_bottom = (-m) % bs
-    pad_side = (-n) % bs
-    weight = mx.pad(weight, ((0, pad_bottom), (0, pad_side)))
-    weight = weight.reshape(((m + pad_bottom) // bs, bs, (n + pad_side) // bs, bs))
-    weight = (weight * scale_inv[:, None, :, None]).reshape(m + pad_bottom, n + pad_side)
-    return weight[:m, :n].astype(dtype)
 
 
 def _int4_packed(w: dict) -> dict:
@@ -495,6 +447,10 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
     elif op is SanitizeOp.DROP_LAYER_N:  # startswith, as mlx-lm writes it
         head = f"model.layers.{fields[d.n_layers]}"
         dropped = {k: rule.reason for k in w if k.startswith(head)}
+    elif op is SanitizeOp.DROP_LAYERS_FROM_N:  # glm4_moe_lite's is_mpt_layer
+        n = fields[d.n_layers]
+        dropped = {k: rule.reason for k in w
+                   if (p := k.split("."))[1:2] == ["layers"] and len(p) > 2 and p[2].isdigit() and int(p[2]) >= n}
     elif op is SanitizeOp.DROP_CONTAINING:
         dropped = {k: rule.reason for k in w if rule.arg in k}
     elif op is SanitizeOp.DROP_SUFFIXES:
@@ -520,6 +476,8 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
             return {**w, dst: w[src]}, {}
     elif op is SanitizeOp.SQUEEZE_SUFFIXES:
         return {k: v.squeeze() if k.endswith(tuple(rule.arg)) else v for k, v in w.items()}, {}
+    elif op is SanitizeOp.FP8_DEQUANT_BROADCAST:  # mistral4.sanitize
+        return fp8_dequant_broadcast(w)
     elif op is SanitizeOp.FP8_BLOCK_DEQUANT:  # minimax.sanitize
         out = {}
         for k, v in w.items():
@@ -527,7 +485,7 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
                 wk = k.replace("_scale_inv", "")
                 if wk not in w:
                     raise LoadError(f"tensor {k!r} has no matching {wk!r} to dequantize")
-                out[wk] = _fp8_block_dequant(w[wk], v)
+                out[wk] = fp8_block_dequant(w[wk], v)
                 dropped[k] = f"folded into {wk} (fp8 block dequantization)"
             elif k not in out:
                 out[k] = v

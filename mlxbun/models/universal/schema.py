@@ -58,7 +58,6 @@ from mlxbun.models.universal.kinds import (
     Residual,
     ResidualScale,
     RopeKind,
-    MlaKind,
     SanitizeOp,
     StrEnum,
     SwigluClamp,
@@ -66,6 +65,7 @@ from mlxbun.models.universal.kinds import (
     TieRule,
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
+from mlxbun.models.universal.kinds_mla import MlaKind
 from mlxbun.models.universal.schema_hybrid import HybridKnobs, check_hybrid, hybrid_refs
 from mlxbun.models.universal.schema_mla import MlaKnobs
 from mlxbun.models.universal.schema_moe import (  # the MoE knobs and their checks
@@ -521,8 +521,12 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error("sanitize rules stack_experts / split_glu_experts / split_interleaved_experts / "
                       "rename_in_moe_layers need a moe block")
     if any(r.op is SanitizeOp.SPLIT_KV_B for r in d.sanitize) and (
-            d.mla is None or d.mla.kind is not MlaKind.ABSORBED):
-        raise d.error("sanitize rule split_kv_b needs mla knobs of kind 'absorbed'")
+            d.mla is None or d.mla.kind is MlaKind.EXPANDED):
+        raise d.error("sanitize rule split_kv_b needs mla knobs of kind 'absorbed' or 'absorbed_decode'")
+    if d.mla is not None and (d.mla.indexer is not None) != (d.mla.kind is MlaKind.ABSORBED_INDEXED):
+        raise d.error("mla kind 'absorbed_indexed' and mla.indexer go together (deepseek_v32's DSA indexer)")
+    if d.mla is not None and (d.query_scale is not None) != (d.mla.kind is MlaKind.ABSORBED_DECODE):
+        raise d.error("mla kind 'absorbed_decode' and query_scale go together (mistral4's llama-4 scale)")
 
 
 _MOE_SANITIZE = (SanitizeOp.STACK_EXPERTS, SanitizeOp.SPLIT_GLU_EXPERTS, SanitizeOp.SPLIT_INTERLEAVED_EXPERTS,

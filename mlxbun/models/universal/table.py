@@ -28,7 +28,7 @@ from mlxbun.models.universal.schema import (
     SanitizeRule,
     SlidingAttn,
 )
-from mlxbun.models.universal.schema_mla import MlaKnobs
+from mlxbun.models.universal.schema_mla import IndexerKnobs, MlaKnobs
 from mlxbun.models.universal.schema_moe import (
     MoEKnobs,
     MoENames,
@@ -1055,7 +1055,8 @@ _MOE_ROWS = [
              rope_theta=10000.0, rope_scaling=None, attention_bias=False),
         head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
         rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
-        head=HeadKnobs(tie=False), mla=MlaKnobs("absorbed"), layers=LayerKnobs(mask_array=True),
+        head=HeadKnobs(tie=False), mla=MlaKnobs("absorbed", rope="initialize"),
+        layers=LayerKnobs(mask_array=True),
         moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense_freq",
                      router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
                                         params=_NOAUX_PARAMS),
@@ -1083,6 +1084,215 @@ _MOE_ROWS = [
               "absorbs them into q and the output); kv_b_proj checkpoints split at load. "
               "noaux_tc router (sigmoid + correction bias, grouped top-k, renorm, scaling), shared "
               "experts, dense first layers; int4-packed and fp8 checkpoints load as mlx-lm's.",
+    ),
+    ArchDescriptor(
+        "deepseek_v32",
+        dict(model_type="deepseek_v32", vocab_size=102400, hidden_size=4096, index_head_dim=128,
+             index_n_heads=64, index_topk=2048, intermediate_size=11008, moe_intermediate_size=1407,
+             num_hidden_layers=30, num_attention_heads=32, num_key_value_heads=32, n_shared_experts=None,
+             n_routed_experts=None, routed_scaling_factor=1.0, kv_lora_rank=512, q_lora_rank=1536,
+             qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, topk_method="noaux_tc",
+             scoring_func="sigmoid", norm_topk_prob=True, n_group=1, topk_group=1, num_experts_per_tok=1,
+             moe_layer_freq=1, first_k_dense_replace=0, max_position_embeddings=2048, rms_norm_eps=1e-6,
+             rope_theta=10000.0, rope_scaling=None, attention_bias=False, indexer_rope_interleave=False),
+        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
+        head=HeadKnobs(tie=False),
+        mla=MlaKnobs("absorbed_indexed", rope="initialize", q_direct=False, indexer=IndexerKnobs()),
+        layers=LayerKnobs(mask_array=True),
+        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense_freq",
+                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
+                                        params=_NOAUX_PARAMS),
+                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
+        sanitize=(SanitizeRule("drop_layers_from_n", None, "the multi-token-prediction layers "
+                                                           "(mlx-lm drops every layer index >= N)"),
+                  SanitizeRule("fp8_block_dequant", None, "fp8 weights dequantized to bfloat16"),
+                  _STACK,
+                  SanitizeRule("split_kv_b", None, "kv_b_proj split per head into embed_q | unembed_out")),
+        accepted_values={**_SILU, "scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",),
+                         "rope_interleave": (True,)},
+        ignored_keys={**_ROUTER_TRAINING,
+                      "tie_word_embeddings": "mlx-lm's deepseek_v32 always has its own lm_head",
+                      "head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "mlp_layer_types": "mlx-lm reads first_k_dense_replace and moe_layer_freq",
+                      "layer_types": "mlx-lm's deepseek_v32 runs the indexer on every layer",
+                      "mlp_bias": "mlx-lm's deepseek_v32 MLPs have no biases",
+                      "num_nextn_predict_layers": "mlx-lm drops the multi-token-prediction layers",
+                      "aux_loss_alpha": "training-time router loss", "seq_aux": "training-time router loss"},
+        notes="DeepSeek-V3.2: deepseek_v3's absorbed multi-head latent attention (low-rank q only) "
+              "with the DSA indexer: index_n_heads heads of index_head_dim over their own cached keys "
+              "(LayerNorm, rope over qk_rope_head_dim, traditional per indexer_rope_interleave) pick "
+              "the index_topk cached positions each query attends to once the cache is longer (a "
+              "prefill masks the rest, a decode step gathers them); each layer's cache is "
+              "CacheList(KVCache, KVCache), as mlx-lm's make_cache (max_kv_size refused: mlx-lm ignores "
+              "it). noaux_tc router, shared experts, dense first layers; every layer index >= N "
+              "dropped; fp8 checkpoints load as mlx-lm's.",
+    ),
+    ArchDescriptor(
+        "glm_moe_dsa",
+        _fields("model_type", "vocab_size", "hidden_size", "index_head_dim", "index_n_heads", "index_topk",
+                "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "n_shared_experts", "n_routed_experts", "routed_scaling_factor",
+                "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim",
+                "topk_method", "scoring_func", "norm_topk_prob", "n_group", "topk_group", "num_experts_per_tok",
+                "moe_layer_freq", "first_k_dense_replace", "max_position_embeddings", "rms_norm_eps",
+                "rope_parameters", "attention_bias", rope_scaling=None, rope_theta=None,
+                indexer_rope_interleave=True),
+        ("rope_parameters_required",), head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
+        head=HeadKnobs(tie=False),
+        mla=MlaKnobs("absorbed_indexed", rope="initialize", q_direct=False, indexer=IndexerKnobs()),
+        layers=LayerKnobs(mask_array=True),
+        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense_freq",
+                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
+                                        params=_NOAUX_PARAMS),
+                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
+        sanitize=(SanitizeRule("drop_layers_from_n", None, "the multi-token-prediction layers "
+                                                           "(mlx-lm drops every layer index >= N)"),
+                  SanitizeRule("fp8_block_dequant", None, "fp8 weights dequantized to bfloat16"),
+                  _STACK,
+                  SanitizeRule("split_kv_b", None, "kv_b_proj split per head into embed_q | unembed_out")),
+        accepted_values={**_SILU, "scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",),
+                         "rope_interleave": (True,)},
+        ignored_keys={**_ROUTER_TRAINING,
+                      "tie_word_embeddings": "mlx-lm's glm_moe_dsa (deepseek_v32's Model) always has its own lm_head",
+                      "indexer_types": "mlx-lm's glm_moe_dsa runs the full indexer on every layer",
+                      "head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "mlp_layer_types": "mlx-lm reads first_k_dense_replace and moe_layer_freq",
+                      "layer_types": "mlx-lm's glm_moe_dsa runs the indexer on every layer",
+                      "mlp_bias": "mlx-lm's glm_moe_dsa MLPs have no biases",
+                      "num_nextn_predict_layers": "mlx-lm drops the multi-token-prediction layers",
+                      "aux_loss_alpha": "training-time router loss", "seq_aux": "training-time router loss"},
+        notes="GLM-5 (MoE + DSA): deepseek_v32's graph (mlx-lm imports its Model) under glm_moe_dsa's "
+              "ModelArgs: rope_parameters required (rope_scaling = it, rope_theta = its rope_theta), "
+              "the indexer's rope interleaved by default; indexer_types is not read (every layer runs the "
+              "full indexer).",
+    ),
+    ArchDescriptor(
+        "glm4_moe_lite",
+        dict(model_type="glm4_moe_lite", vocab_size=154880, hidden_size=2048, intermediate_size=10240,
+             moe_intermediate_size=1536, num_hidden_layers=47, num_attention_heads=20,
+             num_key_value_heads=20, n_shared_experts=1, n_routed_experts=64, routed_scaling_factor=1.8,
+             kv_lora_rank=512, q_lora_rank=768, qk_rope_head_dim=64, qk_nope_head_dim=192, v_head_dim=256,
+             topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, n_group=1, topk_group=1,
+             num_experts_per_tok=4, moe_layer_freq=1, first_k_dense_replace=1,
+             max_position_embeddings=202752, rms_norm_eps=1e-5, rope_theta=1_000_000.0, rope_scaling=None,
+             attention_bias=False, attention_dropout=0.0, partial_rotary_factor=1.0,
+             tie_word_embeddings=False, num_nextn_predict_layers=1, quantization=None),
+        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
+        head=HeadKnobs(tie=False),
+        mla=MlaKnobs("absorbed", rope="initialize", norm_eps="rms_norm_eps"),
+        layers=LayerKnobs(mask_array=True),
+        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense_freq",
+                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
+                                        params=_NOAUX_PARAMS, renorm="sum_eps"),
+                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
+        sanitize=(SanitizeRule("drop_layers_from_n", None, "the multi-token-prediction layers "
+                                                           "(mlx-lm drops every layer index >= N)"),
+                  _STACK,
+                  SanitizeRule("split_kv_b", None, "kv_b_proj split per head into embed_q | unembed_out")),
+        accepted_values={**_SILU, "scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",),
+                         "rope_interleave": (True,)},
+        ignored_keys={**_ROUTER_TRAINING,
+                      "head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "mlp_layer_types": "mlx-lm reads first_k_dense_replace and moe_layer_freq"},
+        notes="GLM-4.7-Flash: deepseek_v3's absorbed multi-head latent attention (the cache holds the "
+              "normed KV latent and the rope key) with the latent norms at rms_norm_eps; kv_b_proj "
+              "checkpoints split at load; noaux_tc router with 1e-20 added to the renormalizing sum, "
+              "shared experts, dense first layers; every layer index >= N (the MTP layers) dropped. "
+              "partial_rotary_factor and tie_word_embeddings are read but unused (rope over "
+              "qk_rope_head_dim, own lm_head).",
+    ),
+    ArchDescriptor(
+        "mistral4",
+        _fields("model_type", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "n_shared_experts",
+                "n_routed_experts", "routed_scaling_factor", "kv_lora_rank", "q_lora_rank", "norm_topk_prob",
+                "max_position_embeddings", "rms_norm_eps", "topk_group", "num_experts_per_tok",
+                "first_k_dense_replace", "n_group", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+                head_dim=None, qk_head_dim=None, rope_theta=10000.0, tie_word_embeddings=False,
+                rope_interleave=None, attention_bias=False, rope_scaling=None, rope_parameters=None),
+        ("mistral4_rope",), head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        query_scale="llama4",
+        rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
+        mla=MlaKnobs("absorbed_decode", rope="initialize", mscale="apply_yarn", traditional="rope_interleave",
+                     traditional_if_none=True, scaling="rope_parameters"),
+        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense",
+                     router=RouterKnobs("softmax_grouped", norm_topk="norm_topk_prob", params=_NOAUX_PARAMS),
+                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
+        sanitize=(SanitizeRule("int4_packed", None, "packed int4 weights (weight_packed / weight_scale) "
+                                                    "as mlx affine 4-bit (biases -8 * scales)"),
+                  SanitizeRule("fp8_dequant_broadcast", None, "fp8 weights dequantized to bfloat16"),
+                  SanitizeRule("split_gate_up_experts", None, "fused experts.gate_up_proj split in halves"),
+                  _STACK,
+                  SanitizeRule("split_kv_b", None, "kv_b_proj split per head into embed_q | unembed_out"),
+                  SanitizeRule("drop_containing", "rotary_emb.inv_freq", "precomputed rotary freqs")),
+        accepted_values={**_SILU},
+        ignored_keys={**_ROUTER_TRAINING},
+        notes="Mistral 4 text model: multi-head latent attention with the latent and the rope key "
+              "cached (deepseek_v3's cache and decode step; a prefill attends over [q_nope | q_pe] and "
+              "[embed_q(latent) | k_pe] with the plain mask), q times the llama-4 position scale, "
+              "initialize_rope over rope_parameters (traditional unless rope_interleave is false), "
+              "apply_yarn_mscale on the softmax scale; compiled float32 softmax router, grouped top-k, "
+              "renorm by sum + 1e-20, scaling; shared experts; dense first layers; fused gate_up "
+              "experts, int4-packed and fp8 checkpoints load as mlx-lm's. rope_parameters must hold "
+              "llama_4_scaling_beta and original_max_position_embeddings.",
+    ),
+    ArchDescriptor(
+        "minicpm3",
+        _fields("model_type", "hidden_size", "dim_model_base", "num_hidden_layers",
+                "intermediate_size", "num_attention_heads", "rms_norm_eps", "vocab_size",
+                "num_key_value_heads", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                "kv_lora_rank", "scale_depth", "scale_emb", "max_position_embeddings",
+                attention_bias=False, rope_theta=1000000.0, rope_traditional=False, rope_scaling=None,
+                tie_word_embeddings=False),
+        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=False),  # the base, scaling and max positions mla.py reads
+        mla=MlaKnobs(rope="su_scaled", mscale="none", norm_eps=1e-5, q_direct=False, v_dim=None),
+        block=BlockKnobs(residual="scaled", residual_scale="minicpm_depth"),
+        embed_scale="scale_emb", head=HeadKnobs(pre_divide="width_ratio"),
+        accepted_values=_SILU,
+        ignored_keys={"head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim and qk_rope_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "v_head_dim": "mlx-lm's minicpm3 computes hidden_size // num_attention_heads "
+                                    "(transformers writes the same by default)",
+                      "pretraining_tp": "training-time tensor-parallel split; inference is unaffected"},
+        notes="MiniCPM3: multi-head latent attention, expanded as deepseek_v2's (low-rank q always, "
+              "value heads hidden_size // num_attention_heads, latent norms eps 1e-5; the cache holds "
+              "full per-head keys and values, as mlx-lm's) with SuScaledRoPE (the long factors) on the "
+              "rope part and the plain softmax scale; minicpm's muP: embeddings times scale_emb, "
+              "residuals times scale_depth / sqrt(N), the untied head's input divided by "
+              "hidden_size / dim_model_base (tied: embed_tokens.as_linear, undivided). rope_scaling "
+              "must be a dict (mlx-lm reads it whatever its type); rope_traditional is read but unused.",
+    ),
+    ArchDescriptor(
+        "youtu_llm",
+        dict(model_type="youtu_llm", vocab_size=128256, hidden_size=2048, intermediate_size=6144,
+             num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512,
+             q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
+             max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1600000, rope_traditional=True,
+             rope_scaling=None, attention_bias=False, mlp_bias=False, tie_word_embeddings=True),
+        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias", mlp=MlpKnobs(bias="mlp_bias"),
+        rope=RopeKnobs(traditional="rope_traditional"),  # the base, scaling and max positions mla.py reads
+        mla=MlaKnobs(rope="initialize", mscale="none", traditional="rope_traditional", norm_eps="rms_norm_eps"),
+        sanitize=(_DROP_TIED,), accepted_values=_SILU,
+        ignored_keys={"head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "rope_interleave": "mlx-lm's youtu_llm reads rope_traditional (default True)",
+                      "embedding_initializer_range": "training-time initialization"},
+        notes="Youtu-LLM: deepseek_v2's expanded multi-head latent attention (the cache holds full "
+              "per-head keys and values, as mlx-lm's) with initialize_rope over the rope part "
+              "(traditional per rope_traditional), the plain softmax scale (no yarn mscale) and the "
+              "latent norms at rms_norm_eps; dense SwiGLU MLP, tied by default.",
     ),
     ArchDescriptor(
         "gpt_oss",
