@@ -8,6 +8,11 @@ failed while float32 / bfloat16 were bit-exact: a cross-engine difference only s
 about mlxbun when each engine reproduces itself.
 
     python3 benchmarks/cuda_hybrid_probe.py zoo:lfm2@q4 zoo:mamba2@q4 ... [--zoo-cache DIR]
+
+With --modules it localizes instead: every Linear / QuantizedLinear / Conv1d of mlx-lm's own model
+three times on one random input (a prompt-length batch and a single row), printing the modules
+whose outputs differ run to run; then each engine tapped against a second load of itself
+(`first_divergence`): where a run first differs.
 """
 
 import argparse
@@ -15,8 +20,11 @@ import json
 import sys
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from mlxbun.locate import locate, open_runtime
+from mlxbun.parity.localize import first_divergence
 from mlxbun.parity.oracle import default_prompt_ids
 
 RUNS = 3
@@ -48,12 +56,16 @@ def _line(name: str, label: str, what: str, runs: list) -> str:
     return f"{name} [{label}] {what}: run-to-run bit-equal {same}, max |diff| {diff:.3g}"
 
 
-def probe(name: str, zoo_root) -> list[str]:
+def _checkpoint_and_ids(name: str, zoo_root):
     path = locate(name, zoo_root=zoo_root)
     config = json.loads((path / "config.json").read_text())
-    vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]
+    return path, default_prompt_ids(config.get("vocab_size") or config["text_config"]["vocab_size"])
+
+
+def probe(name: str, zoo_root) -> list[str]:
+    path, ids = _checkpoint_and_ids(name, zoo_root)
     engines = {e: open_runtime(path, e) for e in ("mlx-lm", "mlxbun")}
-    ids = mx.array([default_prompt_ids(vocab)])
+    ids = mx.array([ids])
     lines = []
     for label, fn in (("prefill", _prefill), (f"prefill + {DECODE} decode steps", _decode)):
         first = {}
@@ -68,14 +80,55 @@ def probe(name: str, zoo_root) -> list[str]:
     return lines
 
 
+KINDS = (nn.Linear, nn.QuantizedLinear, nn.Conv1d)
+
+
+def _input(module, rows: int) -> mx.array:
+    w = module.weight
+    if isinstance(module, nn.Conv1d):  # weight (out, kernel, in / groups); input (B, L, in)
+        width = w.shape[-1] * module.groups if hasattr(module, "groups") else w.shape[-1]
+        shape = (1, max(rows, w.shape[1]), width)
+    else:
+        width = w.shape[-1] * 32 // module.bits if isinstance(module, nn.QuantizedLinear) else w.shape[-1]
+        shape = (1, rows, width)
+    dtype = module.scales.dtype if isinstance(module, nn.QuantizedLinear) else w.dtype
+    return mx.random.normal(shape, key=mx.random.key(rows)).astype(dtype)
+
+
+def probe_modules(name: str, zoo_root) -> list[str]:
+    module = open_runtime(name, "mlx-lm", zoo_root=zoo_root).module
+    lines, checked = [], 0
+    for path, m in tree_flatten(module.leaf_modules(), is_leaf=lambda x: isinstance(x, nn.Module)):
+        if not isinstance(m, KINDS):
+            continue
+        for rows in (40, 1):
+            x = _input(m, rows)
+            outs = [m(x) for _ in range(RUNS)]
+            mx.eval(outs)
+            checked += 1
+            if not all(mx.array_equal(outs[0], o) for o in outs[1:]):
+                diff = max(float(mx.abs(outs[0].astype(mx.float32) - o.astype(mx.float32)).max()) for o in outs[1:])
+                lines.append(f"{name}: {path} ({type(m).__name__} {tuple(m.weight.shape)}, {rows} rows, "
+                             f"{x.dtype}): NOT reproducible, max |diff| {diff:.3g}")
+    lines.append(f"{name}: {checked} module runs checked, {len(lines)} not reproducible")
+    # the whole model against a second load of itself, tapped: where a run first differs
+    path, ids = _checkpoint_and_ids(name, zoo_root)
+    for engine in ("mlx-lm", "mlxbun"):
+        found = first_divergence(open_runtime(path, engine), open_runtime(path, engine), ids[:-4], ids[-4:])
+        lines.append(f"{name}: {engine} vs itself, tapped prefill + 4 decode steps: "
+                     f"{'bit-equal' if found is None else 'first differs at ' + str(found)}")
+    return lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="+")
     ap.add_argument("--zoo-cache", default=None)
+    ap.add_argument("--modules", action="store_true", help="probe each module, then each engine tapped against itself")
     args = ap.parse_args(argv)
     print(f"device: {mx.default_device()}", flush=True)
     for name in args.names:
-        for line in probe(name, args.zoo_cache):
+        for line in (probe_modules if args.modules else probe)(name, args.zoo_cache):
             print(line, flush=True)
 
 

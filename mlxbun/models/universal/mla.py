@@ -258,6 +258,12 @@ class MlaAbsorbedAttention(nn.Module):
         kv_latent = mx.expand_dims(kv_latent, axis=1)
         if cache is not None:
             kv_latent, k_pe = cache.update_and_fetch(kv_latent, k_pe)
+        return self._attend_latent(q_nope, q_pe, kv_latent, k_pe, mask, cache)
+
+    def _attend_latent(self, q_nope, q_pe, kv_latent, k_pe, mask, cache):
+        """deepseek_v3's absorbed attention over the (cached) latent: the rope part as an additive
+        score mask, q absorbed into the latent on a decode step, the values unembedded after it."""
+        B, _, L, _ = q_nope.shape
         pe_scores = (q_pe * self.scale) @ k_pe.swapaxes(-1, -2)
         if mask is not None:
             pe_scores = mx.where(mask, pe_scores, mx.array(mx.finfo(pe_scores.dtype).min, pe_scores.dtype))
@@ -360,20 +366,7 @@ class MlaIndexedAttention(MlaAbsorbedAttention):
                 mask = sparse_mask
         if cache[0] is not None:  # as mlx-lm: the indexer's cache evaluated with the latent's
             cache[0].keys = mx.depends(cache[0].keys, (cache[1].keys, cache[1].values))
-        pe_scores = (q_pe * self.scale) @ k_pe.swapaxes(-1, -2)
-        if mask is not None:
-            pe_scores = mx.where(mask, pe_scores, mx.array(mx.finfo(pe_scores.dtype).min, pe_scores.dtype))
-        if L == 1:
-            q_nope = self.embed_q(q_nope)
-            k = v = kv_latent
-        else:
-            k = self.embed_q(kv_latent, transpose=False)
-            v = self.unembed_out(kv_latent)
-        output = scaled_dot_product_attention(q_nope, k, v, cache=cache[0], scale=self.scale, mask=pe_scores)
-        if L == 1:
-            output = self.unembed_out(output)
-        output = output.transpose(0, 2, 1, 3).reshape(B, L, -1)
-        return self.o_proj(output)
+        return self._attend_latent(q_nope, q_pe, kv_latent, k_pe, mask, cache[0])
 
 
 _MLA = exhaustive(MlaKind, {MlaKind.EXPANDED: MlaAttention, MlaKind.ABSORBED: MlaAbsorbedAttention,
