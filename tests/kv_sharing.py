@@ -1,5 +1,6 @@
 """Helpers of the cross-layer KV-sharing tests (hunyuan's CLA: tests/test_moe_kv_sharing.py;
-gemma3n's shared layers: tests/test_gemma3n_kv_sharing.py): compare two generation streams step
+gemma3n's shared layers: tests/test_gemma3n_kv_sharing.py; gemma4_text's:
+tests/test_gemma4_kv_sharing.py): compare two generation streams step
 by step, and run mlx-lm's own stream_generate on the same prompt and KV options."""
 
 from __future__ import annotations

@@ -27,9 +27,8 @@ from mlxbun.generate import stream_generate
 from mlxbun.generation_caches import make_generation_cache
 from mlxbun.locate import locate
 from mlxbun.names import parse_model
+from tests.kv_sharing import PROMPT, N, changed, oracle_stream, same_stream
 
-PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
-N = 12
 _S, _F = "sliding_attention", "full_attention"
 
 
@@ -77,19 +76,6 @@ def all_full(tmp_path_factory):
     sides = _sides(out)
     assert [s.previous_kv for s in sides[0]._specs] == [0, 1, 1, 1]
     return sides
-
-
-def _same(a, b):
-    assert [r.token for r in a] == [r.token for r in b]
-    for i, (x, y) in enumerate(zip(a, b)):
-        assert mx.array_equal(x.logprobs, y.logprobs).item(), f"step {i}: logprobs differ"
-
-
-def _oracle(oracle, otok, **options):
-    from mlx_lm import stream_generate as mlx_stream
-
-    options.setdefault("quantized_kv_start", 0)  # mlxbun's default (mlx-lm's is 5000)
-    return list(mlx_stream(oracle, otok, PROMPT, max_tokens=N, **options))
 
 
 @contextlib.contextmanager
@@ -142,12 +128,12 @@ def test_full_precision_and_turboquant_caches_keep_mlx_lm_s_sharing(request, fix
     ours, module, oracle, tok, otok = request.getfixturevalue(fixture)
     options = PLAIN[name]
     got = list(stream_generate(ours, tok, PROMPT, max_tokens=N, **options))
-    _same(got, list(stream_generate(module, tok, PROMPT, max_tokens=N, **options)))
+    same_stream(got, list(stream_generate(module, tok, PROMPT, max_tokens=N, **options)))
     if name in ("plain", "chunked"):  # mlx-lm's own generate and caches (its make_cache ignores
-        _same(got, _oracle(oracle, otok, **options))  # max_kv_size)
+        same_stream(got, oracle_stream(oracle, otok, **options))  # max_kv_size)
     else:  # the cache changed the numbers (it ran)
         plain = list(stream_generate(ours, tok, PROMPT, max_tokens=N))
-        assert not all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(got, plain))
+        assert changed(got, plain)
 
 
 QUANTIZED = {"q4": dict(kv_bits=4, kv_group_size=32), "q8_mid_decode": dict(kv_bits=8, kv_group_size=32,
@@ -160,9 +146,9 @@ def test_uniform_quantized_kv_reads_the_producer_s_packed_keys(all_full, name):
     options = QUANTIZED[name]
     got = list(stream_generate(ours, tok, PROMPT, max_tokens=N, **options))
     with _shared_quantized(options["kv_group_size"], options["kv_bits"]):
-        _same(got, list(stream_generate(module, tok, PROMPT, max_tokens=N, **options)))
+        same_stream(got, list(stream_generate(module, tok, PROMPT, max_tokens=N, **options)))
     plain = list(stream_generate(ours, tok, PROMPT, max_tokens=N))
-    assert not all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(got, plain))
+    assert changed(got, plain)
 
 
 def test_a_plan_quantizing_a_producer_only(wide):
@@ -178,9 +164,9 @@ def test_a_plan_quantizing_a_producer_only(wide):
     got = list(stream_generate(ours, tok, PROMPT, max_tokens=N, prompt_cache=cache, kv_config=plan))
     assert [type(c) for c in cache] == [RotatingKVCache, RotatingKVCache, QuantizedKVCache]
     with _shared_quantized(32, 4):
-        _same(got, list(stream_generate(module, tok, PROMPT, max_tokens=N, kv_config=plan)))
+        same_stream(got, list(stream_generate(module, tok, PROMPT, max_tokens=N, kv_config=plan)))
     plain = list(stream_generate(ours, tok, PROMPT, max_tokens=N))
-    assert not all(mx.array_equal(a.logprobs, b.logprobs).item() for a, b in zip(got, plain))
+    assert changed(got, plain)
 
 
 @pytest.mark.parametrize("kv", [dict(), dict(kv_bits=4, kv_group_size=32)], ids=["plain", "q4"])
@@ -198,11 +184,11 @@ def test_a_saved_prompt_cache_continues_the_sharing(all_full, tmp_path, kv):
     pc.save_prompt_cache(file, live, model_identity=model_identity_of(ours))
     continued = list(stream_generate(ours, tok, tail, max_tokens=N, prompt_cache=live, **kv))
     from_file = list(stream_generate(ours, tok, tail, max_tokens=N, prompt_cache=str(file), **kv))
-    _same(from_file, continued)
+    same_stream(from_file, continued)
     ref = make_generation_cache(module, **kv)
     with _shared_quantized(32, 4):
         list(stream_generate(module, tok, head, max_tokens=2, prompt_cache=ref, **kv))
-        _same(continued, list(stream_generate(module, tok, tail, max_tokens=N, prompt_cache=ref, **kv)))
+        same_stream(continued, list(stream_generate(module, tok, tail, max_tokens=N, prompt_cache=ref, **kv)))
 
 
 @pytest.mark.parametrize("fixture,kv", [("wide", dict()), ("wide", dict(max_kv_size=24)),

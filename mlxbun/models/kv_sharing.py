@@ -1,6 +1,11 @@
 """Cross-layer KV sharing in the same forward: how a layer that holds no cache of its own attends
-over keys / values another layer computed (gemma4_text's KV-shared layers; a piece to unify with
-other sharing schemes, e.g. gemma3n's, which reads the designated layer's cache).
+over keys / values another layer computed (gemma4_text's KV-shared layers).
+
+mlx-lm shares KV across layers three ways, and mlxbun follows each as written: gemma4_text hands
+this forward's keys / values from the producing layer to the sharing layers (this module);
+gemma3n's shared layers read their owner's cache (`cache.keys_and_values()`, in
+models/gemma3n/layers.py), so every cache kind shares by construction; hunyuan's CLA shares the
+projections before any cache (models/universal: each layer keeps its own cache).
 
 mlx-lm's sharing layers call `scaled_dot_product_attention(..., cache=None)` on the arrays the
 producing layer's `update_and_fetch` returned: the fused kernel, which mlxbun's dispatch
