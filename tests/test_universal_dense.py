@@ -280,7 +280,7 @@ def test_tree_caches_and_surface_match_mlx_lm(zoo, arch):
 
 # VLM wrappers around another file's text model: the file mlx-lm builds it from (mistral3: the
 # llama text model, the one its row runs)
-_WRAPPED = {"gemma3": "gemma3_text", "mistral3": "llama"}
+_WRAPPED = {"gemma3": "gemma3_text", "mistral3": "llama", "pixtral": "llama"}
 
 
 def test_descriptor_fields_are_mlx_lm_model_args():
@@ -291,6 +291,8 @@ def test_descriptor_fields_are_mlx_lm_model_args():
         if mt in _WRAPPED:  # gemma3, mistral3: the wrapped file's args
             injected = args_cls(model_type=mt, text_config={}).text_config  # the wrapper's defaults
             args_cls = importlib.import_module(f"mlx_lm.models.{_WRAPPED[mt]}").ModelArgs
+            names = {f.name for f in dataclasses.fields(args_cls)}  # from_dict keeps its fields only
+            injected = {k: v for k, v in injected.items() if k in names}
         elif d.names.wrapper:  # a VLM wrapper (qwen3_5): the text model's args, from its file
             model_cls = importlib.import_module(f"mlx_lm.models.{mt}").Model
             args_cls = next(vars(importlib.import_module(c.__module__))["TextModelArgs"]

@@ -43,6 +43,7 @@ MANIFEST = {
         Entry("gemma3_text"),
         Entry("gemma3"),  # gemma3_text behind the VLM wrapper (language_model.*, text_config)
         Entry("mistral3"),  # llama's text model behind the VLM wrapper
+        Entry("pixtral"),  # llama's text model behind the VLM wrapper, always untied
         Entry("olmo3"),
         Entry("cohere"),
         Entry("cohere2"),

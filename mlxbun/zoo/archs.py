@@ -29,6 +29,7 @@ from mlxbun.zoo.arch_row import (
     Arch,
 )
 from mlxbun.zoo.archs_hybrid import HYBRID_ROWS
+from mlxbun.zoo.archs_wrappers import WRAPPER_ROWS
 from mlxbun.zoo.config_fixups import (
     cohere2_post,
     exaone4_post,
@@ -391,7 +392,7 @@ _ROWS = (
 
 
 
-ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + HYBRID_ROWS}
+ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + HYBRID_ROWS + WRAPPER_ROWS}
 ARCHS: tuple[str, ...] = tuple(ARCH_TABLE)
 
 

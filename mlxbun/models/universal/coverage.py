@@ -107,6 +107,8 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
                         for k in outer if k != "text_config" and k not in d.wrapper_fields})
         ignored.update({f"text_config.{k}": f"the wrapper writes its own {k} over it"
                         for k in d.wrapper_fields if k in outer["text_config"]})
+        ignored.update({f"text_config.{k}": f"the wrapper sets {k}={v!r} whatever text_config holds"
+                        for k, v in d.wrapper_sets.items() if k in outer["text_config"]})
     offending: dict[str, str] = {}
     for key, value in config.items():
         if key in d.accepted_values and value is not None and value not in d.accepted_values[key]:

@@ -195,6 +195,7 @@ def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Lin
                                             "args are text_config's" + "".join(
                                                 f", {k} the top-level one (default {v})"
                                                 for k, v in d.wrapper_fields.items())
+                                            + "".join(f", {k} always {v!r}" for k, v in d.wrapper_sets.items())
                                             + "; the text model runs alone"),)),)
           if n.wrapper else ()),
         ("embedding", tuple(_embedding(d, a))),

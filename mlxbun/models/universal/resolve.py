@@ -88,15 +88,15 @@ def _kv_proj(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
 def text_config(d: ArchDescriptor, config: Mapping[str, Any]) -> Mapping[str, Any]:
     """What a wrapper row's ModelArgs read: text_config, else the whole config (qwen3_5's
     `ModelArgs.from_dict`), with the wrapper's own fields written over it (gemma3's
-    `__post_init__`: the top-level vocab_size, else its default); a row without a wrapper
-    reads the whole config."""
+    `__post_init__`: the top-level vocab_size, else its default) and the values it sets
+    (pixtral's untied head); a row without a wrapper reads the whole config."""
     text = config.get("text_config") if d.names.wrapper else None
     if text is None:
         return config
     if not isinstance(text, Mapping):
         raise _fail(d.model_type, f"'text_config' must be an object, got {text!r}"[:200])
-    if d.wrapper_fields:
-        return {**text, **{k: config.get(k, v) for k, v in d.wrapper_fields.items()}}
+    if d.wrapper_fields or d.wrapper_sets:
+        return {**text, **{k: config.get(k, v) for k, v in d.wrapper_fields.items()}, **d.wrapper_sets}
     return text
 
 

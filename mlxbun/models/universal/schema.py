@@ -42,6 +42,7 @@ from mlxbun.models.universal.kinds import (
     KVShare,
     LayerKinds,
     MakeCache,
+    MlaKind,
     MlpKind,
     MlpSize,
     NopeRule,
@@ -58,7 +59,6 @@ from mlxbun.models.universal.kinds import (
     Residual,
     ResidualScale,
     RopeKind,
-    MlaKind,
     SanitizeOp,
     StrEnum,
     SwigluClamp,
@@ -254,6 +254,9 @@ class ArchDescriptor:
     # a VLM wrapper's own ModelArgs fields (top-level key -> default) its __post_init__ writes
     # over text_config's (gemma3: vocab_size, 262208); needs names.wrapper
     wrapper_fields: Mapping[str, Any] = field(default_factory=dict)
+    # text_config fields the wrapper's __post_init__ sets whatever text_config holds (pixtral:
+    # tie_word_embeddings False); needs names.wrapper
+    wrapper_sets: Mapping[str, Any] = field(default_factory=dict)
     # attention
     qkv: QKV = _kind(QKV, QKV.SEPARATE)
     attn_bias: bool | str = False
@@ -513,6 +516,10 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error("layers.heads_per_layer needs n_kv_heads, excludes sliding_attn / sliding_heads")
     if d.wrapper_fields and (not d.names.wrapper or not set(d.wrapper_fields) <= set(d.fields)):
         raise d.error("wrapper_fields needs names.wrapper and names ModelArgs fields only")
+    if d.wrapper_sets and (not d.names.wrapper or not set(d.wrapper_sets) <= set(d.fields)
+                           or set(d.wrapper_sets) & set(d.wrapper_fields)):
+        raise d.error("wrapper_sets needs names.wrapper and names ModelArgs fields only, none of "
+                      "wrapper_fields'")
     if d.hybrid is not None:
         check_hybrid(d)
     if d.moe is not None:

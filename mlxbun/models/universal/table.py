@@ -37,6 +37,7 @@ from mlxbun.models.universal.schema_moe import (
     StackExperts,
 )
 from mlxbun.models.universal.table_hybrid import HYBRID_ROWS
+from mlxbun.models.universal.table_wrappers import wrapper_rows
 
 __all__ = ["DESCRIPTORS"]
 
@@ -1259,4 +1260,5 @@ _MOE_ROWS += [
     ),
 ]
 
-DESCRIPTORS: dict[str, ArchDescriptor] = {d.model_type: d for d in _ROWS + _MOE_ROWS + HYBRID_ROWS}
+_TEXT_ROWS = {d.model_type: d for d in _ROWS + _MOE_ROWS + HYBRID_ROWS}
+DESCRIPTORS: dict[str, ArchDescriptor] = {**_TEXT_ROWS, **{d.model_type: d for d in wrapper_rows(_TEXT_ROWS)}}

@@ -1,0 +1,122 @@
+"""The VLM wrappers built from another file's text row (models/universal/table_wrappers.py):
+pixtral, qwen2_vl, qwen3_vl, lfm2-vl... Each: a hub-layout checkpoint with the towers' keys runs
+bit-exact as mlx-lm's text path; the wrapper's own ModelArgs (defaults, values it sets); keys
+the wrapper's sanitize leaves are refused as mlx-lm's strict load refuses them; a call that
+needs the vision tower is refused by name. Every zoo variant's logits vs mlx-lm are
+tests/test_universal_dense.py's (manifest)."""
+
+import json
+
+import mlx.core as mx
+import pytest
+
+from mlxbun.errors import LoadError, UnsupportedModelError
+from mlxbun.models.universal.coverage import check_coverage
+from mlxbun.models.universal.loader import load_universal
+from mlxbun.models.universal.resolve import model_args
+from mlxbun.models.universal.table import DESCRIPTORS
+from mlxbun.zoo.archs import tiny_config
+from tests.test_wrappers import IDS, _oracle, _rewrite
+
+
+def _with(weights: dict, extra: dict) -> dict:
+    return {**weights, **{k: mx.ones(shape) for k, shape in extra.items()}}
+
+
+def _build(cfg: dict, out, seed: int = 3):
+    """A checkpoint of `cfg` built by mlx-lm's own model (its layout, as mlx-lm saves it)."""
+    from mlx_lm.utils import save_config
+
+    from mlxbun.zoo.weights import build_model, save_weights
+
+    out.mkdir()
+    save_weights(build_model(cfg, seed=seed), out)
+    save_config(cfg, out / "config.json")
+    return out
+
+
+# ---------------------------------------------------------------- every wrapper row
+
+_TOWERS = {  # what each wrapper's hub checkpoints hold beside language_model.*
+    "pixtral": {"vision_tower.transformer.layers.0.attention.q_proj.weight": (8, 8),
+                "multi_modal_projector.linear_1.weight": (64, 8)},
+}
+
+
+@pytest.mark.parametrize("arch", sorted(_TOWERS))
+def test_a_hub_checkpoint_with_the_towers_runs_as_mlx_lms_text_path(arch, zoo, tmp_path):
+    hub = _rewrite(zoo(arch), tmp_path / "hub", lambda w: _with(w, _TOWERS[arch]))
+    ours, ref = load_universal(hub), _oracle(hub)
+    assert set(_TOWERS[arch]) <= set(ours.audit.dropped)
+    assert mx.array_equal(ours(IDS), ref(IDS))
+
+
+@pytest.mark.parametrize("arch", sorted(_TOWERS))
+def test_a_vision_request_is_refused_by_name(arch, zoo):
+    ours = load_universal(zoo(arch))
+    with pytest.raises(UnsupportedModelError, match=f"{arch}: pixel_values needs the VLM's vision"):
+        ours(IDS, pixel_values=mx.zeros((1, 3, 32, 32)))
+    with pytest.raises(UnsupportedModelError, match="input_embeddings"):
+        ours(IDS, input_embeddings=mx.zeros((1, 12, 64)))
+    with pytest.raises(TypeError, match="pixel_valuez"):
+        ours(IDS, pixel_valuez=1)
+    assert mx.array_equal(ours(IDS, pixel_values=None), ours(IDS))  # a text-only call's None
+
+
+def test_a_text_row_refuses_media_as_a_text_model(zoo):
+    with pytest.raises(UnsupportedModelError, match="llama is a text model"):
+        load_universal(zoo("llama"))(IDS, pixel_values=mx.zeros((1, 3, 4, 4)))
+
+
+# ---------------------------------------------------------------- pixtral
+
+
+def test_pixtral_is_untied_whatever_text_config_says(zoo, tmp_path):
+    def tie(cfg):
+        cfg["text_config"]["tie_word_embeddings"] = True
+
+    tied = _rewrite(zoo("pixtral"), tmp_path / "tied", lambda w: w, tie)
+    ours, ref = load_universal(tied), _oracle(tied)
+    assert not ours.tied and mx.array_equal(ours(IDS), ref(IDS))
+    report = check_coverage("pixtral", json.loads((tied / "config.json").read_text()))
+    assert report.ok and "sets tie_word_embeddings=False" in report.ignored["text_config.tie_word_embeddings"]
+    headless = _rewrite(zoo("pixtral"), tmp_path / "headless",
+                        lambda w: {k: v for k, v in w.items() if "lm_head" not in k}, tie)
+    with pytest.raises(LoadError, match="language_model.lm_head.weight"):
+        load_universal(headless)  # mlx-lm: a missing parameter (strict load)
+
+
+def test_pixtral_heads_default_to_32(tmp_path):
+    cfg = tiny_config("pixtral")
+    del cfg["text_config"]["num_attention_heads"]
+    out = _build(cfg, tmp_path / "heads")
+    ours, ref = load_universal(out), _oracle(out)
+    assert ours.args.n_heads == ref.language_model.args.num_attention_heads == 32
+    assert mx.array_equal(ours(IDS), ref(IDS))
+
+
+def test_pixtral_keeps_what_its_sanitize_keeps(zoo, tmp_path):
+    """pixtral's sanitize pops the towers only (llama's rotary buffers and transformers 5's
+    model.language_model stay): mlx-lm's strict load refuses them, so does the audit."""
+    buffer = "language_model.model.layers.0.self_attn.rotary_emb.inv_freq"
+    extra = _rewrite(zoo("pixtral"), tmp_path / "buffer", lambda w: _with(w, {buffer: (8,)}))
+    with pytest.raises(ValueError, match="rotary_emb"):
+        _oracle(extra)
+    with pytest.raises(LoadError, match="rotary_emb"):
+        load_universal(extra)
+
+
+def test_wrapper_sets_need_a_wrapper_and_fields_of_the_row():
+    import dataclasses
+
+    from mlxbun.models.universal.schema import DescriptorError
+
+    row = DESCRIPTORS["pixtral"]
+    with pytest.raises(DescriptorError, match="wrapper_sets"):
+        dataclasses.replace(row, names=dataclasses.replace(row.names, wrapper=None))
+    with pytest.raises(DescriptorError, match="wrapper_sets"):
+        dataclasses.replace(row, wrapper_sets={"not_a_field": 1})
+    with pytest.raises(DescriptorError, match="wrapper_sets"):
+        dataclasses.replace(row, wrapper_fields={"tie_word_embeddings": True})
+    assert model_args(row, {**tiny_config("pixtral"), "tie_word_embeddings": True})[
+        "tie_word_embeddings"] is False
