@@ -37,21 +37,45 @@ def _build(cfg: dict, out, seed: int = 3):
 
 # ---------------------------------------------------------------- every wrapper row
 
-_TOWERS = {  # what each wrapper's hub checkpoints hold beside language_model.*
-    "pixtral": {"vision_tower.transformer.layers.0.attention.q_proj.weight": (8, 8),
-                "multi_modal_projector.linear_1.weight": (64, 8)},
+_QWEN_VISUAL = {"visual.patch_embed.proj.weight": (32, 3, 2, 14, 14),
+                "visual.merger.mlp.0.weight": (64, 128)}
+
+
+def _unprefixed(w: dict) -> dict:
+    """transformers 4's Qwen-VL layout: model.*, lm_head.* at the top."""
+    return {k.removeprefix("language_model."): v for k, v in w.items()}
+
+
+def _language_model_under_model(w: dict) -> dict:
+    """transformers 5's layout: model.language_model.*, lm_head at the top."""
+    return {k.replace("language_model.model.", "model.language_model.")
+            .replace("language_model.lm_head.", "lm_head."): v for k, v in w.items()}
+
+
+# what each wrapper's hub checkpoints hold: (the zoo's language_model.* moved, the towers' keys)
+_HUB = {
+    "pixtral": (lambda w: w, {"vision_tower.transformer.layers.0.attention.q_proj.weight": (8, 8),
+                              "multi_modal_projector.linear_1.weight": (64, 8)}),
+    "qwen2_vl": (_unprefixed, _QWEN_VISUAL),
+    "qwen2_vl-t5": (_language_model_under_model, {f"model.{k}": s for k, s in _QWEN_VISUAL.items()}),
+    "qwen3_vl": (_unprefixed, {**_QWEN_VISUAL, "visual.deepstack_merger_list.0.norm.weight": (128,)}),
+    "qwen3_vl-t5": (_language_model_under_model, {f"model.{k}": s for k, s in _QWEN_VISUAL.items()}),
 }
+_ARCHS = sorted({k.partition("-")[0] for k in _HUB})
 
 
-@pytest.mark.parametrize("arch", sorted(_TOWERS))
-def test_a_hub_checkpoint_with_the_towers_runs_as_mlx_lms_text_path(arch, zoo, tmp_path):
-    hub = _rewrite(zoo(arch), tmp_path / "hub", lambda w: _with(w, _TOWERS[arch]))
+@pytest.mark.parametrize("layout", sorted(_HUB))
+def test_a_hub_checkpoint_with_the_towers_runs_as_mlx_lms_text_path(layout, zoo, tmp_path):
+    move, towers = _HUB[layout]
+    src = zoo(layout.partition("-")[0])
+    hub = _rewrite(src, tmp_path / "hub", lambda w: _with(move(w), towers))
     ours, ref = load_universal(hub), _oracle(hub)
-    assert set(_TOWERS[arch]) <= set(ours.audit.dropped)
+    assert set(towers) <= set(ours.audit.dropped)
     assert mx.array_equal(ours(IDS), ref(IDS))
+    assert mx.array_equal(ours(IDS), load_universal(src)(IDS))  # the same tensors, moved
 
 
-@pytest.mark.parametrize("arch", sorted(_TOWERS))
+@pytest.mark.parametrize("arch", _ARCHS)
 def test_a_vision_request_is_refused_by_name(arch, zoo):
     ours = load_universal(zoo(arch))
     with pytest.raises(UnsupportedModelError, match=f"{arch}: pixel_values needs the VLM's vision"):
@@ -120,3 +144,49 @@ def test_wrapper_sets_need_a_wrapper_and_fields_of_the_row():
         dataclasses.replace(row, wrapper_fields={"tie_word_embeddings": True})
     assert model_args(row, {**tiny_config("pixtral"), "tie_word_embeddings": True})[
         "tie_word_embeddings"] is False
+
+
+# ---------------------------------------------------------------- qwen2_vl, qwen3_vl
+
+
+def test_qwen2_vl_reads_a_config_without_text_config_as_mlx_lm(zoo, tmp_path):
+    """Qwen2-VL's hub configs are flat (the text keys at the top beside vision_config): mlx-lm's
+    from_dict hands the whole config to qwen2; the VLM's own keys are ignored."""
+    def flatten(cfg):
+        text = cfg.pop("text_config")
+        cfg.update(text, model_type="qwen2_vl",  # the hub's, which mlx-lm's save_config drops
+                   vision_config=tiny_config("qwen2_vl")["vision_config"])
+
+    flat = _rewrite(zoo("qwen2_vl"), tmp_path / "flat", _unprefixed, flatten)
+    ours, ref = load_universal(flat), _oracle(flat)
+    assert mx.array_equal(ours(IDS), ref(IDS))
+    report = check_coverage("qwen2_vl", json.loads((flat / "config.json").read_text()))
+    assert report.ok and "the VLM's own" in report.ignored["vision_config"]
+    assert "rope_scaling" in report.understood
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_vl"])
+def test_qwen_vl_refuses_what_the_text_models_sanitize_would_drop(arch, zoo, tmp_path):
+    """The wrapper's sanitize does not call qwen2's / qwen3's: a tied text_config with the head
+    still in the checkpoint fails mlx-lm's strict load, and the audit names the head."""
+    def tie(cfg):
+        cfg["text_config"]["tie_word_embeddings"] = True
+
+    tied = _rewrite(zoo(arch), tmp_path / "tied", lambda w: w, tie)
+    with pytest.raises(ValueError, match="lm_head"):
+        _oracle(tied)
+    with pytest.raises(LoadError, match="language_model.lm_head.weight"):
+        load_universal(tied)
+    headless = _rewrite(zoo(arch), tmp_path / "headless",
+                        lambda w: {k: v for k, v in w.items() if "lm_head" not in k}, tie)
+    ours, ref = load_universal(headless), _oracle(headless)
+    assert ours.tied and mx.array_equal(ours(IDS), ref(IDS))
+
+
+def test_an_mrope_section_list_of_another_length_is_refused_as_mlx_lm_asserts():
+    from mlxbun.models.universal.loader import build_model
+
+    cfg = tiny_config("qwen2_vl")
+    cfg["text_config"]["rope_scaling"]["mrope_section"] = [4, 4]
+    with pytest.raises(UnsupportedModelError, match="MRoPE currently only supports 3 sections"):
+        build_model(cfg)

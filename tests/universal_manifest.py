@@ -44,6 +44,8 @@ MANIFEST = {
         Entry("gemma3"),  # gemma3_text behind the VLM wrapper (language_model.*, text_config)
         Entry("mistral3"),  # llama's text model behind the VLM wrapper
         Entry("pixtral"),  # llama's text model behind the VLM wrapper, always untied
+        Entry("qwen2_vl"),  # qwen2's text model behind the VLM wrapper (mrope: plain RoPE on text)
+        Entry("qwen3_vl"),  # qwen3's text model behind the VLM wrapper
         Entry("olmo3"),
         Entry("cohere"),
         Entry("cohere2"),

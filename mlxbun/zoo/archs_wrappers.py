@@ -4,7 +4,14 @@ transformers configuration class (wrapper_configs.py); no vision weights are bui
 from __future__ import annotations
 
 from mlxbun.zoo.arch_row import Arch
-from mlxbun.zoo.wrapper_configs import PIXTRAL_VISION, vlm_post
+from mlxbun.zoo.wrapper_configs import (
+    PIXTRAL_VISION,
+    QWEN2_VL_VISION,
+    QWEN3_VL_VISION,
+    qwen2_vl_text,
+    qwen3_vl_text,
+    vlm_post,
+)
 
 __all__ = ["WRAPPER_ROWS"]
 
@@ -14,4 +21,14 @@ WRAPPER_ROWS = (
     Arch("pixtral", "LlavaForConditionalGeneration", "MistralConfig",
          knobs={"sliding_window": None},
          post=vlm_post("LlavaConfig", "mistral", {**PIXTRAL_VISION, "model_type": "pixtral"})),
+    # qwen2's text model behind Qwen2-VL's wrapper; mrope sections summing to head_dim / 2
+    Arch("qwen2_vl", "Qwen2VLForConditionalGeneration", "Qwen2VLTextConfig", kv_heads=2,
+         knobs={"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                    "mrope_section": [2, 3, 3]}},
+         post=vlm_post("Qwen2VLConfig", "qwen2_vl_text", QWEN2_VL_VISION, inner=qwen2_vl_text)),
+    # qwen3's text model behind Qwen3-VL's wrapper (interleaved mrope sections)
+    Arch("qwen3_vl", "Qwen3VLForConditionalGeneration", "Qwen3VLTextConfig", kv_heads=2,
+         knobs={"rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                    "mrope_section": [2, 3, 3]}},
+         post=vlm_post("Qwen3VLConfig", "qwen3_vl_text", QWEN3_VL_VISION, inner=qwen3_vl_text)),
 )

@@ -8,7 +8,8 @@ from typing import Callable, Mapping
 
 from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
 
-__all__ = ["LFM2_VL_VISION", "PIXTRAL_VISION", "QWEN2_VL_VISION", "QWEN3_VL_VISION", "vlm_post"]
+__all__ = ["LFM2_VL_VISION", "PIXTRAL_VISION", "QWEN2_VL_VISION", "QWEN3_VL_VISION", "qwen2_vl_text",
+           "qwen3_vl_text", "vlm_post"]
 
 # tiny towers (one layer, width 32) in each wrapper's vision_config
 PIXTRAL_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
@@ -36,3 +37,21 @@ def vlm_post(outer: str, text_type: str, vision: Mapping, *,
         cfg.clear()
         cfg.update(wrapper, **dict(top or {}), text_config=text)
     return post
+
+
+def qwen2_vl_text(cfg: dict) -> None:
+    # Qwen2-VL / Qwen2.5-VL hub configs: rope_theta and an mrope rope_scaling (transformers 5
+    # folds it into rope_parameters as type default, which mlx-lm's qwen2 does not read), and
+    # tie_word_embeddings among the text keys (the text class has none; qwen2's default ties)
+    rp = cfg.pop("rope_parameters")
+    cfg["tie_word_embeddings"] = False
+    cfg["rope_scaling"] = {"type": "mrope", "mrope_section": rp["mrope_section"]}
+
+
+def qwen3_vl_text(cfg: dict) -> None:
+    # Qwen3-VL hub text_configs: rope_theta, an interleaved-mrope rope_scaling of type default
+    # and tie_word_embeddings (qwen3 requires it; the text class writes none)
+    rp = cfg.pop("rope_parameters")
+    cfg["tie_word_embeddings"] = False
+    cfg["rope_scaling"] = {"mrope_interleaved": True, "mrope_section": rp["mrope_section"],
+                           "rope_type": "default"}

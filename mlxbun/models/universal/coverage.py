@@ -30,6 +30,7 @@ from mlxbun.models.universal.kinds import (
 from mlxbun.models.universal.kinds_hybrid import (
     MixerKind,
 )
+from mlxbun.models.universal.media import VLM_KEYS
 from mlxbun.models.universal.resolve import descriptor_for, layer_kinds, model_args, text_config
 
 __all__ = ["CoverageReport", "HARMLESS_KEYS", "check_coverage", "require_coverage"]
@@ -140,6 +141,8 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
             # a hybrid's layer_types against the layers its rule picks
         elif key in d.ignored_keys:
             ignored[key] = d.ignored_keys[key] or "not read by mlx-lm for this arch"
+        elif d.names.wrapper and key in VLM_KEYS:  # a config without text_config (qwen2_vl)
+            ignored[key] = "the VLM's own (mlx-lm's wrapper builds no tower)"
         elif key in HARMLESS_KEYS:
             harmless.append(key)
         elif _neutral(value):

@@ -8,13 +8,20 @@ from typing import Any
 
 from mlxbun.errors import UnsupportedModelError
 
-__all__ = ["MEDIA_INPUTS", "refuse_media"]
+__all__ = ["MEDIA_INPUTS", "VLM_KEYS", "refuse_media"]
 
 # the inputs a VLM's forward takes beside the token ids (transformers' processors, mlx-vlm),
 # and mlx-lm's wrapper's input_embeddings (the ids' embeddings merged with the tower's)
 MEDIA_INPUTS = ("pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw",
                 "image_sizes", "pixel_attention_mask", "spatial_shapes", "input_features",
                 "input_features_mask", "input_embeddings", "inputs_embeds")
+
+# a VLM's own config keys (its towers, its media token ids): beside text_config, or among the
+# text model's keys in a config without one (qwen2_vl's hub configs), where mlx-lm's text
+# model's ModelArgs drops them
+VLM_KEYS = frozenset({"vision_config", "audio_config", "image_token_id", "video_token_id",
+                      "image_token_index", "vision_start_token_id", "vision_end_token_id",
+                      "vision_token_id"})
 
 
 def refuse_media(model_type: str, wrapper: str | None, media: Mapping[str, Any]) -> None:

@@ -19,6 +19,7 @@ from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule
 __all__ = ["wrapper_rows"]
 
 _TOWERS = "the vision tower (the text model runs alone)"
+_MEDIA = "A call with pixel_values / input_embeddings is refused by name."
 # qwen2_vl / qwen3_vl: the towers popped at the top, transformers 5's model.language_model taken
 # as the text model (model.visual with it), every other key moved under language_model
 _QWEN_VL_KEYS = SanitizeRule("wrapper_keys", ("visual.", "vision_tower.", "model.visual."),
@@ -47,5 +48,22 @@ def wrapper_rows(text: Mapping[str, ArchDescriptor]) -> list[ArchDescriptor]:
               notes="pixtral: llama's text model behind the VLM wrapper (language_model.*; "
                     "text_config's args, heads 32 by default, always untied; the vision tower "
                     "and projector dropped, no other key renamed or dropped, as mlx-lm's "
-                    "sanitize)."),
+                    "sanitize). " + _MEDIA),
+        # qwen2_vl.py (qwen2_5_vl remaps here): qwen2's text model, text_config else the whole
+        # config; an mrope rope_scaling is plain RoPE on text positions (initialize_rope)
+        _wrap(text["qwen2"], "qwen2_vl", sanitize=(_QWEN_VL_KEYS,),
+              notes="qwen2_vl (and qwen2_5_vl, remapped to it): qwen2's text model behind the VLM "
+                    "wrapper (language_model.*; text_config's args, else the whole config's; "
+                    "rope_scaling type mrope runs plain RoPE on the text positions, as mlx-lm's "
+                    "initialize_rope; the vision tower dropped, transformers 5's "
+                    "model.language_model moved; qwen2's own sanitize not applied, so a tied head "
+                    "or a rotary buffer in the checkpoint is refused, as by mlx-lm). " + _MEDIA),
+        # qwen3_vl.py: qwen3's text model, the same wrapper as qwen2_vl's
+        _wrap(text["qwen3"], "qwen3_vl", sanitize=(_QWEN_VL_KEYS,),
+              notes="qwen3_vl: qwen3's text model behind the VLM wrapper (language_model.*; "
+                    "text_config's args, else the whole config's; the mrope sections (interleaved "
+                    "or not) are not applied: plain RoPE on the text positions, as mlx-lm; the "
+                    "vision tower (deepstack mergers with it) dropped, transformers 5's "
+                    "model.language_model moved; a tied head in the checkpoint is refused, as by "
+                    "mlx-lm). " + _MEDIA),
     ]
