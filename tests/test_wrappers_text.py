@@ -57,17 +57,19 @@ _HUB = {
     "pixtral": (lambda w: w, {"vision_tower.transformer.layers.0.attention.q_proj.weight": (8, 8),
                               "multi_modal_projector.linear_1.weight": (64, 8)}),
     "qwen2_vl": (_unprefixed, _QWEN_VISUAL),
-    "qwen2_vl-t5": (_language_model_under_model, {f"model.{k}": s for k, s in _QWEN_VISUAL.items()}),
+    "qwen2_vl@t5": (_language_model_under_model, {f"model.{k}": s for k, s in _QWEN_VISUAL.items()}),
     "qwen3_vl": (_unprefixed, {**_QWEN_VISUAL, "visual.deepstack_merger_list.0.norm.weight": (128,)}),
-    "qwen3_vl-t5": (_language_model_under_model, {f"model.{k}": s for k, s in _QWEN_VISUAL.items()}),
+    "qwen3_vl@t5": (_language_model_under_model, {f"model.{k}": s for k, s in _QWEN_VISUAL.items()}),
+    "lfm2-vl": (lambda w: w, {"vision_tower.vision_model.embeddings.patch_embedding.weight": (32, 768),
+                              "multi_modal_projector.linear_1.weight": (64, 128)}),
 }
-_ARCHS = sorted({k.partition("-")[0] for k in _HUB})
+_ARCHS = sorted({k.partition("@")[0] for k in _HUB})
 
 
 @pytest.mark.parametrize("layout", sorted(_HUB))
 def test_a_hub_checkpoint_with_the_towers_runs_as_mlx_lms_text_path(layout, zoo, tmp_path):
     move, towers = _HUB[layout]
-    src = zoo(layout.partition("-")[0])
+    src = zoo(layout.partition("@")[0])
     hub = _rewrite(src, tmp_path / "hub", lambda w: _with(move(w), towers))
     ours, ref = load_universal(hub), _oracle(hub)
     assert set(towers) <= set(ours.audit.dropped)
@@ -190,3 +192,28 @@ def test_an_mrope_section_list_of_another_length_is_refused_as_mlx_lm_asserts():
     cfg["text_config"]["rope_scaling"]["mrope_section"] = [4, 4]
     with pytest.raises(UnsupportedModelError, match="MRoPE currently only supports 3 sections"):
         build_model(cfg)
+
+
+# ---------------------------------------------------------------- lfm2-vl
+
+
+def test_lfm2_vl_ties_and_keeps_lfm2s_caches(zoo):
+    ours, ref = load_universal(zoo("lfm2-vl")), _oracle(zoo("lfm2-vl"))
+    assert ours.tied and "lm_head" not in ours.text_model
+    assert [type(c).__name__ for c in ours.make_cache()] == [type(c).__name__ for c in ref.make_cache()]
+    cache, ref_cache = ours.make_cache(), ref.make_cache()
+    assert mx.array_equal(ours(IDS, cache), ref(IDS, cache=ref_cache))
+    step = mx.array([[7]])
+    assert mx.array_equal(ours(step, cache), ref(step, cache=ref_cache))
+
+
+def test_lfm2_vl_refuses_a_torch_layout_conv_as_mlx_lm(zoo, tmp_path):
+    """lfm2-vl's sanitize does not call lfm2's (which transposes a [C, 1, K] conv weight)."""
+    def torch_conv(w):
+        return {k: (v.swapaxes(1, 2) if k.endswith("conv.conv.weight") else v) for k, v in w.items()}
+
+    moved = _rewrite(zoo("lfm2-vl"), tmp_path / "torch", torch_conv)
+    with pytest.raises(ValueError, match="conv"):
+        _oracle(moved)
+    with pytest.raises(LoadError, match="conv.conv.weight"):
+        load_universal(moved)

@@ -91,6 +91,7 @@ MANIFEST = {
         Entry("laguna", EXPERT_VARIANTS),
         # hybrids: recurrent mixers on some layers (models/universal/mixers/)
         Entry("lfm2"),
+        Entry("lfm2-vl"),  # lfm2 behind the VLM wrapper
         Entry("qwen3_5"),
         Entry("qwen3_5_moe", EXPERT_VARIANTS),
         Entry("qwen3_next", EXPERT_VARIANTS),

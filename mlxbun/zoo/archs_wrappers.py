@@ -4,7 +4,9 @@ transformers configuration class (wrapper_configs.py); no vision weights are bui
 from __future__ import annotations
 
 from mlxbun.zoo.arch_row import Arch
+from mlxbun.zoo.archs_hybrid import LFM2_KNOBS, lfm2_post
 from mlxbun.zoo.wrapper_configs import (
+    LFM2_VL_VISION,
     PIXTRAL_VISION,
     QWEN2_VL_VISION,
     QWEN3_VL_VISION,
@@ -31,4 +33,8 @@ WRAPPER_ROWS = (
          knobs={"rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
                                     "mrope_section": [2, 3, 3]}},
          post=vlm_post("Qwen3VLConfig", "qwen3_vl_text", QWEN3_VL_VISION, inner=qwen3_vl_text)),
+    # lfm2's conv, attention, conv behind LFM2-VL's wrapper (transformers' model_type lfm2_vl,
+    # mlx-lm's file and the hub's config lfm2-vl)
+    Arch("lfm2-vl", "Lfm2VlForConditionalGeneration", "Lfm2Config", layers=3, kv_heads=2,
+         knobs=LFM2_KNOBS, post=vlm_post("Lfm2VlConfig", "lfm2", LFM2_VL_VISION, inner=lfm2_post)),
 )

@@ -66,4 +66,14 @@ def wrapper_rows(text: Mapping[str, ArchDescriptor]) -> list[ArchDescriptor]:
                     "vision tower (deepstack mergers with it) dropped, transformers 5's "
                     "model.language_model moved; a tied head in the checkpoint is refused, as by "
                     "mlx-lm). " + _MEDIA),
+        # lfm2-vl.py: lfm2's text model (always tied: the tie_word_embeddings False its
+        # __post_init__ writes is not an lfm2 field); sanitize pops the towers only, so the
+        # conv weights must be in mlx's layout already (lfm2's own sanitize is not applied)
+        _wrap(text["lfm2"], "lfm2-vl",
+              sanitize=(SanitizeRule("drop_prefix", ("vision_tower.", "multi_modal_projector."),
+                                     _TOWERS),),
+              notes="lfm2-vl: lfm2's text model behind the VLM wrapper (language_model.*; "
+                    "text_config's args; the head is the embedding whatever tie_word_embeddings "
+                    "says; lfm2's caches); the vision tower and projector dropped, nothing else: "
+                    "a torch-layout conv1d weight is refused, as by mlx-lm's strict load. " + _MEDIA),
     ]
