@@ -32,6 +32,7 @@ from mlxbun.models.universal.schema import (
     SanitizeRule,
 )
 from mlxbun.models.universal.table import DESCRIPTORS
+from mlxbun.zoo.archs import get_arch, tiny_config
 from tests.universal_manifest import MANIFEST
 
 ARCHS = sorted(MANIFEST)  # every row's arch (+ mistral, which mlx-lm remaps to llama)
@@ -275,7 +276,8 @@ def test_tree_caches_and_surface_match_mlx_lm(zoo, arch):
     assert mx.array_equal(ours.logits_from_hidden(h), ours(ids))
     assert ours.weights_bytes == sum(v.nbytes for _, v in tree_flatten(ref.parameters()))
     assert ours.model_type == DESCRIPTORS[ours.model_type].model_type
-    assert ours.config.model_type == ours.model_type and ours.raw_config["model_type"] == arch
+    assert ours.config.model_type == ours.model_type
+    assert ours.raw_config["model_type"] == (get_arch(arch).model_type or arch)
 
 
 # VLM wrappers around another file's text model: the file mlx-lm builds it from (mistral3: the
@@ -319,11 +321,15 @@ def test_table_manifest_and_zoo_agree():
     assert set(MANIFEST) == set(ZOO_ARCHS), (
         f"zoo archs without a manifest entry: {sorted(set(ZOO_ARCHS) - set(MANIFEST))}; "
         f"manifest entries without a zoo arch: {sorted(set(MANIFEST) - set(ZOO_ARCHS))}")
-    remapped = {MODEL_REMAPPING.get(a, a) for a in MANIFEST}
+    remapped = {MODEL_REMAPPING.get(a, a) for a in MANIFEST if get_arch(a).model_type is None}
     assert remapped == set(DESCRIPTORS), (
         f"rows without a manifest/zoo entry: {sorted(set(DESCRIPTORS) - remapped)}; "
         f"entries without a row: {sorted(remapped - set(DESCRIPTORS))}")
     assert len(DESCRIPTORS) >= 30
+    # a wrapper's second text model (text_rows): a zoo arch of its own whose config picks it
+    variants = {(get_arch(a).model_type, tiny_config(a)["text_config"]["model_type"])
+                for a in MANIFEST if get_arch(a).model_type is not None}
+    assert variants == {(mt, t) for mt, d in DESCRIPTORS.items() for t in d.text_rows}
 
 
 _OLMO2_FIELDS = DESCRIPTORS["olmo2"].fields

@@ -15,7 +15,7 @@ from mlxbun.models.universal.coverage import check_coverage
 from mlxbun.models.universal.loader import load_universal
 from mlxbun.models.universal.resolve import model_args
 from mlxbun.models.universal.table import DESCRIPTORS
-from mlxbun.zoo.archs import tiny_config
+from mlxbun.zoo.archs import get_arch, tiny_config
 from tests.test_wrappers import IDS, _oracle, _rewrite
 
 
@@ -60,6 +60,9 @@ _HUB = {
     "qwen2_vl@t5": (_language_model_under_model, {f"model.{k}": s for k, s in _QWEN_VISUAL.items()}),
     "qwen3_vl": (_unprefixed, {**_QWEN_VISUAL, "visual.deepstack_merger_list.0.norm.weight": (128,)}),
     "qwen3_vl@t5": (_language_model_under_model, {f"model.{k}": s for k, s in _QWEN_VISUAL.items()}),
+    "mistral3-ministral3@t5": (_language_model_under_model,
+                               {"model.vision_tower.transformer.layers.0.attention.q_proj.weight": (8, 8),
+                                "model.multi_modal_projector.linear_1.weight": (64, 8)}),
     "lfm2-vl": (lambda w: w, {"vision_tower.vision_model.embeddings.patch_embedding.weight": (32, 768),
                               "multi_modal_projector.linear_1.weight": (64, 128)}),
 }
@@ -80,7 +83,8 @@ def test_a_hub_checkpoint_with_the_towers_runs_as_mlx_lms_text_path(layout, zoo,
 @pytest.mark.parametrize("arch", _ARCHS)
 def test_a_vision_request_is_refused_by_name(arch, zoo):
     ours = load_universal(zoo(arch))
-    with pytest.raises(UnsupportedModelError, match=f"{arch}: pixel_values needs the VLM's vision"):
+    mt = get_arch(arch).model_type or arch
+    with pytest.raises(UnsupportedModelError, match=f"{mt}: pixel_values needs the VLM's vision"):
         ours(IDS, pixel_values=mx.zeros((1, 3, 32, 32)))
     with pytest.raises(UnsupportedModelError, match="input_embeddings"):
         ours(IDS, input_embeddings=mx.zeros((1, 12, 64)))
@@ -217,3 +221,66 @@ def test_lfm2_vl_refuses_a_torch_layout_conv_as_mlx_lm(zoo, tmp_path):
         _oracle(moved)
     with pytest.raises(LoadError, match="conv.conv.weight"):
         load_universal(moved)
+
+
+# ---------------------------------------------------------------- mistral3's text rows
+
+
+def test_mistral3_picks_its_text_row_by_text_config_model_type(zoo):
+    from mlxbun.models.universal.resolve import descriptor_for
+
+    cfg = tiny_config("mistral3-ministral3")
+    row = descriptor_for("mistral3", cfg)
+    assert row is DESCRIPTORS["mistral3"].text_rows["ministral3"] and row.model_type == "mistral3"
+    assert descriptor_for("llava", cfg) is row  # llava remaps to mistral3
+    assert descriptor_for("mistral3", tiny_config("mistral3")) is DESCRIPTORS["mistral3"]
+    ours = load_universal(zoo("mistral3-ministral3"))
+    assert ours.descriptor is row and not ours.tied
+    assert check_coverage("mistral3", cfg).ok
+
+
+def test_the_text_rows_are_the_text_files_model_args_with_the_wrappers_defaults():
+    import dataclasses
+    import importlib
+
+    from mlx_lm.models import mistral3
+
+    injected = mistral3.ModelArgs(model_type="mistral3", text_config={}).text_config
+    for text, row in DESCRIPTORS["mistral3"].text_rows.items():
+        args = importlib.import_module(f"mlx_lm.models.{text}").ModelArgs
+        want = {f.name: f.default for f in dataclasses.fields(args)}
+        assert set(row.fields) == set(want) and row.fields["tie_word_embeddings"] is injected[
+            "tie_word_embeddings"] is False
+        assert row.sanitize[0] == DESCRIPTORS["mistral3"].sanitize[0]  # the wrapper's, then the text's
+        assert row.sanitize[1:] == DESCRIPTORS[text].sanitize
+
+
+def test_mistral3_refuses_a_mistral4_text_config_by_name():
+    from mlxbun.errors import ConfigError
+    from mlxbun.models.universal.loader import build_model
+
+    cfg = tiny_config("mistral3")
+    cfg["text_config"]["model_type"] = "mistral4"
+    with pytest.raises(ConfigError, match="text_config.model_type 'mistral4'"):
+        build_model(cfg)
+
+
+def test_text_rows_are_checked_with_the_row():
+    import dataclasses
+
+    from mlxbun.models.universal.schema import DescriptorError
+
+    row = DESCRIPTORS["mistral3"]
+    with pytest.raises(DescriptorError, match="text_rows"):
+        dataclasses.replace(row, text_rows={"ministral3": DESCRIPTORS["ministral3"]})  # another model_type
+    with pytest.raises(DescriptorError, match="text_rows"):
+        dataclasses.replace(DESCRIPTORS["llama"], text_rows=row.text_rows)  # no wrapper
+
+
+def test_explain_shows_the_text_row_a_zoo_arch_picks():
+    from mlxbun.explain import explain
+
+    text = explain("mistral3-ministral3").text()
+    assert "mistral3 with a ministral3 text_config" in text and "language_model.model" in text
+    assert explain("mistral3-ministral3").descriptor["text_rows"] == []
+    assert explain("mistral3").descriptor["text_rows"] == ["ministral3"]

@@ -43,6 +43,7 @@ MANIFEST = {
         Entry("gemma3_text"),
         Entry("gemma3"),  # gemma3_text behind the VLM wrapper (language_model.*, text_config)
         Entry("mistral3"),  # llama's text model behind the VLM wrapper
+        Entry("mistral3-ministral3"),  # mistral3 with a ministral3 text_config: ministral3's row
         Entry("pixtral"),  # llama's text model behind the VLM wrapper, always untied
         Entry("qwen2_vl"),  # qwen2's text model behind the VLM wrapper (mrope: plain RoPE on text)
         Entry("qwen3_vl"),  # qwen3's text model behind the VLM wrapper

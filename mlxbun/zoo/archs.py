@@ -22,6 +22,7 @@ from mlxbun.zoo.arch_row import (
     HIDDEN,
     INTERMEDIATE,
     MAX_POSITIONS,
+    MINISTRAL3_KNOBS,
     MOE_EXPERTS,
     MOE_INTERMEDIATE,
     MOE_TOP_K,
@@ -169,11 +170,7 @@ _ROWS = (
     # Ministral 3: yarn + llama-4 attention scaling, read from rope_parameters only; original
     # context 32 so a 40-token prompt reaches the scaled region (real: 16384 * 16 = 262144)
     Arch("ministral3", "Ministral3ForCausalLM", "Ministral3Config", legacy_rope=False,
-         knobs={"rope_parameters": {
-             "rope_type": "yarn", "type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
-             "original_max_position_embeddings": 32, "max_position_embeddings": MAX_POSITIONS,
-             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-             "llama_4_scaling_beta": 0.1}}),
+         knobs=MINISTRAL3_KNOBS),
     Arch("nanochat", "NanoChatForCausalLM", "NanoChatConfig"),
     # ---- mixture of experts
     # Qwen3-30B-A3B's knobs: renormalized top-k, every layer MoE
@@ -410,7 +407,11 @@ def _descriptor(arch: str):
     from mlxbun.config import MODEL_REMAPPING
     from mlxbun.models.universal.table import DESCRIPTORS
 
-    get_arch(arch)
+    row = get_arch(arch)
+    if row.model_type is not None:  # a wrapper's second text model: the row its config picks
+        from mlxbun.models.universal.resolve import descriptor_for
+
+        return descriptor_for(row.model_type, tiny_config(arch))
     return DESCRIPTORS.get(MODEL_REMAPPING.get(arch, arch))
 
 
@@ -513,7 +514,7 @@ def tiny_config(arch: str) -> dict:
     cfg.update(copy.deepcopy(dict(row.extra)))
     if row.post is not None:
         row.post(cfg)
-    cfg["model_type"] = row.name
+    cfg["model_type"] = row.model_type or row.name
     cfg["architectures"] = [row.architecture]
     cfg["torch_dtype"] = "float32"
     return dict(sorted(cfg.items()))

@@ -3,7 +3,7 @@ transformers configuration class (wrapper_configs.py); no vision weights are bui
 
 from __future__ import annotations
 
-from mlxbun.zoo.arch_row import Arch
+from mlxbun.zoo.arch_row import MINISTRAL3_KNOBS, Arch
 from mlxbun.zoo.archs_hybrid import LFM2_KNOBS, lfm2_post
 from mlxbun.zoo.wrapper_configs import (
     LFM2_VL_VISION,
@@ -23,6 +23,11 @@ WRAPPER_ROWS = (
     Arch("pixtral", "LlavaForConditionalGeneration", "MistralConfig",
          knobs={"sliding_window": None},
          post=vlm_post("LlavaConfig", "mistral", {**PIXTRAL_VISION, "model_type": "pixtral"})),
+    # ministral3's text model behind Mistral 3's wrapper (the Ministral 3 VLMs): mlx-lm's
+    # mistral3 picks it by text_config.model_type; the ministral3 row's yarn + llama-4 scaling
+    Arch("mistral3-ministral3", "Mistral3ForConditionalGeneration", "Ministral3Config",
+         legacy_rope=False, model_type="mistral3", knobs=MINISTRAL3_KNOBS,
+         post=vlm_post("Mistral3Config", "ministral3", PIXTRAL_VISION)),
     # qwen2's text model behind Qwen2-VL's wrapper; mrope sections summing to head_dim / 2
     Arch("qwen2_vl", "Qwen2VLForConditionalGeneration", "Qwen2VLTextConfig", kv_heads=2,
          knobs={"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
+from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID
 
 __all__ = ["LFM2_VL_VISION", "PIXTRAL_VISION", "QWEN2_VL_VISION", "QWEN3_VL_VISION", "qwen2_vl_text",
            "qwen3_vl_text", "vlm_post"]
@@ -49,8 +50,9 @@ def qwen2_vl_text(cfg: dict) -> None:
 
 
 def qwen3_vl_text(cfg: dict) -> None:
-    # Qwen3-VL hub text_configs: rope_theta, an interleaved-mrope rope_scaling of type default
-    # and tie_word_embeddings (qwen3 requires it; the text class writes none)
+    # Qwen3-VL hub text_configs: rope_theta, an interleaved-mrope rope_scaling of type default,
+    # tie_word_embeddings (qwen3 requires it) and the bos / eos ids (the text class writes none)
+    cfg.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID)
     rp = cfg.pop("rope_parameters")
     cfg["tie_word_embeddings"] = False
     cfg["rope_scaling"] = {"mrope_interleaved": True, "mrope_section": rp["mrope_section"],

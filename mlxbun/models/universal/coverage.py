@@ -97,8 +97,8 @@ class CoverageReport:
 
 def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport:
     """Sort the config's keys; see the module docstring. Unknown model_types refuse."""
-    d = descriptor_for(model_type)
     config = thaw(config)  # read-only configs hold tuples where the json had lists
+    d = descriptor_for(model_type, config)
     a = model_args(d, config)  # ConfigError for a config mlx-lm could not build
     understood, harmless, unknown = [], [], []
     ignored: dict[str, str] = {}

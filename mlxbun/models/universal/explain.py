@@ -136,7 +136,7 @@ def explain_config(config: Mapping[str, Any], *, target: str, source: str,
     if not isinstance(mt, str):
         raise ConfigError(f"{source}: required key 'model_type' is missing or not a string")
     raw.setdefault("model_type", mt)
-    d = descriptor_for(mt)
+    d = descriptor_for(mt, raw)
     a = resolve_args(d, raw)
     report = check_coverage(mt, raw)
     coverage = (f"ok ({len(report.understood)} keys understood)" if report.ok
@@ -567,4 +567,5 @@ def _descriptor_dict(d: ArchDescriptor) -> dict[str, Any]:
     row = dataclasses.asdict(d)
     for key in ("fields", "ignored_keys", "accepted_values", "aliases", "notes"):
         row.pop(key)
+    row["text_rows"] = sorted(d.text_rows)  # the text model_types with a row of their own
     return row

@@ -57,11 +57,15 @@ from mlxbun.models.universal.table import DESCRIPTORS
 __all__ = ["descriptor_for", "layer_kinds", "model_args", "resolve_args", "text_config", "thaw"]
 
 
-def descriptor_for(model_type: str) -> ArchDescriptor:
-    """The descriptor row of a model_type (after mlx-lm's remapping), or a refusal."""
+def descriptor_for(model_type: str, config: Mapping[str, Any] | None = None) -> ArchDescriptor:
+    """The descriptor row of a model_type (after mlx-lm's remapping), or a refusal; given the
+    config, a wrapper's row for its text_config.model_type (`text_rows`: mistral3's ministral3)."""
     mt = MODEL_REMAPPING.get(model_type, model_type)
     d = DESCRIPTORS.get(mt)
     if d is not None:
+        text = config.get("text_config") if config is not None and d.text_rows else None
+        if isinstance(text, Mapping) and text.get("model_type") in d.text_rows:
+            return d.text_rows[text["model_type"]]
         return d
     supported = ", ".join(sorted(DESCRIPTORS))
     why = f" ({NOT_COVERED[mt]})" if mt in NOT_COVERED else ""

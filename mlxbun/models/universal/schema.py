@@ -257,6 +257,10 @@ class ArchDescriptor:
     # text_config fields the wrapper's __post_init__ sets whatever text_config holds (pixtral:
     # tie_word_embeddings False); needs names.wrapper
     wrapper_sets: Mapping[str, Any] = field(default_factory=dict)
+    # a wrapper whose mlx-lm file picks the text model by text_config.model_type (mistral3:
+    # ministral3): that model_type -> the row run then (same model_type and wrapper); any other
+    # text model_type runs this row
+    text_rows: Mapping[str, ArchDescriptor] = field(default_factory=dict)
     # attention
     qkv: QKV = _kind(QKV, QKV.SEPARATE)
     attn_bias: bool | str = False
@@ -520,6 +524,11 @@ def _check_combinations(d: ArchDescriptor) -> None:
                            or set(d.wrapper_sets) & set(d.wrapper_fields)):
         raise d.error("wrapper_sets needs names.wrapper and names ModelArgs fields only, none of "
                       "wrapper_fields'")
+    if d.text_rows and (not d.names.wrapper or any(
+            not isinstance(r, ArchDescriptor) or r.model_type != d.model_type
+            or r.names.wrapper != d.names.wrapper or r.text_rows for r in d.text_rows.values())):
+        raise d.error("text_rows needs names.wrapper and rows of the same model_type and wrapper "
+                      "(without text_rows of their own)")
     if d.hybrid is not None:
         check_hybrid(d)
     if d.moe is not None:

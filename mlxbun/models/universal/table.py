@@ -272,25 +272,6 @@ _ROWS = [
               "text_config's; the vision tower and projector dropped); tied iff the checkpoint "
               "has no language_model.lm_head.weight.",
     ),
-    # mistral3.py: the VLM wrapper around llama's text model (text_config's model_type mistral /
-    # llama; tie_word_embeddings False unless text_config sets it); the vision tower is not built
-    ArchDescriptor(
-        "mistral3", {**_LLAMA_FIELDS, "tie_word_embeddings": False},
-        ("mistral3_llama_text", "kv_heads_default", "layer_types_full", "require_full_layer"),
-        names=Names(wrapper="language_model"),
-        attn_bias="attention_bias", out_bias="attention_bias",
-        mlp=MlpKnobs(bias="mlp_bias"),
-        layers=LayerKnobs("layer_types", sliding_window="sliding_window", make_cache="rotating_sliding"),
-        sanitize=(SanitizeRule("wrapper_keys", ("vision_tower", "multi_modal_projector",
-                                                "model.vision_tower", "model.multi_modal_projector"),
-                               "the VLM wrapper: text weights under language_model"),
-                  _RMS_DROP_INV_FREQ, _DROP_TIED),
-        accepted_values=_SILU,
-        ignored_keys={"pretraining_tp": "training-time tensor-parallel split; inference is unaffected"},
-        notes="mistral3 (and llava, remapped to it): llama's text model behind the VLM wrapper "
-              "(language_model.*; text_config's args, untied unless text_config ties; the vision "
-              "tower and projector dropped). A ministral3 / mistral4 text_config is refused.",
-    ),
     ArchDescriptor(
         "olmo3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",

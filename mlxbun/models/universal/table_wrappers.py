@@ -36,8 +36,34 @@ def _wrap(text: ArchDescriptor, model_type: str, *, sanitize: tuple[SanitizeRule
         sanitize=sanitize, notes=notes, **changes)
 
 
+# mistral3: the towers dropped (either layout), transformers 5's model.language_model moved
+_MISTRAL3_KEYS = SanitizeRule("wrapper_keys", ("vision_tower", "multi_modal_projector",
+                                               "model.vision_tower", "model.multi_modal_projector"),
+                              "the VLM wrapper: text weights under language_model")
+
+
+def _mistral3(text: ArchDescriptor, notes: str, **changes) -> ArchDescriptor:
+    """mistral3.py around `text`'s model: tie_word_embeddings False unless text_config sets it;
+    its sanitize moves the keys, then calls the text model's."""
+    return _wrap(text, "mistral3", fields={"tie_word_embeddings": False},
+                 sanitize=(_MISTRAL3_KEYS, *text.sanitize), notes=notes, **changes)
+
+
 def wrapper_rows(text: Mapping[str, ArchDescriptor]) -> list[ArchDescriptor]:
     return [
+        # mistral3.py (llava remaps here): llama's text model, or ministral3's when
+        # text_config.model_type says so (mistral4's: not covered, refused by name)
+        _mistral3(text["llama"], post_init=("mistral3_llama_text", *text["llama"].post_init),
+                  text_rows={"ministral3": _mistral3(
+                      text["ministral3"],
+                      "mistral3 with a ministral3 text_config: ministral3's text model behind the "
+                      "VLM wrapper (language_model.*; untied unless text_config ties; the towers "
+                      "dropped, then ministral3's sanitize).")},
+                  notes="mistral3 (and llava, remapped to it): llama's text model behind the VLM "
+                        "wrapper (language_model.*; text_config's args, untied unless text_config "
+                        "ties; the vision tower and projector dropped); a ministral3 text_config "
+                        "runs ministral3's text model (yarn, llama-4 query scale) as mlx-lm's "
+                        "wrapper picks it; a mistral4 one is refused. " + _MEDIA),
         # pixtral.py: llama's text model; __post_init__ sets tie_word_embeddings False and
         # num_attention_heads 32 unless text_config has it; sanitize pops the towers only
         _wrap(text["llama"], "pixtral",
