@@ -283,7 +283,7 @@ def test_tree_caches_and_surface_match_mlx_lm(zoo, arch):
 # VLM wrappers around another file's text model: the file mlx-lm builds it from (mistral3: the
 # llama text model, the one its row runs)
 _WRAPPED = {"gemma3": "gemma3_text", "mistral3": "llama", "pixtral": "llama", "qwen2_vl": "qwen2",
-            "qwen3_vl": "qwen3", "lfm2-vl": "lfm2"}
+            "qwen3_vl": "qwen3", "lfm2-vl": "lfm2", "qwen3_vl_moe": "qwen3_moe"}
 
 
 def test_descriptor_fields_are_mlx_lm_model_args():

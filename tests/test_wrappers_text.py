@@ -52,6 +52,22 @@ def _language_model_under_model(w: dict) -> dict:
             .replace("language_model.lm_head.", "lm_head."): v for k, v in w.items()}
 
 
+def _fused_experts(w: dict) -> dict:
+    """Qwen3-VL-MoE's HF experts: gate_up_proj [E, D, 2I], down_proj [E, I, D] (transformers 5's
+    layout around them)."""
+    out = {}
+    for k, v in _language_model_under_model(w).items():
+        if ".switch_mlp.gate_proj." in k:
+            up = w[k.replace("model.language_model.", "language_model.model.").replace("gate_proj", "up_proj")]
+            out[k.replace("switch_mlp.gate_proj.weight", "experts.gate_up_proj")] = mx.concatenate(
+                [v.swapaxes(-2, -1), up.swapaxes(-2, -1)], axis=-1)
+        elif ".switch_mlp.down_proj." in k:
+            out[k.replace("switch_mlp.down_proj.weight", "experts.down_proj")] = v.swapaxes(-2, -1)
+        elif ".switch_mlp.up_proj." not in k:
+            out[k] = v
+    return out
+
+
 # what each wrapper's hub checkpoints hold: (the zoo's language_model.* moved, the towers' keys)
 _HUB = {
     "pixtral": (lambda w: w, {"vision_tower.transformer.layers.0.attention.q_proj.weight": (8, 8),
@@ -63,6 +79,7 @@ _HUB = {
     "mistral3-ministral3@t5": (_language_model_under_model,
                                {"model.vision_tower.transformer.layers.0.attention.q_proj.weight": (8, 8),
                                 "model.multi_modal_projector.linear_1.weight": (64, 8)}),
+    "qwen3_vl_moe@t5": (_fused_experts, {f"model.{k}": s for k, s in _QWEN_VISUAL.items()}),
     "lfm2-vl": (lambda w: w, {"vision_tower.vision_model.embeddings.patch_embedding.weight": (32, 768),
                               "multi_modal_projector.linear_1.weight": (64, 128)}),
 }
@@ -77,7 +94,9 @@ def test_a_hub_checkpoint_with_the_towers_runs_as_mlx_lms_text_path(layout, zoo,
     ours, ref = load_universal(hub), _oracle(hub)
     assert set(towers) <= set(ours.audit.dropped)
     assert mx.array_equal(ours(IDS), ref(IDS))
-    assert mx.array_equal(ours(IDS), load_universal(src)(IDS))  # the same tensors, moved
+    same = load_universal(src)(IDS)  # the same tensors, moved (qwen3_vl_moe's split experts are
+    # transposed views, as mlx-lm's: the matmuls' rounding differs from the zoo's contiguous ones)
+    assert mx.array_equal(ours(IDS), same) if "moe" not in layout else mx.allclose(ours(IDS), same, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", _ARCHS)
@@ -284,3 +303,26 @@ def test_explain_shows_the_text_row_a_zoo_arch_picks():
     assert "mistral3 with a ministral3 text_config" in text and "language_model.model" in text
     assert explain("mistral3-ministral3").descriptor["text_rows"] == []
     assert explain("mistral3").descriptor["text_rows"] == ["ministral3"]
+
+
+# ---------------------------------------------------------------- qwen3_vl_moe
+
+
+def test_qwen3_vl_moe_splits_hfs_fused_experts_from_the_headers_too(zoo, tmp_path):
+    from mlxbun.models.universal.loader import audit_checkpoint
+
+    hub = _rewrite(zoo("qwen3_vl_moe"), tmp_path / "hub",
+                   lambda w: _with(_fused_experts(w), {"model.visual.merger.mlp.0.weight": (64, 128)}))
+    report = audit_checkpoint(hub)
+    assert report.ok and "model.visual.merger.mlp.0.weight" in report.dropped
+    assert "language_model.model.layers.1.mlp.switch_mlp.up_proj.weight" in load_universal(hub).audit.consumed
+
+
+def test_split_gate_up_experts_takes_a_gate_up_layout():
+    import dataclasses
+
+    from mlxbun.models.universal.schema import DescriptorError, SanitizeRule
+
+    row = DESCRIPTORS["qwen3_vl_moe"]
+    with pytest.raises(DescriptorError, match="GateUpLayout"):
+        dataclasses.replace(row, sanitize=(SanitizeRule("split_gate_up_experts", "last"),))

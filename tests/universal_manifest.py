@@ -67,6 +67,7 @@ MANIFEST = {
         Entry("nanochat"),
         # mixture of experts (models/universal/moe.py)
         Entry("qwen3_moe", EXPERT_VARIANTS),
+        Entry("qwen3_vl_moe", EXPERT_VARIANTS),  # qwen3_moe behind the VLM wrapper
         Entry("qwen2_moe", EXPERT_VARIANTS),
         Entry("mixtral", EXPERT_VARIANTS),
         Entry("olmoe", EXPERT_VARIANTS),

@@ -3,7 +3,7 @@ transformers configuration class (wrapper_configs.py); no vision weights are bui
 
 from __future__ import annotations
 
-from mlxbun.zoo.arch_row import MINISTRAL3_KNOBS, Arch
+from mlxbun.zoo.arch_row import HEAD_DIM, MINISTRAL3_KNOBS, MOE_EXPERTS, MOE_INTERMEDIATE, MOE_TOP_K, Arch
 from mlxbun.zoo.archs_hybrid import LFM2_KNOBS, lfm2_post
 from mlxbun.zoo.wrapper_configs import (
     LFM2_VL_VISION,
@@ -11,6 +11,7 @@ from mlxbun.zoo.wrapper_configs import (
     QWEN2_VL_VISION,
     QWEN3_VL_VISION,
     qwen2_vl_text,
+    qwen3_vl_moe_text,
     qwen3_vl_text,
     vlm_post,
 )
@@ -38,6 +39,14 @@ WRAPPER_ROWS = (
          knobs={"rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
                                     "mrope_section": [2, 3, 3]}},
          post=vlm_post("Qwen3VLConfig", "qwen3_vl_text", QWEN3_VL_VISION, inner=qwen3_vl_text)),
+    # qwen3_moe's text model behind Qwen3-VL-MoE's wrapper (every layer MoE)
+    Arch("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeTextConfig", kv_heads=2,
+         knobs={"num_local_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": MOE_INTERMEDIATE,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                    "mrope_section": [2, 3, 3]}},
+         extra={"head_dim": HEAD_DIM},
+         post=vlm_post("Qwen3VLMoeConfig", "qwen3_vl_moe_text", QWEN3_VL_VISION, inner=qwen3_vl_moe_text)),
     # lfm2's conv, attention, conv behind LFM2-VL's wrapper (transformers' model_type lfm2_vl,
     # mlx-lm's file and the hub's config lfm2-vl)
     Arch("lfm2-vl", "Lfm2VlForConditionalGeneration", "Lfm2Config", layers=3, kv_heads=2,

@@ -10,7 +10,7 @@ from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
 from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID
 
 __all__ = ["LFM2_VL_VISION", "PIXTRAL_VISION", "QWEN2_VL_VISION", "QWEN3_VL_VISION", "qwen2_vl_text",
-           "qwen3_vl_text", "vlm_post"]
+           "qwen3_vl_moe_text", "qwen3_vl_text", "vlm_post"]
 
 # tiny towers (one layer, width 32) in each wrapper's vision_config
 PIXTRAL_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
@@ -57,3 +57,10 @@ def qwen3_vl_text(cfg: dict) -> None:
     cfg["tie_word_embeddings"] = False
     cfg["rope_scaling"] = {"mrope_interleaved": True, "mrope_section": rp["mrope_section"],
                            "rope_type": "default"}
+
+
+def qwen3_vl_moe_text(cfg: dict) -> None:
+    # Qwen3-VL-MoE hub text_configs: qwen3_vl's rope keys, num_experts (transformers 5 writes
+    # num_local_experts) and norm_topk_prob (mlx-lm's qwen3_moe requires both)
+    qwen3_vl_text(cfg)
+    cfg.update(num_experts=cfg.pop("num_local_experts"), norm_topk_prob=True)

@@ -66,7 +66,7 @@ from mlxbun.models.universal.kinds import (
     TieRule,
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
-from mlxbun.models.universal.schema_hybrid import HybridKnobs, check_hybrid, hybrid_refs
+from mlxbun.models.universal.schema_hybrid import HybridKnobs, check_hybrid, check_hybrid_sanitize, hybrid_refs
 from mlxbun.models.universal.schema_mla import MlaKnobs
 from mlxbun.models.universal.schema_moe import (  # the MoE knobs and their checks
     MoEKnobs,
@@ -531,6 +531,8 @@ def _check_combinations(d: ArchDescriptor) -> None:
                       "(without text_rows of their own)")
     if d.hybrid is not None:
         check_hybrid(d)
+    else:  # the args of the ops the hybrid rows brought, which the wrappers use too
+        check_hybrid_sanitize(d)
     if d.moe is not None:
         check_moe(d, d.moe, StackExperts)
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from mlxbun.models.universal.kinds_hybrid import GateUpLayout
 from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule
 
 __all__ = ["wrapper_rows"]
@@ -92,6 +93,22 @@ def wrapper_rows(text: Mapping[str, ArchDescriptor]) -> list[ArchDescriptor]:
                     "vision tower (deepstack mergers with it) dropped, transformers 5's "
                     "model.language_model moved; a tied head in the checkpoint is refused, as by "
                     "mlx-lm). " + _MEDIA),
+        # qwen3_vl_moe.py: qwen3_moe's text model (text_config required); its sanitize keeps
+        # language_model.model / lm_head (either layout; the tower dropped) and splits HF's fused
+        # experts ([E, D, 2I]); qwen3_moe's own sanitize (per-expert stacking, a tied head) is not
+        # applied
+        _wrap(text["qwen3_moe"], "qwen3_vl_moe",
+              sanitize=(SanitizeRule("wrapper_keys", ("visual.", "model.visual."),
+                                     "the VLM wrapper: text weights under language_model"),
+                        SanitizeRule("split_gate_up_experts", GateUpLayout.LAST_TRANSPOSED,
+                                     "HF fused experts gate_up_proj [E, D, 2I] split, each "
+                                     "expert matrix transposed")),
+              notes="qwen3_vl_moe: qwen3_moe's text model behind the VLM wrapper (language_model.*; "
+                    "text_config's args; softmax top-k router, plain RoPE on text positions, the "
+                    "mrope sections not applied); the vision tower dropped, transformers 5's "
+                    "model.language_model moved, HF's fused experts gate_up_proj [E, D, 2I] split "
+                    "and transposed as mlx-lm's sanitize; qwen3_moe's per-expert stacking is not "
+                    "applied (nor by mlx-lm). " + _MEDIA),
         # lfm2-vl.py: lfm2's text model (always tied: the tie_word_embeddings False its
         # __post_init__ writes is not an lfm2 field); sanitize pops the towers only, so the
         # conv weights must be in mlx's layout already (lfm2's own sanitize is not applied)
