@@ -283,7 +283,8 @@ def test_tree_caches_and_surface_match_mlx_lm(zoo, arch):
 # VLM wrappers around another file's text model: the file mlx-lm builds it from (mistral3: the
 # llama text model, the one its row runs)
 _WRAPPED = {"gemma3": "gemma3_text", "mistral3": "llama", "pixtral": "llama", "qwen2_vl": "qwen2",
-            "qwen3_vl": "qwen3", "lfm2-vl": "lfm2", "qwen3_vl_moe": "qwen3_moe"}
+            "qwen3_vl": "qwen3", "lfm2-vl": "lfm2", "qwen3_vl_moe": "qwen3_moe",
+            "kimi_vl": "kimi_vl.TextArgs", "kimi_k25": "deepseek_v3"}
 
 
 def test_descriptor_fields_are_mlx_lm_model_args():
@@ -293,7 +294,9 @@ def test_descriptor_fields_are_mlx_lm_model_args():
         injected = {}
         if mt in _WRAPPED:  # gemma3, mistral3: the wrapped file's args
             injected = args_cls(model_type=mt, text_config={}).text_config  # the wrapper's defaults
-            args_cls = importlib.import_module(f"mlx_lm.models.{_WRAPPED[mt]}").ModelArgs
+            injected = injected if isinstance(injected, dict) else {}  # (kimi: already its args)
+            module, _, cls = _WRAPPED[mt].partition(".")  # the file's ModelArgs, else the class named
+            args_cls = getattr(importlib.import_module(f"mlx_lm.models.{module}"), cls or "ModelArgs")
             names = {f.name for f in dataclasses.fields(args_cls)}  # from_dict keeps its fields only
             injected = {k: v for k, v in injected.items() if k in names}
         elif d.names.wrapper:  # a VLM wrapper (qwen3_5): the text model's args, from its file

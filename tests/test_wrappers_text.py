@@ -68,6 +68,20 @@ def _fused_experts(w: dict) -> dict:
     return out
 
 
+def _per_expert(w: dict) -> dict:
+    """The HF per-expert layout of the zoo's stacked experts (kimi_vl's sanitize stacks them)."""
+    out = {}
+    for k, v in w.items():
+        if ".switch_mlp." in k:
+            out.update({k.replace("switch_mlp.", f"experts.{e}."): v[e] for e in range(v.shape[0])})
+        else:
+            out[k] = v
+    return out
+
+
+_KIMI_TOWERS = {"vision_tower.encoder.blocks.0.wqkv.weight": (96, 32),
+                "multi_modal_projector.linear_1.weight": (64, 128)}
+
 # what each wrapper's hub checkpoints hold: (the zoo's language_model.* moved, the towers' keys)
 _HUB = {
     "pixtral": (lambda w: w, {"vision_tower.transformer.layers.0.attention.q_proj.weight": (8, 8),
@@ -80,6 +94,11 @@ _HUB = {
                                {"model.vision_tower.transformer.layers.0.attention.q_proj.weight": (8, 8),
                                 "model.multi_modal_projector.linear_1.weight": (64, 8)}),
     "qwen3_vl_moe@t5": (_fused_experts, {f"model.{k}": s for k, s in _QWEN_VISUAL.items()}),
+    "kimi_vl": (_per_expert, {**_KIMI_TOWERS,
+                              "language_model.model.layers.0.self_attn.rotary_emb.inv_freq": (4,)}),
+    "kimi_k25": (_per_expert, {**_KIMI_TOWERS, "vision_model.blocks.0.weight": (8,),
+                               "mm_projector.proj.0.weight": (64, 128),
+                               "language_model.model.layers.61.self_attn.o_proj.weight": (2, 2)}),
     "lfm2-vl": (lambda w: w, {"vision_tower.vision_model.embeddings.patch_embedding.weight": (32, 768),
                               "multi_modal_projector.linear_1.weight": (64, 128)}),
 }
@@ -326,3 +345,48 @@ def test_split_gate_up_experts_takes_a_gate_up_layout():
     row = DESCRIPTORS["qwen3_vl_moe"]
     with pytest.raises(DescriptorError, match="GateUpLayout"):
         dataclasses.replace(row, sanitize=(SanitizeRule("split_gate_up_experts", "last"),))
+
+
+# ---------------------------------------------------------------- kimi_vl, kimi_k25
+
+
+def _kv_b(w: dict, cfg: dict) -> dict:
+    """deepseek_v3's attention as a transformers checkpoint holds it: kv_b_proj per layer."""
+    text = cfg["text_config"]
+    heads, dn, dv, kv = (text["num_attention_heads"], text["qk_nope_head_dim"], text["v_head_dim"],
+                         text["kv_lora_rank"])
+    out = {k: v for k, v in w.items() if not k.endswith(("embed_q.weight", "unembed_out.weight"))}
+    mx.random.seed(5)
+    for layer in range(text["num_hidden_layers"]):
+        out[f"language_model.model.layers.{layer}.self_attn.kv_b_proj.weight"] = mx.random.normal(
+            (heads * (dn + dv), kv))
+    return out
+
+
+def test_kimi_k25_splits_kv_b_proj_under_the_wrapper_as_mlx_lm(zoo, tmp_path):
+    """kimi_k25's sanitize runs deepseek_v3's on language_model's keys: kv_b_proj split."""
+    cfg = tiny_config("kimi_k25")
+    hf = _rewrite(zoo("kimi_k25"), tmp_path / "kv_b", lambda w: _kv_b(_per_expert(w), cfg))
+    ours, ref = load_universal(hf), _oracle(hf)
+    assert "language_model.model.layers.0.self_attn.embed_q.weight" in ours.audit.consumed
+    assert mx.array_equal(ours(IDS), ref(IDS))
+
+
+def test_kimi_vl_refuses_kv_b_proj_as_mlx_lms_strict_load(zoo, tmp_path):
+    """kimi_vl's sanitize does not run deepseek_v3's: a kv_b_proj checkpoint does not load."""
+    cfg = tiny_config("kimi_vl")
+    hf = _rewrite(zoo("kimi_vl"), tmp_path / "kv_b", lambda w: _kv_b(w, cfg))
+    with pytest.raises(ValueError, match="kv_b_proj|embed_q"):
+        _oracle(hf)
+    with pytest.raises(LoadError, match="kv_b_proj"):
+        load_universal(hf)
+
+
+def test_kimi_vl_reads_deepseek_v3s_fields_but_model_type():
+    from mlx_lm.models import kimi_vl
+
+    row = DESCRIPTORS["kimi_vl"]
+    import dataclasses
+
+    assert dict(row.fields) == {f.name: f.default for f in dataclasses.fields(kimi_vl.TextArgs)}
+    assert "model_type" in row.ignored_keys and check_coverage("kimi_vl", tiny_config("kimi_vl")).ok

@@ -81,6 +81,8 @@ MANIFEST = {
         Entry("deepseek", EXPERT_VARIANTS),
         Entry("deepseek_v2", EXPERT_VARIANTS),  # multi-head latent attention (universal/mla.py)
         Entry("deepseek_v3", EXPERT_VARIANTS),  # absorbed MLA (the latent cached)
+        Entry("kimi_vl", EXPERT_VARIANTS),  # deepseek_v3 behind the VLM wrapper
+        Entry("kimi_k25", EXPERT_VARIANTS),  # deepseek_v3 behind the VLM wrapper, its sanitize too
         Entry("gpt_oss", EXPERT_VARIANTS + ("mxfp4",)),  # mxfp4: experts as gpt-oss ships them
         Entry("phimoe", EXPERT_VARIANTS),
         Entry("ernie4_5_moe", EXPERT_VARIANTS),

@@ -30,7 +30,7 @@ from mlxbun.zoo.arch_row import (
     Arch,
 )
 from mlxbun.zoo.archs_hybrid import HYBRID_ROWS
-from mlxbun.zoo.archs_wrappers import WRAPPER_ROWS
+from mlxbun.zoo.archs_wrappers import WRAPPER_ROWS, wrapped_text_rows
 from mlxbun.zoo.config_fixups import (
     cohere2_post,
     exaone4_post,
@@ -389,7 +389,9 @@ _ROWS = (
 
 
 
-ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + HYBRID_ROWS + WRAPPER_ROWS}
+_TEXT_TABLE = {row.name: row for row in _ROWS + HYBRID_ROWS}
+ARCH_TABLE: dict[str, Arch] = {row.name: row for row in (*_TEXT_TABLE.values(), *WRAPPER_ROWS,
+                                                         *wrapped_text_rows(_TEXT_TABLE))}
 ARCHS: tuple[str, ...] = tuple(ARCH_TABLE)
 
 

@@ -3,9 +3,13 @@ transformers configuration class (wrapper_configs.py); no vision weights are bui
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+
 from mlxbun.zoo.arch_row import HEAD_DIM, MINISTRAL3_KNOBS, MOE_EXPERTS, MOE_INTERMEDIATE, MOE_TOP_K, Arch
 from mlxbun.zoo.archs_hybrid import LFM2_KNOBS, lfm2_post
 from mlxbun.zoo.wrapper_configs import (
+    KIMI_VL_VISION,
     LFM2_VL_VISION,
     PIXTRAL_VISION,
     QWEN2_VL_VISION,
@@ -16,7 +20,7 @@ from mlxbun.zoo.wrapper_configs import (
     vlm_post,
 )
 
-__all__ = ["WRAPPER_ROWS"]
+__all__ = ["WRAPPER_ROWS", "wrapped_text_rows"]
 
 WRAPPER_ROWS = (
     # mistral's text model (run as llama) behind Pixtral's wrapper: the hub's Pixtral-12B is a
@@ -52,3 +56,21 @@ WRAPPER_ROWS = (
     Arch("lfm2-vl", "Lfm2VlForConditionalGeneration", "Lfm2Config", layers=3, kv_heads=2,
          knobs=LFM2_KNOBS, post=vlm_post("Lfm2VlConfig", "lfm2", LFM2_VL_VISION, inner=lfm2_post)),
 )
+
+
+def wrapped_text_rows(text: Mapping[str, Arch]) -> tuple[Arch, ...]:
+    """The wrappers whose transformers has no configuration class: the text row's own zoo
+    config (`text`: the zoo's rows by name) moved into text_config beside the hub's keys."""
+    return (
+        # deepseek_v3's MLA / MoE text model behind Kimi-VL's wrapper (moonvit tower)
+        dataclasses.replace(
+            text["deepseek_v3"], name="kimi_vl", architecture="KimiVLForConditionalGeneration",
+            post=vlm_post(None, "deepseek_v3", KIMI_VL_VISION,
+                          top={"media_placeholder_token_id": 163605, "ignore_index": -100})),
+        # deepseek_v3's text model behind Kimi-K2.5's wrapper (text_config's model_type kimi_k2,
+        # which mlx-lm remaps to deepseek_v3)
+        dataclasses.replace(
+            text["deepseek_v3"], name="kimi_k25", architecture="KimiK25ForConditionalGeneration",
+            post=vlm_post(None, "kimi_k2", KIMI_VL_VISION,
+                          top={"media_placeholder_token_id": 163605, "ignore_index": -100})),
+    )

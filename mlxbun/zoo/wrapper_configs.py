@@ -9,7 +9,7 @@ from typing import Callable, Mapping
 from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
 from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID
 
-__all__ = ["LFM2_VL_VISION", "PIXTRAL_VISION", "QWEN2_VL_VISION", "QWEN3_VL_VISION", "qwen2_vl_text",
+__all__ = ["KIMI_VL_VISION", "LFM2_VL_VISION", "PIXTRAL_VISION", "QWEN2_VL_VISION", "QWEN3_VL_VISION", "qwen2_vl_text",
            "qwen3_vl_moe_text", "qwen3_vl_text", "vlm_post"]
 
 # tiny towers (one layer, width 32) in each wrapper's vision_config
@@ -18,23 +18,29 @@ PIXTRAL_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers
 QWEN2_VL_VISION = {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2}
 QWEN3_VL_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
                    "out_hidden_size": 64, "deepstack_visual_indexes": []}
+KIMI_VL_VISION = {"model_type": "moonvit", "patch_size": 14, "init_pos_emb_height": 8,
+                  "init_pos_emb_width": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
+                  "hidden_size": 32, "intermediate_size": 64, "merge_kernel_size": [2, 2]}
 LFM2_VL_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                   "num_attention_heads": 2}
 
 
-def vlm_post(outer: str, text_type: str, vision: Mapping, *,
+def vlm_post(outer: str | None, text_type: str, vision: Mapping, *,
              inner: Callable[[dict], None] | None = None,
              top: Mapping | None = None) -> Callable[[dict], None]:
     """An `Arch.post`: `inner` first (the text row's own fix-up), then the text config becomes
-    text_config (its model_type `text_type`) of `outer`'s defaults with `vision`; `top` adds
-    top-level keys the hub configs carry and the class does not write."""
+    text_config (its model_type `text_type`) of `outer`'s defaults (None: no class) with
+    `vision`; `top` adds top-level keys the hub configs carry and the class does not write."""
     def post(cfg: dict) -> None:
         if inner is not None:
             inner(cfg)
         text = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")}
         text["model_type"] = text_type
-        with quiet_transformers():
-            wrapper = transformers_config_class(outer)(vision_config=dict(vision)).to_diff_dict()
+        if outer is None:  # no transformers class (remote code): the hub's keys only
+            wrapper = {"vision_config": dict(vision)}
+        else:
+            with quiet_transformers():
+                wrapper = transformers_config_class(outer)(vision_config=dict(vision)).to_diff_dict()
         cfg.clear()
         cfg.update(wrapper, **dict(top or {}), text_config=text)
     return post

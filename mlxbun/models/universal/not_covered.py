@@ -44,7 +44,7 @@ NOT_COVERED: dict[str, str] = {
         ["deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",
          "longcat_flash", "minicpm3", "mistral4", "youtu_llm"], _MLA),
     **dict.fromkeys(
-        ["gemma3n", "gemma4", "kimi_k25", "kimi_vl", "minimax_m3_vl",
+        ["gemma3n", "gemma4", "minimax_m3_vl",
          "muse_glimmer", "muse_spark", "prism_hadamard_qwen35"], _WRAP),
     "gemma4_text": "gemma-4 text stack (KV sharing across layers, per-layer inputs, optional MoE): "
                    "the dedicated gemma4 port (seed design 6.1)",

@@ -303,8 +303,10 @@ def _split_kv_b(w: dict, fields: Mapping, d: ArchDescriptor) -> dict:
     w = dict(w)
     m = d.mla
     dn, dv, kv, heads = fields[m.nope_dim], fields[m.v_dim], fields[m.kv_lora_rank], fields[d.n_heads]
+    n = d.names
+    base = f"{n.wrapper}.{n.root}" if n.wrapper else n.root  # under a wrapper (kimi_k25)
     for layer in range(fields[d.n_layers]):
-        prefix = f"model.layers.{layer}.self_attn"
+        prefix = f"{base}.{n.layers}.{layer}.{n.attn}"
         if f"{prefix}.kv_b_proj.weight" not in w:
             continue
         quantized = f"{prefix}.kv_b_proj.scales" in w

@@ -14,8 +14,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from mlxbun.models.universal.kinds import SanitizeOp
 from mlxbun.models.universal.kinds_hybrid import GateUpLayout
 from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule
+from mlxbun.models.universal.schema_moe import StackExperts
 
 __all__ = ["wrapper_rows"]
 
@@ -28,13 +30,26 @@ _QWEN_VL_KEYS = SanitizeRule("wrapper_keys", ("visual.", "vision_tower.", "model
 
 
 def _wrap(text: ArchDescriptor, model_type: str, *, sanitize: tuple[SanitizeRule, ...],
-          notes: str, fields: Mapping[str, Any] | None = None, **changes) -> ArchDescriptor:
+          notes: str, fields: Mapping[str, Any] | None = None, drop_fields: tuple[str, ...] = (),
+          **changes) -> ArchDescriptor:
     """`text`'s row behind language_model (its knobs, its ModelArgs fields plus the defaults the
-    wrapper writes into text_config), with the wrapper's sanitize."""
+    wrapper writes into text_config, less those the wrapper's own text args lack), with the
+    wrapper's sanitize."""
+    kept = {k: v for k, v in text.fields.items() if k not in drop_fields}
     return dataclasses.replace(
-        text, model_type=model_type, fields={**text.fields, **(fields or {})},
+        text, model_type=model_type, fields={**kept, **(fields or {})},
         names=dataclasses.replace(text.names, wrapper="language_model"),
         sanitize=sanitize, notes=notes, **changes)
+
+
+def _under_wrapper(rule: SanitizeRule) -> SanitizeRule:
+    """A text row's rule as the wrapper's sanitize applies it to language_model's keys: a
+    drop_prefix rule's prefixes under language_model (the other ops match anywhere in a key,
+    or read names.wrapper)."""
+    if rule.op is not SanitizeOp.DROP_PREFIX:
+        return rule
+    prefixes = (rule.arg,) if isinstance(rule.arg, str) else rule.arg
+    return dataclasses.replace(rule, arg=tuple(f"language_model.{p}" for p in prefixes))
 
 
 # mistral3: the towers dropped (either layout), transformers 5's model.language_model moved
@@ -109,6 +124,34 @@ def wrapper_rows(text: Mapping[str, ArchDescriptor]) -> list[ArchDescriptor]:
                     "model.language_model moved, HF's fused experts gate_up_proj [E, D, 2I] split "
                     "and transposed as mlx-lm's sanitize; qwen3_moe's per-expert stacking is not "
                     "applied (nor by mlx-lm). " + _MEDIA),
+        # kimi_vl.py: deepseek_v3's model (its own TextArgs: deepseek_v3's fields but
+        # model_type) and an lm_head always; its sanitize drops the towers and rotary buffers and
+        # stacks per-expert tensors, nothing of deepseek_v3's (no kv_b_proj split)
+        _wrap(text["deepseek_v3"], "kimi_vl", drop_fields=("model_type",),
+              sanitize=(*(SanitizeRule("drop_containing", key, reason) for key, reason in (
+                            ("vision_tower", _TOWERS), ("rotary_emb", "precomputed rotary freqs"),
+                            ("multi_modal_projector", _TOWERS))),
+                        SanitizeRule("stack_experts", StackExperts(),
+                                     "per-expert tensors stacked into the fused SwitchGLU weights")),
+              ignored_keys={**text["deepseek_v3"].ignored_keys,
+                            "model_type": "kimi_vl's TextArgs has no model_type"},
+              notes="kimi_vl: deepseek_v3's text model behind the VLM wrapper (language_model.*; "
+                    "text_config's args, deepseek_v3's defaults; absorbed MLA, noaux_tc router; "
+                    "its own lm_head always); the towers and rotary buffers dropped and per-expert "
+                    "tensors stacked, nothing of deepseek_v3's sanitize (a kv_b_proj checkpoint is "
+                    "refused, as by mlx-lm's strict load). " + _MEDIA),
+        # kimi_k25.py: deepseek_v3's model and args, an lm_head always; its sanitize pops the
+        # towers, then runs deepseek_v3's on language_model's keys
+        _wrap(text["deepseek_v3"], "kimi_k25",
+              sanitize=(SanitizeRule("drop_prefix", ("vision_tower.", "vision_model.",
+                                                     "multi_modal_projector.", "mm_projector."),
+                                     _TOWERS),
+                        *map(_under_wrapper, text["deepseek_v3"].sanitize)),
+              notes="kimi_k25: deepseek_v3's text model behind the VLM wrapper (language_model.*; "
+                    "text_config read as deepseek_v3's args; absorbed MLA, noaux_tc router; its "
+                    "own lm_head always); the towers dropped, then deepseek_v3's sanitize (int4 / "
+                    "fp8 checkpoints, per-expert stacking, the kv_b_proj split, the MTP layer "
+                    "dropped) under language_model. " + _MEDIA),
         # lfm2-vl.py: lfm2's text model (always tied: the tie_word_embeddings False its
         # __post_init__ writes is not an lfm2 field); sanitize pops the towers only, so the
         # conv weights must be in mlx's layout already (lfm2's own sanitize is not applied)
