@@ -17,6 +17,9 @@ _MOE = ("mixture-of-experts: needs a router / layer rule / expert kind the MoE k
 _HYBRID = "recurrent / SSM / linear-attention layers: needs a dedicated port"
 _MLA = "multi-head latent attention (low-rank q/kv, split rope dims): needs the MLA module"
 _WRAP = "multimodal wrapper (text stack under language_model.*): needs a wrapper shim"
+# VLM files whose language model is their own (not another file's text model, which a wrapper
+# row in table_wrappers.py runs)
+_OWN_TEXT = "a VLM whose text stack is its own, not another mlx-lm file's"
 
 NOT_COVERED: dict[str, str] = {
     "dbrx": f"{_MOE}: experts are a list of per-expert MLP modules run one token at a time in a "
@@ -43,9 +46,16 @@ NOT_COVERED: dict[str, str] = {
     **dict.fromkeys(
         ["deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",
          "longcat_flash", "minicpm3", "mistral4", "youtu_llm"], _MLA),
-    **dict.fromkeys(
-        ["gemma3n", "gemma4", "minimax_m3_vl",
-         "muse_glimmer", "muse_spark", "prism_hadamard_qwen35"], _WRAP),
+    **dict.fromkeys(["gemma3n", "gemma4"], _WRAP),
+    "minimax_m3_vl": f"{_OWN_TEXT}: MiniMax-M3's (sparse attention config, gemma-style q/k norms, "
+                     "clamped SwiGLU experts with shared and dense MLPs per mlp_layer_types)",
+    "muse_glimmer": f"{_OWN_TEXT}: gated attention output, scaleless q/k RMSNorm times "
+                    "qk_scale_factor, local / global layers with NoPE on the global ones, centered "
+                    "(1 + w) block norms, a normed embedding",
+    "muse_spark": f"{_OWN_TEXT}: input-scaled RMSNorms, precise SwiGLU MoE, its own kernels",
+    "prism_hadamard_qwen35": "qwen3_5 (covered) whose linears / embedding are 2-bit packs with a "
+                             "blockwise Hadamard rotation folded in (HadamardQuantizedLinear): "
+                             "needs that quantized module kind",
     "gemma4_text": "gemma-4 text stack (KV sharing across layers, per-layer inputs, optional MoE): "
                    "the dedicated gemma4 port (seed design 6.1)",
     "baichuan_m1": "a short convolution over keys/values with its own cache state: needs a port",
