@@ -313,6 +313,8 @@ def test_text_rows_are_checked_with_the_row():
         dataclasses.replace(row, text_rows={"ministral3": DESCRIPTORS["ministral3"]})  # another model_type
     with pytest.raises(DescriptorError, match="text_rows"):
         dataclasses.replace(DESCRIPTORS["llama"], text_rows=row.text_rows)  # no wrapper
+    with pytest.raises(DescriptorError, match="text_config_required needs names.wrapper"):
+        dataclasses.replace(DESCRIPTORS["llama"], text_config_required=True)
 
 
 def test_explain_shows_the_text_row_a_zoo_arch_picks():
@@ -390,3 +392,25 @@ def test_kimi_vl_reads_deepseek_v3s_fields_but_model_type():
 
     assert dict(row.fields) == {f.name: f.default for f in dataclasses.fields(kimi_vl.TextArgs)}
     assert "model_type" in row.ignored_keys and check_coverage("kimi_vl", tiny_config("kimi_vl")).ok
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "mistral3", "pixtral", "lfm2-vl", "qwen3_vl_moe", "kimi_vl",
+                                  "kimi_k25", "qwen2_vl", "qwen3_vl"])
+def test_a_config_without_text_config_is_refused_where_mlx_lm_requires_one(arch):
+    """The wrappers whose ModelArgs have a text_config field without a default refuse a flat
+    config, as mlx-lm's do; qwen2_vl's / qwen3_vl's from_dict read it as the text config."""
+    import importlib
+
+    from mlxbun.errors import ConfigError
+    from mlxbun.models.universal.loader import build_model
+
+    cfg = tiny_config(arch)
+    flat = {**cfg.pop("text_config"), **cfg}
+    args = importlib.import_module(f"mlx_lm.models.{arch}").ModelArgs
+    if DESCRIPTORS[arch].text_config_required:
+        with pytest.raises(TypeError, match="text_config"):
+            args.from_dict(flat)
+        with pytest.raises(ConfigError, match=f"{arch}.*missing required key 'text_config'"):
+            build_model(flat)
+    else:
+        assert args.from_dict(flat).text_config == flat and build_model(flat).args.vocab == 512

@@ -90,11 +90,14 @@ def _kv_proj(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
 
 
 def text_config(d: ArchDescriptor, config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """What a wrapper row's ModelArgs read: text_config, else the whole config (qwen3_5's
-    `ModelArgs.from_dict`), with the wrapper's own fields written over it (gemma3's
+    """What a wrapper row's ModelArgs read: text_config (required where the wrapper's ModelArgs
+    require it), else the whole config (qwen3_5's `ModelArgs.from_dict`), with the wrapper's own fields written over it (gemma3's
     `__post_init__`: the top-level vocab_size, else its default) and the values it sets
     (pixtral's untied head); a row without a wrapper reads the whole config."""
     text = config.get("text_config") if d.names.wrapper else None
+    if text is None and d.text_config_required:
+        raise _fail(d.model_type, "missing required key 'text_config' (mlx-lm's wrapper ModelArgs "
+                                  "require it: the text model's args)")
     if text is None:
         return config
     if not isinstance(text, Mapping):

@@ -261,6 +261,9 @@ class ArchDescriptor:
     # ministral3): that model_type -> the row run then (same model_type and wrapper); any other
     # text model_type runs this row
     text_rows: Mapping[str, ArchDescriptor] = field(default_factory=dict)
+    # the wrapper's ModelArgs require text_config (a dataclass field without a default: gemma3,
+    # pixtral, mistral3...); False: a config without one is the text config (qwen2_vl's from_dict)
+    text_config_required: bool = False
     # attention
     qkv: QKV = _kind(QKV, QKV.SEPARATE)
     attn_bias: bool | str = False
@@ -524,6 +527,8 @@ def _check_combinations(d: ArchDescriptor) -> None:
                            or set(d.wrapper_sets) & set(d.wrapper_fields)):
         raise d.error("wrapper_sets needs names.wrapper and names ModelArgs fields only, none of "
                       "wrapper_fields'")
+    if d.text_config_required and not d.names.wrapper:
+        raise d.error("text_config_required needs names.wrapper")
     if d.text_rows and (not d.names.wrapper or any(
             not isinstance(r, ArchDescriptor) or r.model_type != d.model_type
             or r.names.wrapper != d.names.wrapper or r.text_rows for r in d.text_rows.values())):

@@ -254,7 +254,7 @@ _ROWS = [
         rope=RopeKnobs(traditional=False, sliding_theta="rope_local_base_freq"),
         mlp=MlpKnobs(act="gelu_approx"), norm=NormKnobs("gemma_rms"),
         names=Names(norms=_GEMMA_NORMS, wrapper="language_model"),
-        wrapper_fields={"vocab_size": 262208},
+        wrapper_fields={"vocab_size": 262208}, text_config_required=True,
         block=BlockKnobs("sandwich", residual="clip_f16"), embed_scale="sqrt_hidden_bf16",
         head=HeadKnobs(tie="checkpoint"),
         layers=LayerKnobs("period", sliding_window="sliding_window", period="sliding_window_pattern",

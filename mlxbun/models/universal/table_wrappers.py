@@ -36,6 +36,7 @@ def _wrap(text: ArchDescriptor, model_type: str, *, sanitize: tuple[SanitizeRule
     wrapper writes into text_config, less those the wrapper's own text args lack), with the
     wrapper's sanitize."""
     kept = {k: v for k, v in text.fields.items() if k not in drop_fields}
+    changes.setdefault("text_config_required", True)  # but qwen2_vl / qwen3_vl's from_dict
     return dataclasses.replace(
         text, model_type=model_type, fields={**kept, **(fields or {})},
         names=dataclasses.replace(text.names, wrapper="language_model"),
@@ -93,7 +94,7 @@ def wrapper_rows(text: Mapping[str, ArchDescriptor]) -> list[ArchDescriptor]:
                     "sanitize). " + _MEDIA),
         # qwen2_vl.py (qwen2_5_vl remaps here): qwen2's text model, text_config else the whole
         # config; an mrope rope_scaling is plain RoPE on text positions (initialize_rope)
-        _wrap(text["qwen2"], "qwen2_vl", sanitize=(_QWEN_VL_KEYS,),
+        _wrap(text["qwen2"], "qwen2_vl", sanitize=(_QWEN_VL_KEYS,), text_config_required=False,
               notes="qwen2_vl (and qwen2_5_vl, remapped to it): qwen2's text model behind the VLM "
                     "wrapper (language_model.*; text_config's args, else the whole config's; "
                     "rope_scaling type mrope runs plain RoPE on the text positions, as mlx-lm's "
@@ -101,7 +102,7 @@ def wrapper_rows(text: Mapping[str, ArchDescriptor]) -> list[ArchDescriptor]:
                     "model.language_model moved; qwen2's own sanitize not applied, so a tied head "
                     "or a rotary buffer in the checkpoint is refused, as by mlx-lm). " + _MEDIA),
         # qwen3_vl.py: qwen3's text model, the same wrapper as qwen2_vl's
-        _wrap(text["qwen3"], "qwen3_vl", sanitize=(_QWEN_VL_KEYS,),
+        _wrap(text["qwen3"], "qwen3_vl", sanitize=(_QWEN_VL_KEYS,), text_config_required=False,
               notes="qwen3_vl: qwen3's text model behind the VLM wrapper (language_model.*; "
                     "text_config's args, else the whole config's; the mrope sections (interleaved "
                     "or not) are not applied: plain RoPE on the text positions, as mlx-lm; the "
