@@ -414,3 +414,20 @@ def test_a_config_without_text_config_is_refused_where_mlx_lm_requires_one(arch)
             build_model(flat)
     else:
         assert args.from_dict(flat).text_config == flat and build_model(flat).args.vocab == 512
+
+
+@pytest.mark.parametrize("keep_head", [True, False])
+def test_a_tied_qwen3_vl_moe_is_refused_as_mlx_lm_cannot_load_one(keep_head, zoo, tmp_path):
+    """qwen3_vl_moe's sanitize reads an lm_head (a KeyError without one) that a tied qwen3_moe
+    does not build (the strict load refuses it): no tied checkpoint loads in mlx-lm."""
+    from mlxbun.errors import UnsupportedModelError as Refused
+
+    def tie(cfg):
+        cfg["text_config"]["tie_word_embeddings"] = True
+
+    drop = (lambda w: w) if keep_head else (lambda w: {k: v for k, v in w.items() if "lm_head" not in k})
+    tied = _rewrite(zoo("qwen3_vl_moe"), tmp_path / "tied", drop, tie)
+    with pytest.raises((ValueError, KeyError), match="lm_head"):
+        _oracle(tied)
+    with pytest.raises(Refused, match="tie_word_embeddings"):
+        load_universal(tied)

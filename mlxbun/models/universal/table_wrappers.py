@@ -119,6 +119,9 @@ def wrapper_rows(text: Mapping[str, ArchDescriptor]) -> list[ArchDescriptor]:
                         SanitizeRule("split_gate_up_experts", GateUpLayout.LAST_TRANSPOSED,
                                      "HF fused experts gate_up_proj [E, D, 2I] split, each "
                                      "expert matrix transposed")),
+              # its sanitize needs an lm_head, which a tied qwen3_moe does not build: mlx-lm loads
+              # no tied checkpoint, so none is run here either
+              accepted_values={**text["qwen3_moe"].accepted_values, "tie_word_embeddings": (False,)},
               notes="qwen3_vl_moe: qwen3_moe's text model behind the VLM wrapper (language_model.*; "
                     "text_config's args; softmax top-k router, plain RoPE on text positions, the "
                     "mrope sections not applied); the vision tower dropped, transformers 5's "
