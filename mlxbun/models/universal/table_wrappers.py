@@ -127,7 +127,8 @@ def wrapper_rows(text: Mapping[str, ArchDescriptor]) -> list[ArchDescriptor]:
                     "mrope sections not applied); the vision tower dropped, transformers 5's "
                     "model.language_model moved, HF's fused experts gate_up_proj [E, D, 2I] split "
                     "and transposed as mlx-lm's sanitize; qwen3_moe's per-expert stacking is not "
-                    "applied (nor by mlx-lm). " + _MEDIA),
+                    "applied (nor by mlx-lm); a tied text_config is refused (mlx-lm loads none). "
+                    + _MEDIA),
         # kimi_vl.py: deepseek_v3's model (its own TextArgs: deepseek_v3's fields but
         # model_type) and an lm_head always; its sanitize drops the towers and rotary buffers and
         # stacks per-expert tensors, nothing of deepseek_v3's (no kv_b_proj split)
