@@ -40,7 +40,6 @@ from mlxbun.zoo.config_fixups import (
     gpt_neox_post,
     mellum_post,
     minimax_m2_post,
-    mistral3_wrapper_post,
     qwen3_moe_post,
 )
 from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
@@ -109,9 +108,6 @@ _ROWS = (
                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
          post=gemma3_wrapper_post),
-    # mistral's text model (run as llama) behind the VLM wrapper (text_config)
-    Arch("mistral3", "Mistral3ForConditionalGeneration", "MistralConfig",
-         knobs={"sliding_window": None}, post=mistral3_wrapper_post),
     # phi-4-mini style: partial rotary + longrope (mlx-lm applies the long factors)
     Arch("phi3", "Phi3ForCausalLM", "Phi3Config", kv_heads=2, rope_type_key="type",
          knobs={"partial_rotary_factor": 0.75, "original_max_position_embeddings": 128,

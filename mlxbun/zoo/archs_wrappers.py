@@ -28,6 +28,9 @@ WRAPPER_ROWS = (
     Arch("pixtral", "LlavaForConditionalGeneration", "MistralConfig",
          knobs={"sliding_window": None},
          post=vlm_post("LlavaConfig", "mistral", {**PIXTRAL_VISION, "model_type": "pixtral"})),
+    # mistral's text model (run as llama) behind Mistral 3's wrapper (Mistral3Config)
+    Arch("mistral3", "Mistral3ForConditionalGeneration", "MistralConfig",
+         knobs={"sliding_window": None}, post=vlm_post("Mistral3Config", "mistral", PIXTRAL_VISION)),
     # ministral3's text model behind Mistral 3's wrapper (the Ministral 3 VLMs): mlx-lm's
     # mistral3 picks it by text_config.model_type; the ministral3 row's yarn + llama-4 scaling
     Arch("mistral3-ministral3", "Mistral3ForConditionalGeneration", "Ministral3Config",
