@@ -57,8 +57,8 @@ def _explain_arch(arch: str, target: str) -> Explanation:
     if arch == GEMMA3N:
         return explain_gemma3n(tiny_config(arch), target=target,
                                source=f"the zoo's tiny config (mlxbun.zoo.tiny_config({arch!r}))")
-    d = descriptor_for(arch)  # refuses unknown and not-covered model_types, naming them
-    if arch not in ARCHS:
+    if arch not in ARCHS:  # (a zoo arch may name a wrapper's second text model: mistral3-ministral3)
+        d = descriptor_for(arch)  # refuses unknown and not-covered model_types, naming them
         raise UnsupportedModelError(f"'{arch}' ({d.model_type}) has no zoo config to size it; "
                                     f"explain a checkpoint directory instead")
     return explain_config(tiny_config(arch), target=target,

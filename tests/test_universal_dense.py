@@ -32,6 +32,7 @@ from mlxbun.models.universal.schema import (
     SanitizeRule,
 )
 from mlxbun.models.universal.table import DESCRIPTORS
+from mlxbun.zoo.archs import get_arch, tiny_config
 from tests.universal_manifest import MANIFEST, universal_archs
 
 ARCHS = universal_archs()  # every row's arch (+ mistral, which mlx-lm remaps to llama); the
@@ -276,12 +277,15 @@ def test_tree_caches_and_surface_match_mlx_lm(zoo, arch):
     assert mx.array_equal(ours.logits_from_hidden(h), ours(ids))
     assert ours.weights_bytes == sum(v.nbytes for _, v in tree_flatten(ref.parameters()))
     assert ours.model_type == DESCRIPTORS[ours.model_type].model_type
-    assert ours.config.model_type == ours.model_type and ours.raw_config["model_type"] == arch
+    assert ours.config.model_type == ours.model_type
+    assert ours.raw_config["model_type"] == (get_arch(arch).model_type or arch)
 
 
 # VLM wrappers around another file's text model: the file mlx-lm builds it from (mistral3: the
 # llama text model, the one its row runs)
-_WRAPPED = {"gemma3": "gemma3_text", "mistral3": "llama", "gemma4": "gemma4_text"}
+_WRAPPED = {"gemma3": "gemma3_text", "mistral3": "llama", "gemma4": "gemma4_text", "pixtral": "llama",
+            "qwen2_vl": "qwen2", "qwen3_vl": "qwen3", "lfm2-vl": "lfm2", "qwen3_vl_moe": "qwen3_moe",
+            "kimi_vl": "kimi_vl.TextArgs", "kimi_k25": "deepseek_v3"}
 
 
 def test_descriptor_fields_are_mlx_lm_model_args():
@@ -291,7 +295,11 @@ def test_descriptor_fields_are_mlx_lm_model_args():
         injected = {}
         if mt in _WRAPPED:  # gemma3, mistral3, gemma4: the wrapped file's args
             injected = args_cls(model_type=mt, text_config={}).text_config  # the wrapper's defaults
-            args_cls = importlib.import_module(f"mlx_lm.models.{_WRAPPED[mt]}").ModelArgs
+            injected = injected if isinstance(injected, dict) else {}  # (kimi: already its args)
+            module, _, cls = _WRAPPED[mt].partition(".")  # the file's ModelArgs, else the class named
+            args_cls = getattr(importlib.import_module(f"mlx_lm.models.{module}"), cls or "ModelArgs")
+            names = {f.name for f in dataclasses.fields(args_cls)}  # from_dict keeps its fields only
+            injected = {k: v for k, v in injected.items() if k in names}
         elif d.names.wrapper:  # a VLM wrapper (qwen3_5): the text model's args, from its file
             model_cls = importlib.import_module(f"mlx_lm.models.{mt}").Model
             args_cls = next(vars(importlib.import_module(c.__module__))["TextModelArgs"]
@@ -319,12 +327,16 @@ def test_table_manifest_and_zoo_agree():
         f"manifest entries without a zoo arch: {sorted(set(MANIFEST) - set(ZOO_ARCHS))}")
     from mlxbun.profile import L1_DEDICATED_TYPES
 
-    remapped = {MODEL_REMAPPING.get(a, a) for a in ARCHS}
+    remapped = {MODEL_REMAPPING.get(a, a) for a in ARCHS if get_arch(a).model_type is None}
     assert {a for a in MANIFEST if a not in ARCHS} == set(L1_DEDICATED_TYPES)
     assert remapped == set(DESCRIPTORS), (
         f"rows without a manifest/zoo entry: {sorted(set(DESCRIPTORS) - remapped)}; "
         f"entries without a row: {sorted(remapped - set(DESCRIPTORS))}")
     assert len(DESCRIPTORS) >= 30
+    # a wrapper's second text model (text_rows): a zoo arch of its own whose config picks it
+    variants = {(get_arch(a).model_type, tiny_config(a)["text_config"]["model_type"])
+                for a in MANIFEST if get_arch(a).model_type is not None}
+    assert variants == {(mt, t) for mt, d in DESCRIPTORS.items() for t in d.text_rows}
 
 
 _OLMO2_FIELDS = DESCRIPTORS["olmo2"].fields

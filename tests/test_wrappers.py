@@ -1,7 +1,8 @@
 """The multimodal wrappers' text paths (gemma3, mistral3): hub-layout checkpoints with the vision
 tower's keys load and run as mlx-lm's text path, the wrappers' own ModelArgs (gemma3: heads 8 /
 kv 4 by default, the top-level vocab_size over text_config's; mistral3: untied unless
-text_config ties, llama's text model only) and coverage of the wrapper's keys. The
+text_config ties, its llama row refusing other text models: a ministral3 text_config picks the
+ministral3 row, tests/test_wrappers_text.py) and coverage of the wrapper's keys. The
 logits of every zoo variant against mlx-lm are tests/test_universal_dense.py's (manifest)."""
 
 import dataclasses

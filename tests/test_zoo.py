@@ -24,7 +24,7 @@ from mlxbun.zoo import (
     make_checkpoint,
     tiny_config,
 )
-from mlxbun.zoo.archs import has_experts
+from mlxbun.zoo.archs import get_arch, has_experts
 from mlxbun.zoo.tokenizer import BOS_ID, EOS_ID, IM_END_ID, PAD_ID, SPECIAL_TOKENS, VOCAB_SIZE
 
 # long enough (>= 40 tokens) to cross the 16-token sliding windows and ministral3's 32-token
@@ -109,7 +109,7 @@ def test_common_imports_no_other_zoo_module():
 def test_float32_checkpoint_loads_strictly_and_runs(zoo, arch):
     path = zoo(arch)
     config = json.loads((path / "config.json").read_text())
-    assert config["model_type"] == arch and config["torch_dtype"] == "float32"
+    assert config["model_type"] == (get_arch(arch).model_type or arch) and config["torch_dtype"] == "float32"
     text = config.get("text_config", config)  # a VLM wrapper's (qwen3_5) text keys
     assert text["vocab_size"] == VOCAB_SIZE and isinstance(config["architectures"][0], str)
     assert (text["bos_token_id"], text["eos_token_id"]) == (BOS_ID, EOS_ID)

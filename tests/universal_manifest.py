@@ -45,6 +45,10 @@ MANIFEST = {
         Entry("gemma4_text"),  # its own forward (models/universal/gemma4.py): KV sharing, per-layer inputs
         Entry("gemma4", EXPERT_VARIANTS),  # gemma4_text behind the VLM wrapper, its MoE block on
         Entry("mistral3"),  # llama's text model behind the VLM wrapper
+        Entry("mistral3-ministral3"),  # mistral3 with a ministral3 text_config: ministral3's row
+        Entry("pixtral"),  # llama's text model behind the VLM wrapper, always untied
+        Entry("qwen2_vl"),  # qwen2's text model behind the VLM wrapper (mrope: plain RoPE on text)
+        Entry("qwen3_vl"),  # qwen3's text model behind the VLM wrapper
         Entry("olmo3"),
         Entry("cohere"),
         Entry("cohere2"),
@@ -65,6 +69,7 @@ MANIFEST = {
         Entry("nanochat"),
         # mixture of experts (models/universal/moe.py)
         Entry("qwen3_moe", EXPERT_VARIANTS),
+        Entry("qwen3_vl_moe", EXPERT_VARIANTS),  # qwen3_moe behind the VLM wrapper
         Entry("qwen2_moe", EXPERT_VARIANTS),
         Entry("mixtral", EXPERT_VARIANTS),
         Entry("olmoe", EXPERT_VARIANTS),
@@ -84,6 +89,8 @@ MANIFEST = {
         Entry("mistral4", EXPERT_VARIANTS),  # absorbed MLA decode, expanded prefill, llama-4 scale
         Entry("deepseek_v32", EXPERT_VARIANTS),  # absorbed MLA with the DSA indexer (CacheList)
         Entry("glm_moe_dsa", EXPERT_VARIANTS),  # deepseek_v32's graph under its own ModelArgs
+        Entry("kimi_vl", EXPERT_VARIANTS),  # deepseek_v3 behind the VLM wrapper
+        Entry("kimi_k25", EXPERT_VARIANTS),  # deepseek_v3 behind the VLM wrapper, its sanitize too
         Entry("gpt_oss", EXPERT_VARIANTS + ("mxfp4",)),  # mxfp4: experts as gpt-oss ships them
         Entry("phimoe", EXPERT_VARIANTS),
         Entry("ernie4_5_moe", EXPERT_VARIANTS),
@@ -96,6 +103,7 @@ MANIFEST = {
         Entry("laguna", EXPERT_VARIANTS),
         # hybrids: recurrent mixers on some layers (models/universal/mixers/)
         Entry("lfm2"),
+        Entry("lfm2-vl"),  # lfm2 behind the VLM wrapper
         Entry("qwen3_5"),
         Entry("qwen3_5_moe", EXPERT_VARIANTS),
         Entry("qwen3_next", EXPERT_VARIANTS),

@@ -22,6 +22,7 @@ from mlxbun.zoo.arch_row import (
     HIDDEN,
     INTERMEDIATE,
     MAX_POSITIONS,
+    MINISTRAL3_KNOBS,
     MOE_EXPERTS,
     MOE_INTERMEDIATE,
     MOE_TOP_K,
@@ -30,6 +31,7 @@ from mlxbun.zoo.arch_row import (
 )
 from mlxbun.zoo.archs_gemma4 import GEMMA4_ROWS
 from mlxbun.zoo.archs_hybrid import HYBRID_ROWS
+from mlxbun.zoo.archs_wrappers import WRAPPER_ROWS, wrapped_text_rows
 from mlxbun.zoo.config_fixups import (
     cohere2_post,
     exaone4_post,
@@ -40,7 +42,6 @@ from mlxbun.zoo.config_fixups import (
     gpt_neox_post,
     mellum_post,
     minimax_m2_post,
-    mistral3_wrapper_post,
     qwen3_moe_post,
 )
 from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
@@ -122,9 +123,6 @@ _ROWS = (
                 "laurel_rank": 8, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 384,
                 "altup_coef_clip": 0.3},
          post=gemma3n_wrapper_post),
-    # mistral's text model (run as llama) behind the VLM wrapper (text_config)
-    Arch("mistral3", "Mistral3ForConditionalGeneration", "MistralConfig",
-         knobs={"sliding_window": None}, post=mistral3_wrapper_post),
     # phi-4-mini style: partial rotary + longrope (mlx-lm applies the long factors)
     Arch("phi3", "Phi3ForCausalLM", "Phi3Config", kv_heads=2, rope_type_key="type",
          knobs={"partial_rotary_factor": 0.75, "original_max_position_embeddings": 128,
@@ -183,11 +181,7 @@ _ROWS = (
     # Ministral 3: yarn + llama-4 attention scaling, read from rope_parameters only; original
     # context 32 so a 40-token prompt reaches the scaled region (real: 16384 * 16 = 262144)
     Arch("ministral3", "Ministral3ForCausalLM", "Ministral3Config", legacy_rope=False,
-         knobs={"rope_parameters": {
-             "rope_type": "yarn", "type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
-             "original_max_position_embeddings": 32, "max_position_embeddings": MAX_POSITIONS,
-             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-             "llama_4_scaling_beta": 0.1}}),
+         knobs=MINISTRAL3_KNOBS),
     Arch("nanochat", "NanoChatForCausalLM", "NanoChatConfig"),
     # ---- mixture of experts
     # Qwen3-30B-A3B's knobs: renormalized top-k, every layer MoE
@@ -453,7 +447,9 @@ _ROWS = (
 
 
 
-ARCH_TABLE: dict[str, Arch] = {row.name: row for row in _ROWS + GEMMA4_ROWS + HYBRID_ROWS}
+_TEXT_TABLE = {row.name: row for row in _ROWS + GEMMA4_ROWS + HYBRID_ROWS}
+ARCH_TABLE: dict[str, Arch] = {row.name: row for row in (*_TEXT_TABLE.values(), *WRAPPER_ROWS,
+                                                         *wrapped_text_rows(_TEXT_TABLE))}
 ARCHS: tuple[str, ...] = tuple(ARCH_TABLE)
 
 
@@ -471,7 +467,11 @@ def _descriptor(arch: str):
     from mlxbun.config import MODEL_REMAPPING
     from mlxbun.models.universal.table import DESCRIPTORS
 
-    get_arch(arch)
+    row = get_arch(arch)
+    if row.model_type is not None:  # a wrapper's second text model: the row its config picks
+        from mlxbun.models.universal.resolve import descriptor_for
+
+        return descriptor_for(row.model_type, tiny_config(arch))
     return DESCRIPTORS.get(MODEL_REMAPPING.get(arch, arch))
 
 
@@ -575,7 +575,7 @@ def tiny_config(arch: str) -> dict:
     cfg.update(copy.deepcopy(dict(row.extra)))
     if row.post is not None:
         row.post(cfg)
-    cfg["model_type"] = row.name
+    cfg["model_type"] = row.model_type or row.name
     cfg["architectures"] = [row.architecture]
     cfg["torch_dtype"] = "float32"
     return dict(sorted(cfg.items()))

@@ -13,22 +13,23 @@ from mlxbun.zoo.arch_row import (
 )
 from mlxbun.zoo.gated_delta_configs import QWEN3_5_KNOBS, qwen3_5_post, qwen3_next_post
 
-__all__ = ["HYBRID_ROWS"]
+__all__ = ["HYBRID_ROWS", "LFM2_KNOBS", "lfm2_post"]
 
 
-def _lfm2_post(cfg: dict) -> None:
+def lfm2_post(cfg: dict) -> None:
     # real hub configs carry block_dim / block_ff_dim (mlx-lm requires block_dim) and
     # tie_embedding (the config class reads it, mlx-lm always ties)
     cfg.update(block_dim=cfg["hidden_size"], block_ff_dim=cfg["intermediate_size"],
                tie_embedding=cfg["tie_word_embeddings"])
 
 
+LFM2_KNOBS = {"layer_types": ["conv", "full_attention", "conv"], "block_multiple_of": 32}
+
 # hybrid rows: attention on some layers, a recurrent mixer on the others (every kind appears)
 HYBRID_ROWS = (
     # conv, attention, conv: the attention mask comes from layer 1, the conv mask from layer 0
     Arch("lfm2", "Lfm2ForCausalLM", "Lfm2Config", layers=3, kv_heads=2,
-         knobs={"layer_types": ["conv", "full_attention", "conv"], "block_multiple_of": 32},
-         post=_lfm2_post),
+         knobs=LFM2_KNOBS, post=lfm2_post),
     # delta, attention, delta; Qwen3-Next's knobs (renormalized top-k, a shared expert), layer 2
     # dense (mlp_only_layers); key heads of 32 (mlx-lm's Metal kernel needs Dk % 32 == 0)
     Arch("qwen3_next", "Qwen3NextForCausalLM", "Qwen3NextConfig", layers=3, kv_heads=2,

@@ -8,7 +8,6 @@ from mlxbun.zoo.hf_configs import quiet_transformers, transformers_config_class
 
 __all__ = ["cohere2_post", "exaone4_post", "exaone_moe_post", "gemma3_post", "gemma3_wrapper_post",
            "gemma3n_wrapper_post",
-           "mistral3_wrapper_post",
            "gpt_neox_post", "mellum_post", "minimax_m2_post", "qwen3_moe_post"]
 
 
@@ -52,23 +51,6 @@ def gemma3n_wrapper_post(cfg: dict) -> None:
     outer.pop("text_config", None)
     cfg.clear()
     cfg.update(outer, text_config=dict(sorted(text.items())))
-
-
-# a tiny Pixtral tower for mistral3's vision_config (no vision weights: mlx-lm's mistral3.Model
-# has no vision tower)
-_PIXTRAL_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                   "num_attention_heads": 2, "head_dim": 16, "image_size": 32, "patch_size": 16}
-
-
-def mistral3_wrapper_post(cfg: dict) -> None:
-    # Mistral 3 VLM hub configs: transformers' Mistral3Config holds the mistral text model in
-    # text_config (mlx-lm runs it as llama) beside the vision_config
-    text = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")}
-    text["model_type"] = "mistral"
-    with quiet_transformers():
-        outer = transformers_config_class("Mistral3Config")(vision_config=_PIXTRAL_VISION).to_diff_dict()
-    cfg.clear()
-    cfg.update(outer, text_config=text)
 
 
 def cohere2_post(cfg: dict) -> None:

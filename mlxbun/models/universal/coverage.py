@@ -30,6 +30,7 @@ from mlxbun.models.universal.kinds import (
 from mlxbun.models.universal.kinds_hybrid import (
     MixerKind,
 )
+from mlxbun.models.universal.media import VLM_KEYS
 from mlxbun.models.universal.resolve import descriptor_for, layer_kinds, model_args, text_config
 
 __all__ = ["CoverageReport", "HARMLESS_KEYS", "check_coverage", "require_coverage"]
@@ -96,8 +97,8 @@ class CoverageReport:
 
 def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport:
     """Sort the config's keys; see the module docstring. Unknown model_types refuse."""
-    d = descriptor_for(model_type)
     config = thaw(config)  # read-only configs hold tuples where the json had lists
+    d = descriptor_for(model_type, config)
     a = model_args(d, config)  # ConfigError for a config mlx-lm could not build
     understood, harmless, unknown = [], [], []
     ignored: dict[str, str] = {}
@@ -107,6 +108,8 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
                         for k in outer if k != "text_config" and k not in d.wrapper_fields})
         ignored.update({f"text_config.{k}": f"the wrapper writes its own {k} over it"
                         for k in d.wrapper_fields if k in outer["text_config"]})
+        ignored.update({f"text_config.{k}": f"the wrapper sets {k}={v!r} whatever text_config holds"
+                        for k, v in d.wrapper_sets.items() if k in outer["text_config"]})
     offending: dict[str, str] = {}
     for key, value in config.items():
         if key in d.accepted_values and value is not None and value not in d.accepted_values[key]:
@@ -138,6 +141,8 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
             # a hybrid's layer_types against the layers its rule picks
         elif key in d.ignored_keys:
             ignored[key] = d.ignored_keys[key] or "not read by mlx-lm for this arch"
+        elif d.names.wrapper and key in VLM_KEYS:  # a config without text_config (qwen2_vl)
+            ignored[key] = "the VLM's own (mlx-lm's wrapper builds no tower)"
         elif key in HARMLESS_KEYS:
             harmless.append(key)
         elif _neutral(value):

@@ -55,6 +55,7 @@ from mlxbun.models.universal.kinds_hybrid import (
     MixerKind,
 )
 from mlxbun.models.universal.kinds_mla import MlaKind
+from mlxbun.models.universal.media import refuse_media
 from mlxbun.models.universal.mixers import MIXERS
 from mlxbun.models.universal.mla import mla_attention
 from mlxbun.models.universal.mlp import MLP
@@ -404,5 +405,7 @@ class UniversalDense(nn.Module):
             out = L.logit_softcap(out, a.final_softcap_value)
         return out
 
-    def __call__(self, ids: mx.array, cache: Optional[list] = None) -> mx.array:
+    def __call__(self, ids: mx.array, cache: Optional[list] = None, **media: Any) -> mx.array:
+        if media:  # a VLM's image / audio inputs: refused by name (media.py)
+            refuse_media(self.model_type, self.descriptor.names.wrapper, media)
         return self.logits_from_hidden(self.forward_hidden(ids, cache))

@@ -138,7 +138,7 @@ def explain_config(config: Mapping[str, Any], *, target: str, source: str,
     if not isinstance(mt, str):
         raise ConfigError(f"{source}: required key 'model_type' is missing or not a string")
     raw.setdefault("model_type", mt)
-    d = descriptor_for(mt)
+    d = descriptor_for(mt, raw)
     a = resolve_args(d, raw)
     report = check_coverage(mt, raw)
     coverage = (f"ok ({len(report.understood)} keys understood)" if report.ok
@@ -203,6 +203,7 @@ def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Lin
                                             "args are text_config's" + "".join(
                                                 f", {k} the top-level one (default {v})"
                                                 for k, v in d.wrapper_fields.items())
+                                            + "".join(f", {k} always {v!r}" for k, v in d.wrapper_sets.items())
                                             + "; the text model runs alone"),)),)
           if n.wrapper else ()),
         ("embedding", tuple(_embedding(d, a))),
@@ -575,4 +576,5 @@ def _descriptor_dict(d: ArchDescriptor) -> dict[str, Any]:
     row = dataclasses.asdict(d)
     for key in ("fields", "ignored_keys", "accepted_values", "aliases", "notes"):
         row.pop(key)
+    row["text_rows"] = sorted(d.text_rows)  # the text model_types with a row of their own
     return row

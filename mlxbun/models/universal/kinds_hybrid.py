@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mlxbun.models.universal.kinds import StrEnum
 
-__all__ = ["ConvLayout", "HfCheckpoint", "HybridBlock", "MixerKind", "MixerLayers"]
+__all__ = ["ConvLayout", "GateUpLayout", "HfCheckpoint", "HybridBlock", "MixerKind", "MixerLayers"]
 
 
 class MixerKind(StrEnum):
@@ -60,6 +60,14 @@ class ConvLayout(StrEnum):
 
     LAST_GT_MIDDLE = "last_gt_middle"  # lfm2: shape[-1] > shape[1] -> transpose(0, 2, 1)
     LAST_NE_ONE = "last_ne_one"  # qwen3_next, mamba2: shape[-1] != 1 -> moveaxis(2, 1)
+
+
+class GateUpLayout(StrEnum):
+    """split_gate_up_experts' arg: where a fused experts.gate_up_proj keeps its 2I axis."""
+
+    ROWS = "rows"  # qwen3_5_moe: [E, 2I, D] split on axis 1; experts.down_proj as it is
+    LAST_TRANSPOSED = "last_transposed"  # qwen3_vl_moe: [E, D, 2I] split on the last axis; both
+    # halves and experts.down_proj swapaxes(-2, -1)
 
 
 class HfCheckpoint(StrEnum):

@@ -54,7 +54,7 @@ def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
     if not isinstance(mt, str):
         raise ConfigError("config.json: required key 'model_type' is missing or not a string")
     raw.setdefault("model_type", mt)
-    d = descriptor_for(mt)
+    d = descriptor_for(mt, raw)
     args = resolve_args(d, raw)
     # a plain dict attribute would join the module tree: hand over a read-only view
     config_view = text_config if text_config is not None else MappingProxyType(raw)

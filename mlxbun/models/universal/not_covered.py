@@ -15,7 +15,9 @@ INFRASTRUCTURE_FILES = (
 _MOE = ("mixture-of-experts: needs a router / layer rule / expert kind the MoE knobs "
         "(models/universal/moe.py) do not have yet")
 _HYBRID = "recurrent / SSM / linear-attention layers: needs a dedicated port"
-_WRAP = "multimodal wrapper (text stack under language_model.*): needs a wrapper shim"
+# VLM files whose language model is their own (not another file's text model, which a wrapper
+# row in table_wrappers.py runs)
+_OWN_TEXT = "a VLM whose text stack is its own, not another mlx-lm file's"
 
 NOT_COVERED: dict[str, str] = {
     "dbrx": f"{_MOE}: experts are a list of per-expert MLP modules run one token at a time in a "
@@ -47,10 +49,15 @@ NOT_COVERED: dict[str, str] = {
                      "argpartition, classifier with optional bias, kept 8-bit by its quant_predicate) "
                      "picks among n_routed_experts + zero_expert_num experts, the zero ones identity "
                      "experts weighting x: needs a dedicated port",
-    **dict.fromkeys(
-        ["kimi_k25", "kimi_vl", "lfm2-vl", "minimax_m3_vl",
-         "muse_glimmer", "muse_spark", "pixtral", "prism_hadamard_qwen35", "qwen2_vl",
-         "qwen3_vl", "qwen3_vl_moe"], _WRAP),
+    "minimax_m3_vl": f"{_OWN_TEXT}: MiniMax-M3's (sparse attention config, gemma-style q/k norms, "
+                     "clamped SwiGLU experts with shared and dense MLPs per mlp_layer_types)",
+    "muse_glimmer": f"{_OWN_TEXT}: gated attention output, scaleless q/k RMSNorm times "
+                    "qk_scale_factor, local / global layers with NoPE on the global ones, centered "
+                    "(1 + w) block norms, a normed embedding",
+    "muse_spark": f"{_OWN_TEXT}: input-scaled RMSNorms, precise SwiGLU MoE, its own kernels",
+    "prism_hadamard_qwen35": "qwen3_5 (covered) whose linears / embedding are 2-bit packs with a "
+                             "blockwise Hadamard rotation folded in (HadamardQuantizedLinear): "
+                             "needs that quantized module kind",
     "baichuan_m1": "a short convolution over keys/values with its own cache state: needs a port",
     "deepseek_v41": "DeepSeek-V4.1 attention (compressed/indexed KV) with MoE: "
                     "needs a dedicated port",

@@ -57,11 +57,15 @@ from mlxbun.models.universal.table import DESCRIPTORS
 __all__ = ["descriptor_for", "layer_kinds", "model_args", "resolve_args", "text_config", "thaw"]
 
 
-def descriptor_for(model_type: str) -> ArchDescriptor:
-    """The descriptor row of a model_type (after mlx-lm's remapping), or a refusal."""
+def descriptor_for(model_type: str, config: Mapping[str, Any] | None = None) -> ArchDescriptor:
+    """The descriptor row of a model_type (after mlx-lm's remapping), or a refusal; given the
+    config, a wrapper's row for its text_config.model_type (`text_rows`: mistral3's ministral3)."""
     mt = MODEL_REMAPPING.get(model_type, model_type)
     d = DESCRIPTORS.get(mt)
     if d is not None:
+        text = config.get("text_config") if config is not None and d.text_rows else None
+        if isinstance(text, Mapping) and text.get("model_type") in d.text_rows:
+            return d.text_rows[text["model_type"]]
         return d
     supported = ", ".join(sorted(DESCRIPTORS))
     why = f" ({NOT_COVERED[mt]})" if mt in NOT_COVERED else ""
@@ -86,17 +90,20 @@ def _kv_proj(d: ArchDescriptor, a: dict, n: int) -> list[bool]:
 
 
 def text_config(d: ArchDescriptor, config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """What a wrapper row's ModelArgs read: text_config, else the whole config (qwen3_5's
-    `ModelArgs.from_dict`), with the wrapper's own fields written over it (gemma3's
-    `__post_init__`: the top-level vocab_size, else its default); a row without a wrapper
-    reads the whole config."""
+    """What a wrapper row's ModelArgs read: text_config (required where the wrapper's ModelArgs
+    require it), else the whole config (qwen3_5's `ModelArgs.from_dict`), with the wrapper's own fields written over it (gemma3's
+    `__post_init__`: the top-level vocab_size, else its default) and the values it sets
+    (pixtral's untied head); a row without a wrapper reads the whole config."""
     text = config.get("text_config") if d.names.wrapper else None
+    if text is None and d.text_config_required:
+        raise _fail(d.model_type, "missing required key 'text_config' (mlx-lm's wrapper ModelArgs "
+                                  "require it: the text model's args)")
     if text is None:
         return config
     if not isinstance(text, Mapping):
         raise _fail(d.model_type, f"'text_config' must be an object, got {text!r}"[:200])
-    if d.wrapper_fields:
-        return {**text, **{k: config.get(k, v) for k, v in d.wrapper_fields.items()}}
+    if d.wrapper_fields or d.wrapper_sets:
+        return {**text, **{k: config.get(k, v) for k, v in d.wrapper_fields.items()}, **d.wrapper_sets}
     return text
 
 

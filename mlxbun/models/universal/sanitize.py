@@ -20,6 +20,7 @@ from mlxbun.models.universal.kinds import (
 )
 from mlxbun.models.universal.kinds_hybrid import (
     ConvLayout,
+    GateUpLayout,
     HfCheckpoint,
 )
 from mlxbun.models.universal.moe_args import moe_layers
@@ -255,8 +256,10 @@ def _split_kv_b(w: dict, fields: Mapping, d: ArchDescriptor) -> dict:
     w = dict(w)
     m = d.mla
     dn, dv, kv, heads = fields[m.nope_dim], fields[m.v_dim], fields[m.kv_lora_rank], fields[d.n_heads]
+    n = d.names
+    base = f"{n.wrapper}.{n.root}" if n.wrapper else n.root  # under a wrapper (kimi_k25)
     for layer in range(fields[d.n_layers]):
-        prefix = f"model.layers.{layer}.self_attn"
+        prefix = f"{base}.{n.layers}.{layer}.{n.attn}"
         if f"{prefix}.kv_b_proj.weight" not in w:
             continue
         quantized = f"{prefix}.kv_b_proj.scales" in w
@@ -378,20 +381,34 @@ def _wrapper_keys(d: ArchDescriptor, prefixes, w: dict) -> tuple[dict, dict[str,
     return out, dropped
 
 
-def _split_gate_up_experts(d: ArchDescriptor, w: dict, fields: Mapping) -> dict:
-    """qwen3_5_moe.sanitize: per layer holding them, experts.gate_up_proj [E, 2I, D] ->
-    gate_proj | up_proj and experts.down_proj -> down_proj of the fused SwitchGLU."""
+def _split_gate_up_experts(d: ArchDescriptor, w: dict, fields: Mapping, layout) -> dict:
+    """qwen3_5_moe.sanitize (layout None / rows): per layer holding them, experts.gate_up_proj
+    [E, 2I, D] -> gate_proj | up_proj and experts.down_proj -> down_proj of the fused SwitchGLU;
+    qwen3_vl_moe's (last_transposed): [E, D, 2I] halves and down_proj, each swapaxes(-2, -1)."""
     n, m = d.names, d.moe.names
     base = f"{n.wrapper}.{n.root}" if n.wrapper else n.root
+    last = layout is GateUpLayout.LAST_TRANSPOSED
     out = dict(w)
     for layer in range(fields[d.n_layers]):
         prefix = f"{base}.{n.layers}.{layer}.{m.block or n.mlp}"
         if f"{prefix}.experts.gate_up_proj" in out:
-            gate, up = _split_half(out.pop(f"{prefix}.experts.gate_up_proj"))
+            gate_up = out.pop(f"{prefix}.experts.gate_up_proj")
+            gate, up = _split_last_transposed(gate_up) if last else _split_half(gate_up)
+            down = out.pop(f"{prefix}.experts.down_proj")
             out[f"{prefix}.{m.switch}.{m.gate_proj}.weight"] = gate
             out[f"{prefix}.{m.switch}.{m.up_proj}.weight"] = up
-            out[f"{prefix}.{m.switch}.{m.down_proj}.weight"] = out.pop(f"{prefix}.experts.down_proj")
+            out[f"{prefix}.{m.switch}.{m.down_proj}.weight"] = down.swapaxes(-2, -1) if last else down
     return out
+
+
+def _split_last_transposed(value):
+    """qwen3_vl_moe: [E, D, 2I] -> gate_up[..., :I], gate_up[..., I:], each swapaxes(-2, -1)."""
+    if isinstance(value, Meta):
+        e, dims, two_i = value.shape
+        half = Meta((e, two_i // 2, dims), value.dtype)
+        return half, half
+    mid = value.shape[-1] // 2
+    return value[..., :mid].swapaxes(-2, -1), value[..., mid:].swapaxes(-2, -1)
 
 
 def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
@@ -431,7 +448,7 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
     if op is SanitizeOp.WRAPPER_KEYS:
         return _wrapper_keys(d, rule.arg, w)
     if op is SanitizeOp.SPLIT_GATE_UP_EXPERTS:
-        return _split_gate_up_experts(d, w, fields), {}
+        return _split_gate_up_experts(d, w, fields, rule.arg), {}
     if op is SanitizeOp.INT4_PACKED:
         return _int4_packed(w), {}
     if op is SanitizeOp.SPLIT_KV_B:

@@ -66,7 +66,7 @@ from mlxbun.models.universal.kinds import (
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
 from mlxbun.models.universal.kinds_mla import MlaKind
-from mlxbun.models.universal.schema_hybrid import HybridKnobs, check_hybrid, hybrid_refs
+from mlxbun.models.universal.schema_hybrid import HybridKnobs, check_hybrid, check_hybrid_sanitize, hybrid_refs
 from mlxbun.models.universal.schema_mla import MlaKnobs
 from mlxbun.models.universal.schema_moe import (  # the MoE knobs and their checks
     MoEKnobs,
@@ -254,6 +254,16 @@ class ArchDescriptor:
     # a VLM wrapper's own ModelArgs fields (top-level key -> default) its __post_init__ writes
     # over text_config's (gemma3: vocab_size, 262208); needs names.wrapper
     wrapper_fields: Mapping[str, Any] = field(default_factory=dict)
+    # text_config fields the wrapper's __post_init__ sets whatever text_config holds (pixtral:
+    # tie_word_embeddings False); needs names.wrapper
+    wrapper_sets: Mapping[str, Any] = field(default_factory=dict)
+    # a wrapper whose mlx-lm file picks the text model by text_config.model_type (mistral3:
+    # ministral3): that model_type -> the row run then (same model_type and wrapper); any other
+    # text model_type runs this row
+    text_rows: Mapping[str, ArchDescriptor] = field(default_factory=dict)
+    # the wrapper's ModelArgs require text_config (a dataclass field without a default: gemma3,
+    # pixtral, mistral3...); False: a config without one is the text config (qwen2_vl's from_dict)
+    text_config_required: bool = False
     # attention
     qkv: QKV = _kind(QKV, QKV.SEPARATE)
     attn_bias: bool | str = False
@@ -513,8 +523,21 @@ def _check_combinations(d: ArchDescriptor) -> None:
         raise d.error("layers.heads_per_layer needs n_kv_heads, excludes sliding_attn / sliding_heads")
     if d.wrapper_fields and (not d.names.wrapper or not set(d.wrapper_fields) <= set(d.fields)):
         raise d.error("wrapper_fields needs names.wrapper and names ModelArgs fields only")
+    if d.wrapper_sets and (not d.names.wrapper or not set(d.wrapper_sets) <= set(d.fields)
+                           or set(d.wrapper_sets) & set(d.wrapper_fields)):
+        raise d.error("wrapper_sets needs names.wrapper and names ModelArgs fields only, none of "
+                      "wrapper_fields'")
+    if d.text_config_required and not d.names.wrapper:
+        raise d.error("text_config_required needs names.wrapper")
+    if d.text_rows and (not d.names.wrapper or any(
+            not isinstance(r, ArchDescriptor) or r.model_type != d.model_type
+            or r.names.wrapper != d.names.wrapper or r.text_rows for r in d.text_rows.values())):
+        raise d.error("text_rows needs names.wrapper and rows of the same model_type and wrapper "
+                      "(without text_rows of their own)")
     if d.hybrid is not None:
         check_hybrid(d)
+    else:  # the args of the ops the hybrid rows brought, which the wrappers use too
+        check_hybrid_sanitize(d)
     if d.moe is not None:
         check_moe(d, d.moe, StackExperts)
     elif any(r.op in _MOE_SANITIZE for r in d.sanitize):

@@ -19,6 +19,7 @@ from mlxbun.models.universal.kinds import (
 from mlxbun.models.universal.kinds import kind_field as _kind
 from mlxbun.models.universal.kinds_hybrid import (
     ConvLayout,
+    GateUpLayout,
     HfCheckpoint,
     HybridBlock,
     MixerKind,
@@ -125,5 +126,7 @@ def check_hybrid_sanitize(d: Any) -> None:
                               f"{', '.join(repr(h.value) for h in HfCheckpoint)}")
         elif rule.op is SanitizeOp.WRAPPER_KEYS and not d.names.wrapper:
             raise d.error("sanitize 'wrapper_keys' needs names.wrapper")
-        elif rule.op is SanitizeOp.SPLIT_GATE_UP_EXPERTS and d.moe is None:
-            raise d.error("sanitize 'split_gate_up_experts' needs moe knobs")
+        elif rule.op is SanitizeOp.SPLIT_GATE_UP_EXPERTS and (
+                d.moe is None or not (rule.arg is None or isinstance(rule.arg, GateUpLayout))):
+            raise d.error("sanitize 'split_gate_up_experts' needs moe knobs and takes None or a "
+                          f"GateUpLayout member, got {rule.arg!r}")

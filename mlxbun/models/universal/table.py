@@ -37,6 +37,7 @@ from mlxbun.models.universal.schema_moe import (
     StackExperts,
 )
 from mlxbun.models.universal.table_hybrid import HYBRID_ROWS
+from mlxbun.models.universal.table_wrappers import wrapper_rows
 
 __all__ = ["DESCRIPTORS"]
 
@@ -303,7 +304,7 @@ _ROWS = [
         rope=RopeKnobs(traditional=False, sliding_theta="rope_local_base_freq"),
         mlp=MlpKnobs(act="gelu_approx"), norm=NormKnobs("gemma_rms"),
         names=Names(norms=_GEMMA_NORMS, wrapper="language_model"),
-        wrapper_fields={"vocab_size": 262208},
+        wrapper_fields={"vocab_size": 262208}, text_config_required=True,
         block=BlockKnobs("sandwich", residual="clip_f16"), embed_scale="sqrt_hidden_bf16",
         head=HeadKnobs(tie="checkpoint"),
         layers=LayerKnobs("period", sliding_window="sliding_window", period="sliding_window_pattern",
@@ -320,25 +321,6 @@ _ROWS = [
               "heads 8 / kv 4 by default, the top-level vocab_size (262208 by default) over "
               "text_config's; the vision tower and projector dropped); tied iff the checkpoint "
               "has no language_model.lm_head.weight.",
-    ),
-    # mistral3.py: the VLM wrapper around llama's text model (text_config's model_type mistral /
-    # llama; tie_word_embeddings False unless text_config sets it); the vision tower is not built
-    ArchDescriptor(
-        "mistral3", {**_LLAMA_FIELDS, "tie_word_embeddings": False},
-        ("mistral3_llama_text", "kv_heads_default", "layer_types_full", "require_full_layer"),
-        names=Names(wrapper="language_model"),
-        attn_bias="attention_bias", out_bias="attention_bias",
-        mlp=MlpKnobs(bias="mlp_bias"),
-        layers=LayerKnobs("layer_types", sliding_window="sliding_window", make_cache="rotating_sliding"),
-        sanitize=(SanitizeRule("wrapper_keys", ("vision_tower", "multi_modal_projector",
-                                                "model.vision_tower", "model.multi_modal_projector"),
-                               "the VLM wrapper: text weights under language_model"),
-                  _RMS_DROP_INV_FREQ, _DROP_TIED),
-        accepted_values=_SILU,
-        ignored_keys={"pretraining_tp": "training-time tensor-parallel split; inference is unaffected"},
-        notes="mistral3 (and llava, remapped to it): llama's text model behind the VLM wrapper "
-              "(language_model.*; text_config's args, untied unless text_config ties; the vision "
-              "tower and projector dropped). A ministral3 / mistral4 text_config is refused.",
     ),
     ArchDescriptor(
         "olmo3",
@@ -1519,4 +1501,5 @@ _MOE_ROWS += [
     ),
 ]
 
-DESCRIPTORS: dict[str, ArchDescriptor] = {d.model_type: d for d in _ROWS + _MOE_ROWS + HYBRID_ROWS}
+_TEXT_ROWS = {d.model_type: d for d in _ROWS + _MOE_ROWS + HYBRID_ROWS}
+DESCRIPTORS: dict[str, ArchDescriptor] = {**_TEXT_ROWS, **{d.model_type: d for d in wrapper_rows(_TEXT_ROWS)}}
