@@ -293,14 +293,18 @@ def test_the_text_rows_are_the_text_files_model_args_with_the_wrappers_defaults(
         assert row.sanitize[1:] == DESCRIPTORS[text].sanitize
 
 
-def test_mistral3_refuses_a_mistral4_text_config_by_name():
-    from mlxbun.errors import ConfigError
+def test_mistral3_picks_mistral4s_text_model_by_text_config(zoo):
+    import mlx_lm
+
     from mlxbun.models.universal.loader import build_model
 
-    cfg = tiny_config("mistral3")
-    cfg["text_config"]["model_type"] = "mistral4"
-    with pytest.raises(ConfigError, match="text_config.model_type 'mistral4'"):
-        build_model(cfg)
+    assert set(DESCRIPTORS["mistral3"].text_rows) == {"ministral3", "mistral4"}
+    cfg = tiny_config("mistral3-mistral4")
+    assert cfg["model_type"] == "mistral3" and cfg["text_config"]["model_type"] == "mistral4"
+    ours = build_model(cfg)
+    theirs, _ = mlx_lm.load(str(zoo("mistral3-mistral4")))
+    assert type(theirs.language_model).__module__ == "mlx_lm.models.mistral4"
+    assert type(ours.language_model.model.layers[0].self_attn).__name__ == "MlaAbsorbedDecodeAttention"
 
 
 def test_text_rows_are_checked_with_the_row():

@@ -45,6 +45,7 @@ MANIFEST = {
         Entry("gemma4_text"),  # its own forward (models/universal/gemma4.py): KV sharing, per-layer inputs
         Entry("gemma4", EXPERT_VARIANTS),  # gemma4_text behind the VLM wrapper, its MoE block on
         Entry("mistral3"),  # llama's text model behind the VLM wrapper
+        Entry("mistral3-mistral4", EXPERT_VARIANTS),  # mistral3 with a mistral4 text_config: mistral4's row
         Entry("mistral3-ministral3"),  # mistral3 with a ministral3 text_config: ministral3's row
         Entry("pixtral"),  # llama's text model behind the VLM wrapper, always untied
         Entry("qwen2_vl"),  # qwen2's text model behind the VLM wrapper (mrope: plain RoPE on text)

@@ -65,6 +65,11 @@ def wrapped_text_rows(text: Mapping[str, Arch]) -> tuple[Arch, ...]:
     """The wrappers whose transformers has no configuration class: the text row's own zoo
     config (`text`: the zoo's rows by name) moved into text_config beside the hub's keys."""
     return (
+        # mistral4's MLA / MoE text model behind Mistral 3's wrapper: mlx-lm's mistral3 picks it
+        # by text_config.model_type (the mistral4 row's knobs)
+        dataclasses.replace(
+            text["mistral4"], name="mistral3-mistral4", architecture="Mistral3ForConditionalGeneration",
+            model_type="mistral3", post=vlm_post("Mistral3Config", "mistral4", PIXTRAL_VISION)),
         # deepseek_v3's MLA / MoE text model behind Kimi-VL's wrapper (moonvit tower)
         dataclasses.replace(
             text["deepseek_v3"], name="kimi_vl", architecture="KimiVLForConditionalGeneration",

@@ -68,19 +68,24 @@ def _mistral3(text: ArchDescriptor, notes: str, **changes) -> ArchDescriptor:
 
 def wrapper_rows(text: Mapping[str, ArchDescriptor]) -> list[ArchDescriptor]:
     return [
-        # mistral3.py (llava remaps here): llama's text model, or ministral3's when
-        # text_config.model_type says so (mistral4's: not covered, refused by name)
+        # mistral3.py (llava remaps here): llama's text model, or ministral3's / mistral4's when
+        # text_config.model_type says so
         _mistral3(text["llama"], post_init=("mistral3_llama_text", *text["llama"].post_init),
                   text_rows={"ministral3": _mistral3(
                       text["ministral3"],
                       "mistral3 with a ministral3 text_config: ministral3's text model behind the "
                       "VLM wrapper (language_model.*; untied unless text_config ties; the towers "
-                      "dropped, then ministral3's sanitize).")},
+                      "dropped, then ministral3's sanitize)."),
+                             "mistral4": _mistral3(
+                      text["mistral4"],
+                      "mistral3 with a mistral4 text_config: mistral4's MLA + MoE text model behind "
+                      "the VLM wrapper (language_model.*; untied unless text_config ties; the towers "
+                      "dropped, then mistral4's sanitize).")},
                   notes="mistral3 (and llava, remapped to it): llama's text model behind the VLM "
                         "wrapper (language_model.*; text_config's args, untied unless text_config "
                         "ties; the vision tower and projector dropped); a ministral3 text_config "
-                        "runs ministral3's text model (yarn, llama-4 query scale) as mlx-lm's "
-                        "wrapper picks it; a mistral4 one is refused. " + _MEDIA),
+                        "runs ministral3's text model (yarn, llama-4 query scale) and a mistral4 "
+                        "one mistral4's (MLA + MoE), as mlx-lm's wrapper picks them. " + _MEDIA),
         # pixtral.py: llama's text model; __post_init__ sets tie_word_embeddings False and
         # num_attention_heads 32 unless text_config has it; sanitize pops the towers only
         _wrap(text["llama"], "pixtral",
