@@ -178,3 +178,14 @@ def test_the_released_sizes_resolve_as_mlx_lm_computes_them():
     assert a.first_kv_shared == 20 and a.cache_idx[20:] == tuple(19 if t == "full_attention" else 18
                                                                   for t in a.layer_types[20:])
     assert (a.layer_types[19], a.layer_types[18]) == ("full_attention", "sliding_attention")
+
+
+def test_a_tower_input_is_refused_by_name(zoo):
+    from mlxbun.models.gemma3n.loader import load_gemma3n
+
+    model = load_gemma3n(zoo("gemma3n"))
+    ids = mx.array([[1, 2, 3]])
+    for name in ("pixel_values", "input_features"):
+        with pytest.raises(UnsupportedModelError, match=f"gemma3n: {name} needs the VLM's vision / audio tower"):
+            model(ids, **{name: mx.zeros((1, 3, 4, 4))})
+    assert model(ids, pixel_values=None).shape == (1, 3, json.loads((zoo("gemma3n") / "config.json").read_text())["text_config"]["vocab_size"])  # nothing given: text only

@@ -32,6 +32,7 @@ from mlxbun.models.base import create_attention_mask
 from mlxbun.models.gemma3n.config import FULL, MODEL_TYPE, Gemma3nArgs
 from mlxbun.models.gemma3n.layers import Gemma3nDecoderLayer, logit_softcap
 from mlxbun.models.taps import capture
+from mlxbun.models.universal.media import refuse_media
 
 __all__ = ["Gemma3nModel", "LanguageModel"]
 
@@ -169,5 +170,7 @@ class Gemma3nModel(nn.Module):
     def logits_from_hidden(self, h: mx.array) -> mx.array:
         return self.language_model.logits(h)
 
-    def __call__(self, ids: mx.array, cache: Optional[list] = None) -> mx.array:
+    def __call__(self, ids: mx.array, cache: Optional[list] = None, **media: Any) -> mx.array:
+        if media:  # the vision / audio towers are not built: their inputs are refused by name
+            refuse_media(MODEL_TYPE, "language_model", media)
         return self.logits_from_hidden(self.forward_hidden(ids, cache))
