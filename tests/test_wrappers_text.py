@@ -327,7 +327,7 @@ def test_explain_shows_the_text_row_a_zoo_arch_picks():
     text = explain("mistral3-ministral3").text()
     assert "mistral3 with a ministral3 text_config" in text and "language_model.model" in text
     assert explain("mistral3-ministral3").descriptor["text_rows"] == []
-    assert explain("mistral3").descriptor["text_rows"] == ["ministral3"]
+    assert explain("mistral3").descriptor["text_rows"] == ["ministral3", "mistral4"]
 
 
 # ---------------------------------------------------------------- qwen3_vl_moe

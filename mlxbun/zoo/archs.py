@@ -340,9 +340,10 @@ _ROWS = (
                                     "llama_4_scaling_beta": 0.1, "partial_rotary_factor": 0.2}},
          extra={"head_dim": 40}),  # Mistral4Config's own value: dn + dr (mlx-lm does not read it)
     # MiniCPM3-4B's knobs (longrope over the rope part, context shrunk so max / original = 4),
-    # q_lora_rank set, v_head_dim None (hidden // heads); tied as transformers' default
+    # q_lora_rank set, v_head_dim None (hidden // heads); untied: with a tied head the scaled
+    # random embedding predicts each input id back, so every greedy trajectory repeats one token
     Arch("minicpm3", "MiniCPM3ForCausalLM", "MiniCPM3Config", rope_type_key="type",
-         knobs={"q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+         knobs={"tie_word_embeddings": False, "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
                 "scale_emb": 12, "dim_model_base": 16, "scale_depth": 1.4,
                 "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
                                     "original_max_position_embeddings": MAX_POSITIONS // 4,
