@@ -78,6 +78,7 @@ def run_list(args) -> int:
         print(f"No notebooks in {notebooks_dir()} or {lab_dir()}.")
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="mlxbun lab notebooks")
@@ -88,7 +89,7 @@ def run_list(args) -> int:
                            for k, v in i.parameters.items()) or "-"
         h = i.header
         qa = "-" if h is None else f"Q: {h.question or '?'}\nA: {h.answer or '?'}"
-        table.add_row(i.name, i.kind, "-" if h is None else h.status, qa, params, str(i.path))
+        table.add_row(i.name, i.kind, "-" if h is None else h.status, escape(qa), escape(params), str(i.path))
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return 0
 
