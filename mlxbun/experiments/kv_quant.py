@@ -37,7 +37,7 @@ KV_COLUMNS = ["scheme", "bits", "group_size", "label", "layers", "context", "kld
 def kv_sweep(model: str = "zoo:llama", specs: Sequence[KVSettings] | None = None, *, context_lengths=(64, 192),
              n_eval: int = 32, variant: str = "float32", head_dim: int | None = 64, engine: str = "mlxbun",
              text: str | None = None, plans: Mapping[str, Any] | None = None, results_path=None,
-             record: bool = True):
+             record: bool = True, experiment: str = "kv_quant"):
     """Every KV spec at every context length against plain KV on the same model and text.
 
     Per (spec, context): the prompt is `context` tokens, then `n_eval` teacher-forced decode
@@ -49,6 +49,7 @@ def kv_sweep(model: str = "zoo:llama", specs: Sequence[KVSettings] | None = None
     configuration quantizes ("2/18": TurboQuant leaves sliding-window layers and the last alone).
     `plans` adds per-layer KV plans (name -> a KVPlan or an optiq kv_config: entries or a file),
     each a row of scheme "mixed".
+    Rows are recorded as `experiment` (another driver reusing the sweep names its own).
     Returns a pandas DataFrame (KV_COLUMNS; plain rows included, ratio 1).
     """
     import pandas as pd
@@ -68,7 +69,7 @@ def kv_sweep(model: str = "zoo:llama", specs: Sequence[KVSettings] | None = None
                 for spec, label, plan in configs}
     rows = []
     params = {"model": str(model), "variant": variant, "head_dim": head_dim, "engine": engine, "n_eval": n_eval}
-    with recording("kv_quant", model=path, params=params, results_path=results_path, record=record) as run:
+    with recording(experiment, model=path, params=params, results_path=results_path, record=record) as run:
         for ctx in context_lengths:
             ids = eval_ids(tok, int(ctx) + n_eval, text)
             base = teacher_forced(m, ids, prefill=int(ctx), kv=KVSettings())

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxbun.errors import MlxbunError
+from mlxbun.lab.summary import ExperimentHeader, read_header
 
-__all__ = ["NotebookInfo", "lab_dir", "list_notebooks", "notebook_parameters", "notebooks_dir", "resolve_notebook"]
+__all__ = ["NotebookInfo", "experiment_headers", "lab_dir", "list_notebooks", "notebook_parameters", "notebooks_dir",
+           "resolve_notebook"]
 
 
 def _repo_root() -> Path:
@@ -47,6 +49,7 @@ class NotebookInfo:
     path: Path
     readme: Path | None = None
     parameters: dict = field(default_factory=dict)  # name -> {name, inferred_type_name, default, help}
+    header: ExperimentHeader | None = None  # a Lab experiment's README header (Status / Question / Answer)
 
 
 def _is_notebook(p: Path) -> bool:
@@ -64,8 +67,14 @@ def _experiments() -> list[NotebookInfo]:
             continue
         main = next((p for p in nbs if p.stem == d.name), nbs[0])
         readme = d / "README.md"
-        out.append(NotebookInfo(d.name, "lab", main, readme if readme.is_file() else None))
+        readme = readme if readme.is_file() else None
+        out.append(NotebookInfo(d.name, "lab", main, readme, header=read_header(d.name, readme)))
     return out
+
+
+def experiment_headers() -> list[ExperimentHeader]:
+    """Every Lab experiment's README header, by name (a missing or malformed one: status "?" and a warning)."""
+    return [i.header for i in _experiments()]
 
 
 def list_notebooks(with_parameters: bool = False) -> list[NotebookInfo]:
@@ -121,6 +130,9 @@ def resolve_notebook(name_or_path) -> Path:
         if main is None:
             raise MlxbunError(f"{p}: a directory without a notebook")
         return main.resolve()
+    parts = p.parts
+    if len(parts) == 2 and parts[0] == "lab" and (lab_dir() / parts[1]).is_dir():  # lab/<name> from elsewhere
+        return resolve_notebook(lab_dir() / parts[1])
     stem = text[:-6] if text.endswith(".ipynb") else text
     infos = list_notebooks()
     for info in infos:

@@ -3,7 +3,8 @@ renders it to HTML, and the run lands in the results table (a duration row, or a
 naming the failing cell: never a partial silent result).
 
 The kernel gets $MLXBUN_HEADLESS (widgets render static), MPLBACKEND=Agg and $MLXBUN_LAB_RUN
-(the lab row's run id, which the workflows add to their own rows as `lab_run`).
+(the lab row's run id, which the workflows add to their own rows as `lab_run`); a Lab experiment
+(lab/<name>/) also gets $MLXBUN_LAB_EXPERIMENT = <name>, the experiment its rows are recorded under.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mlxbun.errors import MlxbunError
-from mlxbun.lab.catalog import notebook_parameters, resolve_notebook
+from mlxbun.lab.catalog import lab_dir, notebook_parameters, resolve_notebook
 from mlxbun.lab.plots import HEADLESS_ENV
-from mlxbun.lab.recording import LAB_RUN_ENV
+from mlxbun.lab.recording import LAB_EXPERIMENT_ENV, LAB_RUN_ENV
 from mlxbun.results import open_results
 
 __all__ = ["KERNEL", "LabRun", "kernel_for_this_python", "parse_parameters", "parse_value", "run_notebook"]
@@ -231,7 +232,9 @@ def _execute(path: Path, params: dict, store, out: Path, kernel: str, language: 
     out_nb, out_html = out / f"{name}.ipynb", out / f"{name}.html"
     run = store.new_run("lab", params={"notebook": name, "path": str(path), "parameters": params,
                                        "output": str(out_nb)})
-    env = {HEADLESS_ENV: "1", "MPLBACKEND": "Agg", LAB_RUN_ENV: run.run_id}
+    env = {HEADLESS_ENV: "1", "MPLBACKEND": "Agg", LAB_RUN_ENV: run.run_id, LAB_EXPERIMENT_ENV: ""}
+    if path.parent.parent == lab_dir().resolve():  # a Lab experiment: lab/<name>/<notebook>
+        env[LAB_EXPERIMENT_ENV] = path.parent.name
     error, html = None, None
     tic = time.perf_counter()
     try:

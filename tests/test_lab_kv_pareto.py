@@ -1,0 +1,90 @@
+"""lab/kv_pareto: the library it adds (per-layer plans, the configurations a model takes, the
+frontier table, TurboQuant's comparison, the written outputs) and the notebook headless on its small
+setting (zoo:llama), its rows recorded as experiment kv_pareto."""
+
+import math
+
+import pandas as pd
+import pytest
+
+import mlxbun.cli as cli
+from mlxbun.errors import MlxbunError
+from mlxbun.experiments import kv_pareto
+from mlxbun.results import open_results
+
+
+def test_plans():
+    assert kv_pareto.uniform_plan([5, 11], 4, 32) == [{"layer_idx": 5, "bits": 4, "group_size": 32},
+                                                      {"layer_idx": 11, "bits": 4, "group_size": 32}]
+    plan = kv_pareto.edge_plan(range(6), edge_bits=8, rest_bits=2, edge=2)
+    assert [e["bits"] for e in plan] == [8, 8, 2, 2, 8, 8]
+    assert [e["bits"] for e in kv_pareto.edge_plan([3, 1, 2], 8, 4, 1)] == [8, 4, 8]  # sorted layers
+    with pytest.raises(MlxbunError, match="edge"):
+        kv_pareto.edge_plan([], 8, 4, 1)
+
+
+def _table():
+    rows = [("m", "plain", 1000, 0.0, 1.0), ("m", "uniform 8-bit g64", 300, 0.001, 1.0),
+            ("m", "uniform 4-bit g64", 160, 0.05, 0.9), ("m", "uniform 4-bit g32", 190, 0.06, 0.9),  # dominated
+            ("m", "turboquant 3.5-bit", 150, 0.2, 0.8), ("m", "q8 first/last 1, q4 rest", 170, 0.04, 0.92),
+            ("m", "uniform 2-bit g128", math.nan, math.nan, math.nan),  # failed: left out
+            ("n", "plain", 500, 0.0, 1.0), ("n", "turboquant 3.5-bit", 400, 0.5, 0.7)]
+    df = pd.DataFrame(rows, columns=["model", "label", "bytes_per_token", "kld_mean", "top1_agreement"])
+    df["layers"], df["kv_bytes_ratio"], df["kld_p99"] = "1/1", df["bytes_per_token"] / 1000, df["kld_mean"]
+    return df
+
+
+def test_frontier_table_is_per_model():
+    f = kv_pareto.frontier_table(_table())
+    assert list(f.columns) == kv_pareto.FRONTIER_COLUMNS
+    m = f[f.model == "m"]
+    assert list(m.label) == ["turboquant 3.5-bit", "uniform 4-bit g64", "q8 first/last 1, q4 rest",
+                             "uniform 4-bit g32", "uniform 8-bit g64", "plain"]  # by bytes; the failure is gone
+    assert dict(zip(m.label, m.pareto)) == {"turboquant 3.5-bit": True, "uniform 4-bit g64": True,
+                                            "q8 first/last 1, q4 rest": True, "uniform 4-bit g32": False,
+                                            "uniform 8-bit g64": True, "plain": True}
+    assert f[f.model == "n"].pareto.all()  # another model's points do not dominate these
+
+
+def test_tq_vs_uniform_picks_the_best_rival_within_the_slack():
+    t = kv_pareto.tq_vs_uniform(kv_pareto.frontier_table(_table()), 3.5, slack=1.1)
+    m = t.set_index("model").loc["m"]
+    assert m.best_rival == "uniform 4-bit g64" and m.rival_kld_mean == 0.05 and m.tq_kld_mean == 0.2
+    assert pd.isna(t.set_index("model").loc["n"].best_rival)  # only plain, which is not a rival
+    tight = kv_pareto.tq_vs_uniform(kv_pareto.frontier_table(_table()), 3.5, slack=1.0).set_index("model")
+    assert pd.isna(tight.loc["m"].best_rival)
+
+
+def test_model_configs_on_the_zoo(zoo_root, monkeypatch):
+    from mlxbun.experiments.common import model_path
+    from mlxbun.locate import open_runtime
+
+    monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
+    m = open_runtime(model_path("zoo:llama", variant="float32", head_dim=64), "mlxbun")
+    specs, plans, skipped = kv_pareto.model_configs(m, [4], [64, 128], [3.5], edge_plans=[(8, 4, 1), (8, 2, 0)])
+    assert [s.label for s in specs] == ["uniform 4-bit g64", "turboquant 3.5-bit"]
+    assert any("g128" in s and "head_dim 64" in s for s in skipped)  # 128 does not divide 64
+    assert any("no middle" in s for s in skipped)  # 2 layers, 1 at each end
+    assert list(plans) == ["q8 first/last 0, q2 rest"] and [e["bits"] for e in plans["q8 first/last 0, q2 rest"]] == [2, 2]
+
+
+def test_the_notebook_on_the_zoo(zoo_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
+    db, out = tmp_path / "r.sqlite", tmp_path / "outputs"
+    code = cli.main(["lab", "run", "lab/kv_pareto", "--out", str(tmp_path / "run"), "--results", str(db),
+                     "--no-progress", "-p", "out_dir", str(out), "-p", "edge_plans", "[[8, 4, 0]]"])
+    assert code == 0, capsys.readouterr().err
+    with open_results(db, create=False) as store:
+        rows = store.load(metric="kld_mean", expand_params=True)
+    assert set(rows.experiment) == {"kv_pareto"} and rows["params.lab_run"].notna().all()
+    kld = dict(zip(rows["params.kv"], rows.value))
+    assert kld["plain"] == 0.0
+    assert 0 < kld["uniform 8-bit g64"] < kld["uniform 4-bit g64"] < 1  # fewer bits, more drift
+    assert kld["turboquant 3.5-bit"] > 0
+    table = pd.read_csv(out / "kv_pareto_llama.csv")
+    b = dict(zip(table.label, table.bytes_per_token))
+    assert b["plain"] > b["uniform 8-bit g64"] > b["uniform 4-bit g64"] > b["uniform 4-bit g32"] * 0.5
+    assert b["uniform 4-bit g32"] > b["uniform 4-bit g64"]  # smaller groups cost more scales
+    assert "q8 first/last 0, q4 rest" in b
+    front = (out / "kv_pareto_llama_frontier.md").read_text()
+    assert "| zoo:llama | plain |" in front and (out / "kv_pareto_llama.png").stat().st_size > 10_000
