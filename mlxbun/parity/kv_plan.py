@@ -136,6 +136,12 @@ def sensitivity(probe: KVProbe, bits: Sequence[int] = DEFAULT_BITS, group_size: 
     import pandas as pd
 
     bits = check_bits(bits, group_size)
+    for i in probe.candidates:
+        c = probe._prefilled[i]
+        for dim in dict.fromkeys((c.keys.shape[-1], c.values.shape[-1])):
+            if dim % group_size:
+                raise MlxbunError(f"group_size {group_size} does not divide layer {i}'s head dim {dim}; "
+                                  "use a group size that does (32, 64, 128)")
     rows, total = [], len(probe.candidates) * len(bits)
     for layer in probe.candidates:
         for b in bits:
