@@ -10,11 +10,12 @@ and how far, for the fewest bytes at a measured drift.
   and values on write either way, so it equals `teacher_forced`'s one-token steps up to float
   rounding (tested), at a fraction of the cost.
 - `sensitivity(probe, bits=)`: each quantizable layer's KV quantized alone at each bit width.
-- `search_plan(probe, table, budget)`: the greedy plan: from all-plain, repeatedly take the move
-  (one layer to a lower bit width) that saves the most bytes per unit of predicted KLD (the sum of
-  the layers' own KLDs) while the prediction stays within the budget; then the plan is measured,
-  and while its measured KLD exceeds the budget the move list is cut back (binary search over its
-  prefixes, each measured). The returned plan's KLD is the measured one, never the prediction.
+- `search_plan(probe, table, budget)`: the greedy chain: from all-plain, repeatedly the move (one
+  layer to a lower bit width) that saves the most bytes per unit of predicted KLD (the sum of the
+  layers' own KLDs), down to every layer at the lowest width; then a binary search over the chain's
+  prefixes, each measured, for the longest within the budget. The returned plan's KLD is the
+  measured one: the per-layer KLDs only order the moves (joint KLD is not additive: a first version
+  that stopped where the sum reached the budget fell short of uniform q4 at uniform q4's KLD).
 - `uniform_plan`, `edge_plan` (first / last layers at a higher precision: the published heuristic),
   `matched_edge_plan` (that heuristic at the largest bytes not above a target).
 - `kv_config(plan, num_layers, meta)`: the object `mlxbun generate --kv-config FILE` reads
@@ -163,7 +164,7 @@ class PlanSearch:
     predicted_kld: float  # the sum of the layers' own KLDs (what the greedy steered by)
     measured: Measured
     moves: list = field(default_factory=list)  # (layer, bits) in the order taken
-    cut_back: int = 0  # moves undone because the measured KLD exceeded the budget
+    cut_back: int = 0  # moves of the chain left out (the next prefix measured above the budget)
 
 
 def _options(table, layer) -> list[tuple[Optional[int], int, float, float]]:
@@ -173,8 +174,11 @@ def _options(table, layer) -> list[tuple[Optional[int], int, float, float]]:
                                      float(r.bytes_saved)) for r in rows.itertuples()]
 
 
-def _greedy_moves(table, budget: float) -> list[tuple[int, int, int, float]]:
-    """The moves (layer, bits, group, predicted KLD after it) the greedy takes within `budget`."""
+def _move_chain(table) -> list[tuple[int, int, int, float]]:
+    """The greedy's moves from all-plain to every layer at the lowest width, each (layer, bits,
+    group, predicted KLD after it): at every step the move (one layer to any lower width) that saves
+    the most bytes per unit of predicted KLD (the sum of the layers' own KLDs). Each prefix is a plan;
+    bytes fall along the chain."""
     opts = {int(layer): _options(table, layer) for layer in dict.fromkeys(table["layer"])}
     at = dict.fromkeys(opts, 0)
     total, moves = 0.0, []
@@ -184,7 +188,7 @@ def _greedy_moves(table, budget: float) -> list[tuple[int, int, int, float]]:
             cur = o[at[layer]]
             for j in range(at[layer] + 1, len(o)):
                 dk, ds = o[j][2] - cur[2], o[j][3] - cur[3]
-                if ds <= 0 or total + dk > budget:
+                if ds <= 0:
                     continue
                 score = ds / max(dk, 1e-12)
                 if best is None or score > best[0]:
@@ -204,29 +208,27 @@ def _plan_of(moves) -> dict:
 
 
 def search_plan(probe: KVProbe, table, budget: float) -> PlanSearch:
-    """The greedy plan within `budget` (mean KLD in nats vs plain KV), measured; cut back until the
-    measurement is within the budget (binary search over the prefixes of the move list)."""
+    """The longest prefix of the greedy chain (`_move_chain`) whose measured mean KLD vs plain KV
+    (nats) is within `budget`: a binary search over the prefixes, each one tried measured (the
+    per-layer KLDs only order the moves; they are not assumed to add up). The search takes KLD as
+    rising along the chain; where it does not, it stops at a prefix within the budget whose next
+    one is not."""
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget < 0:
         raise MlxbunError(f"budget must be a finite KLD >= 0 (nats), got {budget!r}")
-    moves = _greedy_moves(table, float(budget))
-    if not moves:
-        return PlanSearch(float(budget), {}, 0.0, probe.plain, [])
-    results = {len(moves): probe.measure(_plan_of(moves))}
-    if results[len(moves)].kld_mean > budget:
-        lo, hi = 0, len(moves) - 1  # prefix 0 (plain) is within any budget; find the longest that is
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            results[mid] = probe.measure(_plan_of(moves[:mid]))
-            if results[mid].kld_mean <= budget:
-                lo = mid
-            else:
-                hi = mid - 1
-        k = lo
-    else:
-        k = len(moves)
-    measured = results.get(k) or probe.plain
-    return PlanSearch(float(budget), _plan_of(moves[:k]), moves[k - 1][3] if k else 0.0, measured,
-                      [(m[0], m[1]) for m in moves[:k]], len(moves) - k)
+    chain = _move_chain(table)
+    results = {0: probe.plain}
+    lo, hi = 0, len(chain)  # prefix lo is within the budget (0: plain, KLD 0); the whole chain tried first
+    mid = hi
+    while lo < hi:
+        results[mid] = probe.measure(_plan_of(chain[:mid]))
+        if results[mid].kld_mean <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+        mid = (lo + hi + 1) // 2
+    k = lo
+    return PlanSearch(float(budget), _plan_of(chain[:k]), chain[k - 1][3] if k else 0.0, results[k],
+                      [(m[0], m[1]) for m in chain[:k]], len(chain) - k)
 
 
 def uniform_plan(candidates: Sequence[int], bits: int, group_size: int = 64) -> dict:
