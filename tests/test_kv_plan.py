@@ -106,3 +106,25 @@ def test_bad_budget(setting):
     for bad in (-1.0, float("nan"), "x"):
         with pytest.raises(MlxbunError, match="budget"):
             kp.search_plan(probe, table, bad)
+
+
+def test_window_layers_are_not_candidates_and_the_plan_runs(tmp_path):
+    """gemma3_text: sliding-window layers (RotatingKVCache) cannot take a plan; only the global ones
+    are candidates, and the written plan (window layers at bits 0) loads and generates."""
+    from mlxbun.cache.kv import RotatingKVCache
+    from mlxbun.generation_caches import make_generation_cache
+
+    path = model_path("zoo:gemma3_text", variant="float32", head_dim=64)
+    model = open_runtime(path, "mlxbun")
+    caches = make_generation_cache(model)
+    probe = kp.KVProbe(model, eval_ids(optional_tokenizer(path), 40), prefill=32)
+    windows = [i for i, c in enumerate(caches) if isinstance(c, RotatingKVCache)]
+    assert windows and probe.candidates == [i for i in range(len(caches)) if i not in windows]
+    r = kp.search_plan(probe, kp.sensitivity(probe, bits=(4,)), 1e9)
+    assert set(r.layers) == set(probe.candidates) and r.measured.kld_mean > 0
+    file = tmp_path / "kv_config.json"
+    file.write_text(json.dumps(kp.kv_config(r.layers, probe.num_layers)))
+    from mlxbun import cli
+
+    assert cli.main(["generate", "--model", str(path), "--prompt", "The lighthouse", "--max-tokens", "3",
+                     "--kv-config", str(file)]) == 0
