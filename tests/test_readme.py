@@ -22,7 +22,7 @@ def test_readme_command_table_and_the_cli_match_both_ways():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     registered = set(sub.choices)
     table = README[README.index("## Commands"):README.index("## Python API")]
-    rows = set(re.findall(r"^\| `mlxbun (\w+)", table, re.M))
+    rows = set(re.findall(r"^\| `mlxbun (\w[\w-]*)", table, re.M))
     assert registered == rows, (f"registered, not in the README table: {sorted(registered - rows)}; "
                                 f"in the table, not registered: {sorted(rows - registered)}")
 
