@@ -11,7 +11,7 @@ import pytest
 import mlxbun.cli as cli
 from mlxbun.errors import MlxbunError
 from mlxbun.experiments.spec_acceptance import draft_length
-from mlxbun.experiments.spec_tasks import read_tasks, render_task
+from mlxbun.experiments.spec_tasks import best_per_task, read_tasks, render_task
 from mlxbun.results import open_results
 from mlxbun.speculative.stats import SpecStats, speedup_bound
 
@@ -101,4 +101,9 @@ def test_the_notebook_on_zoo(zoo_root, tmp_path, monkeypatch, capfd):
     assert wide.xs("quote", level="params.prompt").mean_acceptance_length.max() > 1.0
     table = pd.read_csv(saved / "prompt_lookup.csv")
     assert len(table) == 8 and table.same_as_plain.all()
+    best = best_per_task(table).set_index("task")  # read back from the CSV
+    assert set(best.index) == {"quote", "chat"}
+    for task, g in table.groupby("prompt"):
+        assert best.loc[task, "decode_speedup"] == g.decode_speedup.max()
+        assert best.loc[task, "top_bound"] == g.speedup_bound.max() >= 1.0
     assert {"acceptance_length.png", "bound.png", "decode_speedup.png"} <= {p.name for p in saved.iterdir()}

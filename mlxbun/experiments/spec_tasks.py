@@ -84,10 +84,11 @@ def task_prompts(model, directory, tasks: Sequence[str] | None = None, *,
 # ---------------------------------------------------------------- readings
 
 
-def best_per_task(sweep: SpecSweep, by: str = "decode_speedup") -> pd.DataFrame:
+def best_per_task(sweep: SpecSweep | pd.DataFrame, by: str = "decode_speedup") -> pd.DataFrame:
     """Per task (prompt): the drafter x k with the highest `by`, its acceptance, its bound and
-    the drafter x k whose bound is highest (fixed k only)."""
-    df = sweep.table()
+    the drafter x k whose bound is highest (fixed k only). `sweep` may also be its `table()`
+    (e.g. read back from the CSV `save_outputs` wrote)."""
+    df = sweep.table() if isinstance(sweep, SpecSweep) else sweep
     df = df[[not draft_length(k)[1] for k in df.k]]
     rows = []
     for task, g in df.groupby("prompt", sort=False):
