@@ -11,7 +11,7 @@ import pytest
 import mlxbun.cli as cli
 from mlxbun.errors import MlxbunError
 from mlxbun.experiments.spec_acceptance import draft_length
-from mlxbun.experiments.spec_tasks import best_per_task, read_tasks, render_task
+from mlxbun.experiments.spec_tasks import best_per_task, bound_plot, grid_plot, read_tasks, render_task, table_from_rows
 from mlxbun.results import open_results
 from mlxbun.speculative.stats import SpecStats, speedup_bound
 
@@ -101,6 +101,11 @@ def test_the_notebook_on_zoo(zoo_root, tmp_path, monkeypatch, capfd):
     assert wide.xs("quote", level="params.prompt").mean_acceptance_length.max() > 1.0
     table = pd.read_csv(saved / "prompt_lookup.csv")
     assert len(table) == 8 and table.same_as_plain.all()
+    rebuilt = table_from_rows(rows)  # the same table from the results rows alone
+    order = ["prompt", "drafter", "k"]
+    pd.testing.assert_frame_equal(rebuilt.sort_values(order).reset_index(drop=True),
+                                  table.sort_values(order).reset_index(drop=True), check_dtype=False, rtol=1e-3)
+    assert grid_plot(rebuilt) is not None and bound_plot(table) is not None
     best = best_per_task(table).set_index("task")  # read back from the CSV
     assert set(best.index) == {"quote", "chat"}
     for task, g in table.groupby("prompt"):

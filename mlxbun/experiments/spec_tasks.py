@@ -24,11 +24,11 @@ import pandas as pd
 
 from mlxbun.errors import MlxbunError
 from mlxbun.experiments.common import model_path, optional_tokenizer
-from mlxbun.experiments.spec_acceptance import SpecSweep, draft_length
+from mlxbun.experiments.spec_acceptance import ROW_COLUMNS, SpecSweep, draft_length
 from mlxbun.lab.plots import figure
 
 __all__ = ["PROMPT_SET", "adaptive_vs_fixed", "best_per_task", "bound_plot", "grid_plot", "length_distribution",
-           "read_tasks", "render_task", "save_outputs", "task_prompts"]
+           "read_tasks", "render_task", "save_outputs", "table_from_rows", "task_prompts"]
 
 PROMPT_SET = "spec-tasks-v1"
 SEPARATOR = "---"
@@ -84,11 +84,38 @@ def task_prompts(model, directory, tasks: Sequence[str] | None = None, *,
 # ---------------------------------------------------------------- readings
 
 
+def table_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """`SpecSweep.table()` rebuilt from a sweep's results rows (`store.load(experiment=...,
+    expand_params=True)`): every column is a recorded metric (a metric NaN for a run, such as a
+    bound with nothing drafted, stays NaN). For a run stopped before its notebook wrote its CSV."""
+    keys = ["params.drafter", "params.k", "params.prompt"]
+    if rows.empty or not set(keys) <= set(rows.columns):
+        raise MlxbunError("results rows: no speculative runs (drafter, k, prompt) among them")
+    per_run = rows[rows["params.drafter"].notna()]
+    for extra in ("params.position", "params.acceptance_length"):
+        if extra in per_run.columns:
+            per_run = per_run[per_run[extra].isna()]
+    wide = per_run.pivot_table(index=keys, columns="metric", values="value", sort=False).reset_index()
+    wide = wide.rename(columns={"params.drafter": "drafter", "params.k": "k", "params.prompt": "prompt"})
+    wide = wide.reindex(columns=ROW_COLUMNS)
+    wide.columns.name = None
+    wide["k"] = [int(k) if isinstance(k, float) and k.is_integer() else k for k in wide.k]  # a NaN-padded column
+    wide["same_as_plain"] = wide.same_as_plain.map({1.0: True, 0.0: False})
+    return wide
+
+
+def _table(sweep) -> tuple[pd.DataFrame, list]:
+    """(the per drafter x k x task table, the drafters in order) of a sweep or of its table."""
+    if isinstance(sweep, SpecSweep):
+        return sweep.table(), list(sweep.drafters)
+    return sweep, list(dict.fromkeys(sweep.drafter))
+
+
 def best_per_task(sweep: SpecSweep | pd.DataFrame, by: str = "decode_speedup") -> pd.DataFrame:
     """Per task (prompt): the drafter x k with the highest `by`, its acceptance, its bound and
     the drafter x k whose bound is highest (fixed k only). `sweep` may also be its `table()`
     (e.g. read back from the CSV `save_outputs` wrote)."""
-    df = sweep.table() if isinstance(sweep, SpecSweep) else sweep
+    df, _ = _table(sweep)
     df = df[[not draft_length(k)[1] for k in df.k]]
     rows = []
     for task, g in df.groupby("prompt", sort=False):
@@ -137,13 +164,13 @@ def length_distribution(sweep: SpecSweep) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["drafter", "k", "task", "acceptance_length", "rounds", "share"])
 
 
-def save_outputs(sweep: SpecSweep, directory, figures: dict, name: str) -> list[Path]:
-    """Write `name`.csv (the per drafter x k x task table) and each figure as `key`.png into
-    `directory` (the committed outputs of a lab run)."""
+def save_outputs(sweep: SpecSweep | pd.DataFrame, directory, figures: dict, name: str) -> list[Path]:
+    """Write `name`.csv (the per drafter x k x task table; `sweep` may be that table) and each
+    figure as `key`.png into `directory` (the committed outputs of a lab run)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.csv"]
-    sweep.table().to_csv(paths[0], index=False, float_format="%.4g")
+    _table(sweep)[0].to_csv(paths[0], index=False, float_format="%.4g")
     for key, fig in figures.items():
         paths.append(out / f"{key}.png")
         fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
@@ -153,11 +180,11 @@ def save_outputs(sweep: SpecSweep, directory, figures: dict, name: str) -> list[
 # ---------------------------------------------------------------- plots
 
 
-def bound_plot(sweep: SpecSweep, by: str = "decode_speedup",
+def bound_plot(sweep: SpecSweep | pd.DataFrame, by: str = "decode_speedup",
                title: str = "measured speedup vs the acceptance-length bound"):
     """One point per drafter x k x task: the bound (x) against the measured `by` (y), colored by
-    task; the diagonal is "as fast as the bound"."""
-    df = sweep.table()
+    task; the diagonal is "as fast as the bound". `sweep` may be its table."""
+    df, _ = _table(sweep)
     df = df[[not draft_length(k)[1] for k in df.k]]
     fig = figure(6, 4.2)
     ax = fig.subplots()
@@ -173,18 +200,19 @@ def bound_plot(sweep: SpecSweep, by: str = "decode_speedup",
     return fig
 
 
-def grid_plot(sweep: SpecSweep, value: str = "mean_acceptance_length", title: str | None = None):
-    """One panel per task: a drafters x fixed-k heatmap of `value` (annotated)."""
-    df = sweep.table()
+def grid_plot(sweep: SpecSweep | pd.DataFrame, value: str = "mean_acceptance_length", title: str | None = None):
+    """One panel per task: a drafters x fixed-k heatmap of `value` (annotated). `sweep` may be
+    its table."""
+    df, drafters = _table(sweep)
     df = df[[not draft_length(k)[1] for k in df.k]]
     tasks = list(dict.fromkeys(df.prompt))
-    fig = figure(2.6 * len(tasks), 0.5 * len(sweep.drafters) + 1.6)
+    fig = figure(2.6 * len(tasks), 0.5 * len(drafters) + 1.6)
     axes = fig.subplots(1, len(tasks), sharey=True, squeeze=False)[0]
     vals = df[value].to_numpy(dtype=float)
     lo, hi = float(np.nanmin(vals)), float(np.nanmax(vals))
     for ax, task in zip(axes, tasks):
         grid = df[df.prompt == task].pivot_table(index="drafter", columns="k", values=value, sort=False)
-        grid = grid.reindex(index=sweep.drafters)
+        grid = grid.reindex(index=drafters)
         ax.imshow(grid.to_numpy(dtype=float), vmin=lo, vmax=hi, cmap="viridis", aspect="auto")
         for (i, j), v in np.ndenumerate(grid.to_numpy(dtype=float)):
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < (lo + hi) / 2 else "k")
