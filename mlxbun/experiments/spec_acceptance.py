@@ -42,7 +42,8 @@ from mlxbun.speculative.compare import plain_run
 from mlxbun.speculative.stats import SpecStats
 
 __all__ = [
-    "DEFAULT_DRAFTERS", "PROMPT_SET", "SPEC_PROMPTS", "SpecSweep", "acceptance_length_plot", "per_position_plot",
+    "DEFAULT_DRAFTERS", "PROMPT_SET", "SPEC_PROMPTS", "SpecSweep", "acceptance_length_plot", "draft_length",
+    "per_position_plot",
     "spec_sweep", "speedup_plot", "write_cpu_benchmark",
 ]
 
@@ -64,6 +65,17 @@ SPEC_PROMPTS: dict[str, str] = {
 DEFAULT_DRAFTERS = ("ngram", "self:1", "model:zoo:llama@q8", "model:zoo:llama@seed1")
 
 
+def draft_length(k) -> tuple[int, bool]:
+    """A sweep's k: an int (a fixed draft length) or "aK" (AdaptiveDraftLength with k_max K) ->
+    (k or k_max, adaptive)."""
+    text = str(k).strip()
+    adaptive = text.startswith("a")
+    digits = text[1:] if adaptive else text
+    if isinstance(k, bool) or not digits.isdigit() or int(digits) < 1:
+        raise MlxbunError(f"ks: each k must be a positive integer or 'aK' (adaptive, k_max K), got {k!r}")
+    return int(digits), adaptive
+
+
 def _drafter_factories(drafters: Sequence[str], engine: str) -> dict:
     """drafter name -> a function making a fresh Drafter; every name is parsed (a bad one refuses
     before any work) and each draft model is opened once."""
@@ -81,9 +93,11 @@ def _drafter_factories(drafters: Sequence[str], engine: str) -> dict:
 # ---------------------------------------------------------------- the sweep
 
 
-ROW_COLUMNS = ["drafter", "k", "prompt", "drafts", "draft_tokens", "accepted_tokens", "draft_acceptance_rate",
-               "mean_acceptance_length", "tokens_per_s", "plain_tokens_per_s", "speedup", "draft_s", "verify_s",
-               "replayed_tokens", "replay_s", "same_as_plain"]  # replay: a recurrent target's rollback
+STAT_COLUMNS = ["drafts", "draft_tokens", "accepted_tokens", "draft_acceptance_rate", "mean_acceptance_length",
+                "tokens_per_s", "plain_tokens_per_s", "speedup", "decode_tokens_per_s", "plain_decode_tokens_per_s",
+                "decode_speedup", "speedup_bound", "cost_aware_bound", "verify_cost", "draft_s", "verify_s",
+                "replayed_tokens", "replay_s"]  # replay: a recurrent target's rollback
+ROW_COLUMNS = ["drafter", "k", "prompt", *STAT_COLUMNS, "same_as_plain"]
 
 
 @dataclass
@@ -108,9 +122,7 @@ class SpecSweep:
         """One row per drafter x k x prompt."""
         rows = []
         for (d, k, p), s in self.runs.items():
-            rows.append([d, k, p, s.drafts, s.draft_tokens, s.accepted_tokens, s.draft_acceptance_rate,
-                         s.mean_acceptance_length, s.tokens_per_s, s.plain_tokens_per_s, s.speedup, s.draft_s,
-                         s.verify_s, s.replayed_tokens, s.replay_s, self.same.get((d, k, p))])
+            rows.append([d, k, p, *(getattr(s, c) for c in STAT_COLUMNS), self.same.get((d, k, p))])
         return pd.DataFrame(rows, columns=ROW_COLUMNS)
 
     def summary(self):
@@ -120,9 +132,7 @@ class SpecSweep:
             for k in self.ks:
                 s = self.stats(d, k)
                 same = [self.same.get((d, k, p)) for p in self.prompts]
-                rows.append([d, k, len(self.prompts), s.drafts, s.draft_tokens, s.accepted_tokens,
-                             s.draft_acceptance_rate, s.mean_acceptance_length, s.tokens_per_s, s.plain_tokens_per_s,
-                             s.speedup, s.draft_s, s.verify_s, s.replayed_tokens, s.replay_s,
+                rows.append([d, k, len(self.prompts), *(getattr(s, c) for c in STAT_COLUMNS),
                              None if None in same else all(same)])
         return pd.DataFrame(rows, columns=["drafter", "k", "prompts"] + ROW_COLUMNS[3:])
 
@@ -157,19 +167,21 @@ def _median_run(fn, repeats: int):
 def spec_sweep(model: str = "zoo:llama", drafters: Sequence[str] = DEFAULT_DRAFTERS, ks: Sequence[int] = (1, 2, 4), *,
                prompts: dict | None = None, prompt_set: str | None = None, max_tokens: int = 16,
                variant: str = "float32", engine: str = "mlxbun", temperature: float = 0.0, seed: int = 0,
-               repeats: int = 1, results_path=None, record: bool = True) -> SpecSweep:
+               repeats: int = 1, results_path=None, record: bool = True, experiment: str = EXPERIMENT,
+               extra_params: dict | None = None) -> SpecSweep:
     """Every drafter x k on every prompt, against plain decoding of the same prompt.
 
     Plain decoding runs first per prompt (after one untimed warm-up generation); tokens/s are
     end to end (prefill included) for both, the median of `repeats` runs. With temperature 0
     each run's tokens are checked against plain decoding's (`same_as_plain`). Rows go to the
-    results table (experiment "spec_acceptance"): every `SpecStats` row per drafter x k x
-    prompt, plus `plain_tokens_per_s` and `same_as_plain` (1/0).
+    results table (`experiment`, default "spec_acceptance"; `extra_params` join the run's
+    parameters): every `SpecStats` row per drafter x k x prompt, plus `plain_tokens_per_s` and
+    `same_as_plain` (1/0). A k may be "aK": the adaptive draft length with k_max K.
     """
     if prompts is None:
         prompts, prompt_set = dict(SPEC_PROMPTS), prompt_set or PROMPT_SET
     prompt_set = prompt_set or "custom"
-    ks = [int(k) for k in ks]
+    ks = [k if draft_length(k)[1] else int(k) for k in ks]  # "aK": adaptive (refused here when malformed)
     drafters = [str(d) for d in drafters]
     path = model_path(model, variant=variant)
     factories = _drafter_factories(drafters, engine)
@@ -186,8 +198,9 @@ def spec_sweep(model: str = "zoo:llama", drafters: Sequence[str] = DEFAULT_DRAFT
     sampling = dict(max_tokens=max_tokens, temperature=temperature, seed=seed)
     out = SpecSweep(str(model), prompt_set, dict(prompts), drafters, ks, temperature)
     params = {"model": str(model), "variant": variant, "engine": engine, "prompt_set": prompt_set,
-              "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "repeats": repeats}
-    with recording(EXPERIMENT, model=path, params=params, results_path=results_path, record=record) as run:
+              "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "repeats": repeats,
+              **(extra_params or {})}
+    with recording(experiment, model=path, params=params, results_path=results_path, record=record) as run:
         plain_run(target, tok, next(iter(prompts.values())), **sampling)  # warm-up (compiled samplers, allocator)
         for pname, text in prompts.items():
             def plain_once():
@@ -197,15 +210,19 @@ def spec_sweep(model: str = "zoo:llama", drafters: Sequence[str] = DEFAULT_DRAFT
             plain = _median_run(plain_once, repeats)[0]
             if run is not None:
                 run.record("plain_tokens_per_s", plain.tokens_per_s, "tok/s", prompt=pname)
+                run.record("plain_decode_tokens_per_s", plain.decode_tokens_per_s, "tok/s", prompt=pname)
             for d in drafters:
                 for k in ks:
                     def once():
+                        num_draft, adaptive = draft_length(k)
                         _, ids, stats = speculative_text(target, tok, text, drafter=factories[d](),
-                                                         num_draft=k, **sampling)
+                                                         num_draft=num_draft, adaptive=adaptive, **sampling)
                         return ids, stats, stats.wall_s
 
                     ids, stats, _ = _median_run(once, repeats)
                     stats.plain_tokens_per_s = plain.tokens_per_s
+                    if plain.decode_tokens_per_s == plain.decode_tokens_per_s:  # not NaN
+                        stats.plain_decode_tokens_per_s = plain.decode_tokens_per_s
                     out.runs[(d, k, pname)] = stats
                     if temperature == 0:
                         out.same[(d, k, pname)] = ids == plain.tokens
@@ -229,11 +246,11 @@ def per_position_plot(sweep: SpecSweep, title: str = "acceptance rate per draft 
     axes = fig.subplots(1, len(sweep.drafters), sharey=True, squeeze=False)[0]
     for ax, d in zip(axes, sweep.drafters):
         for k in sweep.ks:
-            g = df[(df.drafter == d) & (df.k == k)]
+            g = df[(df.drafter == d) & (df.k.astype(str) == str(k))]
             ax.plot(g.position + 1, g.acceptance_rate, marker="o", label=f"k={k}")
         ax.set_title(d, fontsize=9)
         ax.set_xlabel("draft position")
-        ax.set_xticks(range(1, max(sweep.ks) + 1))
+        ax.set_xticks(range(1, max(draft_length(k)[0] for k in sweep.ks) + 1))
         ax.set_ylim(-0.02, 1.02)
     axes[0].set_ylabel("acceptance rate")
     axes[-1].legend(fontsize=7)
@@ -245,12 +262,12 @@ def acceptance_length_plot(sweep: SpecSweep, k: int | None = None,
                            title: str = "acceptance length per round (1 + accepted drafts)"):
     """Histogram (share of rounds) of the acceptance length, one bar group per drafter, at k
     (default: the largest k of the sweep)."""
-    k = max(sweep.ks) if k is None else k
+    k = max((k for k in sweep.ks if not draft_length(k)[1]), default=sweep.ks[0]) if k is None else k
     df = sweep.histogram()
-    df = df[df.k == k]
+    df = df[df.k.astype(str) == str(k)]
     fig = figure(7, 3.4)
     ax = fig.subplots()
-    lengths = np.arange(1, k + 2)
+    lengths = np.arange(1, draft_length(k)[0] + 2)
     width = 0.8 / max(1, len(sweep.drafters))
     for i, d in enumerate(sweep.drafters):
         g = df[df.drafter == d].set_index("acceptance_length")["rounds"].reindex(lengths, fill_value=0)
@@ -269,9 +286,10 @@ def speedup_plot(sweep: SpecSweep, title: str = "end-to-end speedup vs plain dec
     df = sweep.summary()
     fig = figure(6, 3.4)
     ax = fig.subplots()
+    fixed = df[[not draft_length(k)[1] for k in df.k]]
     for d in sweep.drafters:
-        g = df[df.drafter == d]
-        ax.plot(g.k, g.speedup, marker="o", label=d)
+        g = fixed[fixed.drafter == d]
+        ax.plot(g.k.astype(int), g.speedup, marker="o", label=d)
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("draft tokens per round (k)")
     ax.set_ylabel("speedup (x)")

@@ -11,6 +11,10 @@ Per request (one `SpecStats` filled by the engine) and aggregated (`SpecStats.ag
 - draft_acceptance_rate = accepted_tokens / draft_tokens;
 - time in draft vs verify, end-to-end tokens/s and, when measured on the same prompt, plain
   decoding's tokens/s and the speedup;
+- the speedup bound from the acceptance-length distribution (`speedup_bound`): tokens emitted
+  per verification round, i.e. the speedup if drafting were free and verifying k+1 tokens cost
+  one plain decoding step; with measured costs (`verify_cost`, `draft_cost` in plain steps) the
+  cost-aware bound; decode-only tokens/s (prefill left out) next to plain decoding's;
 - the rollback cost of a recurrent target (mlxbun's own, no vLLM name): replays (rounds whose
   rejection sent a recurrent state back to the round's start), replayed_tokens (tokens fed
   again: the accepted drafts + the round's first token) and replay_s (their forwards' time,
@@ -24,7 +28,28 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-__all__ = ["SpecStats"]
+from mlxbun.errors import MlxbunError
+
+__all__ = ["SpecStats", "speedup_bound"]
+
+
+def speedup_bound(acceptance_length_histogram, plain_rounds: int = 0, *, verify_cost: float = 1.0,
+                  draft_cost: float = 0.0) -> float:
+    """Tokens per plain-decoding step: a round of acceptance length a emits a tokens (a-1 accepted
+    drafts + the target's own), a round that drafted nothing (`plain_rounds`) emits one. Each
+    drafting round costs `verify_cost` + `draft_cost` plain steps (verifying k+1 tokens, and
+    drafting them), a round without a draft one step. With the defaults (free drafts, a verify
+    as cheap as one decoding step) this is the upper bound the distribution allows."""
+    hist = {int(a): int(n) for a, n in dict(acceptance_length_histogram).items() if n}
+    if any(a < 1 for a in hist) or any(n < 0 for n in hist.values()) or plain_rounds < 0:
+        raise MlxbunError(f"speedup bound: acceptance lengths must be >= 1 and counts >= 0, got {hist} "
+                          f"and plain_rounds={plain_rounds}")
+    if verify_cost <= 0 or draft_cost < 0:
+        raise MlxbunError(f"speedup bound: verify_cost must be > 0 and draft_cost >= 0, got {verify_cost}, "
+                          f"{draft_cost}")
+    drafted = sum(hist.values())
+    steps = drafted * (verify_cost + draft_cost) + plain_rounds
+    return (sum(a * n for a, n in hist.items()) + plain_rounds) / steps if steps else math.nan
 
 
 @dataclass
@@ -46,6 +71,7 @@ class SpecStats:
     replay_s: float = 0.0
     wall_s: float = 0.0  # from the call to the last token
     plain_tokens_per_s: Optional[float] = None
+    plain_decode_tokens_per_s: Optional[float] = None  # plain decoding with its prefill left out
     requests: int = 1
 
     # ------------------------------------------------------------------ updates
@@ -108,6 +134,48 @@ class SpecStats:
         return self.tokens_per_s / self.plain_tokens_per_s
 
     @property
+    def decode_tokens_per_s(self) -> float:
+        """Generated tokens over the time after the prefill (drafting, verifying, replaying)."""
+        t = self.wall_s - self.prefill_s
+        return self.generated_tokens / t if t > 0 and self.generated_tokens else math.nan
+
+    @property
+    def decode_speedup(self) -> float:
+        """Decode-only tokens/s over plain decoding's decode-only tokens/s (NaN if not measured)."""
+        if not self.plain_decode_tokens_per_s:
+            return math.nan
+        return self.decode_tokens_per_s / self.plain_decode_tokens_per_s
+
+    @property
+    def speedup_bound(self) -> float:
+        """`speedup_bound` of this run's acceptance lengths (rounds that drafted nothing emit one)."""
+        return speedup_bound(self.acceptance_length_histogram, self.rounds - self.drafts)
+
+    @property
+    def verify_cost(self) -> float:
+        """A drafting round's verify (+ replay) seconds in plain decoding steps (from the plain
+        decode tokens/s), NaN if not measured. Rounds without drafts count as one step each."""
+        if not self.plain_decode_tokens_per_s or not self.drafts:
+            return math.nan
+        step = 1.0 / self.plain_decode_tokens_per_s
+        return max(0.0, (self.verify_s + self.replay_s) / step - (self.rounds - self.drafts)) / self.drafts
+
+    @property
+    def draft_cost(self) -> float:
+        """A drafting round's draft seconds in plain decoding steps (NaN if not measured)."""
+        if not self.plain_decode_tokens_per_s or not self.drafts:
+            return math.nan
+        return self.draft_s * self.plain_decode_tokens_per_s / self.drafts
+
+    @property
+    def cost_aware_bound(self) -> float:
+        """`speedup_bound` with the measured verify and draft costs (in plain steps)."""
+        if math.isnan(self.verify_cost) or self.verify_cost <= 0:
+            return math.nan
+        return speedup_bound(self.acceptance_length_histogram, self.rounds - self.drafts,
+                             verify_cost=self.verify_cost, draft_cost=self.draft_cost)
+
+    @property
     def replay_time_fraction(self) -> float:
         """Replay seconds over draft + verify + replay seconds (0 when nothing was replayed)."""
         busy = self.draft_s + self.verify_s + self.replay_s
@@ -125,6 +193,7 @@ class SpecStats:
         """Sum of requests (counts, histograms, times); plain tokens/s from the summed plain time."""
         out = cls(requests=0)
         plain_time, plain_tokens = 0.0, 0
+        decode_time, decode_tokens = 0.0, 0
         for s in stats:
             out.requests += s.requests
             for name in ("rounds", "drafts", "draft_tokens", "accepted_tokens", "generated_tokens", "replays",
@@ -144,8 +213,15 @@ class SpecStats:
                 plain_time += s.generated_tokens / s.plain_tokens_per_s
             else:
                 plain_time = math.nan
+            if s.plain_decode_tokens_per_s:
+                decode_tokens += s.generated_tokens
+                decode_time += s.generated_tokens / s.plain_decode_tokens_per_s
+            else:
+                decode_time = math.nan
         if plain_tokens and plain_time > 0:
             out.plain_tokens_per_s = plain_tokens / plain_time
+        if decode_tokens and decode_time > 0:
+            out.plain_decode_tokens_per_s = decode_tokens / decode_time
         return out
 
     # ------------------------------------------------------------------ output
@@ -176,12 +252,21 @@ class SpecStats:
             "tokens_per_s": self.tokens_per_s,
             "plain_tokens_per_s": self.plain_tokens_per_s,
             "speedup": self.speedup,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "plain_decode_tokens_per_s": self.plain_decode_tokens_per_s,
+            "decode_speedup": self.decode_speedup,
+            "speedup_bound": self.speedup_bound,
+            "verify_cost": self.verify_cost,
+            "draft_cost": self.draft_cost,
+            "cost_aware_bound": self.cost_aware_bound,
         }
 
     _UNITS = {"draft_s": "s", "verify_s": "s", "prefill_s": "s", "wall_s": "s", "tokens_per_s": "tok/s",
               "plain_tokens_per_s": "tok/s", "draft_tokens": "tokens", "accepted_tokens": "tokens",
               "generated_tokens": "tokens", "mean_acceptance_length": "tokens", "replays": "rounds",
-              "replayed_tokens": "tokens", "replay_s": "s"}
+              "replayed_tokens": "tokens", "replay_s": "s",
+              "decode_tokens_per_s": "tok/s", "plain_decode_tokens_per_s": "tok/s", "verify_cost": "steps",
+              "draft_cost": "steps"}
 
     def as_rows(self, **params: Any) -> list[tuple]:
         """(metric, value, unit, params) rows for `Run.record_many`; NaN metrics are left out, the
@@ -191,7 +276,8 @@ class SpecStats:
         for name in ("drafts", "draft_tokens", "accepted_tokens", "generated_tokens", "rounds",
                      "mean_acceptance_length", "draft_acceptance_rate", "prefill_s", "draft_s", "verify_s",
                      "replays", "replayed_tokens", "replay_s", "wall_s", "tokens_per_s", "plain_tokens_per_s",
-                     "speedup"):
+                     "speedup", "decode_tokens_per_s", "plain_decode_tokens_per_s", "decode_speedup",
+                     "speedup_bound", "verify_cost", "draft_cost", "cost_aware_bound"):
             v = d[name]
             if v is None or (isinstance(v, float) and math.isnan(v)):
                 continue
