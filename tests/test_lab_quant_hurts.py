@@ -28,7 +28,7 @@ def test_notebook_runs_headless_and_its_rows_mean_something(zoo_root, tmp_path, 
     executed = nbformat.read(out / "quant_hurts.ipynb", 4)
     assert sum("image/png" in o.get("data", {}) for c in executed.cells if c.cell_type == "code"
                for o in c.outputs) == 2
-    assert {p.name for p in saved.iterdir()} == {"sweep.csv", "heatmap.csv", "rankings.csv", "heatmap.png",
+    assert {p.name for p in saved.iterdir()} == {"sweep.csv", "heatmap.csv", "rankings.csv", "equal_bits.csv", "heatmap.png",
                                                  "kld_bpw.png"}
     with open_results(db, create=False) as store:
         rows = store.load(expand_params=True)
@@ -95,3 +95,16 @@ def test_units_rankings_and_the_naive_order(zoo):
 def test_sweep_refuses_bad_parameters(kw, match):
     with pytest.raises(MlxbunError, match=match):
         qh.sweep("zoo:llama", record=False, **kw)
+
+
+def test_at_equal_bits_interpolates_the_naive_curve():
+    rows = [("q4 g64", "uniform", 0, 4.5, 0.10), ("q8 g64", "uniform", 0, 8.5, 0.001),
+            ("r1", "ranked:taps", 1, 5.0, 0.05), ("r2", "ranked:taps", 2, 7.0, 0.02),
+            ("n1", "naive", 1, 5.5, 0.08), ("n2", "naive", 2, 6.5, 0.04)]
+    table = pd.DataFrame(rows, columns=["label", "kind", "n_high", "bits_per_weight", "kld_mean"])
+    table["top1_agreement"] = 1.0
+    eq = qh.at_equal_bits(table).set_index("label")
+    assert eq.loc["r1", "kld_naive"] == pytest.approx(0.09)  # halfway from q4 (0.10) to n1 (0.08)
+    assert eq.loc["r1", "kld_vs_naive"] == pytest.approx(0.05 / 0.09)
+    assert pd.isna(eq.loc["r2", "kld_naive"])  # beyond the naive curve's bits
+    assert eq.loc["r2", "kld_recovered"] == pytest.approx(0.8)

@@ -32,7 +32,7 @@ from mlxbun.parity.forced import eval_ids
 from mlxbun.parity.localize import tapped_steps
 from mlxbun.parity.metrics import compare_logits
 
-__all__ = ["SWEEP_COLUMNS", "EMBED", "ablation_scores", "save_outputs", "error_heatmap", "kld_bpw_plot", "heatmap_plot", "naive_order", "reference_dir",
+__all__ = ["SWEEP_COLUMNS", "EMBED", "ablation_scores", "at_equal_bits", "save_outputs", "error_heatmap", "kld_bpw_plot", "heatmap_plot", "naive_order", "reference_dir",
            "substep_errors", "sweep", "unit_modules", "unit_of", "unit_scores"]
 
 EMBED = "embed"  # the unit of the modules outside the blocks (embedding, tied or own head)
@@ -265,6 +265,26 @@ def sweep(model: str = "zoo:llama", *, n_tokens: int = 64, text: str | None = No
     return table, errors, scores
 
 
+def at_equal_bits(table, against: str = "naive"):
+    """Each ranked row next to the `against` curve at the same bits per weight: that curve's mean
+    KLD interpolated linearly in bits (through uniform q4 g64, N = 0), NaN outside its range;
+    `kld_vs_against` = kld_mean / that, and `kld_recovered` = the share of uniform q4 g64's KLD
+    that the plan removes."""
+    import numpy as np
+
+    base = table[(table["kind"] == "uniform") & (table["label"] == "q4 g64")].iloc[0]
+    curve = table[table["kind"] == against].sort_values("bits_per_weight")
+    xs = np.concatenate([[base["bits_per_weight"]], curve["bits_per_weight"].to_numpy(float)])
+    ys = np.concatenate([[base["kld_mean"]], curve["kld_mean"].to_numpy(float)])
+    out = table[table["kind"].str.startswith("ranked")][["label", "kind", "n_high", "bits_per_weight", "kld_mean",
+                                                           "top1_agreement"]].copy()
+    x = out["bits_per_weight"].to_numpy(float)
+    out[f"kld_{against}"] = np.where((x >= xs.min()) & (x <= xs.max()), np.interp(x, xs, ys), np.nan)
+    out[f"kld_vs_{against}"] = out["kld_mean"] / out[f"kld_{against}"]
+    out["kld_recovered"] = 1 - out["kld_mean"] / base["kld_mean"]
+    return out.reset_index(drop=True)
+
+
 # ---------------------------------------------------------------- plots
 
 
@@ -319,9 +339,10 @@ def kld_bpw_plot(table, title: str = "mean KLD vs bits per weight"):
     return fig
 
 
-def save_outputs(out_dir, table, grid, scores, figures) -> list[Path]:
+def save_outputs(out_dir, table, grid, scores, figures, equal=None) -> list[Path]:
     """The run's committed outputs: sweep.csv, heatmap.csv, rankings.csv (unit, score per
-    ranking, rank order) and each figure as NAME.png; returns the paths written."""
+    ranking), each figure as NAME.png and `equal` (`at_equal_bits`) as equal_bits.csv; returns
+    the paths written."""
     import pandas as pd
 
     out = Path(out_dir)
@@ -331,6 +352,9 @@ def save_outputs(out_dir, table, grid, scores, figures) -> list[Path]:
     grid.to_csv(written[1], float_format="%.6g")
     pd.DataFrame({f"score_{name}": s for name, s in scores.items()}).rename_axis("unit").to_csv(
         written[2], float_format="%.6g")
+    if equal is not None:
+        written.append(out / "equal_bits.csv")
+        equal.to_csv(written[-1], index=False, float_format="%.6g")
     for name, fig in figures.items():
         written.append(out / f"{name}.png")
         fig.savefig(written[-1], dpi=110)
