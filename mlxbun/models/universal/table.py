@@ -608,6 +608,38 @@ _NOAUX_PARAMS = {"scaling": "routed_scaling_factor", "n_group": "n_group", "topk
 _ROUTER_TRAINING = {"output_router_logits": "training-time router loss output",
                     "router_jitter_noise": "training-time router noise"}
 
+def _dsa_row(model_type: str, fields: dict, post_init: tuple, who: str, ignored: dict, notes: str) -> ArchDescriptor:
+    """deepseek_v32's graph (absorbed MLA + the DSA indexer, noaux_tc MoE) under a model_type's own
+    ModelArgs fields: deepseek_v32, and glm_moe_dsa, whose mlx-lm file imports v32's Model."""
+    return ArchDescriptor(
+        model_type, fields, post_init, head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
+        head=HeadKnobs(tie=False),
+        mla=MlaKnobs("absorbed_indexed", rope="initialize", q_direct=False, indexer=IndexerKnobs()),
+        layers=LayerKnobs(mask_array=True),
+        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense_freq",
+                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
+                                        params=_NOAUX_PARAMS),
+                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
+        sanitize=(SanitizeRule("drop_layers_from_n", None, "the multi-token-prediction layers "
+                                                           "(mlx-lm drops every layer index >= N)"),
+                  SanitizeRule("fp8_block_dequant", None, "fp8 weights dequantized to bfloat16"),
+                  _STACK,
+                  SanitizeRule("split_kv_b", None, "kv_b_proj split per head into embed_q | unembed_out")),
+        accepted_values={**_SILU, "scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",),
+                         "rope_interleave": (True,)},
+        ignored_keys={**_ROUTER_TRAINING, **ignored,
+                      "head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
+                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
+                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
+                      "mlp_layer_types": "mlx-lm reads first_k_dense_replace and moe_layer_freq",
+                      "layer_types": f"{who} runs the indexer on every layer",
+                      "mlp_bias": f"{who} MLPs have no biases",
+                      "num_nextn_predict_layers": "mlx-lm drops the multi-token-prediction layers",
+                      "aux_loss_alpha": "training-time router loss", "seq_aux": "training-time router loss"},
+        notes=notes)
+
+
 _MOE_ROWS = [
     ArchDescriptor(
         "qwen3_moe",
@@ -1067,7 +1099,7 @@ _MOE_ROWS = [
               "noaux_tc router (sigmoid + correction bias, grouped top-k, renorm, scaling), shared "
               "experts, dense first layers; int4-packed and fp8 checkpoints load as mlx-lm's.",
     ),
-    ArchDescriptor(
+    _dsa_row(
         "deepseek_v32",
         dict(model_type="deepseek_v32", vocab_size=102400, hidden_size=4096, index_head_dim=128,
              index_n_heads=64, index_topk=2048, intermediate_size=11008, moe_intermediate_size=1407,
@@ -1077,32 +1109,8 @@ _MOE_ROWS = [
              scoring_func="sigmoid", norm_topk_prob=True, n_group=1, topk_group=1, num_experts_per_tok=1,
              moe_layer_freq=1, first_k_dense_replace=0, max_position_embeddings=2048, rms_norm_eps=1e-6,
              rope_theta=10000.0, rope_scaling=None, attention_bias=False, indexer_rope_interleave=False),
-        head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
-        rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
-        head=HeadKnobs(tie=False),
-        mla=MlaKnobs("absorbed_indexed", rope="initialize", q_direct=False, indexer=IndexerKnobs()),
-        layers=LayerKnobs(mask_array=True),
-        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense_freq",
-                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
-                                        params=_NOAUX_PARAMS),
-                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
-        sanitize=(SanitizeRule("drop_layers_from_n", None, "the multi-token-prediction layers "
-                                                           "(mlx-lm drops every layer index >= N)"),
-                  SanitizeRule("fp8_block_dequant", None, "fp8 weights dequantized to bfloat16"),
-                  _STACK,
-                  SanitizeRule("split_kv_b", None, "kv_b_proj split per head into embed_q | unembed_out")),
-        accepted_values={**_SILU, "scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",),
-                         "rope_interleave": (True,)},
-        ignored_keys={**_ROUTER_TRAINING,
-                      "tie_word_embeddings": "mlx-lm's deepseek_v32 always has its own lm_head",
-                      "head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
-                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
-                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
-                      "mlp_layer_types": "mlx-lm reads first_k_dense_replace and moe_layer_freq",
-                      "layer_types": "mlx-lm's deepseek_v32 runs the indexer on every layer",
-                      "mlp_bias": "mlx-lm's deepseek_v32 MLPs have no biases",
-                      "num_nextn_predict_layers": "mlx-lm drops the multi-token-prediction layers",
-                      "aux_loss_alpha": "training-time router loss", "seq_aux": "training-time router loss"},
+        (), "mlx-lm's deepseek_v32",
+        {"tie_word_embeddings": "mlx-lm's deepseek_v32 always has its own lm_head"},
         notes="DeepSeek-V3.2: deepseek_v3's absorbed multi-head latent attention (low-rank q only) "
               "with the DSA indexer: index_n_heads heads of index_head_dim over their own cached keys "
               "(LayerNorm, rope over qk_rope_head_dim, traditional per indexer_rope_interleave) pick "
@@ -1112,7 +1120,7 @@ _MOE_ROWS = [
               "it). noaux_tc router, shared experts, dense first layers; every layer index >= N "
               "dropped; fp8 checkpoints load as mlx-lm's.",
     ),
-    ArchDescriptor(
+    _dsa_row(
         "glm_moe_dsa",
         _fields("model_type", "vocab_size", "hidden_size", "index_head_dim", "index_n_heads", "index_topk",
                 "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -1122,33 +1130,9 @@ _MOE_ROWS = [
                 "moe_layer_freq", "first_k_dense_replace", "max_position_embeddings", "rms_norm_eps",
                 "rope_parameters", "attention_bias", rope_scaling=None, rope_theta=None,
                 indexer_rope_interleave=True),
-        ("rope_parameters_required",), head_dim="split", attn_bias="attention_bias", out_bias="attention_bias",
-        rope=RopeKnobs(traditional=True),  # the base, scaling and max positions mla.py reads
-        head=HeadKnobs(tie=False),
-        mla=MlaKnobs("absorbed_indexed", rope="initialize", q_direct=False, indexer=IndexerKnobs()),
-        layers=LayerKnobs(mask_array=True),
-        moe=MoEKnobs(experts="n_routed_experts", combine="sum_cast", layers="first_k_dense_freq",
-                     router=RouterKnobs("noaux_tc", gate="weight", norm_topk="norm_topk_prob",
-                                        params=_NOAUX_PARAMS),
-                     shared=SharedKnobs("plain", count="n_shared_experts", when="n_shared_experts")),
-        sanitize=(SanitizeRule("drop_layers_from_n", None, "the multi-token-prediction layers "
-                                                           "(mlx-lm drops every layer index >= N)"),
-                  SanitizeRule("fp8_block_dequant", None, "fp8 weights dequantized to bfloat16"),
-                  _STACK,
-                  SanitizeRule("split_kv_b", None, "kv_b_proj split per head into embed_q | unembed_out")),
-        accepted_values={**_SILU, "scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",),
-                         "rope_interleave": (True,)},
-        ignored_keys={**_ROUTER_TRAINING,
-                      "tie_word_embeddings": "mlx-lm's glm_moe_dsa (deepseek_v32's Model) always has its own lm_head",
-                      "indexer_types": "mlx-lm's glm_moe_dsa runs the full indexer on every layer",
-                      "head_dim": "transformers writes qk_rope_head_dim here; mlx-lm's MLA reads "
-                                  "qk_nope_head_dim, qk_rope_head_dim and v_head_dim",
-                      "qk_head_dim": "mlx-lm computes qk_nope_head_dim + qk_rope_head_dim",
-                      "mlp_layer_types": "mlx-lm reads first_k_dense_replace and moe_layer_freq",
-                      "layer_types": "mlx-lm's glm_moe_dsa runs the indexer on every layer",
-                      "mlp_bias": "mlx-lm's glm_moe_dsa MLPs have no biases",
-                      "num_nextn_predict_layers": "mlx-lm drops the multi-token-prediction layers",
-                      "aux_loss_alpha": "training-time router loss", "seq_aux": "training-time router loss"},
+        ("rope_parameters_required",), "mlx-lm's glm_moe_dsa",
+        {"tie_word_embeddings": "mlx-lm's glm_moe_dsa (deepseek_v32's Model) always has its own lm_head",
+         "indexer_types": "mlx-lm's glm_moe_dsa runs the full indexer on every layer"},
         notes="GLM-5 (MoE + DSA): deepseek_v32's graph (mlx-lm imports its Model) under glm_moe_dsa's "
               "ModelArgs: rope_parameters required (rope_scaling = it, rope_theta = its rope_theta), "
               "the indexer's rope interleaved by default; indexer_types is not read (every layer runs the "
