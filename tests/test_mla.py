@@ -82,15 +82,9 @@ def test_bad_values_name_the_key(key, value):
 ], ids=["zoo", "q_proj_group_limited"])
 def test_the_deepseek_v2_row_matches_mlx_lm_through_prefill_and_decode(knobs):
     from mlxbun.zoo import tiny_config
-    from tests.hybrid_models import oracle_and_universal
+    from tests.mla_helpers import prefill_and_decode
 
-    ref, ours = oracle_and_universal({**tiny_config("deepseek_v2"), **knobs})
-    ids = mx.array([[5, 9, 2, 77, 31, 8, 100, 4]])
-    rc, oc = mlx_cache.make_prompt_cache(ref), ours.make_cache()
-    assert mx.array_equal(ref(ids, cache=rc), ours(ids, cache=oc))
-    for t in (11, 250, 3):
-        step = mx.array([[t]])
-        assert mx.array_equal(ref(step, cache=rc), ours(step, cache=oc)), t
+    prefill_and_decode({**tiny_config("deepseek_v2"), **knobs})
 
 
 def test_a_bad_topk_method_is_refused_naming_the_key():

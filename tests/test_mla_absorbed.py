@@ -18,6 +18,7 @@ from mlxbun.models.universal.resolve import descriptor_for
 from mlxbun.models.universal.sanitize import sanitize_weights
 from mlxbun.zoo import tiny_config
 from tests.hybrid_models import oracle_and_universal
+from tests.mla_helpers import kv_b_layout, prefill_and_decode
 
 _YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 32,
          "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
@@ -66,13 +67,7 @@ def test_prefill_and_decode_match_mlx_lm(pair):
     {"q_lora_rank": None, "n_group": 1, "topk_group": 1, "rope_scaling": None, "norm_topk_prob": False},
 ], ids=["zoo", "q_proj_ungrouped_plain_rope"])
 def test_the_deepseek_v3_row_matches_mlx_lm_through_prefill_and_decode(knobs):
-    ref, ours = oracle_and_universal({**tiny_config("deepseek_v3"), **knobs})
-    ids = mx.array([[5, 9, 2, 77, 31, 8, 100, 4]])
-    rc, oc = mlx_cache.make_prompt_cache(ref), ours.make_cache()
-    assert mx.array_equal(ref(ids, cache=rc), ours(ids, cache=oc))
-    for t in (11, 250, 3):
-        step = mx.array([[t]])
-        assert mx.array_equal(ref(step, cache=rc), ours(step, cache=oc)), t
+    prefill_and_decode({**tiny_config("deepseek_v3"), **knobs})
 
 
 @pytest.fixture(scope="module")
@@ -83,17 +78,7 @@ def hf_weights():
     cfg = {**tiny_config("deepseek_v3"), "qk_nope_head_dim": 32, "v_head_dim": 32}
     mx.random.seed(7)
     w = {k: mx.random.normal(v.shape) for k, v in tree_flatten(Model(ModelArgs.from_dict(cfg)).parameters())}
-    H, dn, dv, kv = (cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"],
-                     cfg["kv_lora_rank"])
-    for layer in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{layer}.self_attn"
-        del w[f"{p}.embed_q.weight"], w[f"{p}.unembed_out.weight"]
-        kv_b = mx.random.normal((H * (dn + dv), kv))
-        if layer == 0:
-            (w[f"{p}.kv_b_proj.weight"], w[f"{p}.kv_b_proj.scales"],
-             w[f"{p}.kv_b_proj.biases"]) = mx.quantize(kv_b, group_size=32, bits=4)
-        else:
-            w[f"{p}.kv_b_proj.weight"] = kv_b
+    kv_b_layout(w, cfg, layers=cfg["num_hidden_layers"], heads=cfg["num_attention_heads"])
     q_a = "model.layers.1.self_attn.q_a_proj."
     packed, scales, _ = mx.quantize(w.pop(q_a + "weight"), group_size=32, bits=4)
     w.update({q_a + "weight_packed": packed.view(mx.int32), q_a + "weight_scale": scales,

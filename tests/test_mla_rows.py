@@ -10,18 +10,7 @@ from mlxbun.errors import MlxbunError
 from mlxbun.models.universal.loader import build_model
 from mlxbun.zoo import tiny_config
 from tests.hybrid_models import oracle_and_universal
-
-IDS = mx.array([[5, 9, 2, 77, 31, 8, 100, 4]])
-
-
-def _prefill_and_decode(cfg):
-    ref, ours = oracle_and_universal(cfg)
-    rc, oc = mlx_cache.make_prompt_cache(ref), ours.make_cache()
-    assert mx.array_equal(ref(IDS, cache=rc), ours(IDS, cache=oc))
-    for t in (11, 250, 3):
-        step = mx.array([[t]])
-        assert mx.array_equal(ref(step, cache=rc), ours(step, cache=oc)), t
-    return rc, oc
+from tests.mla_helpers import IDS, kv_b_layout, prefill_and_decode
 
 
 @pytest.mark.parametrize("knobs", [
@@ -29,8 +18,8 @@ def _prefill_and_decode(cfg):
     {"tie_word_embeddings": False},  # the head's input divided by hidden_size / dim_model_base
     {"rope_scaling": {"type": "longrope"}, "attention_bias": True},  # factors default to 1.0, 4096
 ], ids=["zoo", "untied", "default_factors_bias"])
-def test_the_minicpm3_row_matches_mlx_lm_through_prefill_and_decode(knobs):
-    rc, oc = _prefill_and_decode({**tiny_config("minicpm3"), **knobs})
+def test_the_minicpm3_row_matches_mlx_lm_throughprefill_and_decode(knobs):
+    rc, oc = prefill_and_decode({**tiny_config("minicpm3"), **knobs})
     # the cache holds full per-head keys [nope | rope] and values of hidden // heads, as mlx-lm's
     assert oc[0].keys[..., :oc[0].offset, :].shape == (1, 4, 11, 24)
     assert mx.array_equal(rc[0].values[..., :rc[0].offset, :], oc[0].values[..., :oc[0].offset, :])
@@ -50,8 +39,8 @@ _YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
     {},  # the zoo's: low-rank q, grouped routing, plain rope
     {"q_lora_rank": None, "n_group": 1, "rope_scaling": _YARN, "num_experts_per_tok": 1},
 ], ids=["zoo", "q_proj_yarn_top1"])
-def test_the_glm4_moe_lite_row_matches_mlx_lm_through_prefill_and_decode(knobs):
-    rc, oc = _prefill_and_decode({**tiny_config("glm4_moe_lite"), **knobs})
+def test_the_glm4_moe_lite_row_matches_mlx_lm_throughprefill_and_decode(knobs):
+    rc, oc = prefill_and_decode({**tiny_config("glm4_moe_lite"), **knobs})
     # the cache holds the normed latent (one head) and the rope key, as mlx-lm's
     assert mx.array_equal(rc[0].keys[..., :rc[0].offset, :], oc[0].keys[..., :oc[0].offset, :])
     assert oc[0].keys.shape[1] == 1 and oc[0].values.shape[-1] == 8
@@ -69,16 +58,7 @@ def test_glm4_moe_lite_sanitize_matches_mlx_lm():
     cfg = tiny_config("glm4_moe_lite")
     mx.random.seed(0)
     w = {k: mx.random.normal(v.shape) for k, v in tree_flatten(Model(ModelArgs.from_dict(cfg)).parameters())}
-    H, dn, dv, kv = 4, cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
-    for layer in range(2):
-        p = f"model.layers.{layer}.self_attn"
-        del w[f"{p}.embed_q.weight"], w[f"{p}.unembed_out.weight"]
-        kv_b = mx.random.normal((H * (dn + dv), kv))
-        if layer == 0:
-            (w[f"{p}.kv_b_proj.weight"], w[f"{p}.kv_b_proj.scales"],
-             w[f"{p}.kv_b_proj.biases"]) = mx.quantize(kv_b, group_size=32, bits=4)
-        else:
-            w[f"{p}.kv_b_proj.weight"] = kv_b
+    kv_b_layout(w, cfg, layers=2, heads=4)
     for name in ("gate_proj", "up_proj", "down_proj"):
         stacked = w.pop(f"model.layers.1.mlp.switch_mlp.{name}.weight")
         w.update({f"model.layers.1.mlp.experts.{e}.{name}.weight": stacked[e] for e in range(4)})
@@ -98,8 +78,8 @@ def test_glm4_moe_lite_sanitize_matches_mlx_lm():
      "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
                       "mscale_all_dim": 1.0}},  # yarn rope, still the plain softmax scale
 ], ids=["zoo", "untied_q_proj_yarn"])
-def test_the_youtu_llm_row_matches_mlx_lm_through_prefill_and_decode(knobs):
-    rc, oc = _prefill_and_decode({**tiny_config("youtu_llm"), **knobs})
+def test_the_youtu_llm_row_matches_mlx_lm_throughprefill_and_decode(knobs):
+    rc, oc = prefill_and_decode({**tiny_config("youtu_llm"), **knobs})
     assert oc[0].values.shape[1:2] == (4,) and oc[0].values[..., :oc[0].offset, :].shape[-1] == 24
     assert mx.array_equal(rc[0].keys[..., :rc[0].offset, :], oc[0].keys[..., :oc[0].offset, :])
 
@@ -152,16 +132,7 @@ def test_mistral4_sanitize_matches_mlx_lm():
     cfg = tiny_config("mistral4")
     mx.random.seed(0)
     w = {k: mx.random.normal(v.shape) for k, v in tree_flatten(Model(ModelArgs.from_dict(cfg)).parameters())}
-    H, dn, dv, kv = 4, cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
-    for layer in range(2):
-        p = f"model.layers.{layer}.self_attn"
-        del w[f"{p}.embed_q.weight"], w[f"{p}.unembed_out.weight"]
-        kv_b = mx.random.normal((H * (dn + dv), kv))
-        if layer == 0:
-            (w[f"{p}.kv_b_proj.weight"], w[f"{p}.kv_b_proj.scales"],
-             w[f"{p}.kv_b_proj.biases"]) = mx.quantize(kv_b, group_size=32, bits=4)
-        else:
-            w[f"{p}.kv_b_proj.weight"] = kv_b
+    kv_b_layout(w, cfg, layers=2, heads=4)
     moe = "model.layers.1.mlp"
     gate, up = w.pop(f"{moe}.switch_mlp.gate_proj.weight"), w.pop(f"{moe}.switch_mlp.up_proj.weight")
     w[f"{moe}.experts.gate_up_proj"] = mx.concatenate([gate, up], axis=1)
@@ -265,11 +236,7 @@ def test_deepseek_v32_sanitize_matches_mlx_lm():
     cfg = tiny_config("deepseek_v32")
     mx.random.seed(0)
     w = {k: mx.random.normal(v.shape) for k, v in tree_flatten(Model(ModelArgs.from_dict(cfg)).parameters())}
-    H, dn, dv, kv = 4, cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
-    for layer in range(2):
-        p = f"model.layers.{layer}.self_attn"
-        del w[f"{p}.embed_q.weight"], w[f"{p}.unembed_out.weight"]
-        w[f"{p}.kv_b_proj.weight"] = mx.random.normal((H * (dn + dv), kv))
+    kv_b_layout(w, cfg, layers=2, heads=4, quantize_first=False)
     for name in ("gate_proj", "up_proj", "down_proj"):
         stacked = w.pop(f"model.layers.1.mlp.switch_mlp.{name}.weight")
         w.update({f"model.layers.1.mlp.experts.{e}.{name}.weight": stacked[e] for e in range(4)})
