@@ -38,6 +38,7 @@ from typing import Callable, Generator, Iterable, List, Optional, Sequence, Unio
 import mlx.core as mx
 
 from mlxbun.errors import GenerationError
+from mlxbun.fast import CompiledDecoder, CompileGap, FastPath, enable_fast
 from mlxbun.generation_caches import (
     attention_routing,
     check_kv_options,
@@ -76,6 +77,7 @@ __all__ = [
 
 # A stream just for generation, as mlx-lm has (`generation_stream`).
 generation_stream = mx.new_thread_local_stream(mx.default_device())
+UNBOUNDED_ROOM = 4096  # static-cache room of a fast decode without max_tokens (then it goes eager)
 
 
 @dataclass
@@ -232,21 +234,37 @@ def generate_step(
     prefill_step_size: int = 2048,
     quantize_cache: Optional[Callable[[list], None]] = None,
     stream=None,
+    fast: Optional[FastPath] = None,
 ) -> Generator[tuple[int, mx.array], None, None]:
     """Yield (token, logprobs [V]) pairs: mlx-lm's `generate_step` (no input embeddings) over a
-    RuntimeModel `model` and a ready cache list (updated in place). `max_tokens=None` is no limit."""
+    RuntimeModel `model` and a ready cache list (updated in place). `max_tokens=None` is no limit.
+    `fast`: the model's FastPath (`mlxbun.fast`): its kernels, and decode through the compiled
+    step where it applies (the cache list gets the decoded tokens back when the loop ends)."""
     stream = generation_stream if stream is None else stream
     max_tokens = -1 if max_tokens is None else max_tokens
+    quantizes = quantize_cache is not None
     quantize_cache = quantize_cache or (lambda cache: None)
     sampler = sampler or (lambda x: mx.argmax(x, axis=-1))
     tokens = None
+    decoder = None
+    kernels = fast.on if fast is not None else contextlib.nullcontext
+
+    def _logits(input_tokens: mx.array) -> mx.array:
+        nonlocal decoder
+        if decoder is not None:
+            try:
+                return decoder(input_tokens[None])
+            except CompileGap as e:
+                fast.note(f"compiled decode stopped: {e}; decoding eagerly from here")
+                decoder.write_back()
+                decoder = None
+        return model(input_tokens[None], cache=prompt_cache)[:, -1, :]
 
     def _step(input_tokens: mx.array):
         nonlocal tokens
 
-        with mx.stream(stream):
-            logits = model(input_tokens[None], cache=prompt_cache)
-            logits = logits[:, -1, :]
+        with mx.stream(stream), kernels():
+            logits = _logits(input_tokens)
 
             if logits_processors and len(input_tokens) > 0:
                 tokens = mx.concat([tokens, input_tokens]) if tokens is not None else input_tokens
@@ -275,6 +293,8 @@ def generate_step(
             prompt = prompt[n_to_process:]
             mx.clear_cache()
 
+        if fast is not None and fast.compile_decode:
+            decoder = _compiled_decoder(fast, model, prompt_cache, quantizes, max_tokens)
         y, logprobs = _step(prompt)
         mx.async_eval(y, logprobs)
 
@@ -287,11 +307,31 @@ def generate_step(
                 mx.eval(y)
             if n == max_tokens:
                 break
-            yield y.item(), logprobs
+            try:
+                yield y.item(), logprobs
+            except GeneratorExit:
+                if decoder is not None:
+                    decoder.write_back()
+                raise
             if n % 256 == 0:
                 mx.clear_cache()
             y, logprobs = next_y, next_logprobs
             n += 1
+        if decoder is not None:
+            decoder.write_back()
+
+
+def _compiled_decoder(fast: FastPath, model, cache: list, quantizes: bool, max_tokens: int):
+    """The compiled decode step for this generation, or None (the reason goes to the notes)."""
+    if quantizes:
+        fast.note("compiled decode off: KV quantization converts the caches while decoding")
+        return None
+    room = (max_tokens if max_tokens >= 0 else UNBOUNDED_ROOM) + 2
+    try:
+        return CompiledDecoder(model, cache, room)
+    except CompileGap as e:
+        fast.note(f"compiled decode off: {e}")
+        return None
 
 
 @contextlib.contextmanager
@@ -372,6 +412,7 @@ def stream_generate(
     prompt_cache=None,
     stop: Union[str, Sequence[str], None] = None,
     prefill_step_size: int = 2048,
+    fast: Union[bool, FastPath] = False,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate from `prompt`, one `GenerationResponse` per token (see module docstring).
 
@@ -382,6 +423,9 @@ def stream_generate(
     logits_processors: run after the repetition penalty's processor.
     prompt_cache: a cache list (already holding the prompt's prefix; updated in place) or the
         path of a saved prompt cache; the prompt is then the tokens after that prefix.
+    fast: the fast path (`mlxbun.fast`, fidelity L2-fast: measured, not bit-exact): mlxbun's
+        GEMV kernel for quantized layers and a compiled decode step where they apply; True
+        enables it on `model` (a FastPath is taken as given; its `notes` say what did not apply).
     kv_config: a per-layer KV plan (`mlxbun.cache.mixed.KVPlan`, or a path/dict it reads);
         by default the checkpoint's own kv_config.json when the model has one and no other KV
         option is given; "none": no plan.
@@ -405,6 +449,7 @@ def stream_generate(
     ) + list(logits_processors or ())
 
     model = ensure_runtime(model)
+    fast_path = (fast if isinstance(fast, FastPath) else enable_fast(model)) if fast else None
     prompt_ids = prepare_prompt(tokenizer, prompt, vocab_size_of(model))
     check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
     kv_config = resolve_kv_config(model, kv_config, kv_bits=kv_bits, kv_scheme=kv_scheme, max_kv_size=max_kv_size)
@@ -419,25 +464,26 @@ def stream_generate(
         if not isinstance(cache, list):
             raise GenerationError(f"prompt_cache must be a list of caches or a file path, got {type(cache).__name__}")
     plan = None if kv_config is None else load_kv_plan(kv_config, len(cache))
-    quantize = kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan)
+    quantize = (kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan)
+                if plan is not None or kv_bits is not None else None)
     eos = eos_token_ids(tokenizer, model)
     detokenizer = make_detokenizer(tokenizer)
 
     return _responses(model, prompt_ids, cache, detokenizer, eos, stops, seed=seed, max_tokens=max_tokens,
                       sampler=sampler, logits_processors=processors, quantize=quantize,
                       prefill_step_size=prefill_step_size, turboquant=kv_scheme == "turboquant"
-                      or any(type(c).__name__ == "TurboQuantKVCache" for c in cache))
+                      or any(type(c).__name__ == "TurboQuantKVCache" for c in cache), fast=fast_path)
 
 
 def _responses(model, prompt, cache, detokenizer, eos, stops, *, seed, max_tokens, sampler,
-               logits_processors, quantize, prefill_step_size, turboquant=False):
+               logits_processors, quantize, prefill_step_size, turboquant=False, fast=None):
     """mlx-lm's `stream_generate` loop, plus stop strings."""
     if seed is not None:
         mx.random.seed(seed)
     token_generator = generate_step(
         prompt, model, prompt_cache=cache, max_tokens=max_tokens, sampler=sampler,
         logits_processors=logits_processors, prefill_step_size=prefill_step_size,
-        quantize_cache=quantize,
+        quantize_cache=quantize, fast=fast,
     )
     cutter = StopText(stops)
 

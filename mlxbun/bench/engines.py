@@ -48,6 +48,8 @@ class Engine:
     module: nn.Module
     forward: Callable[[mx.array, list], mx.array]
     make_cache: Callable[[], list]
+    # (cache holding a prefix, tokens to come) -> ids [B, 1] -> logits [B, V]; None: forward()
+    decode_step: Optional[Callable[[list, int], Callable[[mx.array], mx.array]]] = None
 
 
 @dataclass

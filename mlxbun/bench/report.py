@@ -99,6 +99,7 @@ class BenchResult:
     device_bandwidth_gb_s: Optional[float] = None
     decode_bytes: Optional[int] = None  # weight bytes one decoded token reads (MoE: < weights_bytes)
     load_seconds: Optional[float] = None  # building both engines (random init, quantization, loading)
+    fast: Optional[dict] = None  # the fast path's label, notes and drift vs exact (bench.fast.fast_fidelity)
     run_id: Optional[str] = None
     results_path: Optional[str] = None
 
@@ -152,6 +153,8 @@ class BenchResult:
             }
             if t.engine == "mlxbun":
                 row["ratio_vs_mlx_lm"] = self.ratio(t.test)
+                if self.fast is not None:
+                    row["fast"] = dict(self.fast)
             if self.load_seconds is not None:
                 row["load_s"] = self.load_seconds
             if self.device_bandwidth_gb_s is not None:
@@ -200,6 +203,12 @@ class BenchResult:
         checks = [f"{k}={v}" for k, v in self.checks.items() if v is not None]
         if checks:
             notes.append("checks: " + ", ".join(checks))
+        if self.fast is not None:
+            f = self.fast
+            notes.append(f"mlxbun ran the {f['path']}; drift vs the exact path over {f['positions']} decode "
+                         f"steps: mean KLD {f['kld_mean']:.3g}, max KLD {f['kld_max']:.3g}, top-1 agreement "
+                         f"{f['top1_agreement']:.3f}, max |diff| {f['max_abs_diff']:.3g}")
+            notes += [f"fast path: {n}" for n in f["notes"]]
         dev = f"{self.backend} ({self.device_name})" if self.device_name else self.backend
         load = f"; load {self.load_seconds:.1f} s" if self.load_seconds is not None else ""
         notes.append(f"device: {dev}; trials {self.params['trials']}, warm-up {self.params['warmup']}, "
@@ -244,6 +253,10 @@ class BenchResult:
             for name, ok in self.checks.items():
                 if ok is not None:
                     rows.append((f"check.{name}", 1.0 if ok else 0.0, "bool", {"engine": "both"}))
+            if self.fast is not None:
+                p = {"engine": "mlxbun", "fidelity": self.fast["fidelity"], "positions": self.fast["positions"]}
+                rows += [(f"fast.{k}", self.fast[k], None, p)
+                         for k in ("kld_mean", "kld_max", "top1_agreement", "max_abs_diff")]
             if self.load_seconds is not None:
                 rows.append(("load_s", self.load_seconds, "s", {"engine": "both"}))
             if self.device_bandwidth_gb_s is not None:

@@ -23,6 +23,7 @@ from typing import Any, Optional
 import mlx.core as mx
 
 from mlxbun.bench.engines import ENGINES, Engine, load_engines, shares_weights
+from mlxbun.bench.fast import fast_engine, fast_fidelity
 from mlxbun.bench.report import BenchResult, Sample, TestResult
 from mlxbun.errors import MlxbunError
 
@@ -75,17 +76,22 @@ def time_decode(engine: Engine, context: mx.array, n_tokens: int, stream) -> tup
     with mx.stream(stream):
         y = _greedy(engine.forward(context[None], cache))
     mx.eval(y, [c.state for c in cache])
+    if engine.decode_step is not None:
+        step = engine.decode_step(cache, n_tokens + 1)
+    else:
+        def step(ids):
+            return engine.forward(ids, cache)[:, -1, :]
     _sync(stream)
     mx.reset_peak_memory()
     tokens: list[int] = []
     t0 = time.perf_counter()
     with mx.stream(stream):
-        nxt = _greedy(engine.forward(y[:, None], cache))
+        nxt = mx.argmax(step(y[:, None]), axis=-1)
     mx.async_eval(nxt)
     for i in range(n_tokens):
         if i + 1 < n_tokens:
             with mx.stream(stream):
-                after = _greedy(engine.forward(nxt[:, None], cache))
+                after = mx.argmax(step(nxt[:, None]), axis=-1)
             mx.async_eval(after)
         tokens.append(nxt.item())
         if i + 1 < n_tokens:
@@ -181,7 +187,8 @@ def run_bench(model: str, *, dtype: Optional[str] = None, quant: Optional[int] =
               gen_len: int = 128, trials: int = 5, warmup: int = 1, vs: Optional[str] = "mlx-lm", seed: int = 0,
               prefill_step: int = 2048, tg_context: int = 16, measure_bandwidth: bool = False,
               bandwidth_mb: Optional[int] = None, scale_down: Optional[int] = None, zoo_root: Any = None,
-              results: Any = None, record: bool = True, progress: Optional[bool] = None) -> BenchResult:
+              results: Any = None, record: bool = True, progress: Optional[bool] = None,
+              fast: bool = False) -> BenchResult:
     """Benchmark mlxbun (and mlx-lm, `vs="mlx-lm"`) on one model; see the module docstring.
 
     `model`: a checkpoint directory, `zoo:ARCH` or `random:SHAPE` (bench.shapes.SHAPES, or a
@@ -189,6 +196,8 @@ def run_bench(model: str, *, dtype: Optional[str] = None, quant: Optional[int] =
     affine quantization (4 or 8 bits, group 64). `prompt_len`/`gen_len` 0 skip pp/tg.
     With `record`, rows go to the results table at `results` (a path, an open ResultsStore, or
     None for the default table). `progress`: a rich bar on stderr (default: when interactive).
+    `fast`: mlxbun runs its fast path (`mlxbun.fast`, fidelity L2-fast); the result then carries
+    its drift against the exact path over the tg test's tokens (`BenchResult.fast`).
     """
     _check_args(prompt_len, gen_len, trials, warmup, prefill_step, tg_context, seed, bandwidth_mb)
     if vs not in (None, "none", "mlx-lm"):
@@ -201,6 +210,11 @@ def run_bench(model: str, *, dtype: Optional[str] = None, quant: Optional[int] =
     t_load = time.perf_counter()
     mut = load_engines(model, dtype=dtype, quant=quant, seed=seed, engines=names, scale_down=scale_down,
                        zoo_root=zoo_root)
+    fast_path = None
+    if fast:
+        if not gen_len:
+            raise BenchArgumentError("--fast measures its drift on the tg test: give gen-len > 0")
+        fast_path, mut.engines["mlxbun"] = fast_engine(mut.engines["mlxbun"])
     engines = [mut.engines[n] for n in names]
     load_seconds = time.perf_counter() - t_load
     stream = mx.new_stream(mx.default_device())
@@ -248,8 +262,9 @@ def run_bench(model: str, *, dtype: Optional[str] = None, quant: Optional[int] =
             same = same and all(t == runs[0] for t in runs)
         checks["same_greedy_tokens"] = same
         checks["prefill_logits_bit_exact"] = (
-            bool(mx.array_equal(pp_logits[a], pp_logits[b])) if prompt_len else None)
+            bool(mx.array_equal(pp_logits[a], pp_logits[b])) if prompt_len and not fast else None)
     pp_logits.clear()
+    fidelity = None if fast_path is None else fast_fidelity(fast_path, context.tolist(), tg_tokens["mlxbun"][0])
 
     bandwidth = measure_copy_bandwidth(bandwidth_mb) if measure_bandwidth else None
     from mlxbun.results.identity import environment
@@ -262,10 +277,11 @@ def run_bench(model: str, *, dtype: Optional[str] = None, quant: Optional[int] =
         backend=env["backend"], device=env["device"], device_name=env["device_name"],
         params={"model": mut.spec, "dtype": mut.dtype, "quant": quant, "prompt_len": prompt_len,
                 "gen_len": gen_len, "trials": trials, "warmup": warmup, "vs": "mlx-lm" if len(engines) == 2 else None,
-                "seed": seed, "prefill_step": prefill_step, "tg_context": tg_context, "scale_down": scale_down},
+                "seed": seed, "prefill_step": prefill_step, "tg_context": tg_context, "scale_down": scale_down,
+                "fast": bool(fast)},
         tests=list(results_by.values()), checks=checks,
         tokens={name: runs[0] for name, runs in tg_tokens.items() if runs},
-        device_bandwidth_gb_s=bandwidth, load_seconds=load_seconds,
+        device_bandwidth_gb_s=bandwidth, load_seconds=load_seconds, fast=fidelity,
     )
     if record:
         result.record(results)

@@ -42,6 +42,9 @@ def register(sub) -> None:
                    help="array size for --measure-bandwidth (default 1024 on GPU, 256 on CPU)")
     p.add_argument("--scale-down", type=int, metavar="F",
                    help="random: only; shrink the shape F times (smoke tests on small machines)")
+    p.add_argument("--fast", action="store_true",
+                   help="mlxbun runs its fast path (own GPU kernels, compiled decode; fidelity L2-fast: "
+                        "its drift vs the exact path is measured and reported)")
     p.add_argument("--results", metavar="PATH", help="results database (default: $MLXBUN_RESULTS or the user cache)")
     p.add_argument("--no-record", action="store_true", help="do not write to the results table")
     p.add_argument("--zoo-cache", metavar="DIR", help="where zoo checkpoints are built (default ~/.cache/mlxbun/zoo)")
@@ -57,7 +60,7 @@ def run(args) -> int:
         trials=args.trials, warmup=args.warmup, vs=args.vs, seed=args.seed, prefill_step=args.prefill_step,
         tg_context=args.tg_context, measure_bandwidth=args.measure_bandwidth, bandwidth_mb=args.bandwidth_mb,
         scale_down=args.scale_down, zoo_root=args.zoo_cache, results=args.results, record=not args.no_record,
-        progress=sys.stderr.isatty(),
+        progress=sys.stderr.isatty(), fast=args.fast,
     )
     if args.json:
         print(json.dumps(result.rows(), indent=2))

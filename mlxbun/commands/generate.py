@@ -20,6 +20,7 @@ from mlxbun.commands.speculative_flags import (
     spec_requested,
 )
 from mlxbun.errors import MlxbunError
+from mlxbun.fast import FAST_FIDELITY, enable_fast
 from mlxbun.names import KV_FORMS, MODEL_FORMS, parse_engine, parse_kv, parse_model, whole
 
 
@@ -62,6 +63,9 @@ def register(sub) -> None:
     p.add_argument("--prefill-step-size", type=int, default=2048)
     p.add_argument("--stop", action="append", default=None, metavar="STR",
                    help="stop before this text (repeatable)")
+    p.add_argument("--fast", action="store_true",
+                   help="the fast path (own GPU kernels, compiled decode; fidelity L2-fast: not bit-exact, "
+                        "see `mlxbun bench --fast` for its measured speed and drift)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, ids and speeds")
     add_spec_arguments(p)
     add_diffusion_arguments(p)
@@ -141,6 +145,9 @@ def run(args) -> int:
         check_token_ids(prompt, vocab_size_of(model), "--prompt-ids")
     profile = getattr(model, "profile", None)
     if profile is not None and profile.execution.loop != "autoregressive":
+        if args.fast:
+            raise MlxbunError(f"--fast: {args.model} decodes by diffusion; the fast path covers autoregressive "
+                              "decoding only")
         return _run_diffusion(args, model, tokenizer, prompt)
 
     kv = dict(kv_bits=whole(args.kv_bits), kv_group_size=args.kv_group_size,
@@ -155,6 +162,7 @@ def run(args) -> int:
         cache = None
 
     spec = spec_requested(args)
+    fast = _fast_path(args, model, spec)
     if spec:
         stream = run_spec_from_args(args, model, tokenizer, prompt)
     else:
@@ -165,7 +173,7 @@ def run(args) -> int:
             repetition_penalty=args.repetition_penalty, repetition_context_size=args.repetition_context_size,
             kv_config=args.kv_config,
             max_kv_size=args.max_kv_size if cache is None else None,
-            prompt_cache=cache, stop=args.stop, prefill_step_size=args.prefill_step_size, **kv,
+            prompt_cache=cache, stop=args.stop, prefill_step_size=args.prefill_step_size, fast=fast or False, **kv,
         )
     if from_checkpoint and not args.json:  # (the plan passed the stream's checks)
         print(f"KV: the checkpoint's per-layer plan {plan.source} ({plan.describe()}); "
@@ -190,6 +198,11 @@ def run(args) -> int:
         # Every yielded token (EOS included) has been fed to the cache: it holds prior + prompt + tokens.
         _save_cache(args.save_prompt_cache, cache, model, path, prior + prompt + tokens)
 
+    if fast is not None:
+        fast.collect_kernel_gaps()
+        if not args.json:
+            for line in [fast.describe(), *fast.notes]:
+                print(f"fast: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps({
             "text": text,
@@ -205,6 +218,8 @@ def run(args) -> int:
                 "layers": [{"layer_idx": i, "bits": b, "group_size": g} for i, (b, g) in plan.layers.items()]},
             "kv_layers": list(coverage.layers),
             **({"spec": spec_info} if spec else {}),
+            **({"fast": {"fidelity": FAST_FIDELITY, "path": fast.describe(), "notes": fast.notes}}
+               if fast is not None else {}),
         }))
     else:
         sys.stdout.write("\n")
@@ -213,6 +228,18 @@ def run(args) -> int:
               file=sys.stderr)
         print(f"Peak memory: {last.peak_memory:.3f} GB", file=sys.stderr)
     return 0
+
+
+def _fast_path(args, model, spec: bool):
+    """The model's FastPath for --fast (None without it); refused where it cannot apply."""
+    if not args.fast:
+        return None
+    if spec:
+        raise MlxbunError("--fast with speculative decoding is not supported yet: the draft/verify loop "
+                          "runs the exact path; drop one of them")
+    if parse_engine(args.engine, what="--engine/--backend") != "mlxbun":
+        raise MlxbunError(f"--fast runs mlxbun's own graphs; --engine {args.engine} has no fast path")
+    return enable_fast(model)
 
 
 def _kv_plan(args, model, kv: dict):

@@ -1,0 +1,249 @@
+"""The fast path on the CPU: kernel dispatch and fallbacks, the swap, the compiled decode step,
+the lever's flags and the drift it records. The CUDA kernel itself runs only on the H200
+(`benchmarks/gpu_check.py`); here a float32 emulation of its arithmetic stands in where the
+dispatch needs a kernel to call."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+import mlxbun.fast.linear as fast_linear
+import mlxbun.fast.path as fast_path_mod
+from mlxbun import cli
+from mlxbun.bench import run_bench
+from mlxbun.bench.engines import shares_weights
+from mlxbun.factory import open_model
+from mlxbun.fast import CompiledDecoder, CompileGap, FastPathError, enable_fast
+from mlxbun.fast.fidelity import decode_fidelity
+from mlxbun.generate import stream_generate
+from mlxbun.kernels import Gap, fast_quantized_matmul, kernel_gap
+from mlxbun.kernels import qmv as qmv_mod
+from mlxbun.kernels.qmv import MAX_ROWS, input_gap, weight_gap
+from mlxbun.models.mlxlm import load_mlxlm
+from mlxbun.results import open_results
+from mlxbun.tokenizer import load_tokenizer
+
+
+def _weights(n=256, k=256, bits=4, group=64, dtype=mx.bfloat16):
+    w = (mx.random.normal((n, k), key=mx.random.key(0)) * 0.02).astype(dtype)
+    return mx.quantize(w, group_size=group, bits=bits)
+
+
+def _emulated_qmv(x, w, scales, biases, group_size, bits, **_):
+    """The kernel's sum, scale * sum(q x) + bias * sum(x) per group, in float32 (CPU stand-in)."""
+    wf = mx.dequantize(w, scales, biases, group_size=group_size, bits=bits).astype(mx.float32)
+    return (x.astype(mx.float32) @ wf.T).astype(x.dtype)
+
+
+# ------------------------------------------------------------------ kernel gaps
+
+
+def test_the_kernel_refuses_a_cpu_with_its_reason():
+    wq, s, b = _weights()
+    x = mx.ones((1, 256), mx.bfloat16)
+    gap = kernel_gap(x, wq, s, b, 64, 4)
+    assert gap == Gap("no CUDA device (the kernel is CUDA only)")
+    with pytest.raises(ValueError, match="no CUDA device"):
+        fast_quantized_matmul(x, wq, s, b, 64, 4)
+
+
+@pytest.mark.parametrize("bits,group,dtype,k,reason", [
+    (3, 64, mx.bfloat16, 256, "3-bit weights"),
+    (2, 32, mx.bfloat16, 256, "2-bit weights"),
+    (4, 64, mx.float32, 256, "float32 scales"),
+    (4, 64, mx.bfloat16, 320, "K % 128 == 0"),
+])
+def test_weight_gap_names_what_the_kernel_lacks(monkeypatch, bits, group, dtype, k, reason):
+    monkeypatch.setattr(qmv_mod, "cuda_available", lambda: True)
+    wq, s, b = _weights(k=k, bits=bits, group=group, dtype=dtype)
+    gap = weight_gap(wq, s, b, group, bits)
+    assert gap is not None and reason in gap.reason and not gap.by_design
+    assert weight_gap(*_weights(), 64, 4) is None
+    assert weight_gap(wq, s, None, group, bits) is not None  # no biases: not affine
+
+
+def test_shapes_the_tuning_leaves_to_mlx_are_by_design(monkeypatch):
+    monkeypatch.setattr(qmv_mod, "cuda_available", lambda: True)
+    wq, s, b = _weights(n=1024, k=4096)  # TUNED[(4, 1024, 4096)] is None: MLX's op was faster
+    gap = weight_gap(wq, s, b, 64, 4)
+    assert gap.by_design and "measured faster" in gap.reason
+
+
+def test_input_gap_leaves_wide_inputs_to_mlx(monkeypatch):
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    wq, s, _ = _weights()
+    assert input_gap(mx.ones((1, MAX_ROWS, 256), mx.bfloat16), wq, s) is None
+    wide = input_gap(mx.ones((1, MAX_ROWS + 1, 256), mx.bfloat16), wq, s)
+    assert wide.by_design and f"{MAX_ROWS + 1} rows" in wide.reason
+    assert "bfloat16 scales" in input_gap(mx.ones((1, 256), mx.float32), wq, s).reason
+
+
+# ------------------------------------------------------------------ the swap and the dispatch
+
+
+@pytest.fixture
+def emulated_kernel(monkeypatch):
+    """The dispatch as on a CUDA device: every weight taken, inputs by width, the emulation run."""
+    calls = []
+
+    def launch(*args, **kw):
+        calls.append(args[0].shape)
+        return _emulated_qmv(*args, **kw)
+
+    monkeypatch.setattr(fast_path_mod, "cuda_available", lambda: True)
+    monkeypatch.setattr(fast_linear, "weight_gap", lambda *a, **k: None)
+    monkeypatch.setattr(fast_linear, "input_gap",
+                        lambda x, w, s: Gap("wide", True) if x.size // x.shape[-1] > MAX_ROWS else None)
+    monkeypatch.setattr(fast_linear, "launch_qmv", launch)
+    return calls
+
+
+def test_swap_keeps_the_arrays_and_the_exact_path(zoo, emulated_kernel):
+    path = zoo("llama", quant=4)
+    model, plain = open_model(path), open_model(path)
+    model.update(plain.parameters())  # one set of arrays for both
+    ids = mx.array([[1, 2, 3, 4, 5]])
+    before = plain(ids)
+    fast = enable_fast(model, compile_decode=False)
+    assert fast.quantized_linears == sum(type(m) is nn.QuantizedLinear for _, m in plain.named_modules())
+    assert shares_weights(model, plain)
+    assert mx.array_equal(model(ids), before)  # switch off: nn.QuantizedLinear's own call
+    assert not emulated_kernel
+    with fast.on():
+        wide = model(ids)  # 5 rows: wider than the kernel takes, so MLX's op, and nothing reported
+    assert not emulated_kernel and mx.array_equal(wide, before) and not fast.switch.gaps
+    with fast.on():
+        model(ids[:, :MAX_ROWS])
+    assert emulated_kernel and all(shape[-2] <= MAX_ROWS for shape in emulated_kernel)
+    assert enable_fast(model) is fast  # one FastPath per model
+    assert not fast.switch.enabled
+
+
+def test_the_fast_path_refuses_mlx_lm_models(zoo):
+    with pytest.raises(FastPathError, match="mlx-lm has no fast path"):
+        enable_fast(load_mlxlm(zoo("llama")))
+
+
+# ------------------------------------------------------------------ the compiled decode step
+
+
+def _decode_both(path, steps=6):
+    model = open_model(path)
+    ids = mx.array([[3, 1, 4, 1, 5, 9, 2]])
+    exact, static = model.make_cache(), model.make_cache()
+    model(ids, cache=exact)
+    model(ids, cache=static)
+    dec = CompiledDecoder(model, static, room=steps)
+    y = mx.array([[7]])
+    pairs = []
+    for _ in range(steps):
+        e = model(y, cache=exact)[:, -1, :]
+        pairs.append((e, dec(y)))
+        y = mx.argmax(e, axis=-1)[:, None]
+    return model, exact, static, dec, pairs
+
+
+@pytest.mark.parametrize("arch,quant,dtype", [("llama", None, "float32"), ("llama", 4, "float32"),
+                                              ("qwen3", None, "bfloat16")])
+def test_the_compiled_step_reproduces_the_exact_path_on_the_cpu(zoo, arch, quant, dtype):
+    # On MLX's CPU backend the compiled step over the masked static buffer gives the exact bits
+    # (measured, not promised: on CUDA it drifts and the bench reports how much).
+    _, exact, static, dec, pairs = _decode_both(zoo(arch, quant=quant, dtype=dtype))
+    assert all(mx.array_equal(e, f) for e, f in pairs)
+    dec.write_back()
+    assert static[0].offset == exact[0].offset == dec.offset
+    for a, b in zip(static, exact):
+        ka, va = a.keys_and_values()
+        kb, vb = b.keys_and_values()
+        assert mx.array_equal(ka, kb) and mx.array_equal(va, vb)
+
+
+def test_the_compiled_step_refuses_caches_it_cannot_hold(zoo):
+    for arch, kind in (("gemma3_text", "RotatingKVCache"), ("qwen3_next", "ArraysCache")):
+        model = open_model(zoo(arch))
+        cache = model.make_cache()
+        model(mx.array([[1, 2]]), cache=cache)
+        with pytest.raises(CompileGap, match=kind):
+            CompiledDecoder(model, cache, room=4)
+    model = open_model(zoo("llama"))
+    with pytest.raises(CompileGap, match="keeps no cache"):
+        CompiledDecoder(model, [], room=4)
+
+
+def test_a_full_static_cache_stops_the_compiled_step(zoo):
+    model = open_model(zoo("llama"))
+    cache = model.make_cache()
+    model(mx.array([[1] * 250]), cache=cache)
+    dec = CompiledDecoder(model, cache, room=4)  # capacity 256
+    for _ in range(6):
+        dec(mx.array([[2]]))
+    with pytest.raises(CompileGap, match="full"):
+        dec(mx.array([[2]]))
+
+
+# ------------------------------------------------------------------ generation and the CLI
+
+
+def test_fast_generation_matches_greedy_and_says_what_did_not_apply(zoo):
+    for arch, note in (("llama", None), ("gemma3_text", "RotatingKVCache")):
+        path = zoo(arch, quant=4)
+        model, tok = open_model(path), load_tokenizer(path)
+        exact = [r.token for r in stream_generate(model, tok, [1, 2, 3, 4], max_tokens=10)]
+        fast = enable_fast(model)
+        got = [r.token for r in stream_generate(model, tok, [1, 2, 3, 4], max_tokens=10, fast=fast)]
+        assert got == exact
+        assert (note is None) == (not any("compiled decode off" in n for n in fast.notes))
+        assert note is None or any(note in n for n in fast.notes)
+
+
+def test_fast_generation_hands_the_cache_back(zoo):
+    path = zoo("llama")
+    model, tok = open_model(path), load_tokenizer(path)
+    cache = model.make_cache()
+    out = [r.token for r in stream_generate(model, tok, [1, 2, 3], max_tokens=5, prompt_cache=cache, fast=True)]
+    assert len(out) == 5 and cache[0].offset >= 3 + 4  # the prompt and the decoded tokens fed back
+
+
+def test_cli_fast_flag(zoo, capsys):
+    path = str(zoo("llama", quant=4))
+    assert cli.main(["generate", "--model", path, "--prompt-ids", "1,2,3", "--max-tokens", "4", "--fast",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fast"]["fidelity"] == "L2-fast" and "compiled decode step" in out["fast"]["path"]
+    for extra, match in ((["--engine", "mlx-lm"], "no fast path"), (["--draft", "ngram"], "speculative")):
+        assert cli.main(["generate", "--model", path, "--prompt-ids", "1,2,3", "--fast", *extra]) != 0
+        assert match in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the recorded drift
+
+
+def test_bench_fast_records_its_drift(zoo_root, tmp_path):
+    db = tmp_path / "r.sqlite"
+    res = run_bench("zoo:llama", quant=4, prompt_len=8, gen_len=6, trials=1, warmup=0, fast=True,
+                    zoo_root=zoo_root, results=db, progress=False)
+    assert res.fast["fidelity"] == "L2-fast" and res.fast["positions"] == 6
+    assert res.checks["prefill_logits_bit_exact"] is None  # never claimed for a fast run
+    assert "drift vs the exact path" in res.to_markdown()
+    with open_results(db) as store:
+        rows = store.load("bench", metric="fast.kld_mean")
+    assert len(rows) == 1 and rows["value"].iloc[0] == res.fast["kld_mean"]
+    with pytest.raises(Exception, match="gen-len"):
+        run_bench("zoo:llama", quant=4, prompt_len=8, gen_len=0, fast=True, zoo_root=zoo_root, record=False)
+
+
+def test_decode_fidelity_sees_a_kernel_that_drifts(zoo, monkeypatch):
+    def noisy(x, w, s, b, group_size, bits, **_):  # a kernel off by a visible amount
+        return _emulated_qmv(x, w, s, b, group_size, bits) * 1.05
+
+    monkeypatch.setattr(fast_path_mod, "cuda_available", lambda: True)
+    monkeypatch.setattr(fast_linear, "weight_gap", lambda *a, **k: None)
+    monkeypatch.setattr(fast_linear, "input_gap", lambda x, w, s: None)
+    monkeypatch.setattr(fast_linear, "launch_qmv", noisy)
+    model = open_model(zoo("llama", quant=4))
+    stats = decode_fidelity(enable_fast(model), [1, 2, 3, 4], [5, 6, 7, 8, 9])
+    assert stats.count == 5 and stats.kld_mean > 0 and stats.max_abs_diff > 0
