@@ -1,0 +1,182 @@
+"""On the H200: check mlxbun's CUDA kernels and measure the fast path (issue 16).
+
+    python3 benchmarks/gpu_check.py [--out DIR] [--sweep] [--bench SPEC ...] [--quick]
+
+1. Kernel checks (always): for each weight shape of the Llama-3.2-1B / Llama-3-8B decode, 4 and
+   8 bits (group 64; groups 32 and 128 and float16 on one shape), rows M = 1 (4 and 16 on one
+   shape): the kernel's max |error| against a float32 reference (x @ dequantize(w).T) next to
+   `mx.quantized_matmul`'s, asserted within `max(1.5 x MLX's error, 2^-7 x max |reference|)`;
+   three runs bit-equal (asserted); time per call vs `mx.quantized_matmul` (median of 5 timings
+   of 50 chained calls) and the weight bandwidth each reaches.
+2. `--sweep`: the same timing for every (rows per warp, warps per block) launch shape on the
+   4-bit 8B shapes (what `mlxbun/kernels/tuning.py` is chosen from).
+3. `--bench SPEC`: `run_bench(SPEC, fast=True)` side by side with mlx-lm, e.g.
+   `random:llama-3-8b@4` (random weights of the shape, bf16, 4-bit g64).
+
+Writes `gpu_check.json` and `gpu_check.md` under --out (default $OUT or .). Exits non-zero when
+an assertion fails (the tables are still written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+
+import mlxbun.bench.fast as fast_bench  # noqa: E402
+from mlxbun.fast import enable_fast  # noqa: E402
+from mlxbun.kernels.qmv import fast_quantized_matmul  # noqa: E402
+
+SHAPES_8B = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
+SHAPES_1B = [(2048, 2048), (512, 2048), (8192, 2048), (2048, 8192), (128256, 2048)]
+LAUNCH = [(r, w) for r in (1, 2, 4) for w in (2, 4, 8)]
+
+
+def _weights(n, k, bits, group, dtype, seed=0):
+    key = mx.random.key(seed)
+    w = (mx.random.normal((n, k), key=key) * 0.02).astype(dtype)
+    wq, s, b = mx.quantize(w, group_size=group, bits=bits)
+    return wq, s, b
+
+
+def _time(fn, reps=50, rounds=5):
+    out = fn()
+    mx.eval(out)
+    times = []
+    for _ in range(rounds):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        mx.eval([fn() for _ in range(reps)])
+        mx.synchronize()
+        times.append((time.perf_counter() - t0) / reps)
+    return statistics.median(times)
+
+
+def check_one(n, k, bits, group, dtype, m, timing=True):
+    wq, s, b = _weights(n, k, bits, group, dtype)
+    x = (mx.random.normal((m, k), key=mx.random.key(1))).astype(dtype)
+    ref = x.astype(mx.float32) @ mx.dequantize(wq, s, b, group_size=group, bits=bits).astype(mx.float32).T
+    mlx = mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=group, bits=bits)
+    runs = [fast_quantized_matmul(x, wq, s, b, group, bits) for _ in range(3)]
+    mx.eval(ref, mlx, runs)
+    err_k = mx.abs(runs[0].astype(mx.float32) - ref).max().item()
+    err_m = mx.abs(mlx.astype(mx.float32) - ref).max().item()
+    bound = max(1.5 * err_m, 2 ** -7 * mx.abs(ref).max().item())
+    same = all(mx.array_equal(runs[0], r).item() for r in runs[1:])
+    mlx_runs = [mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=group, bits=bits) for _ in range(3)]
+    mlx_same = all(mx.array_equal(mlx_runs[0], r).item() for r in mlx_runs[1:])
+    row = dict(n=n, k=k, bits=bits, group=group, dtype=str(dtype).split(".")[-1], m=m, err_kernel=err_k,
+               err_mlx=err_m, bound=bound, within_bound=err_k <= bound, deterministic=same,
+               mlx_deterministic=mlx_same)
+    if timing:
+        nbytes = wq.nbytes + s.nbytes + b.nbytes
+        t_k = _time(lambda: fast_quantized_matmul(x, wq, s, b, group, bits))
+        t_m = _time(lambda: mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=group, bits=bits))
+        row.update(us_kernel=t_k * 1e6, us_mlx=t_m * 1e6, speedup=t_m / t_k, tb_s_kernel=nbytes / t_k / 1e12,
+                   tb_s_mlx=nbytes / t_m / 1e12)
+    return row
+
+
+def sweep(shapes, bits=4, group=64, dtype=mx.bfloat16):
+    rows = []
+    for n, k in shapes:
+        wq, s, b = _weights(n, k, bits, group, dtype)
+        x = mx.random.normal((1, k), key=mx.random.key(1)).astype(dtype)
+        t_m = _time(lambda: mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=group, bits=bits))
+        for r, w in LAUNCH:
+            t = _time(lambda: fast_quantized_matmul(x, wq, s, b, group, bits, rows_per_warp=r, warps_per_block=w))
+            rows.append(dict(n=n, k=k, bits=bits, rows=r, warps=w, us=t * 1e6, speedup=t_m / t))
+        print(f"sweep {n}x{k}: " + ", ".join(f"r{x['rows']}w{x['warps']} {x['speedup']:.2f}x"
+                                              for x in rows if (x['n'], x['k']) == (n, k)), flush=True)
+    return rows
+
+
+def kernel_checks(quick=False):
+    rows = []
+    for shapes in (SHAPES_8B, SHAPES_1B):
+        for n, k in shapes:
+            for bits in (4, 8):
+                rows.append(check_one(n, k, bits, 64, mx.bfloat16, 1))
+                print(json.dumps(rows[-1]), flush=True)
+        if quick:
+            break
+    n, k = 4096, 4096
+    for group in (32, 128):
+        for bits in (4, 8):
+            rows.append(check_one(n, k, bits, group, mx.bfloat16, 1, timing=False))
+    for bits in (4, 8):
+        rows.append(check_one(n, k, bits, 64, mx.float16, 1, timing=False))
+    for m in (2, 4, 8, 16):
+        rows.append(check_one(14336, 4096, 4, 64, mx.bfloat16, m))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _md(rows, cols):
+    head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+    fmt = (lambda v: f"{v:.3g}" if isinstance(v, float) else str(v))
+    return head + "".join("| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |\n" for r in rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="8B shapes only")
+    ap.add_argument("--bench", nargs="*", default=[], metavar="SPEC[@BITS]")
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--gemv", nargs="*", default=["tuned"], choices=("tuned", "all", "off"),
+                    help="kernels.tuning.MODE for each bench run (off: the compiled step alone)")
+    ap.add_argument("--skip-checks", action="store_true", help="benches only")
+    ap.add_argument("--compile", nargs="*", default=["on"], choices=("on", "off"),
+                    help="the fast path's compiled decode step on / off, for each bench run")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"device": str(mx.default_device()), "mlx": mx.__version__}
+    md = [f"device {report['device']}, mlx {report['mlx']}\n"]
+    ok = True
+    try:
+        checks = [] if args.skip_checks else kernel_checks(args.quick)
+        report["kernel"] = checks
+        ok = all(r["within_bound"] and r["deterministic"] for r in checks)
+        md.append("## Kernel checks\n\n" + _md(checks, ["n", "k", "bits", "group", "dtype", "m", "err_kernel", "err_mlx",
+                                                       "bound", "within_bound", "deterministic", "mlx_deterministic",
+                                                       "us_kernel", "us_mlx", "speedup", "tb_s_kernel", "tb_s_mlx"]))
+        if args.sweep:
+            report["sweep"] = sweep(SHAPES_8B)
+            md.append("## Launch-shape sweep (4-bit g64, M = 1)\n\n"
+                      + _md(report["sweep"], ["n", "k", "rows", "warps", "us", "speedup"]))
+        for spec in args.bench:
+            from mlxbun.bench import run_bench
+            from mlxbun.kernels import tuning
+
+            name, _, bits = spec.partition("@")
+            for mode, comp in [(m, c) for m in args.gemv for c in args.compile]:
+                tuning.MODE = mode
+                fast_bench.enable_fast = functools.partial(enable_fast, compile_decode=comp == "on")
+                res = run_bench(name, quant=int(bits) if bits else None, prompt_len=512, gen_len=128,
+                                trials=args.trials, warmup=1, fast=True, record=False, progress=False)
+                report.setdefault("bench", []).append({"gemv": mode, "compile": comp, "rows": res.rows()})
+                md.append(f"## `run_bench({name!r}, quant={bits or None}, fast=True)`, GEMV mode {mode}, "
+                          f"compiled decode {comp}\n\n" + res.to_markdown())
+                print(md[-1], flush=True)
+                mx.clear_cache()
+    finally:
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+        (out / "gpu_check.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
