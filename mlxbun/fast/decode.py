@@ -1,27 +1,23 @@
 """The compiled decode step: one `mx.compile`d call per generated token.
 
-Decode at small batch is bound by launches and host overhead on a GPU (a 1B model's step is
-hundreds of tiny kernels). `CompiledDecoder` traces the model's one-token forward once, with
-every layer's cache as a `StaticKVCache` whose buffers and offset are the step's inputs and
-outputs, and replays the fused graph for every later token. It applies where every cache of
-the model is an exact full-attention `KVCache` and the graph traces with an array offset;
-anything else is a `CompileGap` naming why, and the caller decodes eagerly.
+Decode at small batch is bound by launches and host overhead (a small model's step is hundreds
+of tiny ops, each built in Python). `CompiledDecoder` traces the model's one-token forward once,
+with every layer's cache replaced by its fixed-shape stand-in (`fast.static_cache`: plain KV,
+sliding-window ring, recurrent states) whose arrays and position are the step's inputs and
+outputs, and replays the traced graph for every later token. Anything it cannot hold (another
+cache kind, a graph that needs the position as a Python int) is a `CompileGap` naming why, and
+the caller decodes eagerly.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxbun.cache.kv import KVCache
-from mlxbun.fast.static_cache import StaticKVCache
+from mlxbun.fast.static_cache import CacheAdapter, CompileGap, adapter_for
 
 __all__ = ["CompileGap", "CompiledDecoder", "capacity_for"]
 
 CAPACITY_STEP = 256
-
-
-class CompileGap(Exception):
-    """The compiled step does not apply to this model or cache (the reason is the message)."""
 
 
 def capacity_for(tokens: int) -> int:
@@ -30,67 +26,70 @@ def capacity_for(tokens: int) -> int:
     return -(-max(tokens, 1) // CAPACITY_STEP) * CAPACITY_STEP
 
 
-def _check_caches(cache: list) -> None:
-    if not cache:
-        raise CompileGap("the model keeps no cache")
-    kinds = sorted({type(c).__name__ for c in cache if type(c) is not KVCache})
-    if kinds:
-        raise CompileGap(f"caches of kind {', '.join(kinds)} (the compiled step holds plain KVCache layers)")
-    offsets = {c.offset for c in cache}
-    if len(offsets) != 1:
+def _offset(cache: list) -> int:
+    offsets = {c.offset for c in cache if hasattr(c, "offset")}
+    if len(offsets) > 1:
         raise CompileGap(f"layers hold different numbers of tokens {sorted(offsets)}")
+    return offsets.pop() if offsets else 0  # recurrent layers only: the position is never read
 
 
-def _compiled_step(model, n: int):
-    """The model's compiled step over `n` static caches, made once per model: `mx.compile`
-    keys its traces on the function object, so every decoder of the model shares them."""
+def _compiled_step(model, layout: tuple[CacheAdapter, ...]):
+    """The model's compiled step for one cache layout, made once per model and layout:
+    `mx.compile` keys its traces on the function object, so every decoder shares them."""
     steps = model.__dict__.setdefault("_mlxbun_compiled_steps", {})
-    if n not in steps:
-        def step(ids, position, *state):
-            layers = [StaticKVCache(state[2 * i], state[2 * i + 1], position) for i in range(n)]
+    if layout not in steps:
+        def step(ids, position, *flat):
+            layers, at = [], 0
+            for a in layout:
+                layers.append(a.build(flat[at:at + a.n_arrays], position))
+                at += a.n_arrays
             logits = model(ids, cache=layers)[:, -1, :]
-            return (logits, position + ids.shape[1], *[a for s in layers for a in (s.keys, s.values)])
+            return (logits, position + ids.shape[1], *[x for a, s in zip(layout, layers) for x in a.outputs(s)])
 
-        steps[n] = mx.compile(step)
-    return steps[n]
+        steps[layout] = mx.compile(step)
+    return steps[layout]
 
 
 class CompiledDecoder:
     """Decode one token at a time through a compiled step over static copies of `cache`.
 
-    `room`: the tokens still to come (the static buffers hold the cache's tokens plus `room`,
-    rounded up by `capacity_for`). `decoder(ids [B, 1]) -> logits [B, V]` advances the static
-    caches; `write_back()` puts their content back into `cache` (the exact caches the decoder
-    started from)."""
+    `room`: the tokens still to come (full-attention buffers hold the cache's tokens plus `room`,
+    rounded up by `capacity_for`; sliding-window rings hold their window). `decoder(ids [B, 1])
+    -> logits [B, V]` advances the static state; `write_back()` puts it back into `cache` (the
+    exact caches the decoder started from)."""
 
     def __init__(self, model, cache: list, room: int):
-        _check_caches(cache)
+        if not cache:
+            raise CompileGap("the model keeps no cache")
         self.model, self.cache = model, cache
-        self.offset = cache[0].offset
-        capacity = capacity_for(self.offset + room)
-        statics = [StaticKVCache.from_kv_cache(c, capacity) for c in cache]
-        self.state = [a for s in statics for a in (s.keys, s.values)]
+        self.offset = self.start = _offset(cache)
+        self.capacity = capacity_for(self.offset + room)
+        pairs = [adapter_for(c, self.capacity) for c in cache]
+        self.layout = tuple(a for a, _ in pairs)
+        self.state = [x for _, arrays in pairs for x in arrays]
         self.position = mx.array(self.offset, dtype=mx.int32)
-        self.capacity = capacity
-        self._step = _compiled_step(model, len(cache))
+        self._step = _compiled_step(model, self.layout)
         self._traced = False
 
     def __call__(self, ids: mx.array) -> mx.array:
-        if self.offset + ids.shape[1] > self.capacity:
+        if ids.shape[1] != 1:
+            raise CompileGap(f"the compiled step decodes one token per call, got {ids.shape[1]}")
+        if self.offset + 1 > self.capacity and any(a.kind == "kv" for a in self.layout):
             raise CompileGap(f"the static cache is full ({self.capacity} positions)")
         try:
             out = self._step(ids, self.position, *self.state)
-        except CompileGap:
-            raise
-        except (ValueError, TypeError, RuntimeError) as e:
+        except (ValueError, TypeError, RuntimeError, AttributeError, IndexError) as e:
             if self._traced:
                 raise
-            raise CompileGap(f"the graph does not trace with an array offset ({type(e).__name__}: {e})") from e
+            raise CompileGap(f"the graph does not trace with static caches ({type(e).__name__}: {e})") from e
         self._traced = True
         logits, self.position, *self.state = out
-        self.offset += ids.shape[1]
+        self.offset += 1
         return logits
 
     def write_back(self) -> None:
-        for i, c in enumerate(self.cache):
-            StaticKVCache(self.state[2 * i], self.state[2 * i + 1], self.position).write_back(c, self.offset)
+        at = 0
+        for adapter, c in zip(self.layout, self.cache):
+            adapter.write_back(c, self.state[at:at + adapter.n_arrays], self.offset, self.offset - self.start)
+            at += adapter.n_arrays
+        self.start = self.offset
