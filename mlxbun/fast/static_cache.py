@@ -41,54 +41,47 @@ def _padded(a: mx.array, size: int) -> mx.array:
     return mx.concatenate([a, mx.zeros((b, h, size - n, d), a.dtype)], axis=2) if size > n else a
 
 
-class _StaticAttention:
-    def attention(self, queries, keys, values, scale, mask, sinks=None):
-        return fused_sdpa(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+class _StaticBuffers:
+    """Key and value buffers of a fixed length (axis 2), the write position as a 0-d array."""
 
-
-class StaticKVCache(_StaticAttention):
     def __init__(self, keys: mx.array, values: mx.array, offset: mx.array):
         self.keys, self.values, self.offset = keys, values, offset
 
     @property
-    def capacity(self) -> int:
+    def length(self) -> int:
         return self.keys.shape[2]
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        at = self.offset.reshape(1)
-        self.keys = mx.slice_update(self.keys, keys, at, axes=(2,))
-        self.values = mx.slice_update(self.values, values, at, axes=(2,))
+    def _write(self, keys: mx.array, values: mx.array, at: mx.array):
+        self.keys = mx.slice_update(self.keys, keys, at.reshape(1), axes=(2,))
+        self.values = mx.slice_update(self.values, values, at.reshape(1), axes=(2,))
         self.offset = self.offset + keys.shape[2]
         return self.keys, self.values
+
+    def attention(self, queries, keys, values, scale, mask, sinks=None):
+        return fused_sdpa(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+
+
+class StaticKVCache(_StaticBuffers):
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        return self._write(keys, values, self.offset)
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None):
         if window_size is not None:
             raise ValueError("a sliding-window mask over a full-attention static cache")
         queries = self.offset + mx.arange(N, dtype=mx.int32)[:, None]
-        return mx.arange(self.capacity, dtype=mx.int32)[None] <= queries
+        return mx.arange(self.length, dtype=mx.int32)[None] <= queries
 
 
-class StaticRotatingKVCache(_StaticAttention):
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array):
-        self.keys, self.values, self.offset = keys, values, offset
-
-    @property
-    def window(self) -> int:
-        return self.keys.shape[2]
-
+class StaticRotatingKVCache(_StaticBuffers):
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         if keys.shape[2] != 1:
             raise ValueError("the static ring takes one token per step")
-        at = (self.offset % self.window).reshape(1)
-        self.keys = mx.slice_update(self.keys, keys, at, axes=(2,))
-        self.values = mx.slice_update(self.values, values, at, axes=(2,))
-        self.offset = self.offset + 1
-        return self.keys, self.values
+        return self._write(keys, values, self.offset % self.length)
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None):
-        if N != 1 or window_size not in (None, self.window):
-            raise ValueError(f"a {N}-token step or a window {window_size} unlike the ring's {self.window}")
-        return (mx.arange(self.window, dtype=mx.int32) <= self.offset)[None]
+        if N != 1 or window_size not in (None, self.length):
+            raise ValueError(f"a {N}-token step or a window {window_size} unlike the ring's {self.length}")
+        return (mx.arange(self.length, dtype=mx.int32) <= self.offset)[None]
 
 
 def static_arrays_cache(arrays) -> ArraysCache:
