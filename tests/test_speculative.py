@@ -409,6 +409,24 @@ def test_draft_model_cache_rolls_back_through_the_contract(models):
         d.propose(ctx + [first[0], 7], 2)
 
 
+def test_drafter_prefill_then_propose_equals_propose_alone(models):
+    """The engine runs a model drafter's prompt pass inside its prefill (so it counts as prompt
+    processing, as mlx-lm counts its draft model's): the draft it then proposes is the draft a
+    drafter that did that pass inside its first `propose` proposes, token for token."""
+    target, tok = models("llama")
+    ctx = tok.encode_prompt(PROMPT)
+    alone, split = LayerSkipDrafter(1), LayerSkipDrafter(1)
+    for d in (alone, split):
+        d.bind(DraftSession(target=target, vocab_size=512))
+    split.prefill(ctx)
+    assert split._cache[0].offset == len(ctx) - 1  # all but the last prompt token
+    split.prefill(ctx)  # once only
+    assert split._cache[0].offset == len(ctx) - 1
+    assert list(split.propose(ctx, 3)) == list(alone.propose(ctx, 3))
+    with pytest.raises(MlxbunError, match="bind"):
+        LayerSkipDrafter(1).prefill(ctx)
+
+
 def test_drafter_protocol_misuse():
     d = DraftModelDrafter(lambda ids, cache=None: mx.zeros((1, 1, 4)))
     with pytest.raises(MlxbunError, match="bind"):

@@ -91,6 +91,11 @@ class Drafter:
     def reset(self) -> None:
         pass
 
+    def prefill(self, prompt_ids: Sequence[int]) -> None:
+        """Process the prompt before the first round (the engine calls it inside its prefill, so
+        the time counts as prompt processing, as mlx-lm counts its draft model's). Optional: a
+        drafter that skips it does the same work in its first `propose`."""
+
     def propose(self, context_ids: Sequence[int], k: int, *, key: Optional[mx.array] = None) -> Draft:
         raise NotImplementedError
 
@@ -174,6 +179,28 @@ class _ModelDrafter(Drafter):
         self._round_k = 0  # draft tokens proposed in the open round (0: none open)
         self._prefilled = False
 
+    def prefill(self, prompt_ids: Sequence[int]) -> None:
+        """mlx-lm's prefill of the draft's cache: all but the last prompt token, in chunks (once)."""
+        s = self.session
+        if s is None:
+            raise MlxbunError(f"{type(self).__name__}: bind() it to a session before prefill()")
+        if self._cache is None:
+            self._cache = self._new_cache()
+            _check_contract(self._cache, type(self).__name__)
+            self._quantize = self._hook() or (lambda cache: None)
+        if self._prefilled:
+            return
+        pending = [int(t) for t in prompt_ids[self._done:]]
+        with mx.stream(s.stream or mx.default_stream(mx.default_device())):
+            while len(pending) > 1:
+                n = min(s.prefill_step_size, len(pending) - 1)
+                self._logits(mx.array(pending[:n], dtype=mx.int32)[None])
+                self._quantize(self._cache)
+                mx.eval([c.state for c in self._cache])
+                pending = pending[n:]
+                self._done += n
+        self._prefilled = True
+
     # subclasses: a fresh cache list, and logits [1, L, V] for ids [1, L] through it
     def _new_cache(self) -> list:
         raise NotImplementedError
@@ -207,23 +234,12 @@ class _ModelDrafter(Drafter):
             raise MlxbunError(f"{type(self).__name__}: propose() while the previous round is not observed")
         if k <= 0:
             return Draft()
-        if self._cache is None:
-            self._cache = self._new_cache()
-            _check_contract(self._cache, type(self).__name__)
-            self._quantize = self._hook() or (lambda cache: None)
+        self.prefill(context_ids)
         pending = [int(t) for t in context_ids[self._done:]]
         if not pending:
             raise MlxbunError(f"{type(self).__name__}: the context did not grow since the last round")
         history = mx.array([int(t) for t in context_ids], dtype=mx.int32) if s.logits_processors else None
         with mx.stream(s.stream or mx.default_stream(mx.default_device())):
-            if not self._prefilled:  # mlx-lm's prefill: all but the last prompt token, in chunks
-                while len(pending) > 1:
-                    n = min(s.prefill_step_size, len(pending) - 1)
-                    self._logits(mx.array(pending[:n], dtype=mx.int32)[None])
-                    self._quantize(self._cache)
-                    mx.eval([c.state for c in self._cache])
-                    pending = pending[n:]
-                self._prefilled = True
             logprobs = self._row(mx.array(pending, dtype=mx.int32), history)
             self._quantize(self._cache)
             self._done = len(context_ids)

@@ -163,6 +163,7 @@ def speculative_generate_step(
             mx.eval([c.state for c in cache])
             y = y[n_pre:]
             mx.clear_cache()
+        drafter.prefill(history_ids)  # the draft's prompt processing counts as prefill, as in mlx-lm
         stats.prefill_s += time.perf_counter() - tic
         pending = int(y.item())
         ntoks = 0
