@@ -88,12 +88,12 @@ def audit_dry_run(path, config, *, check_values: bool = False):
     return report
 
 
-def _open_universal(path: Path, config, profile):
+def _open_universal(path: Path, config, profile, tensor_group=None):
     from mlxbun.models.universal.coverage import require_coverage
     from mlxbun.models.universal.loader import load_universal
 
     require_coverage(config.model_type, thaw(config.raw_full))
-    return load_universal(path, config=config)
+    return load_universal(path, config=config, tensor_group=tensor_group)
 
 
 def _open_diffusion_gemma(path: Path, config, profile):
@@ -122,9 +122,15 @@ GRAPH_BUILDERS = {
 }
 
 
-def open_model(path):
+# the graphs that split across a tensor-parallel group (their builder takes `tensor_group`)
+SHARDABLE_GRAPHS = frozenset({"universal-dense"})
+
+
+def open_model(path, *, tensor_group=None):
     """Open a checkpoint directory (or a .gguf file, imported into the GGUF cache on first open)
-    as a RuntimeModel (with `.profile` set)."""
+    as a RuntimeModel (with `.profile` set). `tensor_group`: an `mx.distributed` group of more
+    than one rank splits the graph across it (tensor parallelism); a graph that cannot split is
+    refused by name."""
     from mlxbun.config import load_model_config
     from mlxbun.profile import resolve_model_profile, validate_profile
 
@@ -134,6 +140,14 @@ def open_model(path):
     builder = GRAPH_BUILDERS.get(profile.execution.graph)
     if builder is None:
         raise UnsupportedModelError(f"profile '{profile.id}': graph '{profile.execution.graph}' has no builder")
-    model = builder(path, config, profile)
+    if tensor_group is not None and tensor_group.size() > 1:
+        if profile.execution.graph not in SHARDABLE_GRAPHS:
+            from mlxbun.models.sharding import ShardingError
+
+            raise ShardingError(f"{path}: the {profile.execution.graph} graph ({config.model_type}) has no "
+                                f"tensor-parallel split; run it in one process (--tp 1)")
+        model = builder(path, config, profile, tensor_group=tensor_group)
+    else:
+        model = builder(path, config, profile)
     model.profile = profile
     return model

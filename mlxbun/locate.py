@@ -69,15 +69,19 @@ def hub_snapshot(repo_id: str, cache_dir=None) -> Path:
 
 
 def open_runtime(model: Union[str, os.PathLike, ModelSpec], engine: str = "mlxbun", *,
-                 zoo_root: Optional[os.PathLike] = None):
+                 zoo_root: Optional[os.PathLike] = None, tensor_group=None):
     """A model name or checkpoint directory as a RuntimeModel: mlxbun's graph (`open_model`:
-    profile first, then weights) or mlx-lm's own model file (the adapter)."""
+    profile first, then weights) or mlx-lm's own model file (the adapter). `tensor_group`: an
+    `mx.distributed` group of more than one rank splits the model across it (mlxbun's
+    `shard`, or mlx-lm's own `Model.shard` where its file has one)."""
     engine = parse_engine(engine)
     path = locate(model, zoo_root=zoo_root)
     if engine == "mlxbun":
         from mlxbun.factory import open_model
 
-        return open_model(path)
+        return open_model(path, tensor_group=tensor_group)
     from mlxbun.models.mlxlm import load_mlxlm
 
-    return load_mlxlm(path)
+    if tensor_group is None or tensor_group.size() == 1:
+        return load_mlxlm(path)
+    return load_mlxlm(path, tensor_group=tensor_group)

@@ -28,7 +28,7 @@ LAYERS = [
     ("loading", {"profile", "factory", "inventory", "mlxbun", "gguf", "real_models"}),
     ("zoo", {"zoo"}),
     ("locate", {"locate"}),
-    ("features", {"generation_caches", "fast", "generate", "speculative", "diffusion", "parity", "bench",
+    ("features", {"generation_caches", "fast", "parallel", "generate", "speculative", "diffusion", "parity", "bench",
                   "results", "explain"}),
     ("lab", {"lab"}),
     ("experiments", {"experiments"}),

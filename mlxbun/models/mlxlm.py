@@ -167,8 +167,11 @@ def ensure_runtime(model: Any) -> Any:
     return model
 
 
-def load_mlxlm(path: str | Path, *, strict: bool = True, lazy: bool = False) -> MlxLmRuntimeModel:
-    """Load a local checkpoint directory with mlx-lm (no network) as a RuntimeModel."""
+def load_mlxlm(path: str | Path, *, strict: bool = True, lazy: bool = False,
+               tensor_group=None) -> MlxLmRuntimeModel:
+    """Load a local checkpoint directory with mlx-lm (no network) as a RuntimeModel.
+    `tensor_group`: split it with its file's own `Model.shard(group)` before the weights are
+    evaluated, as mlx-lm's sharded_load does (refused where the file has no shard())."""
     from mlx_lm.utils import load_model
 
     p = Path(path).expanduser()
@@ -176,12 +179,22 @@ def load_mlxlm(path: str | Path, *, strict: bool = True, lazy: bool = False) -> 
         raise LoadError(f"{p}: not a checkpoint directory")
     if not (p / "config.json").is_file():
         raise ConfigError(f"{p / 'config.json'}: missing")
+    if tensor_group is not None:
+        lazy = True
     try:
         module, mlx_config = load_model(p, lazy=lazy, strict=strict)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{p / 'config.json'}: invalid JSON ({e})") from None
     except (FileNotFoundError, ValueError, KeyError, TypeError) as e:
         raise LoadError(f"{p}: mlx-lm could not load the checkpoint: {type(e).__name__}: {e}") from None
+    if tensor_group is not None:
+        if not hasattr(module, "shard"):
+            from mlxbun.models.sharding import ShardingError
+
+            raise ShardingError(f"{p}: mlx-lm's {type(module).__module__} has no shard(); it runs in "
+                                "one process only")
+        module.shard(tensor_group)
+        mx.eval(module.parameters())
     return MlxLmRuntimeModel(module, _text_config(p), mlx_config=mlx_config, path=p)
 
 

@@ -11,6 +11,16 @@ from mlxbun.attention import softcapped_attention
 from mlxbun.models import layers as L
 from mlxbun.models import rope as R
 from mlxbun.models.base import scaled_dot_product_attention
+from mlxbun.models.sharding import (
+    ALL_TO_SHARDED,
+    SHARDED_TO_ALL,
+    ShardedRMSNorm,
+    ShardingError,
+    check_heads,
+    repeat_heads,
+    shard_linear,
+    slice_heads,
+)
 from mlxbun.models.universal.kinds import (
     QKV,
     AttnKind,
@@ -165,6 +175,62 @@ class Attention(nn.Module):
         object.__setattr__(self, "_rope_fn", rope)
         if d.rope.child and (spec.rope is not None or d.rope.nope_child):
             self.rope = rope
+
+    def shard(self, group, where: str = "attention") -> None:
+        """Split the heads across `group` (mlx-lm's Model.shard: q / k / v all-to-sharded, o
+        sharded-to-all; KV heads fewer than the ranks repeated as mlx-lm's qwen3_5 does); the
+        per-head pieces (sinks, gates, per-head norms) follow their heads. Checked first: a split
+        that cannot be made raises ShardingError before any weight moves."""
+        d, n, N = self._d, self._n, group.size()
+        H, KV = self._h, self._kv
+        check_heads(where, H, N)
+        repeat_kv = KV % N != 0
+        if repeat_kv and (N % KV or d.qkv is not QKV.SEPARATE):
+            raise ShardingError(f"{where}: {KV} KV heads neither split across {N} ranks nor repeat "
+                                f"to one per rank" + ("" if d.qkv is QKV.SEPARATE else " (fused q/k/v)"))
+        qk = self._qk
+        if qk is not None and qk.at is QKNormAt.FLAT and qk.kind is not QKNormKind.RMS:
+            raise ShardingError(f"{where}: a {qk.kind} q/k norm over all heads has no sharded form")
+        if qk is not None and repeat_kv and (qk.at is QKNormAt.FLAT or qk.kind in (
+                QKNormKind.LAYERNORM_2D, QKNormKind.LAYERNORM_PER_HEAD)):
+            raise ShardingError(f"{where}: a {qk.kind} k norm over {KV} KV heads cannot follow heads "
+                                f"repeated to {N} ranks")
+        layers = {}  # every split computed (and checked) before any is set
+        if d.qkv is QKV.SEPARATE:
+            layers[n.q] = shard_linear(self[n.q], ALL_TO_SHARDED, group, where=f"{where}.{n.q}")
+        elif d.qkv is QKV.FUSED:
+            q_size = H * self._hd
+            layers[n.qkv] = shard_linear(self[n.qkv], ALL_TO_SHARDED, group, where=f"{where}.{n.qkv}",
+                                         segments=[q_size, q_size + KV * self._hd])
+        else:  # QKV.FUSED_NEOX: [heads, 3 * head_dim] rows, so a contiguous split keeps whole heads
+            layers[n.qkv] = shard_linear(self[n.qkv], ALL_TO_SHARDED, group, where=f"{where}.{n.qkv}")
+        layers[n.o] = shard_linear(self[n.o], SHARDED_TO_ALL, group, where=f"{where}.{n.o}")
+        if self._gate is not None and self._gate is not AttnOutGate.QUERY_SIGMOID:
+            layers[n.attn_gate] = shard_linear(self[n.attn_gate], ALL_TO_SHARDED, group,
+                                               where=f"{where}.{n.attn_gate}")
+        if qk is not None and qk.at is QKNormAt.FLAT:
+            for name in qk.names:
+                layers[name] = ShardedRMSNorm.from_rms_norm(self[name], group, where=f"{where}.{name}")
+        kv = [name for name in (n.k, n.v) if d.qkv is QKV.SEPARATE and name in self]  # CLA sharers: none
+        if not repeat_kv:
+            for name in kv:
+                layers[name] = shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
+        for name in kv if repeat_kv else ():  # last: repeated to N heads, the split always works
+            repeat_heads(self[name], KV, N)
+            layers[name] = shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
+        for name, module in layers.items():
+            setattr(self, name, module)
+        if qk is not None and qk.kind is QKNormKind.LAYERNORM_2D:  # weight [heads, head_dim]
+            for name in qk.names:
+                self[name].weight = slice_heads(self[name].weight, group)
+        elif qk is not None and qk.kind is QKNormKind.LAYERNORM_PER_HEAD:  # one norm per head
+            for name in qk.names:
+                norms = self[name].norms
+                per = len(norms) // N
+                self[name].norms = norms[group.rank() * per:(group.rank() + 1) * per]
+        if self._sinks:
+            setattr(self, n.sinks, slice_heads(self[n.sinks], group))
+        self._h, self._kv = H // N, max(KV // N, 1)
 
     def _qk_norm(self, q, k):
         if self._qk.kind is QKNormKind.FUNCTIONAL_RMS:

@@ -34,6 +34,7 @@ from mlxbun.errors import MlxbunError
 from mlxbun.models import layers as L
 from mlxbun.models import rope as R
 from mlxbun.models.base import create_attention_mask, create_ssm_mask
+from mlxbun.models.sharding import ShardingError
 from mlxbun.models.taps import capture
 from mlxbun.models.universal.attention import Attention
 from mlxbun.models.universal.kinds import (
@@ -74,6 +75,9 @@ _NORMS = exhaustive(NormKind, {
     NormKind.LAYERNORM1P: lambda dims, eps, bias: L.NemotronLayerNorm1P(dims, eps=eps),
     NormKind.FUNCTIONAL_RMS: lambda dims, eps, bias: None,
 })
+
+# a block's norms stay whole on every rank (they see the full hidden state)
+_NORM_CLASSES = (nn.RMSNorm, nn.LayerNorm, L.GemmaRMSNorm)
 
 _RESIDUAL = exhaustive(Residual, {
     Residual.PLAIN: lambda x, r, s: x + r,
@@ -211,6 +215,8 @@ class Backbone(nn.Module):
 class UniversalDense(nn.Module):
     """A dense decoder for any descriptor in `table.DESCRIPTORS`, parameter tree == mlx-lm's."""
 
+    _tensor_group = None  # set by shard()
+
     def __init__(self, args: UniversalArgs, descriptor: ArchDescriptor,
                  config: Any = None, raw_config: Optional[Mapping] = None):
         super().__init__()
@@ -321,6 +327,35 @@ class UniversalDense(nn.Module):
         if max_kv_size is not None:
             return [RotatingKVCache(max_size=max_kv_size, keep=4) for _ in self.args.layers]
         return [KVCache() for _ in self.args.layers]
+
+    # ------------------------------------------------------------- tensor parallelism
+
+    @property
+    def tensor_group(self):
+        """The `mx.distributed` group the graph is split across (None: not split)."""
+        return self._tensor_group
+
+    def shard(self, group) -> None:
+        """Split every layer's attention / mixer and MLP / MoE across `group`, as mlx-lm's
+        Model.shard does (embedding, norms and head replicated); each op module splits itself
+        (`shard(group, where)`), and one that cannot raises ShardingError naming its path. A group
+        of one changes nothing. A failed split leaves the graph partly split: discard it."""
+        if self.tensor_group is not None:
+            raise ShardingError(f"{self.model_type}: already split across {self.tensor_group.size()} ranks")
+        if group.size() == 1:
+            return
+        n = self.descriptor.names
+        prefix = f"{n.wrapper}.{n.root}" if n.wrapper else n.root
+        for i, layer in enumerate(self.layers):
+            for name, module in layer.children().items():
+                if not isinstance(module, nn.Module) or isinstance(module, _NORM_CLASSES):
+                    continue
+                where = f"{prefix}.{n.layers}.{i}.{name}"
+                if not hasattr(module, "shard"):
+                    raise ShardingError(f"{self.model_type}: {where} ({type(module).__name__}) has no "
+                                        "tensor-parallel split in mlxbun")
+                module.shard(group, where=where)
+        self._tensor_group = group
 
     def layers_tap(self, paths: Any = None):
         return capture(self, paths)

@@ -139,12 +139,15 @@ def audit_checkpoint(path, config=None) -> AuditReport:
     return report
 
 
-def load_universal(path, config=None, *, check_coverage: bool = True) -> UniversalDense:
+def load_universal(path, config=None, *, check_coverage: bool = True,
+                   tensor_group=None) -> UniversalDense:
     """Load a checkpoint directory as a UniversalDense (parameters evaluated).
 
     `config` is an `mlxbun.config.TextConfig` (read from `path` when None).
     With `check_coverage`, a config key that could change numerics and that the
     descriptor does not understand refuses the load (`UnsupportedModelError`).
+    `tensor_group`: an `mx.distributed` group to split the graph across (`UniversalDense.shard`)
+    before the weights are evaluated, so each rank reads its own part (as mlx-lm's sharded_load).
     """
     path = Path(path)
     if config is None:
@@ -154,6 +157,8 @@ def load_universal(path, config=None, *, check_coverage: bool = True) -> Univers
     model, weights, report = _prepare(path, config, headers_only=False)
     model.eval()
     model.load_weights(list(weights.items()), strict=True)
+    if tensor_group is not None:
+        model.shard(tensor_group)
     mx.eval(model.parameters())
     model.audit = report
     return model

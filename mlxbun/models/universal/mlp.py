@@ -9,6 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxbun.models import layers as L
+from mlxbun.models.sharding import ALL_TO_SHARDED, SHARDED_TO_ALL, shard_linear
 from mlxbun.models.switch_layers import clamped_swiglu
 from mlxbun.models.universal.kinds import FUSED_ACTS, GATED_ACTS, PLAIN_ACTS, Act, MlpKind, exhaustive
 from mlxbun.models.universal.schema import ArchDescriptor
@@ -60,6 +61,17 @@ class MLP(nn.Module):
             setattr(self, n.inner_norm, nn.RMSNorm(D, eps=a.eps))
         # outside the module tree (a module here would be listed twice)
         object.__setattr__(self, "_act_fn", act_fn)
+
+    def shard(self, group, where: str = "mlp") -> None:
+        """Split the hidden units across `group` as mlx-lm's Model.shard does: the input
+        projections all-to-sharded (a fused gate_up by its two halves), down sharded-to-all."""
+        n, kind = self._n, self._d.mlp.kind
+        ins = [n.gate, n.up] if kind is MlpKind.GATED else [n.gate_up] if kind is MlpKind.GATED_FUSED else [n.up]
+        layers = {name: shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}",
+                                     segments=2 if name == n.gate_up else 1) for name in ins}
+        layers[n.down] = shard_linear(self[n.down], SHARDED_TO_ALL, group, where=f"{where}.{n.down}")
+        for name, module in layers.items():
+            setattr(self, name, module)
 
     def __call__(self, x):
         d, n = self._d, self._n

@@ -1,0 +1,172 @@
+"""Tensor-parallel building blocks for the graphs' `shard(group)` methods.
+
+The graphs split themselves the way mlx-lm's model files do (`Model.shard`): attention heads
+and MLP hidden units across the ranks of an `mx.distributed` group, with MLX's own sharded
+layers (`mlx.nn.layers.distributed`: "all-to-sharded" splits a linear's outputs, so each rank
+holds some heads; "sharded-to-all" splits its inputs and all-sums the partial products), so
+where mlx-lm shards an arch the sharded graph runs mlx-lm's sharded ops.
+
+What this module adds is the checking mlx leaves to a crash: every split is checked before
+any array moves (outputs, inputs and each fused segment divisible by the group size, a
+quantized input split on whole quantization groups), and a refusal names the module path,
+the sizes and the group size. A graph whose piece cannot split raises `ShardingError` from
+its `shard` before anything changed.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.nn.layers import distributed as D
+from mlx.utils import tree_map
+
+from mlxbun.errors import MlxbunError
+
+__all__ = [
+    "ShardedRMSNorm",
+    "ShardingError",
+    "check_heads",
+    "repeat_heads",
+    "shard_inplace",
+    "shard_linear",
+    "slice_heads",
+]
+
+Segments = Union[int, Sequence[int]]
+ALL_TO_SHARDED, SHARDED_TO_ALL = "all-to-sharded", "sharded-to-all"
+
+
+class ShardingError(MlxbunError):
+    """A model (or one of its modules) cannot be split across the group as asked."""
+
+
+def _segment_sizes(total: int, segments: Segments) -> list[int]:
+    if isinstance(segments, int):
+        return [total // segments] * segments
+    edges = [0, *segments, total]
+    return [b - a for a, b in zip(edges, edges[1:])]
+
+
+def _in_out(module: nn.Module) -> tuple[int, int, int | None]:
+    """(output features, input features, quantization group or None) of a linear-like module
+    whose weight is [..., out, in] (packed for a quantized one)."""
+    w = module["weight"]
+    bits = getattr(module, "bits", None)
+    if "scales" in module and bits:
+        return w.shape[-2], w.shape[-1] * 32 // bits, module.group_size
+    return w.shape[-2], w.shape[-1], None
+
+
+def _check(where: str, module: nn.Module, sharding: str, n: int, segments: Segments) -> None:
+    if sharding not in (ALL_TO_SHARDED, SHARDED_TO_ALL):
+        raise ShardingError(f"{where}: unknown sharding {sharding!r} ({ALL_TO_SHARDED} or {SHARDED_TO_ALL})")
+    if not isinstance(module, nn.Module) or "weight" not in module:
+        raise ShardingError(f"{where}: {type(module).__name__} holds no weight to split")
+    out_dims, in_dims, group = _in_out(module)
+    if sharding == ALL_TO_SHARDED:
+        sizes = _segment_sizes(out_dims, segments)
+        bad = [s for s in sizes if s % n]
+        if bad:
+            parts = f" (fused parts {sizes})" if len(sizes) > 1 else ""
+            raise ShardingError(f"{where}: {out_dims} output features{parts} do not split into {n} "
+                                f"equal parts (tensor-parallel group of {n})")
+        return
+    sizes = _segment_sizes(in_dims, segments)
+    for s in sizes:
+        if s % n:
+            raise ShardingError(f"{where}: {in_dims} input features do not split into {n} equal "
+                                f"parts (tensor-parallel group of {n})")
+        if group is not None and (s // n) % group:
+            raise ShardingError(f"{where}: a rank's {s // n} of {in_dims} input features are not "
+                                f"whole quantization groups of {group} (tensor-parallel group of {n}); "
+                                "a smaller group or fewer ranks split it")
+
+
+def shard_linear(module: nn.Module, sharding: str, group: mx.distributed.Group, *, where: str,
+                 segments: Segments = 1) -> nn.Module:
+    """MLX's sharded counterpart of a Linear / QuantizedLinear (`mlx.nn.layers.distributed.
+    shard_linear`, as mlx-lm's shard() calls it), after the split is checked."""
+    if not isinstance(module, (nn.Linear, nn.QuantizedLinear)):
+        raise ShardingError(f"{where}: {type(module).__name__} is not a Linear or QuantizedLinear; "
+                            "it has no sharded counterpart")
+    _check(where, module, sharding, group.size(), segments)
+    return D.shard_linear(module, sharding, segments=segments, group=group)
+
+
+def shard_inplace(module: nn.Module, sharding: str, group: mx.distributed.Group, *, where: str,
+                  segments: Segments = 1) -> None:
+    """Split a module's own parameters in place (`mlx.nn.layers.distributed.shard_inplace`): for
+    modules that sum across the group themselves (MoE experts, whose block all-sums once)."""
+    _check(where, module, sharding, group.size(), segments)
+    D.shard_inplace(module, sharding, segments=segments, group=group)
+
+
+def check_heads(where: str, heads: int, n: int, what: str = "attention heads") -> None:
+    if heads % n:
+        raise ShardingError(f"{where}: {heads} {what} do not split across {n} ranks")
+
+
+def slice_heads(a: mx.array, group: mx.distributed.Group, axis: int = 0) -> mx.array:
+    """This rank's contiguous part of `a` along `axis` (per-head vectors: sinks, norms' rows)."""
+    n, r = group.size(), group.rank()
+    return mx.contiguous(mx.split(a, n, axis=axis)[r])
+
+
+def repeat_heads(module: nn.Module, heads: int, n: int) -> None:
+    """Repeat each of a projection's `heads` output heads n // heads times (in place), so n ranks
+    each hold one: mlx-lm's qwen3_5 does this for KV heads fewer than the ranks. Query head q of
+    rank r reads KV head r // (n // heads), the one it reads unsharded."""
+    def _repeat(p):
+        s = p.shape
+        p = p.reshape(heads, s[0] // heads, *s[1:])
+        p = mx.repeat(p, n // heads, axis=0)
+        return p.reshape(-1, *s[1:])
+
+    module.update(tree_map(_repeat, module.parameters()))
+
+
+def _sharded_rms_norm(group: mx.distributed.Group):
+    # mlx-lm minimax.py's sharded_rms_norm, op for op: the compile is split so that the upcast
+    # does not break it (one kernel squares the upcast input, another normalizes and downcasts)
+    @mx.compile
+    def _cast_square_sum(x):
+        return x.astype(mx.float32).square().sum(-1, keepdims=True)
+
+    @mx.compile
+    def _normalize(x, norm2, w, eps):
+        norm2 = mx.distributed.all_sum(norm2, group=group)
+        norm = mx.rsqrt(norm2 / (x.shape[-1] * group.size()) + eps)
+        return (x.astype(mx.float32) * norm * w).astype(x.dtype)
+
+    def _inner(x, w, eps):
+        return _normalize(x, _cast_square_sum(x), w, eps)
+
+    return _inner
+
+
+class ShardedRMSNorm(nn.Module):
+    """An RMSNorm over features split across the group (a flat q / k norm over all heads): each
+    rank holds its slice of the weight, the squared sums are all-summed. mlx-lm minimax.py's
+    ShardedRMSNorm, op for op."""
+
+    def __init__(self, weight: mx.array, eps: float, group: mx.distributed.Group):
+        super().__init__()
+        self.weight = weight
+        self.eps = eps
+        object.__setattr__(self, "_norm", _sharded_rms_norm(group))
+        object.__setattr__(self, "_group", group)
+
+    def _extra_repr(self):
+        return f"{self.weight.shape[0] * self._group.size()}, eps={self.eps}"
+
+    def __call__(self, x):
+        return self._norm(x, self["weight"], self.eps)
+
+    @classmethod
+    def from_rms_norm(cls, norm: nn.RMSNorm, group: mx.distributed.Group, *, where: str) -> "ShardedRMSNorm":
+        if not isinstance(norm, nn.RMSNorm):
+            raise ShardingError(f"{where}: {type(norm).__name__} over split features has no sharded form")
+        check_heads(where, norm.weight.shape[0], group.size(), "normalized features")
+        return cls(slice_heads(norm.weight, group, axis=-1), norm.eps, group)
