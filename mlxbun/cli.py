@@ -13,7 +13,7 @@ import os
 import sys
 
 # Order is the order `mlxbun --help` lists them.
-COMMAND_MODULES = ["zoo", "import_gguf", "ls", "port", "explain", "generate", "kv_plan", "bench", "lab", "results"]
+COMMAND_MODULES = ["zoo", "import_gguf", "ls", "port", "explain", "generate", "kv_plan", "bench", "tp_check", "lab", "results"]
 
 
 class VersionAction(argparse.Action):

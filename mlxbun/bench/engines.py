@@ -133,41 +133,70 @@ def _n_params(module: nn.Module) -> int:
 # ------------------------------------------------------------------ checkpoints
 
 
-def _share_into_mlxlm(path: Path, mb_params: dict) -> nn.Module:
-    """mlx-lm's model of `path` (lazily loaded, never evaluated) holding mlxbun's arrays."""
+def _split_hint(group) -> str:
+    if group is None:
+        return ""
+    return (f" (split across {group.size()} ranks: mlx-lm's shard() divides KV heads fewer than the ranks, "
+            "mlxbun repeats them; benchmark mlxbun alone with --vs none)")
+
+
+def _shard_mlxlm(module: nn.Module, group, where: str) -> None:
+    """mlx-lm's own split of its (lazy) model, as its sharded_load does; refused where its model
+    file has no shard() (the benchmark then runs mlxbun alone: --vs none)."""
+    if group is None:
+        return
+    if not hasattr(module, "shard"):
+        from mlxbun.models.sharding import ShardingError
+
+        raise ShardingError(f"{where}: mlx-lm's {type(module).__module__} has no shard(), so mlx-lm cannot run "
+                            "it split; benchmark mlxbun alone with --vs none")
+    module.shard(group)
+
+
+def _share_into_mlxlm(path: Path, mb_params: dict, group=None) -> nn.Module:
+    """mlx-lm's model of `path` (lazily loaded, never evaluated) holding mlxbun's arrays (split
+    across `group` first, so both hold the same rank's parts)."""
     from mlxbun.models.mlxlm import load_mlxlm
 
     wrapped = load_mlxlm(path, lazy=True)
     module = wrapped.module
-    own = dict(tree_flatten(module.parameters()))
-    if own.keys() != mb_params.keys():
-        only_lm = sorted(own.keys() - mb_params.keys())[:5]
-        only_mb = sorted(mb_params.keys() - own.keys())[:5]
-        raise LoadError(f"{path}: mlx-lm and mlxbun build different parameter trees "
-                        f"(only mlx-lm: {only_lm}, only mlxbun: {only_mb}); cannot share weights")
-    bad = [k for k in own if own[k].shape != mb_params[k].shape or own[k].dtype != mb_params[k].dtype]
-    if bad:
-        k = bad[0]
-        raise LoadError(f"{path}: tensor {k!r} is {own[k].dtype}{tuple(own[k].shape)} for mlx-lm but "
-                        f"{mb_params[k].dtype}{tuple(mb_params[k].shape)} for mlxbun "
-                        f"({len(bad)} differ); cannot share weights")
+    _shard_mlxlm(module, group, str(path))
+    _check_same_tree(path, dict(tree_flatten(module.parameters())), mb_params, _split_hint(group))
     module.load_weights(list(mb_params.items()), strict=True)
     return module
 
 
-def _from_checkpoint(path: Path, spec: str, kind: str, engines: tuple[str, ...]) -> ModelUnderTest:
+def _check_same_tree(path, own: dict, mb_params: dict, hint: str = "", dtypes: bool = True) -> None:
+    """mlx-lm's parameter names, shapes and dtypes equal mlxbun's (before one takes the other's
+    arrays); a split that differs (mlx-lm divides KV heads fewer than the ranks, mlxbun repeats
+    them) is named."""
+    if own.keys() != mb_params.keys():
+        only_lm = sorted(own.keys() - mb_params.keys())[:5]
+        only_mb = sorted(mb_params.keys() - own.keys())[:5]
+        raise LoadError(f"{path}: mlx-lm and mlxbun build different parameter trees "
+                        f"(only mlx-lm: {only_lm}, only mlxbun: {only_mb}); cannot share weights{hint}")
+    bad = [k for k in own if own[k].shape != mb_params[k].shape or (dtypes and own[k].dtype != mb_params[k].dtype)]
+    if bad:
+        k = bad[0]
+        raise LoadError(f"{path}: tensor {k!r} is {own[k].dtype}{tuple(own[k].shape)} for mlx-lm but "
+                        f"{mb_params[k].dtype}{tuple(mb_params[k].shape)} for mlxbun "
+                        f"({len(bad)} differ); cannot share weights{hint}")
+
+
+def _from_checkpoint(path: Path, spec: str, kind: str, engines: tuple[str, ...],
+                     group=None) -> ModelUnderTest:
     from mlxbun.factory import open_model
     from mlxbun.quant import resolve_quantization
     from mlxbun.results.identity import model_identity
 
-    mb = open_model(path)
+    mb = open_model(path, tensor_group=group)
     params = dict(tree_flatten(mb.parameters()))
     built: dict[str, Engine] = {}
     if "mlxbun" in engines:
         built["mlxbun"] = _mlxbun_engine(mb)
     lm_module = None
     if "mlx-lm" in engines:
-        lm_module = _share_into_mlxlm(path, params)
+        lm_module = _share_into_mlxlm(path, params, group)
         built["mlx-lm"] = _mlxlm_engine(lm_module)
     raw = json.loads((path / "config.json").read_text())
     if lm_module is None:
@@ -204,7 +233,7 @@ def _random_fingerprint(cfg: dict, dtype: str, quant: Optional[int], seed: int) 
 
 
 def _from_random(label: str, cfg: dict, spec: str, dtype: str, quant: Optional[int], seed: int,
-                 engines: tuple[str, ...]) -> ModelUnderTest:
+                 engines: tuple[str, ...], group=None) -> ModelUnderTest:
     from mlx_lm.utils import _get_classes
     from mlx_lm.utils import quantize_model as lm_quantize_model
 
@@ -231,15 +260,30 @@ def _from_random(label: str, cfg: dict, spec: str, dtype: str, quant: Optional[i
         with contextlib.redirect_stdout(io.StringIO()):  # it prints its bits per weight
             _, qcfg = lm_quantize_model(lm_module, cfg, GROUP_SIZE, quant, mode="affine")
         mx.eval(lm_module.parameters())
-    params = dict(tree_flatten(lm_module.parameters()))
-    built: dict[str, Engine] = {}
     # mlxbun's graph over the same arrays (no copies), also when only mlx-lm runs: it counts the
     # bytes a decoded token reads
     mb = build_model(qcfg)
     quantization = resolve_quantization(qcfg)
     if quantization is not None:  # as the loader: modules whose .scales are present
-        quantize_model(mb, quantization, params)
-    mb.load_weights(list(params.items()), strict=True)
+        quantize_model(mb, quantization, dict(tree_flatten(lm_module.parameters())))
+    n_params = _n_params(lm_module)  # the whole model's, before any split
+    if group is None:
+        params = dict(tree_flatten(lm_module.parameters()))
+        mb.load_weights(list(params.items()), strict=True)
+    elif "mlx-lm" in engines:  # both split the same way, mlxbun holding mlx-lm's parts
+        _shard_mlxlm(lm_module, group, spec)
+        mx.eval(lm_module.parameters())
+        mb.shard(group)  # its own (lazy) init is replaced before anything evaluates it
+        params = dict(tree_flatten(lm_module.parameters()))
+        # (shapes only: mlxbun's own init is float32 until it takes mlx-lm's arrays)
+        _check_same_tree(spec, params, dict(tree_flatten(mb.parameters())), _split_hint(group), dtypes=False)
+        mb.load_weights(list(params.items()), strict=True)
+    else:  # mlxbun alone: its split of the random arrays
+        mb.load_weights(tree_flatten(lm_module.parameters()), strict=True)
+        mb.shard(group)
+        mx.eval(mb.parameters())
+        params = dict(tree_flatten(mb.parameters()))
+    built: dict[str, Engine] = {}
     if "mlxbun" in engines:
         built["mlxbun"] = _mlxbun_engine(mb)
     if "mlx-lm" in engines:
@@ -250,7 +294,7 @@ def _from_random(label: str, cfg: dict, spec: str, dtype: str, quant: Optional[i
     return ModelUnderTest(
         spec=spec, label=f"random:{Path(label).stem if label.endswith('.json') else label}", kind="random",
         model_type=cfg["model_type"], dtype=dtype, quant=quant_label,
-        weights_bytes=sum(v.nbytes for v in params.values()), n_params=_n_params(lm_module),
+        weights_bytes=sum(v.nbytes for v in params.values()), n_params=n_params,
         decode_bytes=sum(v.nbytes for v in params.values()) - unread_expert_bytes(mb),
         vocab_size=int(cfg["vocab_size"]), config=qcfg, engines=built, identity=identity,
     )
@@ -261,9 +305,10 @@ def _from_random(label: str, cfg: dict, spec: str, dtype: str, quant: Optional[i
 
 def load_engines(spec: str, *, dtype: Optional[str] = None, quant: Optional[int] = None, seed: int = 0,
                  engines: tuple[str, ...] = ENGINES, scale_down: Optional[int] = None,
-                 zoo_root: Any = None) -> ModelUnderTest:
+                 zoo_root: Any = None, tensor_group: Any = None) -> ModelUnderTest:
     """Resolve a model name (a directory, a hub repo id, `zoo:ARCH[@VARIANT]`, `random:SHAPE`)
-    into the engines named in `engines`."""
+    into the engines named in `engines`; `tensor_group` splits them across its ranks (mlxbun
+    by its `shard`, mlx-lm by its file's own shard(), holding mlxbun's parts)."""
     if dtype is not None and dtype not in DTYPES:
         raise MlxbunError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if quant is not None and quant not in QUANT_BITS:
@@ -282,7 +327,7 @@ def load_engines(spec: str, *, dtype: Optional[str] = None, quant: Optional[int]
         if scale_down is not None and scale_down != 1:
             cfg = shrink(cfg, scale_down)
             label = f"{label}/{scale_down}"
-        return _from_random(label, cfg, spec, dtype or "bfloat16", quant, seed, tuple(engines))
+        return _from_random(label, cfg, spec, dtype or "bfloat16", quant, seed, tuple(engines), tensor_group)
     if model.kind == "zoo":
         from mlxbun.zoo import cached_checkpoint
 
@@ -292,9 +337,9 @@ def load_engines(spec: str, *, dtype: Optional[str] = None, quant: Optional[int]
         if model.variant is None:
             options.update(dtype=dtype or "float32", quant=quant)
         path = cached_checkpoint(model.value, root=zoo_root, **options)
-        return _from_checkpoint(path, spec, "zoo", tuple(engines))
+        return _from_checkpoint(path, spec, "zoo", tuple(engines), tensor_group)
     path = locate(model)
     if dtype is not None or quant is not None:
         raise MlxbunError(f"{spec}: a checkpoint runs in its own dtype and quantization; "
                           "--dtype/--quant apply to zoo: and random: models")
-    return _from_checkpoint(path, str(path), "checkpoint", tuple(engines))
+    return _from_checkpoint(path, str(path), "checkpoint", tuple(engines), tensor_group)

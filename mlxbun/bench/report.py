@@ -100,6 +100,8 @@ class BenchResult:
     decode_bytes: Optional[int] = None  # weight bytes one decoded token reads (MoE: < weights_bytes)
     load_seconds: Optional[float] = None  # building both engines (random init, quantization, loading)
     fast: Optional[dict] = None  # the fast path's label, notes and drift vs exact (bench.fast.fast_fidelity)
+    # split across ranks: {"ranks": N, "peak_memory_gb": {"ENGINE TEST": [rank 0, rank 1, ...]}}
+    tensor_parallel: Optional[dict] = None
     run_id: Optional[str] = None
     results_path: Optional[str] = None
 
@@ -120,6 +122,12 @@ class BenchResult:
         if "mlx-lm" not in self.engines:
             return None
         return self.test("mlxbun", test).mean / self.test("mlx-lm", test).mean
+
+    def rank_peaks(self, t: TestResult) -> Optional[list[float]]:
+        """Peak memory (GB) of each rank on test `t` when split across ranks, else None."""
+        if not self.tensor_parallel:
+            return None
+        return self.tensor_parallel["peak_memory_gb"][f"{t.engine} {t.test}"]
 
     @property
     def read_bytes(self) -> int:
@@ -147,6 +155,8 @@ class BenchResult:
                 "samples_tokens_per_s": t.tokens_per_s,
                 "ttft_ms": statistics.median(t.ttft_ms) if t.kind == "pp" else None,
                 "peak_memory_gb": t.peak_memory_gb,
+                **({"tensor_parallel": self.tensor_parallel["ranks"],
+                    "peak_memory_gb_per_rank": self.rank_peaks(t)} if self.tensor_parallel else {}),
                 "bandwidth_gb_s": self.bandwidth_gb_s(t.engine) if t.kind == "tg" else None,
                 "checks": dict(self.checks),
                 "params": dict(self.params),
@@ -200,6 +210,12 @@ class BenchResult:
                          + ", ".join(f"{e} {w:.2f} GB/s" for e, w in walls))
         if self.device_bandwidth_gb_s is not None:
             notes.append(f"device copy bandwidth: {self.device_bandwidth_gb_s:.1f} GB/s")
+        if self.tensor_parallel:
+            peaks = "; ".join(f"{t.engine} {t.test} " + " / ".join(_gb(v) for v in self.rank_peaks(t))
+                              for t in self.tests)
+            notes.append(f"tensor parallel across {self.tensor_parallel['ranks']} ranks: t/s is the split "
+                         f"model's (the ranks decode the same tokens together), size and peak GB rank 0's; "
+                         f"peak GB per rank: {peaks}")
         checks = [f"{k}={v}" for k, v in self.checks.items() if v is not None]
         if checks:
             notes.append("checks: " + ", ".join(checks))
@@ -242,6 +258,8 @@ class BenchResult:
                          ("tokens_per_s.min", min(tps), "tok/s", p),
                          ("tokens_per_s.max", max(tps), "tok/s", p),
                          ("peak_memory_gb", t.peak_memory_gb, "GB", p)]
+                rows += [("peak_memory_gb.rank", v, "GB", {**p, "rank": r})
+                         for r, v in enumerate(self.rank_peaks(t) or [])]
                 if t.kind == "pp":
                     rows += [("ttft_ms.median", statistics.median(t.ttft_ms), "ms", p),
                              ("ttft_ms.mean", statistics.fmean(t.ttft_ms), "ms", p)]

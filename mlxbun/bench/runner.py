@@ -26,6 +26,7 @@ from mlxbun.bench.engines import ENGINES, Engine, load_engines, shares_weights
 from mlxbun.bench.fast import fast_engine, fast_fidelity
 from mlxbun.bench.report import BenchResult, Sample, TestResult
 from mlxbun.errors import MlxbunError
+from mlxbun.parallel.world import gather_floats
 
 __all__ = ["BenchArgumentError", "measure_copy_bandwidth", "run_bench", "time_decode", "time_prefill"]
 
@@ -188,7 +189,7 @@ def run_bench(model: str, *, dtype: Optional[str] = None, quant: Optional[int] =
               prefill_step: int = 2048, tg_context: int = 16, measure_bandwidth: bool = False,
               bandwidth_mb: Optional[int] = None, scale_down: Optional[int] = None, zoo_root: Any = None,
               results: Any = None, record: bool = True, progress: Optional[bool] = None,
-              fast: bool = False) -> BenchResult:
+              fast: bool = False, tensor_group: Any = None) -> BenchResult:
     """Benchmark mlxbun (and mlx-lm, `vs="mlx-lm"`) on one model; see the module docstring.
 
     `model`: a checkpoint directory, `zoo:ARCH` or `random:SHAPE` (bench.shapes.SHAPES, or a
@@ -198,6 +199,9 @@ def run_bench(model: str, *, dtype: Optional[str] = None, quant: Optional[int] =
     None for the default table). `progress`: a rich bar on stderr (default: when interactive).
     `fast`: mlxbun runs its fast path (`mlxbun.fast`, fidelity L2-fast); the result then carries
     its drift against the exact path over the tg test's tokens (`BenchResult.fast`).
+    `tensor_group`: an `mx.distributed` group of more than one rank splits both engines across it
+    (mlx-lm by its file's own shard()); every rank runs the same tests in step, the result carries
+    each rank's peak memory, and only rank 0 records.
     """
     _check_args(prompt_len, gen_len, trials, warmup, prefill_step, tg_context, seed, bandwidth_mb)
     if vs not in (None, "none", "mlx-lm"):
@@ -208,8 +212,12 @@ def run_bench(model: str, *, dtype: Optional[str] = None, quant: Optional[int] =
 
         open_results(results).close()  # a bad results path fails now, not after the whole run
     t_load = time.perf_counter()
+    if tensor_group is not None and tensor_group.size() == 1:
+        tensor_group = None
+    if tensor_group is not None and tensor_group.rank() != 0:
+        record = False  # rank 0 records for the run
     mut = load_engines(model, dtype=dtype, quant=quant, seed=seed, engines=names, scale_down=scale_down,
-                       zoo_root=zoo_root)
+                       zoo_root=zoo_root, tensor_group=tensor_group)
     fast_path = None
     if fast:
         if not gen_len:
@@ -266,6 +274,10 @@ def run_bench(model: str, *, dtype: Optional[str] = None, quant: Optional[int] =
     pp_logits.clear()
     fidelity = None if fast_path is None else fast_fidelity(fast_path, context.tolist(), tg_tokens["mlxbun"][0])
 
+    split = None
+    if tensor_group is not None:
+        split = {"ranks": tensor_group.size(), "peak_memory_gb": {
+            f"{t.engine} {t.test}": gather_floats(t.peak_memory_gb, tensor_group) for t in results_by.values()}}
     bandwidth = measure_copy_bandwidth(bandwidth_mb) if measure_bandwidth else None
     from mlxbun.results.identity import environment
 
@@ -278,10 +290,10 @@ def run_bench(model: str, *, dtype: Optional[str] = None, quant: Optional[int] =
         params={"model": mut.spec, "dtype": mut.dtype, "quant": quant, "prompt_len": prompt_len,
                 "gen_len": gen_len, "trials": trials, "warmup": warmup, "vs": "mlx-lm" if len(engines) == 2 else None,
                 "seed": seed, "prefill_step": prefill_step, "tg_context": tg_context, "scale_down": scale_down,
-                "fast": bool(fast)},
+                "fast": bool(fast), "tp": 1 if split is None else split["ranks"]},
         tests=list(results_by.values()), checks=checks,
         tokens={name: runs[0] for name, runs in tg_tokens.items() if runs},
-        device_bandwidth_gb_s=bandwidth, load_seconds=load_seconds, fast=fidelity,
+        device_bandwidth_gb_s=bandwidth, load_seconds=load_seconds, fast=fidelity, tensor_parallel=split,
     )
     if record:
         result.record(results)

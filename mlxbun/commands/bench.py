@@ -45,6 +45,10 @@ def register(sub) -> None:
     p.add_argument("--fast", action="store_true",
                    help="mlxbun runs its fast path (own GPU kernels, compiled decode; fidelity L2-fast: "
                         "its drift vs the exact path is measured and reported)")
+    p.add_argument("--tp", type=int, default=None, metavar="N",
+                   help="tensor-parallel ranks: under `mlx.launch -n N --backend ring|nccl` both engines are "
+                        "split across the N ranks (default: all of them; 1 opts out); rank 0 prints and records "
+                        "the split model's t/s and every rank's peak memory")
     p.add_argument("--results", metavar="PATH", help="results database (default: $MLXBUN_RESULTS or the user cache)")
     p.add_argument("--no-record", action="store_true", help="do not write to the results table")
     p.add_argument("--zoo-cache", metavar="DIR", help="where zoo checkpoints are built (default ~/.cache/mlxbun/zoo)")
@@ -54,14 +58,20 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from mlxbun.bench import run_bench
+    from mlxbun.parallel import is_primary, primary_output, tensor_group
 
-    result = run_bench(
-        args.model, dtype=args.dtype, quant=args.quant, prompt_len=args.prompt_len, gen_len=args.gen_len,
-        trials=args.trials, warmup=args.warmup, vs=args.vs, seed=args.seed, prefill_step=args.prefill_step,
-        tg_context=args.tg_context, measure_bandwidth=args.measure_bandwidth, bandwidth_mb=args.bandwidth_mb,
-        scale_down=args.scale_down, zoo_root=args.zoo_cache, results=args.results, record=not args.no_record,
-        progress=sys.stderr.isatty(), fast=args.fast,
-    )
+    group = tensor_group(args.tp)
+    with primary_output():
+        return _report(args, run_bench(
+            args.model, dtype=args.dtype, quant=args.quant, prompt_len=args.prompt_len, gen_len=args.gen_len,
+            trials=args.trials, warmup=args.warmup, vs=args.vs, seed=args.seed, prefill_step=args.prefill_step,
+            tg_context=args.tg_context, measure_bandwidth=args.measure_bandwidth, bandwidth_mb=args.bandwidth_mb,
+            scale_down=args.scale_down, zoo_root=args.zoo_cache, results=args.results,
+            record=not args.no_record and is_primary(), progress=sys.stderr.isatty(), fast=args.fast,
+            tensor_group=group))
+
+
+def _report(args, result) -> int:
     if args.json:
         print(json.dumps(result.rows(), indent=2))
     else:

@@ -66,6 +66,10 @@ def register(sub) -> None:
     p.add_argument("--fast", action="store_true",
                    help="the fast path (own GPU kernels, compiled decode; fidelity L2-fast: not bit-exact, "
                         "see `mlxbun bench --fast` for its measured speed and drift)")
+    p.add_argument("--tp", type=int, default=None, metavar="N",
+                   help="tensor-parallel ranks: under `mlx.launch -n N --backend ring|nccl` the model is split "
+                        "across the N ranks (the default: all of them; 1 opts out and every rank runs the whole "
+                        "model); only rank 0 prints")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, ids and speeds")
     add_spec_arguments(p)
     add_diffusion_arguments(p)
@@ -120,6 +124,19 @@ def build_prompt(args, tokenizer) -> list[int]:
 
 
 def run(args) -> int:
+    from mlxbun.parallel import primary_output, tensor_group
+
+    group = tensor_group(args.tp)
+    if group is not None:
+        for flag in ("prompt_cache", "save_prompt_cache"):
+            if getattr(args, flag) is not None:
+                raise MlxbunError(f"--{flag.replace('_', '-')} under tensor parallelism: each rank holds its own "
+                                  "heads' part of the cache (run with --tp 1 to use prompt caches)")
+    with primary_output():
+        return _run(args, group)
+
+
+def _run(args, group) -> int:
     from mlxbun.cache.prompt_cache import check_save_path
     from mlxbun.generate import check_token_ids, stream_generate, vocab_size_of
     from mlxbun.generation_caches import KVHeadDimError, kv_layers, make_generation_cache, model_identity_of
@@ -136,7 +153,7 @@ def run(args) -> int:
             raise MlxbunError(f"--save-prompt-cache {e}") from None
     check_spec_results(args)
     path = locate(args.model)
-    model = open_runtime(path, parse_engine(args.engine, what="--engine/--backend"))
+    model = open_runtime(path, parse_engine(args.engine, what="--engine/--backend"), tensor_group=group)
     if args.save_prompt_cache is not None and model_identity_of(model) is None:
         raise MlxbunError(f"--save-prompt-cache: {path} has no mlxbun config to record with the cache")
     tokenizer = load_tokenizer(path)
@@ -218,6 +235,7 @@ def run(args) -> int:
                 "layers": [{"layer_idx": i, "bits": b, "group_size": g} for i, (b, g) in plan.layers.items()]},
             "kv_layers": list(coverage.layers),
             **({"spec": spec_info} if spec else {}),
+            **({"tensor_parallel": {"ranks": group.size()}} if group is not None else {}),
             **({"fast": {"fidelity": FAST_FIDELITY, "path": fast.describe(), "notes": fast.notes}}
                if fast is not None else {}),
         }))
@@ -227,6 +245,8 @@ def run(args) -> int:
         print(f"Generation: {last.generation_tokens} tokens, {last.generation_tps:.3f} tokens-per-sec",
               file=sys.stderr)
         print(f"Peak memory: {last.peak_memory:.3f} GB", file=sys.stderr)
+        if group is not None:
+            print(f"Tensor parallel: split across {group.size()} ranks (peak memory: rank 0's)", file=sys.stderr)
     return 0
 
 

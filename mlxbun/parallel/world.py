@@ -92,6 +92,10 @@ def locate_on_all(name, group: Optional[mx.distributed.Group] = None, **kwargs):
     from mlxbun.locate import locate
 
     group = group or world()
-    path = locate(name, **kwargs) if group.rank() == 0 else None
-    barrier(group)
-    return path if path is not None else locate(name, **kwargs)
+    if group.rank() != 0:
+        barrier(group)  # rank 0 has built or imported it, or failed (then so does this call)
+        return locate(name, **kwargs)
+    try:
+        return locate(name, **kwargs)
+    finally:  # also when it fails: the others then try, and fail alike, instead of waiting
+        barrier(group)
