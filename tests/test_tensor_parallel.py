@@ -134,6 +134,9 @@ def test_generate_split_equals_one_process_and_only_rank_0_prints(zoo_root, caps
     assert opted_out["tokens"] == whole["tokens"] and "tensor_parallel" not in opted_out
     spec = _generate(env, "--draft", "ngram:2", "--num-draft", "3")  # the split target verifies drafts
     assert spec["tokens"] == whole["tokens"] and spec["spec"]["drafts"] > 0
+    fast = _generate(env, "--fast")  # the compiled decode step traces the all-sums too (L2-fast)
+    assert fast["fast"]["fidelity"] == "L2-fast" and "compiled decode step" in fast["fast"]["path"]
+    assert fast["tokens"] == whole["tokens"]
 
 
 def test_generate_refusals_under_a_launch(zoo_root):
