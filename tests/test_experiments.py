@@ -176,8 +176,8 @@ def test_bringup_of_a_diverging_graph_localizes_it(zoo, monkeypatch, tmp_path):
 
     real_open = mlxbun.factory.open_model
 
-    def open_perturbed(path):
-        model = real_open(path)
+    def open_perturbed(path, **kwargs):
+        model = real_open(path, **kwargs)
         w = model.model.layers[1].mlp.down_proj.weight
         model.model.layers[1].mlp.down_proj.weight = w + mx.array(1e-3, dtype=w.dtype)
         return model
@@ -212,8 +212,8 @@ def test_bringup_on_moe_passes_then_localizes_a_perturbed_expert(zoo, monkeypatc
     assert np.nanmax(b.heatmap().to_numpy()) == 0.0
     real_open = mlxbun.factory.open_model
 
-    def open_perturbed(path):
-        model = real_open(path)
+    def open_perturbed(path, **kwargs):
+        model = real_open(path, **kwargs)
         experts = model.model.layers[1].mlp.switch_mlp.down_proj
         experts.weight = experts.weight + mx.array(1e-3, dtype=experts.weight.dtype)
         return model

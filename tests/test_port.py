@@ -99,8 +99,8 @@ def test_a_diverging_graph_fails_and_names_the_first_divergence(zoo, monkeypatch
 
     real_open = mlxbun.factory.open_model
 
-    def open_perturbed(path):
-        model = real_open(path)
+    def open_perturbed(path, **kwargs):
+        model = real_open(path, **kwargs)
         w = model.model.layers[1].mlp.down_proj.weight
         model.model.layers[1].mlp.down_proj.weight = w + mx.array(1e-3, dtype=w.dtype)
         return model
