@@ -14,11 +14,12 @@ standard op runs and the fast path says so.
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import mlx.core as mx
 
+from mlxbun.kernels.common import HALF as _HALF
+from mlxbun.kernels.common import Gap, cuda_available
 from mlxbun.kernels.qmv_source import HEADER, SOURCE
 from mlxbun.kernels.tuning import DEFAULT, launch_shape
 
@@ -30,22 +31,7 @@ __all__ = ["MAX_ROWS", "SUPPORTED_BITS", "SUPPORTED_GROUPS", "Gap", "cuda_availa
 MAX_ROWS = 4
 SUPPORTED_BITS = (4, 8)
 SUPPORTED_GROUPS = (32, 64, 128)
-_HALF = (mx.bfloat16, mx.float16)
 _kernel = None
-
-
-@functools.lru_cache(maxsize=1)
-def cuda_available() -> bool:
-    """Whether MLX's CUDA backend is present (the kernel's only backend)."""
-    return bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
-
-
-class Gap(NamedTuple):
-    """Why the kernel does not run on an input. `by_design`: a width or shape where MLX's op is
-    the faster choice (nothing to report); otherwise a capability the kernel lacks."""
-
-    reason: str
-    by_design: bool = False
 
 
 def weight_gap(w: mx.array, scales: mx.array, biases: Optional[mx.array], group_size: int, bits: int,
