@@ -12,6 +12,12 @@
    4-bit 8B shapes (what `mlxbun/kernels/tuning.py` is chosen from).
 3. `--bench SPEC`: `run_bench(SPEC, fast=True)` side by side with mlx-lm, e.g.
    `random:llama-3-8b@4` (random weights of the shape, bf16, 4-bit g64).
+4. Decode attention checks (`--checks attention`, in the default): the one-query attention kernels
+   over static 16-bit and affine-quantized K/V (`benchmarks/gpu_attention.py` says what each column
+   is): error bound against a float32 reference, run-to-run bits, bits under `mx.compile`, time vs
+   MLX's op.
+5. `--kv CONTEXTS`: `mlxbun.bench.kv_memory` on its KV_HEAVY model, the exact path and the fast path
+   (compiled step, decode attention kernels), for `--kv-schemes` (default fp16,q8,q4).
 
 Writes `gpu_check.json` and `gpu_check.md` under --out (default $OUT or .). Exits non-zero when
 an assertion fails (the tables are still written).
@@ -29,10 +35,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mlx.core as mx  # noqa: E402
 
 import mlxbun.bench.fast as fast_bench  # noqa: E402
+from gpu_attention import attention_checks  # noqa: E402
 from mlxbun.fast import enable_fast  # noqa: E402
 from mlxbun.kernels.qmv import fast_quantized_matmul  # noqa: E402
 
@@ -121,6 +129,24 @@ def kernel_checks(quick=False):
     return rows
 
 
+def kv_section(contexts, schemes, decode) -> str:
+    """The KV-memory bench on its KV_HEAVY model: exact path, then fast path (one model, one process)."""
+    from mlxbun.bench.kv_memory import kv_heavy_model, run_kv_memory, to_markdown
+
+    model = kv_heavy_model()
+    out = []
+    for label in ("exact path", "fast path"):
+        fast = enable_fast(model) if label == "fast path" else None
+        rows = run_kv_memory(model, contexts, schemes, decode, fast=fast)
+        notes = ""
+        if fast is not None:
+            fast.collect_kernel_gaps()
+            notes = f"{fast.describe()}\n" + "".join(f"- {n}\n" for n in fast.notes)
+        out.append(f"### KV memory, {label} (KV_HEAVY, float16, decode {decode})\n\n{notes}\n{to_markdown(rows)}\n")
+        mx.clear_cache()
+    return "## KV memory and decode speed by KV scheme\n\n" + "\n".join(out)
+
+
 def _md(rows, cols):
     head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
     fmt = (lambda v: f"{v:.3g}" if isinstance(v, float) else str(v))
@@ -137,6 +163,10 @@ def main(argv=None) -> int:
     ap.add_argument("--gemv", nargs="*", default=["tuned"], choices=("tuned", "all", "off"),
                     help="kernels.tuning.MODE for each bench run (off: the compiled step alone)")
     ap.add_argument("--skip-checks", action="store_true", help="benches only")
+    ap.add_argument("--checks", nargs="*", default=["gemv", "attention"], choices=("gemv", "attention"))
+    ap.add_argument("--kv", default="", help="contexts for the KV-memory section, e.g. 16384")
+    ap.add_argument("--kv-schemes", default="fp16,q8,q4")
+    ap.add_argument("--kv-decode", type=int, default=32)
     ap.add_argument("--compile", nargs="*", default=["on"], choices=("on", "off"),
                     help="the fast path's compiled decode step on / off, for each bench run")
     args = ap.parse_args(argv)
@@ -146,12 +176,27 @@ def main(argv=None) -> int:
     md = [f"device {report['device']}, mlx {report['mlx']}\n"]
     ok = True
     try:
-        checks = [] if args.skip_checks else kernel_checks(args.quick)
+        checks = kernel_checks(args.quick) if "gemv" in args.checks and not args.skip_checks else []
         report["kernel"] = checks
         ok = all(r["within_bound"] and r["deterministic"] for r in checks)
-        md.append("## Kernel checks\n\n" + _md(checks, ["n", "k", "bits", "group", "dtype", "m", "err_kernel", "err_mlx",
-                                                       "bound", "within_bound", "deterministic", "mlx_deterministic",
-                                                       "us_kernel", "us_mlx", "speedup", "tb_s_kernel", "tb_s_mlx"]))
+        if checks:
+            md.append("## Kernel checks\n\n" + _md(checks, ["n", "k", "bits", "group", "dtype", "m", "err_kernel",
+                                                           "err_mlx", "bound", "within_bound", "deterministic",
+                                                           "mlx_deterministic", "us_kernel", "us_mlx", "speedup",
+                                                           "tb_s_kernel", "tb_s_mlx"]))
+        if "attention" in args.checks and not args.skip_checks:
+            att = attention_checks(_time, progress=lambda r: print(json.dumps(r, default=str), flush=True))
+            report["attention"] = att
+            ok = ok and all(r.get("within_bound") and r.get("deterministic") and r.get("compiled_equal")
+                            for r in att)
+            md.append("## Decode attention checks\n\n" + _md(att, [
+                "case", "dtype", "kv", "cap", "n", "chunk_splits", "gap", "err_kernel", "err_mlx", "bound",
+                "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_mlx", "speedup",
+                "us_mlx_masked", "speedup_vs_masked", "us_fp16", "vs_fp16"]))
+            print(md[-1], flush=True)
+        if args.kv:
+            md.append(kv_section([int(c) for c in args.kv.split(",")], args.kv_schemes.split(","), args.kv_decode))
+            print(md[-1], flush=True)
         if args.sweep:
             report["sweep"] = sweep(SHAPES_8B)
             md.append("## Launch-shape sweep (4-bit g64, M = 1)\n\n"
