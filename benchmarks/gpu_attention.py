@@ -141,3 +141,65 @@ def attention_checks(time_fn, progress=print) -> list[dict]:
         progress(rows[-1])
         mx.clear_cache()
     return rows
+
+
+# ------------------------------------------------------------------ launch sweep, from HBM
+
+L2_BYTES = 50 * 2 ** 20  # the H200's L2 (MLX's op and the kernel both run from it when a buffer fits)
+SWEEP_CASES = [c for c in ATTENTION_CASES if c[0] in ("8B ctx 641", "kv-heavy 16k fp16", "kv-heavy 16k q8",
+                                                     "kv-heavy 16k q4", "8B ctx 16k")]
+SWEEP = [(w, t) for w in (4, 8) for t in (264, 528, 1056)]
+
+
+def time_rotating(fns, time_fn):
+    """Time per call of `fns` called in turn (one per buffer set, so that reads come from HBM)."""
+    turn = iter(range(1 << 30))
+    return time_fn(lambda: fns[next(turn) % len(fns)]())
+
+
+def attention_sweep(time_fn, progress=print) -> list[dict]:
+    """Kernel (per NWARPS x TARGET_BLOCKS) vs MLX's op, cycling over enough K/V buffer sets that
+    together they are 4x the L2: what one layer after another costs in a model."""
+    import mlxbun.kernels.sdpa_decode as sd
+
+    rows = []
+    for name, B, H, KV, D, dtype, cap, n, bits, group, sinks, _ in SWEEP_CASES:
+        one = _case_arrays(B, H, KV, D, dtype, cap, n, bits, group, sinks, seed=1)
+        per_set = sum(a.nbytes for a in (one[1] if not bits else [x for t in one[1] for x in t]))
+        sets = [one] + [_case_arrays(B, H, KV, D, dtype, cap, n, bits, group, sinks, seed=s)
+                        for s in range(2, 1 + min(16, max(2, -(-4 * L2_BYTES // per_set))))]
+        length, scale = mx.array([n], dtype=mx.int32), D ** -0.5
+        if bits:
+            ref_fns = [lambda s=s: dequantized_sdpa(s[0], tuple(a[..., :n, :] for a in s[1][0]),
+                                                    tuple(a[..., :n, :] for a in s[1][1]), scale, None, group, bits)
+                       for s in sets]
+            fp16 = [(s[0], *[x[..., :n, :].astype(dtype) for x in s[2]]) for s in sets[:len(sets) * bits // 16 or 1]]
+        else:
+            ref_fns = [lambda s=s: mx.fast.scaled_dot_product_attention(
+                s[0], s[1][0][..., :n, :], s[1][1][..., :n, :], scale=scale) for s in sets]
+        t_ref = time_rotating(ref_fns, time_fn)
+        row0 = dict(case=name, sets=len(sets), mib_per_set=per_set / 2 ** 20, us_mlx=t_ref * 1e6)
+        if bits:
+            row0["us_fp16_sdpa"] = 1e6 * time_rotating(
+                [lambda f=f: mx.fast.scaled_dot_product_attention(f[0], f[1], f[2], scale=scale) for f in fp16],
+                time_fn)
+        for warps, target in SWEEP:
+            sd.NWARPS, sd.TARGET_BLOCKS = warps, target
+            if bits:
+                fns = [lambda s=s: quantized_decode_attention(s[0], s[1][0], s[1][1], length, scale, group, bits)
+                       for s in sets]
+            else:
+                fns = [lambda s=s: decode_attention(s[0], s[1][0], s[1][1], length, scale) for s in sets]
+            t = time_rotating(fns, time_fn)
+            out = fns[0]()
+            if (warps, target) == SWEEP[0]:
+                first = out
+            diff = mx.abs(out.astype(mx.float32) - first.astype(mx.float32)).max().item()
+            rows.append(dict(row0, warps=warps, target_blocks=target, max_diff_vs_first=diff,
+                             chunk_splits="x".join(map(str, decode_split(cap, B * KV, H // KV, D))),
+                             us_kernel=t * 1e6, speedup=t_ref / t,
+                             gb_s=per_set / t / 1e9))
+            progress(rows[-1])
+        sd.NWARPS, sd.TARGET_BLOCKS = 4, 528
+        mx.clear_cache()
+    return rows

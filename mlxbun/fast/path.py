@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from mlxbun.errors import MlxbunError
 from mlxbun.fast.linear import FastSwitch, swap_quantized_linears
-from mlxbun.kernels import cuda_available
+from mlxbun.kernels import cuda_available, tuning
 
 __all__ = ["FAST_FIDELITY", "FastPath", "FastPathError", "enable_fast"]
 
@@ -63,6 +63,8 @@ class FastPath:
             kernels = f"GEMV kernel on {self.quantized_linears} quantized linears"
         elif not cuda_available():
             kernels = "GEMV kernel off (no CUDA device: MLX's ops run)"
+        elif tuning.MODE == "off":
+            kernels = "GEMV kernel off (measured slower than MLX's op in the decode step)"
         else:
             kernels = "GEMV kernel on no layer (none it takes; MLX's ops run)"
         decode = "eager decode"

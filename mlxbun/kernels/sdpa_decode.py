@@ -37,16 +37,17 @@ MAX_GROUP = 8  # query heads per KV head: 2 x 8 floats per head and lane live in
 QUANT_BITS = (4, 8)
 QUANT_GROUPS = (32, 64, 128)
 CHUNKS = (64, 128, 256, 512)  # positions per split
+# Launch knobs, module-level so benchmarks/gpu_check.py can sweep them (not for users):
 TARGET_BLOCKS = 528  # splits x batch x KV heads to aim for: 4 blocks on each of the H200's 132 SMs
+NWARPS = 4  # warps per partial block
 SHARED_LIMIT = 40 * 1024  # static shared memory per block (the hardware's static limit is 48 KiB)
-THREADS = 128  # 4 warps per block (the source's NWARPS)
 
 _kernels: dict[str, object] = {}
 
 
-def shared_bytes(chunk: int, group: int, head_dim: int) -> int:
+def shared_bytes(chunk: int, group: int, head_dim: int, warps: Optional[int] = None) -> int:
     """Static shared memory of one partial block: the scores and the warps' output rows."""
-    return 4 * (group * chunk + 4 * group * head_dim)
+    return 4 * (group * chunk + (warps or NWARPS) * group * head_dim)
 
 
 def decode_split(capacity: int, batch_kv_heads: int, group: int, head_dim: int) -> tuple[int, int]:
@@ -56,7 +57,7 @@ def decode_split(capacity: int, batch_kv_heads: int, group: int, head_dim: int) 
         raise ValueError(f"decode_split: capacity {capacity} and batch x KV heads {batch_kv_heads} must be >= 1")
     want = -(-TARGET_BLOCKS // batch_kv_heads)
     per_split = -(-capacity // want)
-    fitting = [c for c in CHUNKS if shared_bytes(c, group, head_dim) <= SHARED_LIMIT]
+    fitting = [c for c in CHUNKS if shared_bytes(c, group, head_dim) <= SHARED_LIMIT] or CHUNKS[:1]
     chunk = next((c for c in fitting if c >= per_split), fitting[-1])
     return chunk, -(-capacity // chunk)
 
@@ -120,7 +121,7 @@ def plan(queries_shape: Sequence[int], dtype, kv_heads: int, capacity: int, scal
     G = H // kv_heads
     chunk, splits = decode_split(capacity, B * kv_heads, G, D)
     template = (("T", dtype), ("BF16", dtype == mx.bfloat16), ("D", D), ("G", G), ("KV", kv_heads), ("H", H),
-                ("CAP", capacity), ("CHUNK", chunk), ("QBITS", bits), ("GS", group_size),
+                ("CAP", capacity), ("CHUNK", chunk), ("NWARPS", NWARPS), ("QBITS", bits), ("GS", group_size),
                 ("SCALE_BITS", float_bits(scale)))
     if bits:
         kv = tuple((f"{t}_{part}", mx.uint32 if part == "codes" else dtype)
@@ -130,7 +131,7 @@ def plan(queries_shape: Sequence[int], dtype, kv_heads: int, capacity: int, scal
         kv, name, source = (("k", dtype), ("v", dtype)), "mlxbun_sdpa_decode", PARTIAL_PLAIN
     partial = KernelCall(name, source, (("q", dtype), *kv, ("length", mx.int32)),
                          (("o_part", mx.float32, (B * H, splits, D)), ("ml", mx.float32, (B * H, splits, 2))),
-                         template, (splits * THREADS, B * kv_heads, 1), (THREADS, 1, 1))
+                         template, (splits * 32 * NWARPS, B * kv_heads, 1), (32 * NWARPS, 1, 1))
     combine = KernelCall("mlxbun_sdpa_decode_combine" + ("_sinks" if sinks else ""), COMBINE_SINKS if sinks else COMBINE,
                          (("o_part", mx.float32), ("ml", mx.float32), ("length", mx.int32))
                          + ((("sinks", mx.float32),) if sinks else ()),

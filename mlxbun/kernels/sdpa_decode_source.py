@@ -3,7 +3,7 @@
 Two launches per attention call, split over the sequence (flash-decoding) with a fixed-order
 reduction, so the same inputs give the same bits on every run:
 
-1. `partial`: one block of 4 warps per (batch x KV head, split of CHUNK positions). The block
+1. `partial`: one block of NWARPS warps per (batch x KV head, split of CHUNK positions). The block
    holds the G query heads that share its KV head (GQA: K/V are read once for all of them). A
    key row is read by D/8 lanes, 8 values each (16-byte loads for 16-bit K/V; one or two words
    of codes plus the group's scale and bias for affine-quantized K/V, dequantized in float32 in
@@ -17,7 +17,8 @@ reduction, so the same inputs give the same bits on every run:
 
 Nothing is atomic and no sum's order depends on timing. Template constants (written in front of
 the body by `mx.fast.cuda_kernel`): T, BF16, D, G (query heads per KV head), KV, H, CAP
-(buffer positions), CHUNK, QBITS (0: 16-bit K/V; 4 or 8: affine codes), GS (quantization group),
+(buffer positions), CHUNK, NWARPS (warps per block), QBITS (0: 16-bit K/V; 4 or 8: affine codes),
+GS (quantization group),
 SCALE_BITS (the softmax scale's float32 bits), and in `combine` SPLITS (`COMBINE_SINKS` also
 reads one float32 sink logit per query head).
 """
@@ -69,7 +70,6 @@ struct MlxbunRows {
 _BODY = r"""
   constexpr int LPK = D / 8;          // lanes per key row
   constexpr int KPW = 32 / LPK;       // key rows per warp at a time
-  constexpr int NWARPS = 4;
   constexpr int KPB = NWARPS * KPW;   // key rows per block at a time
 
   const int lane = threadIdx.x & 31;
