@@ -12,6 +12,12 @@
    4-bit 8B shapes (what `mlxbun/kernels/tuning.py` is chosen from).
 3. `--bench SPEC`: `run_bench(SPEC, fast=True)` side by side with mlx-lm, e.g.
    `random:llama-3-8b@4` (random weights of the shape, bf16, 4-bit g64).
+4. Decode attention checks (`--checks attention`, in the default): the one-query attention kernels
+   over static 16-bit and affine-quantized K/V (`benchmarks/gpu_attention.py` says what each column
+   is): error bound against a float32 reference, run-to-run bits, bits under `mx.compile`, time vs
+   MLX's op.
+5. `--kv CONTEXTS`: `mlxbun.bench.kv_memory` on its KV_HEAVY model, the exact path and the fast path
+   (compiled step, decode attention kernels), for `--kv-schemes` (default fp16,q8,q4).
 
 Writes `gpu_check.json` and `gpu_check.md` under --out (default $OUT or .). Exits non-zero when
 an assertion fails (the tables are still written).
@@ -29,10 +35,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mlx.core as mx  # noqa: E402
 
 import mlxbun.bench.fast as fast_bench  # noqa: E402
+from gpu_attention import L2_BYTES, attention_checks, attention_sweep, time_rotating  # noqa: E402
 from mlxbun.fast import enable_fast  # noqa: E402
 from mlxbun.kernels.qmv import fast_quantized_matmul  # noqa: E402
 
@@ -100,6 +108,33 @@ def sweep(shapes, bits=4, group=64, dtype=mx.bfloat16):
     return rows
 
 
+def gemv_hbm(shapes=SHAPES_8B + SHAPES_1B, dtype=mx.bfloat16):
+    """Kernel (tuned launch) vs mx.quantized_matmul at one row, cycling over enough weight copies
+    that together they are 4x the L2: the weights come from HBM, as in a model's decode step."""
+    from mlxbun.kernels import tuning
+
+    rows, mode, tuning.MODE = [], tuning.MODE, "tuned"  # speedup_tuned: the table's launch shape
+    for bits in (4, 8):
+        for n, k in shapes:
+            w0 = _weights(n, k, bits, 64, dtype)
+            per = sum(a.nbytes for a in w0)
+            ws = [w0] + [_weights(n, k, bits, 64, dtype, seed=s)
+                         for s in range(1, min(16, max(2, -(-4 * L2_BYTES // per))))]
+            x = mx.random.normal((1, k), key=mx.random.key(1)).astype(dtype)
+            t_m = time_rotating([lambda w=w: mx.quantized_matmul(x, *w, transpose=True, group_size=64, bits=bits)
+                                 for w in ws], _time)
+            row = dict(n=n, k=k, bits=bits, copies=len(ws), us_mlx=t_m * 1e6, tb_s_mlx=per / t_m / 1e12)
+            for r, wp in ((None, None), (1, 4), (2, 4), (4, 4), (4, 8)):
+                t = time_rotating([lambda w=w: fast_quantized_matmul(x, *w, 64, bits, rows_per_warp=r,
+                                                                     warps_per_block=wp) for w in ws], _time)
+                row[f"speedup_{'tuned' if r is None else f'r{r}w{wp}'}"] = t_m / t
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            mx.clear_cache()
+    tuning.MODE = mode
+    return rows
+
+
 def kernel_checks(quick=False):
     rows = []
     for shapes in (SHAPES_8B, SHAPES_1B):
@@ -121,6 +156,24 @@ def kernel_checks(quick=False):
     return rows
 
 
+def kv_section(contexts, schemes, decode) -> str:
+    """The KV-memory bench on its KV_HEAVY model: exact path, then fast path (one model, one process)."""
+    from mlxbun.bench.kv_memory import kv_heavy_model, run_kv_memory, to_markdown
+
+    model = kv_heavy_model()
+    out = []
+    for label in ("exact path", "fast path"):
+        fast = enable_fast(model) if label == "fast path" else None
+        rows = run_kv_memory(model, contexts, schemes, decode, fast=fast)
+        notes = ""
+        if fast is not None:
+            fast.collect_kernel_gaps()
+            notes = f"{fast.describe()}\n" + "".join(f"- {n}\n" for n in fast.notes)
+        out.append(f"### KV memory, {label} (KV_HEAVY, float16, decode {decode})\n\n{notes}\n{to_markdown(rows)}\n")
+        mx.clear_cache()
+    return "## KV memory and decode speed by KV scheme\n\n" + "\n".join(out)
+
+
 def _md(rows, cols):
     head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
     fmt = (lambda v: f"{v:.3g}" if isinstance(v, float) else str(v))
@@ -134,9 +187,15 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="8B shapes only")
     ap.add_argument("--bench", nargs="*", default=[], metavar="SPEC[@BITS]")
     ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--gemv", nargs="*", default=["tuned"], choices=("tuned", "all", "off"),
+    ap.add_argument("--gemv", nargs="*", default=["off"], choices=("tuned", "all", "off"),
                     help="kernels.tuning.MODE for each bench run (off: the compiled step alone)")
     ap.add_argument("--skip-checks", action="store_true", help="benches only")
+    ap.add_argument("--checks", nargs="*", default=["gemv", "attention"], choices=("gemv", "attention"))
+    ap.add_argument("--kv", default="", help="contexts for the KV-memory section, e.g. 16384")
+    ap.add_argument("--kv-schemes", default="fp16,q8,q4")
+    ap.add_argument("--kv-decode", type=int, default=32)
+    ap.add_argument("--hbm", action="store_true", help="GEMV and decode attention timed from HBM (buffers "
+                    "cycled past the L2), attention over a launch sweep")
     ap.add_argument("--compile", nargs="*", default=["on"], choices=("on", "off"),
                     help="the fast path's compiled decode step on / off, for each bench run")
     args = ap.parse_args(argv)
@@ -145,13 +204,47 @@ def main(argv=None) -> int:
     report = {"device": str(mx.default_device()), "mlx": mx.__version__}
     md = [f"device {report['device']}, mlx {report['mlx']}\n"]
     ok = True
+
+    def save():  # after every section: a call stopped at its time limit still brings back what it measured
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+        (out / "gpu_check.md").write_text("\n".join(md))
+
     try:
-        checks = [] if args.skip_checks else kernel_checks(args.quick)
+        checks = kernel_checks(args.quick) if "gemv" in args.checks and not args.skip_checks else []
         report["kernel"] = checks
         ok = all(r["within_bound"] and r["deterministic"] for r in checks)
-        md.append("## Kernel checks\n\n" + _md(checks, ["n", "k", "bits", "group", "dtype", "m", "err_kernel", "err_mlx",
-                                                       "bound", "within_bound", "deterministic", "mlx_deterministic",
-                                                       "us_kernel", "us_mlx", "speedup", "tb_s_kernel", "tb_s_mlx"]))
+        if checks:
+            md.append("## Kernel checks\n\n" + _md(checks, ["n", "k", "bits", "group", "dtype", "m", "err_kernel",
+                                                           "err_mlx", "bound", "within_bound", "deterministic",
+                                                           "mlx_deterministic", "us_kernel", "us_mlx", "speedup",
+                                                           "tb_s_kernel", "tb_s_mlx"]))
+        if "attention" in args.checks and not args.skip_checks:
+            att = attention_checks(_time, progress=lambda r: print(json.dumps(r, default=str), flush=True))
+            report["attention"] = att
+            ok = ok and all(r.get("within_bound") and r.get("deterministic") and r.get("compiled_equal")
+                            for r in att)
+            md.append("## Decode attention checks\n\n" + _md(att, [
+                "case", "dtype", "kv", "cap", "n", "chunk_splits", "gap", "err_kernel", "err_mlx", "bound",
+                "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_mlx", "speedup",
+                "us_mlx_masked", "speedup_vs_masked", "us_fp16", "vs_fp16"]))
+            print(md[-1], flush=True)
+            save()
+        if args.hbm:
+            report["gemv_hbm"] = gemv_hbm()
+            md.append("## GEMV from HBM (one row, weights cycled past the L2)\n\n" + _md(report["gemv_hbm"], [
+                "n", "k", "bits", "copies", "us_mlx", "tb_s_mlx", "speedup_tuned", "speedup_r1w4", "speedup_r2w4",
+                "speedup_r4w4", "speedup_r4w8"]))
+            save()
+            report["attention_hbm"] = attention_sweep(_time, progress=lambda r: print(json.dumps(r), flush=True))
+            md.append("## Decode attention from HBM, launch sweep\n\n" + _md(report["attention_hbm"], [
+                "case", "sets", "mib_per_set", "warps", "target_blocks", "chunk_splits", "us_kernel", "us_mlx",
+                "speedup", "gb_s", "us_fp16_sdpa", "max_diff_vs_first"]))
+            print(md[-1], flush=True)
+            save()
+        if args.kv:
+            md.append(kv_section([int(c) for c in args.kv.split(",")], args.kv_schemes.split(","), args.kv_decode))
+            print(md[-1], flush=True)
+            save()
         if args.sweep:
             report["sweep"] = sweep(SHAPES_8B)
             md.append("## Launch-shape sweep (4-bit g64, M = 1)\n\n"
@@ -161,7 +254,8 @@ def main(argv=None) -> int:
             from mlxbun.kernels import tuning
 
             name, _, bits = spec.partition("@")
-            for mode, comp in [(m, c) for m in args.gemv for c in args.compile]:
+            modes = args.gemv if bits else args.gemv[:1]  # no quantized linear: the GEMV mode is moot
+            for mode, comp in [(m, c) for m in modes for c in args.compile]:
                 tuning.MODE = mode
                 fast_bench.enable_fast = functools.partial(enable_fast, compile_decode=comp == "on")
                 res = run_bench(name, quant=int(bits) if bits else None, prompt_len=512, gen_len=128,
@@ -170,11 +264,10 @@ def main(argv=None) -> int:
                 md.append(f"## `run_bench({name!r}, quant={bits or None}, fast=True)`, GEMV mode {mode}, "
                           f"compiled decode {comp}\n\n" + res.to_markdown())
                 print(md[-1], flush=True)
+                save()
                 mx.clear_cache()
     finally:
-        (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
-        (out / "gpu_check.md").write_text("\n".join(md))
-    print("\n".join(md))
+        save()
     return 0 if ok else 1
 
 

@@ -328,7 +328,7 @@ def _compiled_decoder(fast: FastPath, model, cache: list, quantizes: bool, max_t
         return None
     room = (max_tokens if max_tokens >= 0 else UNBOUNDED_ROOM) + 2
     try:
-        return CompiledDecoder(model, cache, room)
+        return CompiledDecoder(model, cache, room, kernels=fast.switch)
     except CompileGap as e:
         fast.note(f"compiled decode off: {e}")
         return None

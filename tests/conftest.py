@@ -86,11 +86,11 @@ def zoo_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def zoo(zoo_root):
-    """`zoo(arch, quant=None, dtype="float32", seed=0) -> Path`: a cached tiny checkpoint."""
+    """`zoo(arch, quant=None, dtype="float32", seed=0, head_dim=None) -> Path`: a cached tiny checkpoint."""
     from mlxbun.zoo import cached_checkpoint
 
-    def get(arch: str, quant=None, dtype: str = "float32", seed: int = 0) -> Path:
-        return cached_checkpoint(arch, quant=quant, dtype=dtype, seed=seed, root=zoo_root)
+    def get(arch: str, quant=None, dtype: str = "float32", seed: int = 0, head_dim=None) -> Path:
+        return cached_checkpoint(arch, quant=quant, dtype=dtype, seed=seed, root=zoo_root, head_dim=head_dim)
 
     return get
 

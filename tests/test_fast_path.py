@@ -22,6 +22,7 @@ from mlxbun.fast.fidelity import decode_fidelity
 from mlxbun.generate import stream_generate
 from mlxbun.kernels import Gap, fast_quantized_matmul, kernel_gap
 from mlxbun.kernels import qmv as qmv_mod
+from mlxbun.kernels import tuning
 from mlxbun.kernels.qmv import MAX_ROWS, input_gap, weight_gap
 from mlxbun.models.mlxlm import load_mlxlm
 from mlxbun.results import open_results
@@ -59,6 +60,7 @@ def test_the_kernel_refuses_a_cpu_with_its_reason():
 ])
 def test_weight_gap_names_what_the_kernel_lacks(monkeypatch, bits, group, dtype, k, reason):
     monkeypatch.setattr(qmv_mod, "cuda_available", lambda: True)
+    monkeypatch.setattr(tuning, "MODE", "tuned")
     wq, s, b = _weights(k=k, bits=bits, group=group, dtype=dtype)
     gap = weight_gap(wq, s, b, group, bits)
     assert gap is not None and reason in gap.reason and not gap.by_design
@@ -68,7 +70,10 @@ def test_weight_gap_names_what_the_kernel_lacks(monkeypatch, bits, group, dtype,
 
 def test_shapes_the_tuning_leaves_to_mlx_are_by_design(monkeypatch):
     monkeypatch.setattr(qmv_mod, "cuda_available", lambda: True)
-    wq, s, b = _weights(n=1024, k=4096)  # TUNED[(4, 1024, 4096)] is None: MLX's op was faster
+    wq, s, b = _weights(n=1024, k=4096)
+    gap = weight_gap(wq, s, b, 64, 4)  # off by default: in the decode step it lost to MLX's op
+    assert gap.by_design and "GEMV kernel is off" in gap.reason
+    monkeypatch.setattr(tuning, "MODE", "tuned")  # TUNED[(4, 1024, 4096)] is None: MLX's op was faster
     gap = weight_gap(wq, s, b, 64, 4)
     assert gap.by_design and "measured faster" in gap.reason
 

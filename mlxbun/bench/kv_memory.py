@@ -73,8 +73,10 @@ def _kv_bytes(caches) -> int:
 
 
 def run_kv_memory(model, contexts=(1024, 4096, 16384), schemes=SCHEMES, decode: int = 32,
-                  prefill_step: int = 2048, progress=None) -> list[KVMemoryRow]:
-    """Measure every (context, scheme) on one model; returns one row per pair."""
+                  prefill_step: int = 2048, progress=None, fast=None) -> list[KVMemoryRow]:
+    """Measure every (context, scheme) on one model; returns one row per pair. `fast`: the model's
+    FastPath (`mlxbun.fast`): decode through its step (the compiled step over static caches, with
+    mlxbun's decode attention kernels on CUDA; eager where that does not apply, said in its notes)."""
     bad = [s for s in schemes if s not in SCHEMES]
     if bad:
         from mlxbun.errors import MlxbunError
@@ -90,26 +92,37 @@ def run_kv_memory(model, contexts=(1024, 4096, 16384), schemes=SCHEMES, decode: 
             caches = _convert(_prefill(model, prompt, prefill_step), scheme)
             mx.eval([c.state for c in caches])
             tok = prompt[:, -1:]
+            step = _decode_step(model, caches, fast, decode + 2)
             for _ in range(2):  # warm-up: first-call kernel compilation is not decode speed
-                tok = mx.argmax(model(tok, cache=caches)[:, -1], axis=-1)[:, None]
+                tok = mx.argmax(step(tok), axis=-1)[:, None]
                 mx.eval(tok)
             mx.clear_cache()
             mx.reset_peak_memory()
             mx.synchronize()
             t0 = time.perf_counter()
             for _ in range(decode):
-                tok = mx.argmax(model(tok, cache=caches)[:, -1], axis=-1)[:, None]
+                tok = mx.argmax(step(tok), axis=-1)[:, None]
                 mx.eval(tok)
             mx.synchronize()
             dt = time.perf_counter() - t0
-            kv = _kv_bytes(caches)
             peak = mx.get_peak_memory()
+            if fast is not None:
+                step.write_back()
+            kv = _kv_bytes(caches)
             rows.append(KVMemoryRow(scheme, ctx, kv, weights, peak, peak - weights - kv, decode / dt, decode))
             if progress:
                 progress(rows[-1])
             del caches
             mx.clear_cache()
     return rows
+
+
+def _decode_step(model, caches, fast, room: int):
+    if fast is None:
+        return lambda tok: model(tok, cache=caches)[:, -1]
+    from mlxbun.fast.fidelity import fast_decode_step
+
+    return fast_decode_step(fast, caches, room)
 
 
 def _prefill(model, prompt, prefill_step: int) -> list:
@@ -230,9 +243,21 @@ def decode_memory_table(rows: list[dict]) -> str:
 # ------------------------------------------------------------------ CLI
 
 
-def main(argv=None) -> int:
+def kv_heavy_model(layers: int = KV_HEAVY["num_hidden_layers"], dtype: str = "float16"):
+    """The KV_HEAVY recipe with `layers` layers and random weights (seed 0) in `dtype`."""
+    from mlx.utils import tree_map
+
     from mlxbun.models.universal.loader import build_model
 
+    model = build_model(dict(KV_HEAVY, num_hidden_layers=layers))
+    mx.random.seed(0)
+    dt = getattr(mx, dtype)
+    model.update(tree_map(lambda p: (mx.random.normal(p.shape) * 0.02).astype(dt), model.parameters()))
+    mx.eval(model.parameters())
+    return model
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlxbun.bench.kv_memory", description=__doc__.splitlines()[0])
     p.add_argument("--contexts", default="1024,4096,16384")
     p.add_argument("--schemes", default=",".join(SCHEMES))
@@ -240,6 +265,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=KV_HEAVY["num_hidden_layers"])
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     p.add_argument("--results", help="results table to record rows into")
+    p.add_argument("--fast", action="store_true",
+                   help="decode through the fast path (compiled step, mlxbun's decode attention kernels on CUDA)")
     p.add_argument("--layer", action="store_true",
                    help="one attention layer's decode step instead of the model: fp16 SDPA vs "
                         "TurboQuant 3.5 one pass / chunked (uses --contexts only)")
@@ -249,25 +276,29 @@ def main(argv=None) -> int:
         print(decode_memory_table(measure_decode_memory(contexts)))
         return 0
     cfg = dict(KV_HEAVY, num_hidden_layers=args.layers)
-    model = build_model(cfg)
-    mx.random.seed(0)
-    dtype = getattr(mx, args.dtype)
-    from mlx.utils import tree_map
+    model = kv_heavy_model(args.layers, args.dtype)
+    fast = None
+    if args.fast:
+        from mlxbun.fast import enable_fast
 
-    model.update(tree_map(lambda p: (mx.random.normal(p.shape) * 0.02).astype(dtype), model.parameters()))
-    mx.eval(model.parameters())
+        fast = enable_fast(model)
     schemes = [s for s in args.schemes.split(",") if s]
-    rows = run_kv_memory(model, contexts, schemes, args.decode,
+    rows = run_kv_memory(model, contexts, schemes, args.decode, fast=fast,
                          progress=lambda r: print(f"  {r.context:>6} {r.scheme:<14} peak {r.peak_decode_bytes / 2**20:9.1f} MiB "
                                                   f"kv {r.kv_bytes / 2**20:8.1f} MiB {r.decode_tps:8.1f} tok/s",
                                                   file=sys.stderr, flush=True))
     print(f"device: {mx.default_device()} {mx.device_info().get('device_name', '')}; model: zoo llama recipe scaled "
-          f"to {args.layers} layers, 16 query / 4 KV heads x 128, {args.dtype}; decode {args.decode} tokens\n")
+          f"to {args.layers} layers, 16 query / 4 KV heads x 128, {args.dtype}; decode {args.decode} tokens"
+          f"{'; fast path: ' + fast.describe() if fast else ''}\n")
+    if fast:
+        fast.collect_kernel_gaps()
+        print("".join(f"- {n}\n" for n in fast.notes))
     print(to_markdown(rows))
     if args.results:
         from mlxbun.results import open_results
 
-        run = open_results(args.results).new_run("kv_memory", params=dict(cfg, dtype=args.dtype, decode=args.decode))
+        run = open_results(args.results).new_run("kv_memory", params=dict(cfg, dtype=args.dtype, decode=args.decode,
+                                                                          fast=bool(fast)))
         for r in rows:
             params = dict(scheme=r.scheme, context=r.context)
             run.record("peak_decode_bytes", r.peak_decode_bytes, "B", **params)

@@ -33,21 +33,22 @@ def _offset(cache: list) -> int:
     return offsets.pop() if offsets else 0  # recurrent layers only: the position is never read
 
 
-def _compiled_step(model, layout: tuple[CacheAdapter, ...]):
-    """The model's compiled step for one cache layout, made once per model and layout:
-    `mx.compile` keys its traces on the function object, so every decoder shares them."""
+def _compiled_step(model, layout: tuple[CacheAdapter, ...], kernels):
+    """The model's compiled step for one cache layout (and kernel switch), made once per model and
+    layout: `mx.compile` keys its traces on the function object, so every decoder shares them."""
     steps = model.__dict__.setdefault("_mlxbun_compiled_steps", {})
-    if layout not in steps:
+    key = (layout, None if kernels is None else id(kernels))
+    if key not in steps:
         def step(ids, position, *flat):
             layers, at = [], 0
             for a in layout:
-                layers.append(a.build(flat[at:at + a.n_arrays], position))
+                layers.append(a.build(flat[at:at + a.n_arrays], position, kernels))
                 at += a.n_arrays
             logits = model(ids, cache=layers)[:, -1, :]
             return (logits, position + ids.shape[1], *[x for a, s in zip(layout, layers) for x in a.outputs(s)])
 
-        steps[layout] = mx.compile(step)
-    return steps[layout]
+        steps[key] = mx.compile(step)
+    return steps[key]
 
 
 class CompiledDecoder:
@@ -56,9 +57,11 @@ class CompiledDecoder:
     `room`: the tokens still to come (full-attention buffers hold the cache's tokens plus `room`,
     rounded up by `capacity_for`; sliding-window rings hold their window). `decoder(ids [B, 1])
     -> logits [B, V]` advances the static state; `write_back()` puts it back into `cache` (the
-    exact caches the decoder started from)."""
+    exact caches the decoder started from; their full-attention buffers are let go while the
+    decoder holds the tokens, so the KV cache is not held twice). `kernels`: the fast path's switch (`FastSwitch`): with
+    it, attention in the static caches runs mlxbun's decode kernel where it applies."""
 
-    def __init__(self, model, cache: list, room: int):
+    def __init__(self, model, cache: list, room: int, kernels=None):
         if not cache:
             raise CompileGap("the model keeps no cache")
         self.model, self.cache = model, cache
@@ -67,14 +70,17 @@ class CompiledDecoder:
         pairs = [adapter_for(c, self.capacity) for c in cache]
         self.layout = tuple(a for a, _ in pairs)
         self.state = [x for _, arrays in pairs for x in arrays]
+        mx.eval(self.state)
+        for adapter, c in zip(self.layout, cache):
+            adapter.release(c)  # the static copies hold the tokens now: no second copy while decoding
         self.position = mx.array(self.offset, dtype=mx.int32)
-        self._step = _compiled_step(model, self.layout)
+        self._step = _compiled_step(model, self.layout, kernels)
         self._traced = False
 
     def __call__(self, ids: mx.array) -> mx.array:
         if ids.shape[1] != 1:
             raise CompileGap(f"the compiled step decodes one token per call, got {ids.shape[1]}")
-        if self.offset + 1 > self.capacity and any(a.kind == "kv" for a in self.layout):
+        if self.offset + 1 > self.capacity and any(a.kind in ("kv", "qkv") for a in self.layout):
             raise CompileGap(f"the static cache is full ({self.capacity} positions)")
         try:
             out = self._step(ids, self.position, *self.state)

@@ -22,11 +22,12 @@ __all__ = ["decode_fidelity", "fast_decode_step"]
 
 def fast_decode_step(fast: FastPath, cache: list, room: int) -> Callable[[mx.array], mx.array]:
     """ids [B, 1] -> logits [B, V] on the fast path over `cache` (already holding a prefix):
-    the compiled step where it applies (else eager, the reason noted), kernels on."""
+    the compiled step where it applies (else eager, the reason noted), kernels on. The compiled
+    step holds the tokens while it decodes: `step.write_back()` hands them back to `cache`."""
     model, decoder = fast.model, None
     if fast.compile_decode:
         try:
-            decoder = CompiledDecoder(model, cache, room)
+            decoder = CompiledDecoder(model, cache, room, kernels=fast.switch)
         except CompileGap as e:
             fast.note(f"compiled decode off: {e}")
 
@@ -34,6 +35,7 @@ def fast_decode_step(fast: FastPath, cache: list, room: int) -> Callable[[mx.arr
         with fast.on():
             return model(ids, cache=cache)[:, -1, :] if decoder is None else decoder(ids)
 
+    step.write_back = (lambda: None) if decoder is None else decoder.write_back
     return step
 
 

@@ -24,11 +24,14 @@ __all__ = ["FastQuantizedLinear", "FastSwitch", "swap_quantized_linears"]
 
 @dataclass
 class FastSwitch:
-    """Shared by every swapped layer of one model: whether the kernels run, and why they did not."""
+    """Shared by every swapped layer and static cache of one model: whether the kernels run, and why
+    they did not."""
 
     enabled: bool = True
     kernel_calls: int = 0  # graph builds (eager calls, or traces) that ran the kernel
     gaps: Counter = field(default_factory=Counter)  # reason -> layers / inputs that fell back
+    attention_calls: int = 0  # static-cache attentions traced through the decode kernel
+    attention_gaps: Counter = field(default_factory=Counter)  # reason -> attentions MLX's SDPA ran
 
 
 class FastQuantizedLinear(nn.QuantizedLinear):

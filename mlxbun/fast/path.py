@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from mlxbun.errors import MlxbunError
 from mlxbun.fast.linear import FastSwitch, swap_quantized_linears
-from mlxbun.kernels import cuda_available
+from mlxbun.kernels import cuda_available, tuning
 
 __all__ = ["FAST_FIDELITY", "FastPath", "FastPathError", "enable_fast"]
 
@@ -55,15 +55,22 @@ class FastPath:
     def collect_kernel_gaps(self) -> None:
         for reason, count in self.switch.gaps.items():
             self.note(f"GEMV kernel not used ({count}x): {reason}; MLX's quantized_matmul ran")
+        for reason in self.switch.attention_gaps:  # counted per traced attention call, not per layer
+            self.note(f"decode attention kernel not used: {reason}; MLX's attention ran")
 
     def describe(self) -> str:
         if self.quantized_linears:
             kernels = f"GEMV kernel on {self.quantized_linears} quantized linears"
         elif not cuda_available():
             kernels = "GEMV kernel off (no CUDA device: MLX's ops run)"
+        elif tuning.MODE == "off":
+            kernels = "GEMV kernel off (measured slower than MLX's op in the decode step)"
         else:
             kernels = "GEMV kernel on no layer (none it takes; MLX's ops run)"
-        decode = "compiled decode step" if self.compile_decode else "eager decode"
+        decode = "eager decode"
+        if self.compile_decode:
+            decode = "compiled decode step" + (" (decode attention kernel where it applies)"
+                                               if cuda_available() else "")
         return f"fast path ({FAST_FIDELITY}, measured not bit-exact): {kernels}; {decode}"
 
 

@@ -13,23 +13,42 @@ inputs, and hands its arrays back as outputs:
 - `static_arrays_cache` (for ArraysCache: conv / SSM states): the same class over the step's
   arrays; recurrent states have fixed shapes already.
 
+- `StaticQuantizedKVCache` (for QuantizedKVCache): the same buffer as mlx's affine triples
+  (codes, scales, biases) for K and for V; new tokens are quantized as QuantizedKVCache does.
+
 A masked sum over a whole buffer is not the sum over the filled part that the exact caches do,
 so results are close to, not equal to, the exact path's: the fast path measures them.
+
+Given the fast path's switch (`kernels`, on while the step is traced), one-query attention runs
+mlxbun's decode kernel (`kernels.sdpa_decode`: reads the buffer up to the filled length, a device
+array, no mask; the quantized buffers' packed codes directly); where it does not apply (no CUDA,
+dtype, head dim, a mask it did not make) MLX's attention runs and the reason is counted in
+`kernels.attention_gaps` (the FastPath's notes). Without a switch the stand-ins attend as before.
 `adapter_for(cache)` picks the class and converts back and forth (`CompileGap` when none fits).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import mlx.core as mx
 
-from mlxbun.attention import fused_sdpa
+from mlxbun.attention import (
+    backend_has_quantized_attention,
+    dequantized_sdpa,
+    fused_sdpa,
+    quantized_scaled_dot_product_attention,
+)
 from mlxbun.cache.arrays import ArraysCache
 from mlxbun.cache.kv import KVCache, RotatingKVCache
+from mlxbun.cache.quantized import QuantizedKVCache
+from mlxbun.errors import UnsupportedModelError
+from mlxbun.kernels.common import Gap
+from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap, quantized_decode_attention
 
-__all__ = ["CacheAdapter", "CompileGap", "StaticKVCache", "StaticRotatingKVCache", "adapter_for"]
+__all__ = ["CacheAdapter", "CompileGap", "StaticKVCache", "StaticQuantizedKVCache", "StaticRotatingKVCache",
+           "adapter_for"]
 
 
 class CompileGap(Exception):
@@ -44,8 +63,8 @@ def _padded(a: mx.array, size: int) -> mx.array:
 class _StaticBuffers:
     """Key and value buffers of a fixed length (axis 2), the write position as a 0-d array."""
 
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array):
-        self.keys, self.values, self.offset = keys, values, offset
+    def __init__(self, keys, values, offset: mx.array, kernels=None):
+        self.keys, self.values, self.offset, self.kernels = keys, values, offset, kernels
 
     @property
     def length(self) -> int:
@@ -57,7 +76,26 @@ class _StaticBuffers:
         self.offset = self.offset + keys.shape[2]
         return self.keys, self.values
 
+    def filled(self) -> mx.array:
+        """Positions holding tokens after this step's write (int32, on the device)."""
+        return self.offset
+
+    def _kernel_applies(self, mask, gap: Optional[Gap]) -> bool:
+        """Whether the decode kernel runs this call; a gap that is no choice of design is counted."""
+        if self.kernels is None or not self.kernels.enabled:
+            return False
+        if gap is None and mask is not None and not (
+                isinstance(mask, mx.array) and mask.dtype == mx.bool_ and mask.size == self.length):
+            gap = Gap(f"a mask the static cache did not make ({getattr(mask, 'shape', mask)})")
+        if gap is not None and not gap.by_design:
+            self.kernels.attention_gaps[gap.reason] += 1
+        return gap is None
+
     def attention(self, queries, keys, values, scale, mask, sinks=None):
+        gap = decode_gap(queries, keys.shape, keys.dtype, values_shape=values.shape, sinks=sinks)
+        if self._kernel_applies(mask, gap):
+            self.kernels.attention_calls += 1
+            return decode_attention(queries, keys, values, self.filled(), scale, sinks)
         return fused_sdpa(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
 
 
@@ -83,6 +121,45 @@ class StaticRotatingKVCache(_StaticBuffers):
             raise ValueError(f"a {N}-token step or a window {window_size} unlike the ring's {self.length}")
         return (mx.arange(self.length, dtype=mx.int32) <= self.offset)[None]
 
+    def filled(self) -> mx.array:
+        return mx.minimum(self.offset, self.length)  # slot order does not matter to attention
+
+
+class StaticQuantizedKVCache(StaticKVCache):
+    """`keys` / `values`: mlx's affine triples (codes, scales, biases), each [B, KV, capacity, .]."""
+
+    def __init__(self, keys, values, offset: mx.array, group_size: int, bits: int, kernels=None):
+        super().__init__(tuple(keys), tuple(values), offset, kernels)
+        self.group_size, self.bits = group_size, bits
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[2]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        at = self.offset.reshape(1)
+        new = [mx.quantize(x, group_size=self.group_size, bits=self.bits) for x in (keys, values)]
+        self.keys = tuple(mx.slice_update(b, q, at, axes=(2,)) for b, q in zip(self.keys, new[0]))
+        self.values = tuple(mx.slice_update(b, q, at, axes=(2,)) for b, q in zip(self.values, new[1]))
+        self.offset = self.offset + keys.shape[2]
+        return self.keys, self.values
+
+    def attention(self, queries, q_keys, q_values, scale, mask, sinks=None):
+        head_dim = q_keys[0].shape[-1] * 32 // self.bits
+        gap = decode_gap(queries, q_keys[0].shape, q_keys[1].dtype, values_shape=q_values[0].shape,
+                         head_dim=head_dim, sinks=sinks, bits=self.bits, group_size=self.group_size)
+        if self._kernel_applies(mask, gap):
+            self.kernels.attention_calls += 1
+            return quantized_decode_attention(queries, q_keys, q_values, self.filled(), scale, self.group_size,
+                                              self.bits, sinks)
+        if sinks is not None:
+            raise UnsupportedModelError("QuantizedKVCache: attention sinks are not supported by quantized "
+                                        "attention (nor in mlx-lm)")
+        if backend_has_quantized_attention():
+            return quantized_scaled_dot_product_attention(queries, q_keys, q_values, scale=scale, mask=mask,
+                                                          group_size=self.group_size, bits=self.bits)
+        return dequantized_sdpa(queries, q_keys, q_values, scale, mask, self.group_size, self.bits)
+
 
 def static_arrays_cache(arrays) -> ArraysCache:
     cache = ArraysCache(len(arrays))
@@ -92,24 +169,39 @@ def static_arrays_cache(arrays) -> ArraysCache:
 
 @dataclass(frozen=True)
 class CacheAdapter:
-    """How one exact cache becomes static arrays and back. `kind`: "kv", "ring" or "arrays"."""
+    """How one exact cache becomes static arrays and back. `kind`: "kv", "ring", "qkv" (quantized
+    KV: `group_size`, `bits`) or "arrays"."""
 
     kind: str
     n_arrays: int
+    group_size: int = 0
+    bits: int = 0
 
-    def build(self, arrays, position):
+    def build(self, arrays, position, kernels=None):
         if self.kind == "kv":
-            return StaticKVCache(arrays[0], arrays[1], position)
+            return StaticKVCache(arrays[0], arrays[1], position, kernels)
         if self.kind == "ring":
-            return StaticRotatingKVCache(arrays[0], arrays[1], position)
+            return StaticRotatingKVCache(arrays[0], arrays[1], position, kernels)
+        if self.kind == "qkv":
+            return StaticQuantizedKVCache(arrays[:3], arrays[3:], position, self.group_size, self.bits, kernels)
         return static_arrays_cache(arrays)
 
     def outputs(self, static) -> list:
+        if self.kind == "qkv":
+            return [*static.keys, *static.values]
         return [static.keys, static.values] if self.kind in ("kv", "ring") else list(static.cache)
+
+    def release(self, cache) -> None:
+        """Let go of an exact full-attention cache's buffers once copied (`write_back` restores them)."""
+        if self.kind in ("kv", "qkv"):
+            cache.keys = cache.values = None
 
     def write_back(self, cache, arrays, offset: int, n_new: int) -> None:
         if self.kind == "kv":
             cache.state = (arrays[0][..., :offset, :], arrays[1][..., :offset, :], offset)
+        elif self.kind == "qkv":
+            kept = [a[..., :offset, :] for a in arrays]
+            cache.state = (tuple(kept[:3]), tuple(kept[3:]), offset, self.group_size, self.bits)
         elif self.kind == "ring":
             window = arrays[0].shape[2]
             idx = offset if offset < window else offset % window
@@ -129,6 +221,14 @@ def adapter_for(cache: Any, capacity: int) -> tuple[CacheAdapter, list]:
         if cache.offset > capacity:
             raise CompileGap(f"capacity {capacity} is below the {cache.offset} tokens a cache holds")
         return CacheAdapter("kv", 2), [_padded(keys, capacity), _padded(values, capacity)]
+    if kind is QuantizedKVCache:
+        if cache.keys is None:
+            raise CompileGap("an empty QuantizedKVCache (nothing prefilled)")
+        if cache.offset > capacity:
+            raise CompileGap(f"capacity {capacity} is below the {cache.offset} tokens a cache holds")
+        keys, values = cache.keys_and_values()
+        return (CacheAdapter("qkv", 6, cache.group_size, cache.bits),
+                [_padded(a, capacity) for a in (*keys, *values)])
     if kind is RotatingKVCache:
         if cache.keys is None or cache.keep:
             raise CompileGap("a RotatingKVCache that is empty or keeps sink tokens")
@@ -145,5 +245,5 @@ def adapter_for(cache: Any, capacity: int) -> tuple[CacheAdapter, list]:
         if cache.lengths is not None or cache.left_padding is not None:
             raise CompileGap("an ArraysCache with batch padding")
         return CacheAdapter("arrays", len(cache.cache)), list(cache.cache)
-    raise CompileGap(f"caches of kind {kind.__name__} (the compiled step holds KVCache, RotatingKVCache "
-                     "and ArraysCache layers)")
+    raise CompileGap(f"caches of kind {kind.__name__} (the compiled step holds KVCache, QuantizedKVCache, "
+                     "RotatingKVCache and ArraysCache layers)")

@@ -14,12 +14,14 @@ standard op runs and the fast path says so.
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import mlx.core as mx
 
+from mlxbun.kernels.common import HALF as _HALF
+from mlxbun.kernels.common import Gap, cuda_available
 from mlxbun.kernels.qmv_source import HEADER, SOURCE
+from mlxbun.kernels import tuning
 from mlxbun.kernels.tuning import DEFAULT, launch_shape
 
 __all__ = ["MAX_ROWS", "SUPPORTED_BITS", "SUPPORTED_GROUPS", "Gap", "cuda_available", "fast_quantized_matmul",
@@ -30,22 +32,7 @@ __all__ = ["MAX_ROWS", "SUPPORTED_BITS", "SUPPORTED_GROUPS", "Gap", "cuda_availa
 MAX_ROWS = 4
 SUPPORTED_BITS = (4, 8)
 SUPPORTED_GROUPS = (32, 64, 128)
-_HALF = (mx.bfloat16, mx.float16)
 _kernel = None
-
-
-@functools.lru_cache(maxsize=1)
-def cuda_available() -> bool:
-    """Whether MLX's CUDA backend is present (the kernel's only backend)."""
-    return bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
-
-
-class Gap(NamedTuple):
-    """Why the kernel does not run on an input. `by_design`: a width or shape where MLX's op is
-    the faster choice (nothing to report); otherwise a capability the kernel lacks."""
-
-    reason: str
-    by_design: bool = False
 
 
 def weight_gap(w: mx.array, scales: mx.array, biases: Optional[mx.array], group_size: int, bits: int,
@@ -64,6 +51,9 @@ def weight_gap(w: mx.array, scales: mx.array, biases: Optional[mx.array], group_
         return Gap(f"{scales.dtype} scales (the kernel does bfloat16 and float16)")
     if w.ndim != 2 or w.dtype != mx.uint32 or (w.shape[1] * 32 // bits) % 128:
         return Gap(f"weight {w.shape} {w.dtype} (the kernel needs an input width K % 128 == 0)")
+    if tuning.MODE == "off":
+        return Gap("the GEMV kernel is off (kernels.tuning.MODE; in the decode step it measured slower "
+                   "than MLX's op)", True)
     if launch_shape(bits, w.shape[0], w.shape[1] * 32 // bits, 1) is None:
         return Gap(f"MLX's quantized_matmul measured faster at {w.shape[0]}x{w.shape[1] * 32 // bits} "
                    f"{bits}-bit", True)

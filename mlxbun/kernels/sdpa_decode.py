@@ -1,0 +1,176 @@
+"""One-query (decode) attention over a static K/V buffer read up to a length held on the device.
+
+`decode_attention(q, keys, values, length, scale)` computes what
+`mx.fast.scaled_dot_product_attention(q, keys[..., :n, :], values[..., :n, :], scale=scale)`
+computes for one query token, where `n = length[0]` is a device array (so a compiled step needs no
+mask and no Python int), with grouped-query heads (H query heads over KV heads), float32
+accumulation and an optional attention sink per head. `quantized_decode_attention` does the same
+over affine-quantized K/V in mlx's `mx.quantize` layout (uint32 codes, scales and biases per
+group along the head dim; 4 or 8 bits, groups 32 / 64 / 128), dequantizing in registers: no
+dequantized copy is made. Both are split over the sequence with a fixed-order reduction
+(`sdpa_decode_source`): the same inputs give the same bits on every run; the bits differ from
+MLX's (another summation order), so a model running them is measured, never called bit-exact.
+
+`decode_gap(...)` says why the kernels do not apply to an input (None when they do); the caller
+then runs MLX's op and says so. `decode_split(...)` is the launch shape: positions per split and
+the number of splits, from the buffer's capacity (fixed per buffer, so the bits never depend on
+how full it is).
+
+Metal: not implemented (no Apple GPU is reachable from this project's machines to test one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import mlx.core as mx
+
+from mlxbun.kernels.common import HALF, Gap, cuda_available, float_bits
+from mlxbun.kernels.sdpa_decode_source import COMBINE, COMBINE_SINKS, HEADER, PARTIAL_PLAIN, PARTIAL_QUANTIZED
+
+__all__ = ["CHUNKS", "HEAD_DIMS", "MAX_GROUP", "QUANT_BITS", "QUANT_GROUPS", "KernelCall", "decode_attention",
+           "decode_gap", "decode_split", "plan", "quantized_decode_attention", "shared_bytes"]
+
+HEAD_DIMS = (32, 64, 128, 256)  # D / 8 lanes per key row: a power of two up to a warp
+MAX_GROUP = 8  # query heads per KV head: 2 x 8 floats per head and lane live in registers
+QUANT_BITS = (4, 8)
+QUANT_GROUPS = (32, 64, 128)
+CHUNKS = (64, 128, 256, 512)  # positions per split
+# Launch knobs, module-level so benchmarks/gpu_check.py can sweep them (not for users):
+TARGET_BLOCKS = 528  # splits x batch x KV heads to aim for: 4 blocks on each of the H200's 132 SMs
+NWARPS = 4  # warps per partial block
+SHARED_LIMIT = 40 * 1024  # static shared memory per block (the hardware's static limit is 48 KiB)
+
+_kernels: dict[str, object] = {}
+
+
+def shared_bytes(chunk: int, group: int, head_dim: int, warps: Optional[int] = None) -> int:
+    """Static shared memory of one partial block: the scores and the warps' output rows."""
+    return 4 * (group * chunk + (warps or NWARPS) * group * head_dim)
+
+
+def decode_split(capacity: int, batch_kv_heads: int, group: int, head_dim: int) -> tuple[int, int]:
+    """(positions per split, splits) for a buffer of `capacity` positions: the smallest chunk of
+    `CHUNKS` that keeps the grid near TARGET_BLOCKS and fits the shared memory."""
+    if capacity < 1 or batch_kv_heads < 1:
+        raise ValueError(f"decode_split: capacity {capacity} and batch x KV heads {batch_kv_heads} must be >= 1")
+    want = -(-TARGET_BLOCKS // batch_kv_heads)
+    per_split = -(-capacity // want)
+    fitting = [c for c in CHUNKS if shared_bytes(c, group, head_dim) <= SHARED_LIMIT] or CHUNKS[:1]
+    chunk = next((c for c in fitting if c >= per_split), fitting[-1])
+    return chunk, -(-capacity // chunk)
+
+
+def decode_gap(queries: mx.array, kv_shape: Sequence[int], kv_dtype, *, values_shape: Sequence[int] = (),
+               head_dim: Optional[int] = None, sinks: Optional[mx.array] = None, bits: Optional[int] = None,
+               group_size: Optional[int] = None) -> Optional[Gap]:
+    """Why the decode attention kernel does not run for these queries over a key buffer of `kv_shape`
+    [B, KV, capacity, last] and a value buffer of `values_shape` (the same, else a gap; for quantized
+    K/V both are the codes' shapes). `kv_dtype`: the 16-bit K/V's dtype, or the scales' for
+    quantized K/V (`bits`, `group_size` then given); `head_dim` defaults to kv_shape[-1]."""
+    if not cuda_available():
+        return Gap("no CUDA device (the kernel is CUDA only)")
+    if mx.default_device() != mx.gpu:
+        return Gap(f"default device {mx.default_device()} (the kernel is CUDA only)")
+    if queries.ndim != 4 or len(kv_shape) != 4:
+        return Gap(f"queries {queries.shape} over K/V {tuple(kv_shape)} (the kernel takes [B, H, 1, D] "
+                   "over [B, KV, positions, D])")
+    B, H, L, D = queries.shape
+    if L != 1:
+        return Gap(f"{L} queries per head (the kernel decodes one; MLX's fused kernel runs the rest)", True)
+    if queries.dtype not in HALF or kv_dtype != queries.dtype:
+        return Gap(f"{queries.dtype} queries over {kv_dtype} K/V (the kernel does bfloat16 and float16, "
+                   "both the same)")
+    if D not in HEAD_DIMS or D != (head_dim or kv_shape[-1]):
+        return Gap(f"head dim {D} over K/V of {head_dim or kv_shape[-1]} (the kernel does {HEAD_DIMS}, "
+                   "queries and K/V alike)")
+    if tuple(values_shape) != tuple(kv_shape):
+        return Gap(f"values {tuple(values_shape)} unlike keys {tuple(kv_shape)} (the kernel takes one shape "
+                   "for both)")
+    if kv_shape[0] != B or kv_shape[1] < 1 or H % kv_shape[1]:
+        return Gap(f"{B} x {H} query heads over K/V {tuple(kv_shape)} (the kernel needs the same batch "
+                   "and query heads a multiple of the KV heads)")
+    if H // kv_shape[1] > MAX_GROUP:
+        return Gap(f"{H // kv_shape[1]} query heads per KV head (the kernel does up to {MAX_GROUP})")
+    if bits is not None and (bits not in QUANT_BITS or group_size not in QUANT_GROUPS):
+        return Gap(f"{bits}-bit K/V in groups of {group_size} (the kernel does {QUANT_BITS} bits, "
+                   f"groups {QUANT_GROUPS})")
+    if sinks is not None and sinks.shape != (H,):
+        return Gap(f"sinks of shape {sinks.shape} for {H} heads (the kernel takes one logit per head)")
+    return None
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One launch of a kernel: what `mx.fast.cuda_kernel` is built from and called with."""
+
+    name: str
+    source: str
+    inputs: tuple  # (name, dtype) pairs, in the signature's order
+    outputs: tuple  # (name, dtype, shape) triples
+    template: tuple
+    grid: tuple
+    threadgroup: tuple
+
+
+def plan(queries_shape: Sequence[int], dtype, kv_heads: int, capacity: int, scale: float, *, bits: int = 0,
+         group_size: int = 64, sinks: bool = False) -> tuple[KernelCall, KernelCall]:
+    """The two launches (partial, combine) of one decode attention call; `bits` 0: 16-bit K/V."""
+    B, H, _, D = queries_shape
+    G = H // kv_heads
+    chunk, splits = decode_split(capacity, B * kv_heads, G, D)
+    template = (("T", dtype), ("BF16", dtype == mx.bfloat16), ("D", D), ("G", G), ("KV", kv_heads), ("H", H),
+                ("CAP", capacity), ("CHUNK", chunk), ("NWARPS", NWARPS), ("QBITS", bits), ("GS", group_size),
+                ("SCALE_BITS", float_bits(scale)))
+    if bits:
+        kv = tuple((f"{t}_{part}", mx.uint32 if part == "codes" else dtype)
+                   for t in ("k", "v") for part in ("codes", "scales", "biases"))
+        name, source = "mlxbun_sdpa_decode_q", PARTIAL_QUANTIZED
+    else:
+        kv, name, source = (("k", dtype), ("v", dtype)), "mlxbun_sdpa_decode", PARTIAL_PLAIN
+    partial = KernelCall(name, source, (("q", dtype), *kv, ("length", mx.int32)),
+                         (("o_part", mx.float32, (B * H, splits, D)), ("ml", mx.float32, (B * H, splits, 2))),
+                         template, (splits * 32 * NWARPS, B * kv_heads, 1), (32 * NWARPS, 1, 1))
+    combine = KernelCall("mlxbun_sdpa_decode_combine" + ("_sinks" if sinks else ""), COMBINE_SINKS if sinks else COMBINE,
+                         (("o_part", mx.float32), ("ml", mx.float32), ("length", mx.int32))
+                         + ((("sinks", mx.float32),) if sinks else ()),
+                         (("out", dtype, (B, H, 1, D)),),
+                         (("T", dtype), ("D", D), ("H", H), ("SPLITS", splits), ("CHUNK", chunk)),
+                         (B * H * D, 1, 1), (D, 1, 1))
+    return partial, combine
+
+
+def _run(call: KernelCall, inputs: list) -> list:
+    if call.name not in _kernels:
+        _kernels[call.name] = mx.fast.cuda_kernel(
+            name=call.name, input_names=[n for n, _ in call.inputs], output_names=[n for n, _, _ in call.outputs],
+            source=call.source, header=HEADER, ensure_row_contiguous=True)
+    return _kernels[call.name](inputs=inputs, template=list(call.template), grid=call.grid,
+                               threadgroup=call.threadgroup, output_shapes=[s for _, _, s in call.outputs],
+                               output_dtypes=[d for _, d, _ in call.outputs])
+
+
+def _launch(queries, kv_arrays, capacity: int, kv_heads: int, length, scale: float, sinks, bits: int,
+            group_size: int) -> mx.array:
+    partial, combine = plan(queries.shape, queries.dtype, kv_heads, capacity, scale, bits=bits,
+                            group_size=group_size, sinks=sinks is not None)
+    o_part, ml = _run(partial, [queries, *kv_arrays, length])
+    return _run(combine, [o_part, ml, length, *([] if sinks is None else [sinks.astype(mx.float32)])])[0]
+
+
+def decode_attention(queries: mx.array, keys: mx.array, values: mx.array, length: mx.array, scale: float,
+                     sinks: Optional[mx.array] = None) -> mx.array:
+    """queries [B, H, 1, D] over keys / values [B, KV, capacity, D] up to `length` (int32, one
+    element, on the device) -> [B, H, 1, D]. Callers check `decode_gap` first."""
+    return _launch(queries, [keys, values], keys.shape[2], keys.shape[1], length, scale, sinks, 0, 64)
+
+
+def quantized_decode_attention(queries: mx.array, q_keys: Sequence[mx.array], q_values: Sequence[mx.array],
+                               length: mx.array, scale: float, group_size: int, bits: int,
+                               sinks: Optional[mx.array] = None) -> mx.array:
+    """As `decode_attention` over `mx.quantize` triples (codes [B, KV, capacity, D * bits / 32],
+    scales, biases [B, KV, capacity, D / group_size]). Callers check `decode_gap` first."""
+    codes = q_keys[0]
+    return _launch(queries, [*q_keys, *q_values], codes.shape[2], codes.shape[1], length, scale, sinks, bits,
+                   group_size)

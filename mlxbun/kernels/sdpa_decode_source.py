@@ -1,0 +1,261 @@
+"""CUDA source of mlxbun's one-query (decode) attention over a static K/V buffer.
+
+Two launches per attention call, split over the sequence (flash-decoding) with a fixed-order
+reduction, so the same inputs give the same bits on every run:
+
+1. `partial`: one block of NWARPS warps per (batch x KV head, split of CHUNK positions). The block
+   holds the G query heads that share its KV head (GQA: K/V are read once for all of them). A
+   key row is read by D/8 lanes, 8 values each (16-byte loads for 16-bit K/V; one or two words
+   of codes plus the group's scale and bias for affine-quantized K/V, dequantized in float32 in
+   registers, never written back). Scores go to shared memory in the log2 domain, the split's
+   max and sum are taken per head (lane-strided, then a fixed xor-shuffle tree), and
+   `p = 2^(s - max)` weights the value rows; the warps' sums meet in shared memory and are added
+   in warp order. Per split: the float32 output row and (max, sum). Splits that start at or
+   past `length` (a device array: the positions the buffer holds) write nothing.
+2. `combine`: one block of D threads per (batch, query head) merges the splits holding keys in
+   split order (and an attention sink's logit, when given) and writes the output in T.
+
+Nothing is atomic and no sum's order depends on timing. Template constants (written in front of
+the body by `mx.fast.cuda_kernel`): T, BF16, D, G (query heads per KV head), KV, H, CAP
+(buffer positions), CHUNK, NWARPS (warps per block), QBITS (0: 16-bit K/V; 4 or 8: affine codes),
+GS (quantization group),
+SCALE_BITS (the softmax scale's float32 bits), and in `combine` SPLITS (`COMBINE_SINKS` also
+reads one float32 sink logit per query head).
+"""
+
+from mlxbun.kernels.qmv_source import HEADER as HALF_HEADER
+
+__all__ = ["COMBINE", "COMBINE_SINKS", "HEADER", "PARTIAL_PLAIN", "PARTIAL_QUANTIZED"]
+
+HEADER = HALF_HEADER + r"""
+#define MLXBUN_NEG_INF __int_as_float(0xff800000)
+#define MLXBUN_LOG2E 1.4426950408889634f
+
+// Eight consecutive values (8 * slot ...) of one K or V row as floats.
+template <typename T, int QBITS, int D, int GS, bool BF16>
+struct MlxbunRows {
+  const void* codes;
+  const T* scales;
+  const T* biases;
+
+  __device__ __forceinline__ void load(size_t row, int slot, float* f) const {
+    if constexpr (QBITS == 0) {
+      const uint4 v = reinterpret_cast<const uint4*>(static_cast<const T*>(codes) + row * D)[slot];
+      unpack8<BF16>(v, f);
+    } else {
+      constexpr int WORDS = D * QBITS / 32;
+      const size_t g = row * (D / GS) + (slot * 8) / GS;
+      const float s = static_cast<float>(scales[g]);
+      const float b = static_cast<float>(biases[g]);
+      const uint32_t* w = static_cast<const uint32_t*>(codes) + row * WORDS;
+      if constexpr (QBITS == 4) {
+        const uint32_t q = w[slot];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          f[j] = s * static_cast<float>((q >> (4 * j)) & 15u) + b;
+        }
+      } else {
+        const uint2 q = reinterpret_cast<const uint2*>(w)[slot];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          f[j] = s * static_cast<float>((q.x >> (8 * j)) & 255u) + b;
+          f[4 + j] = s * static_cast<float>((q.y >> (8 * j)) & 255u) + b;
+        }
+      }
+    }
+  }
+};
+"""
+
+_BODY = r"""
+  constexpr int LPK = D / 8;          // lanes per key row
+  constexpr int KPW = 32 / LPK;       // key rows per warp at a time
+  constexpr int KPB = NWARPS * KPW;   // key rows per block at a time
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int slot = lane % LPK;
+  const int kw = lane / LPK;
+  const int split = blockIdx.x;
+  const int bk = blockIdx.y;          // batch * KV + KV head
+  const int b = bk / KV;
+  const int kvh = bk % KV;
+  const int len = length[0];
+  const int start = split * CHUNK;
+  if (start >= len) {
+    return;
+  }
+  const int n = min(CHUNK, len - start);
+  const size_t row0 = static_cast<size_t>(bk) * CAP + start;
+  const int head0 = b * H + kvh * G;  // first query head of this KV head
+
+  __shared__ float sc[G][CHUNK];
+  __shared__ float red[NWARPS][G][D];
+
+  // 1. scores, log2 domain: (q * scale * log2 e) . k
+  {
+    const float qs = __int_as_float(SCALE_BITS) * MLXBUN_LOG2E;
+    float qf[G][8];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const uint4 v = reinterpret_cast<const uint4*>(q + static_cast<size_t>(head0 + g) * D)[slot];
+      unpack8<BF16>(v, qf[g]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        qf[g][j] *= qs;
+      }
+    }
+#pragma unroll 4
+    for (int i0 = warp * KPW; i0 < n; i0 += KPB) {
+      const int i = i0 + kw;
+      float kf[8];
+      if (i < n) {
+        keys.load(row0 + i, slot, kf);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          kf[j] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          s += qf[g][j] * kf[j];
+        }
+#pragma unroll
+        for (int o = LPK / 2; o > 0; o >>= 1) {
+          s += __shfl_xor_sync(0xffffffffu, s, o);
+        }
+        if (slot == 0 && i < n) {
+          sc[g][i] = s;
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // 2. per head: the split's max and sum; scores become weights 2^(s - max)
+  for (int g = warp; g < G; g += NWARPS) {
+    float m = MLXBUN_NEG_INF;
+    for (int i = lane; i < n; i += 32) {
+      m = fmaxf(m, sc[g][i]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    }
+    float l = 0.0f;
+    for (int i = lane; i < n; i += 32) {
+      const float p = exp2f(sc[g][i] - m);
+      sc[g][i] = p;
+      l += p;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      l += __shfl_xor_sync(0xffffffffu, l, o);
+    }
+    if (lane == 0) {
+      float* dst = ml + (static_cast<size_t>(head0 + g) * gridDim.x + split) * 2;
+      dst[0] = m;
+      dst[1] = l;
+    }
+  }
+  __syncthreads();
+
+  // 3. weighted value rows
+  float acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      acc[g][j] = 0.0f;
+    }
+  }
+#pragma unroll 4
+  for (int i0 = warp * KPW; i0 < n; i0 += KPB) {
+    const int i = i0 + kw;
+    if (i < n) {
+      float vf[8];
+      values.load(row0 + i, slot, vf);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float p = sc[g][i];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          acc[g][j] += p * vf[j];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int o = LPK; o < 32; o <<= 1) {
+        acc[g][j] += __shfl_xor_sync(0xffffffffu, acc[g][j], o);
+      }
+    }
+  }
+  if (kw == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        red[warp][g][slot * 8 + j] = acc[g][j];
+      }
+    }
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < G * D; t += blockDim.x) {
+    const int g = t / D;
+    const int d = t % D;
+    float o = red[0][g][d];
+#pragma unroll
+    for (int w = 1; w < NWARPS; ++w) {
+      o += red[w][g][d];
+    }
+    o_part[(static_cast<size_t>(head0 + g) * gridDim.x + split) * D + d] = o;
+  }
+"""
+
+# inputs: q, k, v, length; outputs: o_part, ml
+PARTIAL_PLAIN = r"""
+  const MlxbunRows<T, 0, D, GS, BF16> keys{k, nullptr, nullptr};
+  const MlxbunRows<T, 0, D, GS, BF16> values{v, nullptr, nullptr};
+""" + _BODY
+
+# inputs: q, k_codes, k_scales, k_biases, v_codes, v_scales, v_biases, length; outputs: o_part, ml
+PARTIAL_QUANTIZED = r"""
+  const MlxbunRows<T, QBITS, D, GS, BF16> keys{k_codes, k_scales, k_biases};
+  const MlxbunRows<T, QBITS, D, GS, BF16> values{v_codes, v_scales, v_biases};
+""" + _BODY
+
+# inputs: o_part, ml, length[, sinks]; output: out [B * H, D]
+_COMBINE = r"""
+  const int bh = blockIdx.x;
+  const int d = threadIdx.x;
+  const int len = length[0];
+  const int ns = min(SPLITS, (len + CHUNK - 1) / CHUNK);
+  const float* mls = ml + static_cast<size_t>(bh) * SPLITS * 2;
+  float m = MLXBUN_NEG_INF;
+  for (int s = 0; s < ns; ++s) {
+    m = fmaxf(m, mls[2 * s]);
+  }
+%(sink_max)s
+  float l = 0.0f;
+  float o = 0.0f;
+  for (int s = 0; s < ns; ++s) {
+    const float w = exp2f(mls[2 * s] - m);
+    l += mls[2 * s + 1] * w;
+    o += o_part[(static_cast<size_t>(bh) * SPLITS + s) * D + d] * w;
+  }
+%(sink_sum)s
+  out[static_cast<size_t>(bh) * D + d] = static_cast<T>(o / l);
+"""
+COMBINE = _COMBINE % {"sink_max": "", "sink_sum": ""}
+COMBINE_SINKS = _COMBINE % {
+    "sink_max": "  const float sink = sinks[bh % H] * MLXBUN_LOG2E;\n  m = fmaxf(m, sink);",
+    "sink_sum": "  l += exp2f(sink - m);"}
