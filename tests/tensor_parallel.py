@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[1]  # the tree under test (an editable install may point elsewhere)
 LAUNCH_TIMEOUT_S = 600
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 _NEXT = itertools.count(0)
@@ -47,8 +48,9 @@ def launch(args: list[str], *, ranks: int = 2, env: dict | None = None,
     cmd = [str(BIN / "mlx.launch"), "-n", str(ranks), "--backend", "ring",
            "--starting-port", str(free_ports(ranks)), "--python", sys.executable,
            str(BIN / "mlxbun"), *args]
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, "PYTHONPATH": path, **(env or {})})
 
 
 def failed_ranks(done: subprocess.CompletedProcess) -> dict[int, int]:
@@ -65,3 +67,17 @@ def launch_json(args: list[str], **kwargs):
     if not out:
         raise AssertionError(f"no output (ranks failed: {failed_ranks(done)}); stderr:\n{done.stderr[-3000:]}")
     return json.loads(out), done
+
+
+class FakeGroup:
+    """What the split checks (and the in-place splits, which read the rank) read of a group before
+    any communication: tests of a split without a launch."""
+
+    def __init__(self, size: int, rank: int = 0):
+        self._size, self._rank = size, rank
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank

@@ -19,7 +19,7 @@ from mlxbun import zoo
 from mlxbun.errors import MlxbunError
 from mlxbun.models.sharding import ShardingError, repeat_heads, shard_linear
 from mlxbun.parallel import ParallelError, tensor_group
-from tests.tensor_parallel import failed_ranks, launch, launch_json
+from tests.tensor_parallel import FakeGroup, failed_ranks, launch, launch_json
 
 # archs whose split is refused, and the words of the refusal (everything else must pass)
 REFUSED = {
@@ -167,19 +167,6 @@ def test_bench_split_reports_each_ranks_peak_memory(zoo_root, tmp_path):
 
 
 # ----------------------------------------------------------------------------- without a launch
-
-
-class FakeGroup:
-    """What the checks read of a group before any communication."""
-
-    def __init__(self, size: int, rank: int = 0):
-        self._size, self._rank = size, rank
-
-    def size(self):
-        return self._size
-
-    def rank(self):
-        return self._rank
 
 
 def test_tp_option_resolution_in_one_process():

@@ -30,8 +30,10 @@ __all__ = [
     "check_heads",
     "repeat_heads",
     "shard_inplace",
+    "shard_inplace_all",
     "shard_linear",
     "slice_heads",
+    "slice_heads_inplace",
 ]
 
 Segments = Union[int, Sequence[int]]
@@ -103,6 +105,22 @@ def shard_inplace(module: nn.Module, sharding: str, group: mx.distributed.Group,
     D.shard_inplace(module, sharding, segments=segments, group=group)
 
 
+def shard_inplace_all(pieces: Sequence[tuple[str, nn.Module, str, Segments]],
+                      group: mx.distributed.Group) -> None:
+    """`shard_inplace` over the (where, module, sharding, segments) pieces of a block that all-sums
+    their outputs once (an MoE block's experts and shared expert: mlx-lm's `sharding_group`), every
+    split checked before any parameter moves. A sharded-to-all piece keeps its bias whole on every
+    rank, so the bias is divided by the group size (each rank adds its share, the one all-sum the
+    whole: mlx-lm gpt_oss's `down_proj.bias /= N`)."""
+    n = group.size()
+    for where, module, sharding, segments in pieces:
+        _check(where, module, sharding, n, segments)
+    for _, module, sharding, segments in pieces:
+        D.shard_inplace(module, sharding, segments=segments, group=group)
+        if sharding == SHARDED_TO_ALL and "bias" in module:
+            module.bias = module.bias / n
+
+
 def check_heads(where: str, heads: int, n: int, what: str = "attention heads") -> None:
     if heads % n:
         raise ShardingError(f"{where}: {heads} {what} do not split across {n} ranks")
@@ -112,6 +130,13 @@ def slice_heads(a: mx.array, group: mx.distributed.Group, axis: int = 0) -> mx.a
     """This rank's contiguous part of `a` along `axis` (per-head vectors: sinks, norms' rows)."""
     n, r = group.size(), group.rank()
     return mx.contiguous(mx.split(a, n, axis=axis)[r])
+
+
+def slice_heads_inplace(module: nn.Module, group: mx.distributed.Group) -> None:
+    """Every parameter of a per-head module ([heads, ...]: a MultiLinear, quantized or not) cut to
+    this rank's heads (mlx-lm deepseek_v3's `embed_q.apply(shard_heads)`); heads checked by the
+    caller (`check_heads`)."""
+    module.update(tree_map(lambda p: slice_heads(p, group), module.parameters()))
 
 
 def repeat_heads(module: nn.Module, heads: int, n: int) -> None:

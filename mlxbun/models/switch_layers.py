@@ -6,7 +6,8 @@ rows are contiguous, and restore the order afterwards (`scatter_unsort`).
 `SwitchLinear.to_quantized` gives a `QuantizedSwitchLinear` (`gather_qmm`), so `nn.quantize`
 (and the loader, which quantizes the modules whose `.scales` a checkpoint holds) packs experts
 exactly as mlx-lm does. `SwitchGLU` is mlx-lm's expert MLP, op for op (sorted-indices path
-included).
+included); `split_pieces` says how a tensor-parallel split cuts it (in place: the MoE block
+all-sums).
 """
 
 import math
@@ -16,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxbun.models.layers import swiglu
+from mlxbun.models.sharding import ALL_TO_SHARDED, SHARDED_TO_ALL
 
 
 @lru_cache(maxsize=None)
@@ -149,6 +151,12 @@ class SwitchMLP(nn.Module):
         setattr(self, names[1], SwitchLinear(hidden_dims, input_dims, num_experts, bias=bias))
         self.activation = activation
 
+    def split_pieces(self) -> list[tuple[str, str, int]]:
+        """(child, sharding, segments) of a tensor-parallel split over every expert's hidden
+        units, made in place (the MoE block all-sums): fc1 all-to-sharded, fc2 sharded-to-all."""
+        fc1, fc2 = self._names
+        return [(fc1, ALL_TO_SHARDED, 1), (fc2, SHARDED_TO_ALL, 1)]
+
     def __call__(self, x, indices) -> mx.array:
         fc1, fc2 = self._names
         x = mx.expand_dims(x, (-2, -3))
@@ -179,6 +187,13 @@ class SwitchGLU(nn.Module):
         setattr(self, up, SwitchLinear(input_dims, hidden_dims, num_experts, bias=bias))
         setattr(self, down, SwitchLinear(hidden_dims, input_dims, num_experts, bias=bias))
         self.activation = activation if activation is not None else _SHARED_SWIGLU
+
+    def split_pieces(self) -> list[tuple[str, str, int]]:
+        """(child, sharding, segments) of a tensor-parallel split over every expert's hidden
+        units, made in place as mlx-lm's Model.shard does (the MoE block all-sums): gate / up
+        all-to-sharded, down sharded-to-all."""
+        gate, up, down = self._names
+        return [(gate, ALL_TO_SHARDED, 1), (up, ALL_TO_SHARDED, 1), (down, SHARDED_TO_ALL, 1)]
 
     def __call__(self, x, indices) -> mx.array:
         gate, up, down = self._names

@@ -19,7 +19,11 @@ q_pe are times the llama-4 query scale after the rope.
 MlaKind.ABSORBED_INDEXED (deepseek_v32.py): ABSORBED with the DSA indexer (mla_indexer.py) choosing
 which cached positions each query sees once the cache is longer than index_topk.
 
-The rope (MlaRope), the scale's mscale (MlaMscale) and the latent norms' eps are the row's knobs."""
+The rope (MlaRope), the scale's mscale (MlaMscale) and the latent norms' eps are the row's knobs.
+
+Tensor parallelism (`shard`, as mlx-lm's Model.shard): the heads split across the ranks (q and
+kv_b_proj all-to-sharded, embed_q / unembed_out cut to a rank's heads, o_proj sharded-to-all);
+the latent, the shared rope key and the indexer are computed whole on every rank."""
 
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from mlxbun.errors import MlxbunError
 from mlxbun.models import rope as R
 from mlxbun.models.base import scaled_dot_product_attention
 from mlxbun.models.multi_linear import MultiLinear
+from mlxbun.models.sharding import ALL_TO_SHARDED, SHARDED_TO_ALL, check_heads, shard_linear, slice_heads_inplace
 from mlxbun.models.universal.kinds import exhaustive
 from mlxbun.models.universal.kinds_mla import MlaKind, MlaMscale, MlaRope
 from mlxbun.models.universal.mla_indexer import Indexer
@@ -196,6 +201,19 @@ def _q_and_latent(self, x):
     return q_nope, q_pe, compressed_kv, k_pe
 
 
+def _shard_heads(self, group, where: str, extra: tuple[str, ...] = ()) -> None:
+    """The heads' split every kind makes (mlx-lm's Model.shard): q_proj / q_b_proj and `extra`
+    all-to-sharded, o_proj sharded-to-all, num_heads divided; every split checked before any is set."""
+    check_heads(where, self.num_heads, group.size())
+    q = "q_proj" if self.q_lora_rank is None else "q_b_proj"
+    layers = {name: shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
+              for name in (q, *extra)}
+    layers["o_proj"] = shard_linear(self["o_proj"], SHARDED_TO_ALL, group, where=f"{where}.o_proj")
+    for name, module in layers.items():
+        setattr(self, name, module)
+    self.num_heads //= group.size()
+
+
 class MlaAttention(nn.Module):
     """MlaKind.EXPANDED: deepseek_v2's DeepseekV2Attention."""
 
@@ -210,6 +228,12 @@ class MlaAttention(nn.Module):
         self.o_proj = nn.Linear(heads * self.v_head_dim, hidden, bias=bias)
         self.scale = _softmax_scale(self.scale, m, dm["scaling"])
         self.rope = _mla_rope(fields, m, model_type, self.qk_rope_head_dim, dm["scaling"])
+
+    def shard(self, group, where: str = "self_attn") -> None:
+        """Split the heads across `group` as mlx-lm deepseek_v2's Model.shard: q (q_proj or
+        q_b_proj) and kv_b_proj ([heads, nope | v] rows) all-to-sharded, o_proj sharded-to-all;
+        the latent projections (kv_a_proj_with_mqa, q_a_proj) and their norms replicated."""
+        _shard_heads(self, group, where, ("kv_b_proj",))
 
     def __call__(self, x, mask=None, cache=None, attn_scale=None):  # attn_scale: None (schema)
         B, L, D = x.shape
@@ -247,6 +271,15 @@ class MlaAbsorbedAttention(nn.Module):
         self.o_proj = nn.Linear(heads * self.v_head_dim, hidden, bias=bias)
         self.scale = _softmax_scale(self.scale, m, dm["scaling"])
         self.rope = _mla_rope(fields, m, model_type, self.qk_rope_head_dim, dm["scaling"])
+
+    def shard(self, group, where: str = "self_attn") -> None:
+        """Split the heads across `group` as mlx-lm deepseek_v3's Model.shard (also glm4_moe_lite's,
+        mistral4's, deepseek_v32's): q (q_proj or q_b_proj) all-to-sharded, embed_q / unembed_out
+        cut to this rank's heads, o_proj sharded-to-all; the latent, its rope key and (deepseek_v32)
+        the indexer replicated, as there. Checked before any weight moves."""
+        _shard_heads(self, group, where)
+        slice_heads_inplace(self.embed_q, group)  # whole heads: _shard_heads checked them
+        slice_heads_inplace(self.unembed_out, group)
 
     def __call__(self, x, mask=None, cache=None, attn_scale=None):  # attn_scale: None (schema)
         B, L, D = x.shape

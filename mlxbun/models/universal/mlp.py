@@ -62,14 +62,19 @@ class MLP(nn.Module):
         # outside the module tree (a module here would be listed twice)
         object.__setattr__(self, "_act_fn", act_fn)
 
-    def shard(self, group, where: str = "mlp") -> None:
-        """Split the hidden units across `group` as mlx-lm's Model.shard does: the input
-        projections all-to-sharded (a fused gate_up by its two halves), down sharded-to-all."""
+    def split_pieces(self) -> list[tuple[str, str, int]]:
+        """(child, sharding, segments) of the split over the hidden units, as mlx-lm's Model.shard
+        does: the input projections all-to-sharded (a fused gate_up by its two halves), down
+        sharded-to-all. `shard` makes it with MLX's sharded layers; an MoE block's shared expert
+        makes it in place (the block all-sums once)."""
         n, kind = self._n, self._d.mlp.kind
         ins = [n.gate, n.up] if kind is MlpKind.GATED else [n.gate_up] if kind is MlpKind.GATED_FUSED else [n.up]
-        layers = {name: shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}",
-                                     segments=2 if name == n.gate_up else 1) for name in ins}
-        layers[n.down] = shard_linear(self[n.down], SHARDED_TO_ALL, group, where=f"{where}.{n.down}")
+        return [(name, ALL_TO_SHARDED, 2 if name == n.gate_up else 1) for name in ins] + [(n.down, SHARDED_TO_ALL, 1)]
+
+    def shard(self, group, where: str = "mlp") -> None:
+        """Split the hidden units across `group` (`split_pieces`), down all-summing."""
+        layers = {name: shard_linear(self[name], sharding, group, where=f"{where}.{name}", segments=segments)
+                  for name, sharding, segments in self.split_pieces()}
         for name, module in layers.items():
             setattr(self, name, module)
 

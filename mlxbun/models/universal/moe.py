@@ -16,6 +16,10 @@ MoEGate, granitemoe's router) the Router sits at its path and holds its paramete
 where mlx-lm routes inline after a Linear `gate` (mixtral, qwen*_moe, olmoe), the
 Linear stays at its path and the Router is a parameter-free child that mlx-lm's tree
 does not have (`Router.observer`: the parity localizer does not ask the oracle for it).
+
+Tensor parallelism (`MoEBlock.shard`, as mlx-lm's MoE blocks with a `sharding_group`): every
+expert's hidden units split in place across the ranks, the router replicated, one all-sum of the
+block's output after the routed and shared experts are combined.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxbun.models.layers import SwigluOAI
+from mlxbun.models.sharding import shard_inplace_all
 from mlxbun.models.switch_layers import ClampedSwiGLU, SwitchGLU, SwitchMLP
 from mlxbun.models.universal.kinds import (
     CORRECTED_ROUTERS,
@@ -445,6 +450,8 @@ class MoEBlock(nn.Module):
     """The MoE block of one layer: route, run the k experts (SwitchGLU), combine, add shared.
     `limits`: the layer's clamped-SwiGLU limits (routed, shared); 0 = plain SwiGLU (step3p5)."""
 
+    _tensor_group = None  # set by shard(): the group the block's output is all-summed over
+
     def __init__(self, a: UniversalArgs, d: ArchDescriptor, layer: int,
                  limits: tuple[float, float] = (0, 0)):
         super().__init__()
@@ -491,6 +498,22 @@ class MoEBlock(nn.Module):
     def router(self) -> Router:
         return self[self._router_name]
 
+    def shard(self, group, where: str = "mlp") -> None:
+        """Split across `group` as mlx-lm's Model.shard splits an MoE block (its `sharding_group`):
+        every routed expert's hidden units, and the shared expert's, in place (gate / up
+        all-to-sharded, down sharded-to-all; a down bias divided by the group size, as gpt_oss's);
+        the router, its gate and the shared expert's gate / coefficient replicated. The block then
+        all-sums once, after the routed and shared outputs are combined. Every split is checked
+        before any weight moves (ShardingError names the path and the sizes)."""
+        n = self._m.names
+        parts = [(n.switch, self.fused_experts())]
+        if self._shared is not None:
+            parts.append((n.shared, self[n.shared]))
+        shard_inplace_all([(f"{where}.{name}.{child}", part[child], sharding, segments)
+                           for name, part in parts for child, sharding, segments in part.split_pieces()],
+                          group)
+        self._tensor_group = group
+
     def fused_experts(self) -> SwitchGLU | SwitchMLP:
         """The fused routed experts (all of them; a token reads `router.top_k` of each tensor's rows).
         A method, not a property: mlx-lm names the module itself "experts" in some files."""
@@ -524,6 +547,8 @@ class MoEBlock(nn.Module):
             y = y * coef[..., :1] + shared * coef[..., 1:]
         elif self._shared is SharedKind.ROUTED_SCALED:  # laguna
             y = y * self._routed_scale + self[n.shared](x)
+        if self._tensor_group is not None:  # where mlx-lm's blocks all-sum: after routed + shared
+            y = mx.distributed.all_sum(y, group=self._tensor_group)
         if m.flat_tokens:
             y = y.reshape(B, L_, D)
         return y
