@@ -28,7 +28,11 @@ __all__ = [
     "ShardedRMSNorm",
     "ShardingError",
     "check_heads",
+    "gather_last_axis",
     "repeat_heads",
+    "repeat_rows",
+    "rms_norm_over_ranks",
+    "shard_depthwise_conv",
     "shard_inplace",
     "shard_inplace_all",
     "shard_linear",
@@ -143,26 +147,75 @@ def repeat_heads(module: nn.Module, heads: int, n: int) -> None:
     """Repeat each of a projection's `heads` output heads n // heads times (in place), so n ranks
     each hold one: mlx-lm's qwen3_5 does this for KV heads fewer than the ranks. Query head q of
     rank r reads KV head r // (n // heads), the one it reads unsharded."""
+    repeat_rows(module, heads, n)
+
+
+def repeat_rows(module: nn.Module, blocks: int, n: int, rows: tuple[int, int] | None = None) -> None:
+    """Repeat each of `blocks` equal blocks of output rows n // blocks times (in place), in every
+    parameter of a linear-like or conv module (its outputs are axis 0 of each): all rows, or those
+    in [start, stop) of `rows` (one fused segment, e.g. a Mamba2 in_proj's B rows)."""
     def _repeat(p):
-        s = p.shape
-        p = p.reshape(heads, s[0] // heads, *s[1:])
-        p = mx.repeat(p, n // heads, axis=0)
-        return p.reshape(-1, *s[1:])
+        lo, hi = (0, p.shape[0]) if rows is None else rows
+        part = p if rows is None else p[lo:hi]
+        s = part.shape
+        part = part.reshape(blocks, s[0] // blocks, *s[1:])
+        part = mx.repeat(part, n // blocks, axis=0).reshape(-1, *s[1:])
+        return part if rows is None else mx.concatenate([p[:lo], part, p[hi:]], axis=0)
 
     module.update(tree_map(_repeat, module.parameters()))
 
 
-def _sharded_rms_norm(group: mx.distributed.Group):
-    # mlx-lm minimax.py's sharded_rms_norm, op for op: the compile is split so that the upcast
-    # does not break it (one kernel squares the upcast input, another normalizes and downcasts)
+def shard_depthwise_conv(conv: nn.Module, group: mx.distributed.Group, *, where: str,
+                         segments: Segments = 1) -> None:
+    """Split a depthwise Conv1d's channels across `group` (in place): each rank keeps its part of
+    every fused segment's channels, weight and bias alike, and its groups shrink to match (mlx-lm
+    qwen3_5's conv1d split: shard_inplace along axis 0, `groups //= N`). Checked first."""
+    n = group.size()
+    channels = conv["weight"].shape[0] if isinstance(conv, nn.Conv1d) else None
+    if channels is None or conv.groups != channels or conv["weight"].shape[-1] != 1:
+        raise ShardingError(f"{where}: {type(conv).__name__} is not a depthwise Conv1d; its channels "
+                            "have no tensor-parallel split")
+    sizes = _segment_sizes(channels, segments)
+    if any(s % n for s in sizes):
+        parts = f" (fused parts {sizes})" if len(sizes) > 1 else ""
+        raise ShardingError(f"{where}: {channels} conv channels{parts} do not split into {n} equal "
+                            f"parts (tensor-parallel group of {n})")
+    D.shard_inplace(conv, lambda path, w: (0, segments), group=group)
+    conv.groups //= n
+
+
+def gather_last_axis(x: mx.array, group: mx.distributed.Group) -> mx.array:
+    """The last axis of `x`, split across `group`, gathered in rank order (mlx-lm base.py's
+    gather_last_axis, op for op: the vocabulary of a split head)."""
+    n, size = group.size(), x.shape[-1]
+    parts = mx.distributed.all_gather(x.reshape(-1, size), group=group)
+    parts = parts.reshape(n, -1, size).transpose(1, 0, 2)
+    return parts.reshape(*x.shape[:-1], n * size)
+
+
+def rms_norm_over_ranks(group: mx.distributed.Group, span: int | None = None):
+    """(x, weight, eps) -> the RMS norm of features split across ranks: each rank holds its slice
+    of x (and of the weight), the squared sums are all-summed. `span`: how many consecutive ranks
+    share one normalized group (default all of them; with fewer, ranks r // span alike form a
+    group: a grouped norm whose groups are fewer than the ranks). For the whole group it is mlx-lm
+    minimax.py's sharded_rms_norm, op for op: the compile is split so that the upcast does not
+    break it (one kernel squares the upcast input, another normalizes and downcasts)."""
+    n = group.size()
+    span = n if span is None else span
+    slots, mine = n // span, group.rank() // span
+
     @mx.compile
     def _cast_square_sum(x):
         return x.astype(mx.float32).square().sum(-1, keepdims=True)
 
     @mx.compile
     def _normalize(x, norm2, w, eps):
-        norm2 = mx.distributed.all_sum(norm2, group=group)
-        norm = mx.rsqrt(norm2 / (x.shape[-1] * group.size()) + eps)
+        if slots == 1:
+            norm2 = mx.distributed.all_sum(norm2, group=group)
+        else:  # each rank's sum in its group's slot, zeros elsewhere; this group's slot back
+            hot = (mx.arange(slots) == mine).astype(norm2.dtype)
+            norm2 = mx.distributed.all_sum(norm2 * hot, group=group)[..., mine:mine + 1]
+        norm = mx.rsqrt(norm2 / (x.shape[-1] * span) + eps)
         return (x.astype(mx.float32) * norm * w).astype(x.dtype)
 
     def _inner(x, w, eps):
@@ -180,7 +233,7 @@ class ShardedRMSNorm(nn.Module):
         super().__init__()
         self.weight = weight
         self.eps = eps
-        object.__setattr__(self, "_norm", _sharded_rms_norm(group))
+        object.__setattr__(self, "_norm", rms_norm_over_ranks(group))
         object.__setattr__(self, "_group", group)
 
     def _extra_repr(self):

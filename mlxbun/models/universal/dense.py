@@ -34,7 +34,7 @@ from mlxbun.errors import MlxbunError
 from mlxbun.models import layers as L
 from mlxbun.models import rope as R
 from mlxbun.models.base import create_attention_mask, create_ssm_mask
-from mlxbun.models.sharding import ShardingError
+from mlxbun.models.sharding import ALL_TO_SHARDED, ShardingError, gather_last_axis, shard_linear
 from mlxbun.models.taps import capture
 from mlxbun.models.universal.attention import Attention
 from mlxbun.models.universal.kinds import (
@@ -216,6 +216,7 @@ class UniversalDense(nn.Module):
     """A dense decoder for any descriptor in `table.DESCRIPTORS`, parameter tree == mlx-lm's."""
 
     _tensor_group = None  # set by shard()
+    _vocab_group = None  # set by shard() where the head splits its vocabulary (HeadKnobs.split)
 
     def __init__(self, args: UniversalArgs, descriptor: ArchDescriptor,
                  config: Any = None, raw_config: Optional[Mapping] = None):
@@ -337,16 +338,25 @@ class UniversalDense(nn.Module):
 
     def shard(self, group) -> None:
         """Split every layer's attention / mixer and MLP / MoE across `group`, as mlx-lm's
-        Model.shard does (embedding, norms and head replicated); each op module splits itself
-        (`shard(group, where)`), and one that cannot raises ShardingError naming its path. A group
-        of one changes nothing. A failed split leaves the graph partly split: discard it."""
+        Model.shard does (embedding and norms replicated; the head too, but where the row's
+        `head.split` splits an untied one by vocabulary, as mlx-lm's qwen3_5); each op module
+        splits itself (`shard(group, where)`), as does a block with its own `shard` (gemma4's),
+        and one that cannot raises ShardingError naming its path. A group of one changes
+        nothing. A failed split leaves the graph partly split: discard it."""
         if self.tensor_group is not None:
             raise ShardingError(f"{self.model_type}: already split across {self.tensor_group.size()} ranks")
         if group.size() == 1:
             return
         n = self.descriptor.names
         prefix = f"{n.wrapper}.{n.root}" if n.wrapper else n.root
+        head = None
+        if self.descriptor.head.split and n.head in self.text_model:  # checked before any layer splits
+            where = f"{n.wrapper}.{n.head}" if n.wrapper else n.head
+            head = shard_linear(self.text_model[n.head], ALL_TO_SHARDED, group, where=where)
         for i, layer in enumerate(self.layers):
+            if hasattr(layer, "shard"):
+                layer.shard(group, where=f"{prefix}.{n.layers}.{i}")
+                continue
             for name, module in layer.children().items():
                 if not isinstance(module, nn.Module) or isinstance(module, _NORM_CLASSES):
                     continue
@@ -355,6 +365,9 @@ class UniversalDense(nn.Module):
                     raise ShardingError(f"{self.model_type}: {where} ({type(module).__name__}) has no "
                                         "tensor-parallel split in mlxbun")
                 module.shard(group, where=where)
+        if head is not None:
+            self.text_model[n.head] = head
+            self._vocab_group = group
         self._tensor_group = group
 
     def layers_tap(self, paths: Any = None):
@@ -431,6 +444,8 @@ class UniversalDense(nn.Module):
             if a.head_pre_divide is not None:
                 h = h / a.head_pre_divide
             out = self.text_model[n.head](h)
+            if self._vocab_group is not None:  # each rank's slice of the vocabulary, gathered
+                out = gather_last_axis(out, self._vocab_group)
         if a.head_post is not None:
             op, value = a.head_post
             out = out / value if op is PostOp.DIV else out * value

@@ -19,6 +19,15 @@ What differs from the universal blocks:
 - the MLP doubled in width on the KV-shared layers (`use_double_wide_mlp`); with
   `enable_moe_block` a routed expert block beside it (its own router norm and scales, three
   more norms); a `layer_scalar` on every layer's output; the final softcap compiled.
+
+Tensor parallel (`DecoderLayer.shard`; mlx-lm's gemma4 has none): attention by heads (KV heads
+fewer than the ranks repeated, so a k = v full layer's one head is on every rank), and a KV-shared
+layer's query heads on a rank read the keys / values its producer's heads on that rank computed
+(the same heads they read unsplit); the MLP by hidden units; the experts by their hidden units
+(every rank routes alike with the whole router, the experts' partial sums all-summed before their
+norm); the per-layer input gate by its features (gate all-to-sharded, the rank's slice of the
+layer's per-layer input, per_layer_projection sharded-to-all). Embeddings (the per-layer ones
+too), the per-layer input projection, norms and head stay whole on every rank.
 """
 
 from __future__ import annotations
@@ -36,6 +45,15 @@ from mlxbun.errors import MlxbunError
 from mlxbun.models import rope as R
 from mlxbun.models.base import create_attention_mask, scaled_dot_product_attention
 from mlxbun.models.kv_sharing import shared_attention_cache
+from mlxbun.models.sharding import (
+    ALL_TO_SHARDED,
+    SHARDED_TO_ALL,
+    ShardingError,
+    check_heads,
+    repeat_heads,
+    shard_inplace,
+    shard_linear,
+)
 from mlxbun.models.switch_layers import SwitchGLU
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.gemma4_args import FULL, SLIDING, Gemma4Layer, first_kv_shared, gemma4_layers
@@ -86,6 +104,25 @@ class Attention(nn.Module):
         self.rope = R.initialize_rope(hd, spec.rope.get("rope_theta", 10000.0), a["rope_traditional"],
                                       spec.rope, a["max_position_embeddings"])
 
+    def shard(self, group, where: str) -> None:
+        """Split the heads across `group` (checked first): q / k / v all-to-sharded, o
+        sharded-to-all, KV heads fewer than the ranks repeated to one per rank."""
+        n, H, KV = group.size(), self.n_heads, self.n_kv_heads
+        check_heads(where, H, n)
+        repeat = KV % n != 0
+        if repeat and n % KV:
+            raise ShardingError(f"{where}: {KV} KV heads neither split across {n} ranks nor repeat "
+                                "to one per rank")
+        layers = {"q_proj": shard_linear(self.q_proj, ALL_TO_SHARDED, group, where=f"{where}.q_proj"),
+                  "o_proj": shard_linear(self.o_proj, SHARDED_TO_ALL, group, where=f"{where}.o_proj")}
+        for name in [name for name in ("k_proj", "v_proj") if name in self]:
+            if repeat:  # always splits once repeated
+                repeat_heads(self[name], KV, n)
+            layers[name] = shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
+        for name, module in layers.items():
+            setattr(self, name, module)
+        self.n_heads, self.n_kv_heads = H // n, max(KV // n, 1)
+
     def __call__(self, x, mask=None, cache=None, shared_kv=None, offset=None, producer_cache=None):
         B, L, _ = x.shape
         queries = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, self.head_dim))
@@ -117,6 +154,13 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, width, bias=False)
         self.down_proj = nn.Linear(width, hidden, bias=False)
         self.up_proj = nn.Linear(hidden, width, bias=False)
+
+    def shard(self, group, where: str) -> None:
+        layers = {name: shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
+                  for name in ("gate_proj", "up_proj")}
+        layers["down_proj"] = shard_linear(self.down_proj, SHARDED_TO_ALL, group, where=f"{where}.down_proj")
+        for name, module in layers.items():
+            setattr(self, name, module)
 
     def __call__(self, x):
         return self.down_proj(geglu(self.gate_proj(x), self.up_proj(x)))
@@ -154,10 +198,21 @@ class Experts(nn.Module):
         super().__init__()
         self.switch_glu = SwitchGLU(a["hidden_size"], a["moe_intermediate_size"], a["num_experts"],
                                     bias=False, activation=GeGLU())
+        self._group = None  # set by shard(): the partial sums are all-summed
+
+    def shard(self, group, where: str) -> None:
+        """Split every expert's hidden units (in place; down_proj first: the one whose input split
+        can fail on quantization groups, before gate / up change)."""
+        glu = self.switch_glu
+        shard_inplace(glu.down_proj, SHARDED_TO_ALL, group, where=f"{where}.switch_glu.down_proj")
+        for name in ("gate_proj", "up_proj"):
+            shard_inplace(glu[name], ALL_TO_SHARDED, group, where=f"{where}.switch_glu.{name}")
+        object.__setattr__(self, "_group", group)
 
     def __call__(self, x, top_k_indices, top_k_weights):
         w = mx.expand_dims(top_k_weights, -1)
-        return (w * self.switch_glu(x, top_k_indices)).sum(-2)
+        out = (w * self.switch_glu(x, top_k_indices)).sum(-2)
+        return out if self._group is None else mx.distributed.all_sum(out, group=self._group)
 
 
 class DecoderLayer(nn.Module):
@@ -186,6 +241,25 @@ class DecoderLayer(nn.Module):
             self.per_layer_projection = nn.Linear(P, D, bias=False)
             self.post_per_layer_input_norm = nn.RMSNorm(D, eps=eps)
         self.layer_scalar = mx.ones((1,))
+        self._ple_part = None  # set by shard(): this rank's slice of the per-layer input
+
+    def shard(self, group, where: str) -> None:
+        """Split the layer across `group` (the module docstring says how); the router stays whole."""
+        ple = {}
+        if self._ple:  # checked before anything changes
+            ple = {"per_layer_input_gate": shard_linear(self.per_layer_input_gate, ALL_TO_SHARDED, group,
+                                                        where=f"{where}.per_layer_input_gate"),
+                   "per_layer_projection": shard_linear(self.per_layer_projection, SHARDED_TO_ALL, group,
+                                                        where=f"{where}.per_layer_projection")}
+        self.self_attn.shard(group, f"{where}.self_attn")
+        self.mlp.shard(group, f"{where}.mlp")
+        if self._moe:
+            self.experts.shard(group, f"{where}.experts")
+        for name, module in ple.items():
+            setattr(self, name, module)
+        if ple:
+            part = self.per_layer_input_gate.weight.shape[0]
+            object.__setattr__(self, "_ple_part", slice(group.rank() * part, (group.rank() + 1) * part))
 
     def __call__(self, x, mask=None, cache=None, per_layer_input=None, shared_kv=None, offset=None,
                  producer_cache=None):
@@ -203,6 +277,8 @@ class DecoderLayer(nn.Module):
         h = residual + self.post_feedforward_layernorm(h)
         if self._ple and per_layer_input is not None:
             residual = h
+            if self._ple_part is not None:
+                per_layer_input = per_layer_input[..., self._ple_part]
             gate = nn.gelu_approx(self.per_layer_input_gate(h))
             gate = self.per_layer_projection(mx.multiply(gate, per_layer_input))
             h = residual + self.post_per_layer_input_norm(gate)

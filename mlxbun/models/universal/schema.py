@@ -203,6 +203,8 @@ class HeadKnobs:
     pre_divide: PreDivide | None = _kind(PreDivide, None)
     post: LogitScale | None = None
     softcap: FinalSoftcap = _kind(FinalSoftcap, FinalSoftcap.NONE)
+    split: bool = False  # tensor parallel: an untied head splits its vocabulary across the ranks,
+    # the logits gathered (mlx-lm qwen3_5's Model.shard); else it stays whole on every rank
 
 
 @dataclass(frozen=True)

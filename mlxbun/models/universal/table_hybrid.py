@@ -89,6 +89,7 @@ HYBRID_ROWS = [
     ArchDescriptor(
         "qwen3_5", _QWEN3_5_FIELDS, ("qwen3_5_rope",),
         names=Names(wrapper="language_model"), qk_norm=QKNormKnobs("rms", "heads"),
+        head=HeadKnobs(split=True),
         attn_bias="attention_bias", out_bias="attention_bias", attn_gate="query_sigmoid",
         rope=RopeKnobs(traditional=False, partial="partial_rotary_factor"),
         hybrid=_QWEN3_5_HYBRID, sanitize=(_QWEN3_5_WRAPPER, *_QWEN3_5_TEXT),
@@ -102,6 +103,7 @@ HYBRID_ROWS = [
     ArchDescriptor(
         "qwen3_5_moe", _QWEN3_5_FIELDS, ("qwen3_5_rope",),
         names=Names(wrapper="language_model"), qk_norm=QKNormKnobs("rms", "heads"),
+        head=HeadKnobs(split=True),
         attn_bias="attention_bias", out_bias="attention_bias", attn_gate="query_sigmoid",
         rope=RopeKnobs(traditional=False, partial="partial_rotary_factor"),
         moe=MoEKnobs(router=RouterKnobs("softmax_topk", select="last", norm_topk="norm_topk_prob"),

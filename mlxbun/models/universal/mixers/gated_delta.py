@@ -9,6 +9,11 @@ causal conv1d + silu, the q / k l2-norm (`normalize_qk`, readout scale folded in
 gated delta rule (`gated_delta_rule.gated_delta_update`, state in cache slot 1, float32),
 then the gated RMSNorm (`rms_norm(y) * silu(z)` in float32) and `out_proj`.
 Attribute names are mlx-lm's, so parameter paths are its safetensors keys.
+
+Tensor parallel (`shard`, mlx-lm qwen3_5's Model.shard): each rank keeps whole key heads and the
+value heads that read them (the projections all-to-sharded, qwen3_5's fused q | k | v and the
+conv's channels by their three parts, qwen3_next's per-key-head groups as they lie), dt_bias and
+A_log sliced, a conv and delta state of its own heads; out_proj sums the ranks (sharded-to-all).
 """
 
 from __future__ import annotations
@@ -21,11 +26,19 @@ import mlx.nn as nn
 
 from mlxbun.errors import MlxbunError
 from mlxbun.models import layers as L
+from mlxbun.models.sharding import (
+    ALL_TO_SHARDED,
+    SHARDED_TO_ALL,
+    check_heads,
+    shard_depthwise_conv,
+    shard_linear,
+    slice_heads,
+)
 from mlxbun.models.universal.fields import fail, int_field
 from mlxbun.models.universal.kinds import StrEnum
 from mlxbun.models.universal.mixers.gated_delta_rule import gated_delta_update, normalize_qk
 
-__all__ = ["GatedDeltaKnobs", "GatedDeltaNet", "GatedRMSNorm", "GdnProjections"]
+__all__ = ["GatedDeltaKnobs", "GatedDeltaNet", "GatedRMSNorm", "GdnProjections", "split_delta_heads"]
 
 
 class GdnProjections(StrEnum):
@@ -82,6 +95,26 @@ class GatedRMSNorm(nn.Module):
         return L.precise_swiglu(hidden_states, gate, x)
 
 
+def split_delta_heads(mixer: nn.Module, group, where: str, layers: dict, convs: dict) -> None:
+    """A gated DeltaNet's split, once every piece is computed: the checked linears `layers` set,
+    the depthwise `convs` ({name: segments}) split, the per-value-head dt_bias / A_log sliced and
+    the head counts divided. Checks the heads first (key heads whole on each rank, so the value
+    heads that read them stay with them)."""
+    n = group.size()
+    check_heads(where, mixer.num_k_heads, n, "key heads")
+    check_heads(where, mixer.num_v_heads, n, "value heads")
+    for name, segments in convs.items():
+        shard_depthwise_conv(mixer[name], group, where=f"{where}.{name}", segments=segments)
+    for name, module in layers.items():
+        setattr(mixer, name, module)
+    mixer.dt_bias = slice_heads(mixer.dt_bias, group)
+    mixer.A_log = slice_heads(mixer.A_log, group)
+    mixer.num_k_heads //= n
+    mixer.num_v_heads //= n
+    mixer.key_dim //= n
+    mixer.value_dim //= n
+
+
 class GatedDeltaNet(nn.Module):
     """The gated DeltaNet layer (mlx-lm's attribute names; cache: an ArraysCache of 2 slots)."""
 
@@ -131,6 +164,22 @@ class GatedDeltaNet(nn.Module):
 
         self.norm = GatedRMSNorm(self.head_v_dim, eps=self.layer_norm_epsilon)
         self.out_proj = nn.Linear(self.value_dim, D, bias=False)
+
+    def shard(self, group, where: str) -> None:
+        """Split the heads across `group` as mlx-lm qwen3_5's Model.shard (checked first)."""
+        def a2s(name, segments=1):
+            return shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}", segments=segments)
+
+        check_heads(where, self.num_k_heads, group.size(), "key heads")
+        kd = self.key_dim
+        if self._projections is GdnProjections.QKVZ_BA:  # [q | k | v | z], [b | a] per key head
+            layers = {"in_proj_qkvz": a2s("in_proj_qkvz"), "in_proj_ba": a2s("in_proj_ba")}
+        else:  # GdnProjections.QKV_Z_B_A
+            layers = {"in_proj_qkv": a2s("in_proj_qkv", [kd, 2 * kd]),
+                      **{name: a2s(name) for name in ("in_proj_z", "in_proj_b", "in_proj_a")}}
+        layers["out_proj"] = shard_linear(self.out_proj, SHARDED_TO_ALL, group, where=f"{where}.out_proj")
+        split_delta_heads(self, group, where, layers, {"conv1d": [kd, 2 * kd]})
+        self.conv_dim //= group.size()
 
     def _project_qkvz_ba(self, inputs: mx.array):
         """qwen3_next: the fused projections and mlx-lm's `fix_query_key_value_ordering`."""

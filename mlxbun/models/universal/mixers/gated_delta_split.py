@@ -9,6 +9,11 @@ slot 3, and the gated RMSNorm (`o_norm`, eps from its own field) run on [B * S *
 g_proj's gate. The q / k l2-norm and the delta rule are gated_delta_rule's (mlx-lm's
 `normalize_qk`, `gated_delta_update`, with its Metal-kernel-or-ops dispatch).
 Attribute names are mlx-lm's, so parameter paths are its safetensors keys.
+
+Tensor parallel (`shard`; mlx-lm's olmo_hybrid has none): gated_delta.py's split, each rank
+holding whole key heads and their value heads: the six projections all-to-sharded, each conv's
+channels split (three conv windows of its own width), dt_bias / A_log sliced, o_proj
+sharded-to-all.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import mlx.nn as nn
 
 from mlxbun.errors import MlxbunError
 from mlxbun.models.universal.fields import fail, int_field
-from mlxbun.models.universal.mixers.gated_delta import GatedRMSNorm
+from mlxbun.models.sharding import ALL_TO_SHARDED, SHARDED_TO_ALL, check_heads, shard_linear
+from mlxbun.models.universal.mixers.gated_delta import GatedRMSNorm, split_delta_heads
 from mlxbun.models.universal.mixers.gated_delta_rule import gated_delta_update, normalize_qk
 
 __all__ = ["GatedDeltaSplitConv", "GatedDeltaSplitKnobs"]
@@ -99,6 +105,14 @@ class GatedDeltaSplitConv(nn.Module):
         self.dt_bias = mx.zeros(self.num_v_heads)
 
         self.o_norm = GatedRMSNorm(self.head_v_dim, eps=eps)
+
+    def shard(self, group, where: str) -> None:
+        """Split the heads across `group` (checked first)."""
+        check_heads(where, self.num_k_heads, group.size(), "key heads")
+        layers = {name: shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
+                  for name in ("q_proj", "k_proj", "v_proj", "a_proj", "b_proj", "g_proj")}
+        layers["o_proj"] = shard_linear(self.o_proj, SHARDED_TO_ALL, group, where=f"{where}.o_proj")
+        split_delta_heads(self, group, where, layers, dict.fromkeys(("q_conv1d", "k_conv1d", "v_conv1d"), 1))
 
     def _apply_conv1d(self, x: mx.array, conv: nn.Conv1d, conv_state: Optional[mx.array],
                       cache_slot: Optional[Any], slot_idx: int) -> mx.array:

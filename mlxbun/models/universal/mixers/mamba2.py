@@ -10,6 +10,15 @@ the gated norm (`GatedNorm`, `norm_when`, `norm_before_gate`), whether D is cast
 input dtype before the scan (nemotron_h, granitemoehybrid) and whether the scan reads the
 cache's `lengths` (all but nemotron_h). Attribute names are mlx-lm's, so parameter paths
 are its safetensors keys.
+
+Tensor parallel (`shard`; none of the four mlx-lm files has one): each rank keeps its heads (its
+part of in_proj's gate, x and dt rows, of the conv's x channels, of D / dt_bias / A_log) and the
+B / C groups they read: its share of the groups where they split across the ranks, else (groups
+fewer than the ranks) its heads' one group, repeated so that each rank holds a copy. The gated
+norm normalizes whole groups as unsplit: a rank holding whole groups (GROUPED, n_groups a multiple
+of the ranks) normalizes them alone, else the squared sums are all-summed over the ranks sharing
+a group (WHOLE: all of them). out_proj sums the ranks (sharded-to-all); the conv and SSM states
+hold the rank's channels and heads.
 """
 
 from __future__ import annotations
@@ -24,6 +33,17 @@ import mlx.nn as nn
 
 from mlxbun.errors import MlxbunError
 from mlxbun.models.layers import swiglu
+from mlxbun.models.sharding import (
+    ALL_TO_SHARDED,
+    SHARDED_TO_ALL,
+    ShardingError,
+    check_heads,
+    repeat_rows,
+    rms_norm_over_ranks,
+    shard_depthwise_conv,
+    shard_linear,
+    slice_heads,
+)
 from mlxbun.models.universal.fields import fail, int_field
 from mlxbun.models.universal.kinds import StrEnum
 from mlxbun.models.universal.mixers.ssm import ssm_update
@@ -115,16 +135,33 @@ class GatedRMSNorm(nn.Module):
         self._kind = kind
         self._group_size = group_size
         self._before_gate = before_gate
+        self._over_ranks = None  # set by split(): a norm whose groups span several ranks
+
+    @property
+    def groups(self) -> int:
+        """How many groups it normalizes separately (WHOLE: one)."""
+        return self.weight.shape[0] // self._group_size if self._kind is GatedNorm.GROUPED else 1
+
+    def split(self, group, span: int) -> None:
+        """Keep this rank's slice of the weight; `span` ranks share each normalized group (1: the
+        rank holds whole groups and normalizes them alone)."""
+        self.weight = slice_heads(self.weight, group)
+        if span > 1:
+            object.__setattr__(self, "_over_ranks", rms_norm_over_ranks(group, span))
 
     def __call__(self, x: mx.array, gate: mx.array) -> mx.array:
+        split = self._over_ranks
         if self._kind is GatedNorm.GROUPED:
             x = swiglu(gate, x)
+            if split is not None:  # the rank's slice is part of one group
+                return split(x, self.weight, self.eps)
             x = mx.unflatten(x, axis=-1, shape=(-1, self._group_size))
             x = mx.fast.rms_norm(x, weight=None, eps=self.eps)
             return self.weight * x.flatten(-2)
+        norm = mx.fast.rms_norm if split is None else split
         if self._before_gate:
-            return swiglu(gate, mx.fast.rms_norm(x, self.weight, self.eps))
-        return mx.fast.rms_norm(swiglu(gate, x), self.weight, self.eps)
+            return swiglu(gate, norm(x, self.weight, self.eps))
+        return norm(swiglu(gate, x), self.weight, self.eps)
 
 
 def _flag(f: Mapping[str, Any], name: str, mt: str) -> bool:
@@ -185,6 +222,37 @@ class Mamba2Mixer(nn.Module):
                 _flag(f, before, mt) if isinstance(before, str) else before)
         self.out_proj = nn.Linear(self.intermediate_size, a.hidden,
                                   bias=_flag(f, knobs.out_bias, mt))
+
+    def shard(self, group, where: str) -> None:
+        """Split the heads across `group` (checked before anything changes)."""
+        n = group.size()
+        H, G, S, I = self.num_heads, self.n_groups, self.ssm_state_size, self.intermediate_size
+        check_heads(where, H, n, "heads")
+        if G % n and n % G:
+            raise ShardingError(f"{where}: {G} B / C groups neither split across {n} ranks nor repeat "
+                                f"to one per rank ({H} heads)")
+        norm = self["norm"] if "norm" in self else None
+        if norm is not None and norm.groups % n and n % norm.groups:
+            raise ShardingError(f"{where}.norm: {norm.groups} normalized groups neither split across "
+                                f"{n} ranks nor span whole ranks")
+        out_proj = shard_linear(self.out_proj, SHARDED_TO_ALL, group, where=f"{where}.out_proj")
+        if G < n:  # each rank's heads read one group: repeat each group's B and C rows n // G times
+            for lo in (I, I + n * S):  # B then C in the conv channels [x | B | C]
+                repeat_rows(self.in_proj, G, n, (I + lo, I + lo + G * S))
+                repeat_rows(self.conv1d, G, n, (lo, lo + G * S))
+            self.conv1d.groups = self.conv1d.weight.shape[0]  # still depthwise, over more channels
+        groups = max(G, n)
+        bc = groups * S
+        self.in_proj = shard_linear(self.in_proj, ALL_TO_SHARDED, group, where=f"{where}.in_proj",
+                                    segments=[I, 2 * I, 2 * I + bc, 2 * I + 2 * bc])
+        shard_depthwise_conv(self.conv1d, group, where=f"{where}.conv1d", segments=[I, I + bc])
+        self.out_proj = out_proj
+        if norm is not None:
+            norm.split(group, max(n // norm.groups, 1))
+        for name in ("dt_bias", "A_log", "D"):
+            setattr(self, name, slice_heads(self[name], group))
+        self.num_heads, self.n_groups, self.intermediate_size = H // n, groups // n, I // n
+        self.conv_dim = self.intermediate_size + 2 * self.n_groups * S
 
     def _conv(self, conv_input: mx.array, cache, mask: Optional[mx.array]) -> mx.array:
         if mask is not None:

@@ -1,6 +1,10 @@
 """lfm2's short convolution (mlx-lm 0.32.2 `lfm2.ShortConv`), op for op: in_proj splits into
 B, C, x; B * x runs through a causal depthwise conv1d whose state is the last kernel - 1
-inputs (one ArraysCache slot); C gates the conv's output; out_proj."""
+inputs (one ArraysCache slot); C gates the conv's output; out_proj.
+
+Tensor parallel (`shard`): every op but out_proj is per channel, so each rank keeps its slice of
+the channels (in_proj's B, C and x parts alike, the conv's, a conv state of its own width) and
+out_proj sums the slices (sharded-to-all)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from typing import Any, Iterator, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from mlxbun.models.sharding import ALL_TO_SHARDED, SHARDED_TO_ALL, shard_depthwise_conv, shard_linear
 
 __all__ = ["ShortConv", "ShortConvKnobs"]
 
@@ -37,6 +43,16 @@ class ShortConv(nn.Module):
                               groups=hidden, bias=bias)
         self.in_proj = nn.Linear(hidden, 3 * hidden, bias=bias)
         self.out_proj = nn.Linear(hidden, hidden, bias=bias)
+
+    def shard(self, group, where: str) -> None:
+        """Split the channels across `group` (checked before anything changes)."""
+        layers = {"in_proj": shard_linear(self.in_proj, ALL_TO_SHARDED, group, where=f"{where}.in_proj",
+                                          segments=3),
+                  "out_proj": shard_linear(self.out_proj, SHARDED_TO_ALL, group, where=f"{where}.out_proj")}
+        shard_depthwise_conv(self.conv, group, where=f"{where}.conv")
+        for name, module in layers.items():
+            setattr(self, name, module)
+        self.hidden //= group.size()
 
     def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Any = None) -> mx.array:
         BCx = self.in_proj(x)
