@@ -235,9 +235,8 @@ def test_cli_fast_flag(zoo, capsys):
                      "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fast"]["fidelity"] == "L2-fast" and "compiled decode step" in out["fast"]["path"]
-    for extra, match in ((["--engine", "mlx-lm"], "no fast path"), (["--draft", "ngram"], "speculative")):
-        assert cli.main(["generate", "--model", path, "--prompt-ids", "1,2,3", "--fast", *extra]) != 0
-        assert match in capsys.readouterr().err
+    assert cli.main(["generate", "--model", path, "--prompt-ids", "1,2,3", "--fast", "--engine", "mlx-lm"]) != 0
+    assert "no fast path" in capsys.readouterr().err  # (with --draft: tests/test_fast_speculative.py)
 
 
 # ------------------------------------------------------------------ the recorded drift

@@ -6,7 +6,7 @@ package, so the imported checkpoint travels there in pieces (its directory from
 (`spec_tasks.task_prompts`, `spec_acceptance.spec_sweep`, rows under experiment self_draft):
 
     python3 lab/self_draft/h200_run.py sweep CHECKPOINT OUT_DIR --tasks chat code_edit summarize \
-        --drafters self:16 self:24 --ks 1 2 a4 --max-tokens 64 --repeats 3
+        --drafters self:16 self:24 --ks 1 2 a4 --max-tokens 64 --repeats 3 [--fast]
     python3 lab/self_draft/h200_run.py plot lab/self_draft/h200.csv lab/self_draft   # on any machine
 
 A prototype the package never imports (the Lab's convention); the computation is the library's.
@@ -38,11 +38,12 @@ def sweep(args) -> int:
     result = spec_acceptance.spec_sweep(
         args.checkpoint, args.drafters, [_k(k) for k in args.ks], prompts=prompts,
         prompt_set=spec_tasks.PROMPT_SET, max_tokens=args.max_tokens, repeats=args.repeats,
-        results_path=str(out / "results.sqlite"), experiment="self_draft",
+        results_path=str(out / "results.sqlite"), experiment="self_draft", fast=args.fast,
         extra_params={"prompt_format": fmt, "device": str(mx.default_device())})
-    spec_tasks.save_outputs(result, out, {}, "h200")
+    spec_tasks.save_outputs(result, out, {}, "h200-fast" if args.fast else "h200")
     print(result.summary().to_string())
-    print(spec_tasks.adaptive_vs_fixed(result).to_string())
+    if any(str(k).startswith("a") for k in args.ks):
+        print(spec_tasks.adaptive_vs_fixed(result).to_string())
     result.require_same_as_plain()
     return 0
 
@@ -68,6 +69,7 @@ def main(argv=None) -> int:
     s.add_argument("--ks", nargs="+", default=["1", "2", "a4"])
     s.add_argument("--max-tokens", type=int, default=64)
     s.add_argument("--repeats", type=int, default=3)
+    s.add_argument("--fast", action="store_true", help="plain and speculative decoding on the fast path")
     p = sub.add_parser("plot")
     p.add_argument("csv")
     p.add_argument("out")

@@ -179,9 +179,9 @@ def _run(args, group) -> int:
         cache = None
 
     spec = spec_requested(args)
-    fast = _fast_path(args, model, spec)
+    fast = _fast_path(args, model)
     if spec:
-        stream = run_spec_from_args(args, model, tokenizer, prompt)
+        stream = run_spec_from_args(args, model, tokenizer, prompt, fast=fast or False)
     else:
         stream = stream_generate(
             model, tokenizer, prompt,
@@ -250,13 +250,10 @@ def _run(args, group) -> int:
     return 0
 
 
-def _fast_path(args, model, spec: bool):
+def _fast_path(args, model):
     """The model's FastPath for --fast (None without it); refused where it cannot apply."""
     if not args.fast:
         return None
-    if spec:
-        raise MlxbunError("--fast with speculative decoding is not supported yet: the draft/verify loop "
-                          "runs the exact path; drop one of them")
     if parse_engine(args.engine, what="--engine/--backend") != "mlxbun":
         raise MlxbunError(f"--fast runs mlxbun's own graphs; --engine {args.engine} has no fast path")
     return enable_fast(model)

@@ -87,15 +87,17 @@ def _options(args) -> dict:
         prefill_step_size=args.prefill_step_size)
 
 
-def run_spec_from_args(args, model, tokenizer, prompt):
-    """`speculative_generate`'s response stream for the generate command's flags."""
+def run_spec_from_args(args, model, tokenizer, prompt, *, fast=False):
+    """`speculative_generate`'s response stream for the generate command's flags (`fast`: the
+    model's FastPath for --fast, else False)."""
     from mlxbun.speculative import speculative_generate
 
     for flag in ("prompt_cache", "save_prompt_cache"):
         if getattr(args, flag, None) is not None:
             raise MlxbunError(f"--{flag.replace('_', '-')} does not combine with speculative decoding")
     return speculative_generate(model, tokenizer, prompt, drafter=build_drafter(args),
-                                num_draft=args.num_draft_tokens, adaptive=args.adaptive_draft, **_options(args))
+                                num_draft=args.num_draft_tokens, adaptive=args.adaptive_draft, fast=fast,
+                                **_options(args))
 
 
 def finish_spec_from_args(args, last, model, tokenizer, prompt, *, model_path=None, quiet: Optional[bool] = None,
@@ -109,7 +111,7 @@ def finish_spec_from_args(args, last, model, tokenizer, prompt, *, model_path=No
     if args.spec_compare_plain:
         from mlxbun.speculative.compare import plain_run
 
-        plain = plain_run(model, tokenizer, prompt, **_options(args))
+        plain = plain_run(model, tokenizer, prompt, **_options(args), fast=bool(getattr(args, "fast", False)))
         stats.plain_tokens_per_s = plain.tokens_per_s
     if args.spec_results is not None:
         from mlxbun.results import open_results

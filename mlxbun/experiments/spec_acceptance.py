@@ -168,7 +168,7 @@ def spec_sweep(model: str = "zoo:llama", drafters: Sequence[str] = DEFAULT_DRAFT
                prompts: dict | None = None, prompt_set: str | None = None, max_tokens: int = 16,
                variant: str = "float32", engine: str = "mlxbun", temperature: float = 0.0, seed: int = 0,
                repeats: int = 1, results_path=None, record: bool = True, experiment: str = EXPERIMENT,
-               extra_params: dict | None = None) -> SpecSweep:
+               extra_params: dict | None = None, fast: bool = False) -> SpecSweep:
     """Every drafter x k on every prompt, against plain decoding of the same prompt.
 
     Plain decoding runs first per prompt (after one untimed warm-up generation); tokens/s are
@@ -176,7 +176,9 @@ def spec_sweep(model: str = "zoo:llama", drafters: Sequence[str] = DEFAULT_DRAFT
     each run's tokens are checked against plain decoding's (`same_as_plain`). Rows go to the
     results table (`experiment`, default "spec_acceptance"; `extra_params` join the run's
     parameters): every `SpecStats` row per drafter x k x prompt, plus `plain_tokens_per_s` and
-    `same_as_plain` (1/0). A k may be "aK": the adaptive draft length with k_max K.
+    `same_as_plain` (1/0). A k may be "aK": the adaptive draft length with k_max K. `fast`: plain
+    and speculative decoding both on the target's fast path (L2-fast: `same_as_plain` then holds
+    the speculative tokens to the fast path's plain decode).
     """
     if prompts is None:
         prompts, prompt_set = dict(SPEC_PROMPTS), prompt_set or PROMPT_SET
@@ -195,11 +197,11 @@ def spec_sweep(model: str = "zoo:llama", drafters: Sequence[str] = DEFAULT_DRAFT
             prepare_prompt(tok, prompt, vocab)
         except MlxbunError as e:
             raise MlxbunError(f"prompt {pname!r}: {e}") from None
-    sampling = dict(max_tokens=max_tokens, temperature=temperature, seed=seed)
+    sampling = dict(max_tokens=max_tokens, temperature=temperature, seed=seed, fast=fast)
     out = SpecSweep(str(model), prompt_set, dict(prompts), drafters, ks, temperature)
     params = {"model": str(model), "variant": variant, "engine": engine, "prompt_set": prompt_set,
               "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "repeats": repeats,
-              **(extra_params or {})}
+              **({"fast": True} if fast else {}), **(extra_params or {})}
     with recording(experiment, model=path, params=params, results_path=results_path, record=record) as run:
         plain_run(target, tok, next(iter(prompts.values())), **sampling)  # warm-up (compiled samplers, allocator)
         for pname, text in prompts.items():

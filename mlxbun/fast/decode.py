@@ -7,6 +7,12 @@ sliding-window ring, recurrent states) whose arrays and position are the step's 
 outputs, and replays the traced graph for every later token. Anything it cannot hold (another
 cache kind, a graph that needs the position as a Python int) is a `CompileGap` naming why, and
 the caller decodes eagerly.
+
+Speculative decoding's verify forward runs through the same step (`verify`: T tokens in, T rows
+of logits out; `mx.compile` traces once per T), and a rejection goes back by moving the position
+(`rewind`): the rejected positions stay in the buffers, past the filled length, where attention
+never reads them. Only full-attention buffers can go back that way (a ring overwrites the slot
+it writes, a recurrent state holds every token it saw), so `rewindable=True` refuses the others.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ def _compiled_step(model, layout: tuple[CacheAdapter, ...], kernels):
             for a in layout:
                 layers.append(a.build(flat[at:at + a.n_arrays], position, kernels))
                 at += a.n_arrays
-            logits = model(ids, cache=layers)[:, -1, :]
+            logits = model(ids, cache=layers)  # every row: a verify step reads all T
             return (logits, position + ids.shape[1], *[x for a, s in zip(layout, layers) for x in a.outputs(s)])
 
         steps[key] = mx.compile(step)
@@ -59,9 +65,10 @@ class CompiledDecoder:
     -> logits [B, V]` advances the static state; `write_back()` puts it back into `cache` (the
     exact caches the decoder started from; their full-attention buffers are let go while the
     decoder holds the tokens, so the KV cache is not held twice). `kernels`: the fast path's switch (`FastSwitch`): with
-    it, attention in the static caches runs mlxbun's decode kernel where it applies."""
+    it, attention in the static caches runs mlxbun's decode kernel where it applies. `rewindable`:
+    the decoder must take multi-token `verify` steps and `rewind` (full-attention layers only)."""
 
-    def __init__(self, model, cache: list, room: int, kernels=None):
+    def __init__(self, model, cache: list, room: int, kernels=None, *, rewindable: bool = False):
         if not cache:
             raise CompileGap("the model keeps no cache")
         self.model, self.cache = model, cache
@@ -69,28 +76,53 @@ class CompiledDecoder:
         self.capacity = capacity_for(self.offset + room)
         pairs = [adapter_for(c, self.capacity) for c in cache]
         self.layout = tuple(a for a, _ in pairs)
+        others = sorted({a.kind for a in self.layout} - {"kv", "qkv"})
+        if rewindable and others:
+            raise CompileGap(f"layers of kind {others} cannot go back after a rejection by moving the position "
+                             "(a ring overwrites its slots, a recurrent state holds every token)")
         self.state = [x for _, arrays in pairs for x in arrays]
         mx.eval(self.state)
         for adapter, c in zip(self.layout, cache):
             adapter.release(c)  # the static copies hold the tokens now: no second copy while decoding
         self.position = mx.array(self.offset, dtype=mx.int32)
         self._step = _compiled_step(model, self.layout, kernels)
-        self._traced = False
+        self._traced: set[int] = set()  # the step lengths traced so far
 
     def __call__(self, ids: mx.array) -> mx.array:
+        """Logits [B, V] of one token `ids` [B, 1]."""
         if ids.shape[1] != 1:
             raise CompileGap(f"the compiled step decodes one token per call, got {ids.shape[1]}")
-        if self.offset + 1 > self.capacity and any(a.kind in ("kv", "qkv") for a in self.layout):
+        return self._run(ids)[:, -1, :]
+
+    def verify(self, ids: mx.array) -> mx.array:
+        """Logits [T, V] of the T tokens `ids` [1, T] (a speculative round's pending token and
+        drafts); one compiled trace per T. Full-attention layers only (`rewindable`)."""
+        if ids.shape[1] > 1 and any(a.kind not in ("kv", "qkv") for a in self.layout):
+            raise CompileGap("a multi-token step over a ring or a recurrent state")
+        return self._run(ids)[0]
+
+    def rewind(self, n: int) -> None:
+        """Drop the last `n` tokens fed (a speculative round's rejected drafts)."""
+        if n < 0 or n > self.offset - self.start:
+            raise ValueError(f"rewind {n}: the decoder fed {self.offset - self.start} tokens")
+        if n:
+            if any(a.kind not in ("kv", "qkv") for a in self.layout):
+                raise CompileGap("a ring or a recurrent state cannot rewind")
+            self.offset -= n
+            self.position = mx.array(self.offset, dtype=mx.int32)
+
+    def _run(self, ids: mx.array) -> mx.array:
+        if self.offset + ids.shape[1] > self.capacity and any(a.kind in ("kv", "qkv") for a in self.layout):
             raise CompileGap(f"the static cache is full ({self.capacity} positions)")
         try:
             out = self._step(ids, self.position, *self.state)
         except (ValueError, TypeError, RuntimeError, AttributeError, IndexError) as e:
-            if self._traced:
+            if ids.shape[1] in self._traced:
                 raise
             raise CompileGap(f"the graph does not trace with static caches ({type(e).__name__}: {e})") from e
-        self._traced = True
+        self._traced.add(ids.shape[1])
         logits, self.position, *self.state = out
-        self.offset += 1
+        self.offset += ids.shape[1]
         return logits
 
     def write_back(self) -> None:

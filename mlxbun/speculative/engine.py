@@ -42,7 +42,9 @@ import mlx.core as mx
 
 from mlxbun.cache.arrays import commit_spec_round
 from mlxbun.errors import MlxbunError
+from mlxbun.fast import CompileGap, FastPath, enable_fast
 from mlxbun.generate import (
+    UNBOUNDED_ROOM,
     GenerationResponse,
     StopText,
     check_generation_options,
@@ -66,13 +68,16 @@ from mlxbun.sampling import GenerationError, LogitsProcessor, make_logits_proces
 from mlxbun.speculative.adaptive import AdaptiveDraftLength
 from mlxbun.speculative.drafters import (
     Draft,
+    DraftModelDrafter,
     Drafter,
     DraftSession,
+    LayerSkipDrafter,
     _check_contract,
     logits_width,
     make_drafter,
     model_blocks,
 )
+from mlxbun.speculative.fast_verify import start_fast_verify
 from mlxbun.speculative.kv import quantize_hook
 from mlxbun.speculative.replay import Rollback, mixer_replay, parse_rollback
 from mlxbun.speculative.ring import sink_exact
@@ -133,12 +138,14 @@ def speculative_generate_step(
     stats: Optional[SpecStats] = None,
     rollback: Union[str, Rollback] = Rollback.MIXERS,
     stream=None,
+    fast: Optional[FastPath] = None,
 ) -> Generator[tuple[int, mx.array, bool], None, None]:
     """Yield (token, logprobs [V], from_draft) over a bound `drafter` and a ready target cache
     list (updated in place). The caller binds the drafter; `stats` is filled as rounds run.
     rollback: how a recurrent target goes back after a rejection (`mlxbun.speculative.replay`).
     quantize: the KV quantize hook (`quantize_hook`), None when nothing quantizes; rounds then
-    respect `quantized_kv_start` (see the module docstring)."""
+    respect `quantized_kv_start` (see the module docstring). fast: the target's FastPath: the
+    verify forwards run through its compiled step where it applies (`speculative.fast_verify`)."""
 
     stream = generation_stream if stream is None else stream
     converting = quantize is not None
@@ -166,64 +173,85 @@ def speculative_generate_step(
         drafter.prefill(history_ids)  # the draft's prompt processing counts as prefill, as in mlx-lm
         stats.prefill_s += time.perf_counter() - tic
         pending = int(y.item())
+        room = (UNBOUNDED_ROOM if max_tokens is None else max_tokens) + num_draft + 2
+        fast_verify = start_fast_verify(fast, target, cache, recurrent=mixers is not None, converting=converting,
+                                        room=room)
         ntoks = 0
-        while max_tokens is None or ntoks < max_tokens:
-            k = controller.choose() if controller is not None else num_draft
-            if max_tokens is not None:
-                k = min(k, max_tokens - ntoks)  # as mlx-lm: never draft past the budget
-            offset = _offset(cache)
-            if converting and offset is not None and (offset < quantized_kv_start or offset == 0):
-                k = min(k, max(0, quantized_kv_start - 1 - offset))  # the hook has not converted yet
-            if key is not None:
-                key, k_draft, k_verify = mx.random.split(key, 3)
-            else:
-                k_draft = k_verify = None
+        try:
+            while max_tokens is None or ntoks < max_tokens:
+                k = controller.choose() if controller is not None else num_draft
+                if max_tokens is not None:
+                    k = min(k, max_tokens - ntoks)  # as mlx-lm: never draft past the budget
+                offset = _offset(cache)
+                if converting and offset is not None and (offset < quantized_kv_start or offset == 0):
+                    k = min(k, max(0, quantized_kv_start - 1 - offset))  # the hook has not converted yet
+                if key is not None:
+                    key, k_draft, k_verify = mx.random.split(key, 3)
+                else:
+                    k_draft = k_verify = None
 
-            t0 = time.perf_counter()
-            draft = drafter.propose(history_ids, k, key=k_draft) if k > 0 else Draft()
-            if len(draft) > k:
-                raise MlxbunError(f"{type(drafter).__name__} proposed {len(draft)} tokens, asked for at most {k}")
-            t1 = time.perf_counter()
+                t0 = time.perf_counter()
+                draft = drafter.propose(history_ids, k, key=k_draft) if k > 0 else Draft()
+                if len(draft) > k:
+                    raise MlxbunError(f"{type(drafter).__name__} proposed {len(draft)} tokens, "
+                                      f"asked for at most {k}")
+                t1 = time.perf_counter()
 
-            m = len(draft)
-            for c in cache:
-                c.spec_begin()
-            logits = verify(mx.array([pending, *draft], dtype=mx.int32)[None], cache=sink_exact(cache))[0]
-            history = mx.array(history_ids, dtype=mx.int32) if logits_processors else None
-            logprobs = _process_rows(logits, history, draft, logits_processors)
-            if sampling.greedy:
-                verdict = verify_greedy(mx.argmax(logprobs, axis=-1).tolist(), draft)
-            else:
-                verdict = verify_sampled(sampling.probs(logprobs), draft, draft.q, k_verify)
-            n = verdict.n_accepted
-            t2 = time.perf_counter()
-            if mixers is not None:  # the recurrent mixers alone re-run on the kept positions
-                replay = mixers.commit(cache, n + 1, m + 1)
-            else:  # a recurrent state went back to the round's start: feed the kept tokens
-                replay = commit_spec_round(cache, n + 1)
+                m = len(draft)
+                ids = mx.array([pending, *draft], dtype=mx.int32)[None]
+                logits = None
+                if fast_verify is not None:
+                    try:
+                        logits = fast_verify.verify(ids)
+                    except CompileGap as e:
+                        fast.note(f"speculative verify through the compiled step stopped: {e}; eager from here")
+                        fast_verify.close()
+                        fast_verify = None
+                if logits is None:
+                    for c in cache:
+                        c.spec_begin()
+                    logits = verify(ids, cache=sink_exact(cache))[0]
+                history = mx.array(history_ids, dtype=mx.int32) if logits_processors else None
+                logprobs = _process_rows(logits, history, draft, logits_processors)
+                if sampling.greedy:
+                    verdict = verify_greedy(mx.argmax(logprobs, axis=-1).tolist(), draft)
+                else:
+                    verdict = verify_sampled(sampling.probs(logprobs), draft, draft.q, k_verify)
+                n = verdict.n_accepted
+                t2 = time.perf_counter()
+                if fast_verify is not None:  # the static buffers go back by their position
+                    fast_verify.commit(n + 1, m + 1)
+                    replay = 0
+                elif mixers is not None:  # the recurrent mixers alone re-run on the kept positions
+                    replay = mixers.commit(cache, n + 1, m + 1)
+                else:  # a recurrent state went back to the round's start: feed the kept tokens
+                    replay = commit_spec_round(cache, n + 1)
+                    if replay:
+                        target(mx.array([pending, *draft[:n]], dtype=mx.int32)[None], cache=sink_exact(cache))
                 if replay:
-                    target(mx.array([pending, *draft[:n]], dtype=mx.int32)[None], cache=sink_exact(cache))
-            if replay:
-                mx.eval([c.state for c in cache])
-            t3 = time.perf_counter()
-            quantize(cache)
+                    mx.eval([c.state for c in cache])
+                t3 = time.perf_counter()
+                quantize(cache)
 
-            drafter.observe(list(draft[:n]), n)
-            stats.add_round(k, m, n, t1 - t0, t2 - t1)
-            if replay:
-                stats.add_replay(replay, t3 - t2)
-            if controller is not None:  # a replay is part of what a verify round costs
-                controller.update(k, m, n, t1 - t0, t3 - t1)
+                drafter.observe(list(draft[:n]), n)
+                stats.add_round(k, m, n, t1 - t0, t2 - t1)
+                if replay:
+                    stats.add_replay(replay, t3 - t2)
+                if controller is not None:  # a replay is part of what a verify round costs
+                    controller.update(k, m, n, t1 - t0, t3 - t1)
 
-            for i, tok in enumerate([*draft[:n], verdict.token]):
-                history_ids.append(tok)
-                ntoks += 1
-                yield tok, logprobs[i], i < n
-                if max_tokens is not None and ntoks == max_tokens:
-                    return
-            pending = verdict.token
-            if stats.rounds % 256 == 0:
-                mx.clear_cache()
+                for i, tok in enumerate([*draft[:n], verdict.token]):
+                    history_ids.append(tok)
+                    ntoks += 1
+                    yield tok, logprobs[i], i < n
+                    if max_tokens is not None and ntoks == max_tokens:
+                        return
+                pending = verdict.token
+                if stats.rounds % 256 == 0:
+                    mx.clear_cache()
+        finally:
+            if fast_verify is not None:  # the exact caches get the decoded tokens back
+                fast_verify.close()
 
 
 # ----------------------------------------------------------------------------- the user call
@@ -257,6 +285,7 @@ def speculative_generate(
     prefill_step_size: int = 2048,
     adaptive: bool = False,
     rollback: Union[str, Rollback] = Rollback.MIXERS,
+    fast: Union[bool, FastPath] = False,
 ) -> Generator[SpecResponse, None, None]:
     """Generate from `prompt` with speculative decoding; one `SpecResponse` per token.
 
@@ -265,8 +294,12 @@ def speculative_generate(
     tokens per round (the maximum, with `adaptive`). The other options are
     `mlxbun.generate.stream_generate`'s; greedy output equals its output token for token, and
     sampling draws from the same distribution. rollback: "mixers" (default) or "model", how a
-    recurrent target goes back after a rejection (`mlxbun.speculative.replay`). Bad options raise
-    `GenerationError` before work.
+    recurrent target goes back after a rejection (`mlxbun.speculative.replay`). fast: the
+    target's fast path (True, or its `FastPath`; L2-fast, measured not bit-exact): its kernels and
+    the verify forwards through its compiled step (`mlxbun.speculative.fast_verify`); the logits
+    are then the fast path's (close to the exact ones, not equal), so greedy tokens can differ from
+    the exact path's where two candidates nearly tie. Bad options raise `GenerationError` before
+    work.
     """
     if temp is not None:
         if temperature not in (0.0, temp):
@@ -290,6 +323,9 @@ def speculative_generate(
     drafter = make_drafter(drafter)
 
     target = ensure_runtime(target)
+    fast_path = (fast if isinstance(fast, FastPath) else enable_fast(target)) if fast else None
+    if fast_path is not None and isinstance(drafter, (DraftModelDrafter, LayerSkipDrafter)):
+        fast_path.note("the draft model's forwards run eagerly (the compiled step runs the target's verify)")
     prompt_ids = prepare_prompt(tokenizer, prompt, vocab_size_of(target))
     check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
     kv_config = resolve_kv_config(target, kv_config, kv_bits=kv_bits, kv_scheme=kv_scheme, max_kv_size=max_kv_size)
@@ -313,7 +349,7 @@ def speculative_generate(
         sampling=sampling, logits_processors=processors, prefill_step_size=prefill_step_size,
         quantize=quantize_hook(kv, len(cache)), quantized_kv_start=quantized_kv_start, key=key,
         adaptive=adaptive, stats=stats, rollback=rollback,
-        stream=generation_stream)
+        stream=generation_stream, fast=fast_path)
     turboquant = kv_scheme == "turboquant" and kv_bits is not None
     return _responses(tokens, prompt_ids, detokenizer, eos, stops, max_tokens, stats,
                       StopText, wired_limit([generation_stream]), attention_routing(turboquant))
