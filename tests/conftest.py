@@ -73,15 +73,18 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session")
-def zoo_root(tmp_path_factory) -> Path:
-    """Where zoo checkpoints are built: $MLXBUN_ZOO_CACHE, else a directory every
-    pytest-xdist worker of this run shares (the parent of the workers' basetemps)."""
-    env = os.environ.get("MLXBUN_ZOO_CACHE")
-    if env:
-        return Path(env)
+def run_tmp(tmp_path_factory) -> Path:
+    """A directory every pytest-xdist worker of this run shares (the parent of the workers'
+    basetemps; without xdist, the basetemp)."""
     base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    return shared / "zoo"
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def zoo_root(run_tmp) -> Path:
+    """Where zoo checkpoints are built: $MLXBUN_ZOO_CACHE, else `run_tmp`/zoo."""
+    env = os.environ.get("MLXBUN_ZOO_CACHE")
+    return Path(env) if env else run_tmp / "zoo"
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,11 @@
 """Launching mlxbun across ranks from a test: `mlx.launch -n N --backend ring` on this CPU.
 
 Every launch gets ports no other launch of this run uses (each pytest-xdist worker its own range,
-each probed free), the run's zoo and GGUF caches through the environment, and a bounded time.
-The ring backend runs the ranks as local processes talking TCP over loopback.
+each probed free), the run's zoo and GGUF caches through the environment, this tree's mlxbun
+first on the path, and a bounded time. The ring backend runs the ranks as local processes talking
+TCP over loopback. Also what the tensor-parallel test files share: one launch for every xdist
+worker (`launch_json_once`), the assertions on a tp-check row, whether mlx-lm's file shards, and a
+stand-in group for the checks that run without a launch.
 """
 
 from __future__ import annotations
@@ -16,11 +19,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[1]  # the tree under test (an editable install may point elsewhere)
 LAUNCH_TIMEOUT_S = 600
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 _NEXT = itertools.count(0)
+# the end of a refusal of a split off whole quantization groups of 64 over 2 ranks
+GROUPS_OF_64 = ("not whole quantization groups of 64 (tensor-parallel group of 2); a smaller group or fewer "
+                "ranks split it")
 
 
 def _free(port: int, n: int) -> bool:
@@ -67,6 +75,56 @@ def launch_json(args: list[str], **kwargs):
     if not out:
         raise AssertionError(f"no output (ranks failed: {failed_ranks(done)}); stderr:\n{done.stderr[-3000:]}")
     return json.loads(out), done
+
+
+def once(shared: Path, key: str, make):
+    """`make()`'s JSON-able result, computed once for every pytest-xdist worker of the run: a
+    module's fixture runs in each worker that runs one of its tests, so the first worker to ask
+    computes it (a launch, say) and leaves it under `shared` (the conftest's `run_tmp`), the others
+    wait on the lock and read it. A failure leaves nothing: the next asker tries again."""
+    from filelock import FileLock
+
+    out = Path(shared) / f"tp-{key}.json"
+    with FileLock(f"{out}.lock"):
+        if not out.is_file():
+            out.write_text(json.dumps(make()))
+        return json.loads(out.read_text())
+
+
+def launch_json_once(shared: Path, key: str, args: list[str], **kwargs):
+    """`launch_json(args)`'s document, launched once for every worker of the run (`once`)."""
+    return once(shared, key, lambda: launch_json(args, **kwargs)[0])
+
+
+def mlxlm_has_shard(path: Path) -> bool:
+    """Whether mlx-lm's model file for the checkpoint at `path` has `shard()` (then tp-check holds
+    mlxbun's split to its split bit for bit)."""
+    from mlx_lm.utils import _get_classes
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    return hasattr(_get_classes(config)[0], "shard")
+
+
+def assert_split_holds(r: dict) -> None:
+    """A tp-check row that passed as `mlxbun.parallel.check` states the hold: float32 activations
+    (quantized weights too) every greedy id equal, logits within 2^-17 of the largest; half
+    precision within twice its own drift from float32, the ids equal up to a tie inside that. And
+    split for real: the reordered sums moved some bits."""
+    assert r["status"] == "pass", r["reason"]
+    if r["dtype"] == "float32":
+        assert r["tokens_equal"] and r["tie_at"] is None, r
+        assert r["tolerance"] == pytest.approx(2.0 ** -17 * r["max_abs_logit"])
+    else:
+        assert 0 < r["noise_floor"] and r["tolerance"] == pytest.approx(2 * r["noise_floor"])
+        assert r["tokens_equal"] or r["tie_at"] is not None, r
+    assert 0 < r["max_abs_diff"] <= r["tolerance"], r
+
+
+def param_shapes(module) -> dict:
+    """{parameter path: shape} of a module: what a refused split must leave as it was."""
+    from mlx.utils import tree_flatten
+
+    return {k: v.shape for k, v in tree_flatten(module.parameters())}
 
 
 class FakeGroup:
