@@ -1,10 +1,12 @@
 """Tensor parallelism (issue 18): models split across 2 (and 3) local ranks over the ring backend.
 
-Every zoo arch (float32), a set of half-precision and quantized variants, and both real models go
-through `mlxbun tp-check` in one launch each: the split against the whole model (greedy ids equal,
-logits within the stated tolerance of `mlxbun.parallel.check`) and against mlx-lm's own split bit
-for bit wherever mlx-lm's model file has `shard()`. The CLI runs split under `mlx.launch`
-(generate, speculative decoding, bench), and the checks that refuse a split run without a launch.
+Every zoo arch (float32: every one splits but gemma3n's graph), a set of dense half-precision and
+quantized variants, and both real models go through `mlxbun tp-check` in one launch each: the split
+against the whole model (greedy ids equal, logits within the stated tolerance of
+`mlxbun.parallel.check`) and against mlx-lm's own split bit for bit wherever mlx-lm's model file has
+`shard()`. The families' own variants and refusals are tests/test_tp_moe_mla.py's and
+tests/test_tp_hybrid.py's. The CLI runs split under `mlx.launch` (generate, speculative decoding,
+bench), and the checks that refuse a split run without a launch.
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ from mlxbun import zoo
 from mlxbun.errors import MlxbunError
 from mlxbun.models.sharding import ShardingError, repeat_heads, shard_linear
 from mlxbun.parallel import ParallelError, tensor_group
-from tests.tensor_parallel import FakeGroup, failed_ranks, launch, launch_json
+from tests.tensor_parallel import (
+    FakeGroup,
+    assert_split_holds,
+    failed_ranks,
+    launch,
+    launch_json,
+    launch_json_once,
+    mlxlm_has_shard,
+)
 
 # archs whose split is refused, and the words of the refusal (everything else must pass)
 REFUSED = {
@@ -27,9 +37,6 @@ REFUSED = {
     "diffusion_gemma": "has no tensor-parallel split; run it in one process (--tp 1)",
     "llada2_moe": "has no tensor-parallel split; run it in one process (--tp 1)",
 }
-# mlxbun's split not yet written for these pieces (issue 18 in progress): refused by name
-NOT_YET = ("(MoEBlock) has no tensor-parallel split", "Attention) has no tensor-parallel split",
-           "(GatedDeltaNet) has no", "(GatedDeltaSplitConv) has no", "(ShortConv) has no", "(Mamba2Mixer) has no")
 
 EXTRA_VARIANTS = [  # half precision and quantized splits (q4 / q8 / mixed need heads of 32: group 64)
     "zoo:llama@bfloat16", "zoo:llama@float16", "zoo:qwen3@bfloat16", "zoo:gemma3_text@bfloat16",
@@ -40,17 +47,10 @@ QUANT_REFUSED = "zoo:llama@q4"  # heads of 16: a rank's o_proj input is half a q
 BAD_NAME = "zoo:qwen2@q4,head_dim=32"  # a target that does not resolve is that target's refusal
 
 
-def _has_mlxlm_shard(path) -> bool:
-    from mlx_lm.utils import _get_classes
-
-    config = json.loads((path / "config.json").read_text())
-    return hasattr(_get_classes(config)[0], "shard")
-
-
 @pytest.fixture(scope="module")
-def zoo_report(zoo_root):
-    rows, done = launch_json(["tp-check", "zoo:all", *EXTRA_VARIANTS, QUANT_REFUSED, BAD_NAME, "--variants", "float32"],
-                             env={"MLXBUN_ZOO_CACHE": str(zoo_root)})
+def zoo_report(zoo_root, run_tmp):
+    rows = launch_json_once(run_tmp, "zoo", ["tp-check", "zoo:all", *EXTRA_VARIANTS, QUANT_REFUSED, BAD_NAME,
+                                             "--variants", "float32"], env={"MLXBUN_ZOO_CACHE": str(zoo_root)})
     return {r["target"]: r for r in rows}
 
 
@@ -65,25 +65,16 @@ def test_every_zoo_arch_splits_or_is_refused_by_name(zoo_report, zoo, arch):
     if arch in REFUSED:
         assert r["status"] == "refused" and REFUSED[arch] in r["reason"], r
         return
-    if r["status"] == "refused" and any(words in r["reason"] for words in NOT_YET):
-        return
-    assert r["status"] == "pass", r["reason"]
-    assert r["tokens_equal"] and r["tie_at"] is None  # float32: every greedy id, no tie
-    assert r["max_abs_diff"] <= r["tolerance"] == pytest.approx(2.0 ** -17 * r["max_abs_logit"])
+    assert r["dtype"] == "float32"
+    assert_split_holds(r)  # float32: every greedy id, no tie
     # where mlx-lm shards the arch, its split's logits are mlxbun's, bit for bit
-    assert r["mlxlm"] == ("bit-exact" if _has_mlxlm_shard(zoo(arch)) else "no shard()")
+    assert r["mlxlm"] == ("bit-exact" if mlxlm_has_shard(zoo(arch)) else "no shard()")
 
 
 @pytest.mark.parametrize("target", EXTRA_VARIANTS)
 def test_half_precision_and_quantized_splits(zoo_report, target):
-    r = zoo_report[target if "@" in target else f"{target}@float32"]
-    assert r["status"] == "pass", r["reason"]
-    if r["dtype"] == "float32":  # quantized weights, float32 activations
-        assert r["tokens_equal"] and r["tolerance"] == pytest.approx(2.0 ** -17 * r["max_abs_logit"])
-    else:  # the half dtype's own drift from float32 bounds the split's
-        assert 0 < r["noise_floor"] and r["tolerance"] == pytest.approx(2 * r["noise_floor"])
-        assert r["tokens_equal"] or r["tie_at"] is not None
-    assert r["max_abs_diff"] <= r["tolerance"]
+    r = zoo_report[target]
+    assert_split_holds(r)  # quantized weights: float32 activations; half: twice its own drift
     if _arch(target) in ("llama", "qwen3", "qwen2", "mistral", "ministral3"):
         assert r["mlxlm"] == "bit-exact"
 
