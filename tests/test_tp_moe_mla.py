@@ -1,19 +1,18 @@
 """Tensor parallelism (issue 18) for the MoE block and multi-head latent attention, 2 local ranks
 over the ring backend.
 
-One launch of `mlxbun tp-check` (through `tests/tensor_parallel.py`) runs every MoE / MLA zoo arch
-in float32 and the quantized and half-precision variants whose split fits: the split against the
-whole model (greedy ids equal, logits within the check's tolerance) and, where mlx-lm's model file
-has `shard()`, against mlx-lm's own split bit for bit. The variants whose split cannot be made are
-refused by name. The checks that refuse a split, the head slices of a quantized MultiLinear and
-the experts' bias share run without a launch.
+Every MoE / MLA zoo arch splits in float32 under tests/test_tensor_parallel.py's `tp-check zoo:all`
+(bit-exact with mlx-lm's split where its file has `shard()`). Here one launch of `mlxbun tp-check`
+(through `tests/tensor_parallel.py`) runs the quantized and half-precision variants whose split
+fits, held to the whole model (greedy ids equal, logits within the check's tolerance) and to
+mlx-lm's split where it shards, and the variants whose split cannot be made, refused by name. The
+checks that refuse a split, the head slices of a quantized MultiLinear and the experts' bias share
+run without a launch.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -22,69 +21,32 @@ from mlxbun.locate import locate
 from mlxbun.models.multi_linear import MultiLinear
 from mlxbun.models.sharding import ShardingError, shard_inplace_all, slice_heads_inplace
 from mlxbun.models.switch_layers import SwitchGLU
-from tests.tensor_parallel import FakeGroup, launch_json
+from tests.tensor_parallel import GROUPS_OF_64, FakeGroup, assert_split_holds, launch_json_once, param_shapes
 
-MOE_MLA_ARCHS = (
-    "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "glm4_moe", "solar_open", "exaone_moe",
-    "bailing_moe", "hunyuan", "dots1", "phimoe", "ernie4_5_moe", "minimax_m2", "deepseek", "deepseek_v2",
-    "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite", "mistral4", "minicpm3", "youtu_llm",
-    "gpt_oss", "Klear", "afmoe", "step3p5", "mimo_v2_flash", "laguna",
-    "qwen3_vl_moe", "kimi_vl", "kimi_k25", "mistral3-mistral4",  # the wrappers
-)
 # the splits that fit a quantized or half-precision variant: olmoe's experts are 128 wide (a rank's
 # down input 64, one group of 64); gpt_oss's mxfp4 groups are 32; youtu_llm's o_proj (96 inputs)
 # stays unquantized; unquantized half-precision experts do not run on the CPU (gather_mm), dense MLA does
 VARIANTS = ("zoo:olmoe@q4,head_dim=32", "zoo:gpt_oss@mxfp4", "zoo:youtu_llm@q4",
             "zoo:minicpm3@bfloat16", "zoo:youtu_llm@float16")
 BIT_EXACT_VARIANTS = ("zoo:gpt_oss@mxfp4",)  # mlx-lm's gpt_oss has shard()
-GROUP_64 = "not whole quantization groups of 64 (tensor-parallel group of 2); a smaller group or fewer ranks split it"
 REFUSED = {  # the quantized splits that cannot be made, and the words of the refusal
-    "zoo:qwen3_moe@q4,head_dim=32": f"model.layers.0.mlp.switch_mlp.down_proj: a rank's 32 of 64 input features are {GROUP_64}",
-    "zoo:dots1@q4,head_dim=32": f"model.layers.1.mlp.experts.down_proj: a rank's 32 of 64 input features are {GROUP_64}",
-    "zoo:deepseek_v3@q4": f"model.layers.0.self_attn.o_proj: a rank's 32 of 64 input features are {GROUP_64}",
+    "zoo:qwen3_moe@q4,head_dim=32": f"model.layers.0.mlp.switch_mlp.down_proj: a rank's 32 of 64 input features are {GROUPS_OF_64}",
+    "zoo:dots1@q4,head_dim=32": f"model.layers.1.mlp.experts.down_proj: a rank's 32 of 64 input features are {GROUPS_OF_64}",
+    "zoo:deepseek_v3@q4": f"model.layers.0.self_attn.o_proj: a rank's 32 of 64 input features are {GROUPS_OF_64}",
 }
-TARGETS = (*(f"zoo:{a}" for a in MOE_MLA_ARCHS), *VARIANTS, *REFUSED)
+TARGETS = (*VARIANTS, *REFUSED)
 
 
 @pytest.fixture(scope="module")
-def report(zoo_root):
-    rows, _ = launch_json(["tp-check", *TARGETS], env={"MLXBUN_ZOO_CACHE": str(zoo_root)})
-    assert len(rows) == len(TARGETS)
-    return dict(zip(TARGETS, rows))  # one row per target, in order (tp-check names them zoo:ARCH@float32)
-
-
-def _has_mlxlm_shard(path: Path) -> bool:
-    from mlx_lm.utils import _get_classes
-
-    config = json.loads((path / "config.json").read_text())
-    return hasattr(_get_classes(config)[0], "shard")
-
-
-def _assert_within_tolerance(r: dict) -> None:
-    assert r["status"] == "pass", r["reason"]
-    assert r["tokens_equal"] and r["tie_at"] is None, r
-    assert r["max_abs_diff"] <= r["tolerance"]
-    if r["dtype"] == "float32":
-        assert r["tolerance"] == pytest.approx(2.0 ** -17 * r["max_abs_logit"])
-    else:  # the half dtype's own drift from float32 bounds the split's
-        assert 0 < r["noise_floor"] and r["tolerance"] == pytest.approx(2 * r["noise_floor"])
-    assert r["max_abs_diff"] > 0  # split for real: the reordered sums move some bits
-
-
-@pytest.mark.parametrize("arch", MOE_MLA_ARCHS)
-def test_every_moe_and_mla_arch_splits(report, zoo_root, arch):
-    r = report[f"zoo:{arch}"]
-    assert r["ranks"] == 2 and r["dtype"] == "float32"
-    _assert_within_tolerance(r)
-    # where mlx-lm's file shards the arch, its split's logits are mlxbun's, bit for bit
-    path = locate(f"zoo:{arch}", zoo_root=zoo_root)
-    assert r["mlxlm"] == ("bit-exact" if _has_mlxlm_shard(path) else "no shard()"), r
+def report(zoo_root, run_tmp):
+    rows = launch_json_once(run_tmp, "moe-mla", ["tp-check", *TARGETS], env={"MLXBUN_ZOO_CACHE": str(zoo_root)})
+    return {r["target"]: r for r in rows}
 
 
 @pytest.mark.parametrize("target", VARIANTS)
 def test_quantized_and_half_precision_splits(report, target):
     r = report[target]
-    _assert_within_tolerance(r)
+    assert_split_holds(r)
     assert r["mlxlm"] == ("bit-exact" if target in BIT_EXACT_VARIANTS else "no shard()"), r
 
 
@@ -103,12 +65,6 @@ def _layers(name: str, zoo_root):
     return open_model(locate(name, zoo_root=zoo_root)).layers
 
 
-def _shapes(module) -> dict:
-    from mlx.utils import tree_flatten
-
-    return {k: v.shape for k, v in tree_flatten(module.parameters())}
-
-
 def test_moe_split_is_checked_before_any_expert_moves(zoo_root):
     moe = _layers("zoo:qwen3_moe", zoo_root)[0].mlp
     with pytest.raises(ShardingError, match=r"^x.mlp.switch_mlp.gate_proj: 64 output features do not split "
@@ -116,10 +72,10 @@ def test_moe_split_is_checked_before_any_expert_moves(zoo_root):
         moe.shard(FakeGroup(3), where="x.mlp")
     # gate / up split on 2 ranks, down's input would be half a quantization group: nothing moves
     moe = _layers("zoo:qwen3_moe@q4,head_dim=32", zoo_root)[0].mlp
-    before = _shapes(moe)
+    before = param_shapes(moe)
     with pytest.raises(ShardingError, match=r"x.mlp.switch_mlp.down_proj: a rank's 32 of 64 input features"):
         moe.shard(FakeGroup(2), where="x.mlp")
-    assert _shapes(moe) == before and moe._tensor_group is None
+    assert param_shapes(moe) == before and moe._tensor_group is None
 
 
 def test_mla_split_is_checked_before_any_weight_moves(zoo_root):
@@ -128,10 +84,10 @@ def test_mla_split_is_checked_before_any_weight_moves(zoo_root):
         with pytest.raises(ShardingError, match=r"^x.attn: 4 attention heads do not split across 3 ranks$"):
             attn.shard(FakeGroup(3), where="x.attn")
     attn = _layers("zoo:deepseek_v3@q4", zoo_root)[0].self_attn  # q_b_proj splits, o_proj does not
-    before = _shapes(attn)
+    before = param_shapes(attn)
     with pytest.raises(ShardingError, match=r"x.attn.o_proj: a rank's 32 of 64 input features"):
         attn.shard(FakeGroup(2), where="x.attn")
-    assert _shapes(attn) == before and attn.num_heads == 4
+    assert param_shapes(attn) == before and attn.num_heads == 4
 
 
 def test_quantized_multilinear_keeps_its_ranks_heads_exactly():
