@@ -194,6 +194,8 @@ def test_speculative_decoding_of_a_split_hybrid_is_plain_decoding(zoo_root, monk
     ("zoo:qwen3_5@q4", "linear_attn", 2, r"^x.out_proj: a rank's 32 of 64 input features are not whole"),
     ("zoo:lfm2@q4", "conv", 2, r"^x.out_proj: a rank's 32 of 64 input features are not whole"),
     ("zoo:olmo_hybrid@q4", "linear_attn", 2, r"^x.o_proj: a rank's 32 of 64 input features are not whole"),
+    ("zoo:gemma4@q4,head_dim=32", "experts", 2,
+     r"^x.switch_glu.down_proj: a rank's 32 of 64 input features are not whole"),
 ])
 def test_a_mixer_split_is_checked_before_anything_changes(zoo_root, target, child, ranks, words):
     module = open_model(locate(target, zoo_root=zoo_root)).layers[0][child]

@@ -51,7 +51,7 @@ from mlxbun.models.sharding import (
     ShardingError,
     check_heads,
     repeat_heads,
-    shard_inplace,
+    shard_inplace_all,
     shard_linear,
 )
 from mlxbun.models.switch_layers import SwitchGLU
@@ -201,12 +201,11 @@ class Experts(nn.Module):
         self._group = None  # set by shard(): the partial sums are all-summed
 
     def shard(self, group, where: str) -> None:
-        """Split every expert's hidden units (in place; down_proj first: the one whose input split
-        can fail on quantization groups, before gate / up change)."""
+        """Split every expert's hidden units in place (SwitchGLU.split_pieces), every piece
+        checked before any moves."""
         glu = self.switch_glu
-        shard_inplace(glu.down_proj, SHARDED_TO_ALL, group, where=f"{where}.switch_glu.down_proj")
-        for name in ("gate_proj", "up_proj"):
-            shard_inplace(glu[name], ALL_TO_SHARDED, group, where=f"{where}.switch_glu.{name}")
+        shard_inplace_all([(f"{where}.switch_glu.{child}", glu[child], sharding, segments)
+                           for child, sharding, segments in glu.split_pieces()], group)
         object.__setattr__(self, "_group", group)
 
     def __call__(self, x, top_k_indices, top_k_weights):
