@@ -68,11 +68,31 @@ def _fmt(r) -> list[str]:
     return [r.target, r.dtype or "-", ids, rel, r.mlxlm or "-", r.status]
 
 
-def run(args) -> int:
+def _report(results, ranks: int, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from mlxbun.parallel import is_primary, primary_output, world
+    if as_json:
+        print(json.dumps([r.as_dict() for r in results], indent=2))
+        return
+    table = Table(title=f"mlxbun tp-check: split across {ranks} ranks vs whole and vs mlx-lm's split")
+    for col in ("model", "dtype", "greedy ids", "max |diff| / max |logit|", "mlx-lm split", "verdict"):
+        table.add_column(col)
+    style = {"pass": "green", "fail": "red", "refused": "yellow"}
+    for r in results:
+        row = _fmt(r)
+        row[-1] = f"[{style[r.status]}]{r.status}[/]"
+        table.add_row(*row)
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(table)
+    for r in results:
+        if r.reason:
+            console.print(f"[{style[r.status]}]{r.target}[/]: {r.reason}")
+    console.print(f"{sum(r.status == 'pass' for r in results)}/{len(results)} pass")
+
+
+def run(args) -> int:
+    from mlxbun.parallel import barrier, is_primary, primary_output, world
     from mlxbun.parallel.check import check_tensor_parallel
 
     if args.decode_steps < 1 or args.prompt_len < 2:
@@ -82,23 +102,10 @@ def run(args) -> int:
         targets = expand_targets(args.targets, args.variants)
         results = [check_tensor_parallel(t, group, decode_steps=args.decode_steps, prompt_len=args.prompt_len)
                    for t in targets]
-    if not is_primary():
-        return 0 if all(r.status == "pass" for r in results) else 1
-    if args.json:
-        print(json.dumps([r.as_dict() for r in results], indent=2))
-    else:
-        table = Table(title=f"mlxbun tp-check: split across {group.size()} ranks vs whole and vs mlx-lm's split")
-        for col in ("model", "dtype", "greedy ids", "max |diff| / max |logit|", "mlx-lm split", "verdict"):
-            table.add_column(col)
-        style = {"pass": "green", "fail": "red", "refused": "yellow"}
-        for r in results:
-            row = _fmt(r)
-            row[-1] = f"[{style[r.status]}]{r.status}[/]"
-            table.add_row(*row)
-        console = Console(width=None if sys.stdout.isatty() else 200)
-        console.print(table)
-        for r in results:
-            if r.reason:
-                console.print(f"[{style[r.status]}]{r.target}[/]: {r.reason}")
-        console.print(f"{sum(r.status == 'pass' for r in results)}/{len(results)} pass")
+    if is_primary():
+        _report(results, group.size(), args.json)
+        sys.stdout.flush()
+    # mlx.launch stops every rank once one exits non-zero (a refused target): the others leave
+    # only after rank 0 has printed, or it could be stopped before its report is out
+    barrier(group)
     return 0 if all(r.status == "pass" for r in results) else 1
