@@ -8,7 +8,7 @@ import pytest
 
 import mlxbun.cli as cli
 from mlxbun.errors import MlxbunError
-from mlxbun.lab.catalog import experiment_headers, lab_dir
+from mlxbun.lab.catalog import experiment_headers, lab_dir, resolve_notebook
 from mlxbun.lab.summary import TABLE_BEGIN, TABLE_END, read_header, render_readme, summary_table
 from mlxbun.results import open_results
 from tests.test_lab import dirs, write_nb  # noqa: F401 - the fixture
@@ -107,3 +107,25 @@ def test_lab_run_of_a_directory_records_rows_under_its_name(dirs, tmp_path, monk
     assert list(rows.experiment) == ["idea", "idea", "some_driver"]
     assert list(rows["params.driver"][:2]) == ["some_driver", "some_driver"]
     assert list(rows["params.lab_run"]) == list(lab_rows.run_id)
+
+
+def test_a_graduated_experiment_is_its_workflow_with_the_readme_header(dirs, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """lab/<name>/ keeps the README (and results) of an experiment whose notebook moved to notebooks/:
+    listed once, as the workflow, with the experiment's header; in the summary table; `lab run lab/<name>`
+    runs the moved notebook. A directory elsewhere of the same name does not."""
+    nbs, lab = dirs
+    write_nb(nbs / "plan.ipynb", "print('moved')", params="results_path = None")
+    (lab / "plan").mkdir()
+    (lab / "plan" / "README.md").write_text(GOOD.replace("answered", "graduated"))
+    assert cli.main(["lab", "list", "--json"]) == 0
+    rows = [r for r in json.loads(capsys.readouterr().out) if r["name"] == "plan"]
+    assert len(rows) == 1 and (rows[0]["kind"], rows[0]["status"]) == ("workflow", "graduated")
+    assert rows[0]["path"] == str(nbs / "plan.ipynb") and rows[0]["readme"] == str(lab / "plan" / "README.md")
+    assert [h.status for h in experiment_headers() if h.name == "plan"] == ["graduated"]
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["lab", "run", "lab/plan", "--results", str(tmp_path / "r.sqlite"), "--out", "o",
+                     "--no-progress"]) == 0, capsys.readouterr().err
+    assert (tmp_path / "o" / "plan.ipynb").is_file()
+    (tmp_path / "elsewhere" / "plan").mkdir(parents=True)
+    with pytest.raises(MlxbunError, match="a directory without a notebook"):
+        resolve_notebook(tmp_path / "elsewhere" / "plan")

@@ -1,4 +1,5 @@
-"""lab/kv_plan runs headless on its small setting (zoo:llama) and records rows that mean something."""
+"""kv_plan (graduated from lab/kv_plan into notebooks/) runs headless on its small setting (zoo:llama) and
+records rows that mean something."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import nbformat
 from mlxbun import cli
 from mlxbun.results import open_results
 
-LAB = Path(__file__).resolve().parents[1] / "lab" / "kv_plan"
+ROOT = Path(__file__).resolve().parents[1]
+LAB = ROOT / "lab" / "kv_plan"  # the graduated experiment: its README and results; its notebook in notebooks/
+NOTEBOOK = ROOT / "notebooks" / "kv_plan.ipynb"
 
 
 def test_readme_heading_lines():
@@ -21,7 +24,7 @@ def test_readme_heading_lines():
 
 def test_notebook_small_setting(tmp_path, capsys):
     db, out = tmp_path / "results.sqlite", tmp_path / "out"
-    code = cli.main(["lab", "run", str(LAB / "kv_plan.ipynb"), "--out", str(out), "--results", str(db),
+    code = cli.main(["lab", "run", str(NOTEBOOK), "--out", str(out), "--results", str(db),
                      "--no-progress", "-p", "save_dir", str(tmp_path / "saved")])
     assert code == 0, capsys.readouterr().err
     with open_results(db, create=False) as store:

@@ -1,7 +1,9 @@
 """Where the lab's notebooks live and what parameters they take.
 
 Two kinds: the standard workflows, `notebooks/*.ipynb`, and Lab experiments, `lab/<name>/`
-(a notebook + README.md each). Both directories are looked up next to the mlxbun package
+(a notebook + README.md each). An experiment that graduated keeps its README (and its committed
+results) in `lab/<name>/` while its notebook moved to `notebooks/<name>.ipynb`: it is listed once,
+as that workflow with the experiment's header. Both directories are looked up next to the mlxbun package
 (a checkout or an editable install: the repo root), else in the current directory.
 `$MLXBUN_NOTEBOOKS` / `$MLXBUN_LAB` override them.
 """
@@ -56,6 +58,12 @@ def _is_notebook(p: Path) -> bool:
     return p.suffix == ".ipynb" and p.is_file() and not p.name.startswith(".") and ".ipynb_checkpoints" not in p.parts
 
 
+def _graduated_notebook(d: Path) -> Path | None:
+    """notebooks/<name>.ipynb of an experiment directory that holds no notebook of its own."""
+    moved = notebooks_dir() / f"{d.name}.ipynb"
+    return moved if _is_notebook(moved) else None
+
+
 def _experiments() -> list[NotebookInfo]:
     root = lab_dir()
     out = []
@@ -63,12 +71,13 @@ def _experiments() -> list[NotebookInfo]:
         return out
     for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         nbs = sorted(p for p in d.glob("*.ipynb") if _is_notebook(p))
-        if not nbs:
+        main = next((p for p in nbs if p.stem == d.name), nbs[0]) if nbs else _graduated_notebook(d)
+        if main is None:
             continue
-        main = next((p for p in nbs if p.stem == d.name), nbs[0])
         readme = d / "README.md"
         readme = readme if readme.is_file() else None
-        out.append(NotebookInfo(d.name, "lab", main, readme, header=read_header(d.name, readme)))
+        kind = "lab" if nbs else "workflow"
+        out.append(NotebookInfo(d.name, kind, main, readme, header=read_header(d.name, readme)))
     return out
 
 
@@ -80,9 +89,11 @@ def experiment_headers() -> list[ExperimentHeader]:
 def list_notebooks(with_parameters: bool = False) -> list[NotebookInfo]:
     """The workflows (notebooks/*.ipynb) then the Lab experiments, each with its parameters when asked."""
     root = notebooks_dir()
-    infos = [NotebookInfo(p.stem, "workflow", p) for p in sorted(root.glob("*.ipynb")) if _is_notebook(p)] \
-        if root.is_dir() else []
-    infos += _experiments()
+    experiments = _experiments()
+    graduated = {i.path for i in experiments if i.kind == "workflow"}
+    infos = [NotebookInfo(p.stem, "workflow", p) for p in sorted(root.glob("*.ipynb"))
+             if _is_notebook(p) and p not in graduated] if root.is_dir() else []
+    infos += experiments
     if with_parameters:
         for info in infos:
             info.parameters = notebook_parameters(info.path)
@@ -126,7 +137,8 @@ def resolve_notebook(name_or_path) -> Path:
         return p.resolve()
     if p.is_dir():
         nbs = sorted(q for q in p.glob("*.ipynb") if _is_notebook(q))
-        main = next((q for q in nbs if q.stem == p.name), nbs[0] if nbs else None)
+        graduated = None if nbs or p.resolve().parent != lab_dir().resolve() else _graduated_notebook(p)
+        main = next((q for q in nbs if q.stem == p.name), nbs[0]) if nbs else graduated
         if main is None:
             raise MlxbunError(f"{p}: a directory without a notebook")
         return main.resolve()
