@@ -43,6 +43,7 @@ from mlxbun.generation_caches import (
     attention_routing,
     check_kv_options,
     check_plan_options,
+    converts_while_decoding,
     kv_quantizer,
     load_kv_plan,
     load_prompt_cache_for,
@@ -242,7 +243,7 @@ def generate_step(
     step where it applies (the cache list gets the decoded tokens back when the loop ends)."""
     stream = generation_stream if stream is None else stream
     max_tokens = -1 if max_tokens is None else max_tokens
-    quantizes = quantize_cache is not None
+    hook = quantize_cache
     quantize_cache = quantize_cache or (lambda cache: None)
     sampler = sampler or (lambda x: mx.argmax(x, axis=-1))
     tokens = None
@@ -294,7 +295,8 @@ def generate_step(
             mx.clear_cache()
 
         if fast is not None and fast.compile_decode:
-            decoder = _compiled_decoder(fast, model, prompt_cache, quantizes, max_tokens)
+            converting = converts_while_decoding(hook, prompt_cache)
+            decoder = _compiled_decoder(fast, model, prompt_cache, converting, max_tokens)
         y, logprobs = _step(prompt)
         mx.async_eval(y, logprobs)
 
@@ -321,9 +323,9 @@ def generate_step(
             decoder.write_back()
 
 
-def _compiled_decoder(fast: FastPath, model, cache: list, quantizes: bool, max_tokens: int):
+def _compiled_decoder(fast: FastPath, model, cache: list, converting: bool, max_tokens: int):
     """The compiled decode step for this generation, or None (the reason goes to the notes)."""
-    if quantizes:
+    if converting:
         fast.note("compiled decode off: KV quantization converts the caches while decoding")
         return None
     room = (max_tokens if max_tokens >= 0 else UNBOUNDED_ROOM) + 2

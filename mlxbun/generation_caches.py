@@ -30,8 +30,8 @@ from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.names import KVSettings, is_int
 
 __all__ = [
-    "KVCoverage", "KVHeadDimError", "NO_KV_CONFIG", "ROTATING_KEEP", "attention_routing", "check_kv_options",
-    "check_plan_options", "checkpoint_kv_plan", "kv_layers", "kv_quantizer", "load_kv_plan",
+    "KVCoverage", "KVHeadDimError", "KVQuantizer", "NO_KV_CONFIG", "ROTATING_KEEP", "attention_routing", "check_kv_options",
+    "check_plan_options", "checkpoint_kv_plan", "converts_while_decoding", "kv_layers", "kv_quantizer", "load_kv_plan",
     "load_prompt_cache_for", "make_generation_cache", "maybe_turboquant_kv_cache", "model_identity_of",
     "resolve_kv_config", "turboquant_layers",
 ]
@@ -214,17 +214,56 @@ def load_prompt_cache_for(model, path) -> tuple[list, dict]:
     return load_prompt_cache(p, expect_identity=model_identity_of(model))
 
 
-def kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan=None) -> Callable[[list], None]:
-    """What runs at mlx-lm's `quantize_cache_fn` points. Its first call (the caches hold the first
-    prefill chunk; nothing is generated yet) refuses a head dim the group size does not divide."""
+class KVQuantizer:
+    """The KV quantize hook generation runs at mlx-lm's `quantize_cache_fn` points: `hook(cache)`
+    converts layers in place; `pending(cache)` says whether a later call may still convert one (a
+    layer of a kind it converts is left: the start is not reached yet, or nothing was fed), i.e.
+    whether the caches may change kind while decoding. Its first call with a filled cache refuses
+    a head dim the group size does not divide (`group_of(i)`: a layer's group, None: unchecked)."""
+
+    def __init__(self, convert: Callable[[list], None], convertible: Callable[[list], list],
+                 group_of: Optional[Callable[[int], Optional[int]]] = None, where=None):
+        self._convert, self._convertible = convert, convertible
+        self._group_of, self._where = group_of, where
+        self._checked = group_of is None
+
+    def __call__(self, cache: list) -> None:
+        if not self._checked:
+            _check_head_dims(cache, self._group_of, self._where)
+            self._checked = True
+        self._convert(cache)
+
+    def pending(self, cache: list) -> bool:
+        return bool(self._convertible(cache))
+
+
+def converts_while_decoding(hook, cache: list) -> bool:
+    """Whether a KV quantize hook (None: there is none) may still convert a layer of `cache` while
+    decoding; a hook that cannot say (not a `KVQuantizer`) is taken to. The compiled decode step
+    holds the caches' kinds as they are when it starts, and the hook would no longer see its tokens."""
+    if hook is None:
+        return False
+    pending = getattr(hook, "pending", None)
+    return pending is None or pending(cache)
+
+
+def _uniform_convertible(cache: list) -> list:
+    """The layers mlx-lm's uniform hook converts (or refuses) once they hold the start's tokens."""
+    return [i for i, c in enumerate(cache)
+            if isinstance(c, (KVCache, RotatingKVCache)) or hasattr(c, "to_quantized")]
+
+
+def kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan=None) -> KVQuantizer:
+    """The `KVQuantizer` of these KV settings (a plan, uniform or TurboQuant widths, or none)."""
     if plan is not None:  # optiq's per-layer hook: same points, same start rule
         def group_of(i):
             return plan.layers[i][1] if i in plan.layers else None
 
-        return _checked(lambda cache: plan.maybe_quantize(cache, quantized_kv_start), group_of,
-                        lambda i: f"{plan.source}: layer {i}")
+        return KVQuantizer(lambda cache: plan.maybe_quantize(cache, quantized_kv_start),
+                           lambda cache: [i for i in plan.layers if isinstance(cache[i], KVCache)],
+                           group_of, lambda i: f"{plan.source}: layer {i}")
     if kv_bits is None:
-        return lambda cache: None
+        return KVQuantizer(lambda cache: None, lambda cache: [])
     hook = maybe_quantize_kv_cache if kv_scheme == "uniform" else maybe_turboquant_kv_cache
     fn = functools.partial(hook, quantized_kv_start=quantized_kv_start,
                            kv_group_size=kv_group_size, kv_bits=kv_bits)
@@ -237,21 +276,8 @@ def kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan=Non
             raise GenerationError(f"{where}: {e}") from None
 
     if kv_scheme != "uniform":  # TurboQuant has no groups
-        return quantize
-    return _checked(quantize, lambda i: kv_group_size, lambda i: f"{where}: layer {i}")
-
-
-def _checked(quantize, group_of, where) -> Callable[[list], None]:
-    checked = False
-
-    def hook(cache):
-        nonlocal checked
-        if not checked:
-            _check_head_dims(cache, group_of, where)
-            checked = True
-        quantize(cache)
-
-    return hook
+        return KVQuantizer(quantize, turboquant_layers)
+    return KVQuantizer(quantize, _uniform_convertible, lambda i: kv_group_size, lambda i: f"{where}: layer {i}")
 
 
 def _check_head_dims(cache: list, group_of, where) -> None:

@@ -195,6 +195,56 @@ def test_the_compiled_step_refuses_what_it_cannot_hold(zoo):
         CompiledDecoder(open_model(zoo("llama")), [], room=4)
 
 
+@pytest.mark.parametrize("arch, steps", [("llama", 30), ("gemma3_text", 30), ("llama", 600)])
+def test_turboquant_caches_decode_in_the_compiled_step(zoo, arch, steps):
+    """TurboQuantKVCache layers (every full-attention layer but the last of a model with more than
+    two: mlx-vlm's rule; gemma3_text's windows stay rings) decode in the compiled step from their
+    packed codes, quantized by the same codecs: the exact path's logits within float32 rounding and
+    its greedy ids (600 steps: past the exact cache's 512-key attention chunks), and the packed state
+    handed back whole."""
+    from mlxbun.cache.turboquant import TurboQuantKVCache
+    from mlxbun.generation_caches import kv_quantizer, make_generation_cache
+
+    model = open_model(zoo(arch))
+    hook = kv_quantizer("turboquant", 3.5, 64, 0)
+    prompt = mx.array([[(i * 7) % 50 + 1 for i in range(20)]])
+    exact, static = (make_generation_cache(model, kv_bits=3.5, kv_scheme="turboquant") for _ in range(2))
+    for cache in (exact, static):
+        model(prompt, cache=cache)
+        hook(cache)
+    assert any(isinstance(c, TurboQuantKVCache) for c in static) and not hook.pending(static)
+    dec = CompiledDecoder(model, static, room=steps)
+    y, worst = mx.array([[7]]), 0.0
+    for _ in range(steps):
+        e, f = model(y, cache=exact)[:, -1, :], dec(y)
+        worst = max(worst, mx.abs(e - f).max().item())
+        assert mx.array_equal(mx.argmax(e, -1), mx.argmax(f, -1))
+        y = mx.argmax(e, axis=-1)[:, None]
+    assert worst < 1e-4
+    dec.write_back()
+    for e, f in zip(exact, static):
+        assert type(f) is type(e) and f.offset == e.offset
+        if isinstance(f, TurboQuantKVCache):
+            assert all(mx.array_equal(a, b) for a, b in zip(e.state, f.state))  # the same codes, not close
+
+
+@pytest.mark.parametrize("options, compiled", [
+    ({"kv_bits": 4}, True), ({"kv_bits": 3.5, "kv_scheme": "turboquant"}, True),
+    ({"kv_bits": 4, "quantized_kv_start": 100}, False),  # converts mid-decode: eager, and said
+])
+def test_fast_generation_compiles_once_the_kv_cache_is_converted(zoo, options, compiled):
+    path = zoo("llama", head_dim=64)
+    model, tok = open_model(path), load_tokenizer(path)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    exact = [r.token for r in stream_generate(model, tok, prompt, max_tokens=12, **options)]
+    fast = enable_fast(model)
+    got = [r.token for r in stream_generate(model, tok, prompt, max_tokens=12, fast=fast, **options)]
+    assert got == exact
+    off = [n for n in fast.notes if "compiled decode" in n]  # off at the start, or stopped on the way
+    assert (not off) == compiled, fast.notes
+    assert compiled or "KV quantization converts the caches while decoding" in off[0]
+
+
 def test_a_full_static_cache_stops_the_compiled_step(zoo):
     model = open_model(zoo("llama"))
     cache = model.make_cache()

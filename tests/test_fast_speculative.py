@@ -111,7 +111,9 @@ def _bound_ngram(model):
 @pytest.mark.parametrize("arch, head_dim, options, reason", [
     ("gemma3_text", None, {}, "cannot go back after a rejection"),
     ("qwen3_next", None, {}, "recurrent layers roll back by replay"),
-    ("llama", 64, {"kv_bits": 8}, "KV quantization converts the caches"),
+    # the start lies past the prompt: the hook converts the caches mid-decode (quantized from token 0,
+    # they are already converted when decoding starts: see the test below)
+    ("llama", 64, {"kv_bits": 8, "quantized_kv_start": 14}, "KV quantization converts the caches"),
 ])
 def test_where_the_compiled_verify_does_not_apply_it_verifies_eagerly_and_says_why(zoo, arch, head_dim, options,
                                                                                     reason):
@@ -123,6 +125,24 @@ def test_where_the_compiled_verify_does_not_apply_it_verifies_eagerly_and_says_w
                                  **options)
     assert ids == plain
     assert any(n.startswith("speculative verify eager") and reason in n for n in fast.notes), fast.notes
+
+
+@pytest.mark.parametrize("options", [{"kv_bits": 8}, {"kv_bits": 3.5, "kv_scheme": "turboquant"}],
+                         ids=["uniform-q8", "turboquant-3.5"])
+def test_quantized_kv_converted_before_decoding_verifies_on_the_compiled_step(zoo, options):
+    """KV quantized from token 0: the hook converted every layer during the prefill, so the compiled
+    verify holds the quantized (affine or TurboQuant) caches; greedy equals plain decoding, fast and
+    exact, with rejections (rewinds over packed buffers)."""
+    path = zoo("llama", head_dim=64)
+    model, tok = open_model(path), load_tokenizer(path)
+    exact = [r.token for r in stream_generate(model, tok, PROMPT, max_tokens=16, **options)]
+    fast = enable_fast(model)
+    plain_fast = [r.token for r in stream_generate(model, tok, PROMPT, max_tokens=16, fast=fast, **options)]
+    _, ids, stats = speculative_text(model, tok, PROMPT, drafter="ngram", num_draft=3, max_tokens=16, fast=fast,
+                                     **options)
+    assert ids == plain_fast == exact
+    assert stats.draft_tokens > stats.accepted_tokens
+    assert not any("eager" in n or "compiled decode off" in n for n in fast.notes), fast.notes
 
 
 def test_cli_draft_with_fast(zoo, capsys):

@@ -402,6 +402,13 @@ class TurboQuantCodec:
         idx = unpack_indices_u8(state.indices, self.bits, self.dim)
         return mx.take(self.codebook, idx, axis=0)
 
+    def prepare(self) -> "TurboQuantCodec":
+        """Build (and evaluate) the tables made on first use now: a compiled step must not make
+        them while it traces, or the codec would keep an array of that trace."""
+        if 8 % self.bits == 0:
+            mx.eval(self._byte_table())
+        return self
+
     def _byte_table(self) -> mx.array:
         """table[b, j] = codebook[index j of byte b] (little-endian bit order)."""
         if self._table is None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxbun.fast.static_cache import CacheAdapter, CompileGap, adapter_for
+from mlxbun.fast.static_cache import FULL_ATTENTION_KINDS, CacheAdapter, CompileGap, adapter_for
 
 __all__ = ["CompileGap", "CompiledDecoder", "capacity_for"]
 
@@ -76,7 +76,7 @@ class CompiledDecoder:
         self.capacity = capacity_for(self.offset + room)
         pairs = [adapter_for(c, self.capacity) for c in cache]
         self.layout = tuple(a for a, _ in pairs)
-        others = sorted({a.kind for a in self.layout} - {"kv", "qkv"})
+        others = sorted({a.kind for a in self.layout} - set(FULL_ATTENTION_KINDS))
         if rewindable and others:
             raise CompileGap(f"layers of kind {others} cannot go back after a rejection by moving the position "
                              "(a ring overwrites its slots, a recurrent state holds every token)")
@@ -97,7 +97,7 @@ class CompiledDecoder:
     def verify(self, ids: mx.array) -> mx.array:
         """Logits [T, V] of the T tokens `ids` [1, T] (a speculative round's pending token and
         drafts); one compiled trace per T. Full-attention layers only (`rewindable`)."""
-        if ids.shape[1] > 1 and any(a.kind not in ("kv", "qkv") for a in self.layout):
+        if ids.shape[1] > 1 and any(a.kind not in FULL_ATTENTION_KINDS for a in self.layout):
             raise CompileGap("a multi-token step over a ring or a recurrent state")
         return self._run(ids)[0]
 
@@ -106,13 +106,13 @@ class CompiledDecoder:
         if n < 0 or n > self.offset - self.start:
             raise ValueError(f"rewind {n}: the decoder fed {self.offset - self.start} tokens")
         if n:
-            if any(a.kind not in ("kv", "qkv") for a in self.layout):
+            if any(a.kind not in FULL_ATTENTION_KINDS for a in self.layout):
                 raise CompileGap("a ring or a recurrent state cannot rewind")
             self.offset -= n
             self.position = mx.array(self.offset, dtype=mx.int32)
 
     def _run(self, ids: mx.array) -> mx.array:
-        if self.offset + ids.shape[1] > self.capacity and any(a.kind in ("kv", "qkv") for a in self.layout):
+        if self.offset + ids.shape[1] > self.capacity and any(a.kind in FULL_ATTENTION_KINDS for a in self.layout):
             raise CompileGap(f"the static cache is full ({self.capacity} positions)")
         try:
             out = self._step(ids, self.position, *self.state)

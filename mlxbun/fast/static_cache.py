@@ -15,6 +15,10 @@ inputs, and hands its arrays back as outputs:
 
 - `StaticQuantizedKVCache` (for QuantizedKVCache): the same buffer as mlx's affine triples
   (codes, scales, biases) for K and for V; new tokens are quantized as QuantizedKVCache does.
+- `StaticTurboQuantCache` (for TurboQuantKVCache): the packed norms and codeword indices of K and
+  V; new tokens are quantized by the same codecs, attention runs in the rotated space over the
+  packed codes (`rotated_attention`, one pass over the buffer under the mask: no chunks, no
+  dequantized copy of the cache).
 
 A masked sum over a whole buffer is not the sum over the filled part that the exact caches do,
 so results are close to, not equal to, the exact path's: the fast path measures them.
@@ -29,6 +33,7 @@ dtype, head dim, a mask it did not make) MLX's attention runs and the reason is 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -43,12 +48,17 @@ from mlxbun.attention import (
 from mlxbun.cache.arrays import ArraysCache
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.cache.quantized import QuantizedKVCache
+from mlxbun.cache.turboquant import TurboQuantKVCache
+from mlxbun.cache.turboquant_codec import TurboQuantCodec, TurboQuantState, rotated_attention
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.kernels.common import Gap
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap, quantized_decode_attention
 
-__all__ = ["CacheAdapter", "CompileGap", "StaticKVCache", "StaticQuantizedKVCache", "StaticRotatingKVCache",
-           "adapter_for"]
+__all__ = ["FULL_ATTENTION_KINDS", "CacheAdapter", "CompileGap", "StaticKVCache", "StaticQuantizedKVCache",
+           "StaticRotatingKVCache", "StaticTurboQuantCache", "adapter_for"]
+
+# the adapters' kinds whose buffers hold every position (a multi-token step and a rewind apply)
+FULL_ATTENTION_KINDS = ("kv", "qkv", "tq")
 
 
 class CompileGap(Exception):
@@ -56,8 +66,11 @@ class CompileGap(Exception):
 
 
 def _padded(a: mx.array, size: int) -> mx.array:
-    b, h, n, d = a.shape
-    return mx.concatenate([a, mx.zeros((b, h, size - n, d), a.dtype)], axis=2) if size > n else a
+    """`a` [B, H, n, ...] with zeros appended along the positions (axis 2) up to `size`."""
+    n = a.shape[2]
+    if size <= n:
+        return a
+    return mx.concatenate([a, mx.zeros((*a.shape[:2], size - n, *a.shape[3:]), a.dtype)], axis=2)
 
 
 class _StaticBuffers:
@@ -161,6 +174,42 @@ class StaticQuantizedKVCache(StaticKVCache):
         return dequantized_sdpa(queries, q_keys, q_values, scale, mask, self.group_size, self.bits)
 
 
+class StaticTurboQuantCache(StaticKVCache):
+    """`keys` / `values`: TurboQuantStates (norms [B, KV, capacity], packed indices [B, KV,
+    capacity, W]); `codecs`: the exact cache's (key, value) codecs, rebuilt from their spec."""
+
+    def __init__(self, keys, values, offset: mx.array, codecs: tuple[TurboQuantCodec, TurboQuantCodec],
+                 kernels=None):
+        super().__init__(TurboQuantState(*keys), TurboQuantState(*values), offset, kernels)
+        self.key_codec, self.value_codec = codecs
+
+    @property
+    def length(self) -> int:
+        return self.keys.norms.shape[2]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        at = self.offset.reshape(1)
+        new_k, new_v = self.key_codec.quantize(keys), self.value_codec.quantize(values)
+        self.keys = TurboQuantState(*(mx.slice_update(b, q, at, axes=(2,)) for b, q in zip(self.keys, new_k)))
+        self.values = TurboQuantState(*(mx.slice_update(b, q, at, axes=(2,)) for b, q in zip(self.values, new_v)))
+        self.offset = self.offset + keys.shape[2]
+        return self.keys, self.values
+
+    def attention(self, queries, keys, values, scale, mask, sinks=None):
+        if sinks is not None:  # TurboQuantKVCache attends with sinks over its dequantized copy
+            raise ValueError("attention sinks over TurboQuant codes (the exact cache dequantizes for them)")
+        return rotated_attention(queries, self.key_codec, keys, self.value_codec, values, scale, mask)
+
+
+@functools.lru_cache(maxsize=None)
+def _turboquant_codecs(spec: tuple[int, int, int, int, int]) -> tuple[TurboQuantCodec, TurboQuantCodec]:
+    """(key, value) codecs of (key_dim, key_bits, value_dim, value_bits, seed), made once and
+    prepared: TurboQuantKVCache's own (keys use the seed, values seed + 1)."""
+    key_dim, key_bits, value_dim, value_bits, seed = spec
+    return (TurboQuantCodec(key_dim, key_bits, seed).prepare(),
+            TurboQuantCodec(value_dim, value_bits, seed + 1).prepare())
+
+
 def static_arrays_cache(arrays) -> ArraysCache:
     cache = ArraysCache(len(arrays))
     cache.cache = list(arrays)
@@ -170,12 +219,13 @@ def static_arrays_cache(arrays) -> ArraysCache:
 @dataclass(frozen=True)
 class CacheAdapter:
     """How one exact cache becomes static arrays and back. `kind`: "kv", "ring", "qkv" (quantized
-    KV: `group_size`, `bits`) or "arrays"."""
+    KV: `group_size`, `bits`), "tq" (TurboQuant: `codecs`, the spec of its two codecs) or "arrays"."""
 
     kind: str
     n_arrays: int
     group_size: int = 0
     bits: int = 0
+    codecs: tuple = ()
 
     def build(self, arrays, position, kernels=None):
         if self.kind == "kv":
@@ -184,16 +234,18 @@ class CacheAdapter:
             return StaticRotatingKVCache(arrays[0], arrays[1], position, kernels)
         if self.kind == "qkv":
             return StaticQuantizedKVCache(arrays[:3], arrays[3:], position, self.group_size, self.bits, kernels)
+        if self.kind == "tq":
+            return StaticTurboQuantCache(arrays[:2], arrays[2:], position, _turboquant_codecs(self.codecs), kernels)
         return static_arrays_cache(arrays)
 
     def outputs(self, static) -> list:
-        if self.kind == "qkv":
+        if self.kind in ("qkv", "tq"):
             return [*static.keys, *static.values]
         return [static.keys, static.values] if self.kind in ("kv", "ring") else list(static.cache)
 
     def release(self, cache) -> None:
         """Let go of an exact full-attention cache's buffers once copied (`write_back` restores them)."""
-        if self.kind in ("kv", "qkv"):
+        if self.kind in FULL_ATTENTION_KINDS:
             cache.keys = cache.values = None
 
     def write_back(self, cache, arrays, offset: int, n_new: int) -> None:
@@ -202,6 +254,8 @@ class CacheAdapter:
         elif self.kind == "qkv":
             kept = [a[..., :offset, :] for a in arrays]
             cache.state = (tuple(kept[:3]), tuple(kept[3:]), offset, self.group_size, self.bits)
+        elif self.kind == "tq":  # norms [B, H, T], indices [B, H, T, W]: the state sets the offset
+            cache.state = tuple(a[:, :, :offset] for a in arrays)
         elif self.kind == "ring":
             window = arrays[0].shape[2]
             idx = offset if offset < window else offset % window
@@ -229,6 +283,14 @@ def adapter_for(cache: Any, capacity: int) -> tuple[CacheAdapter, list]:
         keys, values = cache.keys_and_values()
         return (CacheAdapter("qkv", 6, cache.group_size, cache.bits),
                 [_padded(a, capacity) for a in (*keys, *values)])
+    if kind is TurboQuantKVCache:
+        if cache.empty() or cache.offset == 0:
+            raise CompileGap("an empty TurboQuantKVCache (nothing prefilled)")
+        if cache.offset > capacity:
+            raise CompileGap(f"capacity {capacity} is below the {cache.offset} tokens a cache holds")
+        keys, values = cache.packed()
+        spec = (cache.key_dim, cache.key_bits, cache.value_dim, cache.value_bits, cache.seed)
+        return CacheAdapter("tq", 4, codecs=spec), [_padded(a, capacity) for a in (*keys, *values)]
     if kind is RotatingKVCache:
         if cache.keys is None or cache.keep:
             raise CompileGap("a RotatingKVCache that is empty or keeps sink tokens")
@@ -246,4 +308,4 @@ def adapter_for(cache: Any, capacity: int) -> tuple[CacheAdapter, list]:
             raise CompileGap("an ArraysCache with batch padding")
         return CacheAdapter("arrays", len(cache.cache)), list(cache.cache)
     raise CompileGap(f"caches of kind {kind.__name__} (the compiled step holds KVCache, QuantizedKVCache, "
-                     "RotatingKVCache and ArraysCache layers)")
+                     "TurboQuantKVCache, RotatingKVCache and ArraysCache layers)")

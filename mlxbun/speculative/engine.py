@@ -59,6 +59,7 @@ from mlxbun.generation_caches import (
     attention_routing,
     check_kv_options,
     check_plan_options,
+    converts_while_decoding,
     make_generation_cache,
     resolve_kv_config,
 )
@@ -148,7 +149,7 @@ def speculative_generate_step(
     verify forwards run through its compiled step where it applies (`speculative.fast_verify`)."""
 
     stream = generation_stream if stream is None else stream
-    converting = quantize is not None
+    hook, converting = quantize, quantize is not None
     quantize = quantize or (lambda c: None)
     stats = stats if stats is not None else SpecStats()
     controller = adaptive if isinstance(adaptive, AdaptiveDraftLength) else (
@@ -174,8 +175,8 @@ def speculative_generate_step(
         stats.prefill_s += time.perf_counter() - tic
         pending = int(y.item())
         room = (UNBOUNDED_ROOM if max_tokens is None else max_tokens) + num_draft + 2
-        fast_verify = start_fast_verify(fast, target, cache, recurrent=mixers is not None, converting=converting,
-                                        room=room)
+        fast_verify = start_fast_verify(fast, target, cache, recurrent=mixers is not None,
+                                        converting=converts_while_decoding(hook, cache), room=room)
         ntoks = 0
         try:
             while max_tokens is None or ntoks < max_tokens:
