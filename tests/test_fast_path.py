@@ -19,6 +19,7 @@ from mlxbun.bench.engines import shares_weights
 from mlxbun.factory import open_model
 from mlxbun.fast import CompiledDecoder, CompileGap, FastPathError, enable_fast
 from mlxbun.fast.fidelity import decode_fidelity
+from mlxbun.zoo import archs as zoo_archs
 from mlxbun.generate import stream_generate
 from mlxbun.kernels import Gap, fast_quantized_matmul, kernel_gap
 from mlxbun.kernels import qmv as qmv_mod
@@ -179,20 +180,46 @@ def test_the_sliding_window_ring_decodes_what_the_rotating_cache_does(zoo, promp
     assert mx.abs(model(y, cache=exact) - model(y, cache=static)).max().item() < 1e-4
 
 
+@pytest.mark.parametrize("arch", zoo_archs.ARCHS)
+def test_the_compiled_step_holds_every_zoo_graph(zoo, arch):
+    """Every graph the zoo builds decodes through the compiled step (CacheLists: falcon_h1's mixer +
+    attention, deepseek_v32's latent + indexer; gemma3n's shared layers reading their owner's buffers;
+    a rope whose base follows the position, internlm3's): the exact path's greedy ids, logits within
+    float32 rounding, the state handed back."""
+    model, exact, static, dec, pairs = _decode_both(zoo(arch), steps=8, prompt=[(i * 7) % 50 + 1 for i in range(12)])
+    assert all(mx.array_equal(mx.argmax(e, -1), mx.argmax(f, -1)) for e, f in pairs)
+    assert max(mx.abs(e - f).max().item() for e, f in pairs) < 1e-4
+    dec.write_back()
+    y = mx.array([[11]])
+    assert mx.abs(model(y, cache=exact) - model(y, cache=static)).max().item() < 1e-4
+
+
+class _ReadsThePosition(nn.Module):
+    """A graph that reads its cache's position into Python (what a compiled step cannot trace)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+
+    def __call__(self, ids, cache=None):
+        if int(cache[0].offset) < 0:  # evaluates the step's position array
+            raise AssertionError
+        return self.inner(ids, cache=cache)
+
+
 def test_the_compiled_step_refuses_what_it_cannot_hold(zoo):
-    model = open_model(zoo("falcon_h1"))
-    cache = model.make_cache()
+    model = open_model(zoo("llama"))
+    cache = model.make_cache(max_kv_size=64)  # rings keeping 4 sink tokens
     model(mx.array([[1, 2]]), cache=cache)
-    with pytest.raises(CompileGap, match="CacheList"):
+    with pytest.raises(CompileGap, match="keeps sink tokens"):
         CompiledDecoder(model, cache, room=4)
-    model = open_model(zoo("gemma3n"))  # shared-KV layers read the owner's cache object
     cache = model.make_cache()
     model(mx.array([[1, 2]]), cache=cache)
-    dec = CompiledDecoder(model, cache, room=4)
+    dec = CompiledDecoder(_ReadsThePosition(model), cache, room=4)
     with pytest.raises(CompileGap, match="does not trace"):
         dec(mx.array([[3]]))
     with pytest.raises(CompileGap, match="keeps no cache"):
-        CompiledDecoder(open_model(zoo("llama")), [], room=4)
+        CompiledDecoder(model, [], room=4)
 
 
 @pytest.mark.parametrize("arch, steps", [("llama", 30), ("gemma3_text", 30), ("llama", 600)])
@@ -260,12 +287,13 @@ def test_a_full_static_cache_stops_the_compiled_step(zoo):
 
 
 def test_fast_generation_matches_greedy_and_says_what_did_not_apply(zoo):
-    for arch, note in (("llama", None), ("falcon_h1", "CacheList")):
+    for arch, note, options in (("llama", None, {}), ("falcon_h1", None, {}),
+                                ("llama", "keeps sink tokens", {"max_kv_size": 64})):
         path = zoo(arch, quant=4)
         model, tok = open_model(path), load_tokenizer(path)
-        exact = [r.token for r in stream_generate(model, tok, [1, 2, 3, 4], max_tokens=10)]
+        exact = [r.token for r in stream_generate(model, tok, [1, 2, 3, 4], max_tokens=10, **options)]
         fast = enable_fast(model)
-        got = [r.token for r in stream_generate(model, tok, [1, 2, 3, 4], max_tokens=10, fast=fast)]
+        got = [r.token for r in stream_generate(model, tok, [1, 2, 3, 4], max_tokens=10, fast=fast, **options)]
         assert got == exact
         assert (note is None) == (not any("compiled decode off" in n for n in fast.notes))
         assert note is None or any(note in n for n in fast.notes)

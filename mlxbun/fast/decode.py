@@ -2,9 +2,9 @@
 
 Decode at small batch is bound by launches and host overhead (a small model's step is hundreds
 of tiny ops, each built in Python). `CompiledDecoder` traces the model's one-token forward once,
-with every layer's cache replaced by its fixed-shape stand-in (`fast.static_cache`: plain KV,
-sliding-window ring, recurrent states) whose arrays and position are the step's inputs and
-outputs, and replays the traced graph for every later token. Anything it cannot hold (another
+with every layer's cache replaced by its fixed-shape stand-in (`fast.static_cache`: plain,
+quantized and TurboQuant KV, sliding-window ring, recurrent states, CacheLists of them) whose
+arrays and position are the step's inputs and outputs, and replays the traced graph for every later token. Anything it cannot hold (another
 cache kind, a graph that needs the position as a Python int) is a `CompileGap` naming why, and
 the caller decodes eagerly.
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxbun.fast.static_cache import FULL_ATTENTION_KINDS, CacheAdapter, CompileGap, adapter_for
+from mlxbun.cache.cache_list import CacheList
+from mlxbun.fast.static_cache import CacheAdapter, CompileGap, adapter_for
 
 __all__ = ["CompileGap", "CompiledDecoder", "capacity_for"]
 
@@ -32,8 +33,14 @@ def capacity_for(tokens: int) -> int:
     return -(-max(tokens, 1) // CAPACITY_STEP) * CAPACITY_STEP
 
 
+def _layers(cache: list):
+    """Every cache of the list, a CacheList's children in its place."""
+    for c in cache:
+        yield from _layers(c.caches) if isinstance(c, CacheList) else (c,)
+
+
 def _offset(cache: list) -> int:
-    offsets = {c.offset for c in cache if hasattr(c, "offset")}
+    offsets = {c.offset for c in _layers(cache) if hasattr(c, "offset")}
     if len(offsets) > 1:
         raise CompileGap(f"layers hold different numbers of tokens {sorted(offsets)}")
     return offsets.pop() if offsets else 0  # recurrent layers only: the position is never read
@@ -76,7 +83,7 @@ class CompiledDecoder:
         self.capacity = capacity_for(self.offset + room)
         pairs = [adapter_for(c, self.capacity) for c in cache]
         self.layout = tuple(a for a, _ in pairs)
-        others = sorted({a.kind for a in self.layout} - set(FULL_ATTENTION_KINDS))
+        others = sorted({a.kind for a in self.layout if not a.rewindable})
         if rewindable and others:
             raise CompileGap(f"layers of kind {others} cannot go back after a rejection by moving the position "
                              "(a ring overwrites its slots, a recurrent state holds every token)")
@@ -97,7 +104,7 @@ class CompiledDecoder:
     def verify(self, ids: mx.array) -> mx.array:
         """Logits [T, V] of the T tokens `ids` [1, T] (a speculative round's pending token and
         drafts); one compiled trace per T. Full-attention layers only (`rewindable`)."""
-        if ids.shape[1] > 1 and any(a.kind not in FULL_ATTENTION_KINDS for a in self.layout):
+        if ids.shape[1] > 1 and not all(a.rewindable for a in self.layout):
             raise CompileGap("a multi-token step over a ring or a recurrent state")
         return self._run(ids)[0]
 
@@ -106,13 +113,13 @@ class CompiledDecoder:
         if n < 0 or n > self.offset - self.start:
             raise ValueError(f"rewind {n}: the decoder fed {self.offset - self.start} tokens")
         if n:
-            if any(a.kind not in FULL_ATTENTION_KINDS for a in self.layout):
+            if not all(a.rewindable for a in self.layout):
                 raise CompileGap("a ring or a recurrent state cannot rewind")
             self.offset -= n
             self.position = mx.array(self.offset, dtype=mx.int32)
 
     def _run(self, ids: mx.array) -> mx.array:
-        if self.offset + ids.shape[1] > self.capacity and any(a.kind in FULL_ATTENTION_KINDS for a in self.layout):
+        if self.offset + ids.shape[1] > self.capacity and any(a.bounded for a in self.layout):
             raise CompileGap(f"the static cache is full ({self.capacity} positions)")
         try:
             out = self._step(ids, self.position, *self.state)

@@ -12,6 +12,8 @@ inputs, and hands its arrays back as outputs:
   are masked.
 - `static_arrays_cache` (for ArraysCache: conv / SSM states): the same class over the step's
   arrays; recurrent states have fixed shapes already.
+- a CacheList (falcon_h1's mixer + attention, deepseek_v32's latent + indexer) is a CacheList of
+  its children's stand-ins.
 
 - `StaticQuantizedKVCache` (for QuantizedKVCache): the same buffer as mlx's affine triples
   (codes, scales, biases) for K and for V; new tokens are quantized as QuantizedKVCache does.
@@ -46,6 +48,7 @@ from mlxbun.attention import (
     quantized_scaled_dot_product_attention,
 )
 from mlxbun.cache.arrays import ArraysCache
+from mlxbun.cache.cache_list import CacheList
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.cache.quantized import QuantizedKVCache
 from mlxbun.cache.turboquant import TurboQuantKVCache
@@ -54,8 +57,8 @@ from mlxbun.errors import UnsupportedModelError
 from mlxbun.kernels.common import Gap
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap, quantized_decode_attention
 
-__all__ = ["FULL_ATTENTION_KINDS", "CacheAdapter", "CompileGap", "StaticKVCache", "StaticQuantizedKVCache",
-           "StaticRotatingKVCache", "StaticTurboQuantCache", "adapter_for"]
+__all__ = ["CacheAdapter", "CompileGap", "StaticKVCache", "StaticQuantizedKVCache", "StaticRotatingKVCache",
+           "StaticTurboQuantCache", "adapter_for"]
 
 # the adapters' kinds whose buffers hold every position (a multi-token step and a rewind apply)
 FULL_ATTENTION_KINDS = ("kv", "qkv", "tq")
@@ -92,6 +95,11 @@ class _StaticBuffers:
     def filled(self) -> mx.array:
         """Positions holding tokens after this step's write (int32, on the device)."""
         return self.offset
+
+    def keys_and_values(self):
+        """The whole buffers (a KV-shared layer reads its owner's: gemma3n); the step's mask, or the
+        decode kernel's filled length, keeps attention off the unwritten positions."""
+        return self.keys, self.values
 
     def _kernel_applies(self, mask, gap: Optional[Gap]) -> bool:
         """Whether the decode kernel runs this call; a gap that is no choice of design is counted."""
@@ -219,13 +227,36 @@ def static_arrays_cache(arrays) -> ArraysCache:
 @dataclass(frozen=True)
 class CacheAdapter:
     """How one exact cache becomes static arrays and back. `kind`: "kv", "ring", "qkv" (quantized
-    KV: `group_size`, `bits`), "tq" (TurboQuant: `codecs`, the spec of its two codecs) or "arrays"."""
+    KV: `group_size`, `bits`), "tq" (TurboQuant: `codecs`, the spec of its two codecs), "arrays" or
+    "list" (a CacheList: `children`, their adapters)."""
 
     kind: str
     n_arrays: int
     group_size: int = 0
     bits: int = 0
     codecs: tuple = ()
+    children: tuple = ()
+
+    @property
+    def bounded(self) -> bool:
+        """Whether it holds positions in buffers of the decoder's capacity (which can fill)."""
+        return self.kind in FULL_ATTENTION_KINDS or any(c.bounded for c in self.children)
+
+    @property
+    def rewindable(self) -> bool:
+        """Whether a multi-token step and a rewind apply: every buffer holds every position (a ring
+        overwrites its slots, a recurrent state holds every token it saw)."""
+        if self.kind == "list":
+            return all(c.rewindable for c in self.children)
+        return self.kind in FULL_ATTENTION_KINDS
+
+    def _split(self, arrays) -> list:
+        """`arrays` cut into the children's parts."""
+        parts, at = [], 0
+        for c in self.children:
+            parts.append(arrays[at:at + c.n_arrays])
+            at += c.n_arrays
+        return parts
 
     def build(self, arrays, position, kernels=None):
         if self.kind == "kv":
@@ -236,20 +267,30 @@ class CacheAdapter:
             return StaticQuantizedKVCache(arrays[:3], arrays[3:], position, self.group_size, self.bits, kernels)
         if self.kind == "tq":
             return StaticTurboQuantCache(arrays[:2], arrays[2:], position, _turboquant_codecs(self.codecs), kernels)
+        if self.kind == "list":
+            return CacheList(*(c.build(part, position, kernels) for c, part in zip(self.children, self._split(arrays))))
         return static_arrays_cache(arrays)
 
     def outputs(self, static) -> list:
+        if self.kind == "list":
+            return [x for c, child in zip(self.children, static.caches) for x in c.outputs(child)]
         if self.kind in ("qkv", "tq"):
             return [*static.keys, *static.values]
         return [static.keys, static.values] if self.kind in ("kv", "ring") else list(static.cache)
 
     def release(self, cache) -> None:
         """Let go of an exact full-attention cache's buffers once copied (`write_back` restores them)."""
-        if self.kind in FULL_ATTENTION_KINDS:
+        if self.kind == "list":
+            for c, child in zip(self.children, cache.caches):
+                c.release(child)
+        elif self.kind in FULL_ATTENTION_KINDS:
             cache.keys = cache.values = None
 
     def write_back(self, cache, arrays, offset: int, n_new: int) -> None:
-        if self.kind == "kv":
+        if self.kind == "list":
+            for c, child, part in zip(self.children, cache.caches, self._split(arrays)):
+                c.write_back(child, part, offset, n_new)
+        elif self.kind == "kv":
             cache.state = (arrays[0][..., :offset, :], arrays[1][..., :offset, :], offset)
         elif self.kind == "qkv":
             kept = [a[..., :offset, :] for a in arrays]
@@ -283,6 +324,11 @@ def adapter_for(cache: Any, capacity: int) -> tuple[CacheAdapter, list]:
         keys, values = cache.keys_and_values()
         return (CacheAdapter("qkv", 6, cache.group_size, cache.bits),
                 [_padded(a, capacity) for a in (*keys, *values)])
+    if kind is CacheList:
+        pairs = [adapter_for(c, capacity) for c in cache.caches]
+        children = tuple(a for a, _ in pairs)
+        return (CacheAdapter("list", sum(a.n_arrays for a in children), children=children),
+                [x for _, arrays in pairs for x in arrays])
     if kind is TurboQuantKVCache:
         if cache.empty() or cache.offset == 0:
             raise CompileGap("an empty TurboQuantKVCache (nothing prefilled)")
@@ -308,4 +354,4 @@ def adapter_for(cache: Any, capacity: int) -> tuple[CacheAdapter, list]:
             raise CompileGap("an ArraysCache with batch padding")
         return CacheAdapter("arrays", len(cache.cache)), list(cache.cache)
     raise CompileGap(f"caches of kind {kind.__name__} (the compiled step holds KVCache, QuantizedKVCache, "
-                     "TurboQuantKVCache, RotatingKVCache and ArraysCache layers)")
+                     "TurboQuantKVCache, RotatingKVCache, ArraysCache and CacheLists of them)")

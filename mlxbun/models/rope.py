@@ -272,6 +272,8 @@ class DynamicNTKScalingRoPE(nn.Module):
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
         # x.shape: [batch, num_heads, seq_len, head_dim]
+        if isinstance(offset, mx.array):
+            return self._at_array_offset(x, offset)
         seq_len = max(x.shape[-2] + offset, self.max_position_embeddings)
         base = self.base * (
             (self.factor * seq_len / self.max_position_embeddings) - (self.factor - 1)
@@ -284,6 +286,17 @@ class DynamicNTKScalingRoPE(nn.Module):
             scale=1.0,
             offset=offset,
         )
+
+    def _at_array_offset(self, x: mx.array, offset: mx.array) -> mx.array:
+        """The same base from a position held in an array (the compiled decode step's, which must
+        not read it into Python), applied as frequencies: mlx-lm's rule, not its bits."""
+        seq_len = mx.maximum(x.shape[-2] + offset, self.max_position_embeddings).astype(mx.float32)
+        base = self.base * (
+            (self.factor * seq_len / self.max_position_embeddings) - (self.factor - 1)
+        ) ** (self.dims / (self.dims - 2))
+        freqs = base ** (mx.arange(0, self.dims, 2, dtype=mx.float32) / self.dims)
+        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=None, scale=1.0, offset=offset,
+                            freqs=freqs)
 
 
 class DynamicNTKAlphaRoPE(nn.Module):

@@ -387,7 +387,8 @@ class MlaIndexedAttention(MlaAbsorbedAttention):
                 kv_latent = mx.take_along_axis(
                     kv_latent, mx.broadcast_to(idx, idx.shape[:-1] + (kv_latent.shape[-1],)), axis=2)
                 k_pe = mx.take_along_axis(k_pe, mx.broadcast_to(idx, idx.shape[:-1] + (k_pe.shape[-1],)), axis=2)
-                if mask is not None:
+                if mask is not None:  # an array only over a fixed-shape cache (the compiled step's)
+                    mask = mx.broadcast_to(mask, (*topk_indices.shape[:-1], mask.shape[-1]))
                     mask = mx.take_along_axis(mask, topk_indices, axis=-1)
             else:
                 shape = list(topk_indices.shape)
