@@ -21,7 +21,7 @@ read, from the owner's cache on that rank, the heads they read unsplit; the MLP 
 (gate / up all-to-sharded, down sharded-to-all). A sparse MLP's cutoff is a statistic over ALL the
 hidden units of a row, so split it is `gelu_topk_over_ranks`: each rank's float32 row sums are
 all-summed into the mean, then each rank's float32 squared deviations from it into the variance
-(two small all-sums a sparse layer). AltUp, LAuReL, the per-layer input gate and projection and
+(two small all-sums per sparse layer). AltUp, LAuReL, the per-layer input gate and projection and
 the norms stay whole on every rank (the gate is a few percent of a layer; splitting it would cost
 one more all-sum per layer). Every split is planned and checked before any weight moves.
 """
