@@ -102,10 +102,10 @@ def _open_diffusion_gemma(path: Path, config, profile):
     return load_diffusion_gemma(path)
 
 
-def _open_gemma3n(path: Path, config, profile):
+def _open_gemma3n(path: Path, config, profile, tensor_group=None):
     from mlxbun.models.gemma3n.loader import load_gemma3n
 
-    return load_gemma3n(path, config)
+    return load_gemma3n(path, config, tensor_group=tensor_group)
 
 
 def _open_llada2(path: Path, config, profile):
@@ -123,7 +123,7 @@ GRAPH_BUILDERS = {
 
 
 # the graphs that split across a tensor-parallel group (their builder takes `tensor_group`)
-SHARDABLE_GRAPHS = frozenset({"universal-dense"})
+SHARDABLE_GRAPHS = frozenset({"universal-dense", "gemma3n"})
 
 
 def open_model(path, *, tensor_group=None):

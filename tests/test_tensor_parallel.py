@@ -1,12 +1,12 @@
 """Tensor parallelism (issue 18): models split across 2 (and 3) local ranks over the ring backend.
 
-Every zoo arch (float32: every one splits but gemma3n's graph), a set of dense half-precision and
+Every zoo arch (float32: every one splits but the diffusion graphs), a set of dense half-precision and
 quantized variants, and both real models go through `mlxbun tp-check` in one launch each: the split
 against the whole model (greedy ids equal, logits within the stated tolerance of
 `mlxbun.parallel.check`) and against mlx-lm's own split bit for bit wherever mlx-lm's model file has
-`shard()`. The families' own variants and refusals are tests/test_tp_moe_mla.py's and
-tests/test_tp_hybrid.py's. The CLI runs split under `mlx.launch` (generate, speculative decoding,
-bench), and the checks that refuse a split run without a launch.
+`shard()`. The families' own variants and refusals are tests/test_tp_moe_mla.py's,
+tests/test_tp_hybrid.py's and tests/test_tp_gemma3n.py's. The CLI runs split under `mlx.launch`
+(generate, speculative decoding, bench), and the checks that refuse a split run without a launch.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from tests.tensor_parallel import (
 
 # archs whose split is refused, and the words of the refusal (everything else must pass)
 REFUSED = {
-    "gemma3n": "the gemma3n graph (gemma3n) has no tensor-parallel split; run it in one process (--tp 1)",
-    "diffusion_gemma": "has no tensor-parallel split; run it in one process (--tp 1)",
+    "diffusion_gemma": "the diffusion-gemma graph (diffusion_gemma) has no tensor-parallel split; run it in one "
+                       "process (--tp 1)",
     "llada2_moe": "has no tensor-parallel split; run it in one process (--tp 1)",
 }
 
@@ -134,8 +134,8 @@ def test_generate_refusals_under_a_launch(zoo_root):
     env = {"MLXBUN_ZOO_CACHE": str(zoo_root)}
     done = launch(["generate", "--model", "zoo:llama", "--prompt", "Hi", "--tp", "4"], env=env)
     assert failed_ranks(done) and "--tp 4: this run was launched with 2 ranks" in done.stderr
-    done = launch(["generate", "--model", "zoo:gemma3n", "--prompt", "Hi", "--max-tokens", "2"], env=env)
-    assert failed_ranks(done) and "gemma3n graph (gemma3n) has no tensor-parallel split" in done.stderr
+    done = launch(["generate", "--model", "zoo:diffusion_gemma", "--prompt", "Hi", "--max-tokens", "2"], env=env)
+    assert failed_ranks(done) and "diffusion-gemma graph (diffusion_gemma) has no tensor-parallel split" in done.stderr
 
 
 def test_bench_split_reports_each_ranks_peak_memory(zoo_root, tmp_path):

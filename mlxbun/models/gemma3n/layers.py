@@ -13,13 +13,24 @@ attribute names, so parameter paths and tap paths equal mlx-lm's).
   attends over `cache.keys_and_values()` of the cache it is handed (its owner's, picked by the
   backbone), so whatever kind that cache is (plain, rotating, quantized, TurboQuant) the shared
   layer sees exactly what the owner holds, and the attention dispatch asks that cache.
+
+Tensor parallel (`Gemma3nDecoderLayer.shard_plan`; mlx-lm's gemma3n has no `shard()`): attention
+by heads (q / k / v all-to-sharded, o sharded-to-all, KV heads fewer than the ranks repeated to one
+per rank), so a rank's cache holds its own KV heads and a KV-shared layer's query heads on a rank
+read, from the owner's cache on that rank, the heads they read unsplit; the MLP by hidden units
+(gate / up all-to-sharded, down sharded-to-all). A sparse MLP's cutoff is a statistic over ALL the
+hidden units of a row, so split it is `gelu_topk_over_ranks`: each rank's float32 row sums are
+all-summed into the mean, then each rank's float32 squared deviations from it into the variance
+(two small all-sums per sparse layer). AltUp, LAuReL, the per-layer input gate and projection and
+the norms stay whole on every rank (the gate is a few percent of a layer; splitting it would cost
+one more all-sum per layer). Every split is planned and checked before any weight moves.
 """
 
 from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -28,9 +39,17 @@ from mlxbun.models import layers as L
 from mlxbun.models import rope as R
 from mlxbun.models.base import scaled_dot_product_attention
 from mlxbun.models.gemma3n.config import SLIDING, Gemma3nArgs
+from mlxbun.models.sharding import (
+    ALL_TO_SHARDED,
+    SHARDED_TO_ALL,
+    ShardingError,
+    check_heads,
+    repeat_heads,
+    shard_linear,
+)
 
 __all__ = ["Gemma3nAltUp", "Gemma3nAttention", "Gemma3nDecoderLayer", "Gemma3nLaurelBlock", "MLP",
-           "RMSNoScale", "gelu_topk", "logit_softcap"]
+           "RMSNoScale", "gelu_topk", "gelu_topk_over_ranks", "logit_softcap", "row_sum", "row_square_sum"]
 
 
 class RMSNoScale(nn.Module):
@@ -51,6 +70,39 @@ def gelu_topk(inputs, std_multiplier):
     inputs_std = mx.std(inputs, axis=-1, keepdims=True)
     cutoff_x = inputs_mean + inputs_std * std_multiplier.astype(inputs_std.dtype)
     return nn.gelu_approx(mx.maximum(0, inputs - cutoff_x))
+
+
+@partial(mx.compile, shapeless=True)
+def row_sum(x):
+    """A rank's part of a row's sum over the split hidden units, in float32."""
+    return x.astype(mx.float32).sum(-1, keepdims=True)
+
+
+@partial(mx.compile, shapeless=True)
+def row_square_sum(x, mean):
+    """A rank's part of a row's squared deviations from the (whole row's) mean, in float32."""
+    return mx.square(x.astype(mx.float32) - mean).sum(-1, keepdims=True)
+
+
+@partial(mx.compile, shapeless=True)
+def _gelu_over_cutoff(inputs, mean, var, std_multiplier):
+    """gelu_topk's cutoff from the whole row's float32 mean and variance (its ops from there on)."""
+    inputs_mean = mean.astype(inputs.dtype)
+    inputs_std = mx.sqrt(var).astype(inputs.dtype)
+    cutoff_x = inputs_mean + inputs_std * std_multiplier.astype(inputs_std.dtype)
+    return nn.gelu_approx(mx.maximum(0, inputs - cutoff_x))
+
+
+def gelu_topk_over_ranks(inputs, std_multiplier, group, width: int):
+    """gelu_topk over hidden units split across `group` (each rank holds `inputs`, its part of the
+    `width` units of a row): the mean and the (population) std are the whole row's, from the ranks'
+    float32 partial sums all-summed; first the mean, then the squared deviations from it (mx.std's
+    two passes; as mx.mean, a sum times 1 / width). Only the order of the summation differs from
+    the whole row's."""
+    scale = 1.0 / width
+    mean = mx.distributed.all_sum(row_sum(inputs), group=group) * scale
+    var = mx.distributed.all_sum(row_square_sum(inputs, mean), group=group) * scale
+    return _gelu_over_cutoff(inputs, mean, var, std_multiplier)
 
 
 @partial(mx.compile, shapeless=True)
@@ -96,6 +148,34 @@ class Gemma3nAttention(nn.Module):
         base = a.rope_local_base_freq if self.is_sliding else a.rope_theta
         self.rope = R.initialize_rope(a.head_dim, base, False)  # plain rope (mlx-lm: nn.RoPE)
 
+    def shard_plan(self, group, where: str) -> Callable[[], None]:
+        """Check the split of the heads across `group` and return what makes it: q / k / v
+        all-to-sharded, o sharded-to-all, KV heads fewer than the ranks repeated to one per rank
+        (then the split always fits). A KV-shared layer splits its k / v too: it projects its own
+        when run with no cache."""
+        n, H, KV = group.size(), self.n_heads, self.n_kv_heads
+        check_heads(where, H, n)
+        repeat = KV % n != 0
+        if repeat and n % KV:
+            raise ShardingError(f"{where}: {KV} KV heads neither split across {n} ranks nor repeat "
+                                "to one per rank")
+        layers = {"q_proj": shard_linear(self.q_proj, ALL_TO_SHARDED, group, where=f"{where}.q_proj"),
+                  "o_proj": shard_linear(self.o_proj, SHARDED_TO_ALL, group, where=f"{where}.o_proj")}
+        if not repeat:
+            for name in ("k_proj", "v_proj"):
+                layers[name] = shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
+
+        def apply() -> None:
+            if repeat:
+                for name in ("k_proj", "v_proj"):
+                    repeat_heads(self[name], KV, n)
+                    layers[name] = shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
+            for name, module in layers.items():
+                setattr(self, name, module)
+            self.n_heads, self.n_kv_heads = H // n, max(KV // n, 1)
+
+        return apply
+
     def __call__(self, x: mx.array, mask=None, cache: Optional[Any] = None, offset: int = 0) -> mx.array:
         B, L_, _ = x.shape
         queries = self.q_proj(x).reshape(B, L_, -1, self.head_dim)
@@ -130,10 +210,28 @@ class MLP(nn.Module):
         self.activation_sparsity = a.sparsity(layer_idx)
         if self.activation_sparsity > 0:  # "_": not a parameter (as in mlx-lm)
             self._std_multiplier = math.sqrt(2.0) * mx.erfinv(2 * self.activation_sparsity - 1)
+        self._width = width
+        self._group = None  # set by shard_plan(): a sparse row's statistics are all-summed over it
+
+    def shard_plan(self, group, where: str) -> Callable[[], None]:
+        """Check the split of the hidden units across `group` and return what makes it: gate / up
+        all-to-sharded, down sharded-to-all; a sparse MLP's statistics then span the ranks."""
+        layers = {name: shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
+                  for name in ("gate_proj", "up_proj")}
+        layers["down_proj"] = shard_linear(self.down_proj, SHARDED_TO_ALL, group, where=f"{where}.down_proj")
+
+        def apply() -> None:
+            for name, module in layers.items():
+                setattr(self, name, module)
+            object.__setattr__(self, "_group", group)
+
+        return apply
 
     def __call__(self, x: mx.array):
         gate_proj = self.gate_proj(x)
-        if self.activation_sparsity > 0.0:
+        if self.activation_sparsity > 0.0 and self._group is not None:
+            activations = gelu_topk_over_ranks(gate_proj, self._std_multiplier, self._group, self._width)
+        elif self.activation_sparsity > 0.0:
             activations = gelu_topk(gate_proj, self._std_multiplier)
         else:
             activations = L.gelu_approx(gate_proj)
@@ -214,6 +312,22 @@ class Gemma3nDecoderLayer(nn.Module):
         self.per_layer_input_gate = nn.Linear(hidden, a.hidden_size_per_layer_input, bias=False)
         self.per_layer_projection = nn.Linear(a.hidden_size_per_layer_input, hidden, bias=False)
         self.post_per_layer_input_norm = nn.RMSNorm(hidden, eps=eps)
+
+    def shard_plan(self, group, where: str) -> Callable[[], None]:
+        """Check the layer's split across `group` (attention by heads, the MLP by hidden units;
+        the rest stays whole) and return what makes it."""
+        plans = [self.self_attn.shard_plan(group, f"{where}.self_attn"),
+                 self.mlp.shard_plan(group, f"{where}.mlp")]
+
+        def apply() -> None:
+            for plan in plans:
+                plan()
+
+        return apply
+
+    def shard(self, group, where: str) -> None:
+        """Split the layer across `group` (checked first: a refused split changes nothing)."""
+        self.shard_plan(group, where)()
 
     def __call__(self, x: mx.array, mask=None, cache: Optional[Any] = None,
                  per_layer_input: Optional[mx.array] = None, offset: int = 0):

@@ -106,12 +106,16 @@ def audit_gemma3n(path, config=None) -> AuditReport:
     return report
 
 
-def load_gemma3n(path, config=None) -> Gemma3nModel:
-    """Load a gemma3n checkpoint directory (parameters evaluated, `model.audit` set)."""
+def load_gemma3n(path, config=None, *, tensor_group=None) -> Gemma3nModel:
+    """Load a gemma3n checkpoint directory (parameters evaluated, `model.audit` set).
+    `tensor_group`: an `mx.distributed` group to split the graph across (`Gemma3nModel.shard`)
+    before the weights are evaluated, so each rank reads its own part (as mlx-lm's sharded_load)."""
     path = Path(path)
     model, weights, report = _prepare(path, config, headers_only=False)
     model.eval()
     model.load_weights(list(weights.items()), strict=True)
+    if tensor_group is not None:
+        model.shard(tensor_group)
     mx.eval(model.parameters())
     model.audit = report
     return model

@@ -14,6 +14,12 @@ tap paths are the same. What the backbone does around the layers:
   caches and the sharing holds by construction;
 - one rope offset for the whole forward (cache 0's before any layer runs) and the two masks
   taken from the first full / sliding layer's cache, as mlx-lm does.
+
+`Gemma3nModel.shard(group)` splits it across a tensor-parallel group (mlx-lm's gemma3n has none):
+every layer's attention by heads and MLP by hidden units (`layers.py` says how, the sparse MLPs'
+statistics too), every split checked before any weight moves; the embeddings (the per-layer ones
+too), the per-layer input projection, the AltUp projections, norms and the tied head stay whole on
+every rank. Each rank's caches hold its own KV heads, which its KV-shared layers read.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from mlxbun.errors import MlxbunError
 from mlxbun.models.base import create_attention_mask
 from mlxbun.models.gemma3n.config import FULL, MODEL_TYPE, Gemma3nArgs
 from mlxbun.models.gemma3n.layers import Gemma3nDecoderLayer, logit_softcap
+from mlxbun.models.sharding import ShardingError
 from mlxbun.models.taps import capture
 from mlxbun.models.universal.media import refuse_media
 
@@ -111,6 +118,8 @@ class LanguageModel(nn.Module):
 class Gemma3nModel(nn.Module):
     """The RuntimeModel: `model.language_model` as in mlx-lm's `Model.model` (`Gemma3n`)."""
 
+    _tensor_group = None  # set by shard()
+
     def __init__(self, args: Gemma3nArgs, config: Any = None, raw_config: Optional[Mapping] = None):
         super().__init__()
         self.args = args
@@ -160,6 +169,24 @@ class Gemma3nModel(nn.Module):
 
         return [full() if kind == FULL else RotatingKVCache(max_size=a.sliding_window, keep=0)
                 for kind in a.layer_types[: a.first_kv_shared]]
+
+    @property
+    def tensor_group(self):
+        """The `mx.distributed` group the graph is split across (None: not split)."""
+        return self._tensor_group
+
+    def shard(self, group) -> None:
+        """Split every layer across `group` (the module docstring says what splits): every
+        layer's split is checked first, so a refused one (ShardingError naming the module path and
+        sizes) leaves the whole model as it was. A group of one changes nothing."""
+        if self.tensor_group is not None:
+            raise ShardingError(f"{MODEL_TYPE}: already split across {self.tensor_group.size()} ranks")
+        if group.size() == 1:
+            return
+        plans = [layer.shard_plan(group, f"model.language_model.layers.{i}") for i, layer in enumerate(self.layers)]
+        for plan in plans:
+            plan()
+        self._tensor_group = group
 
     def layers_tap(self, paths: Any = None):
         return capture(self, paths)
