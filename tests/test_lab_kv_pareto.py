@@ -77,8 +77,17 @@ def test_the_notebook_on_the_zoo(zoo_root, tmp_path, monkeypatch, capsys):
     with open_results(db, create=False) as store:
         rows = store.load(metric="kld_mean", expand_params=True)
     assert set(rows.experiment) == {"kv_pareto"} and rows["params.lab_run"].notna().all()
+    seeded = rows[rows["params.part"] == "turboquant_seeds"]
+    rows = rows[rows["params.part"] != "turboquant_seeds"]
     kld = dict(zip(rows["params.kv"], rows.value))
     assert kld["plain"] == 0.0
+    # the seed study re-runs TurboQuant 3.5: seed 0 is the sweep's own run, bit for bit; seed 1 moves it
+    by_seed = dict(zip(seeded["params.seed"], seeded.value))
+    assert set(seeded["params.kv"]) == {"turboquant 3.5-bit"} and set(by_seed) == {0, 1}
+    assert by_seed[0] == kld["turboquant 3.5-bit"] and by_seed[1] != by_seed[0] and by_seed[1] > 0
+    summary = (out / "kv_pareto_llama_turboquant_seeds_summary.md").read_text()
+    assert "| zoo:llama | 3.5 |" in summary and (out / "kv_pareto_llama_turboquant_seeds.png").stat().st_size > 5_000
+    assert len(pd.read_csv(out / "kv_pareto_llama_turboquant_seeds.csv")) == 2
     assert 0 < kld["uniform 8-bit g64"] < kld["uniform 4-bit g64"] < 1  # fewer bits, more drift
     assert kld["turboquant 3.5-bit"] > 0
     table = pd.read_csv(out / "kv_pareto_llama.csv")
@@ -88,3 +97,17 @@ def test_the_notebook_on_the_zoo(zoo_root, tmp_path, monkeypatch, capsys):
     assert "q8 first/last 0, q4 rest" in b
     front = (out / "kv_pareto_llama_frontier.md").read_text()
     assert "| zoo:llama | plain |" in front and (out / "kv_pareto_llama.png").stat().st_size > 10_000
+
+
+def test_seed_summary_and_refusals():
+    spread = pd.DataFrame({"model": ["m"] * 4, "bits": [3.0, 3.0, 3.5, 3.5], "seed": [0, 1, 0, 1],
+                           "kld_mean": [0.2, 0.4, 0.3, 0.3], "kld_mean_unc": [0.05, 0.07, 0.04, 0.06],
+                           "kld_median": [0.1, 0.2, 0.1, 0.1]})
+    s = kv_pareto.seed_summary(spread).set_index("bits")
+    assert s.loc[3.0, "kld_mean_mean"] == pytest.approx(0.3) and s.loc[3.0, "kld_mean_min"] == 0.2
+    assert s.loc[3.0, "kld_mean_max"] == 0.4 and s.loc[3.5, "kld_mean_std"] == 0
+    assert s.loc[3.0, "one_run_unc"] == pytest.approx(0.06) and list(s.seeds) == [2, 2]
+    with pytest.raises(MlxbunError, match="at least one model, width and seed"):
+        kv_pareto.turboquant_seed_spread(["zoo:llama"], widths=[3.5], seeds=[])
+    with pytest.raises(MlxbunError, match="context must be"):
+        kv_pareto.turboquant_seed_spread(["zoo:llama"], context=1)
