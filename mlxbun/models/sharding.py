@@ -37,6 +37,7 @@ __all__ = [
     "shard_inplace_all",
     "shard_linear",
     "slice_heads",
+    "split_heads_plan",
     "slice_heads_inplace",
 ]
 
@@ -123,6 +124,35 @@ def shard_inplace_all(pieces: Sequence[tuple[str, nn.Module, str, Segments]],
         D.shard_inplace(module, sharding, segments=segments, group=group)
         if sharding == SHARDED_TO_ALL and "bias" in module:
             module.bias = module.bias / n
+
+
+def split_heads_plan(attn: nn.Module, group: mx.distributed.Group, where: str):
+    """Check the split of an attention module's heads across `group` and return the call that makes
+    it: q_proj / k_proj / v_proj all-to-sharded, o_proj sharded-to-all (k / v where the module has
+    them), KV heads fewer than the ranks repeated to one per rank first (then they always split);
+    `attn.n_heads` / `n_kv_heads` become the rank's. Nothing changes until the call, so a refusal of
+    another piece checked before it leaves the weights as they were."""
+    n, H, KV = group.size(), attn.n_heads, attn.n_kv_heads
+    check_heads(where, H, n)
+    repeat = KV % n != 0
+    if repeat and n % KV:
+        raise ShardingError(f"{where}: {KV} KV heads neither split across {n} ranks nor repeat to one per rank")
+    kv_names = [name for name in ("k_proj", "v_proj") if name in attn]
+    layers = {"q_proj": shard_linear(attn.q_proj, ALL_TO_SHARDED, group, where=f"{where}.q_proj"),
+              "o_proj": shard_linear(attn.o_proj, SHARDED_TO_ALL, group, where=f"{where}.o_proj")}
+    if not repeat:
+        layers.update({name: shard_linear(attn[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
+                       for name in kv_names})
+
+    def apply() -> None:
+        for name in kv_names if repeat else ():
+            repeat_heads(attn[name], KV, n)
+            layers[name] = shard_linear(attn[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
+        for name, module in layers.items():
+            setattr(attn, name, module)
+        attn.n_heads, attn.n_kv_heads = H // n, max(KV // n, 1)
+
+    return apply
 
 
 def check_heads(where: str, heads: int, n: int, what: str = "attention heads") -> None:

@@ -42,10 +42,8 @@ from mlxbun.models.gemma3n.config import SLIDING, Gemma3nArgs
 from mlxbun.models.sharding import (
     ALL_TO_SHARDED,
     SHARDED_TO_ALL,
-    ShardingError,
-    check_heads,
-    repeat_heads,
     shard_linear,
+    split_heads_plan,
 )
 
 __all__ = ["Gemma3nAltUp", "Gemma3nAttention", "Gemma3nDecoderLayer", "Gemma3nLaurelBlock", "MLP",
@@ -149,32 +147,9 @@ class Gemma3nAttention(nn.Module):
         self.rope = R.initialize_rope(a.head_dim, base, False)  # plain rope (mlx-lm: nn.RoPE)
 
     def shard_plan(self, group, where: str) -> Callable[[], None]:
-        """Check the split of the heads across `group` and return what makes it: q / k / v
-        all-to-sharded, o sharded-to-all, KV heads fewer than the ranks repeated to one per rank
-        (then the split always fits). A KV-shared layer splits its k / v too: it projects its own
-        when run with no cache."""
-        n, H, KV = group.size(), self.n_heads, self.n_kv_heads
-        check_heads(where, H, n)
-        repeat = KV % n != 0
-        if repeat and n % KV:
-            raise ShardingError(f"{where}: {KV} KV heads neither split across {n} ranks nor repeat "
-                                "to one per rank")
-        layers = {"q_proj": shard_linear(self.q_proj, ALL_TO_SHARDED, group, where=f"{where}.q_proj"),
-                  "o_proj": shard_linear(self.o_proj, SHARDED_TO_ALL, group, where=f"{where}.o_proj")}
-        if not repeat:
-            for name in ("k_proj", "v_proj"):
-                layers[name] = shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
-
-        def apply() -> None:
-            if repeat:
-                for name in ("k_proj", "v_proj"):
-                    repeat_heads(self[name], KV, n)
-                    layers[name] = shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
-            for name, module in layers.items():
-                setattr(self, name, module)
-            self.n_heads, self.n_kv_heads = H // n, max(KV // n, 1)
-
-        return apply
+        """Check the split of the heads across `group` and return what makes it (`split_heads_plan`).
+        A KV-shared layer splits its k / v too: it projects its own when run with no cache."""
+        return split_heads_plan(self, group, where)
 
     def __call__(self, x: mx.array, mask=None, cache: Optional[Any] = None, offset: int = 0) -> mx.array:
         B, L_, _ = x.shape

@@ -48,11 +48,9 @@ from mlxbun.models.kv_sharing import shared_attention_cache
 from mlxbun.models.sharding import (
     ALL_TO_SHARDED,
     SHARDED_TO_ALL,
-    ShardingError,
-    check_heads,
-    repeat_heads,
     shard_inplace_all,
     shard_linear,
+    split_heads_plan,
 )
 from mlxbun.models.switch_layers import SwitchGLU
 from mlxbun.models.universal.dense import UniversalDense
@@ -107,21 +105,7 @@ class Attention(nn.Module):
     def shard(self, group, where: str) -> None:
         """Split the heads across `group` (checked first): q / k / v all-to-sharded, o
         sharded-to-all, KV heads fewer than the ranks repeated to one per rank."""
-        n, H, KV = group.size(), self.n_heads, self.n_kv_heads
-        check_heads(where, H, n)
-        repeat = KV % n != 0
-        if repeat and n % KV:
-            raise ShardingError(f"{where}: {KV} KV heads neither split across {n} ranks nor repeat "
-                                "to one per rank")
-        layers = {"q_proj": shard_linear(self.q_proj, ALL_TO_SHARDED, group, where=f"{where}.q_proj"),
-                  "o_proj": shard_linear(self.o_proj, SHARDED_TO_ALL, group, where=f"{where}.o_proj")}
-        for name in [name for name in ("k_proj", "v_proj") if name in self]:
-            if repeat:  # always splits once repeated
-                repeat_heads(self[name], KV, n)
-            layers[name] = shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
-        for name, module in layers.items():
-            setattr(self, name, module)
-        self.n_heads, self.n_kv_heads = H // n, max(KV // n, 1)
+        split_heads_plan(self, group, where)()
 
     def __call__(self, x, mask=None, cache=None, shared_kv=None, offset=None, producer_cache=None):
         B, L, _ = x.shape
