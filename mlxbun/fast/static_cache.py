@@ -12,15 +12,14 @@ inputs, and hands its arrays back as outputs:
   are masked.
 - `static_arrays_cache` (for ArraysCache: conv / SSM states): the same class over the step's
   arrays; recurrent states have fixed shapes already.
-- a CacheList (falcon_h1's mixer + attention, deepseek_v32's latent + indexer) is a CacheList of
-  its children's stand-ins.
-
 - `StaticQuantizedKVCache` (for QuantizedKVCache): the same buffer as mlx's affine triples
   (codes, scales, biases) for K and for V; new tokens are quantized as QuantizedKVCache does.
 - `StaticTurboQuantCache` (for TurboQuantKVCache): the packed norms and codeword indices of K and
   V; new tokens are quantized by the same codecs, attention runs in the rotated space over the
   packed codes (`rotated_attention`, one pass over the buffer under the mask: no chunks, no
   dequantized copy of the cache).
+- a CacheList (falcon_h1's mixer + attention, deepseek_v32's latent + indexer) is a CacheList of
+  its children's stand-ins.
 
 A masked sum over a whole buffer is not the sum over the filled part that the exact caches do,
 so results are close to, not equal to, the exact path's: the fast path measures them.
