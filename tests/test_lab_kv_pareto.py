@@ -9,7 +9,7 @@ import pytest
 
 import mlxbun.cli as cli
 from mlxbun.errors import MlxbunError
-from mlxbun.experiments import kv_pareto
+from mlxbun.experiments import kv_pareto, turboquant_study
 from mlxbun.results import open_results
 
 
@@ -86,7 +86,7 @@ def test_the_notebook_on_the_zoo(zoo_root, tmp_path, monkeypatch, capsys):
     assert set(seeded["params.kv"]) == {"turboquant 3.5-bit"} and set(by_seed) == {0, 1}
     assert by_seed[0] == kld["turboquant 3.5-bit"] and by_seed[1] != by_seed[0] and by_seed[1] > 0
     summary = (out / "kv_pareto_llama_turboquant_seeds_summary.md").read_text()
-    assert "| zoo:llama | 3.5 |" in summary and (out / "kv_pareto_llama_turboquant_seeds.png").stat().st_size > 5_000
+    assert "| zoo:llama | turboquant 3.5-bit | 3.5 | 3 | 4 |" in summary and (out / "kv_pareto_llama_turboquant_seeds.png").stat().st_size > 5_000
     assert len(pd.read_csv(out / "kv_pareto_llama_turboquant_seeds.csv")) == 2
     assert 0 < kld["uniform 8-bit g64"] < kld["uniform 4-bit g64"] < 1  # fewer bits, more drift
     assert kld["turboquant 3.5-bit"] > 0
@@ -99,15 +99,24 @@ def test_the_notebook_on_the_zoo(zoo_root, tmp_path, monkeypatch, capsys):
     assert "| zoo:llama | plain |" in front and (out / "kv_pareto_llama.png").stat().st_size > 10_000
 
 
-def test_seed_summary_and_refusals():
-    spread = pd.DataFrame({"model": ["m"] * 4, "bits": [3.0, 3.0, 3.5, 3.5], "seed": [0, 1, 0, 1],
+def test_seed_summary_configurations_and_refusals():
+    spread = pd.DataFrame({"model": ["m"] * 4, "label": ["turboquant 3-bit"] * 2 + ["turboquant K4/V3"] * 2,
+                           "bits": [3.0, 3.0, 3.5, 3.5], "key_bits": [3, 3, 4, 4], "value_bits": [3, 3, 3, 3],
+                           "seed": [0, 1, 0, 1], "bytes_per_token": [100.0, 100.0, 110.0, 110.0],
                            "kld_mean": [0.2, 0.4, 0.3, 0.3], "kld_mean_unc": [0.05, 0.07, 0.04, 0.06],
                            "kld_median": [0.1, 0.2, 0.1, 0.1]})
-    s = kv_pareto.seed_summary(spread).set_index("bits")
-    assert s.loc[3.0, "kld_mean_mean"] == pytest.approx(0.3) and s.loc[3.0, "kld_mean_min"] == 0.2
-    assert s.loc[3.0, "kld_mean_max"] == 0.4 and s.loc[3.5, "kld_mean_std"] == 0
-    assert s.loc[3.0, "one_run_unc"] == pytest.approx(0.06) and list(s.seeds) == [2, 2]
+    s = turboquant_study.seed_summary(spread).set_index("label")
+    assert s.loc["turboquant 3-bit", "kld_mean_mean"] == pytest.approx(0.3)
+    assert (s.loc["turboquant 3-bit", "kld_mean_min"], s.loc["turboquant 3-bit", "kld_mean_max"]) == (0.2, 0.4)
+    assert s.loc["turboquant K4/V3", "kld_mean_std"] == 0 and s.loc["turboquant K4/V3", "bytes_per_token"] == 110
+    assert s.loc["turboquant 3-bit", "one_run_unc"] == pytest.approx(0.06) and list(s.seeds) == [2, 2]
+    assert turboquant_study.configuration(3.5) == ("turboquant 3.5-bit", 3.5, 3, 4)  # mlx-vlm's split
+    assert turboquant_study.configuration([4, 3]) == ("turboquant K4/V3", 3.5, 4, 3)
+    with pytest.raises(MlxbunError, match=r"\[key_bits, value_bits\]"):
+        turboquant_study.configuration([4, 3, 2])
+    with pytest.raises(MlxbunError, match="key_bits=2.5"):
+        turboquant_study.configuration([2.5, 3])  # a fractional per-tensor width: not ported
     with pytest.raises(MlxbunError, match="at least one model, width and seed"):
-        kv_pareto.turboquant_seed_spread(["zoo:llama"], widths=[3.5], seeds=[])
+        turboquant_study.turboquant_seed_spread(["zoo:llama"], widths=[3.5], seeds=[])
     with pytest.raises(MlxbunError, match="context must be"):
-        kv_pareto.turboquant_seed_spread(["zoo:llama"], context=1)
+        turboquant_study.turboquant_seed_spread(["zoo:llama"], context=1)

@@ -2,9 +2,8 @@
 TurboQuant widths and simple mixed per-layer plans, on one or more models; the Pareto frontier per
 model (experiment "kv_pareto"). The sweep itself is `kv_quant.kv_sweep`; this module adds what the
 Pareto question needs: the configurations each model can take, simple per-layer plans, bytes per
-token, the frontier table and its plot; and `turboquant_seed_spread`, TurboQuant's drift under other
-rotation seeds (the sweep runs seed 0, as generation does), which says how far apart two TurboQuant
-widths must be before one sample tells them apart."""
+token, the frontier table and its plot. TurboQuant under other rotation seeds (the sweep runs seed 0,
+as generation does) is `turboquant_study`'s."""
 
 from __future__ import annotations
 
@@ -12,21 +11,15 @@ import math
 from typing import Iterable, Sequence
 
 from mlxbun.errors import MlxbunError
-from mlxbun.cache.turboquant import TurboQuantKVCache
-from mlxbun.cache.turboquant_codec import resolve_kv_bits
-from mlxbun.experiments.common import model_path, optional_tokenizer
+from mlxbun.experiments.common import model_path, output_stem, write_run_outputs
 from mlxbun.experiments.kv_quant import kv_sweep, pareto_front
-from mlxbun.generation_caches import kv_layers, make_generation_cache, turboquant_layers
+from mlxbun.generation_caches import kv_layers, make_generation_cache
 from mlxbun.lab.plots import cmap, figure
-from mlxbun.lab.recording import recording
 from mlxbun.locate import open_runtime
 from mlxbun.names import KVSettings
-from mlxbun.parity.forced import eval_ids, teacher_forced
-from mlxbun.parity.metrics import compare_logits
 
-__all__ = ["FRONTIER_COLUMNS", "SEED_COLUMNS", "edge_plan", "frontier_plot", "frontier_table", "model_configs",
-           "pareto_sweep", "seed_spread_plot", "seed_summary", "tq_vs_uniform", "turboquant_seed_spread", "uniform_plan",
-           "write_outputs", "write_seed_outputs"]
+__all__ = ["FRONTIER_COLUMNS", "edge_plan", "frontier_plot", "frontier_table", "model_configs", "pareto_sweep",
+           "tq_vs_uniform", "uniform_plan", "write_outputs"]
 
 
 def uniform_plan(layers: Sequence[int], bits: int, group_size: int = 64) -> list[dict]:
@@ -181,134 +174,9 @@ def tq_vs_uniform(table, bits: float = 3.5, slack: float = 1.1):
     return pd.DataFrame(rows)
 
 
-def _stem(table, prefix: str = "kv_pareto", suffix: str = "") -> str:
-    """prefix_<model>suffix for a table of one model (real:smollm2 -> kv_pareto_smollm2), else prefix + suffix."""
-    import re
-
-    models = list(dict.fromkeys(table["model"]))
-    one = "_" + re.sub(r"\W+", "_", models[0].split(":")[-1]) if len(models) == 1 else ""
-    return prefix + one + suffix
-
-
-def write_seed_outputs(spread, fig, out_dir, stem: str | None = None) -> list:
-    """<stem>.csv (every seed's row), <stem>_summary.md (`seed_summary`) and <stem>.png in `out_dir`;
-    `stem` None: "kv_pareto_<model>_turboquant_seeds" for one model, else "kv_pareto_turboquant_seeds"."""
-    from pathlib import Path
-
-    from mlxbun.results.export import to_markdown
-
-    stem = stem or _stem(spread, suffix="_turboquant_seeds")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{stem}.csv", out / f"{stem}_summary.md", out / f"{stem}.png"]
-    spread.to_csv(paths[0], index=False, float_format="%.6g")
-    paths[1].write_text(to_markdown(seed_summary(spread), float_fmt=".4g") + "\n", encoding="utf-8")
-    fig.savefig(paths[2], dpi=110, bbox_inches="tight")
-    return paths
-
-
 def write_outputs(table, frontier, fig, out_dir, stem: str | None = None) -> list:
     """The full-size run's committed outputs in `out_dir`: <stem>.csv (every row, failures included),
     <stem>_frontier.md (the frontier table, markdown) and <stem>.png (the plot). Returns the paths.
     `stem` None: "kv_pareto_<model>" for a table of one model (real:smollm2 -> kv_pareto_smollm2),
     else "kv_pareto"."""
-    from pathlib import Path
-
-    from mlxbun.results.export import to_markdown
-
-    stem = stem or _stem(table)
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{stem}.csv", out / f"{stem}_frontier.md", out / f"{stem}.png"]
-    table.to_csv(paths[0], index=False, float_format="%.6g")
-    paths[1].write_text(to_markdown(frontier, float_fmt=".4g") + "\n", encoding="utf-8")
-    fig.savefig(paths[2], dpi=110, bbox_inches="tight")
-    return paths
-
-
-SEED_COLUMNS = ["model", "bits", "key_bits", "value_bits", "seed", "context", "kld_mean", "kld_mean_unc",
-                "kld_median", "kld_p99", "kld_max", "positions_over_1", "top1_agreement"]
-
-
-def _turboquant_hook(bits: float, seed: int):
-    """Generation's TurboQuant conversion (`maybe_turboquant_kv_cache`: the same layers, converted
-    once filled) with rotation seed `seed` (generation's is 0)."""
-    def convert(cache: list) -> None:
-        for i in turboquant_layers(cache):
-            cache[i] = TurboQuantKVCache.from_cache(cache[i], bits=bits, seed=seed)
-
-    return convert
-
-
-def turboquant_seed_spread(models: Sequence[str] = ("zoo:llama",), widths=(3, 3.5, 4), seeds=(0, 1, 2, 3), *,
-                           context: int = 64, n_eval: int = 16, text: str | None = None, variant: str = "float32",
-                           head_dim: int | None = 64, results_path=None, record: bool = True):
-    """Per model, TurboQuant width and rotation seed: the drift over `n_eval` teacher-forced steps after
-    `context` tokens (as `pareto_sweep` measures it; seed 0 is its row): mean KLD and its uncertainty,
-    median, p99 and max, the positions over 1 nat, top-1 agreement. One row each (SEED_COLUMNS), recorded
-    as experiment "kv_pareto" with part "turboquant_seeds"."""
-    import pandas as pd
-
-    if not models or not widths or not seeds:
-        raise MlxbunError("turboquant_seed_spread: give at least one model, width and seed")
-    if int(context) < 2 or int(n_eval) < 1:
-        raise MlxbunError(f"context must be >= 2 and n_eval >= 1 (got context={context}, n_eval={n_eval})")
-    rows = []
-    for name in models:
-        hd = head_dim if str(name).startswith("zoo:") else None
-        path = model_path(name, variant=variant, head_dim=hd)
-        m, tok = open_runtime(path, "mlxbun"), optional_tokenizer(path)
-        if tok is None:
-            raise MlxbunError(f"{path}: no tokenizer to encode the evaluation text")
-        ids = eval_ids(tok, int(context) + int(n_eval), text)
-        base = teacher_forced(m, ids, prefill=int(context))
-        params = {"model": str(name), "variant": variant, "head_dim": hd, "n_eval": int(n_eval),
-                  "context": int(context), "part": "turboquant_seeds"}
-        with recording("kv_pareto", model=path, params=params, results_path=results_path, record=record) as run:
-            for bits in widths:
-                for seed in seeds:
-                    _, key_bits, value_bits = resolve_kv_bits(float(bits))
-                    r = teacher_forced(m, ids, prefill=int(context), quantize=_turboquant_hook(float(bits), int(seed)))
-                    st = compare_logits(base.logits, r.logits)
-                    rows.append({"model": str(name), "bits": float(bits), "key_bits": key_bits,
-                                 "value_bits": value_bits, "seed": int(seed), "context": int(context),
-                                 "kld_mean": st.kld_mean, "kld_mean_unc": st.kld_mean_unc, "kld_median": st.kld_median,
-                                 "kld_p99": st.kld_percentiles["99"], "kld_max": st.kld_max,
-                                 "positions_over_1": int((st.kld_values > 1.0).sum()), "top1_agreement": st.same_top_p})
-                    if run is not None:
-                        extra = {"kv": f"turboquant {float(bits):g}-bit", "kv_bits": float(bits), "seed": int(seed)}
-                        run.record_many((k, rows[-1][k], "nats" if k.startswith("kld") else None, extra)
-                                        for k in ("kld_mean", "kld_median", "kld_max", "positions_over_1",
-                                                  "top1_agreement"))
-        del m
-    return pd.DataFrame(rows, columns=SEED_COLUMNS)
-
-
-def seed_summary(spread):
-    """Per model and width, over the seeds: mean, min and max of the mean KLD, the mean median, and
-    the seeds' spread of the mean KLD next to a single run's own uncertainty (mean of kld_mean_unc)."""
-    g = spread.groupby(["model", "bits"], sort=False)
-    out = g["kld_mean"].agg(["mean", "min", "max", "std"]).rename(columns=lambda c: f"kld_mean_{c}")
-    out["kld_median_mean"] = g["kld_median"].mean()
-    out["one_run_unc"] = g["kld_mean_unc"].mean()
-    out["seeds"] = g["seed"].count()
-    return out.reset_index()
-
-
-def seed_spread_plot(spread, title: str = "TurboQuant mean KLD by rotation seed"):
-    """One panel per model: each width's mean KLD per seed (points) and the seeds' mean (a bar)."""
-    models = list(dict.fromkeys(spread["model"]))
-    fig = figure(5.0 * len(models), 3.8)
-    axes = fig.subplots(1, len(models), squeeze=False)[0]
-    for ax, model in zip(axes, models):
-        g = spread[spread["model"] == model]
-        widths = list(dict.fromkeys(g["bits"]))
-        for k, w in enumerate(widths):
-            vals = g[g["bits"] == w]["kld_mean"]
-            ax.bar(k, vals.mean(), color=cmap("tab10")(1), alpha=0.35)
-            ax.scatter([k] * len(vals), vals, color="k", s=16, zorder=3)
-        ax.set_xticks(range(len(widths)), [f"{w:g} bits" for w in widths])
-        ax.set_ylabel("mean KLD, nats")
-        ax.set_title(f"{model}: {title}", fontsize=9)
-    return fig
+    return write_run_outputs(out_dir, stem or output_stem(table, "kv_pareto"), table, frontier, "_frontier", fig)
