@@ -10,7 +10,7 @@ import pytest
 import mlxbun.cli as cli
 from mlxbun.errors import MlxbunError
 from mlxbun.experiments import kv_pareto, turboquant_study
-from mlxbun.results import open_results
+from tests.lab_runs import lab_run_rows
 
 
 def test_plans():
@@ -70,12 +70,7 @@ def test_model_configs_on_the_zoo(zoo_root, monkeypatch):
 
 def test_the_notebook_on_the_zoo(zoo_root, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
-    db, out = tmp_path / "r.sqlite", tmp_path / "outputs"
-    code = cli.main(["lab", "run", "lab/kv_pareto", "--out", str(tmp_path / "run"), "--results", str(db),
-                     "--no-progress", "-p", "out_dir", str(out), "-p", "edge_plans", "[[8, 4, 0]]"])
-    assert code == 0, capsys.readouterr().err
-    with open_results(db, create=False) as store:
-        rows = store.load(metric="kld_mean", expand_params=True)
+    rows, out = lab_run_rows("lab/kv_pareto", tmp_path, capsys, "edge_plans", "[[8, 4, 0]]")
     assert set(rows.experiment) == {"kv_pareto"} and rows["params.lab_run"].notna().all()
     seeded = rows[rows["params.part"] == "turboquant_seeds"]
     rows = rows[rows["params.part"] != "turboquant_seeds"]

@@ -3,18 +3,12 @@
 
 import pandas as pd
 
-import mlxbun.cli as cli
-from mlxbun.results import open_results
+from tests.lab_runs import lab_run_rows
 
 
 def test_the_notebook_on_the_zoo(zoo_root, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
-    db, out = tmp_path / "r.sqlite", tmp_path / "outputs"
-    code = cli.main(["lab", "run", "lab/tq_bits", "--out", str(tmp_path / "run"), "--results", str(db),
-                     "--no-progress", "-p", "out_dir", str(out), "-p", "splits", "[[3, 4], [4, 3], [2, 2], [8, 8]]"])
-    assert code == 0, capsys.readouterr().err
-    with open_results(db, create=False) as store:
-        rows = store.load(metric="kld_mean", expand_params=True)
+    rows, out = lab_run_rows("lab/tq_bits", tmp_path, capsys, "splits", "[[3, 4], [4, 3], [2, 2], [8, 8]]")
     assert set(rows.experiment) == {"tq_bits"} and rows["params.lab_run"].notna().all()
     assert len(rows) == 4 * 2  # four splits, seeds 0 and 1
     runs = pd.read_csv(out / "tq_bits_llama_turboquant_seeds.csv")
