@@ -7,7 +7,6 @@ import math
 import pandas as pd
 import pytest
 
-import mlxbun.cli as cli
 from mlxbun.errors import MlxbunError
 from mlxbun.experiments import kv_pareto, turboquant_study
 from tests.lab_runs import lab_run_rows
