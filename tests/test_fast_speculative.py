@@ -13,7 +13,7 @@ from mlxbun import cli
 from mlxbun.factory import open_model
 from mlxbun.fast import CompiledDecoder, CompileGap, enable_fast
 from mlxbun.generate import stream_generate
-from mlxbun.speculative import NGramDrafter, speculative_generate, speculative_text
+from mlxbun.speculative import NGramDrafter, speculative_text
 from mlxbun.speculative.engine import speculative_generate_step
 from mlxbun.speculative.verify import Sampling
 from mlxbun.tokenizer import load_tokenizer
