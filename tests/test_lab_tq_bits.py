@@ -19,4 +19,4 @@ def test_the_notebook_on_the_zoo(zoo_root, tmp_path, monkeypatch, capsys):
     assert 0 < summary.loc["turboquant K8/V8", "kld_mean"] < summary.loc["turboquant K2/V2", "kld_mean"]
     assert set(runs.seed) == {0, 1} and (runs.groupby("label").kld_mean.nunique() == 2).all()  # seeds differ
     assert "| zoo:llama | turboquant K4/V3 | 3.5 | 4 | 3 |" in (out / "tq_bits_llama_turboquant_seeds_summary.md").read_text()
-    assert (out / "tq_bits_bytes_vs_kld.png").stat().st_size > 10_000
+    assert (out / "tq_bits_llama_bytes_vs_kld.png").stat().st_size > 10_000

@@ -162,8 +162,14 @@ def bits_plot(summary, title: str = "TurboQuant: keys vs values bits"):
     return fig
 
 
-def write_seed_outputs(spread, fig, out_dir, stem: str | None = None, prefix: str = "kv_pareto") -> list:
-    """<stem>.csv (every run), <stem>_summary.md (`seed_summary`) and <stem>.png in `out_dir`;
-    `stem` None: "<prefix>_<model>_turboquant_seeds" for one model, else "<prefix>_turboquant_seeds"."""
+def write_seed_outputs(spread, fig, out_dir, stem: str | None = None, prefix: str = "kv_pareto",
+                       bits_fig=None) -> list:
+    """<stem>.csv (every run), <stem>_summary.md (`seed_summary`) and <stem>.png (`fig`) in `out_dir`;
+    `stem` None: "<prefix>_<model>_turboquant_seeds" for one model, else "<prefix>_turboquant_seeds".
+    `bits_fig` (`bits_plot`'s) goes to <prefix>[_<model>]_bytes_vs_kld.png beside them."""
     stem = stem or output_stem(spread, prefix, "_turboquant_seeds")
-    return write_run_outputs(out_dir, stem, spread, seed_summary(spread), "_summary", fig)
+    paths = write_run_outputs(out_dir, stem, spread, seed_summary(spread), "_summary", fig)
+    if bits_fig is not None:
+        paths.append(paths[0].parent / f"{output_stem(spread, prefix, '_bytes_vs_kld')}.png")
+        bits_fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    return paths
