@@ -96,6 +96,15 @@ def launch_json_once(shared: Path, key: str, args: list[str], **kwargs):
     return once(shared, key, lambda: launch_json(args, **kwargs)[0])
 
 
+def named_report(run_tmp: Path, key: str, zoo_root: Path, targets: list[str], off_zoo: dict[str, Path]) -> dict:
+    """{target: tp-check row} of one 2-rank launch over `targets` and the off-zoo checkpoints (launched once
+    for every xdist worker), an off-zoo row under its name in `off_zoo` rather than its path."""
+    rows = launch_json_once(run_tmp, key, ["tp-check", *targets, *map(str, off_zoo.values())],
+                            env={"MLXBUN_ZOO_CACHE": str(zoo_root)})
+    names = {str(path): name for name, path in off_zoo.items()}
+    return {names.get(r["target"], r["target"]): r for r in rows}
+
+
 def mlxlm_has_shard(path: Path) -> bool:
     """Whether mlx-lm's model file for the checkpoint at `path` has `shard()` (then tp-check holds
     mlxbun's split to its split bit for bit)."""

@@ -28,7 +28,7 @@ from mlxbun.factory import open_model
 from mlxbun.locate import locate
 from mlxbun.models.gemma3n import layers as G
 from mlxbun.models.sharding import ShardingError
-from tests.tensor_parallel import GROUPS_OF_64, FakeGroup, assert_split_holds, launch_json_once, once, param_shapes
+from tests.tensor_parallel import GROUPS_OF_64, FakeGroup, assert_split_holds, launch_json_once, named_report, once, param_shapes
 
 ZOO_VARIANTS = ("zoo:gemma3n@float16", "zoo:gemma3n@bfloat16")
 _WIDE = {"head_dim": 32, "intermediate_size": [128, 256, 128, 128, 128]}  # o_proj / down_proj: whole groups
@@ -65,10 +65,7 @@ def off_zoo(run_tmp):
 @pytest.fixture(scope="module")
 def report(zoo_root, run_tmp, off_zoo):
     """{target: tp-check row} of the 2-rank launch (an off-zoo target under its OFF_ZOO name)."""
-    targets = [*ZOO_VARIANTS, *map(str, off_zoo.values()), *REFUSED]
-    rows = launch_json_once(run_tmp, "gemma3n", ["tp-check", *targets], env={"MLXBUN_ZOO_CACHE": str(zoo_root)})
-    names = {str(path): name for name, path in off_zoo.items()}
-    return {names.get(r["target"], r["target"]): r for r in rows}
+    return named_report(run_tmp, "gemma3n", zoo_root, [*ZOO_VARIANTS, *REFUSED], off_zoo)
 
 
 @pytest.mark.parametrize("target", [*ZOO_VARIANTS, *OFF_ZOO])

@@ -39,6 +39,7 @@ from tests.tensor_parallel import (
     launch_json,
     launch_json_once,
     mlxlm_has_shard,
+    named_report,
     once,
     param_shapes,
 )
@@ -106,10 +107,7 @@ def off_zoo(run_tmp):
 @pytest.fixture(scope="module")
 def report(zoo_root, run_tmp, off_zoo):
     """{target: tp-check row} of the 2-rank launch (an off-zoo target under its OFF_ZOO name)."""
-    targets = [*ZOO_VARIANTS, *map(str, off_zoo.values()), *REFUSED]
-    rows = launch_json_once(run_tmp, "hybrid", ["tp-check", *targets], env={"MLXBUN_ZOO_CACHE": str(zoo_root)})
-    names = {str(path): name for name, path in off_zoo.items()}
-    return {names.get(r["target"], r["target"]): r for r in rows}
+    return named_report(run_tmp, "hybrid", zoo_root, [*ZOO_VARIANTS, *REFUSED], off_zoo)
 
 
 @pytest.fixture(scope="module")
