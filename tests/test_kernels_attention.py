@@ -19,8 +19,8 @@ from mlxbun.fast import CompiledDecoder, enable_fast
 from mlxbun.fast.linear import FastSwitch
 from mlxbun.kernels.common import Gap, float_bits
 from mlxbun.kernels.render import ptxas_report, render
-from mlxbun.kernels.sdpa_decode import (HEADER, SHARED_LIMIT, decode_gap, decode_split, plan,
-                                        shared_bytes)
+from mlxbun.kernels.sdpa_decode import (HEADER, SHARED_LIMIT, decode_gap, decode_split, plan, shared_bytes,
+                                        turboquant_decode_gap)
 from mlxbun.tokenizer import load_tokenizer
 
 
@@ -69,6 +69,27 @@ def test_decode_gap_accepts_decode_shapes_and_leaves_prefill_to_mlx(on_gpu):
     assert prefill.by_design and "5 queries" in prefill.reason
 
 
+def test_turboquant_decode_gap_names_what_the_kernel_lacks(on_gpu):
+    norms = (1, 2, 256)
+    assert turboquant_decode_gap(_q(H=8, D=64), norms, 64, 64, 3, 4) is None
+    assert turboquant_decode_gap(_q(H=8, D=64, dtype=mx.float32), norms, 64, 64, 8, 1) is None  # any query dtype
+    for q, dims, bits, sinks, reason in [
+        (_q(D=80), (80, 80), (3, 4), None, "head dim 80"),
+        (_q(), (64, 32), (3, 4), None, "values of 32"),
+        (_q(), (64, 64), (0, 4), None, "keys 0 / values 4"),
+        (_q(), (64, 64), (3, 4), mx.zeros((8,)), "attention sinks"),
+        (_q(H=32), (64, 64), (3, 4), None, "16 query heads per KV head"),
+    ]:
+        gap = turboquant_decode_gap(q, norms, *dims, *bits, sinks=sinks)
+        assert gap is not None and reason in gap.reason and not gap.by_design, (reason, gap)
+    prefill = turboquant_decode_gap(_q(L=3), norms, 64, 64, 3, 4)
+    assert prefill.by_design and "3 queries" in prefill.reason
+
+
+def test_turboquant_decode_gap_refuses_the_cpu():
+    assert turboquant_decode_gap(_q(), (1, 2, 256), 64, 64, 3, 4) == Gap("no CUDA device (the kernel is CUDA only)")
+
+
 # ------------------------------------------------------------------ launch shapes and source
 
 
@@ -107,6 +128,20 @@ def test_plan_launches_one_block_per_split_and_kv_head_then_one_per_query_head()
     assert qc.inputs[-1][0] == "sinks" and "sinks[bh % H]" in qc.source
 
 
+def test_the_turboquant_plan_takes_rotated_float32_queries_and_both_codebooks():
+    partial, combine = plan((1, 32, 1, 128), mx.bfloat16, 8, 16640, 1.0, turboquant=(3, 4))
+    assert partial.name == "mlxbun_sdpa_decode_tq"
+    assert partial.inputs == (("q", mx.float32), ("k_norms", mx.float16), ("k_codes", mx.uint32),
+                              ("k_book", mx.float32), ("v_norms", mx.float16), ("v_codes", mx.uint32),
+                              ("v_book", mx.float32), ("length", mx.int32))
+    t = dict(partial.template)
+    assert (t["KBITS"], t["VBITS"], t["QF32"], t["SCALE_BITS"]) == (3, 4, True, float_bits(1.0))
+    assert combine.outputs[0][1] == mx.float32  # the value rotation's space: the caller rotates back
+    # the codebooks take shared memory: the split is chosen with them counted
+    assert decode_split(16640, 8, 4, 128, book_floats=8 + 16) == (t["CHUNK"], partial.grid[0] // 128)
+    assert shared_bytes(256, 4, 128, book_floats=24) == shared_bytes(256, 4, 128) + 96
+
+
 def _unit(call):
     return render(call.name, HEADER, call.source, call.inputs, [(n, d) for n, d, _ in call.outputs], call.template)
 
@@ -123,6 +158,14 @@ def test_render_writes_the_signature_mlx_writes():
 @pytest.mark.parametrize("bits,sinks", [(0, True), (4, False)])
 def test_the_kernels_compile_for_hopper_without_spilling(bits, sinks):
     for call in plan((1, 32, 1, 128), mx.bfloat16, 8, 768, 0.125, bits=bits, group_size=64, sinks=sinks):
+        report = ptxas_report(_unit(call))
+        assert "Used" in report and "spill" not in report.replace("0 bytes spill", "")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("widths,head_dim", [((3, 4), 128), ((4, 3), 64), ((1, 8), 128), ((5, 2), 256)])
+def test_the_turboquant_kernel_compiles_for_hopper_without_spilling(widths, head_dim):
+    for call in plan((1, 32, 1, head_dim), mx.float16, 8, 16640, 1.0, turboquant=widths):
         report = ptxas_report(_unit(call))
         assert "Used" in report and "spill" not in report.replace("0 bytes spill", "")
 
@@ -250,3 +293,100 @@ def test_enabling_the_fast_path_leaves_the_quantized_cache_bit_exact(zoo):
     before = decode()
     enable_fast(model)  # switch off outside FastPath.on(): QuantizedKVCache.attention is untouched
     assert all(mx.array_equal(a, b) for a, b in zip(before, decode()))
+
+
+# ------------------------------------------------------------------ TurboQuant: the kernel's reads, its dispatch
+
+
+def _kernel_rows(state, book):
+    """|x| * c[idx] of every row, decoded as the TurboQuant kernel reads the packed words: slot s of a
+    row (coordinates 8s .. 8s + 7) is its bytes s * BITS .. s * BITS + BITS - 1, little-endian, and
+    index j of the slot is bits BITS * j .. of them (in MLX ops: it runs inside a compiled step)."""
+    norms, codes = state
+    bits = int(book.shape[0]).bit_length() - 1
+    data = mx.view(codes, mx.uint8)
+    dim = data.shape[-1] * 8 // bits
+    slots = data.reshape(*data.shape[:-1], dim // 8, bits).astype(mx.uint64)
+    word = slots[..., 0]
+    for i in range(1, bits):
+        word = word | mx.left_shift(slots[..., i], mx.array(8 * i, mx.uint64))
+    shifts = mx.array([bits * j for j in range(8)], mx.uint64)
+    idx = mx.right_shift(word[..., None], shifts) & mx.array((1 << bits) - 1, mx.uint64)
+    idx = idx.reshape(*data.shape[:-1], dim).astype(mx.int32)
+    return mx.take(book, idx) * norms.astype(mx.float32)[..., None]
+
+
+def _emulated_turboquant(rotated_queries, keys, values, key_book, value_book, length):
+    """The TurboQuant kernel's result in MLX ops (another summation order): attention in the
+    rotations' space over the first `length` positions, float32."""
+    k, v = _kernel_rows(keys, key_book), _kernel_rows(values, value_book)
+    B, H, _, D = rotated_queries.shape
+    KV, cap = k.shape[1], k.shape[2]
+    q = rotated_queries.astype(mx.float32).reshape(B, KV, H // KV, 1, D)
+    s = q @ k[:, :, None].swapaxes(-1, -2)
+    s = mx.where(mx.arange(cap) < length, s, -mx.inf)
+    return (mx.softmax(s, axis=-1) @ v[:, :, None]).reshape(B, H, 1, D)
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+@pytest.mark.parametrize("dim", [32, 64, 128, 256])
+def test_the_kernels_byte_reads_decode_what_the_codec_packed(bits, dim):
+    from mlxbun.cache.turboquant_codec import TurboQuantCodec
+
+    codec = TurboQuantCodec(dim, bits, seed=3)
+    x = mx.random.normal((1, 2, 5, dim), key=mx.random.key(bits))
+    state = codec.quantize(x)
+    want = codec.codewords(state) * state.norms.astype(mx.float32)[..., None]
+    assert mx.array_equal(_kernel_rows(state, codec.codebook), want)
+
+
+@pytest.fixture
+def emulated_turboquant(monkeypatch):
+    calls = []
+    monkeypatch.setattr(static_cache, "turboquant_decode_gap", lambda *a, **k: None)
+    monkeypatch.setattr(static_cache, "turboquant_decode_attention",
+                        lambda *a, **k: calls.append("tq") or _emulated_turboquant(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("kv_bits", [3.5, 4])
+def test_the_compiled_step_runs_the_turboquant_kernel_with_the_rotations_around_it(zoo, emulated_turboquant,
+                                                                                   kv_bits):
+    """The static TurboQuant cache hands the kernel the scaled queries in the keys' rotation and turns
+    its output back from the values' (different seeds: a rotation left out or swapped is no small
+    error): with the kernel emulated, the exact path's greedy ids and its logits within 1e-4."""
+    from mlxbun.cache.turboquant import TurboQuantKVCache
+    from mlxbun.generation_caches import kv_quantizer, make_generation_cache
+
+    model = open_model(zoo("llama", head_dim=32))
+    hook = kv_quantizer("turboquant", kv_bits, 64, 0)
+    prompt = mx.array([[(i * 5) % 40 + 1 for i in range(12)]])
+    exact, static = (make_generation_cache(model, kv_bits=kv_bits, kv_scheme="turboquant") for _ in range(2))
+    for cache in (exact, static):
+        model(prompt, cache=cache)
+        hook(cache)
+    n_tq = sum(isinstance(c, TurboQuantKVCache) for c in static)
+    assert n_tq >= 1
+    switch = FastSwitch()
+    dec = CompiledDecoder(model, static, room=12, kernels=switch)
+    y, worst = mx.array([[7]]), 0.0
+    for _ in range(12):
+        e, f = model(y, cache=exact)[:, -1, :], dec(y)
+        worst = max(worst, mx.abs(e - f).max().item())
+        assert mx.array_equal(mx.argmax(e, -1), mx.argmax(f, -1))
+        y = mx.argmax(e, axis=-1)[:, None]
+    assert 0 < worst < 1e-4  # another order of sums than the exact path's: close, not equal
+    assert emulated_turboquant and len(emulated_turboquant) % n_tq == 0  # every TurboQuant layer, per trace
+    assert len(emulated_turboquant) < 5 * n_tq  # traced, not called per token
+
+
+def test_without_the_switch_the_static_turboquant_cache_attends_as_before(zoo, emulated_turboquant):
+    from mlxbun.generation_caches import kv_quantizer, make_generation_cache
+
+    model = open_model(zoo("llama", head_dim=32))
+    cache = make_generation_cache(model, kv_bits=3.5, kv_scheme="turboquant")
+    model(mx.array([[1, 2, 3, 4]]), cache=cache)
+    kv_quantizer("turboquant", 3.5, 64, 0)(cache)
+    dec = CompiledDecoder(model, cache, room=3)
+    dec(mx.array([[5]]))
+    assert not emulated_turboquant

@@ -17,7 +17,7 @@ inputs, and hands its arrays back as outputs:
 - `StaticTurboQuantCache` (for TurboQuantKVCache): the packed norms and codeword indices of K and
   V; new tokens are quantized by the same codecs, attention runs in the rotated space over the
   packed codes (`rotated_attention`, one pass over the buffer under the mask: no chunks, no
-  dequantized copy of the cache).
+  dequantized copy of the cache; with the switch on a CUDA GPU, the TurboQuant decode kernel).
 - a CacheList (falcon_h1's mixer + attention, deepseek_v32's latent + indexer) is a CacheList of
   its children's stand-ins.
 
@@ -26,7 +26,7 @@ so results are close to, not equal to, the exact path's: the fast path measures 
 
 Given the fast path's switch (`kernels`, on while the step is traced), one-query attention runs
 mlxbun's decode kernel (`kernels.sdpa_decode`: reads the buffer up to the filled length, a device
-array, no mask; the quantized buffers' packed codes directly); where it does not apply (no CUDA,
+array, no mask; the quantized and TurboQuant buffers' packed codes directly); where it does not apply (no CUDA,
 dtype, head dim, a mask it did not make) MLX's attention runs and the reason is counted in
 `kernels.attention_gaps` (the FastPath's notes). Without a switch the stand-ins attend as before.
 `adapter_for(cache)` picks the class and converts back and forth (`CompileGap` when none fits).
@@ -54,7 +54,8 @@ from mlxbun.cache.turboquant import TurboQuantKVCache
 from mlxbun.cache.turboquant_codec import TurboQuantCodec, TurboQuantState, rotated_attention
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.kernels.common import Gap
-from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap, quantized_decode_attention
+from mlxbun.kernels.sdpa_decode import (decode_attention, decode_gap, quantized_decode_attention,
+                                        turboquant_decode_attention, turboquant_decode_gap)
 
 __all__ = ["CacheAdapter", "CompileGap", "StaticKVCache", "StaticQuantizedKVCache", "StaticRotatingKVCache",
            "StaticTurboQuantCache", "adapter_for"]
@@ -205,7 +206,16 @@ class StaticTurboQuantCache(StaticKVCache):
     def attention(self, queries, keys, values, scale, mask, sinks=None):
         if sinks is not None:  # TurboQuantKVCache attends with sinks over its dequantized copy
             raise ValueError("attention sinks over TurboQuant codes (the exact cache dequantizes for them)")
-        return rotated_attention(queries, self.key_codec, keys, self.value_codec, values, scale, mask)
+        kc, vc = self.key_codec, self.value_codec
+        gap = turboquant_decode_gap(queries, keys.norms.shape, kc.dim, vc.dim, kc.bits, vc.bits)
+        if self._kernel_applies(mask, gap):
+            self.kernels.attention_calls += 1
+            # the exact path's order: scale the queries, rotate them into the keys' space; the
+            # kernel's output comes back from the values' space
+            out = turboquant_decode_attention(kc.rotate(queries * scale), keys, values, kc.codebook, vc.codebook,
+                                              self.filled())
+            return vc.unrotate(out).astype(queries.dtype)
+        return rotated_attention(queries, kc, keys, vc, values, scale, mask)
 
 
 @functools.lru_cache(maxsize=None)

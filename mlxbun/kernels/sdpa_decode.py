@@ -7,7 +7,10 @@ mask and no Python int), with grouped-query heads (H query heads over KV heads),
 accumulation and an optional attention sink per head. `quantized_decode_attention` does the same
 over affine-quantized K/V in mlx's `mx.quantize` layout (uint32 codes, scales and biases per
 group along the head dim; 4 or 8 bits, groups 32 / 64 / 128), dequantizing in registers: no
-dequantized copy is made. Both are split over the sequence with a fixed-order reduction
+dequantized copy is made. `turboquant_decode_attention` does it over TurboQuant's packed codes
+(`mlxbun.cache.turboquant_codec`: a float16 norm and one 1-8 bit codeword index per coordinate),
+in the rotations' space: the caller rotates the query in and the output back, as the exact
+cache's `rotated_attention` does around its own scoring. Both are split over the sequence with a fixed-order reduction
 (`sdpa_decode_source`): the same inputs give the same bits on every run; the bits differ from
 MLX's (another summation order), so a model running them is measured, never called bit-exact.
 
@@ -27,15 +30,18 @@ from typing import Optional, Sequence
 import mlx.core as mx
 
 from mlxbun.kernels.common import HALF, Gap, cuda_available, float_bits
-from mlxbun.kernels.sdpa_decode_source import COMBINE, COMBINE_SINKS, HEADER, PARTIAL_PLAIN, PARTIAL_QUANTIZED
+from mlxbun.kernels.sdpa_decode_source import (COMBINE, COMBINE_SINKS, HEADER, PARTIAL_PLAIN, PARTIAL_QUANTIZED,
+                                                PARTIAL_TURBOQUANT)
 
-__all__ = ["CHUNKS", "HEAD_DIMS", "MAX_GROUP", "QUANT_BITS", "QUANT_GROUPS", "KernelCall", "decode_attention",
-           "decode_gap", "decode_split", "plan", "quantized_decode_attention", "shared_bytes"]
+__all__ = ["CHUNKS", "HEAD_DIMS", "MAX_GROUP", "QUANT_BITS", "QUANT_GROUPS", "TURBOQUANT_BITS", "KernelCall",
+           "decode_attention", "decode_gap", "decode_split", "plan", "quantized_decode_attention", "shared_bytes",
+           "turboquant_decode_attention", "turboquant_decode_gap"]
 
 HEAD_DIMS = (32, 64, 128, 256)  # D / 8 lanes per key row: a power of two up to a warp
 MAX_GROUP = 8  # query heads per KV head: 2 x 8 floats per head and lane live in registers
 QUANT_BITS = (4, 8)
 QUANT_GROUPS = (32, 64, 128)
+TURBOQUANT_BITS = tuple(range(1, 9))  # index widths: 8 of them fill whole bytes at any width
 CHUNKS = (64, 128, 256, 512)  # positions per split
 # Launch knobs, module-level so benchmarks/gpu_check.py can sweep them (not for users):
 TARGET_BLOCKS = 528  # splits x batch x KV heads to aim for: 4 blocks on each of the H200's 132 SMs
@@ -45,19 +51,22 @@ SHARED_LIMIT = 40 * 1024  # static shared memory per block (the hardware's stati
 _kernels: dict[str, object] = {}
 
 
-def shared_bytes(chunk: int, group: int, head_dim: int, warps: Optional[int] = None) -> int:
-    """Static shared memory of one partial block: the scores and the warps' output rows."""
-    return 4 * (group * chunk + (warps or NWARPS) * group * head_dim)
+def shared_bytes(chunk: int, group: int, head_dim: int, warps: Optional[int] = None, book_floats: int = 0) -> int:
+    """Static shared memory of one partial block: the scores, the warps' output rows and (TurboQuant)
+    the two codebooks' `book_floats` entries."""
+    return 4 * (group * chunk + (warps or NWARPS) * group * head_dim + book_floats)
 
 
-def decode_split(capacity: int, batch_kv_heads: int, group: int, head_dim: int) -> tuple[int, int]:
+def decode_split(capacity: int, batch_kv_heads: int, group: int, head_dim: int,
+                 book_floats: int = 0) -> tuple[int, int]:
     """(positions per split, splits) for a buffer of `capacity` positions: the smallest chunk of
     `CHUNKS` that keeps the grid near TARGET_BLOCKS and fits the shared memory."""
     if capacity < 1 or batch_kv_heads < 1:
         raise ValueError(f"decode_split: capacity {capacity} and batch x KV heads {batch_kv_heads} must be >= 1")
     want = -(-TARGET_BLOCKS // batch_kv_heads)
     per_split = -(-capacity // want)
-    fitting = [c for c in CHUNKS if shared_bytes(c, group, head_dim) <= SHARED_LIMIT] or CHUNKS[:1]
+    fitting = [c for c in CHUNKS if shared_bytes(c, group, head_dim, book_floats=book_floats) <= SHARED_LIMIT] \
+        or CHUNKS[:1]
     chunk = next((c for c in fitting if c >= per_split), fitting[-1])
     return chunk, -(-capacity // chunk)
 
@@ -69,16 +78,10 @@ def decode_gap(queries: mx.array, kv_shape: Sequence[int], kv_dtype, *, values_s
     [B, KV, capacity, last] and a value buffer of `values_shape` (the same, else a gap; for quantized
     K/V both are the codes' shapes). `kv_dtype`: the 16-bit K/V's dtype, or the scales' for
     quantized K/V (`bits`, `group_size` then given); `head_dim` defaults to kv_shape[-1]."""
-    if not cuda_available():
-        return Gap("no CUDA device (the kernel is CUDA only)")
-    if mx.default_device() != mx.gpu:
-        return Gap(f"default device {mx.default_device()} (the kernel is CUDA only)")
-    if queries.ndim != 4 or len(kv_shape) != 4:
-        return Gap(f"queries {queries.shape} over K/V {tuple(kv_shape)} (the kernel takes [B, H, 1, D] "
-                   "over [B, KV, positions, D])")
-    B, H, L, D = queries.shape
-    if L != 1:
-        return Gap(f"{L} queries per head (the kernel decodes one; MLX's fused kernel runs the rest)", True)
+    gap = _launch_gap(queries, kv_shape)
+    if gap is not None:
+        return gap
+    H, D = queries.shape[1], queries.shape[-1]
     if queries.dtype not in HALF or kv_dtype != queries.dtype:
         return Gap(f"{queries.dtype} queries over {kv_dtype} K/V (the kernel does bfloat16 and float16, "
                    "both the same)")
@@ -88,16 +91,50 @@ def decode_gap(queries: mx.array, kv_shape: Sequence[int], kv_dtype, *, values_s
     if tuple(values_shape) != tuple(kv_shape):
         return Gap(f"values {tuple(values_shape)} unlike keys {tuple(kv_shape)} (the kernel takes one shape "
                    "for both)")
-    if kv_shape[0] != B or kv_shape[1] < 1 or H % kv_shape[1]:
-        return Gap(f"{B} x {H} query heads over K/V {tuple(kv_shape)} (the kernel needs the same batch "
-                   "and query heads a multiple of the KV heads)")
-    if H // kv_shape[1] > MAX_GROUP:
-        return Gap(f"{H // kv_shape[1]} query heads per KV head (the kernel does up to {MAX_GROUP})")
     if bits is not None and (bits not in QUANT_BITS or group_size not in QUANT_GROUPS):
         return Gap(f"{bits}-bit K/V in groups of {group_size} (the kernel does {QUANT_BITS} bits, "
                    f"groups {QUANT_GROUPS})")
     if sinks is not None and sinks.shape != (H,):
         return Gap(f"sinks of shape {sinks.shape} for {H} heads (the kernel takes one logit per head)")
+    return None
+
+
+def _launch_gap(queries: mx.array, kv_shape: Sequence[int]) -> Optional[Gap]:
+    """What every decode attention kernel needs: a CUDA default device, one query token, and a query
+    head count that the KV heads of `kv_shape` [B, KV, positions, ...] group evenly, up to MAX_GROUP."""
+    if not cuda_available():
+        return Gap("no CUDA device (the kernel is CUDA only)")
+    if mx.default_device() != mx.gpu:
+        return Gap(f"default device {mx.default_device()} (the kernel is CUDA only)")
+    if queries.ndim != 4 or len(kv_shape) < 3:
+        return Gap(f"queries {queries.shape} over K/V {tuple(kv_shape)} (the kernel takes [B, H, 1, D] "
+                   "over [B, KV, positions, ...])")
+    B, H, L, _ = queries.shape
+    if L != 1:
+        return Gap(f"{L} queries per head (the kernel decodes one; MLX's fused kernel runs the rest)", True)
+    if kv_shape[0] != B or kv_shape[1] < 1 or H % kv_shape[1]:
+        return Gap(f"{B} x {H} query heads over K/V {tuple(kv_shape)} (the kernel needs the same batch "
+                   "and query heads a multiple of the KV heads)")
+    if H // kv_shape[1] > MAX_GROUP:
+        return Gap(f"{H // kv_shape[1]} query heads per KV head (the kernel does up to {MAX_GROUP})")
+    return None
+
+
+def turboquant_decode_gap(queries: mx.array, norms_shape: Sequence[int], key_dim: int, value_dim: int,
+                          key_bits: int, value_bits: int, sinks: Optional[mx.array] = None) -> Optional[Gap]:
+    """Why the TurboQuant decode kernel does not run for these queries over TurboQuant K/V whose norms
+    are `norms_shape` [B, KV, capacity] (any query dtype: the kernel reads them rotated, in float32)."""
+    gap = _launch_gap(queries, norms_shape)
+    if gap is not None:
+        return gap
+    D = queries.shape[-1]
+    if D not in HEAD_DIMS or key_dim != D or value_dim != D:
+        return Gap(f"head dim {D} over TurboQuant keys of {key_dim} and values of {value_dim} (the kernel "
+                   f"does {HEAD_DIMS}, queries, keys and values alike)")
+    if key_bits not in TURBOQUANT_BITS or value_bits not in TURBOQUANT_BITS:
+        return Gap(f"TurboQuant widths keys {key_bits} / values {value_bits} (the kernel does {TURBOQUANT_BITS})")
+    if sinks is not None:
+        return Gap("attention sinks over TurboQuant codes (the exact cache dequantizes for them)")
     return None
 
 
@@ -115,15 +152,25 @@ class KernelCall:
 
 
 def plan(queries_shape: Sequence[int], dtype, kv_heads: int, capacity: int, scale: float, *, bits: int = 0,
-         group_size: int = 64, sinks: bool = False) -> tuple[KernelCall, KernelCall]:
-    """The two launches (partial, combine) of one decode attention call; `bits` 0: 16-bit K/V."""
+         group_size: int = 64, sinks: bool = False,
+         turboquant: Optional[tuple[int, int]] = None) -> tuple[KernelCall, KernelCall]:
+    """The two launches (partial, combine) of one decode attention call; `bits` 0: 16-bit K/V;
+    `turboquant`: (key bits, value bits) of TurboQuant K/V, whose queries and output are float32."""
     B, H, _, D = queries_shape
     G = H // kv_heads
-    chunk, splits = decode_split(capacity, B * kv_heads, G, D)
+    books = sum(1 << b for b in turboquant) if turboquant else 0
+    chunk, splits = decode_split(capacity, B * kv_heads, G, D, book_floats=books)
+    if turboquant:
+        dtype = mx.float32
     template = (("T", dtype), ("BF16", dtype == mx.bfloat16), ("D", D), ("G", G), ("KV", kv_heads), ("H", H),
                 ("CAP", capacity), ("CHUNK", chunk), ("NWARPS", NWARPS), ("QBITS", bits), ("GS", group_size),
-                ("SCALE_BITS", float_bits(scale)))
-    if bits:
+                ("QF32", dtype == mx.float32), ("SCALE_BITS", float_bits(scale)))
+    if turboquant:
+        kv = tuple((f"{t}_{part}", {"norms": mx.float16, "codes": mx.uint32, "book": mx.float32}[part])
+                   for t in ("k", "v") for part in ("norms", "codes", "book"))
+        template += (("KBITS", turboquant[0]), ("VBITS", turboquant[1]))
+        name, source = "mlxbun_sdpa_decode_tq", PARTIAL_TURBOQUANT
+    elif bits:
         kv = tuple((f"{t}_{part}", mx.uint32 if part == "codes" else dtype)
                    for t in ("k", "v") for part in ("codes", "scales", "biases"))
         name, source = "mlxbun_sdpa_decode_q", PARTIAL_QUANTIZED
@@ -152,9 +199,9 @@ def _run(call: KernelCall, inputs: list) -> list:
 
 
 def _launch(queries, kv_arrays, capacity: int, kv_heads: int, length, scale: float, sinks, bits: int,
-            group_size: int) -> mx.array:
+            group_size: int, turboquant: Optional[tuple[int, int]] = None) -> mx.array:
     partial, combine = plan(queries.shape, queries.dtype, kv_heads, capacity, scale, bits=bits,
-                            group_size=group_size, sinks=sinks is not None)
+                            group_size=group_size, sinks=sinks is not None, turboquant=turboquant)
     o_part, ml = _run(partial, [queries, *kv_arrays, length])
     return _run(combine, [o_part, ml, length, *([] if sinks is None else [sinks.astype(mx.float32)])])[0]
 
@@ -174,3 +221,16 @@ def quantized_decode_attention(queries: mx.array, q_keys: Sequence[mx.array], q_
     codes = q_keys[0]
     return _launch(queries, [*q_keys, *q_values], codes.shape[2], codes.shape[1], length, scale, sinks, bits,
                    group_size)
+
+
+def turboquant_decode_attention(rotated_queries: mx.array, keys: Sequence[mx.array], values: Sequence[mx.array],
+                                key_book: mx.array, value_book: mx.array, length: mx.array) -> mx.array:
+    """softmax(q.k) v for one query token over TurboQuant K/V up to `length`, in the rotations' space:
+    `rotated_queries` [B, H, 1, D] are the key rotation of the scaled queries (the kernel applies no
+    scale), `keys` / `values` are (norms float16 [B, KV, capacity], packed indices uint32 [B, KV,
+    capacity, D * bits / 32]), the books the codecs' float32 codebooks (2^bits entries). Returns
+    float32 [B, H, 1, D] in the value rotation's space. Callers check `turboquant_decode_gap` first."""
+    norms = keys[0]
+    widths = tuple(int(book.shape[0]).bit_length() - 1 for book in (key_book, value_book))
+    return _launch(rotated_queries.astype(mx.float32), [keys[0], keys[1], key_book, values[0], values[1], value_book],
+                   norms.shape[2], norms.shape[1], length, 1.0, None, 0, 64, turboquant=widths)

@@ -7,7 +7,9 @@ reduction, so the same inputs give the same bits on every run:
    holds the G query heads that share its KV head (GQA: K/V are read once for all of them). A
    key row is read by D/8 lanes, 8 values each (16-byte loads for 16-bit K/V; one or two words
    of codes plus the group's scale and bias for affine-quantized K/V, dequantized in float32 in
-   registers, never written back). Scores go to shared memory in the log2 domain, the split's
+   registers, never written back; for TurboQuant K/V, BITS bytes of codeword indices looked up
+   in the codebook, held in shared memory, times the row's norm: the rotated-space vector, so
+   the queries come rotated and the output goes out in the value rotation's space). Scores go to shared memory in the log2 domain, the split's
    max and sum are taken per head (lane-strided, then a fixed xor-shuffle tree), and
    `p = 2^(s - max)` weights the value rows; the warps' sums meet in shared memory and are added
    in warp order. Per split: the float32 output row and (max, sum). Splits that start at or
@@ -18,14 +20,14 @@ reduction, so the same inputs give the same bits on every run:
 Nothing is atomic and no sum's order depends on timing. Template constants (written in front of
 the body by `mx.fast.cuda_kernel`): T, BF16, D, G (query heads per KV head), KV, H, CAP
 (buffer positions), CHUNK, NWARPS (warps per block), QBITS (0: 16-bit K/V; 4 or 8: affine codes),
-GS (quantization group),
+GS (quantization group), QF32 (float32 queries), KBITS / VBITS (TurboQuant's index widths),
 SCALE_BITS (the softmax scale's float32 bits), and in `combine` SPLITS (`COMBINE_SINKS` also
 reads one float32 sink logit per query head).
 """
 
 from mlxbun.kernels.qmv_source import HEADER as HALF_HEADER
 
-__all__ = ["COMBINE", "COMBINE_SINKS", "HEADER", "PARTIAL_PLAIN", "PARTIAL_QUANTIZED"]
+__all__ = ["COMBINE", "COMBINE_SINKS", "HEADER", "PARTIAL_PLAIN", "PARTIAL_QUANTIZED", "PARTIAL_TURBOQUANT"]
 
 HEADER = HALF_HEADER + r"""
 #define MLXBUN_NEG_INF __int_as_float(0xff800000)
@@ -65,6 +67,54 @@ struct MlxbunRows {
     }
   }
 };
+
+// Eight consecutive query values (8 * slot ...): 16-bit (one uint4) or float32 (two float4s:
+// TurboQuant's queries come rotated, in float32).
+template <bool QF32, bool BF16, typename QT>
+__device__ __forceinline__ void mlxbun_load_q8(const QT* q, int slot, float* f) {
+  if constexpr (QF32) {
+    const float4* p = reinterpret_cast<const float4*>(q) + 2 * slot;
+    const float4 a = p[0];
+    const float4 b = p[1];
+    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+    f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+  } else {
+    unpack8<BF16>(reinterpret_cast<const uint4*>(q)[slot], f);
+  }
+}
+
+// Eight consecutive coordinates of one TurboQuant row, |x| * c[idx] in the rotation's space:
+// BITS-bit codeword indices packed little-endian (index i at bit i * BITS, a row D * BITS / 8
+// bytes: 8 indices fill BITS whole bytes, so slot s starts at byte s * BITS), a float16 norm per
+// row, and the codebook (2^BITS floats) in shared memory.
+template <int BITS, int D>
+struct MlxbunCodeRows {
+  const uint8_t* codes;
+  const __half* norms;
+  const float* book;
+
+  __device__ __forceinline__ void load(size_t row, int slot, float* f) const {
+    constexpr int BYTES = D * BITS / 8;
+    const uint8_t* p = codes + row * BYTES + slot * BITS;
+    uint64_t w = 0;
+    if constexpr (BITS == 4) {  // 4-byte aligned: rows start on words, slots on 4 bytes
+      w = *reinterpret_cast<const uint32_t*>(p);
+    } else if constexpr (BITS == 8) {
+      const uint32_t* u = reinterpret_cast<const uint32_t*>(p);
+      w = static_cast<uint64_t>(u[0]) | (static_cast<uint64_t>(u[1]) << 32);
+    } else {
+#pragma unroll
+      for (int i = 0; i < BITS; ++i) {
+        w |= static_cast<uint64_t>(p[i]) << (8 * i);
+      }
+    }
+    const float n = __half2float(norms[row]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      f[j] = book[(w >> (BITS * j)) & ((1u << BITS) - 1u)] * n;
+    }
+  }
+};
 """
 
 _BODY = r"""
@@ -98,8 +148,7 @@ _BODY = r"""
     float qf[G][8];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      const uint4 v = reinterpret_cast<const uint4*>(q + static_cast<size_t>(head0 + g) * D)[slot];
-      unpack8<BF16>(v, qf[g]);
+      mlxbun_load_q8<QF32, BF16>(q + static_cast<size_t>(head0 + g) * D, slot, qf[g]);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         qf[g][j] *= qs;
@@ -231,6 +280,22 @@ PARTIAL_PLAIN = r"""
 PARTIAL_QUANTIZED = r"""
   const MlxbunRows<T, QBITS, D, GS, BF16> keys{k_codes, k_scales, k_biases};
   const MlxbunRows<T, QBITS, D, GS, BF16> values{v_codes, v_scales, v_biases};
+""" + _BODY
+
+# inputs: q (rotated, float32), k_norms, k_codes, k_book, v_norms, v_codes, v_book, length;
+# outputs: o_part, ml (in the value rotation's space: the caller rotates the output back)
+PARTIAL_TURBOQUANT = r"""
+  __shared__ float kbook[1 << KBITS];
+  __shared__ float vbook[1 << VBITS];
+  for (int t = threadIdx.x; t < (1 << KBITS); t += blockDim.x) {
+    kbook[t] = k_book[t];
+  }
+  for (int t = threadIdx.x; t < (1 << VBITS); t += blockDim.x) {
+    vbook[t] = v_book[t];
+  }
+  __syncthreads();
+  const MlxbunCodeRows<KBITS, D> keys{reinterpret_cast<const uint8_t*>(k_codes), k_norms, kbook};
+  const MlxbunCodeRows<VBITS, D> values{reinterpret_cast<const uint8_t*>(v_codes), v_norms, vbook};
 """ + _BODY
 
 # inputs: o_part, ml, length[, sinks]; output: out [B * H, D]
