@@ -21,9 +21,11 @@ import mlx.core as mx
 
 from mlxbun.attention import chunked_quantized_sdpa, dequantized_sdpa
 from mlxbun.cache.quantized import CUDA_ATTENTION_CHUNK
-from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap, decode_split, quantized_decode_attention
+from mlxbun.cache.turboquant_codec import TurboQuantCodec, TurboQuantState, rotated_attention
+from mlxbun.kernels.sdpa_decode import (decode_attention, decode_gap, decode_split, quantized_decode_attention,
+                                        turboquant_decode_attention, turboquant_decode_gap)
 
-__all__ = ["ATTENTION_CASES", "attention_checks"]
+__all__ = ["ATTENTION_CASES", "TURBOQUANT_CASES", "attention_checks", "turboquant_checks"]
 
 # name, B, H, KV, D, dtype, capacity, n, bits (0: 16-bit), group, sinks, timed
 ATTENTION_CASES = [
@@ -138,6 +140,101 @@ def attention_checks(time_fn, progress=print) -> list[dict]:
     rows = []
     for case in ATTENTION_CASES:
         rows.append(_one(case, time_fn))
+        progress(rows[-1])
+        mx.clear_cache()
+    return rows
+
+
+# ------------------------------------------------------------------ TurboQuant K/V
+
+# name, B, H, KV, D, dtype, capacity, n, key bits, value bits, timed
+TURBOQUANT_CASES = [
+    ("kv-heavy 16k tq3.5", 1, 16, 4, 128, mx.float16, 16640, 16400, 3, 4, True),
+    ("kv-heavy 16k K4/V3", 1, 16, 4, 128, mx.float16, 16640, 16400, 4, 3, True),
+    ("8B ctx 16k tq3.5", 1, 32, 8, 128, mx.bfloat16, 16640, 16385, 3, 4, True),
+    ("8B ctx 641 tq3.5", 1, 32, 8, 128, mx.bfloat16, 768, 641, 3, 4, True),
+    ("1B ctx 641 tq4", 1, 32, 8, 64, mx.bfloat16, 768, 641, 4, 4, False),
+    ("K1/V8, G = 8", 1, 64, 8, 128, mx.bfloat16, 1024, 999, 1, 8, False),
+    ("K2/V5, D = 256", 1, 8, 2, 256, mx.float16, 768, 500, 2, 5, False),
+    ("K8/V2, D = 32, batch 2", 2, 8, 8, 32, mx.float16, 512, 300, 8, 2, False),
+    ("n = 1", 1, 32, 8, 128, mx.bfloat16, 256, 1, 3, 4, False),
+    ("n = capacity", 1, 32, 8, 128, mx.bfloat16, 512, 512, 3, 4, False),
+]
+
+
+def _turboquant_arrays(B, H, KV, D, dtype, cap, n, kb, vb, seed):
+    """Queries, the codecs and TurboQuant K/V of `cap` positions whose tail past n holds large vectors
+    (a read past n shows), as TurboQuantKVCache stores them (keys under the seed, values seed + 1)."""
+    keys = mx.random.split(mx.random.key(seed), 3)
+    q = mx.random.normal((B, H, 1, D), key=keys[0]).astype(dtype)
+    tail = mx.arange(cap)[None, None, :, None] >= n
+    kc, vc = TurboQuantCodec(D, kb, seed).prepare(), TurboQuantCodec(D, vb, seed + 1).prepare()
+    states = [codec.quantize(mx.where(tail, 100.0, mx.random.normal((B, KV, cap, D), key=k)).astype(dtype))
+              for codec, k in zip((kc, vc), keys[1:])]
+    return q, kc, vc, states
+
+
+def _sliced(state: TurboQuantState, n: int) -> TurboQuantState:
+    return TurboQuantState(state.norms[..., :n], state.indices[..., :n, :])
+
+
+def _one_turboquant(case, time_fn):
+    name, B, H, KV, D, dtype, cap, n, kb, vb, timed = case
+    q, kc, vc, (k, v) = _turboquant_arrays(B, H, KV, D, dtype, cap, n, kb, vb, seed=len(name))
+    scale, length = D ** -0.5, mx.array([n], dtype=mx.int32)
+    row = dict(case=name, B=B, H=H, KV=KV, D=D, dtype=str(dtype).split(".")[-1], cap=cap, n=n, kv=f"K{kb}/V{vb}",
+               chunk_splits="x".join(map(str, decode_split(cap, B * KV, H // KV, D, book_floats=(1 << kb) + (1 << vb)))))
+    gap = turboquant_decode_gap(q, k.norms.shape, D, D, kb, vb)
+    if gap is not None:
+        return dict(row, gap=gap.reason)
+
+    def kernel(qq=q, ln=length):  # what StaticTurboQuantCache runs: rotate in, the kernel, rotate back
+        return vc.unrotate(turboquant_decode_attention(kc.rotate(qq * scale), k, v, kc.codebook, vc.codebook, ln))
+
+    # the reference: the exact cache's one-pass rotated attention over the first n positions, in float32
+    # (its output before the cast to the queries' dtype)
+    q_rot = kc.rotate(q * scale).reshape(B, KV, H // KV, 1, D)
+    kn, vn = _sliced(k, n), _sliced(v, n)
+    s = mx.einsum("bhmld,bhtd->bhmlt", q_rot, kc.codewords(kn)) * kn.norms.astype(mx.float32)[:, :, None, None, :]
+    w = mx.softmax(s, axis=-1)
+    ref = vc.unrotate(mx.einsum("bhmlt,bht,bhtd->bhmld", w, vn.norms.astype(mx.float32), vc.codewords(vn)))
+    ref = ref.reshape(B, H, 1, D)
+    mask = (mx.arange(cap) < n)[None]
+
+    def standin():  # the compiled step's path without the kernel: one pass over the buffer under a mask
+        return rotated_attention(q, kc, k, vc, v, scale, mask)
+
+    def exact():  # TurboQuantKVCache's decode: chunks of 512 keys over the filled part
+        return rotated_attention(q, kc, kn, vc, vn, scale, None, chunk_size=512)
+
+    runs = [kernel() for _ in range(3)]
+    compiled = mx.compile(kernel)(q, length)
+    mx.eval(ref, runs, compiled)
+    err_k = mx.abs(runs[0] - ref).max().item()
+    err_s = mx.abs(standin().astype(mx.float32) - ref).max().item()
+    bound = 2 ** -14 * mx.abs(ref).max().item()  # float32 sums in another order; a misread code is O(1)
+    row.update(err_kernel=err_k, err_standin=err_s, bound=bound, within_bound=err_k <= bound,
+               deterministic=all(mx.array_equal(runs[0], r).item() for r in runs[1:]),
+               compiled_equal=mx.array_equal(runs[0], compiled).item())
+    if timed:
+        fp16 = [mx.random.normal((B, KV, n, D), key=mx.random.key(i)).astype(dtype) for i in (7, 8)]
+        t_k, t_s, t_e = time_fn(kernel), time_fn(standin), time_fn(exact)
+        t_f = time_fn(lambda: mx.fast.scaled_dot_product_attention(q, fp16[0], fp16[1], scale=scale))
+        row.update(us_kernel=t_k * 1e6, us_standin=t_s * 1e6, us_exact=t_e * 1e6, us_fp16=t_f * 1e6,
+                   speedup_vs_exact=t_e / t_k, vs_fp16=t_f / t_k)
+    return row
+
+
+def turboquant_checks(time_fn, progress=print) -> list[dict]:
+    """One row per TURBOQUANT_CASES entry: the TurboQuant decode kernel (with the rotations around it,
+    as the static cache runs it) against the exact cache's one-pass rotated attention in float32
+    (err_standin: the static cache's masked one-pass path, whose output comes in the queries' dtype:
+    its rounding is in the column); three runs bit-equal, the
+    bits under `mx.compile`; time vs that path (us_standin), the exact cache's chunked decode (us_exact)
+    and MLX's fused attention over 16-bit K/V of the same length (vs_fp16: the >= 0.7x target)."""
+    rows = []
+    for case in TURBOQUANT_CASES:
+        rows.append(_one_turboquant(case, time_fn))
         progress(rows[-1])
         mx.clear_cache()
     return rows

@@ -16,6 +16,9 @@
    over static 16-bit and affine-quantized K/V (`benchmarks/gpu_attention.py` says what each column
    is): error bound against a float32 reference, run-to-run bits, bits under `mx.compile`, time vs
    MLX's op.
+   TurboQuant checks (`--checks turboquant`, in the default): the TurboQuant decode kernel with the
+   rotations around it against the exact cache's rotated attention in float32, the same three
+   checks, time vs the compiled step's one-pass path, the exact cache's chunked decode and fp16 K/V.
 5. `--kv CONTEXTS`: `mlxbun.bench.kv_memory` on its KV_HEAVY model, the exact path and the fast path
    (compiled step, decode attention kernels), for `--kv-schemes` (default fp16,q8,q4).
 
@@ -40,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mlx.core as mx  # noqa: E402
 
 import mlxbun.bench.fast as fast_bench  # noqa: E402
-from gpu_attention import L2_BYTES, attention_checks, attention_sweep, time_rotating  # noqa: E402
+from gpu_attention import L2_BYTES, attention_checks, attention_sweep, time_rotating, turboquant_checks  # noqa: E402
 from mlxbun.fast import enable_fast  # noqa: E402
 from mlxbun.kernels.qmv import fast_quantized_matmul  # noqa: E402
 
@@ -190,7 +193,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gemv", nargs="*", default=["off"], choices=("tuned", "all", "off"),
                     help="kernels.tuning.MODE for each bench run (off: the compiled step alone)")
     ap.add_argument("--skip-checks", action="store_true", help="benches only")
-    ap.add_argument("--checks", nargs="*", default=["gemv", "attention"], choices=("gemv", "attention"))
+    ap.add_argument("--checks", nargs="*", default=["gemv", "attention", "turboquant"],
+                    choices=("gemv", "attention", "turboquant"))
     ap.add_argument("--kv", default="", help="contexts for the KV-memory section, e.g. 16384")
     ap.add_argument("--kv-schemes", default="fp16,q8,q4")
     ap.add_argument("--kv-decode", type=int, default=32)
@@ -227,6 +231,17 @@ def main(argv=None) -> int:
                 "case", "dtype", "kv", "cap", "n", "chunk_splits", "gap", "err_kernel", "err_mlx", "bound",
                 "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_mlx", "speedup",
                 "us_mlx_masked", "speedup_vs_masked", "us_fp16", "vs_fp16"]))
+            print(md[-1], flush=True)
+            save()
+        if "turboquant" in args.checks and not args.skip_checks:
+            tq = turboquant_checks(_time, progress=lambda r: print(json.dumps(r, default=str), flush=True))
+            report["turboquant"] = tq
+            ok = ok and all(r.get("within_bound") and r.get("deterministic") and r.get("compiled_equal")
+                            for r in tq)
+            md.append("## TurboQuant decode attention checks\n\n" + _md(tq, [
+                "case", "dtype", "kv", "cap", "n", "chunk_splits", "gap", "err_kernel", "err_standin", "bound",
+                "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_standin", "us_exact",
+                "speedup_vs_exact", "us_fp16", "vs_fp16"]))
             print(md[-1], flush=True)
             save()
         if args.hbm:
