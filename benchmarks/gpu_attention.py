@@ -182,8 +182,9 @@ def _one_turboquant(case, time_fn):
     name, B, H, KV, D, dtype, cap, n, kb, vb, timed = case
     q, kc, vc, (k, v) = _turboquant_arrays(B, H, KV, D, dtype, cap, n, kb, vb, seed=len(name))
     scale, length = D ** -0.5, mx.array([n], dtype=mx.int32)
+    split = decode_split(cap, B * KV, H // KV, D, book_floats=(1 << kb) + (1 << vb))
     row = dict(case=name, B=B, H=H, KV=KV, D=D, dtype=str(dtype).split(".")[-1], cap=cap, n=n, kv=f"K{kb}/V{vb}",
-               chunk_splits="x".join(map(str, decode_split(cap, B * KV, H // KV, D, book_floats=(1 << kb) + (1 << vb)))))
+               chunk_splits="x".join(map(str, split)))
     gap = turboquant_decode_gap(q, k.norms.shape, D, D, kb, vb)
     if gap is not None:
         return dict(row, gap=gap.reason)

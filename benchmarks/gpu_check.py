@@ -45,6 +45,7 @@ import mlx.core as mx  # noqa: E402
 import mlxbun.bench.fast as fast_bench  # noqa: E402
 from gpu_attention import L2_BYTES, attention_checks, attention_sweep, time_rotating, turboquant_checks  # noqa: E402
 from mlxbun.fast import enable_fast  # noqa: E402
+from mlxbun.kernels import sdpa_decode  # noqa: E402
 from mlxbun.kernels.qmv import fast_quantized_matmul  # noqa: E402
 
 SHAPES_8B = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
@@ -203,6 +204,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", nargs="*", default=["on"], choices=("on", "off"),
                     help="the fast path's compiled decode step on / off, for each bench run")
     args = ap.parse_args(argv)
+    # the TurboQuant kernel runs here to be checked (and in --kv / --bench) before it is trusted elsewhere
+    sdpa_decode.TURBOQUANT_CHECKED = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"device": str(mx.default_device()), "mlx": mx.__version__}
