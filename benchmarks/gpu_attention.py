@@ -135,14 +135,18 @@ def _one(case, time_fn):
     return row
 
 
-def attention_checks(time_fn, progress=print) -> list[dict]:
-    """One row per ATTENTION_CASES entry (see the module docstring)."""
+def _rows(cases, one, time_fn, progress) -> list[dict]:
     rows = []
-    for case in ATTENTION_CASES:
-        rows.append(_one(case, time_fn))
+    for case in cases:
+        rows.append(one(case, time_fn))
         progress(rows[-1])
         mx.clear_cache()
     return rows
+
+
+def attention_checks(time_fn, progress=print) -> list[dict]:
+    """One row per ATTENTION_CASES entry (see the module docstring)."""
+    return _rows(ATTENTION_CASES, _one, time_fn, progress)
 
 
 # ------------------------------------------------------------------ TurboQuant K/V
@@ -230,15 +234,10 @@ def turboquant_checks(time_fn, progress=print) -> list[dict]:
     """One row per TURBOQUANT_CASES entry: the TurboQuant decode kernel (with the rotations around it,
     as the static cache runs it) against the exact cache's one-pass rotated attention in float32
     (err_standin: the static cache's masked one-pass path, whose output comes in the queries' dtype:
-    its rounding is in the column); three runs bit-equal, the
-    bits under `mx.compile`; time vs that path (us_standin), the exact cache's chunked decode (us_exact)
-    and MLX's fused attention over 16-bit K/V of the same length (vs_fp16: the >= 0.7x target)."""
-    rows = []
-    for case in TURBOQUANT_CASES:
-        rows.append(_one_turboquant(case, time_fn))
-        progress(rows[-1])
-        mx.clear_cache()
-    return rows
+    its rounding is in the column); three runs bit-equal, the bits under `mx.compile`; time vs that path
+    (us_standin), the exact cache's chunked decode (us_exact) and MLX's fused attention over 16-bit K/V
+    of the same length (vs_fp16: the >= 0.7x target)."""
+    return _rows(TURBOQUANT_CASES, _one_turboquant, time_fn, progress)
 
 
 # ------------------------------------------------------------------ launch sweep, from HBM

@@ -225,26 +225,22 @@ def main(argv=None) -> int:
                                                            "err_mlx", "bound", "within_bound", "deterministic",
                                                            "mlx_deterministic", "us_kernel", "us_mlx", "speedup",
                                                            "tb_s_kernel", "tb_s_mlx"]))
-        if "attention" in args.checks and not args.skip_checks:
-            att = attention_checks(_time, progress=lambda r: print(json.dumps(r, default=str), flush=True))
-            report["attention"] = att
+        attention_sections = [
+            ("attention", "Decode attention checks", attention_checks,
+             ["err_mlx", "bound", "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_mlx", "speedup",
+              "us_mlx_masked", "speedup_vs_masked", "us_fp16", "vs_fp16"]),
+            ("turboquant", "TurboQuant decode attention checks", turboquant_checks,
+             ["err_standin", "bound", "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_standin",
+              "us_exact", "speedup_vs_exact", "us_fp16", "vs_fp16"])]
+        for key, title, run_checks, cols in attention_sections:
+            if key not in args.checks or args.skip_checks:
+                continue
+            rows = run_checks(_time, progress=lambda r: print(json.dumps(r, default=str), flush=True))
+            report[key] = rows
             ok = ok and all(r.get("within_bound") and r.get("deterministic") and r.get("compiled_equal")
-                            for r in att)
-            md.append("## Decode attention checks\n\n" + _md(att, [
-                "case", "dtype", "kv", "cap", "n", "chunk_splits", "gap", "err_kernel", "err_mlx", "bound",
-                "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_mlx", "speedup",
-                "us_mlx_masked", "speedup_vs_masked", "us_fp16", "vs_fp16"]))
-            print(md[-1], flush=True)
-            save()
-        if "turboquant" in args.checks and not args.skip_checks:
-            tq = turboquant_checks(_time, progress=lambda r: print(json.dumps(r, default=str), flush=True))
-            report["turboquant"] = tq
-            ok = ok and all(r.get("within_bound") and r.get("deterministic") and r.get("compiled_equal")
-                            for r in tq)
-            md.append("## TurboQuant decode attention checks\n\n" + _md(tq, [
-                "case", "dtype", "kv", "cap", "n", "chunk_splits", "gap", "err_kernel", "err_standin", "bound",
-                "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_standin", "us_exact",
-                "speedup_vs_exact", "us_fp16", "vs_fp16"]))
+                            for r in rows)
+            md.append(f"## {title}\n\n" + _md(rows, ["case", "dtype", "kv", "cap", "n", "chunk_splits", "gap",
+                                                      "err_kernel", *cols]))
             print(md[-1], flush=True)
             save()
         if args.hbm:
