@@ -164,3 +164,56 @@ def test_spec_sweep_on_the_fast_path(zoo_root):
     sweep = spec_sweep("zoo:llama", ["ngram"], [2], max_tokens=8, record=False, fast=True,
                        prompts={"list": "apples, pears, plums, apples, pears, plums, apples,"})
     assert all(sweep.same.values()) and len(sweep.runs) == 1
+
+
+# ------------------------------------------------------------------ localizing a split: verify_fidelity
+
+
+def test_verify_fidelity_finds_no_flip_where_the_two_fast_steps_agree(zoo):
+    from mlxbun.fast.fidelity import verify_fidelity
+
+    model = open_model(zoo("llama", head_dim=32))
+    tokens = [(i * 11) % 60 + 1 for i in range(10)]
+    got = verify_fidelity(enable_fast(model), [3, 1, 4, 1, 5], tokens, block=4)  # blocks 4, 4, 2
+    assert got.flips == [] and got.block == 4
+    for stats in (got.step_vs_exact, got.verify_vs_exact, got.verify_vs_step):
+        assert stats.count == len(tokens) and stats.max_abs_diff < 1e-4 and stats.same_top_p == 1.0
+
+
+def test_verify_fidelity_reports_where_the_verify_step_parts_and_the_exact_margin_there(zoo, monkeypatch):
+    """A verify step that favours one token at the second place of every block: each flip is
+    found at its index, with the exact path's margin for the step's token (positive: the exact
+    path agrees with the one-token step) and the planted gap in max_abs_diff."""
+    import mlxbun.fast.fidelity as fidelity_mod
+    from mlxbun.fast.fidelity import verify_fidelity
+
+    planted = 17
+
+    class Skewed(CompiledDecoder):
+        def verify(self, ids):
+            logits = super().verify(ids)
+            if logits.shape[0] < 2:
+                return logits
+            bump = mx.zeros(logits.shape).at[1, planted].add(50.0)
+            return logits + bump
+
+    monkeypatch.setattr(fidelity_mod, "CompiledDecoder", Skewed)
+    model = open_model(zoo("llama", head_dim=32))
+    tokens = [(i * 11) % 60 + 1 for i in range(9)]
+    got = verify_fidelity(enable_fast(model), [3, 1, 4, 1, 5], tokens, block=3)
+    assert [f["index"] for f in got.flips] == [1, 4, 7]
+    for f in got.flips:
+        assert f["in_block"] == 1 and f["verify_token"] == planted and f["step_token"] == f["exact_token"]
+        assert f["exact_margin"] > 0 and f["step_margin"] > 0 and f["verify_margin"] > 0
+        assert 49.0 < f["max_abs_diff"] < 51.0
+    assert got.verify_vs_step.same_top_p == pytest.approx(6 / 9)
+
+
+@pytest.mark.parametrize("context, tokens, block, match", [
+    ([], [1], 2, "non-empty"), ([1], [], 2, "non-empty"), ([1], [2], 0, "block must be a positive int"),
+    ([1], [2], True, "block must be a positive int")])
+def test_verify_fidelity_refuses_bad_arguments(zoo, context, tokens, block, match):
+    from mlxbun.fast.fidelity import verify_fidelity
+
+    with pytest.raises(ValueError, match=match):
+        verify_fidelity(enable_fast(open_model(zoo("llama", head_dim=32))), context, tokens, block)
