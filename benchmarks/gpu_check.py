@@ -230,7 +230,7 @@ def main(argv=None) -> int:
              ["err_mlx", "bound", "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_mlx", "speedup",
               "us_mlx_masked", "speedup_vs_masked", "us_fp16", "vs_fp16"]),
             ("turboquant", "TurboQuant decode attention checks", turboquant_checks,
-             ["err_standin", "bound", "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_standin",
+             ["err_standin", "err_gpu_ref", "bound", "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_standin",
               "us_exact", "speedup_vs_exact", "us_fp16", "vs_fp16"])]
         for key, title, run_checks, cols in attention_sections:
             if key not in args.checks or args.skip_checks:
