@@ -138,7 +138,10 @@ def _one(case, time_fn):
 def _rows(cases, one, time_fn, progress) -> list[dict]:
     rows = []
     for case in cases:
-        rows.append(one(case, time_fn))
+        try:  # a case that fails is a row with its error, and the other cases still run
+            rows.append(one(case, time_fn))
+        except Exception as e:  # noqa: BLE001 - reported, not handled
+            rows.append(dict(case=case[0], error=f"{type(e).__name__}: {str(e)[:2000]}", within_bound=False))
         progress(rows[-1])
         mx.clear_cache()
     return rows
@@ -221,12 +224,9 @@ def _one_turboquant(case, time_fn):
     def exact():  # TurboQuantKVCache's decode: chunks of 512 keys over the filled part
         return rotated_attention(q, kc, kn, vc, vn, scale, None, chunk_size=512)
 
-    try:  # a kernel that does not build or run is a row with its error, and the other cases still run
-        runs = [kernel() for _ in range(3)]
-        compiled = mx.compile(kernel)(q, length)
-        mx.eval(ref, runs, compiled)
-    except Exception as e:  # noqa: BLE001 - reported, not handled
-        return dict(row, error=f"{type(e).__name__}: {str(e)[:2000]}", within_bound=False)
+    runs = [kernel() for _ in range(3)]
+    compiled = mx.compile(kernel)(q, length)
+    mx.eval(ref, runs, compiled)
     err_k = mx.abs(runs[0] - ref).max().item()
     err_s = mx.abs(standin().astype(mx.float32) - ref).max().item()
     bound = 2 ** -14 * mx.abs(ref).max().item()  # float32 sums in another order; a misread code is O(1)
