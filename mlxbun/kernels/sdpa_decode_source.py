@@ -40,6 +40,10 @@ struct MlxbunRows {
   const T* scales;
   const T* biases;
 
+  __device__ __forceinline__ float row_scale(size_t) const {
+    return 1.0f;
+  }
+
   __device__ __forceinline__ void load(size_t row, int slot, float* f) const {
     if constexpr (QBITS == 0) {
       const uint4 v = reinterpret_cast<const uint4*>(static_cast<const T*>(codes) + row * D)[slot];
@@ -83,15 +87,20 @@ __device__ __forceinline__ void mlxbun_load_q8(const QT* q, int slot, float* f) 
   }
 }
 
-// Eight consecutive coordinates of one TurboQuant row, |x| * c[idx] in the rotation's space:
+// Eight consecutive coordinates of one TurboQuant row, c[idx] in the rotation's space (the row's
+// float16 norm |x| is its `row_scale`, applied once per row to its score or its softmax weight):
 // BITS-bit codeword indices packed little-endian (index i at bit i * BITS, a row D * BITS / 8
-// bytes: 8 indices fill BITS whole bytes, so slot s starts at byte s * BITS), a float16 norm per
-// row, and the codebook (2^BITS floats) in shared memory.
+// bytes: 8 indices fill BITS whole bytes, so slot s starts at byte s * BITS), and the codebook
+// (2^BITS floats) in shared memory.
 template <int BITS, int D>
 struct MlxbunCodeRows {
   const uint8_t* codes;
   const __half* norms;
   const float* book;
+
+  __device__ __forceinline__ float row_scale(size_t row) const {
+    return __half2float(norms[row]);
+  }
 
   __device__ __forceinline__ void load(size_t row, int slot, float* f) const {
     constexpr int BYTES = D * BITS / 8;
@@ -108,10 +117,9 @@ struct MlxbunCodeRows {
         w |= static_cast<uint64_t>(p[i]) << (8 * i);
       }
     }
-    const float n = __half2float(norms[row]);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      f[j] = book[(w >> (BITS * j)) & ((1u << BITS) - 1u)] * n;
+      f[j] = book[(w >> (BITS * j)) & ((1u << BITS) - 1u)];
     }
   }
 };
@@ -178,7 +186,7 @@ _BODY = r"""
           s += __shfl_xor_sync(0xffffffffu, s, o);
         }
         if (slot == 0 && i < n) {
-          sc[g][i] = s;
+          sc[g][i] = s * keys.row_scale(row0 + i);
         }
       }
     }
@@ -228,9 +236,10 @@ _BODY = r"""
     if (i < n) {
       float vf[8];
       values.load(row0 + i, slot, vf);
+      const float vs = values.row_scale(row0 + i);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
-        const float p = sc[g][i];
+        const float p = sc[g][i] * vs;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           acc[g][j] += p * vf[j];
