@@ -17,9 +17,12 @@ from mlxbun.generate import stream_generate
 from mlxbun.generation_caches import make_generation_cache, turboquant_layers
 from mlxbun.names import parse_kv
 from mlxbun.parity.forced import teacher_forced
-from tests.test_generate import loaded  # noqa: F401 (a fixture: zoo models, each loaded once)
-from tests.test_generate_cli import qwen3, run  # noqa: F401 (fixtures: the CLI in-process, zoo:qwen3)
-from tests.test_speculative import models  # noqa: F401 (a fixture: spec targets and draft models)
+from tests import test_generate, test_generate_cli, test_speculative
+
+# fixtures of those files, by name: zoo models loaded once (`loaded`), the CLI in-process (`run`) and
+# zoo:qwen3 (`qwen3`), speculative targets and draft models (`models`)
+loaded, models = test_generate.loaded, test_speculative.models
+run, qwen3 = test_generate_cli.run, test_generate_cli.qwen3
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 N = 8
@@ -56,7 +59,7 @@ def _by_hand(model, tok, ids, **widths):
 
 
 @pytest.mark.parametrize("name, widths, kv", CASES, ids=[c[0] for c in CASES])
-def test_generation_runs_the_named_split_bit_for_bit(loaded, name, widths, kv):  # noqa: F811
+def test_generation_runs_the_named_split_bit_for_bit(loaded, name, widths, kv):
     model, tok = loaded("qwen3", "mlxbun")
     ids = tok.encode_prompt(PROMPT)
     named, cache = _named(model, tok, ids, name)
@@ -65,7 +68,7 @@ def test_generation_runs_the_named_split_bit_for_bit(loaded, name, widths, kv): 
 
 
 @pytest.mark.parametrize("side", ["mlxbun", "module"])
-def test_the_split_changes_the_stream_and_is_not_mlx_vlms(loaded, side):  # noqa: F811
+def test_the_split_changes_the_stream_and_is_not_mlx_vlms(loaded, side):
     """K4/V3 is not K3/V4 (a split dropped on the way would give mlx-vlm's stream), on mlxbun's graph
     and on the bare mlx-lm module with mlxbun's caches; the library's options name the same run."""
     model, tok = loaded("qwen3", side)
@@ -85,7 +88,7 @@ def test_the_split_changes_the_stream_and_is_not_mlx_vlms(loaded, side):  # noqa
     (dict(kv_scheme="turboquant", kv_bits=3.5, kv_key_bits=8), "kv_key_bits=8 leaves kv_value_bits"),
     (dict(kv_scheme="turboquant", kv_bits=3.5, kv_key_bits=4, kv_value_bits=4), "average 4 bits, not kv_bits 3.5"),
 ])
-def test_bad_splits_are_refused_before_any_work(loaded, options, match):  # noqa: F811
+def test_bad_splits_are_refused_before_any_work(loaded, options, match):
     model, tok = loaded("qwen3", "mlxbun")
     with pytest.raises(GenerationError, match=match):
         stream_generate(model, tok, PROMPT, max_tokens=2, **options)  # eagerly, not at the first next()
@@ -93,7 +96,7 @@ def test_bad_splits_are_refused_before_any_work(loaded, options, match):  # noqa
         make_generation_cache(model, **options)
 
 
-def test_teacher_forcing_and_the_kv_sweep_take_the_split(loaded):  # noqa: F811
+def test_teacher_forcing_and_the_kv_sweep_take_the_split(loaded):
     from mlxbun.experiments import kv_quant
 
     model, tok = loaded("qwen3", "mlxbun")
@@ -116,13 +119,13 @@ def test_teacher_forcing_and_the_kv_sweep_take_the_split(loaded):  # noqa: F811
     assert (rows.kld_mean > 0).all() and rows.kld_mean.iloc[0] != rows.kld_mean.iloc[1]
 
 
-def _json(run, *argv):  # noqa: F811
+def _json(run, *argv):
     code, out, err = run(*argv, "--json")
     assert code == 0, err
     return json.loads(out)
 
 
-def test_cli_generate_kv_split(run, qwen3):  # noqa: F811
+def test_cli_generate_kv_split(run, qwen3):
     _, model, tok = qwen3
     base = ["--model", "zoo:qwen3", "--prompt", PROMPT, "--max-tokens", str(N)]
     named = _json(run, *base, "--kv", "turboquant:3.5,keys=4")["tokens"]
@@ -145,7 +148,7 @@ def test_cli_generate_kv_split(run, qwen3):  # noqa: F811
         assert code == 1 and message in err and err.count("\n") == 1, err
 
 
-def test_speculative_decoding_runs_the_split(models):  # noqa: F811
+def test_speculative_decoding_runs_the_split(models):
     """Greedy speculative decoding equals plain decoding under the same split (tokens, and log-probs to
     the batched verify's rounding), for a lookup drafter, a self-draft (the target's own caches) and a
     draft model (its own caches, under the target's KV options), and not mlx-vlm's split's stream."""

@@ -318,8 +318,8 @@ def _apply_kv_setting(args) -> None:
         setattr(args, key, value)
 
 
-_AUTOREGRESSIVE_ONLY = ("kv_bits", "kv_key_bits", "kv_value_bits", "kv_config", "max_kv_size", "prompt_cache", "save_prompt_cache", "stop",
-                        "repetition_penalty", "draft")
+_AUTOREGRESSIVE_ONLY = ("kv_bits", "kv_key_bits", "kv_value_bits", "kv_config", "max_kv_size", "prompt_cache",
+                        "save_prompt_cache", "stop", "repetition_penalty", "draft")
 
 
 def _run_diffusion(args, model, tokenizer, prompt) -> int:

@@ -40,9 +40,9 @@ def _turboquant(width) -> KVSettings:
     return KVSettings("turboquant", float(width))
 
 
-KV_COLUMNS = ["scheme", "bits", "group_size", "key_bits", "value_bits", "label", "layers", "context", "kld_mean", "kld_p99", "kld_p999",
-              "kld_max", "top1_agreement", "ppl_ratio", "kv_bytes", "kv_bytes_ratio", "kv_bytes_allocated", "peak_memory",
-              "decode_tps", "error"]
+KV_COLUMNS = ["scheme", "bits", "group_size", "key_bits", "value_bits", "label", "layers", "context", "kld_mean",
+              "kld_p99", "kld_p999", "kld_max", "top1_agreement", "ppl_ratio", "kv_bytes", "kv_bytes_ratio",
+              "kv_bytes_allocated", "peak_memory", "decode_tps", "error"]
 
 
 def kv_sweep(model: str = "zoo:llama", specs: Sequence[KVSettings] | None = None, *, context_lengths=(64, 192),
