@@ -17,7 +17,8 @@ What mlxbun adds, none of it changing the stream:
   a `RotatingKVCache(max_kv_size, keep=4)` (sliding-window layers keep their window cache), which
   is exactly mlx-lm's choice for the archs where it does apply the option;
 - the KV options of `mlxbun.cache`: affine quantization (`kv_bits`, mlx-lm's rule and timing),
-  TurboQuant (`kv_scheme="turboquant"`, mlx-vlm's rule), a per-layer plan (`kv_config`, optiq's
+  TurboQuant (`kv_scheme="turboquant"`, mlx-vlm's rule; `kv_key_bits` / `kv_value_bits` choose
+  its key/value split, see `mlxbun.names`), a per-layer plan (`kv_config`, optiq's
   kv_config.json, applied at the same points with the same `quantized_kv_start` rule; by default
   the checkpoint's own, when it ships one and no other KV option is given), saved prompt caches;
 - stop strings, EOS ids from the tokenizer and the model config, option checking; token ids
@@ -415,6 +416,8 @@ def stream_generate(
     stop: Union[str, Sequence[str], None] = None,
     prefill_step_size: int = 2048,
     fast: Union[bool, FastPath] = False,
+    kv_key_bits: Optional[int] = None,
+    kv_value_bits: Optional[int] = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate from `prompt`, one `GenerationResponse` per token (see module docstring).
 
@@ -431,6 +434,10 @@ def stream_generate(
     kv_config: a per-layer KV plan (`mlxbun.cache.mixed.KVPlan`, or a path/dict it reads);
         by default the checkpoint's own kv_config.json when the model has one and no other KV
         option is given; "none": no plan.
+    kv_key_bits / kv_value_bits: TurboQuant's key/value split (whole widths; one fixes the other,
+        they add up to 2 x kv_bits; both may stand without kv_bits). None: mlx-vlm's split of
+        kv_bits (3.5 = 3-bit keys, 4-bit values); `kv_bits=3.5, kv_key_bits=4` puts the extra bit
+        on the keys, which drifts less at the same bytes (lab/tq_bits).
     Raises `GenerationError` (an `MlxbunError`) for a bad option, before any work.
     """
     if temp is not None:
@@ -440,8 +447,10 @@ def stream_generate(
     stops = check_generation_options(max_tokens, prefill_step_size, stop)
     if seed is not None and (not is_int(seed) or seed < 0):
         raise GenerationError(f"seed must be a non-negative integer, got {seed!r}")
-    check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
-                     kv_scheme=kv_scheme, max_kv_size=max_kv_size)
+    kv = check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
+                          kv_scheme=kv_scheme, max_kv_size=max_kv_size, kv_key_bits=kv_key_bits,
+                          kv_value_bits=kv_value_bits)
+    kv_bits, kv_key_bits, kv_value_bits = kv.bits, kv.key_bits, kv.value_bits  # a split: whole, with its mean
     if sampler is None:
         sampler = make_sampler(temperature, top_p, min_p, min_tokens_to_keep, top_k=top_k)
     elif (temperature, top_p, top_k, min_p) != (0.0, 1.0, 0, 0.0):
@@ -458,7 +467,8 @@ def stream_generate(
     if prompt_cache is None:
         cache = make_generation_cache(model, kv_bits=kv_bits, kv_group_size=kv_group_size,
                                       kv_scheme=kv_scheme, kv_config=kv_config, max_kv_size=max_kv_size,
-                                      quantized_kv_start=quantized_kv_start)
+                                      quantized_kv_start=quantized_kv_start, kv_key_bits=kv_key_bits,
+                                      kv_value_bits=kv_value_bits)
     else:
         if max_kv_size is not None:
             raise GenerationError("prompt_cache brings its own caches; max_kv_size cannot change them")
@@ -466,7 +476,8 @@ def stream_generate(
         if not isinstance(cache, list):
             raise GenerationError(f"prompt_cache must be a list of caches or a file path, got {type(cache).__name__}")
     plan = None if kv_config is None else load_kv_plan(kv_config, len(cache))
-    quantize = (kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan)
+    quantize = (kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan,
+                             key_bits=kv_key_bits, value_bits=kv_value_bits)
                 if plan is not None or kv_bits is not None else None)
     eos = eos_token_ids(tokenizer, model)
     detokenizer = make_detokenizer(tokenizer)

@@ -55,13 +55,18 @@ def check_kv_options(
     quantized_kv_start: int = 0,
     kv_scheme: str = "uniform",
     max_kv_size: Optional[int] = None,
+    kv_key_bits: Optional[int] = None,
+    kv_value_bits: Optional[int] = None,
 ) -> KVSettings:
     """Refuse KV options that no cache here supports, naming the option (`GenerationError`);
-    return them as `KVSettings` (the one place KV options are validated: `mlxbun.names`)."""
+    return them as `KVSettings` (the one place KV options are validated: `mlxbun.names`).
+    `kv_key_bits` / `kv_value_bits`: TurboQuant's key/value split (`KVSettings.key_bits`); the
+    settings hold it whole (both sides, and their mean as `bits`, also where kv_bits was not given)."""
     if max_kv_size is not None and (not is_int(max_kv_size) or max_kv_size < 1):
         raise GenerationError(f"max_kv_size must be a positive integer, got {max_kv_size!r}")
     settings = KVSettings.from_flags(kv_bits=kv_bits, kv_group_size=kv_group_size, kv_scheme=kv_scheme,
-                                     quantized_kv_start=quantized_kv_start)
+                                     quantized_kv_start=quantized_kv_start, kv_key_bits=kv_key_bits,
+                                     kv_value_bits=kv_value_bits)
     if settings.quantized and max_kv_size is not None:
         # mlx-lm: RotatingKVCache.to_quantized is not implemented
         raise GenerationError("kv_bits and max_kv_size cannot be combined: rotating KV caches are not quantizable")
@@ -154,14 +159,18 @@ def make_generation_cache(
     kv_config=None,
     max_kv_size: Optional[int] = None,
     quantized_kv_start: int = 0,
+    kv_key_bits: Optional[int] = None,
+    kv_value_bits: Optional[int] = None,
 ) -> list:
     """A fresh per-layer cache list for `model` as `stream_generate` would build it (pass it as
     `prompt_cache` to keep a handle on it, e.g. to save it afterwards). A per-layer plan
     (`kv_config`; None or "none": no plan) only leaves its layers at full precision until the
-    quantization points, so it is checked here, not applied."""
+    quantization points, so it is checked here, not applied; so are TurboQuant's widths (its
+    caches are made by the quantize hook, `kv_quantizer`)."""
     model = ensure_runtime(model)
     check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
-                     kv_scheme=kv_scheme, max_kv_size=max_kv_size)
+                     kv_scheme=kv_scheme, max_kv_size=max_kv_size, kv_key_bits=kv_key_bits,
+                     kv_value_bits=kv_value_bits)
     check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
     if getattr(model, "attention_sinks", False) and (
             (kv_bits is not None and kv_scheme == "uniform") or not _no_plan(kv_config)):
@@ -253,8 +262,10 @@ def _uniform_convertible(cache: list) -> list:
             if isinstance(c, (KVCache, RotatingKVCache)) or hasattr(c, "to_quantized")]
 
 
-def kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan=None) -> KVQuantizer:
-    """The `KVQuantizer` of these KV settings (a plan, uniform or TurboQuant widths, or none)."""
+def kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan=None, *,
+                 key_bits: Optional[int] = None, value_bits: Optional[int] = None) -> KVQuantizer:
+    """The `KVQuantizer` of these KV settings (a plan, uniform or TurboQuant widths, or none).
+    `key_bits` / `value_bits`: TurboQuant's key/value split (None: mlx-vlm's split of kv_bits)."""
     if plan is not None:  # optiq's per-layer hook: same points, same start rule
         def group_of(i):
             return plan.layers[i][1] if i in plan.layers else None
@@ -263,11 +274,23 @@ def kv_quantizer(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, plan=Non
                            lambda cache: [i for i in plan.layers if isinstance(cache[i], KVCache)],
                            group_of, lambda i: f"{plan.source}: layer {i}")
     if kv_bits is None:
+        if key_bits is not None or value_bits is not None:  # KVSettings.bits holds a split's mean
+            raise GenerationError(f"key_bits={key_bits}, value_bits={value_bits} without kv_bits: give the "
+                                  "settings' resolved widths (`check_kv_options(...).bits`)")
         return KVQuantizer(lambda cache: None, lambda cache: [])
-    hook = maybe_quantize_kv_cache if kv_scheme == "uniform" else maybe_turboquant_kv_cache
-    fn = functools.partial(hook, quantized_kv_start=quantized_kv_start,
-                           kv_group_size=kv_group_size, kv_bits=kv_bits)
-    where = f"cannot quantize the KV cache with kv_bits={kv_bits}, kv_group_size={kv_group_size}"
+    if kv_scheme == "uniform":
+        if key_bits is not None or value_bits is not None:
+            raise GenerationError(f"key_bits={key_bits}, value_bits={value_bits}: a key/value split is "
+                                  "TurboQuant's; uniform KV quantization has one width")
+        fn = functools.partial(maybe_quantize_kv_cache, quantized_kv_start=quantized_kv_start,
+                               kv_group_size=kv_group_size, kv_bits=kv_bits)
+        where = f"cannot quantize the KV cache with kv_bits={kv_bits}, kv_group_size={kv_group_size}"
+    else:
+        fn = functools.partial(maybe_turboquant_kv_cache, quantized_kv_start=quantized_kv_start,
+                               kv_group_size=kv_group_size, kv_bits=kv_bits, key_bits=key_bits,
+                               value_bits=value_bits)
+        split = "" if key_bits is None and value_bits is None else f", key_bits={key_bits}, value_bits={value_bits}"
+        where = f"cannot quantize the KV cache with TurboQuant kv_bits={kv_bits}{split}"
 
     def quantize(cache):
         try:
@@ -303,18 +326,21 @@ def _group_advice(dim: int) -> str:
             "run on this model; TurboQuant has no groups (kv_scheme='turboquant', --kv turboquant:BITS)")
 
 
-def maybe_turboquant_kv_cache(prompt_cache: list, quantized_kv_start: int, kv_group_size: int, kv_bits) -> None:
+def maybe_turboquant_kv_cache(prompt_cache: list, quantized_kv_start: int, kv_group_size: int, kv_bits,
+                              key_bits: Optional[int] = None, value_bits: Optional[int] = None) -> None:
     """mlx-vlm 0.7.10's `maybe_quantize_kv_cache` for the TurboQuant scheme: every full-attention
     KVCache becomes a `TurboQuantKVCache` (an empty one at once, so it quantizes on the fly; a
     filled one once it holds `quantized_kv_start` tokens); window caches stay; and, as mlx-vlm
     does, the last layer stays full precision when the model has more than 2 layers.
-    `kv_group_size` is unused (TurboQuant has no groups)."""
+    `kv_group_size` is unused (TurboQuant has no groups). `key_bits` / `value_bits`: a chosen
+    key/value split (`TurboQuantKVCache`'s overrides; None: mlx-vlm's split of kv_bits)."""
+    widths = dict(bits=kv_bits, key_bits=key_bits, value_bits=value_bits)
     for i in turboquant_layers(prompt_cache):
         c = prompt_cache[i]
         if c.offset == 0:
-            prompt_cache[i] = TurboQuantKVCache(bits=kv_bits)
+            prompt_cache[i] = TurboQuantKVCache(**widths)
         elif c.offset >= quantized_kv_start:
-            prompt_cache[i] = TurboQuantKVCache.from_cache(c, bits=kv_bits)
+            prompt_cache[i] = TurboQuantKVCache.from_cache(c, **widths)
 
 
 def turboquant_layers(caches: list) -> list[int]:

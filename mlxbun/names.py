@@ -28,8 +28,14 @@ Drafters (`parse_drafter`): `ngram[:N]` (prompt lookup, n-grams of N..1 tokens, 
 `lookup` / `prompt_lookup` are accepted for ngram, `layer_skip` for self.
 
 KV settings (`parse_kv`, `KVSettings.from_flags`): `plain` | `uniform:BITS[,group=G][,start=N]`
-(mlx-lm's affine QuantizedKVCache; BITS 2-8, G 32/64/128) | `turboquant:BITS[,start=N]`
-(mlx-vlm's TurboQuant, e.g. 3.5). `start` is the prompt length after which the cache is
+(mlx-lm's affine QuantizedKVCache; BITS 2-8, G 32/64/128) |
+`turboquant:BITS[,keys=K][,values=V][,start=N]` | `turboquant:keys=K,values=V[,start=N]`
+(mlx-vlm's TurboQuant). BITS is the mean width per key and value, e.g. 3.5; alone it is split
+as mlx-vlm splits it (a half width b: floor(b)-bit keys, ceil(b)-bit values). `keys` / `values`
+(whole widths 1-8) choose the split instead: one of them fixes the other (K + V = 2 x BITS;
+`turboquant:3.5,keys=4` is 4-bit keys and 3-bit values), both may stand without BITS (their
+mean), and both with BITS must add up to it. lab/tq_bits found keys-heavy splits drift 2.6x less
+than mlx-vlm's at the same bytes. `start` is the prompt length after which the cache is
 quantized (`quantized_kv_start`).
 """
 
@@ -40,21 +46,22 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
 from mlxbun.cache.quantized import KV_QUANT_BITS, KV_QUANT_GROUP_SIZES
-from mlxbun.cache.turboquant_codec import resolve_kv_bits
+from mlxbun.cache.turboquant_codec import MAX_BITS, resolve_kv_bits
 from mlxbun.errors import GenerationError, MlxbunError
 
 __all__ = [
     "DRAFTER_FORMS", "DrafterSpec", "ENGINES", "ENGINE_FORMS", "KV_FORMS", "KV_SCHEMES", "KVSettings",
     "MODEL_FORMS", "ModelSpec", "NamingError", "OPT_IN_VARIANTS", "VARIANT_ALIASES", "ZOO_VARIANTS",
     "parse_drafter",
-    "is_int", "parse_engine", "parse_kv", "parse_model", "whole",
+    "is_int", "parse_engine", "parse_kv", "parse_model", "turboquant_split", "whole",
 ]
 
 MODEL_FORMS = ("DIR | ORG/REPO (local hub cache) | zoo:ARCH[@VARIANT][,seed=N][,head_dim=N] | "
                "random:SHAPE | FILE.gguf | real:NAME")
 ENGINE_FORMS = "mlxbun | mlx-lm"
 DRAFTER_FORMS = "ngram[:N] | self[:L] | model:MODEL | MODEL"
-KV_FORMS = "plain | uniform:BITS[,group=G][,start=N] | turboquant:BITS[,start=N]"
+KV_FORMS = ("plain | uniform:BITS[,group=G][,start=N] | turboquant:BITS[,keys=K][,values=V][,start=N] | "
+            "turboquant:keys=K,values=V[,start=N]")
 
 # The zoo's weight variants and what each builds (`mlxbun.zoo.cached_checkpoint` options).
 ZOO_VARIANTS: dict[str, dict[str, Any]] = {
@@ -269,22 +276,75 @@ def is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+_SETTINGS_NAMES = ("kv_bits", "kv_key_bits", "kv_value_bits")  # the options' names, in errors
+
+
+def turboquant_split(bits, key_bits=None, value_bits=None, names=_SETTINGS_NAMES):
+    """(mean bits, key bits, value bits) of a TurboQuant width and an optional key/value split:
+    neither side given: (bits, None, None), mlx-vlm's split of `bits`; one side given: the other
+    is 2 x bits minus it; both: bits is their mean (None) or must be it. Sides are whole widths
+    1-8. A `ValueError` names the bad one by `names` (bits, keys, values: the options' names by
+    default, the grammar's in `parse_kv`)."""
+    bits_name, keys, values = names
+    for name, b in ((keys, key_bits), (values, value_bits)):
+        if b is not None and (not is_int(b) or not 1 <= b <= MAX_BITS):
+            raise ValueError(f"{name} must be a whole number of bits from 1 to {MAX_BITS}, got {b!r}")
+    if key_bits is None and value_bits is None:
+        return bits, None, None
+    if bits is None:
+        if key_bits is None or value_bits is None:
+            given = keys if key_bits is not None else values
+            raise ValueError(f"{given} alone does not fix the split: give {bits_name} (the mean width) too, "
+                             f"or both {keys} and {values}")
+        return whole((key_bits + value_bits) / 2), key_bits, value_bits
+    try:
+        resolve_kv_bits(bits)
+    except MlxbunError as e:
+        raise ValueError(f"{bits_name} {bits!r} is not supported by TurboQuant: {e}") from None
+    if key_bits is not None and value_bits is not None:
+        if key_bits + value_bits != 2 * bits:
+            raise ValueError(f"{keys}={key_bits} and {values}={value_bits} average "
+                             f"{(key_bits + value_bits) / 2:g} bits, not {bits_name} {bits:g}")
+        return whole(bits), key_bits, value_bits
+    given, width, other = (keys, key_bits, values) if key_bits is not None else (values, value_bits, keys)
+    rest = 2 * bits - width
+    if rest != int(rest) or not 1 <= rest <= MAX_BITS:
+        raise ValueError(f"{given}={width} leaves {other} 2 x {bits:g} - {width} = {rest:g} bits; "
+                         f"each side takes a whole width from 1 to {MAX_BITS}")
+    rest = int(rest)
+    return whole(bits), *((width, rest) if key_bits is not None else (rest, width))
+
+
+def _no_split(scheme: str, key_bits, value_bits) -> None:
+    given = [f"{n}={b}" for n, b in zip(_SETTINGS_NAMES[1:], (key_bits, value_bits)) if b is not None]
+    if given:
+        raise GenerationError(f"{', '.join(given)}: a key/value split is TurboQuant's (kv_scheme='turboquant'); "
+                              f"KV scheme {scheme!r} has one width for keys and values")
+
+
 @dataclass(frozen=True)
 class KVSettings:
     """How the KV cache is kept: `plain` (full precision), `uniform` (mlx-lm's affine
     QuantizedKVCache: bits 2-8, group 32/64/128) or `turboquant` (mlx-vlm's codec, e.g. 3.5 bits).
-    `start` is mlx-lm's `quantized_kv_start`. Invalid settings raise `GenerationError`."""
+    `start` is mlx-lm's `quantized_kv_start`. TurboQuant's `key_bits` / `value_bits` choose how
+    its bits are split (None: mlx-vlm's split of `bits`); one given fixes the other, and `bits`
+    becomes their mean (`turboquant_split`), so a split is always held whole: both sides and the
+    mean. Invalid settings raise `GenerationError`."""
 
     scheme: str = "plain"
     bits: Optional[Union[int, float]] = None
     group_size: Optional[int] = None
     start: int = 0
+    key_bits: Optional[int] = None
+    value_bits: Optional[int] = None
 
     def __post_init__(self):
         if self.scheme not in KV_SCHEMES:
             raise GenerationError(f"unknown KV scheme {self.scheme!r}; choose one of: {', '.join(KV_SCHEMES)}")
         if not is_int(self.start) or self.start < 0:
             raise GenerationError(f"quantized_kv_start must be an integer >= 0, got {self.start!r}")
+        if self.scheme != "turboquant":
+            _no_split(self.scheme, self.key_bits, self.value_bits)
         if self.scheme == "plain":
             if self.bits is not None or self.group_size is not None:
                 raise GenerationError(f"KV scheme 'plain' takes no bits or group size (got bits={self.bits}, "
@@ -301,35 +361,50 @@ class KVSettings:
                 raise GenerationError(f"kv_group_size {self.group_size!r} is not supported; choose one of: "
                                       f"{', '.join(map(str, KV_QUANT_GROUP_SIZES))}")
         else:
-            if self.bits is None:
-                raise GenerationError("kv_scheme 'turboquant' needs kv_bits (e.g. 3.5)")
+            if self.bits is None and (self.key_bits is None or self.value_bits is None):
+                raise GenerationError("kv_scheme 'turboquant' needs kv_bits (e.g. 3.5), or both kv_key_bits "
+                                      "and kv_value_bits")
             if self.group_size is not None:
                 raise GenerationError("KV scheme 'turboquant' has no group size (group_size must be None)")
+            if self.bits is not None:
+                try:
+                    resolve_kv_bits(self.bits)
+                except MlxbunError as e:
+                    raise GenerationError(f"kv_bits {self.bits!r} is not supported by TurboQuant: {e}") from None
             try:
-                resolve_kv_bits(self.bits)
-            except MlxbunError as e:
-                raise GenerationError(f"kv_bits {self.bits!r} is not supported by TurboQuant: {e}") from None
+                bits, key_bits, value_bits = turboquant_split(self.bits, self.key_bits, self.value_bits)
+            except ValueError as e:
+                raise GenerationError(f"TurboQuant: {e}") from None
+            for field, value in (("bits", bits), ("key_bits", key_bits), ("value_bits", value_bits)):
+                object.__setattr__(self, field, value)  # frozen: the split held whole
 
     @classmethod
-    def of(cls, scheme: str = "plain", bits=None, group_size: Optional[int] = None, start: int = 0) -> "KVSettings":
+    def of(cls, scheme: str = "plain", bits=None, group_size: Optional[int] = None, start: int = 0,
+           key_bits: Optional[int] = None, value_bits: Optional[int] = None) -> "KVSettings":
         """Notebook-friendly: a group size is dropped where the scheme has none (plain, turboquant)."""
-        return cls(scheme, whole(bits), group_size if scheme == "uniform" else None, start)
+        return cls(scheme, whole(bits), group_size if scheme == "uniform" else None, start,
+                   whole(key_bits), whole(value_bits))
 
     @classmethod
     def from_flags(cls, *, kv_bits=None, kv_group_size: Optional[int] = 64, kv_scheme: str = "uniform",
-                   quantized_kv_start: int = 0) -> "KVSettings":
+                   quantized_kv_start: int = 0, kv_key_bits: Optional[int] = None,
+                   kv_value_bits: Optional[int] = None) -> "KVSettings":
         """The settings of mlx-lm-style options (`--kv-bits`, `--kv-group-size`, `--kv-scheme`,
-        `--quantized-kv-start`): no bits means a plain cache."""
+        `--quantized-kv-start`, and TurboQuant's split `--kv-key-bits` / `--kv-value-bits`): no
+        bits means a plain cache."""
         if kv_scheme not in ("uniform", "turboquant"):
             raise GenerationError(f"unknown kv_scheme {kv_scheme!r}; choose one of: uniform, turboquant")
+        if kv_scheme != "turboquant":
+            _no_split(kv_scheme, kv_key_bits, kv_value_bits)
         if kv_bits is None and kv_scheme == "uniform":
             return cls("plain", start=quantized_kv_start)
-        return cls.of(kv_scheme, kv_bits, kv_group_size, quantized_kv_start)
+        return cls.of(kv_scheme, kv_bits, kv_group_size, quantized_kv_start, kv_key_bits, kv_value_bits)
 
     def as_options(self) -> dict[str, Any]:
         """The same settings as mlx-lm-style options (`stream_generate`'s keyword arguments)."""
         return dict(kv_bits=self.bits, kv_group_size=self.group, quantized_kv_start=self.start,
-                    kv_scheme="uniform" if self.scheme == "plain" else self.scheme)
+                    kv_scheme="uniform" if self.scheme == "plain" else self.scheme,
+                    kv_key_bits=self.key_bits, kv_value_bits=self.value_bits)
 
     @property
     def group(self) -> int:
@@ -341,17 +416,25 @@ class KVSettings:
         return self.scheme != "plain"
 
     @property
+    def split(self) -> bool:
+        """Whether the key/value split is chosen (not mlx-vlm's split of `bits`)."""
+        return self.key_bits is not None
+
+    @property
     def label(self) -> str:
+        """"plain", "uniform 4-bit g64", "turboquant 3.5-bit" (mlx-vlm's split) or "turboquant K4/V3"
+        (a chosen split: `turboquant_study`'s label of the same caches)."""
         if self.scheme == "plain":
             return "plain"
         if self.scheme == "turboquant":
-            return f"turboquant {self.bits:g}-bit"
+            return f"turboquant K{self.key_bits}/V{self.value_bits}" if self.split else f"turboquant {self.bits:g}-bit"
         return f"uniform {self.bits:g}-bit g{self.group}"
 
     def __str__(self) -> str:
         if self.scheme == "plain":
             return "plain"
         opts = [f"group={self.group_size}"] if self.group_size is not None else []
+        opts += [f"keys={self.key_bits}", f"values={self.value_bits}"] if self.split else []
         opts += [f"start={self.start}"] if self.start else []
         return ",".join([f"{self.scheme}:{self.bits:g}", *opts])
 
@@ -366,6 +449,9 @@ def whole(bits):
         return bits
 
 
+_KV_OPTIONS = {"uniform": ("group", "start"), "turboquant": ("keys", "values", "start")}
+
+
 def parse_kv(name: Union[str, KVSettings]) -> KVSettings:
     if isinstance(name, KVSettings):
         return name
@@ -373,19 +459,33 @@ def parse_kv(name: Union[str, KVSettings]) -> KVSettings:
     if text == "plain":
         return KVSettings()
     head, colon, rest = text.partition(":")
-    if head not in ("uniform", "turboquant") or not colon:
+    if head not in _KV_OPTIONS or not colon:
         raise _bad("KV setting", text, "unknown scheme", KV_FORMS)
-    bits_text, *tokens = rest.split(",")
-    try:
-        bits = whole(float(bits_text))
-    except ValueError:
-        raise _bad("KV setting", text, f"bits must be a number, got {bits_text!r}", KV_FORMS) from None
+    tokens = rest.split(",")
+    bits = None
+    if head == "uniform" or "=" not in tokens[0]:  # turboquant:keys=K,values=V has no BITS
+        bits_text = tokens.pop(0)
+        try:
+            bits = whole(float(bits_text))
+        except ValueError:
+            raise _bad("KV setting", text, f"bits must be a number, got {bits_text!r}", KV_FORMS) from None
     opts: dict[str, int] = {}
     for token in tokens:
         key, eq, value = token.partition("=")
-        if not eq or key not in (("group", "start") if head == "uniform" else ("start",)) or key in opts:
+        if eq and head == "uniform" and key in ("keys", "values"):
+            raise _bad("KV setting", text, f"{token!r}: a key/value split is TurboQuant's "
+                                           "(turboquant:BITS,keys=K); uniform has one width", KV_FORMS)
+        if not eq or key not in _KV_OPTIONS[head] or key in opts:
             raise _bad("KV setting", text, f"unknown or repeated option {token!r}", KV_FORMS)
         if not value.isdigit():
             raise _bad("KV setting", text, f"{key} must be a whole number, got {value!r}", KV_FORMS)
         opts[key] = int(value)
-    return KVSettings(head, bits, opts.get("group"), opts.get("start", 0))
+    key_bits, value_bits = opts.get("keys"), opts.get("values")
+    if head == "turboquant" and (bits is None or key_bits is not None or value_bits is not None):
+        if bits is None and key_bits is None and value_bits is None:
+            raise _bad("KV setting", text, "no bits after 'turboquant:'", KV_FORMS)
+        try:
+            bits, key_bits, value_bits = turboquant_split(bits, key_bits, value_bits, ("BITS", "keys", "values"))
+        except ValueError as e:
+            raise _bad("KV setting", text, str(e), KV_FORMS) from None
+    return KVSettings(head, bits, opts.get("group"), opts.get("start", 0), key_bits, value_bits)

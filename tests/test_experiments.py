@@ -21,7 +21,7 @@ from mlxbun.experiments.logit_diff import Side, logit_diff  # noqa: E402
 from mlxbun.experiments.port_bringup import bringup  # noqa: E402
 from mlxbun.lab import plots  # noqa: E402
 from mlxbun.locate import locate, open_runtime  # noqa: E402
-from mlxbun.names import KVSettings  # noqa: E402
+from mlxbun.names import KVSettings, parse_kv  # noqa: E402
 from mlxbun.parity.forced import cache_nbytes, eval_ids, teacher_forced  # noqa: E402
 from mlxbun.results import open_results  # noqa: E402
 
@@ -325,6 +325,12 @@ def test_kv_grid():
     specs = kv_quant.kv_grid([4, 8], [32, 64], [3.5])
     assert [s.label for s in specs] == ["uniform 4-bit g32", "uniform 4-bit g64", "uniform 8-bit g32",
                                         "uniform 8-bit g64", "turboquant 3.5-bit"]
+    # a TurboQuant entry may be a [key_bits, value_bits] split: generation's setting of that name
+    tq = kv_quant.kv_grid([], [], [3.5, [4, 3]])
+    assert [s.label for s in tq] == ["turboquant 3.5-bit", "turboquant K4/V3"]
+    assert tq[1] == parse_kv("turboquant:3.5,keys=4")
+    with pytest.raises(MlxbunError, match=r"\[key_bits, value_bits\]"):
+        kv_quant.kv_grid([], [], [[4, 3, 2]])
 
 
 def test_pareto_front():

@@ -63,6 +63,19 @@ def test_closed_form_equals_the_caches_bytes(config, layout):
     assert "MLA latent" in measured_bytes(WIDE_V3, "q8").reason  # generation's refusal, as mlx-lm fails
 
 
+def test_a_turboquant_split_is_counted_and_measured():
+    """`turboquant3.5,keys=4` (the KV grammar's split): on a latent cache, whose keys (the latent)
+    are wider than its values (the rope key), the extra bit on the keys costs bytes."""
+    lay = mla_layouts(DEEPSEEK_V3)["latent"]
+    assert layout_bytes(lay, "turboquant3.5,keys=4") == (2 + 4 * 64) + (2 + 4 * 6)  # 512 x 4 + 64 x 3 bits
+    assert layout_bytes(lay, "turboquant:keys=3,values=4") == layout_bytes(lay, "turboquant3.5")
+    assert total_bytes(lay, "turboquant3.5,keys=4", 61) == 60 * 284 + 1152
+    wide = mla_layouts(WIDE_V3)["latent"]
+    assert measured_bytes(WIDE_V3, "turboquant3.5,keys=4", tokens=256) == layout_bytes(wide, "turboquant3.5,keys=4")
+    with pytest.raises(MlxbunError, match="keys=8 leaves values"):
+        layout_bytes(lay, "turboquant3.5,keys=8")
+
+
 def test_measured_needs_whole_growth_steps():
     with pytest.raises(MlxbunError, match="multiple of 256"):
         measured_bytes(WIDE_V3, "16bit", tokens=100)

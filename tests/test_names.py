@@ -114,10 +114,26 @@ def test_bad_drafter_names(text, why):
     ("uniform:8,group=32,start=16", KVSettings("uniform", 8, 32, 16), "uniform 8-bit g32"),
     ("turboquant:3.5", KVSettings("turboquant", 3.5), "turboquant 3.5-bit"),
     ("turboquant:4,start=5", KVSettings("turboquant", 4, None, 5), "turboquant 4-bit"),
+    # a chosen key/value split (lab/tq_bits): one side fixes the other, both may stand without BITS
+    ("turboquant:3.5,keys=4", KVSettings("turboquant", 3.5, key_bits=4, value_bits=3), "turboquant K4/V3"),
+    ("turboquant:3.5,values=3", KVSettings("turboquant", 3.5, key_bits=4), "turboquant K4/V3"),
+    ("turboquant:keys=4,values=3", KVSettings("turboquant", key_bits=4, value_bits=3), "turboquant K4/V3"),
+    ("turboquant:4,keys=5,values=3,start=2", KVSettings("turboquant", 4, None, 2, 5, 3), "turboquant K5/V3"),
+    ("turboquant:3.5,keys=3", KVSettings("turboquant", 3.5, key_bits=3), "turboquant K3/V4"),  # mlx-vlm's, named
 ])
 def test_kv_names(text, settings, label):
     assert parse_kv(text) == settings and settings.label == label
     assert parse_kv(str(settings)) == settings
+
+
+def test_a_kv_split_is_held_whole_and_prints_both_sides():
+    s = parse_kv("turboquant:3.5,keys=4")
+    assert (s.bits, s.key_bits, s.value_bits) == (3.5, 4, 3) and s.split
+    assert str(s) == "turboquant:3.5,keys=4,values=3"
+    assert parse_kv("turboquant:keys=4,values=3") == s == parse_kv("turboquant:3.5,values=3")
+    # mlx-vlm's split of 3.5 (K3/V4) stays the unsplit name; named explicitly it is a split
+    assert not parse_kv("turboquant:3.5").split and parse_kv("turboquant:3.5").key_bits is None
+    assert str(parse_kv("turboquant:3.5,keys=3")) == "turboquant:3.5,keys=3,values=4"
 
 
 @pytest.mark.parametrize("text, error, why", [
@@ -127,6 +143,20 @@ def test_kv_names(text, settings, label):
     ("uniform:4,start=x", NamingError, "start must be a whole number"),
     ("uniform:3.5", GenerationError, "fractional widths are kv_scheme='turboquant'"),
     ("uniform:4,group=16", GenerationError, "kv_group_size 16 is not supported"),
+    ("turboquant:3.5,keys=8", NamingError, r"keys=8 leaves values 2 x 3.5 - 8 = -1 bits"),
+    ("turboquant:2,values=5", NamingError, "values=5 leaves keys 2 x 2 - 5 = -1 bits"),
+    ("turboquant:3.5,keys=4,values=4", NamingError, "keys=4 and values=4 average 4 bits, not BITS 3.5"),
+    ("turboquant:keys=4", NamingError, "keys alone does not fix the split"),
+    ("turboquant:values=3,start=2", NamingError, "values alone does not fix the split"),
+    ("turboquant:3.5,keys=9", NamingError, "keys must be a whole number of bits from 1 to 8, got 9"),
+    ("turboquant:3.5,values=0", NamingError, "values must be a whole number of bits from 1 to 8, got 0"),
+    ("turboquant:3.5,keys=3.5", NamingError, "keys must be a whole number, got '3.5'"),
+    ("turboquant:3.5,keys=4,keys=4", NamingError, "unknown or repeated option 'keys=4'"),
+    ("turboquant:3.5,key=4", NamingError, "unknown or repeated option 'key=4'"),
+    ("turboquant:11,keys=4", NamingError, "BITS 11 is not supported by TurboQuant"),
+    ("turboquant:start=3", NamingError, "no bits after 'turboquant:'"),
+    ("uniform:4,keys=4", NamingError, "'keys=4': a key/value split is TurboQuant's"),
+    ("uniform:4,values=2", NamingError, "'values=2': a key/value split is TurboQuant's"),
 ])
 def test_bad_kv_names(text, error, why):
     with pytest.raises(error, match=why):
@@ -144,6 +174,27 @@ def test_kv_settings_from_mlx_lm_style_options():
     s = parse_kv("uniform:8,group=32,start=16")
     assert KVSettings.from_flags(**s.as_options()) == s
     assert parse_kv("plain").as_options()["kv_bits"] is None
+    split = parse_kv("turboquant:3.5,keys=4,start=2")
+    assert split.as_options() == dict(kv_bits=3.5, kv_group_size=64, quantized_kv_start=2, kv_scheme="turboquant",
+                                      kv_key_bits=4, kv_value_bits=3)
+    assert KVSettings.from_flags(**split.as_options()) == split
+    assert KVSettings.from_flags(kv_scheme="turboquant", kv_key_bits=4, kv_value_bits=3.0) == parse_kv(
+        "turboquant:keys=4,values=3")
+
+
+@pytest.mark.parametrize("options, why", [
+    (dict(kv_key_bits=4), "kv_key_bits=4: a key/value split is TurboQuant's"),
+    (dict(kv_bits=4, kv_value_bits=4), "kv_value_bits=4: a key/value split is TurboQuant's"),
+    (dict(kv_scheme="turboquant", kv_key_bits=4), "needs kv_bits"),
+    (dict(kv_scheme="turboquant", kv_bits=3.5, kv_key_bits=2.5), "kv_key_bits must be a whole number of bits"),
+    (dict(kv_scheme="turboquant", kv_bits=3.5, kv_value_bits=9), "kv_value_bits must be a whole number of bits"),
+    (dict(kv_scheme="turboquant", kv_bits=3, kv_key_bits=8), "kv_key_bits=8 leaves kv_value_bits 2 x 3 - 8"),
+    (dict(kv_scheme="turboquant", kv_bits=3, kv_key_bits=4, kv_value_bits=3), "average 3.5 bits, not kv_bits 3"),
+    (dict(kv_scheme="turboquant", kv_bits=11, kv_key_bits=4), "kv_bits 11 is not supported by TurboQuant"),
+])
+def test_bad_kv_splits_name_the_option(options, why):
+    with pytest.raises(GenerationError, match=why):
+        KVSettings.from_flags(**options)
 
 
 def test_locate_and_open_runtime(zoo, zoo_root, tmp_path):

@@ -17,7 +17,8 @@ tokens through mlxbun's generation caches (quantized at mlx-lm's points: `kv_qua
 divides the caches' bytes by N and by the layers. Schemes: `16bit` (float16/bfloat16: 2 bytes a
 value), `q8` / `q4` (mlx-lm's affine QuantizedKVCache, group 64: packed uint32 codes + a 16-bit
 scale and bias per group) and `turboquant3.5` (3-bit keys, 4-bit values, one float16 norm per
-vector), and `q8-latent` / `q4-latent`: the opt-in affine quantization of a latent cache
+vector; `turboquant3.5,keys=4` and the other `turboquant:` options of the KV grammar choose the
+key/value split: `turboquant_scheme`), and `q8-latent` / `q4-latent`: the opt-in affine quantization of a latent cache
 beyond mlx-lm (`mlxbun.cache.latent_quant`; the same packed bytes as q8 / q4). A scheme a cache
 cannot take is `Refused(reason)` in both.
 """
@@ -34,9 +35,10 @@ from mlxbun.cache.latent_quant import quantize_latent_caches
 from mlxbun.cache.turboquant import TurboQuantKVCache
 from mlxbun.cache.turboquant_codec import resolve_kv_bits
 from mlxbun.errors import MlxbunError
+from mlxbun.names import KVSettings, parse_kv
 
 __all__ = ["LATENT_REFUSAL", "SCHEMES", "KVLayout", "Refused", "layout_bytes", "measured_bytes", "mla_layouts",
-           "scheme_settings", "total_bytes"]
+           "scheme_settings", "total_bytes", "turboquant_scheme"]
 
 SCHEMES = ("16bit", "q8", "q4", "turboquant3.5", "q8-latent", "q4-latent")
 GROUP_SIZE = 64  # mlx-lm's default kv_group_size
@@ -95,6 +97,13 @@ def _affine_vector_bytes(dim: int, bits: int, group: int) -> int:
     return dim * bits // 8 + 2 * (dim // group) * FLOAT_BYTES
 
 
+def turboquant_scheme(scheme: str) -> KVSettings:
+    """The TurboQuant setting of a bench scheme `turboquant<BITS>[,keys=K][,values=V]` (e.g.
+    `turboquant3.5`, mlx-vlm's split; `turboquant3.5,keys=4`): the KV grammar's `turboquant:` options
+    (`mlxbun.names.parse_kv`; a `:` after the scheme name is accepted)."""
+    return parse_kv("turboquant:" + scheme[len("turboquant"):].removeprefix(":"))
+
+
 def layout_bytes(layout: KVLayout, scheme: str, group_size: int = GROUP_SIZE) -> int | Refused:
     """Bytes one token takes in one layer's cache of `layout` under `scheme` (closed form)."""
     if scheme == "16bit":
@@ -111,7 +120,8 @@ def layout_bytes(layout: KVLayout, scheme: str, group_size: int = GROUP_SIZE) ->
         return layout.heads * (_affine_vector_bytes(layout.key_dim, bits, group_size)
                                + _affine_vector_bytes(layout.value_dim, bits, group_size))
     if scheme.startswith("turboquant"):
-        _, kb, vb = resolve_kv_bits(float(scheme[len("turboquant"):]))
+        tq = turboquant_scheme(scheme)
+        _, kb, vb = resolve_kv_bits(tq.bits, tq.key_bits, tq.value_bits)
         return TurboQuantKVCache.bytes_per_token(layout.heads, layout.key_dim, layout.value_dim, kb, vb)
     raise MlxbunError(f"unknown KV scheme {scheme!r}; choose from {', '.join(SCHEMES)}")
 
@@ -136,7 +146,9 @@ def scheme_settings(scheme: str, group_size: int = GROUP_SIZE) -> dict:
     if scheme in ("q8-latent", "q4-latent"):  # plain caches, converted by quantize_latent_caches
         return dict(kv_bits=None, kv_group_size=group_size, kv_scheme="uniform")
     if scheme.startswith("turboquant"):
-        return dict(kv_bits=float(scheme[len("turboquant"):]), kv_group_size=group_size, kv_scheme="turboquant")
+        tq = turboquant_scheme(scheme)
+        return dict(kv_bits=tq.bits, kv_group_size=group_size, kv_scheme="turboquant", kv_key_bits=tq.key_bits,
+                    kv_value_bits=tq.value_bits)
     raise MlxbunError(f"unknown KV scheme {scheme!r}; choose from {', '.join(SCHEMES)}")
 
 
@@ -162,7 +174,8 @@ def measured_bytes(config: Mapping, scheme: str, tokens: int = 256, group_size: 
     model.update(tree_map(lambda p: (mx.random.normal(p.shape) * 0.02).astype(mx.float16), model.parameters()))
     try:
         cache = make_generation_cache(model, **kv)
-        quantize = kv_quantizer(kv["kv_scheme"], kv["kv_bits"], group_size, 0)
+        quantize = kv_quantizer(kv["kv_scheme"], kv["kv_bits"], group_size, 0, key_bits=kv.get("kv_key_bits"),
+                                value_bits=kv.get("kv_value_bits"))
         if scheme.endswith("-latent"):
             quantize = functools.partial(quantize_latent_caches, bits=int(scheme[1]), group_size=group_size)
         prompt = mx.random.randint(0, model.args.vocab, (1, tokens), key=mx.random.key(seed))

@@ -7,7 +7,8 @@ mlx-lm's quantization points, one token at a time) once with plain KV and once p
 `compare_logits` (llama.cpp's KLD statistics) compares the continuation's positions.
 
 Schemes (`QUALITY_SCHEMES`): `q8`, `q4` (mlx-lm's uniform affine KV, group 64), `turboquant3.5`
-(generation's own settings: refused where generation refuses them), and `q8-latent`,
+(generation's own settings: refused where generation refuses them; `turboquant3.5,keys=4` a
+key/value split, `mlxbun.bench.kv_bytes.turboquant_scheme`), and `q8-latent`,
 `q4-latent`: the opt-in uniform quantization of a cache read as arrays
 (`mlxbun.cache.latent_quant`), for MLA latent caches only.
 """
@@ -22,6 +23,7 @@ import mlx.core as mx
 from mlxbun.cache.latent_quant import quantize_latent_caches
 from mlxbun.errors import MlxbunError
 from mlxbun.generation_caches import make_generation_cache
+from mlxbun.bench.kv_bytes import turboquant_scheme
 from mlxbun.names import KVSettings
 from mlxbun.parity.forced import teacher_forced
 from mlxbun.parity.metrics import compare_logits
@@ -65,7 +67,7 @@ def _forced(model, ids, prefill: int, scheme: str, group_size: int):
     if scheme in ("q8", "q4"):
         kv = KVSettings("uniform", int(scheme[1]), group_size)
     elif scheme.startswith("turboquant"):
-        kv = KVSettings("turboquant", float(scheme[len("turboquant"):]))
+        kv = turboquant_scheme(scheme)
     else:
         raise MlxbunError(f"unknown KV scheme {scheme!r}; choose from {', '.join(QUALITY_SCHEMES)}")
     return teacher_forced(model, ids, prefill=prefill, kv=kv)

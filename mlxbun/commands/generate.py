@@ -21,7 +21,7 @@ from mlxbun.commands.speculative_flags import (
 )
 from mlxbun.errors import MlxbunError
 from mlxbun.fast import FAST_FIDELITY, enable_fast
-from mlxbun.names import KV_FORMS, MODEL_FORMS, parse_engine, parse_kv, parse_model, whole
+from mlxbun.names import KV_FORMS, MODEL_FORMS, KVSettings, parse_engine, parse_kv, parse_model, whole
 
 
 def register(sub) -> None:
@@ -51,9 +51,15 @@ def register(sub) -> None:
     p.add_argument("--kv-group-size", type=int, default=64)
     p.add_argument("--quantized-kv-start", type=int, default=0)
     p.add_argument("--kv-scheme", default="uniform", metavar="{uniform,turboquant}")
+    p.add_argument("--kv-key-bits", type=int, default=None, metavar="K",
+                   help="turboquant: the keys' width (1-8); the values get 2 x --kv-bits - K unless "
+                        "--kv-value-bits is given (default: mlx-vlm's split, 3.5 = 3-bit keys + 4-bit values)")
+    p.add_argument("--kv-value-bits", type=int, default=None, metavar="V",
+                   help="turboquant: the values' width (1-8); with --kv-key-bits, --kv-bits may be left out")
     p.add_argument("--kv", metavar="SETTING", default=None,
                    help=f"the KV setting in one name ({KV_FORMS}), instead of --kv-bits / --kv-group-size "
-                        "/ --kv-scheme / --quantized-kv-start")
+                        "/ --kv-scheme / --quantized-kv-start / --kv-key-bits / --kv-value-bits; e.g. "
+                        "turboquant:3.5,keys=4 puts TurboQuant's extra bit on the keys")
     p.add_argument("--kv-config", metavar="FILE|none",
                    help="per-layer KV plan (mixed caches; optiq's kv_config.json). Default: the checkpoint's "
                         "own kv_config.json when it has one and no other KV option is given; 'none': no plan")
@@ -168,7 +174,8 @@ def _run(args, group) -> int:
         return _run_diffusion(args, model, tokenizer, prompt)
 
     kv = dict(kv_bits=whole(args.kv_bits), kv_group_size=args.kv_group_size,
-              kv_scheme=args.kv_scheme, quantized_kv_start=args.quantized_kv_start)
+              kv_scheme=args.kv_scheme, quantized_kv_start=args.quantized_kv_start,
+              kv_key_bits=args.kv_key_bits, kv_value_bits=args.kv_value_bits)
     plan, from_checkpoint = _kv_plan(args, model, kv)
     prior: list[int] = []  # tokens a loaded prompt cache already holds
     if args.prompt_cache is not None:
@@ -290,12 +297,19 @@ def _zoo_hint(model: str, group_size: int) -> str:
     return f"; the zoo builds wider heads on request: --model {replace(spec, head_dim=group_size)}"
 
 
-_KV_FLAGS = {"kv_bits": None, "kv_group_size": 64, "kv_scheme": "uniform", "quantized_kv_start": 0}
+_KV_FLAGS = {"kv_bits": None, "kv_group_size": 64, "kv_scheme": "uniform", "quantized_kv_start": 0,
+             "kv_key_bits": None, "kv_value_bits": None}
 
 
 def _apply_kv_setting(args) -> None:
-    """`--kv NAME` fills the four KV flags (which must then stay at their defaults)."""
+    """`--kv NAME` fills the KV flags (which must then stay at their defaults); a TurboQuant
+    key/value split given by flags alone gets its mean width as --kv-bits."""
     if args.kv is None:
+        if args.kv_key_bits is not None or args.kv_value_bits is not None:
+            args.kv_bits = KVSettings.from_flags(
+                kv_bits=whole(args.kv_bits), kv_group_size=args.kv_group_size, kv_scheme=args.kv_scheme,
+                quantized_kv_start=args.quantized_kv_start, kv_key_bits=args.kv_key_bits,
+                kv_value_bits=args.kv_value_bits).bits
         return
     given = [f"--{k.replace('_', '-')}" for k, default in _KV_FLAGS.items() if getattr(args, k) != default]
     if given:
@@ -304,8 +318,8 @@ def _apply_kv_setting(args) -> None:
         setattr(args, key, value)
 
 
-_AUTOREGRESSIVE_ONLY = ("kv_bits", "kv_config", "max_kv_size", "prompt_cache", "save_prompt_cache", "stop",
-                        "repetition_penalty", "draft")
+_AUTOREGRESSIVE_ONLY = ("kv_bits", "kv_key_bits", "kv_value_bits", "kv_config", "max_kv_size", "prompt_cache",
+                        "save_prompt_cache", "stop", "repetition_penalty", "draft")
 
 
 def _run_diffusion(args, model, tokenizer, prompt) -> int:

@@ -83,6 +83,7 @@ def _options(args) -> dict:
         min_tokens_to_keep=args.min_tokens_to_keep, seed=args.seed, repetition_penalty=args.repetition_penalty,
         repetition_context_size=args.repetition_context_size, kv_bits=whole(args.kv_bits),
         kv_group_size=args.kv_group_size, quantized_kv_start=args.quantized_kv_start, kv_scheme=args.kv_scheme,
+        kv_key_bits=args.kv_key_bits, kv_value_bits=args.kv_value_bits,
         kv_config=args.kv_config, max_kv_size=args.max_kv_size, stop=args.stop,
         prefill_step_size=args.prefill_step_size)
 

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from mlxbun.cache.turboquant_codec import resolve_kv_bits
 from mlxbun.errors import MlxbunError
 from mlxbun.experiments.common import model_path, optional_tokenizer
 from mlxbun.generation_caches import kv_layers, load_kv_plan, make_generation_cache
@@ -23,15 +24,25 @@ __all__ = ["KV_COLUMNS", "kv_grid", "kv_metric_plot", "kv_sweep", "pareto_front"
 
 
 def kv_grid(uniform_bits: Iterable[int] = (4, 8), group_sizes: Iterable[int] = (32, 64),
-            turboquant_bits: Iterable[float] = (3.5,)) -> list[KVSettings]:
-    """The quantized KV configurations to sweep: uniform bits x group sizes, then TurboQuant bits."""
+            turboquant_bits: Iterable = (3.5,)) -> list[KVSettings]:
+    """The quantized KV configurations to sweep: uniform bits x group sizes, then TurboQuant: each
+    entry a width (mlx-vlm's split of it, e.g. 3.5) or a [key_bits, value_bits] split (e.g. [4, 3],
+    as `--kv turboquant:keys=4,values=3` and `turboquant_study` name it)."""
     specs = [KVSettings("uniform", int(b), int(g)) for b in uniform_bits for g in group_sizes]
-    return specs + [KVSettings("turboquant", float(b)) for b in turboquant_bits]
+    return specs + [_turboquant(b) for b in turboquant_bits]
 
 
-KV_COLUMNS = ["scheme", "bits", "group_size", "label", "layers", "context", "kld_mean", "kld_p99", "kld_p999",
-              "kld_max", "top1_agreement", "ppl_ratio", "kv_bytes", "kv_bytes_ratio", "kv_bytes_allocated", "peak_memory",
-              "decode_tps", "error"]
+def _turboquant(width) -> KVSettings:
+    if isinstance(width, (list, tuple)):
+        if len(width) != 2:
+            raise MlxbunError(f"a TurboQuant split is [key_bits, value_bits], got {list(width)}")
+        return KVSettings.of("turboquant", key_bits=width[0], value_bits=width[1])
+    return KVSettings("turboquant", float(width))
+
+
+KV_COLUMNS = ["scheme", "bits", "group_size", "key_bits", "value_bits", "label", "layers", "context", "kld_mean",
+              "kld_p99", "kld_p999", "kld_max", "top1_agreement", "ppl_ratio", "kv_bytes", "kv_bytes_ratio",
+              "kv_bytes_allocated", "peak_memory", "decode_tps", "error"]
 
 
 def kv_sweep(model: str = "zoo:llama", specs: Sequence[KVSettings] | None = None, *, context_lengths=(64, 192),
@@ -99,6 +110,8 @@ def _kv_row(spec: KVSettings, label: str, ctx: int, r, stats, plain_bytes: int, 
                layers=f"{len(coverage.layers)}/{coverage.total}",
                bits=spec.bits if spec.bits is not None else math.nan,
                group_size=(spec.group_size or 64) if spec.scheme == "uniform" else math.nan)
+    if spec.scheme == "turboquant":  # the widths its caches run at (mlx-vlm's split where none is chosen)
+        _, row["key_bits"], row["value_bits"] = resolve_kv_bits(spec.bits, spec.key_bits, spec.value_bits)
     if r is None:
         return row
     row.update(kv_bytes=r.kv_bytes, kv_bytes_ratio=r.kv_bytes / plain_bytes if plain_bytes else math.nan,
@@ -115,6 +128,8 @@ def _kv_row(spec: KVSettings, label: str, ctx: int, r, stats, plain_bytes: int, 
 def _kv_params(row: dict) -> dict:
     return {"kv": row["label"], "scheme": row["scheme"], "kv_bits": None if math.isnan(row["bits"]) else row["bits"],
             "kv_group_size": None if math.isnan(row["group_size"]) else int(row["group_size"]),
+            **({"key_bits": int(row["key_bits"]), "value_bits": int(row["value_bits"])}
+               if not math.isnan(row["key_bits"]) else {}),
             "context": row["context"], "layers": row["layers"]}
 
 

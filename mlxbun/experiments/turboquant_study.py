@@ -21,6 +21,7 @@ from mlxbun.generation_caches import turboquant_layers
 from mlxbun.lab.plots import cmap, figure
 from mlxbun.lab.recording import recording
 from mlxbun.locate import open_runtime
+from mlxbun.names import KVSettings
 from mlxbun.parity.forced import eval_ids, teacher_forced
 from mlxbun.parity.metrics import compare_logits
 
@@ -34,15 +35,17 @@ _KEYS = ["model", "label", "bits", "key_bits", "value_bits"]
 
 def configuration(width) -> tuple[str, float, int, int]:
     """(label, mean bits, key bits, value bits) of a width (mlx-vlm's split: "turboquant 3.5-bit") or
-    of a [key_bits, value_bits] pair ("turboquant K4/V3"); checked as TurboQuantKVCache checks them."""
+    of a [key_bits, value_bits] pair ("turboquant K4/V3"); checked as TurboQuantKVCache checks them.
+    The label is generation's (`KVSettings.label` of `--kv turboquant:3.5`, `turboquant:keys=4,values=3`)."""
     if isinstance(width, (list, tuple)):
         if len(width) != 2:
             raise MlxbunError(f"a TurboQuant split is [key_bits, value_bits], got {list(width)}")
         kb, vb = (float(w) for w in width)
         _, key_bits, value_bits = resolve_kv_bits(max(kb, vb), kb, vb)
-        return f"turboquant K{key_bits}/V{value_bits}", (key_bits + value_bits) / 2, key_bits, value_bits
+        label = KVSettings("turboquant", key_bits=key_bits, value_bits=value_bits).label
+        return label, (key_bits + value_bits) / 2, key_bits, value_bits
     bits, key_bits, value_bits = resolve_kv_bits(float(width))
-    return f"turboquant {bits:g}-bit", float(bits), key_bits, value_bits
+    return KVSettings("turboquant", float(bits)).label, float(bits), key_bits, value_bits
 
 
 def _turboquant_hook(key_bits: int, value_bits: int, seed: int):

@@ -104,7 +104,8 @@ def teacher_forced(model, ids: Sequence[int], *, prefill: int, kv: KVSettings = 
     if plan is not None:
         plan = load_kv_plan(plan, len(cache))
     if quantize is None:
-        quantize = kv_quantizer(options["kv_scheme"], kv.bits, kv.group, kv.start, plan)
+        quantize = kv_quantizer(options["kv_scheme"], kv.bits, kv.group, kv.start, plan,
+                                key_bits=kv.key_bits, value_bits=kv.value_bits)
     mx.synchronize()
     mx.reset_peak_memory()
     with attention_routing(kv.scheme == "turboquant"):

@@ -287,6 +287,8 @@ def speculative_generate(
     adaptive: bool = False,
     rollback: Union[str, Rollback] = Rollback.MIXERS,
     fast: Union[bool, FastPath] = False,
+    kv_key_bits: Optional[int] = None,
+    kv_value_bits: Optional[int] = None,
 ) -> Generator[SpecResponse, None, None]:
     """Generate from `prompt` with speculative decoding; one `SpecResponse` per token.
 
@@ -311,8 +313,10 @@ def speculative_generate(
         raise GenerationError(f"num_draft must be an integer in [1, {MAX_DRAFT}], got {num_draft!r}")
     if seed is not None and (not is_int(seed) or seed < 0):
         raise GenerationError(f"seed must be a non-negative integer, got {seed!r}")
-    check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
-                     kv_scheme=kv_scheme, max_kv_size=max_kv_size)
+    settings = check_kv_options(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
+                                kv_scheme=kv_scheme, max_kv_size=max_kv_size, kv_key_bits=kv_key_bits,
+                                kv_value_bits=kv_value_bits)
+    kv_bits, kv_key_bits, kv_value_bits = settings.bits, settings.key_bits, settings.value_bits  # a split, whole
     sampling = Sampling(temperature, top_p, top_k, min_p, min_tokens_to_keep)
     processors = tuple(make_logits_processors(repetition_penalty=repetition_penalty,
                                               repetition_context_size=repetition_context_size)
@@ -331,7 +335,8 @@ def speculative_generate(
     check_plan_options(kv_config, kv_bits, kv_scheme, max_kv_size)
     kv_config = resolve_kv_config(target, kv_config, kv_bits=kv_bits, kv_scheme=kv_scheme, max_kv_size=max_kv_size)
     kv = dict(kv_bits=kv_bits, kv_group_size=kv_group_size, kv_scheme=kv_scheme, kv_config=kv_config,
-              max_kv_size=max_kv_size, quantized_kv_start=quantized_kv_start)
+              max_kv_size=max_kv_size, quantized_kv_start=quantized_kv_start, kv_key_bits=kv_key_bits,
+              kv_value_bits=kv_value_bits)
     cache = make_generation_cache(target, **kv)
     _check_contract(cache, "target")
     session = DraftSession(target=target, vocab_size=logits_width(target), sampling=sampling,

@@ -25,4 +25,5 @@ def quantize_hook(kv: dict, n_caches: int, *, first: Optional[int] = None):
     if plan is None and kv.get("kv_bits") is None:
         return None
     return kv_quantizer(kv.get("kv_scheme", "uniform"), kv.get("kv_bits"), kv.get("kv_group_size", 64),
-                        kv.get("quantized_kv_start", 0), plan)
+                        kv.get("quantized_kv_start", 0), plan, key_bits=kv.get("kv_key_bits"),
+                        value_bits=kv.get("kv_value_bits"))
