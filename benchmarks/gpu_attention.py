@@ -21,11 +21,13 @@ import mlx.core as mx
 
 from mlxbun.attention import chunked_quantized_sdpa, dequantized_sdpa
 from mlxbun.cache.quantized import CUDA_ATTENTION_CHUNK
-from mlxbun.cache.turboquant_codec import TurboQuantCodec, TurboQuantState, rotated_attention
+from mlxbun.cache.turboquant_codec import TurboQuantCodec, TurboQuantState, rotated_attention, unpack_indices
 from mlxbun.kernels.sdpa_decode import (decode_attention, decode_gap, decode_split, quantized_decode_attention,
                                         turboquant_decode_attention, turboquant_decode_gap)
+from mlxbun.kernels.turboquant_quantize import quantize_gap, turboquant_quantize
 
-__all__ = ["ATTENTION_CASES", "TURBOQUANT_CASES", "attention_checks", "turboquant_checks"]
+__all__ = ["ATTENTION_CASES", "QUANTIZE_CASES", "TURBOQUANT_CASES", "attention_checks", "quantize_checks",
+           "turboquant_checks"]
 
 # name, B, H, KV, D, dtype, capacity, n, bits (0: 16-bit), group, sinks, timed
 ATTENTION_CASES = [
@@ -251,6 +253,59 @@ def turboquant_checks(time_fn, progress=print) -> list[dict]:
     (us_standin), the exact cache's chunked decode (us_exact) and MLX's fused attention over 16-bit K/V
     of the same length (vs_fp16: the >= 0.7x target)."""
     return _rows(TURBOQUANT_CASES, _one_turboquant, time_fn, progress)
+
+
+# name, vectors' shape [B, KV, L, D], dtype, bits, timed
+QUANTIZE_CASES = [
+    ("kv-heavy decode K3", (1, 4, 1, 128), mx.float16, 3, True),
+    ("kv-heavy decode V4", (1, 4, 1, 128), mx.float16, 4, True),
+    ("8B decode K3", (1, 8, 1, 128), mx.bfloat16, 3, True),
+    ("1B decode 4-bit, D = 64", (1, 8, 1, 64), mx.bfloat16, 4, False),
+    ("verify of 5, batch 2, 8-bit, D = 256", (2, 8, 5, 256), mx.float16, 8, False),
+    ("1-bit, D = 32, float32", (1, 4, 1, 32), mx.float32, 1, False),
+    ("prefill 512, 5-bit", (1, 8, 512, 128), mx.bfloat16, 5, True),
+]
+
+
+def _one_quantize(case, time_fn):
+    """The kernel's state against the codec's MLX ops on the same device: norms within one float16
+    step, indices equal but for coordinates a rounding from a midpoint (at most 1 in 1000, each off
+    by one codeword); three runs and the compiled call bit-equal."""
+    name, shape, dtype, bits, timed = case
+    x = mx.random.normal(shape, key=mx.random.key(len(name))).astype(dtype)
+    codec = TurboQuantCodec(shape[-1], bits, seed=1)
+    row = dict(case=name, shape="x".join(map(str, shape)), dtype=str(dtype).split(".")[-1], bits=bits)
+    gap = quantize_gap(x, codec)
+    if gap is not None:
+        return dict(row, gap=gap.reason)
+    want = codec.quantize(x)
+    runs = [turboquant_quantize(x, codec) for _ in range(3)]
+    compiled = mx.compile(lambda v: tuple(turboquant_quantize(v, codec)))(x)
+    mx.eval(want, runs, compiled)
+    got = runs[0]
+    norm_err = (mx.abs(got.norms.astype(mx.float32) - want.norms.astype(mx.float32))
+                / mx.maximum(mx.abs(want.norms.astype(mx.float32)), 1e-6)).max().item()
+    ids, ref = (unpack_indices(s.indices, bits, shape[-1]).astype(mx.int32) for s in (got, want))
+    differ = (ids != ref).astype(mx.float32).mean().item()
+    step = mx.abs(ids - ref).max().item()
+    row.update(norm_rel_err=norm_err, index_differ=differ, index_max_step=step,
+               within_bound=norm_err <= 2 ** -10 and differ <= 1e-3 and step <= 1,
+               deterministic=all(mx.array_equal(got.indices, r.indices).item()
+                                 and mx.array_equal(got.norms, r.norms).item() for r in runs[1:]),
+               compiled_equal=mx.array_equal(got.indices, compiled[1]).item()
+               and mx.array_equal(got.norms, compiled[0]).item())
+    if timed:
+        step_fn = mx.compile(lambda v: tuple(codec.quantize(v)))
+        t_k = time_fn(lambda: turboquant_quantize(x, codec))
+        t_m, t_c = time_fn(lambda: codec.quantize(x)), time_fn(lambda: step_fn(x))
+        row.update(us_kernel=t_k * 1e6, us_mlx=t_m * 1e6, us_mlx_compiled=t_c * 1e6, speedup_vs_compiled=t_c / t_k)
+    return row
+
+
+def quantize_checks(time_fn, progress=print) -> list[dict]:
+    """One row per QUANTIZE_CASES entry: the TurboQuant quantize kernel against the codec's MLX ops
+    (see `_one_quantize`), time vs those ops eager and compiled."""
+    return _rows(QUANTIZE_CASES, _one_quantize, time_fn, progress)
 
 
 # ------------------------------------------------------------------ launch sweep, from HBM

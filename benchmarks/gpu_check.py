@@ -43,9 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mlx.core as mx  # noqa: E402
 
 import mlxbun.bench.fast as fast_bench  # noqa: E402
-from gpu_attention import L2_BYTES, attention_checks, attention_sweep, time_rotating, turboquant_checks  # noqa: E402
+from gpu_attention import (L2_BYTES, attention_checks, attention_sweep, quantize_checks, time_rotating,  # noqa: E402
+                           turboquant_checks)
 from mlxbun.fast import enable_fast  # noqa: E402
 from mlxbun.kernels import sdpa_decode  # noqa: E402
+from mlxbun.kernels import turboquant_quantize  # noqa: E402
 from mlxbun.kernels.qmv import fast_quantized_matmul  # noqa: E402
 
 SHAPES_8B = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
@@ -205,7 +207,7 @@ def main(argv=None) -> int:
                     help="the fast path's compiled decode step on / off, for each bench run")
     args = ap.parse_args(argv)
     # the TurboQuant kernel runs here to be checked (and in --kv / --bench) before it is trusted elsewhere
-    sdpa_decode.TURBOQUANT_CHECKED = True
+    sdpa_decode.TURBOQUANT_CHECKED = turboquant_quantize.CHECKED = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"device": str(mx.default_device()), "mlx": mx.__version__}
@@ -225,24 +227,30 @@ def main(argv=None) -> int:
                                                            "err_mlx", "bound", "within_bound", "deterministic",
                                                            "mlx_deterministic", "us_kernel", "us_mlx", "speedup",
                                                            "tb_s_kernel", "tb_s_mlx"]))
-        attention_sections = [
-            ("attention", "Decode attention checks", attention_checks,
-             ["err_mlx", "bound", "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_mlx", "speedup",
-              "us_mlx_masked", "speedup_vs_masked", "us_fp16", "vs_fp16"]),
-            ("turboquant", "TurboQuant decode attention checks", turboquant_checks,
-             ["err_standin", "err_gpu_ref", "bound", "within_bound", "deterministic", "compiled_equal", "us_kernel", "us_standin",
-              "us_exact", "speedup_vs_exact", "us_fp16", "vs_fp16"])]
-        for key, title, run_checks, cols in attention_sections:
-            if key not in args.checks or args.skip_checks:
+        head = ["case", "dtype", "kv", "cap", "n", "chunk_splits", "gap", "err_kernel"]
+        checked = ["within_bound", "deterministic", "compiled_equal"]
+        sections = [  # (--checks name, report key, title, checks, columns)
+            ("attention", "attention", "Decode attention checks", attention_checks,
+             [*head, "err_mlx", "bound", *checked, "us_kernel", "us_mlx", "speedup", "us_mlx_masked",
+              "speedup_vs_masked", "us_fp16", "vs_fp16"]),
+            ("turboquant", "turboquant", "TurboQuant decode attention checks", turboquant_checks,
+             [*head, "err_standin", "err_gpu_ref", "bound", *checked, "us_kernel", "us_standin", "us_exact",
+              "speedup_vs_exact", "us_fp16", "vs_fp16"]),
+            ("turboquant", "turboquant_quantize", "TurboQuant quantize checks", quantize_checks,
+             ["case", "shape", "dtype", "bits", "gap", "norm_rel_err", "index_differ", "index_max_step", *checked,
+              "us_kernel", "us_mlx", "us_mlx_compiled", "speedup_vs_compiled"])]
+        for name, key, title, run_checks, cols in sections:
+            if name not in args.checks or args.skip_checks:
                 continue
             rows = run_checks(_time, progress=lambda r: print(json.dumps(r, default=str), flush=True))
             report[key] = rows
             passed = all(r.get("within_bound") and r.get("deterministic") and r.get("compiled_equal") for r in rows)
             ok = ok and passed
-            if key == "turboquant":  # the fast path's runs below use the kernel only where it passed
+            if key == "turboquant":  # the fast path's runs below use a kernel only where it passed
                 sdpa_decode.TURBOQUANT_CHECKED = passed
-            md.append(f"## {title}\n\n" + _md(rows, ["case", "dtype", "kv", "cap", "n", "chunk_splits", "gap",
-                                                      "err_kernel", *cols, "error"]))
+            elif key == "turboquant_quantize":
+                turboquant_quantize.CHECKED = passed
+            md.append(f"## {title}\n\n" + _md(rows, [*cols, "error"]))
             print(md[-1], flush=True)
             save()
         if args.hbm:

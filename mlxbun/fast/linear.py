@@ -32,6 +32,8 @@ class FastSwitch:
     gaps: Counter = field(default_factory=Counter)  # reason -> layers / inputs that fell back
     attention_calls: int = 0  # static-cache attentions traced through the decode kernel
     attention_gaps: Counter = field(default_factory=Counter)  # reason -> attentions MLX's SDPA ran
+    quantize_calls: int = 0  # static TurboQuant writes traced through the quantize kernel
+    quantize_gaps: Counter = field(default_factory=Counter)  # reason -> writes the codec's MLX ops ran
 
 
 class FastQuantizedLinear(nn.QuantizedLinear):

@@ -57,6 +57,8 @@ class FastPath:
             self.note(f"GEMV kernel not used ({count}x): {reason}; MLX's quantized_matmul ran")
         for reason in self.switch.attention_gaps:  # counted per traced attention call, not per layer
             self.note(f"decode attention kernel not used: {reason}; MLX's attention ran")
+        for reason in self.switch.quantize_gaps:
+            self.note(f"TurboQuant quantize kernel not used: {reason}; the codec's MLX ops ran")
 
     def describe(self) -> str:
         if self.quantized_linears:

@@ -56,6 +56,7 @@ from mlxbun.errors import UnsupportedModelError
 from mlxbun.kernels.common import Gap
 from mlxbun.kernels.sdpa_decode import (decode_attention, decode_gap, quantized_decode_attention,
                                         turboquant_decode_attention, turboquant_decode_gap)
+from mlxbun.kernels.turboquant_quantize import quantize_gap, turboquant_quantize
 
 __all__ = ["CacheAdapter", "CompileGap", "StaticKVCache", "StaticQuantizedKVCache", "StaticRotatingKVCache",
            "StaticTurboQuantCache", "adapter_for"]
@@ -195,9 +196,21 @@ class StaticTurboQuantCache(StaticKVCache):
     def length(self) -> int:
         return self.keys.norms.shape[2]
 
+    def _quantize(self, codec: TurboQuantCodec, x: mx.array) -> TurboQuantState:
+        """The new vectors' state: the quantize kernel under the switch where it applies (one launch
+        where the codec runs some 15 MLX kernels), else the codec's own ops."""
+        if self.kernels is None or not self.kernels.enabled:
+            return codec.quantize(x)
+        gap = quantize_gap(x, codec)
+        if gap is not None:
+            self.kernels.quantize_gaps[gap.reason] += 1
+            return codec.quantize(x)
+        self.kernels.quantize_calls += 1
+        return turboquant_quantize(x, codec)
+
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         at = self.offset.reshape(1)
-        new_k, new_v = self.key_codec.quantize(keys), self.value_codec.quantize(values)
+        new_k, new_v = self._quantize(self.key_codec, keys), self._quantize(self.value_codec, values)
         self.keys = TurboQuantState(*(mx.slice_update(b, q, at, axes=(2,)) for b, q in zip(self.keys, new_k)))
         self.values = TurboQuantState(*(mx.slice_update(b, q, at, axes=(2,)) for b, q in zip(self.values, new_v)))
         self.offset = self.offset + keys.shape[2]
