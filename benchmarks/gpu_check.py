@@ -206,7 +206,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", nargs="*", default=["on"], choices=("on", "off"),
                     help="the fast path's compiled decode step on / off, for each bench run")
     args = ap.parse_args(argv)
-    # the TurboQuant kernel runs here to be checked (and in --kv / --bench) before it is trusted elsewhere
+    # the TurboQuant kernels run here whatever their flags say (a changed kernel is checked before its flag
+    # goes back on); after their checks, the --kv / --bench runs use each only if it passed
     sdpa_decode.TURBOQUANT_CHECKED = turboquant_quantize.CHECKED = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

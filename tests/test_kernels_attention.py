@@ -69,7 +69,8 @@ def test_decode_gap_accepts_decode_shapes_and_leaves_prefill_to_mlx(on_gpu):
     assert prefill.by_design and "5 queries" in prefill.reason
 
 
-def test_turboquant_decode_gap_waits_for_the_kernels_gpu_check(on_gpu):
+def test_turboquant_decode_gap_waits_for_the_kernels_gpu_check(on_gpu, monkeypatch):
+    monkeypatch.setattr(sdpa_mod, "TURBOQUANT_CHECKED", False)
     gap = turboquant_decode_gap(_q(H=8, D=64), (1, 2, 256), 64, 64, 3, 4)
     assert not gap.by_design and "not yet passed its GPU check" in gap.reason
 

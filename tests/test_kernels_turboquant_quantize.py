@@ -78,6 +78,7 @@ def on_gpu(monkeypatch):
 
 def test_quantize_gap_says_what_the_kernel_lacks(on_gpu, monkeypatch):
     codec = TurboQuantCodec(128, 3, 0)
+    monkeypatch.setattr(tq_mod, "CHECKED", False)
     assert "not yet passed its GPU check" in quantize_gap(mx.zeros((1, 2, 1, 128)), codec).reason
     monkeypatch.setattr(tq_mod, "CHECKED", True)
     assert quantize_gap(mx.zeros((1, 2, 1, 128), mx.bfloat16), codec) is None
