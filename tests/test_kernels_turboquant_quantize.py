@@ -79,17 +79,19 @@ def on_gpu(monkeypatch):
 def test_quantize_gap_says_what_the_kernel_lacks(on_gpu, monkeypatch):
     codec = TurboQuantCodec(128, 3, 0)
     monkeypatch.setattr(tq_mod, "CHECKED", False)
-    assert "not yet passed its GPU check" in quantize_gap(mx.zeros((1, 2, 1, 128)), codec).reason
+    def gap(x, c=codec):
+        return quantize_gap(x, c.dim, c.use_hadamard)
+
+    assert "not yet passed its GPU check" in gap(mx.zeros((1, 2, 1, 128))).reason
     monkeypatch.setattr(tq_mod, "CHECKED", True)
-    assert quantize_gap(mx.zeros((1, 2, 1, 128), mx.bfloat16), codec) is None
-    assert "vectors of 64" in quantize_gap(mx.zeros((1, 2, 1, 64)), codec).reason
-    assert "dims" in quantize_gap(mx.zeros((1, 2, 1, 80)), TurboQuantCodec(80, 3, 0)).reason  # a QR rotation
-    assert "int32 vectors" in quantize_gap(mx.zeros((1, 2, 1, 128), mx.int32), codec).reason
+    assert gap(mx.zeros((1, 2, 1, 128), mx.bfloat16)) is None
+    assert "vectors of 64" in gap(mx.zeros((1, 2, 1, 64))).reason
+    assert "dims" in gap(mx.zeros((1, 2, 1, 80)), TurboQuantCodec(80, 3, 0)).reason  # a QR rotation
+    assert "int32 vectors" in gap(mx.zeros((1, 2, 1, 128), mx.int32)).reason
 
 
 def test_quantize_gap_refuses_the_cpu():
-    assert quantize_gap(mx.zeros((1, 128)), TurboQuantCodec(128, 3, 0)) == Gap("no CUDA device (the kernel is "
-                                                                               "CUDA only)")
+    assert quantize_gap(mx.zeros((1, 128)), 128, True) == Gap("no CUDA device (the kernel is CUDA only)")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -97,7 +99,7 @@ def test_quantize_gap_refuses_the_cpu():
                                             (1, 32, mx.float16)])
 def test_the_quantize_kernel_compiles_for_hopper_without_spilling(bits, dim, dtype):
     unit = render("mlxbun_turboquant_quantize", "", SOURCE, [("x", dtype), ("signs", mx.float32), ("mid", mx.float32)],
-                  [("norms", mx.float16), ("codes", mx.uint32)], template(dtype, TurboQuantCodec(dim, bits, 0)))
+                  [("norms", mx.float16), ("codes", mx.uint32)], template(dtype, dim, bits, EPS))
     report = ptxas_report(unit)
     assert "Used" in report and "spill" not in report.replace("0 bytes spill", "")
 
@@ -112,16 +114,29 @@ def _turboquant_model(zoo, bits=3.5):
     return model, cache
 
 
+def _emulated_quantize(x, signs, midpoints, bits, eps):
+    """The kernel's steps in MLX ops (the codec's arrays in, norms and packed indices out)."""
+    xf = x.astype(mx.float32)
+    norms = mx.sqrt((xf * xf).sum(-1))
+    r = mx.hadamard_transform(xf / mx.maximum(norms[..., None], eps) * signs, scale=1 / math.sqrt(x.shape[-1]))
+    ids = (r[..., None] > midpoints).astype(mx.uint32).sum(-1)
+    return norms.astype(mx.float16), pack_indices(ids, bits)
+
+
 def test_the_static_turboquant_cache_quantizes_new_tokens_through_the_kernel(zoo, monkeypatch):
+    """With the kernel emulated, the switch's static cache quantizes K and V of every TurboQuant layer
+    through it (per trace), and decodes the exact path's greedy tokens."""
     calls = []
-    monkeypatch.setattr(static_cache, "quantize_gap", lambda x, codec: None)
+    monkeypatch.setattr(static_cache, "quantize_gap", lambda x, dim, hadamard: None)
     monkeypatch.setattr(static_cache, "turboquant_quantize",
-                        lambda x, codec: calls.append(codec.bits) or codec.quantize(x))
+                        lambda x, signs, mid, bits, eps: calls.append(bits) or _emulated_quantize(x, signs, mid, bits, eps))
     model, cache = _turboquant_model(zoo)
+    _, exact = _turboquant_model(zoo)
     switch = FastSwitch()
     dec = CompiledDecoder(model, cache, room=4, kernels=switch)
     for t in (7, 8, 9):
-        dec(mx.array([[t]]))
+        y = mx.array([[t]])
+        assert mx.array_equal(mx.argmax(dec(y), -1), mx.argmax(model(y, cache=exact)[:, -1, :], -1))
     n_tq = sum(type(c).__name__ == "TurboQuantKVCache" for c in cache)
     assert n_tq and calls and len(calls) % (2 * n_tq) == 0 and len(calls) < 10 * n_tq  # per trace, K and V
     assert set(calls) == {3, 4} and switch.quantize_calls == len(calls) and not switch.quantize_gaps

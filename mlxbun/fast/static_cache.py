@@ -51,7 +51,7 @@ from mlxbun.cache.cache_list import CacheList
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.cache.quantized import QuantizedKVCache
 from mlxbun.cache.turboquant import TurboQuantKVCache
-from mlxbun.cache.turboquant_codec import TurboQuantCodec, TurboQuantState, rotated_attention
+from mlxbun.cache.turboquant_codec import EPS, TurboQuantCodec, TurboQuantState, rotated_attention
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.kernels.common import Gap
 from mlxbun.kernels.sdpa_decode import (decode_attention, decode_gap, quantized_decode_attention,
@@ -201,12 +201,12 @@ class StaticTurboQuantCache(StaticKVCache):
         where the codec runs some 15 MLX kernels), else the codec's own ops."""
         if self.kernels is None or not self.kernels.enabled:
             return codec.quantize(x)
-        gap = quantize_gap(x, codec)
+        gap = quantize_gap(x, codec.dim, codec.use_hadamard)
         if gap is not None:
             self.kernels.quantize_gaps[gap.reason] += 1
             return codec.quantize(x)
         self.kernels.quantize_calls += 1
-        return turboquant_quantize(x, codec)
+        return TurboQuantState(*turboquant_quantize(x, codec.signs, codec.midpoints, codec.bits, EPS))
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         at = self.offset.reshape(1)

@@ -1,10 +1,11 @@
 """TurboQuant's quantize step for new tokens in one launch (the fast path's static TurboQuant cache).
 
-`TurboQuantCodec.quantize` is some 15 MLX kernels per K or V of a decode step (the norm, the
+`TurboQuantCodec.quantize` (mlxbun.cache.turboquant_codec) is some 15 MLX kernels per K or V of a decode step (the norm, the
 Hadamard transform, a gather and a compare per index bit, a gather and shifts per packing slot):
 on the H200 those launches, not the attention, set the fast path's TurboQuant decode speed
-(benchmarks/gpu-h200-fast.md section 7). `turboquant_quantize(x, codec)` computes the same state
-(float16 norms, packed codeword indices) with one block per vector:
+(benchmarks/gpu-h200-fast.md section 7). `turboquant_quantize(x, signs, midpoints, bits, eps)` computes
+the same state from the codec's arrays (float16 norms, packed codeword indices; the caller makes the
+TurboQuantState: the kernels sit below the caches) with one block per vector:
 
 1. the norm: squares summed lane-strided, a fixed xor-shuffle tree per warp, the warps' sums in
    warp order (deterministic), float32;
@@ -28,7 +29,6 @@ from typing import Optional
 
 import mlx.core as mx
 
-from mlxbun.cache.turboquant_codec import EPS, TurboQuantCodec, TurboQuantState, packed_width
 from mlxbun.kernels.common import Gap, cuda_available, float_bits
 
 __all__ = ["CHECKED", "HEAD_DIMS", "SOURCE", "quantize_gap", "template", "turboquant_quantize"]
@@ -105,8 +105,9 @@ CHECKED = True
 _kernel = None
 
 
-def quantize_gap(x: mx.array, codec: TurboQuantCodec) -> Optional[Gap]:
-    """Why the quantize kernel does not run for vectors `x` [..., D] under `codec` (None: it does)."""
+def quantize_gap(x: mx.array, dim: int, hadamard: bool) -> Optional[Gap]:
+    """Why the quantize kernel does not run for vectors `x` [..., D] under a codec of head dim `dim`
+    (`hadamard`: its rotation is the signed Hadamard transform) (None: it does)."""
     if not cuda_available():
         return Gap("no CUDA device (the kernel is CUDA only)")
     if mx.default_device() != mx.gpu:
@@ -114,31 +115,32 @@ def quantize_gap(x: mx.array, codec: TurboQuantCodec) -> Optional[Gap]:
     if not CHECKED:
         return Gap("the TurboQuant quantize kernel has not yet passed its GPU check (benchmarks/gpu_check.py "
                    "--checks turboquant)")
-    if x.shape[-1] != codec.dim or codec.dim not in HEAD_DIMS or not codec.use_hadamard:
-        return Gap(f"vectors of {x.shape[-1]} under a codec of dim {codec.dim} (the kernel does the Hadamard "
+    if x.shape[-1] != dim or dim not in HEAD_DIMS or not hadamard:
+        return Gap(f"vectors of {x.shape[-1]} under a codec of dim {dim} (the kernel does the Hadamard "
                    f"codec's dims {HEAD_DIMS})")
     if x.dtype not in (mx.float16, mx.bfloat16, mx.float32):
         return Gap(f"{x.dtype} vectors (the kernel reads float16, bfloat16 and float32)")
     return None
 
 
-def template(dtype, codec: TurboQuantCodec) -> list[tuple[str, object]]:
-    """The kernel's template constants for `dtype` vectors under `codec`."""
-    return [("T", dtype), ("D", codec.dim), ("BITS", codec.bits), ("EPS_BITS", float_bits(EPS)),
-            ("SCALE_BITS", float_bits(1.0 / math.sqrt(codec.dim)))]
+def template(dtype, dim: int, bits: int, eps: float) -> list[tuple[str, object]]:
+    """The kernel's template constants for `dtype` vectors of `dim` at `bits` (norm floor `eps`)."""
+    return [("T", dtype), ("D", dim), ("BITS", bits), ("EPS_BITS", float_bits(eps)),
+            ("SCALE_BITS", float_bits(1.0 / math.sqrt(dim)))]
 
 
-def turboquant_quantize(x: mx.array, codec: TurboQuantCodec) -> TurboQuantState:
-    """`codec.quantize(x)` in one launch (see the module; callers check `quantize_gap` first)."""
+def turboquant_quantize(x: mx.array, signs: mx.array, midpoints: mx.array, bits: int,
+                        eps: float) -> tuple[mx.array, mx.array]:
+    """(norms float16 [...], packed indices uint32 [..., D * bits / 32]) of vectors `x` [..., D]: a
+    TurboQuant codec's `quantize` in one launch, from its `signs`, `midpoints`, `bits` and norm floor
+    (see the module; callers check `quantize_gap` first)."""
     global _kernel
     if _kernel is None:
         _kernel = mx.fast.cuda_kernel(name="mlxbun_turboquant_quantize", input_names=["x", "signs", "mid"],
                                       output_names=["norms", "codes"], source=SOURCE, ensure_row_contiguous=True)
-    lead = x.shape[:-1]
-    rows = math.prod(lead)
-    width = packed_width(codec.dim, codec.bits)
-    norms, codes = _kernel(inputs=[x.reshape(rows, codec.dim), codec.signs, codec.midpoints],
-                           template=template(x.dtype, codec), grid=(rows * codec.dim, 1, 1),
-                           threadgroup=(codec.dim, 1, 1), output_shapes=[(rows,), (rows, width)],
+    lead, dim = x.shape[:-1], x.shape[-1]
+    rows, width = math.prod(lead), (dim * bits + 31) // 32
+    norms, codes = _kernel(inputs=[x.reshape(rows, dim), signs, midpoints], template=template(x.dtype, dim, bits, eps),
+                           grid=(rows * dim, 1, 1), threadgroup=(dim, 1, 1), output_shapes=[(rows,), (rows, width)],
                            output_dtypes=[mx.float16, mx.uint32])
-    return TurboQuantState(norms.reshape(lead), codes.reshape(*lead, width))
+    return norms.reshape(lead), codes.reshape(*lead, width)
