@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mlx.core as mx  # noqa: E402
 
 import mlxbun.bench.fast as fast_bench  # noqa: E402
+from mlxbun.bench.kv_bytes import split_schemes  # noqa: E402
 from gpu_attention import (L2_BYTES, attention_checks, attention_sweep, quantize_checks, time_rotating,  # noqa: E402
                            turboquant_checks)
 from mlxbun.fast import enable_fast  # noqa: E402
@@ -267,7 +268,7 @@ def main(argv=None) -> int:
             print(md[-1], flush=True)
             save()
         if args.kv:
-            md.append(kv_section([int(c) for c in args.kv.split(",")], args.kv_schemes.split(","), args.kv_decode))
+            md.append(kv_section([int(c) for c in args.kv.split(",")], split_schemes(args.kv_schemes), args.kv_decode))
             print(md[-1], flush=True)
             save()
         if args.sweep:

@@ -104,6 +104,18 @@ def turboquant_scheme(scheme: str) -> KVSettings:
     return parse_kv("turboquant:" + scheme[len("turboquant"):].removeprefix(":"))
 
 
+def split_schemes(text: str) -> list[str]:
+    """A comma-separated list of bench schemes, where a TurboQuant scheme's own `keys=` / `values=`
+    options stay with it: "fp16,turboquant3.5,keys=4,q4" -> fp16, turboquant3.5,keys=4, q4."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part.startswith(("keys=", "values=")) and out and out[-1].startswith("turboquant"):
+            out[-1] += "," + part
+        elif part:
+            out.append(part)
+    return out
+
+
 def layout_bytes(layout: KVLayout, scheme: str, group_size: int = GROUP_SIZE) -> int | Refused:
     """Bytes one token takes in one layer's cache of `layout` under `scheme` (closed form)."""
     if scheme == "16bit":

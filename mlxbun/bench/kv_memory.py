@@ -26,9 +26,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxbun.bench.kv_bytes import split_schemes, turboquant_scheme
 from mlxbun.cache.convert import quantize_cache
 from mlxbun.cache.turboquant import DEFAULT_ATTENTION_CHUNK, TurboQuantKVCache
+from mlxbun.errors import MlxbunError
 
+# Beside these, any TurboQuant width or split of the KV grammar: turboquant3, turboquant3.5,keys=4, ...
 SCHEMES = ("fp16", "q8", "q4", "q8-chunked", "q4-chunked", "turboquant3.5")
 
 # The zoo's llama recipe scaled until the KV cache matters: 28 layers, 16 query heads on 4 KV
@@ -58,14 +61,25 @@ def _convert(caches: list, scheme: str) -> list:
     if scheme == "fp16":
         return caches
     if scheme.startswith("turboquant"):
-        bits = float(scheme[len("turboquant"):])
-        return [TurboQuantKVCache.from_cache(c, bits=bits, seed=i) for i, c in enumerate(caches)]
+        tq = turboquant_scheme(scheme)
+        return [TurboQuantKVCache.from_cache(c, bits=tq.bits, key_bits=tq.key_bits, value_bits=tq.value_bits, seed=i)
+                for i, c in enumerate(caches)]
     bits = int(scheme[1])
     out = [quantize_cache(c, group_size=64, bits=bits) for c in caches]
     if scheme.endswith("-chunked"):
         for c in out:
             c.attention_chunk = 1024
     return out
+
+
+def _turboquant_ok(scheme: str) -> bool:
+    if not scheme.startswith("turboquant"):
+        return False
+    try:
+        turboquant_scheme(scheme)
+    except MlxbunError:
+        return False
+    return True
 
 
 def _kv_bytes(caches) -> int:
@@ -77,11 +91,10 @@ def run_kv_memory(model, contexts=(1024, 4096, 16384), schemes=SCHEMES, decode: 
     """Measure every (context, scheme) on one model; returns one row per pair. `fast`: the model's
     FastPath (`mlxbun.fast`): decode through its step (the compiled step over static caches, with
     mlxbun's decode attention kernels on CUDA; eager where that does not apply, said in its notes)."""
-    bad = [s for s in schemes if s not in SCHEMES]
+    bad = [s for s in schemes if s not in SCHEMES and not _turboquant_ok(s)]
     if bad:
-        from mlxbun.errors import MlxbunError
-
-        raise MlxbunError(f"unknown KV scheme(s) {bad}; choose from {', '.join(SCHEMES)}")
+        raise MlxbunError(f"unknown KV scheme(s) {bad}; choose from {', '.join(SCHEMES)}, or another TurboQuant "
+                          "width or split (turboquant3, turboquant3.5,keys=4)")
     rows = []
     weights = model.weights_bytes
     for ctx in contexts:
@@ -260,7 +273,9 @@ def kv_heavy_model(layers: int = KV_HEAVY["num_hidden_layers"], dtype: str = "fl
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlxbun.bench.kv_memory", description=__doc__.splitlines()[0])
     p.add_argument("--contexts", default="1024,4096,16384")
-    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--schemes", default=",".join(SCHEMES),
+                   help="comma-separated: fp16, q8, q4, q8-chunked, q4-chunked, or a TurboQuant width or split "
+                        "(turboquant3.5, turboquant3.5,keys=4)")
     p.add_argument("--decode", type=int, default=32)
     p.add_argument("--layers", type=int, default=KV_HEAVY["num_hidden_layers"])
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
@@ -282,7 +297,7 @@ def main(argv=None) -> int:
         from mlxbun.fast import enable_fast
 
         fast = enable_fast(model)
-    schemes = [s for s in args.schemes.split(",") if s]
+    schemes = split_schemes(args.schemes)
     rows = run_kv_memory(model, contexts, schemes, args.decode, fast=fast,
                          progress=lambda r: print(f"  {r.context:>6} {r.scheme:<14} peak {r.peak_decode_bytes / 2**20:9.1f} MiB "
                                                   f"kv {r.kv_bytes / 2**20:8.1f} MiB {r.decode_tps:8.1f} tok/s",
