@@ -61,8 +61,8 @@ def test_json_output_is_the_library_stream(run, qwen3):
     assert got["prompt_tokens"] == len(tok.encode_prompt(PROMPT))
     assert got["prompt_tps"] > 0 and got["generation_tps"] > 0 and got["peak_memory_gb"] > 0
     assert set(got) == {"text", "tokens", "finish_reason", "prompt_tokens", "prompt_tps",
-                        "generation_tokens", "generation_tps", "peak_memory_gb", "kv_config", "kv_layers"}
-    assert got["kv_config"] is None  # the zoo ships no per-layer KV plan
+                        "generation_tokens", "generation_tps", "peak_memory_gb", "kv", "kv_config", "kv_layers"}
+    assert got["kv"] == "plain" and got["kv_config"] is None  # the zoo ships no per-layer KV plan
     assert got["kv_layers"] == []  # and nothing asked for KV quantization
 
 

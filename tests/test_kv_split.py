@@ -137,7 +137,9 @@ def test_cli_generate_kv_split(run, qwen3):
     assert named == _json(run, *base, "--kv-scheme", "turboquant", "--kv-key-bits", "4",
                           "--kv-value-bits", "3")["tokens"]
     code, _, err = run(*base, "--kv", "turboquant:3.5,keys=4")
-    assert code == 0 and "KV: quantized on 2 layer(s) 0-1 of 2" in err
+    assert code == 0 and "KV: quantized on 2 layer(s) 0-1 of 2 (turboquant K4/V3)" in err
+    assert _json(run, *base, "--kv", "turboquant:3.5,keys=4")["kv"] == "turboquant:3.5,keys=4,values=3"
+    assert _json(run, *base, "--kv-bits", "3.5", "--kv-scheme", "turboquant")["kv"] == "turboquant:3.5"
     for argv, message in (
             (["--kv", "turboquant:3.5,keys=8"], "keys=8 leaves values 2 x 3.5 - 8 = -1 bits"),
             (["--kv", "uniform:4,keys=4"], "'keys=4': a key/value split is TurboQuant's"),

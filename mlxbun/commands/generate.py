@@ -203,12 +203,14 @@ def _run(args, group) -> int:
         print(f"KV: the checkpoint's per-layer plan {plan.source} ({plan.describe()}); "
               "--kv-config none to opt out", file=sys.stderr)
     coverage = kv_layers(model, kv_bits=kv["kv_bits"], kv_scheme=kv["kv_scheme"], plan=plan)
+    setting = KVSettings.from_flags(**kv)  # (the stream has checked these options)
     say_kv = (plan is not None or kv["kv_bits"] is not None) and not args.json
     text, tokens, last = "", [], None
     try:
         for last in stream:
             if say_kv:  # once the first token is out: the caches passed the first quantize point
-                print(f"KV: quantized on {coverage.describe()}", file=sys.stderr)
+                what = f" ({setting.label})" if plan is None else ""
+                print(f"KV: quantized on {coverage.describe()}{what}", file=sys.stderr)
                 say_kv = False
             text += last.text
             tokens.append(last.token)
@@ -240,6 +242,7 @@ def _run(args, group) -> int:
             "kv_config": None if plan is None else {
                 "file": plan.source, "from_checkpoint": from_checkpoint,
                 "layers": [{"layer_idx": i, "bits": b, "group_size": g} for i, (b, g) in plan.layers.items()]},
+            "kv": str(setting),
             "kv_layers": list(coverage.layers),
             **({"spec": spec_info} if spec else {}),
             **({"tensor_parallel": {"ranks": group.size()}} if group is not None else {}),
