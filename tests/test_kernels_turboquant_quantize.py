@@ -129,7 +129,8 @@ def test_the_static_turboquant_cache_quantizes_new_tokens_through_the_kernel(zoo
     calls = []
     monkeypatch.setattr(static_cache, "quantize_gap", lambda x, dim, hadamard: None)
     monkeypatch.setattr(static_cache, "turboquant_quantize",
-                        lambda x, signs, mid, bits, eps: calls.append(bits) or _emulated_quantize(x, signs, mid, bits, eps))
+                        lambda x, signs, mid, bits, eps: calls.append(bits)
+                        or _emulated_quantize(x, signs, mid, bits, eps))
     model, cache = _turboquant_model(zoo)
     _, exact = _turboquant_model(zoo)
     switch = FastSwitch()

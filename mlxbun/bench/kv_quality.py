@@ -20,10 +20,10 @@ from typing import Sequence
 
 import mlx.core as mx
 
+from mlxbun.bench.kv_bytes import turboquant_scheme
 from mlxbun.cache.latent_quant import quantize_latent_caches
 from mlxbun.errors import MlxbunError
 from mlxbun.generation_caches import make_generation_cache
-from mlxbun.bench.kv_bytes import turboquant_scheme
 from mlxbun.names import KVSettings
 from mlxbun.parity.forced import teacher_forced
 from mlxbun.parity.metrics import compare_logits

@@ -10,8 +10,8 @@ group along the head dim; 4 or 8 bits, groups 32 / 64 / 128), dequantizing in re
 dequantized copy is made. `turboquant_decode_attention` does it over TurboQuant's packed codes
 (`mlxbun.cache.turboquant_codec`: a float16 norm and one 1-8 bit codeword index per coordinate),
 in the rotations' space: the caller rotates the query in and the output back, as the exact
-cache's `rotated_attention` does around its own scoring. Both are split over the sequence with a fixed-order reduction
-(`sdpa_decode_source`): the same inputs give the same bits on every run; the bits differ from
+cache's `rotated_attention` does around its own scoring. All three are split over the sequence
+with a fixed-order reduction (`sdpa_decode_source`): the same inputs give the same bits on every run; the bits differ from
 MLX's (another summation order), so a model running them is measured, never called bit-exact.
 
 `decode_gap(...)` says why the kernels do not apply to an input (None when they do); the caller

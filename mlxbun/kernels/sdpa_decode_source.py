@@ -8,9 +8,10 @@ reduction, so the same inputs give the same bits on every run:
    key row is read by D/8 lanes, 8 values each (16-byte loads for 16-bit K/V; one or two words
    of codes plus the group's scale and bias for affine-quantized K/V, dequantized in float32 in
    registers, never written back; for TurboQuant K/V, BITS bytes of codeword indices looked up
-   in the codebook, held in shared memory, times the row's norm: the rotated-space vector, so
-   the queries come rotated and the output goes out in the value rotation's space). Scores go to shared memory in the log2 domain, the split's
-   max and sum are taken per head (lane-strided, then a fixed xor-shuffle tree), and
+   in the codebook, held in shared memory: the rotated-space unit vector, its norm applied once
+   to the row's score and weight, so the queries come rotated and the output goes out in the
+   value rotation's space). Scores go to shared memory in the log2 domain, the split's max and
+   sum are taken per head (lane-strided, then a fixed xor-shuffle tree), and
    `p = 2^(s - max)` weights the value rows; the warps' sums meet in shared memory and are added
    in warp order. Per split: the float32 output row and (max, sum). Splits that start at or
    past `length` (a device array: the positions the buffer holds) write nothing.

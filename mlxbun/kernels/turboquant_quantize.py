@@ -1,11 +1,12 @@
 """TurboQuant's quantize step for new tokens in one launch (the fast path's static TurboQuant cache).
 
-`TurboQuantCodec.quantize` (mlxbun.cache.turboquant_codec) is some 15 MLX kernels per K or V of a decode step (the norm, the
-Hadamard transform, a gather and a compare per index bit, a gather and shifts per packing slot):
-on the H200 those launches, not the attention, set the fast path's TurboQuant decode speed
-(benchmarks/gpu-h200-fast.md section 7). `turboquant_quantize(x, signs, midpoints, bits, eps)` computes
-the same state from the codec's arrays (float16 norms, packed codeword indices; the caller makes the
-TurboQuantState: the kernels sit below the caches) with one block per vector:
+`TurboQuantCodec.quantize` (mlxbun.cache.turboquant_codec) is some 15 MLX kernels per K or V of a
+decode step (the norm, the Hadamard transform, a gather and a compare per index bit, a gather and
+shifts per packing slot): on the H200 those launches, not the attention, set the fast path's
+TurboQuant decode speed (benchmarks/gpu-h200-fast.md section 7).
+`turboquant_quantize(x, signs, midpoints, bits, eps)` computes the same state from the codec's
+arrays (float16 norms, packed codeword indices; the caller makes the TurboQuantState: the kernels
+sit below the caches) with one block per vector:
 
 1. the norm: squares summed lane-strided, a fixed xor-shuffle tree per warp, the warps' sums in
    warp order (deterministic), float32;
