@@ -519,18 +519,23 @@ class MoEBlock(nn.Module):
         A method, not a property: mlx-lm names the module itself "experts" in some files."""
         return self[self._m.names.switch]
 
+    def route(self, x: mx.array) -> Routing:
+        """The experts each token goes to and their weights (the gate, then the router)."""
+        m = self._m
+        logits = bias = None
+        if m.router.gate in _SIBLING_GATE:
+            logits = self[m.names.gate](x.astype(mx.float32) if m.router.gate_f32 else x)
+        if self._block_bias:
+            bias = self[m.names.correction_bias]
+        return self.router(x, logits, bias)
+
     def __call__(self, x: mx.array) -> mx.array:
         m = self._m
         n = m.names
         if m.flat_tokens:  # olmoe routes the flattened tokens
             B, L_, D = x.shape
             x = x.reshape(-1, D)
-        logits = bias = None
-        if m.router.gate in _SIBLING_GATE:
-            logits = self[n.gate](x.astype(mx.float32) if m.router.gate_f32 else x)
-        if self._block_bias:
-            bias = self[n.correction_bias]
-        routing = self.router(x, logits, bias)
+        routing = self.route(x)
         y = self[n.switch](x, routing.experts)
         y = _COMBINE[m.combine](y, routing.weights)
         if m.combine is Combine.SUM_CAST_INPUT:  # laguna
