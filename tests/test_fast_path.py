@@ -18,6 +18,7 @@ from mlxbun.bench import run_bench
 from mlxbun.bench.engines import shares_weights
 from mlxbun.factory import open_model
 from mlxbun.fast import CompiledDecoder, CompileGap, FastPathError, enable_fast
+from mlxbun.fast import static_cache
 from mlxbun.fast.fidelity import decode_fidelity
 from mlxbun.zoo import archs as zoo_archs
 from mlxbun.generate import stream_generate
@@ -220,6 +221,25 @@ def test_the_compiled_step_refuses_what_it_cannot_hold(zoo):
         dec(mx.array([[3]]))
     with pytest.raises(CompileGap, match="keeps no cache"):
         CompiledDecoder(model, [], room=4)
+
+
+@pytest.mark.parametrize("shape, rows, at", [
+    ((2, 3, 16, 8), 1, 0), ((2, 3, 16, 8), 1, 15), ((1, 4, 16, 8), 5, 7),  # K/V rows, a verify step
+    ((1, 4, 16), 3, 2),  # TurboQuant norms [B, H, T]
+    ((1, 2, 16, 4), 2, 14),  # packed codes
+])
+def test_write_rows_writes_what_a_slice_update_writes(shape, rows, at):
+    """The static caches' write (a scatter: in place on CUDA, where MLX's dynamic slice update copies
+    the buffer) puts the same values in the same places and leaves every other position alone, in
+    every dtype the caches hold."""
+    for dtype in (mx.float16, mx.bfloat16, mx.float32, mx.uint32, mx.uint8):
+        buf = (mx.arange(int(mx.prod(mx.array(shape)).item())).reshape(shape) % 97).astype(dtype)
+        new = (mx.random.uniform(0, 90, (*shape[:2], rows, *shape[3:]), key=mx.random.key(at))).astype(dtype)
+        pos = mx.array(at, dtype=mx.int32)
+        want = mx.slice_update(buf, new, pos.reshape(1), axes=(2,))
+        got = static_cache.write_rows(buf, new, pos)
+        assert got.dtype == dtype and mx.array_equal(got, want), (shape, rows, at, dtype)
+        assert mx.array_equal(mx.compile(static_cache.write_rows)(buf, new, pos), want)
 
 
 @pytest.mark.parametrize("arch, steps", [("llama", 30), ("gemma3_text", 30), ("llama", 600)])
