@@ -154,12 +154,16 @@ def _decode_both(path, steps=6, prompt=(3, 1, 4, 1, 5, 9, 2)):
     return model, exact, static, dec, pairs
 
 
-@pytest.mark.parametrize("arch,quant,dtype", [("llama", None, "float32"), ("llama", 4, "float32"),
-                                              ("qwen3", None, "bfloat16"), ("qwen3_next", None, "float32"),
-                                              ("mamba2", None, "float32"), ("lfm2", None, "float32")])
-def test_the_compiled_step_reproduces_the_exact_path_on_the_cpu(zoo, arch, quant, dtype):
+@pytest.mark.parametrize("arch,quant,dtype,scatter", [
+    ("llama", None, "float32", False), ("llama", 4, "float32", False), ("qwen3", None, "bfloat16", False),
+    ("qwen3_next", None, "float32", False), ("mamba2", None, "float32", False), ("lfm2", None, "float32", False),
+    ("llama", None, "float32", True), ("qwen3", None, "bfloat16", True)])
+def test_the_compiled_step_reproduces_the_exact_path_on_the_cpu(zoo, monkeypatch, arch, quant, dtype, scatter):
     # KV, gated-delta and SSM / conv states: on MLX's CPU backend the compiled step gives the exact
-    # bits here (measured, not promised: on CUDA it drifts and the bench reports how much).
+    # bits here (measured, not promised: on CUDA it drifts and the bench reports how much). `scatter`:
+    # the K/V buffers take their rows by scatter (what buffers of 8 MiB and more do), not slice update.
+    if scatter:
+        monkeypatch.setattr(static_cache, "SCATTER_FROM_BYTES", 0)
     model, exact, static, dec, pairs = _decode_both(zoo(arch, quant=quant, dtype=dtype))
     assert all(mx.array_equal(e, f) for e, f in pairs)
     dec.write_back()
@@ -228,10 +232,12 @@ def test_the_compiled_step_refuses_what_it_cannot_hold(zoo):
     ((1, 4, 16), 3, 2),  # TurboQuant norms [B, H, T]
     ((1, 2, 16, 4), 2, 14),  # packed codes
 ])
-def test_write_rows_writes_what_a_slice_update_writes(shape, rows, at):
-    """The static caches' write (a scatter: in place on CUDA, where MLX's dynamic slice update copies
-    the buffer) puts the same values in the same places and leaves every other position alone, in
-    every dtype the caches hold."""
+@pytest.mark.parametrize("scatter_from", [0, 1 << 40])
+def test_write_rows_writes_what_a_slice_update_writes(monkeypatch, shape, rows, at, scatter_from):
+    """The static caches' write (a scatter into large buffers: in place on CUDA, where MLX's dynamic
+    slice update copies the buffer) puts the same values in the same places and leaves every other
+    position alone, in every dtype the caches hold, by either op."""
+    monkeypatch.setattr(static_cache, "SCATTER_FROM_BYTES", scatter_from)
     for dtype in (mx.float16, mx.bfloat16, mx.float32, mx.uint32, mx.uint8):
         buf = (mx.arange(int(mx.prod(mx.array(shape)).item())).reshape(shape) % 97).astype(dtype)
         new = (mx.random.uniform(0, 90, (*shape[:2], rows, *shape[3:]), key=mx.random.key(at))).astype(dtype)
@@ -242,15 +248,19 @@ def test_write_rows_writes_what_a_slice_update_writes(shape, rows, at):
         assert mx.array_equal(mx.compile(static_cache.write_rows)(buf, new, pos), want)
 
 
-@pytest.mark.parametrize("arch, steps", [("llama", 30), ("gemma3_text", 30), ("llama", 600)])
-def test_turboquant_caches_decode_in_the_compiled_step(zoo, arch, steps):
+@pytest.mark.parametrize("arch, steps, scatter", [("llama", 30, False), ("gemma3_text", 30, False),
+                                                  ("llama", 600, False), ("llama", 30, True)])
+def test_turboquant_caches_decode_in_the_compiled_step(zoo, monkeypatch, arch, steps, scatter):
     """TurboQuantKVCache layers (every full-attention layer but the last of a model with more than
     two: mlx-vlm's rule; gemma3_text's windows stay rings) decode in the compiled step from their
     packed codes, quantized by the same codecs: the exact path's logits within float32 rounding and
     its greedy ids (600 steps: past the exact cache's 512-key attention chunks), and the packed state
-    handed back whole."""
+    handed back whole (`scatter`: the norms and codes written by scatter, as large buffers are)."""
     from mlxbun.cache.turboquant import TurboQuantKVCache
     from mlxbun.generation_caches import kv_quantizer, make_generation_cache
+
+    if scatter:
+        monkeypatch.setattr(static_cache, "SCATTER_FROM_BYTES", 0)
 
     model = open_model(zoo(arch))
     hook = kv_quantizer("turboquant", 3.5, 64, 0)

@@ -5,8 +5,8 @@ class here stands in for an exact cache during the step, built from arrays the s
 inputs, and hands its arrays back as outputs:
 
 - `StaticKVCache` (for KVCache): a buffer of `capacity` positions; new keys/values go in at the
-  offset (`write_rows`: a scatter, which MLX writes in place), attention runs over the whole
-  buffer under a mask hiding the unwritten tail.
+  offset (`write_rows`: a scatter into large buffers, which MLX writes in place), attention runs
+  over the whole buffer under a mask hiding the unwritten tail.
 - `StaticRotatingKVCache` (for a sliding-window RotatingKVCache with keep=0): a ring of `window`
   slots, the token at position p in slot p % window; before the ring fills, the unwritten slots
   are masked.
@@ -69,14 +69,26 @@ class CompileGap(Exception):
     """The compiled step does not apply to this model or cache (the reason is the message)."""
 
 
+# Buffers from this size on take their new rows by scatter (see `write_rows`).
+SCATTER_FROM_BYTES = 8 << 20
+
+
 def write_rows(buffer: mx.array, rows: mx.array, at: mx.array) -> mx.array:
     """`buffer` [B, H, capacity, ...] with `rows` [B, H, T, ...] written at positions `at` .. `at`
-    + T - 1 (`at`: an int32 array on the device).
+    + T - 1 (`at`: an int32 array on the device). The same values land in the same places whichever
+    op writes them; the op is chosen for speed on MLX's CUDA backend (0.32.4, H200):
 
-    A scatter, not `mx.slice_update` at an array start: on MLX's CUDA backend (0.32.4) the dynamic
-    slice update copies its whole input every call where the scatter writes in place (measured on
-    the H200 at 16k positions: 56 one-row writes 3.7 ms against 0.53 ms, with 10x the buffers' peak;
-    benchmarks/gpu-h200-fast.md section 8). The same values land in the same places either way."""
+    - `mx.slice_update` at an array start copies its whole input every call there (56 one-row writes
+      into 16 MiB buffers: 3.7 ms against 0.53 ms, with 10x the buffers' peak; benchmarks/gpu-h200-fast.md
+      section 8), which cost the fast path half its fp16 decode at 16k;
+    - a scatter (`put_along_axis`) writes in place but encodes more work per call, which the
+      host-bound step pays: at 16k, fp16 K/V (16 MiB a buffer) decoded 1.7-2.0x faster by scatter,
+      q4 and TurboQuant 3.5 (3-4 MiB) 6-16% slower, q8 (8 MiB) either way (raw 18).
+
+    So buffers of SCATTER_FROM_BYTES and more are scattered into, smaller ones slice-updated (the
+    size is static: the choice is made once per trace)."""
+    if buffer.nbytes < SCATTER_FROM_BYTES:
+        return mx.slice_update(buffer, rows, at.reshape(1), axes=(2,))
     T = rows.shape[2]
     positions = at.reshape(1) + mx.arange(T, dtype=mx.int32)
     index = mx.broadcast_to(positions.reshape(1, 1, T, *([1] * (rows.ndim - 3))), rows.shape)
