@@ -210,6 +210,7 @@ def main(argv=None) -> int:
     # the TurboQuant kernels run here whatever their flags say (a changed kernel is checked before its flag
     # goes back on); after their checks, the --kv / --bench runs use each only if it passed
     sdpa_decode.TURBOQUANT_CHECKED = turboquant_quantize.CHECKED = True
+    sdpa_decode.METAL_TURBOQUANT_CHECKED = True  # on an Apple GPU: the untested Metal variant's first check
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"device": str(mx.default_device()), "mlx": mx.__version__}
@@ -249,7 +250,7 @@ def main(argv=None) -> int:
             passed = all(r.get("within_bound") and r.get("deterministic") and r.get("compiled_equal") for r in rows)
             ok = ok and passed
             if key == "turboquant":  # the fast path's runs below use a kernel only where it passed
-                sdpa_decode.TURBOQUANT_CHECKED = passed
+                sdpa_decode.TURBOQUANT_CHECKED = sdpa_decode.METAL_TURBOQUANT_CHECKED = passed
             elif key == "turboquant_quantize":
                 turboquant_quantize.CHECKED = passed
             md.append(f"## {title}\n\n" + _md(rows, [*cols, "error"]))

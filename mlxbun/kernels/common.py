@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-__all__ = ["HALF", "Gap", "cuda_available", "float_bits", "on_cuda_gpu"]
+__all__ = ["HALF", "Gap", "cuda_available", "float_bits", "metal_available", "on_cuda_gpu"]
 
 HALF = (mx.bfloat16, mx.float16)
 
@@ -17,6 +17,12 @@ HALF = (mx.bfloat16, mx.float16)
 def cuda_available() -> bool:
     """Whether MLX's CUDA backend is present (the kernels' only backend)."""
     return bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
+
+
+@functools.lru_cache(maxsize=1)
+def metal_available() -> bool:
+    """Whether MLX's Metal backend is present (only the untested Metal TurboQuant kernel uses it)."""
+    return bool(getattr(mx, "metal", None) and mx.metal.is_available())
 
 
 def on_cuda_gpu() -> bool:

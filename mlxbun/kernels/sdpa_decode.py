@@ -19,7 +19,10 @@ then runs MLX's op and says so. `decode_split(...)` is the launch shape: positio
 the number of splits, from the buffer's capacity (fixed per buffer, so the bits never depend on
 how full it is).
 
-Metal: not implemented (no Apple GPU is reachable from this project's machines to test one).
+Metal: only the TurboQuant kernel has a Metal variant (`sdpa_decode_metal`), written but never compiled
+by Metal nor run (no Apple GPU is reachable from this project's machines): it stays off
+(`METAL_TURBOQUANT_CHECKED`) until its GPU check passes on one. On Metal the other two kernels' reasons
+do not hold (MLX's fused one-query attention takes a mask there; `mx.quantized_matmul` reads packed K/V).
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from typing import Optional, Sequence
 
 import mlx.core as mx
 
-from mlxbun.kernels.common import HALF, Gap, cuda_available, float_bits
+from mlxbun.kernels.common import HALF, Gap, cuda_available, float_bits, metal_available
+from mlxbun.kernels.sdpa_decode_metal import (METAL_COMBINE, METAL_HEADER, METAL_PARTIAL_TURBOQUANT,
+                                              METAL_SHARED_LIMIT)
 from mlxbun.kernels.sdpa_decode_source import (COMBINE, COMBINE_SINKS, HEADER, PARTIAL_PLAIN, PARTIAL_QUANTIZED,
                                                 PARTIAL_TURBOQUANT)
 
-__all__ = ["CHUNKS", "HEAD_DIMS", "MAX_GROUP", "QUANT_BITS", "QUANT_GROUPS", "TURBOQUANT_BITS",
-           "TURBOQUANT_CHECKED", "KernelCall", "decode_attention", "decode_gap", "decode_split", "plan",
+__all__ = ["CHUNKS", "HEAD_DIMS", "MAX_GROUP", "METAL_TURBOQUANT_CHECKED", "QUANT_BITS", "QUANT_GROUPS",
+           "TURBOQUANT_BITS", "TURBOQUANT_CHECKED", "KernelCall", "decode_attention", "decode_gap", "decode_split", "plan",
            "quantized_decode_attention", "shared_bytes", "turboquant_decode_attention", "turboquant_decode_gap"]
 
 HEAD_DIMS = (32, 64, 128, 256)  # D / 8 lanes per key row: a power of two up to a warp
@@ -47,6 +52,9 @@ TURBOQUANT_BITS = tuple(range(1, 9))  # index widths: 8 of them fill whole bytes
 # compiled-equal, every case). Set it False to take the kernel out while a change to it awaits
 # that check; the static cache then runs its one-pass MLX path and the fast path says why.
 TURBOQUANT_CHECKED = True
+# The same for the Metal variant (`sdpa_decode_metal`): never compiled by Metal nor run, so off. An
+# Apple GPU's `benchmarks/gpu_check.py --checks turboquant` run is what may turn it on.
+METAL_TURBOQUANT_CHECKED = False
 CHUNKS = (64, 128, 256, 512)  # positions per split
 # Launch knobs, module-level so benchmarks/gpu_check.py can sweep them (not for users):
 TARGET_BLOCKS = 528  # splits x batch x KV heads to aim for: 4 blocks on each of the H200's 132 SMs
@@ -63,14 +71,16 @@ def shared_bytes(chunk: int, group: int, head_dim: int, warps: Optional[int] = N
 
 
 def decode_split(capacity: int, batch_kv_heads: int, group: int, head_dim: int,
-                 book_floats: int = 0) -> tuple[int, int]:
+                 book_floats: int = 0, shared_limit: Optional[int] = None) -> tuple[int, int]:
     """(positions per split, splits) for a buffer of `capacity` positions: the smallest chunk of
-    `CHUNKS` that keeps the grid near TARGET_BLOCKS and fits the shared memory."""
+    `CHUNKS` that keeps the grid near TARGET_BLOCKS and fits the shared memory (`shared_limit`,
+    default SHARED_LIMIT: the CUDA kernels')."""
     if capacity < 1 or batch_kv_heads < 1:
         raise ValueError(f"decode_split: capacity {capacity} and batch x KV heads {batch_kv_heads} must be >= 1")
     want = -(-TARGET_BLOCKS // batch_kv_heads)
     per_split = -(-capacity // want)
-    fitting = [c for c in CHUNKS if shared_bytes(c, group, head_dim, book_floats=book_floats) <= SHARED_LIMIT] \
+    limit = SHARED_LIMIT if shared_limit is None else shared_limit
+    fitting = [c for c in CHUNKS if shared_bytes(c, group, head_dim, book_floats=book_floats) <= limit] \
         or CHUNKS[:1]
     chunk = next((c for c in fitting if c >= per_split), fitting[-1])
     return chunk, -(-capacity // chunk)
@@ -104,13 +114,22 @@ def decode_gap(queries: mx.array, kv_shape: Sequence[int], kv_dtype, *, values_s
     return None
 
 
-def _launch_gap(queries: mx.array, kv_shape: Sequence[int]) -> Optional[Gap]:
-    """What every decode attention kernel needs: a CUDA default device, one query token, and a query
-    head count that the KV heads of `kv_shape` [B, KV, positions, ...] group evenly, up to MAX_GROUP."""
-    if not cuda_available():
+def _backend() -> Optional[str]:
+    """The GPU backend MLX runs here ("cuda", "metal"), or None."""
+    return "cuda" if cuda_available() else "metal" if metal_available() else None
+
+
+def _launch_gap(queries: mx.array, kv_shape: Sequence[int], metal: bool = False) -> Optional[Gap]:
+    """What every decode attention kernel needs: a CUDA default device (or a Metal one, for a kernel
+    with a Metal variant: `metal`), one query token, and a query head count that the KV heads of
+    `kv_shape` [B, KV, positions, ...] group evenly, up to MAX_GROUP."""
+    backend = _backend()
+    if backend is None:
         return Gap("no CUDA device (the kernel is CUDA only)")
+    if backend == "metal" and not metal:
+        return Gap("a Metal device (the kernel is CUDA only: on Metal MLX's fused attention takes the mask)")
     if mx.default_device() != mx.gpu:
-        return Gap(f"default device {mx.default_device()} (the kernel is CUDA only)")
+        return Gap(f"default device {mx.default_device()} (the kernel runs on the GPU)")
     if queries.ndim != 4 or len(kv_shape) < 3:
         return Gap(f"queries {queries.shape} over K/V {tuple(kv_shape)} (the kernel takes [B, H, 1, D] "
                    "over [B, KV, positions, ...])")
@@ -129,10 +148,14 @@ def turboquant_decode_gap(queries: mx.array, norms_shape: Sequence[int], key_dim
                           key_bits: int, value_bits: int, sinks: Optional[mx.array] = None) -> Optional[Gap]:
     """Why the TurboQuant decode kernel does not run for these queries over TurboQuant K/V whose norms
     are `norms_shape` [B, KV, capacity] (any query dtype: the kernel reads them rotated, in float32)."""
-    gap = _launch_gap(queries, norms_shape)
+    gap = _launch_gap(queries, norms_shape, metal=True)
     if gap is not None:
         return gap
-    if not TURBOQUANT_CHECKED:
+    metal = _backend() == "metal"
+    if metal and not METAL_TURBOQUANT_CHECKED:
+        return Gap("the TurboQuant kernel's Metal variant has never run on an Apple GPU (written untested; "
+                   "benchmarks/gpu_check.py --checks turboquant there is what turns it on)")
+    if not metal and not TURBOQUANT_CHECKED:
         return Gap("the TurboQuant kernel has not yet passed its GPU check (benchmarks/gpu_check.py "
                    "--checks turboquant)")
     D = queries.shape[-1]
@@ -143,12 +166,20 @@ def turboquant_decode_gap(queries: mx.array, norms_shape: Sequence[int], key_dim
         return Gap(f"TurboQuant widths keys {key_bits} / values {value_bits} (the kernel does {TURBOQUANT_BITS})")
     if sinks is not None:
         return Gap("attention sinks over TurboQuant codes (the exact cache dequantizes for them)")
+    if metal:
+        G = queries.shape[1] // norms_shape[1]
+        books = (1 << key_bits) + (1 << value_bits)
+        chunk, _ = decode_split(norms_shape[2], queries.shape[0] * norms_shape[1], G, D, books, METAL_SHARED_LIMIT)
+        if shared_bytes(chunk, G, D, book_floats=books) > METAL_SHARED_LIMIT:
+            return Gap(f"{G} query heads per KV head of dim {D}: more threadgroup memory than Metal's "
+                       f"{METAL_SHARED_LIMIT // 1024} KiB")
     return None
 
 
 @dataclass(frozen=True)
 class KernelCall:
-    """One launch of a kernel: what `mx.fast.cuda_kernel` is built from and called with."""
+    """One launch of a kernel: what `mx.fast.cuda_kernel` (or, `backend` "metal",
+    `mx.fast.metal_kernel`) is built from and called with."""
 
     name: str
     source: str
@@ -157,13 +188,19 @@ class KernelCall:
     template: tuple
     grid: tuple
     threadgroup: tuple
+    backend: str = "cuda"
 
 
 def plan(queries_shape: Sequence[int], dtype, kv_heads: int, capacity: int, scale: float, *, bits: int = 0,
-         group_size: int = 64, sinks: bool = False,
-         turboquant: Optional[tuple[int, int]] = None) -> tuple[KernelCall, KernelCall]:
+         group_size: int = 64, sinks: bool = False, turboquant: Optional[tuple[int, int]] = None,
+         backend: str = "cuda") -> tuple[KernelCall, KernelCall]:
     """The two launches (partial, combine) of one decode attention call; `bits` 0: 16-bit K/V;
-    `turboquant`: (key bits, value bits) of TurboQuant K/V, whose queries and output are float32."""
+    `turboquant`: (key bits, value bits) of TurboQuant K/V, whose queries and output are float32;
+    `backend` "metal": the TurboQuant kernel's Metal variant (TurboQuant only)."""
+    if backend == "metal":
+        if not turboquant or sinks:
+            raise ValueError("plan: the Metal variant is TurboQuant's, without sinks")
+        return _metal_turboquant_plan(queries_shape, kv_heads, capacity, scale, turboquant)
     B, H, _, D = queries_shape
     G = H // kv_heads
     books = sum(1 << b for b in turboquant) if turboquant else 0
@@ -196,11 +233,36 @@ def plan(queries_shape: Sequence[int], dtype, kv_heads: int, capacity: int, scal
     return partial, combine
 
 
+def _metal_turboquant_plan(queries_shape, kv_heads: int, capacity: int, scale: float,
+                           turboquant: tuple[int, int]) -> tuple[KernelCall, KernelCall]:
+    """The Metal variant's two launches: the CUDA plan's grid and shapes; the splits a template
+    constant (`SPLITS`), the threadgroup memory within Metal's limit."""
+    B, H, _, D = queries_shape
+    G = H // kv_heads
+    chunk, splits = decode_split(capacity, B * kv_heads, G, D, sum(1 << b for b in turboquant), METAL_SHARED_LIMIT)
+    kv = tuple((f"{t}_{part}", {"norms": mx.float16, "codes": mx.uint32, "book": mx.float32}[part])
+               for t in ("k", "v") for part in ("norms", "codes", "book"))
+    template = (("D", D), ("G", G), ("KV", kv_heads), ("H", H), ("CAP", capacity), ("CHUNK", chunk),
+                ("NWARPS", NWARPS), ("SPLITS", splits), ("KBITS", turboquant[0]), ("VBITS", turboquant[1]),
+                ("SCALE_BITS", float_bits(scale)))
+    partial = KernelCall("mlxbun_sdpa_decode_tq_metal", METAL_PARTIAL_TURBOQUANT,
+                         (("q", mx.float32), *kv, ("length", mx.int32)),
+                         (("o_part", mx.float32, (B * H, splits, D)), ("ml", mx.float32, (B * H, splits, 2))),
+                         template, (splits * 32 * NWARPS, B * kv_heads, 1), (32 * NWARPS, 1, 1), "metal")
+    combine = KernelCall("mlxbun_sdpa_decode_combine_metal", METAL_COMBINE,
+                         (("o_part", mx.float32), ("ml", mx.float32), ("length", mx.int32)),
+                         (("out", mx.float32, (B, H, 1, D)),), (("D", D), ("SPLITS", splits), ("CHUNK", chunk)),
+                         (B * H * D, 1, 1), (D, 1, 1), "metal")
+    return partial, combine
+
+
 def _run(call: KernelCall, inputs: list) -> list:
     if call.name not in _kernels:
-        _kernels[call.name] = mx.fast.cuda_kernel(
+        build = mx.fast.metal_kernel if call.backend == "metal" else mx.fast.cuda_kernel
+        _kernels[call.name] = build(
             name=call.name, input_names=[n for n, _ in call.inputs], output_names=[n for n, _, _ in call.outputs],
-            source=call.source, header=HEADER, ensure_row_contiguous=True)
+            source=call.source, header=METAL_HEADER if call.backend == "metal" else HEADER,
+            ensure_row_contiguous=True)
     return _kernels[call.name](inputs=inputs, template=list(call.template), grid=call.grid,
                                threadgroup=call.threadgroup, output_shapes=[s for _, _, s in call.outputs],
                                output_dtypes=[d for _, d, _ in call.outputs])
@@ -208,8 +270,9 @@ def _run(call: KernelCall, inputs: list) -> list:
 
 def _launch(queries, kv_arrays, capacity: int, kv_heads: int, length, scale: float, sinks, bits: int,
             group_size: int, turboquant: Optional[tuple[int, int]] = None) -> mx.array:
+    backend = "metal" if turboquant and _backend() == "metal" else "cuda"
     partial, combine = plan(queries.shape, queries.dtype, kv_heads, capacity, scale, bits=bits,
-                            group_size=group_size, sinks=sinks is not None, turboquant=turboquant)
+                            group_size=group_size, sinks=sinks is not None, turboquant=turboquant, backend=backend)
     o_part, ml = _run(partial, [queries, *kv_arrays, length])
     return _run(combine, [o_part, ml, length, *([] if sinks is None else [sinks.astype(mx.float32)])])[0]
 
