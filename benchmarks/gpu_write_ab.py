@@ -38,7 +38,8 @@ def main(argv=None) -> int:
     ap.add_argument("--schemes", default="fp16,q8,q4,turboquant3.5")
     ap.add_argument("--scatter-from", nargs="+", default=["0", "off"], metavar="MiB|off")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--spec", default="", help="also time this model's fast step at context 512, e.g. random:llama-3-8b@4")
+    ap.add_argument("--spec", default="",
+                    help="also time this model's fast step at context 512, e.g. random:llama-3-8b@4")
     args = ap.parse_args(argv)
     policies = [(p, _policy(p)) for p in args.scatter_from]
     model = kv_heavy_model()
@@ -48,7 +49,8 @@ def main(argv=None) -> int:
         name, _, bits = args.spec.partition("@")
         mut = load_engines(name, dtype="bfloat16", quant=int(bits) if bits else None)
     default = static_cache.SCATTER_FROM_BYTES
-    print("| round | scatter from MiB | what | decode tok/s or step us (pipelined) | peak MiB |\n|---|---|---|---:|---:|")
+    print("| round | scatter from MiB | what | decode tok/s or step us (pipelined) | peak MiB |\n"
+          "|---|---|---|---:|---:|")
     try:
         for r in range(args.rounds):
             for label, size in policies:

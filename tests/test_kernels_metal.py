@@ -51,7 +51,8 @@ def test_the_metal_plan_is_the_cuda_grid_within_metals_threadgroup_memory(B, H, 
     partial, combine = plan((B, H, 1, D), mx.float32, KV, cap, 1.0, turboquant=bits, backend="metal")
     t = dict(partial.template)
     assert partial.backend == combine.backend == "metal"
-    assert partial.grid == (t["SPLITS"] * 32 * t["NWARPS"], B * KV, 1) and partial.threadgroup == (32 * t["NWARPS"], 1, 1)
+    assert partial.grid == (t["SPLITS"] * 32 * t["NWARPS"], B * KV, 1)
+    assert partial.threadgroup == (32 * t["NWARPS"], 1, 1)
     assert t["SPLITS"] * t["CHUNK"] >= cap and (t["SPLITS"] - 1) * t["CHUNK"] < cap
     assert (t["KBITS"], t["VBITS"], t["G"]) == (*bits, H // KV)
     assert shared_bytes(t["CHUNK"], t["G"], D, book_floats=(1 << bits[0]) + (1 << bits[1])) <= METAL_SHARED_LIMIT

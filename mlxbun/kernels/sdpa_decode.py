@@ -39,8 +39,9 @@ from mlxbun.kernels.sdpa_decode_source import (COMBINE, COMBINE_SINKS, HEADER, P
                                                 PARTIAL_TURBOQUANT)
 
 __all__ = ["CHUNKS", "HEAD_DIMS", "MAX_GROUP", "METAL_TURBOQUANT_CHECKED", "QUANT_BITS", "QUANT_GROUPS",
-           "TURBOQUANT_BITS", "TURBOQUANT_CHECKED", "KernelCall", "decode_attention", "decode_gap", "decode_split", "plan",
-           "quantized_decode_attention", "shared_bytes", "turboquant_decode_attention", "turboquant_decode_gap"]
+           "TURBOQUANT_BITS", "TURBOQUANT_CHECKED", "KernelCall", "decode_attention", "decode_gap", "decode_split",
+           "plan", "quantized_decode_attention", "shared_bytes", "turboquant_decode_attention",
+           "turboquant_decode_gap"]
 
 HEAD_DIMS = (32, 64, 128, 256)  # D / 8 lanes per key row: a power of two up to a warp
 MAX_GROUP = 8  # query heads per KV head: 2 x 8 floats per head and lane live in registers
