@@ -47,12 +47,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 
 from mlxbun.bench.engines import load_engines  # noqa: E402
 from mlxbun.bench.kv_memory import _prefill, kv_heavy_model  # noqa: E402
 from mlxbun.bench.shapes import shape_config  # noqa: E402
 from mlxbun.fast import enable_fast  # noqa: E402
 from mlxbun.fast import static_cache  # noqa: E402
+from mlxbun.fast.decode import forget_compiled_steps  # noqa: E402
 from mlxbun.fast.fidelity import fast_decode_step  # noqa: E402
 from mlxbun.kernels import cuda_available, sdpa_decode  # noqa: E402
 from mlxbun.kernels.common import Gap  # noqa: E402
@@ -159,18 +161,13 @@ def section_split(specs, context: int, smoke: bool) -> str:
 # ------------------------------------------------------------------ long: KV_HEAVY at 16k
 
 
-def _fresh_compiled(model) -> None:
-    """Forget the model's compiled steps (a change of kernels must be traced again)."""
-    model.__dict__.pop("_mlxbun_compiled_steps", None)
-
-
 def _long_steps(model, context: int, attention_kernel: bool = True) -> dict:
     prompt = mx.random.randint(16, 512, (1, context), key=mx.random.key(context))
     tok = prompt[:, -1:]
     exact = _prefill(model, prompt, 2048)
     fast_caches = _prefill(model, prompt, 2048)
     fast = enable_fast(model)
-    _fresh_compiled(model)
+    forget_compiled_steps(model)  # this kernel choice must be traced again
     before = static_cache.decode_gap
     if not attention_kernel:
         static_cache.decode_gap = lambda *a, **k: Gap("taken out for profiling")
@@ -292,7 +289,7 @@ def _write_variants(cap: int, count: int, dtype=mx.float16):
 
     for kind in ("dynamic", "static", "scatter"):
         variants[f"{count} x {kind}, capacity {cap}"] = make(kind)
-        compiled = mx.compile(lambda pos, *bufs: [mx.slice_update(b, row, pos.reshape(1), axes=(2,)) for b in bufs])
+    compiled = mx.compile(lambda pos, *bufs: [mx.slice_update(b, row, pos.reshape(1), axes=(2,)) for b in bufs])
     state = {"bufs": fresh(), "pos": mx.array(cap // 2, dtype=mx.int32)}
 
     def compiled_step():
@@ -329,8 +326,6 @@ def _expert_bytes(switch) -> int:
 
 
 def _arrays(module):
-    from mlx.utils import tree_flatten
-
     return [(k, v) for k, v in tree_flatten(module.parameters()) if isinstance(v, mx.array) and v.ndim == 3]
 
 

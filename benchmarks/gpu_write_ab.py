@@ -24,6 +24,7 @@ from gpu_profile import _steps, split  # noqa: E402
 from mlxbun.bench.engines import load_engines  # noqa: E402
 from mlxbun.bench.kv_memory import kv_heavy_model, run_kv_memory  # noqa: E402
 from mlxbun.fast import enable_fast, static_cache  # noqa: E402
+from mlxbun.fast.decode import forget_compiled_steps  # noqa: E402
 
 OFF = 1 << 62  # no buffer is this large: the dynamic slice update everywhere
 
@@ -55,12 +56,12 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             for label, size in policies:
                 static_cache.SCATTER_FROM_BYTES = size
-                model.__dict__.pop("_mlxbun_compiled_steps", None)  # trace again with this write
+                forget_compiled_steps(model)  # trace again with this write
                 for row in run_kv_memory(model, (args.context,), args.schemes.split(","), 32, fast=fast):
                     print(f"| {r} | {label} | KV_HEAVY {args.context}: {row.scheme} | {row.decode_tps:.1f} "
                           f"| {row.peak_decode_bytes / 2**20:.0f} |", flush=True)
                 if mut is not None:
-                    mut.engines["mlxbun"].module.__dict__.pop("_mlxbun_compiled_steps", None)
+                    forget_compiled_steps(mut.engines["mlxbun"].module)
                     step = _steps(mut, 512, room=200)["mlxbun fast (compiled)"]
                     us = split(step)["pipelined_us"]
                     print(f"| {r} | {label} | {args.spec} ctx 512: fast step | {us:.0f} | |", flush=True)

@@ -22,9 +22,10 @@ import mlx.core as mx
 from mlxbun.cache.cache_list import CacheList
 from mlxbun.fast.static_cache import CacheAdapter, CompileGap, adapter_for
 
-__all__ = ["CompileGap", "CompiledDecoder", "capacity_for"]
+__all__ = ["CompileGap", "CompiledDecoder", "capacity_for", "forget_compiled_steps"]
 
 CAPACITY_STEP = 256
+_STEPS = "_mlxbun_compiled_steps"  # where a model keeps its compiled steps (`_compiled_step`)
 
 
 def capacity_for(tokens: int) -> int:
@@ -46,10 +47,16 @@ def _offset(cache: list) -> int:
     return offsets.pop() if offsets else 0  # recurrent layers only: the position is never read
 
 
+def forget_compiled_steps(model) -> None:
+    """Drop the model's compiled steps, so the next decoder traces again (after a change the traces
+    hold: which kernel or write op the static caches choose; benchmarks compare them in one process)."""
+    model.__dict__.pop(_STEPS, None)
+
+
 def _compiled_step(model, layout: tuple[CacheAdapter, ...], kernels):
     """The model's compiled step for one cache layout (and kernel switch), made once per model and
     layout: `mx.compile` keys its traces on the function object, so every decoder shares them."""
-    steps = model.__dict__.setdefault("_mlxbun_compiled_steps", {})
+    steps = model.__dict__.setdefault(_STEPS, {})
     key = (layout, None if kernels is None else id(kernels))
     if key not in steps:
         def step(ids, position, *flat):

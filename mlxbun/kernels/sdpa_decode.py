@@ -63,6 +63,9 @@ NWARPS = 4  # warps per partial block
 SHARED_LIMIT = 40 * 1024  # static shared memory per block (the hardware's static limit is 48 KiB)
 
 _kernels: dict[str, object] = {}
+# TurboQuant K/V as the kernels take them (CUDA and Metal alike): norms, packed indices, codebook
+_TURBOQUANT_KV = tuple((f"{t}_{part}", {"norms": mx.float16, "codes": mx.uint32, "book": mx.float32}[part])
+                       for t in ("k", "v") for part in ("norms", "codes", "book"))
 
 
 def shared_bytes(chunk: int, group: int, head_dim: int, warps: Optional[int] = None, book_floats: int = 0) -> int:
@@ -212,8 +215,7 @@ def plan(queries_shape: Sequence[int], dtype, kv_heads: int, capacity: int, scal
                 ("CAP", capacity), ("CHUNK", chunk), ("NWARPS", NWARPS), ("QBITS", bits), ("GS", group_size),
                 ("QF32", dtype == mx.float32), ("SCALE_BITS", float_bits(scale)))
     if turboquant:
-        kv = tuple((f"{t}_{part}", {"norms": mx.float16, "codes": mx.uint32, "book": mx.float32}[part])
-                   for t in ("k", "v") for part in ("norms", "codes", "book"))
+        kv = _TURBOQUANT_KV
         template += (("KBITS", turboquant[0]), ("VBITS", turboquant[1]))
         name, source = "mlxbun_sdpa_decode_tq", PARTIAL_TURBOQUANT
     elif bits:
@@ -241,13 +243,11 @@ def _metal_turboquant_plan(queries_shape, kv_heads: int, capacity: int, scale: f
     B, H, _, D = queries_shape
     G = H // kv_heads
     chunk, splits = decode_split(capacity, B * kv_heads, G, D, sum(1 << b for b in turboquant), METAL_SHARED_LIMIT)
-    kv = tuple((f"{t}_{part}", {"norms": mx.float16, "codes": mx.uint32, "book": mx.float32}[part])
-               for t in ("k", "v") for part in ("norms", "codes", "book"))
     template = (("D", D), ("G", G), ("KV", kv_heads), ("H", H), ("CAP", capacity), ("CHUNK", chunk),
                 ("NWARPS", NWARPS), ("SPLITS", splits), ("KBITS", turboquant[0]), ("VBITS", turboquant[1]),
                 ("SCALE_BITS", float_bits(scale)))
     partial = KernelCall("mlxbun_sdpa_decode_tq_metal", METAL_PARTIAL_TURBOQUANT,
-                         (("q", mx.float32), *kv, ("length", mx.int32)),
+                         (("q", mx.float32), *_TURBOQUANT_KV, ("length", mx.int32)),
                          (("o_part", mx.float32, (B * H, splits, D)), ("ml", mx.float32, (B * H, splits, 2))),
                          template, (splits * 32 * NWARPS, B * kv_heads, 1), (32 * NWARPS, 1, 1), "metal")
     combine = KernelCall("mlxbun_sdpa_decode_combine_metal", METAL_COMBINE,
