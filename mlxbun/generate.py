@@ -39,7 +39,8 @@ from typing import Callable, Generator, Iterable, List, Optional, Sequence, Unio
 import mlx.core as mx
 
 from mlxbun.errors import GenerationError
-from mlxbun.fast import CompiledDecoder, CompileGap, FastPath, enable_fast
+from mlxbun.fast import CompileGap, FastPath, enable_fast
+from mlxbun.fast.decoders import fast_decoder
 from mlxbun.generation_caches import (
     attention_routing,
     check_kv_options,
@@ -330,11 +331,7 @@ def _compiled_decoder(fast: FastPath, model, cache: list, converting: bool, max_
         fast.note("compiled decode off: KV quantization converts the caches while decoding")
         return None
     room = (max_tokens if max_tokens >= 0 else UNBOUNDED_ROOM) + 2
-    try:
-        return CompiledDecoder(model, cache, room, kernels=fast.switch)
-    except CompileGap as e:
-        fast.note(f"compiled decode off: {e}")
-        return None
+    return fast_decoder(fast, cache, room)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,8 @@ from typing import Callable, Sequence
 
 import mlx.core as mx
 
-from mlxbun.fast.decode import CompiledDecoder, CompileGap
+from mlxbun.fast.decode import CompiledDecoder
+from mlxbun.fast.decoders import fast_decoder
 from mlxbun.fast.path import FastPath
 from mlxbun.parity.metrics import KLDStats, compare_logits
 
@@ -30,14 +31,10 @@ __all__ = ["VerifyFidelity", "decode_fidelity", "fast_decode_step", "verify_fide
 
 def fast_decode_step(fast: FastPath, cache: list, room: int) -> Callable[[mx.array], mx.array]:
     """ids [B, 1] -> logits [B, V] on the fast path over `cache` (already holding a prefix):
-    the compiled step where it applies (else eager, the reason noted), kernels on. The compiled
+    the fused step, else the compiled step where it applies (else eager, the reason noted), kernels on. The compiled
     step holds the tokens while it decodes: `step.write_back()` hands them back to `cache`."""
-    model, decoder = fast.model, None
-    if fast.compile_decode:
-        try:
-            decoder = CompiledDecoder(model, cache, room, kernels=fast.switch)
-        except CompileGap as e:
-            fast.note(f"compiled decode off: {e}")
+    model = fast.model
+    decoder = fast_decoder(fast, cache, room) if fast.compile_decode else None
 
     def step(ids: mx.array) -> mx.array:
         with fast.on():

@@ -35,6 +35,8 @@ class FastPath:
     switch: FastSwitch
     quantized_linears: int  # layers that may run the GEMV kernel
     compile_decode: bool = True
+    fused: bool = True  # decode through the fused kernels where they apply (`fast.decoders`)
+    fused_ops: Optional[object] = None  # their executor (None: the CUDA kernels; tests: the MLX reference)
     notes: list[str] = field(default_factory=list)  # what did not apply, in the order seen
     _said: set = field(default_factory=set)
 
@@ -73,6 +75,8 @@ class FastPath:
         if self.compile_decode:
             decode = "compiled decode step" + (" (decode attention kernel where it applies)"
                                                if cuda_available() else "")
+            if self.fused:
+                decode = f"fused decode kernels where they apply, else the {decode}"
         return f"fast path ({FAST_FIDELITY}, measured not bit-exact): {kernels}; {decode}"
 
 

@@ -1,0 +1,319 @@
+"""The fused decode kernels' launchers (`fused_decode_source`), their MLX-op references, and gaps.
+
+A dense layer's one-token step runs as `qkv_rope` (norm + q/k/v GEMVs + q/k norm + RoPE + the new
+K/V rows), decode attention (`sdpa_decode`, two launches), `gemv` (output projection + residual),
+`gemv_swiglu` (norm + gate/up GEMVs + silu * up) and `gemv` (down projection + residual); the step
+ends with `gemv` (final norm + head). Two executors run that plan with one interface:
+
+- `CudaFusedOps`: the CUDA kernels through `mx.fast.cuda_kernel` (CUDA only);
+- `ReferenceFusedOps`: the same math as MLX ops (float32 sums, the same roundings to T): what
+  `benchmarks/gpu_check.py` holds each kernel to on the device, and what runs the fused decoder's
+  plumbing (weights, RoPE frequencies, norms, buffers) on the CPU in the tests.
+
+The new K/V rows reach the static buffer [2, HKV, CAP, D] (keys, then values) in one of two ways:
+`INPLACE` (the default where the kernel runs): `qkv_rope` writes them into the buffer it is given
+through a const_cast, and no other op is encoded. That is safe only for a buffer nothing else can
+see: the fused decoder makes its buffers itself (copies of the prefix, never the exact cache's
+arrays), hands them only to its compiled step, and takes every later read (attention, write-back)
+from the same array after the write (attention reads the queries `qkv_rope` returns, so it is
+ordered after it). `scatter`: `qkv_rope` returns the rows and one `put_along_axis` writes them
+(one more kernel per layer); `KV_WRITE` chooses, for measuring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import mlx.core as mx
+import numpy as np
+
+from mlxbun.kernels.common import HALF, Gap, cuda_available, float_bits
+from mlxbun.kernels.fused_decode_source import GEMV, GEMV_SWIGLU, HEADER, QKV_ROPE
+from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
+
+__all__ = ["FUSED_BITS", "FUSED_GROUPS", "HEAD_DIMS", "KV_WRITE", "NW", "CudaFusedOps", "ReferenceFusedOps",
+           "Weights", "kernel_signature", "rope_inv_freq", "weights_gap"]
+
+FUSED_BITS = (16, 4, 8)  # 16: bfloat16 / float16 weights; 4, 8: affine codes
+FUSED_GROUPS = (32, 64, 128)
+HEAD_DIMS = (32, 64, 128, 256)  # qkv_rope: one thread per coordinate of a head (NW * 32 >= D)
+NW = 8  # warps per block
+KV_WRITE = "inplace"  # or "scatter" (see the module docstring)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """One projection as the kernels read it: 16-bit `w` [N, K] (`bits` 16; scales and biases are
+    `w` again, never read), or affine codes `w` [N, K * bits / 32] uint32 with per-group scales and
+    biases [N, K / group_size]."""
+
+    w: mx.array
+    scales: mx.array
+    biases: mx.array
+    bits: int = 16
+    group_size: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.w.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.w.shape[1] if self.bits == 16 else self.w.shape[1] * 32 // self.bits
+
+    @property
+    def dtype(self):
+        return self.scales.dtype
+
+    @classmethod
+    def dense(cls, w: mx.array) -> "Weights":
+        return cls(w, w, w)
+
+    def dequantized(self) -> mx.array:
+        """The weight as float32 [N, K] (the references' operand)."""
+        if self.bits == 16:
+            return self.w.astype(mx.float32)
+        return mx.dequantize(self.w, self.scales.astype(mx.float32), self.biases.astype(mx.float32),
+                             group_size=self.group_size, bits=self.bits)
+
+
+def weights_gap(name: str, weights: list[Weights], width: int, dtype) -> Optional[Gap]:
+    """Why the kernels cannot read these projections (one kernel's operands: one format) of input
+    `width` with activations of `dtype`."""
+    first = weights[0]
+    for w in weights:
+        if (w.bits, w.group_size) != (first.bits, first.group_size):
+            return Gap(f"{name}: projections of one kernel in two formats ({first.bits}-bit g{first.group_size} "
+                       f"and {w.bits}-bit g{w.group_size})")
+        if w.dtype != dtype:
+            return Gap(f"{name}: {w.dtype} weights with {dtype} activations (the kernels want one dtype)")
+        if w.width != width:
+            return Gap(f"{name}: input width {w.width}, expected {width}")
+    if first.bits not in FUSED_BITS or (first.bits != 16 and first.group_size not in FUSED_GROUPS):
+        return Gap(f"{name}: {first.bits}-bit weights in groups of {first.group_size} (the kernels do 16-bit "
+                   f"and affine {FUSED_BITS[1:]} bits in groups {FUSED_GROUPS})")
+    chunk = 8 if first.bits == 16 else 128 // first.bits
+    if width % chunk or (first.bits != 16 and width % first.group_size):
+        return Gap(f"{name}: input width {width} (the kernels read whole 16-byte chunks of one group)")
+    return None
+
+
+def rope_inv_freq(dims: int, base: Optional[float] = None, freqs: Optional[mx.array] = None) -> mx.array:
+    """The inverse frequencies [dims / 2] `mx.fast.rope` rotates by: 1 / freqs when given, else
+    2^(-(i / (dims / 2)) * log2(base)), as MLX's kernel computes them (float32)."""
+    if freqs is not None:
+        return (1.0 / freqs.astype(mx.float32)).astype(mx.float32)
+    d = np.arange(dims // 2, dtype=np.float32) / np.float32(dims // 2)
+    return mx.array(np.exp2(-d * np.float32(np.log2(base))).astype(np.float32))
+
+
+def _types(w: Weights, dtype) -> tuple:
+    return (w.w.dtype if w.bits != 16 else dtype), dtype
+
+
+def kernel_signature(kind: str, dtype, bits: int) -> tuple[list, list]:
+    """((name, dtype) inputs, (name, dtype) outputs) of kernel `kind` ("gemv", "swiglu", "qkv")."""
+    wt = mx.uint32 if bits != 16 else dtype
+    proj = lambda p: [(f"w{p}", wt), (f"s{p}", dtype), (f"b{p}", dtype)]  # noqa: E731
+    if kind == "gemv":
+        return ([("x", dtype), ("norm_w", dtype), ("w", wt), ("scales", dtype), ("biases", dtype),
+                 ("residual", dtype)], [("out", dtype)])
+    if kind == "swiglu":
+        return [("x", dtype), ("norm_w", dtype), *proj("g"), *proj("u")], [("out", dtype)]
+    if kind == "qkv":
+        return ([("x", dtype), ("norm_w", dtype), *proj("q"), *proj("k"), *proj("v"), ("bias_q", dtype),
+                 ("bias_k", dtype), ("bias_v", dtype), ("q_norm", dtype), ("k_norm", dtype),
+                 ("inv_freq", mx.float32), ("pos", mx.int32), ("kv", dtype)],
+                [("q_out", dtype), ("kv_new", dtype), ("next_pos", mx.int32)])
+    raise ValueError(f"kernel_signature: no kernel {kind!r} (gemv, swiglu, qkv)")
+
+
+_SOURCES = {"gemv": GEMV, "swiglu": GEMV_SWIGLU, "qkv": QKV_ROPE}
+_kernels: dict[tuple, object] = {}
+
+
+def _kernel(kind: str, dtype, bits: int):
+    key = (kind, dtype, bits)
+    if key not in _kernels:
+        inputs, outputs = kernel_signature(kind, dtype, bits)
+        _kernels[key] = mx.fast.cuda_kernel(
+            name=f"mlxbun_fused_{kind}_{'q' if bits != 16 else 'h'}", input_names=[n for n, _ in inputs],
+            output_names=[n for n, _ in outputs], source=_SOURCES[kind], header=HEADER,
+            ensure_row_contiguous=True)
+    return _kernels[key]
+
+
+def _common(dtype, w: Weights, K: int, N: int) -> list:
+    return [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), ("N", N), ("BITS", w.bits),
+            ("GS", w.group_size or 32), ("NW", NW)]
+
+
+def _operands(w: Weights) -> list:
+    return [w.w, w.scales, w.biases]
+
+
+class CudaFusedOps:
+    """The fused kernels on MLX's CUDA backend (`inplace`: the K/V rows written by `qkv_rope`)."""
+
+    name = "cuda"
+
+    def __init__(self, inplace: Optional[bool] = None):
+        self.inplace = (KV_WRITE == "inplace") if inplace is None else inplace
+
+    @staticmethod
+    def gemv(x, w: Weights, *, norm: Optional[tuple] = None, residual: Optional[mx.array] = None) -> mx.array:
+        """(residual +) w . (rms_norm(x, *norm) or x) -> [N]; `norm`: (weight, eps)."""
+        dtype, K, N = x.dtype, w.width, w.rows
+        norm_w, eps = norm if norm is not None else (x, 0.0)
+        template = _common(dtype, w, K, N) + [("NORM", norm is not None), ("RESIDUAL", residual is not None),
+                                              ("EPS_BITS", float_bits(eps))]
+        return _kernel("gemv", dtype, w.bits)(
+            inputs=[x, norm_w, *_operands(w), x if residual is None else residual], template=template,
+            grid=(-(-N // NW) * NW * 32, 1, 1), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)],
+            output_dtypes=[dtype])[0]
+
+    @staticmethod
+    def gemv_swiglu(x, norm: tuple, gate: Weights, up: Weights) -> mx.array:
+        dtype, K, N = x.dtype, gate.width, gate.rows
+        template = _common(dtype, gate, K, N) + [("EPS_BITS", float_bits(norm[1]))]
+        return _kernel("swiglu", dtype, gate.bits)(
+            inputs=[x, norm[0], *_operands(gate), *_operands(up)], template=template,
+            grid=(-(-N // NW) * NW * 32, 1, 1), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)],
+            output_dtypes=[dtype])[0]
+
+    def qkv_rope(self, x, norm: tuple, proj: tuple, attn) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+        """(queries [HQ * D], the buffer holding the new rows, next_pos [1], kv_new [2 * HKV * D]).
+        `proj`: the q, k, v Weights; `attn`: the layer's `FusedAttention` facts and arrays."""
+        q, k, v = proj
+        dtype, K = x.dtype, q.width
+        a = attn
+        buffer, pos = a.buffer, a.pos
+        template = _common(dtype, q, K, 0) + [
+            ("EPS_BITS", float_bits(norm[1])), ("HQ", a.hq), ("HKV", a.hkv), ("D", a.head_dim),
+            ("QK_NORM", a.q_norm is not None), ("QK_EPS_BITS", float_bits(a.qk_eps)), ("BIAS", a.bias is not None),
+            ("ROPE_TRAD", a.traditional), ("ROPE_SCALE_BITS", float_bits(a.rope_scale)),
+            ("CAP", buffer.shape[2]), ("INPLACE", self.inplace)]
+        bias = a.bias or (x, x, x)
+        qn, kn = (a.q_norm, a.k_norm) if a.q_norm is not None else (x, x)
+        q_out, kv_new, next_pos = _kernel("qkv", dtype, q.bits)(
+            inputs=[x, norm[0], *_operands(q), *_operands(k), *_operands(v), *bias, qn, kn, a.inv_freq, pos, buffer],
+            template=template, grid=((a.hq + 2 * a.hkv) * NW * 32, 1, 1), threadgroup=(NW * 32, 1, 1),
+            output_shapes=[(a.hq * a.head_dim,), (2 * a.hkv * a.head_dim,), (1,)],
+            output_dtypes=[dtype, dtype, mx.int32])
+        if not self.inplace:
+            buffer = _write(buffer, kv_new, pos, a)
+        return q_out, buffer, next_pos, kv_new
+
+    @staticmethod
+    def attention(q, buffer, length, attn) -> mx.array:
+        """softmax(q k / sqrt) v over the buffer's first `length` positions -> [HQ * D]."""
+        queries = q.reshape(1, attn.hq, 1, attn.head_dim)
+        return decode_attention(queries, buffer[0:1], buffer[1:2], length, attn.scale).reshape(-1)
+
+    @staticmethod
+    def attention_gap(attn, dtype) -> Optional[Gap]:
+        queries = mx.zeros((1, attn.hq, 1, attn.head_dim), dtype)
+        return decode_gap(queries, (1, attn.hkv, attn.capacity, attn.head_dim), dtype,
+                          values_shape=(1, attn.hkv, attn.capacity, attn.head_dim))
+
+
+def _write(buffer: mx.array, kv_new: mx.array, pos: mx.array, attn) -> mx.array:
+    """The buffer [2, HKV, CAP, D] with the rows kv_new [2 * HKV * D] at position `pos` (one scatter)."""
+    rows = kv_new.reshape(2, attn.hkv, 1, attn.head_dim)
+    index = mx.broadcast_to(pos.reshape(1, 1, 1, 1), rows.shape)
+    return mx.put_along_axis(buffer, index, rows, axis=2)
+
+
+def _r(x: mx.array, dtype) -> mx.array:
+    """Round float32 `x` to `dtype` and back (where the kernels round)."""
+    return x.astype(dtype).astype(mx.float32)
+
+
+def _rms(x: mx.array, w: mx.array, eps: float, dtype) -> mx.array:
+    x = x.astype(mx.float32)
+    inv = mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps)
+    return _r(_r(x * inv, dtype) * w.astype(mx.float32), dtype)
+
+
+def _matvec(x32: mx.array, w: Weights) -> mx.array:
+    return (w.dequantized() @ x32.reshape(-1, 1)).reshape(-1)
+
+
+class ReferenceFusedOps:
+    """The fused kernels' math as MLX ops (any backend): float32 sums, the kernels' roundings."""
+
+    name = "reference"
+    inplace = False
+
+    @staticmethod
+    def gemv(x, w: Weights, *, norm: Optional[tuple] = None, residual: Optional[mx.array] = None) -> mx.array:
+        dtype = x.dtype
+        xin = _rms(x.reshape(-1), norm[0], norm[1], dtype) if norm is not None else x.reshape(-1).astype(mx.float32)
+        y = _r(_matvec(xin, w), dtype)
+        if residual is not None:
+            y = residual.reshape(-1).astype(mx.float32) + y
+        return y.astype(dtype)
+
+    @staticmethod
+    def gemv_swiglu(x, norm: tuple, gate: Weights, up: Weights) -> mx.array:
+        dtype = x.dtype
+        xin = _rms(x.reshape(-1), norm[0], norm[1], dtype)
+        g, u = _r(_matvec(xin, gate), dtype), _r(_matvec(xin, up), dtype)
+        return (_r(g / (1.0 + mx.exp(-g)), dtype) * u).astype(dtype)
+
+    def qkv_rope(self, x, norm: tuple, proj: tuple, attn):
+        a, dtype, D = attn, x.dtype, attn.head_dim
+        xin = _rms(x.reshape(-1), norm[0], norm[1], dtype)
+        heads = []
+        for i, w in enumerate(proj):
+            y = _matvec(xin, w)
+            if a.bias is not None:
+                y = y + a.bias[i].astype(mx.float32)
+            heads.append(_r(y, dtype).reshape(-1, D))
+        q, k, v = heads
+        if a.q_norm is not None:
+            q, k = (_r(_r(t * mx.rsqrt(mx.mean(t * t, axis=-1, keepdims=True) + a.qk_eps), dtype)
+                       * n.astype(mx.float32), dtype) for t, n in ((q, a.q_norm), (k, a.k_norm)))
+        theta = a.pos.astype(mx.float32) * a.rope_scale * a.inv_freq  # [D / 2]
+        cos, sin = mx.cos(theta), mx.sin(theta)
+        q, k = (_r(_rope(t, cos, sin, a.traditional), dtype) for t in (q, k))
+        kv_new = mx.concatenate([k.reshape(-1), v.reshape(-1)]).astype(dtype)
+        next_pos = (a.pos + 1).astype(mx.int32).reshape(1)
+        return q.reshape(-1).astype(dtype), _write(a.buffer, kv_new, a.pos, a), next_pos, kv_new
+
+    @staticmethod
+    def attention(q, buffer, length, attn) -> mx.array:
+        queries = q.reshape(1, attn.hq, 1, attn.head_dim)
+        mask = (mx.arange(buffer.shape[2]) < length.reshape(1))[None, None, None, :]
+        out = mx.fast.scaled_dot_product_attention(queries, buffer[0:1], buffer[1:2], scale=attn.scale, mask=mask)
+        return out.reshape(-1)
+
+    @staticmethod
+    def attention_gap(attn, dtype) -> Optional[Gap]:
+        return None
+
+
+def _rope(t: mx.array, cos: mx.array, sin: mx.array, traditional: bool) -> mx.array:
+    """RoPE of heads t [n, D] (float32) with cos / sin [D / 2]."""
+    if traditional:
+        even, odd = t[:, 0::2], t[:, 1::2]
+        return mx.stack([even * cos - odd * sin, odd * cos + even * sin], axis=-1).reshape(t.shape)
+    half = t.shape[-1] // 2
+    a, b = t[:, :half], t[:, half:]
+    return mx.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+
+def backend_gap() -> Optional[Gap]:
+    """Why the CUDA kernels cannot run here at all."""
+    if not cuda_available():
+        return Gap("no CUDA device (the fused kernels are CUDA only)")
+    if mx.default_device() != mx.gpu:
+        return Gap(f"default device {mx.default_device()} (the fused kernels run on the GPU)")
+    return None
+
+
+def dtype_gap(dtype) -> Optional[Gap]:
+    if dtype not in HALF:
+        return Gap(f"{dtype} activations (the fused kernels do bfloat16 and float16)")
+    return None
