@@ -1,0 +1,296 @@
+"""On the H200: the fused decode kernels (issue 28), checked against their MLX-op reference and timed.
+
+    python3 benchmarks/gpu_fused.py [--out DIR] [--sections check bench torch] [--specs ...] [--smoke]
+
+Sections:
+- `check`: each fused kernel (qkv_rope with and without q/k norm and biases, traditional RoPE;
+  gemv with norm / residual; gemv_swiglu) on a real shape's random weights, bf16 / fp16 and
+  16-bit / 4-bit / 8-bit weights: the CUDA kernel against `ReferenceFusedOps` (max |diff|, in units
+  of the reference's max |value|), twice (bit-equal run to run), and the in-place K/V write against
+  the reference's scatter (the buffers bit-equal).
+- `bench`: per model (random weights, real shapes, context 512): mlx-lm's decode step, mlxbun's
+  compiled step (fused off), the fused step with the K/V rows written in place and by a scatter;
+  each split into host build / encode / GPU-after / pipelined microseconds (gpu_profile's `split`),
+  tokens/s from the pipelined time, kernels per step counted from the step's graph
+  (`fast.kernel_count`), and the fused step's drift against the exact path (KLD, top-1).
+- `torch`: the PyTorch anchor: transformers' Llama (random weights, the same shape, bf16) with a
+  static cache under torch.compile(mode="reduce-overhead"), one-token decode steps timed.
+
+Writes `gpu_fused.md` and `gpu_fused.json` under --out (default $OUT or .). `--smoke` shrinks the
+shapes (a CPU check of the script: the reference executor stands in for the kernels there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import mlx.core as mx  # noqa: E402
+
+from gpu_profile import ROWS, _md, record, split  # noqa: E402
+from mlxbun.bench.engines import load_engines  # noqa: E402
+from mlxbun.fast import enable_fast  # noqa: E402
+from mlxbun.fast.decoders import fused_plan_of  # noqa: E402
+from mlxbun.fast.fidelity import decode_fidelity, fast_decode_step  # noqa: E402
+from mlxbun.fast.fused_decoder import FusedDecoder  # noqa: E402
+from mlxbun.fast.kernel_count import step_kernels  # noqa: E402
+from mlxbun.kernels import cuda_available  # noqa: E402
+from mlxbun.kernels.fused_decode import CudaFusedOps, ReferenceFusedOps  # noqa: E402
+
+SPECS = ["llama-3.2-1b", "llama-3.2-1b@4", "llama-3-8b@4", "llama-3-8b", "qwen3-4b@4"]
+
+
+def _ops(inplace: bool):
+    return CudaFusedOps(inplace=inplace) if cuda_available() else ReferenceFusedOps()
+
+
+def _diff(got: mx.array, ref: mx.array) -> float:
+    ref32 = ref.astype(mx.float32)
+    scale = max(mx.abs(ref32).max().item(), 1e-30)
+    return mx.abs(got.astype(mx.float32) - ref32).max().item() / scale
+
+
+def _check_layer(label: str, plan, dtype) -> list[dict]:
+    rows = []
+    layer = plan.layers[0]
+    cuda, ref = _ops(True), ReferenceFusedOps()
+    hidden = plan.hidden
+    x = (mx.random.normal((hidden,), key=mx.random.key(3))).astype(dtype)
+    res = (mx.random.normal((hidden,), key=mx.random.key(4))).astype(dtype)
+    cases = {
+        "gemv o_proj+residual": lambda ops: ops.gemv(
+            (mx.random.normal((layer.o.width,), key=mx.random.key(5))).astype(dtype), layer.o, residual=res),
+        "gemv norm+head": lambda ops: ops.gemv(x, plan.head, norm=plan.final_norm),
+        "gemv_swiglu": lambda ops: ops.gemv_swiglu(x, layer.mlp_norm, layer.gate, layer.up),
+        "gemv down+residual": lambda ops: ops.gemv(
+            (mx.random.normal((layer.down.width,), key=mx.random.key(6)) * 0.1).astype(dtype), layer.down,
+            residual=res),
+    }
+    for name, run in cases.items():
+        a, b, r = run(cuda), run(cuda), run(ref)
+        mx.eval(a, b, r)
+        rows.append(record("check", f"{label}: {name}", rel_max_diff=_diff(a, r),
+                           deterministic=bool(mx.array_equal(a, b))))
+    a = layer.attn
+    cap = 256
+    for variant, attn in (("plain", a), ("traditional rope", _replace(a, traditional=True)),
+                          ("q/k norm", _replace(a, q_norm=mx.ones((a.head_dim,), dtype) * 1.5,
+                                                k_norm=mx.ones((a.head_dim,), dtype) * 0.5, qk_eps=1e-6)),
+                          ("biases", _replace(a, bias=tuple(
+                              (mx.random.normal((w.rows,), key=mx.random.key(9 + i)) * 0.1).astype(dtype)
+                              for i, w in enumerate((layer.q, layer.k, layer.v)))))):
+        buffer = (mx.random.normal((2, a.hkv, cap, a.head_dim), key=mx.random.key(7)) * 0.3).astype(dtype)
+        mx.eval(buffer)
+        pos = mx.array([37], mx.int32)
+        ref_out = ref.qkv_rope(x, layer.attn_norm, (layer.q, layer.k, layer.v), attn.at(buffer, pos))
+        mx.eval(ref_out)
+        outs = []
+        for _ in range(2):
+            mine = buffer + 0  # a buffer of its own (the kernel writes into it)
+            mx.eval(mine)
+            got = cuda.qkv_rope(x, layer.attn_norm, (layer.q, layer.k, layer.v), attn.at(mine, pos))
+            mx.eval(got)
+            outs.append(got)
+        (q1, buf1, np1, kv1), (q2, buf2, _, kv2) = outs
+        rows.append(record("check", f"{label}: qkv_rope {variant}", rel_max_diff=_diff(q1, ref_out[0]),
+                           kv_rel_max_diff=_diff(kv1, ref_out[3]), deterministic=bool(
+                               mx.array_equal(q1, q2) and mx.array_equal(kv1, kv2)),
+                           inplace_buffer_equal_scatter=bool(mx.array_equal(
+                               buf1, _scatter(buffer, kv1, pos, attn))),
+                           next_pos=int(np1.item())))
+        q = ref_out[0]
+        length = mx.array([cap - 3], mx.int32)
+        o1, o2, orf = (cuda.attention(q, buffer, length, attn.at(buffer, pos)),
+                       cuda.attention(q, buffer, length, attn.at(buffer, pos)),
+                       ref.attention(q, buffer, length, attn.at(buffer, pos)))
+        mx.eval(o1, o2, orf)
+        if variant == "plain":
+            rows.append(record("check", f"{label}: attention", rel_max_diff=_diff(o1, orf),
+                               deterministic=bool(mx.array_equal(o1, o2))))
+    return rows
+
+
+def _replace(attn, **kw):
+    from dataclasses import replace
+    return replace(attn, **kw)
+
+
+def _scatter(buffer, kv_new, pos, attn):
+    from mlxbun.kernels.fused_decode import _write
+    return _write(buffer, kv_new, pos, attn)
+
+
+def section_check(smoke: bool) -> str:
+    out = ["## check: each fused kernel against its MLX-op reference\n"]
+    for spec, dtype in (("llama-3.2-1b", "bfloat16"), ("llama-3.2-1b@4", "bfloat16"), ("llama-3.2-1b@8", "float16"),
+                        ("qwen3-0.6b@4", "bfloat16")):
+        name, _, bits = spec.partition("@")
+        mut = load_engines(f"random:{name}", dtype=dtype, quant=int(bits) if bits else None, engines=("mlxbun",),
+                           scale_down=16 if smoke else None)
+        fast = enable_fast(mut.engines["mlxbun"].module)
+        plan = fused_plan_of(fast)
+        rows = _check_layer(f"{spec} {dtype}", plan, plan.dtype)
+        out.append(f"### {spec} {dtype}\n\n" + _md(rows, ["what", "rel_max_diff", "kv_rel_max_diff", "deterministic",
+                                                          "inplace_buffer_equal_scatter", "next_pos"]))
+        del mut, fast, plan
+        mx.clear_cache()
+    return "\n".join(out)
+
+
+SPLIT_COLS = ["what", "tok_s", "build_us", "encode_us", "gpu_after_us", "pipelined_us", "kernels", "per_layer"]
+
+
+def _count(step_outputs, layers: int) -> dict:
+    k = step_kernels(*step_outputs)
+    return {"kernels": k.total, "per_layer": round(k.total / layers, 2), "views": k.views,
+            "by_primitive": dict(k.kernels.most_common(12))}
+
+
+def section_bench(specs, context: int, smoke: bool) -> str:
+    out = [f"## bench: decode steps, context {context}\n"]
+    for spec in specs:
+        name, _, bits = spec.partition("@")
+        mut = load_engines(f"random:{name}", dtype="bfloat16", quant=int(bits) if bits else None,
+                           scale_down=16 if smoke else None)
+        prompt = mx.random.randint(16, mut.vocab_size, (1, context), key=mx.random.key(1))
+        tok = prompt[:, -1:]
+        lm, mb = mut.engines["mlx-lm"], mut.engines["mlxbun"]
+        model = mb.module
+        layers = len(model.layers)
+        fast = enable_fast(model)
+        rows = []
+
+        lm_cache = lm.make_cache()
+        lm.forward(prompt, lm_cache)
+        mx.eval([c.state for c in lm_cache])
+        rows.append(record("bench", f"{spec}: mlx-lm", **split(lambda: lm.forward(tok, lm_cache)[:, -1])))
+
+        fast.fused = False
+        cache = mb.make_cache()
+        with fast.on():
+            mb.forward(prompt, cache)
+        mx.eval([c.state for c in cache])
+        step = fast_decode_step(fast, cache, 400)
+        row = split(lambda: step(tok))
+        rows.append(record("bench", f"{spec}: mlxbun compiled step", **row))
+        del step, cache
+
+        fast.fused = True
+        plan = fused_plan_of(fast)
+        for inplace in (True, False):
+            cache = mb.make_cache()
+            mb.forward(prompt, cache)
+            mx.eval([c.state for c in cache])
+            dec = FusedDecoder(model, plan, cache, 400, _ops(inplace))
+            counted = _count(dec._step(tok, dec.position, *dec.buffers), layers)
+            rows.append(record("bench", f"{spec}: fused ({'in place' if inplace else 'scatter'})",
+                               **split(lambda: dec(tok)), **counted))
+            del dec, cache
+        for r in rows:
+            r["tok_s"] = 1e6 / r["pipelined_us"]
+        base = rows[0]["tok_s"]
+        for r in rows:
+            r["vs_mlx_lm"] = r["tok_s"] / base
+        ctx = mx.random.randint(16, mut.vocab_size, (64,), key=mx.random.key(2)).tolist()
+        toks = mx.random.randint(16, mut.vocab_size, (32,), key=mx.random.key(3)).tolist()
+        fast.fused = True
+        fast.fused_ops = None if cuda_available() else ReferenceFusedOps()
+        stats = decode_fidelity(fast, ctx, toks)
+        rows.append(record("bench", f"{spec}: fused drift vs exact", kld_mean=stats.kld_mean, kld_max=stats.kld_max,
+                           top1=stats.same_top_p, max_abs_diff=stats.max_abs_diff, notes=list(fast.notes)))
+        out.append(f"### {spec} ({mut.weights_bytes / 2**30:.2f} GiB of weights, {layers} layers)\n\n"
+                   + _md(rows[:-1], SPLIT_COLS + ["vs_mlx_lm"])
+                   + _md(rows[-1:], ["what", "kld_mean", "kld_max", "top1", "max_abs_diff"]))
+        del mut, rows, fast, model, lm, mb
+        mx.clear_cache()
+    return "\n".join(out)
+
+
+def section_torch(specs, context: int, smoke: bool) -> str:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.cache_utils import StaticCache
+
+    from mlxbun.bench.shapes import load_shape, scale_down
+
+    out = ["## torch: transformers Llama, static cache, torch.compile(mode='reduce-overhead'), bf16\n"]
+    rows = []
+    for spec in specs:
+        if "@" in spec:
+            continue
+        _, cfg = load_shape(spec)
+        if smoke:
+            cfg = scale_down(cfg, 16)
+        config = LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        with torch.device(dev):
+            model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        cache = StaticCache(config=config, max_batch_size=1, max_cache_len=context + 256, device=dev,
+                            dtype=torch.bfloat16)
+        ids = torch.randint(16, config.vocab_size, (1, context), device=dev)
+        with torch.no_grad():
+            model(ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(context, device=dev))
+            step = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+            tok = ids[:, -1:]
+            t_compile = time.perf_counter()
+            for i in range(4):
+                pos = torch.tensor([context + i], device=dev)
+                step(tok, past_key_values=cache, use_cache=True, cache_position=pos)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            t_compile = time.perf_counter() - t_compile
+            n = 64
+            t0 = time.perf_counter()
+            for i in range(n):
+                pos = torch.tensor([context + 4 + i], device=dev)
+                logits = step(tok, past_key_values=cache, use_cache=True, cache_position=pos).logits
+                tok = logits[:, -1:].argmax(-1)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            per = (time.perf_counter() - t0) / n
+        rows.append(record("torch", f"{spec}: transformers + torch.compile", tok_s=1 / per, step_us=per * 1e6,
+                           compile_s=t_compile, torch=torch.__version__))
+        del model, cache
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    out.append(_md(rows, ["what", "tok_s", "step_us", "compile_s", "torch"]))
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--sections", nargs="+", default=["check", "bench"], choices=["check", "bench", "torch"])
+    p.add_argument("--specs", nargs="+", default=SPECS)
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args(argv)
+    parts = [f"# gpu_fused ({mx.__version__}, {mx.default_device()}, cuda={cuda_available()})\n"]
+    for name in args.sections:
+        try:
+            if name == "check":
+                parts.append(section_check(args.smoke))
+            elif name == "bench":
+                parts.append(section_bench(args.specs, args.context, args.smoke))
+            else:
+                parts.append(section_torch(args.specs, args.context, args.smoke))
+        except Exception as e:  # one section's failure must not lose the others' rows
+            import traceback
+            traceback.print_exc()
+            parts.append(f"## {name}: failed: {type(e).__name__}: {e}\n")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gpu_fused.md").write_text("\n".join(parts))
+        (out / "gpu_fused.json").write_text(json.dumps(ROWS, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
