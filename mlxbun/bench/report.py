@@ -224,6 +224,12 @@ class BenchResult:
             notes.append(f"mlxbun ran the {f['path']}; drift vs the exact path over {f['positions']} decode "
                          f"steps: mean KLD {f['kld_mean']:.3g}, max KLD {f['kld_max']:.3g}, top-1 agreement "
                          f"{f['top1_agreement']:.3f}, max |diff| {f['max_abs_diff']:.3g}")
+            step = f.get("step") or {}
+            if step.get("decoder") not in (None, "eager"):
+                notes.append(f"fast decode step: {step['decoder']}, {step['kernels_per_step']} kernels per step "
+                             f"({step['kernels_per_step'] / step['layers']:.1f} per layer, counted from its graph); "
+                             f"host {step['host_us']:.0f} us, GPU after the host {step['gpu_after_host_us']:.0f} us "
+                             f"per step (median)")
             notes += [f"fast path: {n}" for n in f["notes"]]
         dev = f"{self.backend} ({self.device_name})" if self.device_name else self.backend
         load = f"; load {self.load_seconds:.1f} s" if self.load_seconds is not None else ""
@@ -275,6 +281,10 @@ class BenchResult:
                 p = {"engine": "mlxbun", "fidelity": self.fast["fidelity"], "positions": self.fast["positions"]}
                 rows += [(f"fast.{k}", self.fast[k], None, p)
                          for k in ("kld_mean", "kld_max", "top1_agreement", "max_abs_diff")]
+                step = self.fast.get("step") or {}
+                units = {"kernels_per_step": "kernels", "host_us": "us", "gpu_after_host_us": "us", "step_us": "us"}
+                rows += [(f"fast.step.{k}", step[k], unit, {**p, "decoder": step["decoder"]})
+                         for k, unit in units.items() if k in step]
             if self.load_seconds is not None:
                 rows.append(("load_s", self.load_seconds, "s", {"engine": "both"}))
             if self.device_bandwidth_gb_s is not None:

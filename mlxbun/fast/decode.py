@@ -115,6 +115,11 @@ class CompiledDecoder:
             raise CompileGap("a multi-token step over a ring or a recurrent state")
         return self._run(ids)[0]
 
+    def pending(self, ids: mx.array) -> list:
+        """The step's outputs for `ids`, built and not evaluated, the decoder not advanced (to count
+        the kernels a step launches: `fast.kernel_count`)."""
+        return list(self._step(ids, self.position, *self.state))
+
     def rewind(self, n: int) -> None:
         """Drop the last `n` tokens fed (a speculative round's rejected drafts)."""
         if n < 0 or n > self.offset - self.start:

@@ -93,6 +93,12 @@ class FusedDecoder:
         self.offset += 1
         return logits
 
+    def pending(self, ids: mx.array) -> list:
+        """The step's outputs for `ids`, built and not evaluated, the decoder not advanced (to count
+        the kernels a step launches: `fast.kernel_count`; never evaluate them: an in-place write would
+        land)."""
+        return list(self._step(ids, self.position, *self.buffers))
+
     def write_back(self) -> None:
         n = self.offset
         for c, buffer in zip(self.cache, self.buffers):
