@@ -211,7 +211,7 @@ def test_the_compiled_and_fused_steps_are_counted_from_their_graphs(zoo):
 
 def _template(kind, dtype, bits, **kw):
     t = [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", kw.get("K", 2048)), ("N", 2048), ("BITS", bits),
-         ("GS", kw.get("GS", 64)), ("NW", fd.NW), ("EPS_BITS", float_bits(1e-5))]
+         ("GS", kw.get("GS", 64)), ("NW", fd.QKV_NW if kind == "qkv" else fd.NW), ("EPS_BITS", float_bits(1e-5))]
     if kind == "gemv":
         t += [("NORM", kw.get("norm", True)), ("RESIDUAL", kw.get("residual", True))]
     if kind == "qkv":

@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from mlxbun.fast.static_cache import CompileGap
 from mlxbun.kernels.common import Gap
-from mlxbun.kernels.fused_decode import NW, Weights, dtype_gap, rope_inv_freq, weights_gap
+from mlxbun.kernels.fused_decode import QKV_NW, Weights, dtype_gap, rope_inv_freq, weights_gap
 from mlxbun.models import rope as R
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.kinds import QKV, Act, AttnKind, BlockKind, MlpKind, NormKind, QKNormAt, QKNormKind, Residual
@@ -134,8 +134,8 @@ def _layer(block: Any, spec: Any, a: Any, d: Any, where: str) -> FusedLayer:
     if attn._gate is not None:
         raise FusedGap(f"{where}: an attention output gate ({attn._gate})")
     hq, hkv, hd = attn._h, attn._kv, attn._hd
-    if hd % 2 or hd > NW * 32:
-        raise FusedGap(f"{where}: head dim {hd} (qkv_rope takes even head dims up to {NW * 32})")
+    if hd % 2 or hd > QKV_NW * 32:
+        raise FusedGap(f"{where}: head dim {hd} (qkv_rope takes even head dims up to {QKV_NW * 32})")
     inv, rope_scale, trad = _rope(attn._rope_fn, hd, where)
     q, k, v = (_weights(attn[name], f"{where}.{n.attn}.{name}") for name in (n.q, n.k, n.v))
     bias = None

@@ -32,13 +32,13 @@ from mlxbun.kernels.common import HALF, Gap, cuda_available, float_bits
 from mlxbun.kernels.fused_decode_source import GEMV, GEMV_SWIGLU, HEADER, QKV_ROPE
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
-__all__ = ["FUSED_BITS", "FUSED_GROUPS", "HEAD_DIMS", "KV_WRITE", "NW", "CudaFusedOps", "ReferenceFusedOps",
-           "Weights", "kernel_signature", "rope_inv_freq", "weights_gap"]
+__all__ = ["FUSED_BITS", "FUSED_GROUPS", "KV_WRITE", "NW", "QKV_NW", "CudaFusedOps", "ReferenceFusedOps", "Weights",
+           "backend_gap", "dtype_gap", "kernel_signature", "rope_inv_freq", "weights_gap"]
 
 FUSED_BITS = (16, 4, 8)  # 16: bfloat16 / float16 weights; 4, 8: affine codes
 FUSED_GROUPS = (32, 64, 128)
-HEAD_DIMS = (32, 64, 128, 256)  # qkv_rope: one thread per coordinate of a head (NW * 32 >= D)
-NW = 8  # warps per block
+NW = 8  # warps per block of the GEMVs (one row each)
+QKV_NW = 16  # warps per block of qkv_rope: its HQ + 2 HKV blocks each walk a head's D rows
 KV_WRITE = "inplace"  # or "scatter" (see the module docstring)
 
 
@@ -108,10 +108,6 @@ def rope_inv_freq(dims: int, base: Optional[float] = None, freqs: Optional[mx.ar
     return mx.array(np.exp2(-d * np.float32(np.log2(base))).astype(np.float32))
 
 
-def _types(w: Weights, dtype) -> tuple:
-    return (w.w.dtype if w.bits != 16 else dtype), dtype
-
-
 def kernel_signature(kind: str, dtype, bits: int) -> tuple[list, list]:
     """((name, dtype) inputs, (name, dtype) outputs) of kernel `kind` ("gemv", "swiglu", "qkv")."""
     wt = mx.uint32 if bits != 16 else dtype
@@ -144,9 +140,9 @@ def _kernel(kind: str, dtype, bits: int):
     return _kernels[key]
 
 
-def _common(dtype, w: Weights, K: int, N: int) -> list:
+def _common(dtype, w: Weights, K: int, N: int, nw: int = NW) -> list:
     return [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), ("N", N), ("BITS", w.bits),
-            ("GS", w.group_size or 32), ("NW", NW)]
+            ("GS", w.group_size or 32), ("NW", nw)]
 
 
 def _operands(w: Weights) -> list:
@@ -189,7 +185,7 @@ class CudaFusedOps:
         dtype, K = x.dtype, q.width
         a = attn
         buffer, pos = a.buffer, a.pos
-        template = _common(dtype, q, K, 0) + [
+        template = _common(dtype, q, K, 0, QKV_NW) + [
             ("EPS_BITS", float_bits(norm[1])), ("HQ", a.hq), ("HKV", a.hkv), ("D", a.head_dim),
             ("QK_NORM", a.q_norm is not None), ("QK_EPS_BITS", float_bits(a.qk_eps)), ("BIAS", a.bias is not None),
             ("ROPE_TRAD", a.traditional), ("ROPE_SCALE_BITS", float_bits(a.rope_scale)),
@@ -198,7 +194,7 @@ class CudaFusedOps:
         qn, kn = (a.q_norm, a.k_norm) if a.q_norm is not None else (x, x)
         q_out, kv_new, next_pos = _kernel("qkv", dtype, q.bits)(
             inputs=[x, norm[0], *_operands(q), *_operands(k), *_operands(v), *bias, qn, kn, a.inv_freq, pos, buffer],
-            template=template, grid=((a.hq + 2 * a.hkv) * NW * 32, 1, 1), threadgroup=(NW * 32, 1, 1),
+            template=template, grid=((a.hq + 2 * a.hkv) * QKV_NW * 32, 1, 1), threadgroup=(QKV_NW * 32, 1, 1),
             output_shapes=[(a.hq * a.head_dim,), (2 * a.hkv * a.head_dim,), (1,)],
             output_dtypes=[dtype, dtype, mx.int32])
         if not self.inplace:
