@@ -83,6 +83,61 @@ __device__ __forceinline__ float mlxbun_row_dot(const X* x, const W* w_row, cons
   return acc;
 }
 
+// This lane's shares of two weight rows' dot products with the same x (gate and up): one pass
+// over x, both rows' loads in flight together.
+template <int BITS, int K, int GS, bool BF16, typename X, typename W, typename S>
+__device__ __forceinline__ float2 mlxbun_row_dot2(const X* x, const W* w0, const S* s0, const S* b0,
+                                                  const W* w1, const S* s1, const S* b1, int lane) {
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const uint4* wv0 = reinterpret_cast<const uint4*>(w0);
+  const uint4* wv1 = reinterpret_cast<const uint4*>(w1);
+  float acc0 = 0.0f, acc1 = 0.0f;
+  if constexpr (BITS == 16) {
+#pragma unroll 4
+    for (int c = lane; c < K / 8; c += 32) {
+      float xf[8], f0[8], f1[8];
+      unpack8<BF16>(xv[c], xf);
+      unpack8<BF16>(wv0[c], f0);
+      unpack8<BF16>(wv1[c], f1);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        acc0 += f0[j] * xf[j];
+        acc1 += f1[j] * xf[j];
+      }
+    }
+  } else {
+    constexpr int VALS = 128 / BITS;
+    constexpr int PIECES = VALS / 8;
+    constexpr int WORDS_PER_PIECE = BITS / 4;
+#pragma unroll 2
+    for (int c = lane; c < K / VALS; c += 32) {
+      const int k0 = c * VALS;
+      const uint4 qa = wv0[c];
+      const uint4 qb = wv1[c];
+      const unsigned int wa[4] = {qa.x, qa.y, qa.z, qa.w};
+      const unsigned int wb[4] = {qb.x, qb.y, qb.z, qb.w};
+      float qx0 = 0.0f, qx1 = 0.0f, sx = 0.0f;
+#pragma unroll
+      for (int p = 0; p < PIECES; ++p) {
+        float xf[8];
+        unpack8<BF16>(xv[k0 / 8 + p], xf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int at = p * WORDS_PER_PIECE + (j * BITS) / 32;
+          const int shift = (j * BITS) % 32;
+          constexpr unsigned int MASK = (1u << BITS) - 1u;
+          qx0 += static_cast<float>((wa[at] >> shift) & MASK) * xf[j];
+          qx1 += static_cast<float>((wb[at] >> shift) & MASK) * xf[j];
+          sx += xf[j];
+        }
+      }
+      acc0 += static_cast<float>(s0[k0 / GS]) * qx0 + static_cast<float>(b0[k0 / GS]) * sx;
+      acc1 += static_cast<float>(s1[k0 / GS]) * qx1 + static_cast<float>(b1[k0 / GS]) * sx;
+    }
+  }
+  return make_float2(acc0, acc1);
+}
+
 __device__ __forceinline__ float mlxbun_warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -172,10 +227,10 @@ GEMV_SWIGLU = r"""
     return;
   }
   const size_t r = static_cast<size_t>(row);
-  const float g = mlxbun_warp_sum(
-      mlxbun_row_dot<BITS, K, GS, BF16>(xs, wg + r * ROW_W, sg + r * GROUPS, bg + r * GROUPS, lane));
-  const float u = mlxbun_warp_sum(
-      mlxbun_row_dot<BITS, K, GS, BF16>(xs, wu + r * ROW_W, su + r * GROUPS, bu + r * GROUPS, lane));
+  const float2 gu = mlxbun_row_dot2<BITS, K, GS, BF16>(xs, wg + r * ROW_W, sg + r * GROUPS, bg + r * GROUPS,
+                                                       wu + r * ROW_W, su + r * GROUPS, bu + r * GROUPS, lane);
+  const float g = mlxbun_warp_sum(gu.x);
+  const float u = mlxbun_warp_sum(gu.y);
   if (lane == 0) {
     const float gt = mlxbun_round<T>(g);
     const float act = mlxbun_round<T>(gt / (1.0f + expf(-gt)));
