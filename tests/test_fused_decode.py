@@ -255,6 +255,16 @@ def test_the_signature_names_every_operand_the_sources_read():
 # ------------------------------------------------------------------ what a fast run takes
 
 
+def test_the_kernels_stay_off_on_a_gpu_until_their_check_passes(monkeypatch):
+    monkeypatch.setattr(fd, "cuda_available", lambda: True)
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    assert "not yet passed their GPU check" in fd.backend_gap().reason
+    monkeypatch.setattr(fd, "FUSED_CHECKED", True)
+    assert fd.backend_gap() is None
+    monkeypatch.setattr(mx, "default_device", lambda: mx.cpu)
+    assert "default device" in fd.backend_gap().reason
+
+
 def test_a_fast_run_on_the_cpu_says_why_the_fused_step_is_off_and_decodes_compiled(zoo):
     path = zoo("llama", dtype="bfloat16", head_dim=64)
     model, tok = open_model(path), load_tokenizer(path)

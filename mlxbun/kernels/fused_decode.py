@@ -32,7 +32,7 @@ from mlxbun.kernels.common import HALF, Gap, cuda_available, float_bits
 from mlxbun.kernels.fused_decode_source import GEMV, GEMV_SWIGLU, HEADER, QKV_ROPE
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
-__all__ = ["FUSED_BITS", "FUSED_GROUPS", "KV_WRITE", "NW", "QKV_NW", "CudaFusedOps", "ReferenceFusedOps", "Weights",
+__all__ = ["FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "QKV_NW", "CudaFusedOps", "ReferenceFusedOps", "Weights",
            "backend_gap", "dtype_gap", "kernel_signature", "rope_inv_freq", "weights_gap"]
 
 FUSED_BITS = (16, 4, 8)  # 16: bfloat16 / float16 weights; 4, 8: affine codes
@@ -40,6 +40,11 @@ FUSED_GROUPS = (32, 64, 128)
 NW = 8  # warps per block of the GEMVs (one row each)
 QKV_NW = 16  # warps per block of qkv_rope: its HQ + 2 HKV blocks each walk a head's D rows
 KV_WRITE = "inplace"  # or "scatter" (see the module docstring)
+# Whether the kernels have passed `benchmarks/gpu_fused.py --sections check` on a CUDA GPU (each
+# within its bound of the MLX-op reference, bit-equal run to run, the in-place write equal to the
+# scatter). Until then a fast run takes the compiled step and says why; the check script turns it
+# on for its own run.
+FUSED_CHECKED = False
 
 
 @dataclass(frozen=True)
@@ -306,6 +311,9 @@ def backend_gap() -> Optional[Gap]:
         return Gap("no CUDA device (the fused kernels are CUDA only)")
     if mx.default_device() != mx.gpu:
         return Gap(f"default device {mx.default_device()} (the fused kernels run on the GPU)")
+    if not FUSED_CHECKED:
+        return Gap("the fused kernels have not yet passed their GPU check (benchmarks/gpu_fused.py "
+                   "--sections check)")
     return None
 
 
