@@ -45,6 +45,9 @@ def _import_gguf(args) -> int:
     print(f"{res.out}\t{res.arch} -> {res.model_type}, {res.dtype}: {res.packed} kept packed, "
           f"{res.dequantized} dequantized, {res.floats} float{quantized}; "
           f"{', '.join(res.files)}; {res.seconds:.1f} s")
+    if res.swept:
+        print(f"note: removed {len(res.swept)} staging director{'y' if len(res.swept) == 1 else 'ies'} a killed "
+              f"import left: {', '.join(str(p) for p in res.swept)}", file=sys.stderr)
     if res.dtype == "bfloat16" and res.packed:
         print(f"note: bfloat16 rounds the fp16 scales of the {res.packed} packed tensors "
               "(float16 and float32 keep them exact)", file=sys.stderr)

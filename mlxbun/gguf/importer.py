@@ -29,13 +29,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from mlxbun.atomic import replace_dir
+from mlxbun.atomic import replace_dir, unwritable
 from mlxbun.gguf.archs import arch_for, hf_name, undo_converter
 from mlxbun.gguf.blocks import Packed
 from mlxbun.gguf.reader import GGUFError, Metadata, fingerprint, open_gguf, read_metadata
 from mlxbun.gguf.tensors import DTYPES, FLOAT_TYPES, read_tensor, readable, to_mlx
 from mlxbun.gguf.tokenizer import tokenizer_files
-from mlxbun.gguf.writer import SHARD_BYTES, ShardWriter, staging, write_json
+from mlxbun.gguf.writer import SHARD_BYTES, ShardWriter, staging, sweep_staging, write_json
 
 __all__ = ["DEFAULT_DTYPE", "MARKER", "QUANTS", "ImportResult", "cache_root", "cached_import", "import_gguf"]
 
@@ -60,6 +60,7 @@ class ImportResult:
     files: list[str] = field(default_factory=list)
     tokenizer: bool = False
     seconds: float = 0.0
+    swept: list[Path] = field(default_factory=list)  # stale staging directories of killed imports removed
 
 
 @lru_cache(maxsize=1)
@@ -95,9 +96,17 @@ def _read_marker(out: Path) -> Optional[dict]:
         return None
 
 
-def _check_out(out: Path, fp: dict, force: bool) -> None:
+def _check_out_path(out: Path) -> None:
+    """`out` can be (or already is) a directory: checked before the GGUF file is read."""
+    if out.parent == out:
+        raise GGUFError(f"--out {out}: the root directory cannot be replaced by an import; name a directory")
     if out.exists() and not out.is_dir():
         raise GGUFError(f"--out {out}: exists and is not a directory")
+    if not out.is_dir() and (why := unwritable(out)):
+        raise GGUFError(f"--out {out}: cannot be created: {why}")
+
+
+def _check_out(out: Path, fp: dict, force: bool) -> None:
     if not out.is_dir() or not any(out.iterdir()) or force:
         return
     marker = _read_marker(out)  # the same file: size and header (a touched copy is the same file)
@@ -183,7 +192,8 @@ def import_gguf(path: Union[str, os.PathLike], out: Union[str, os.PathLike], *, 
     is replaced only when it is an import of the same file (its marker) or with `force`."""
     start = time.perf_counter()
     dtype, quant = _options(dtype, quant)
-    path, out = Path(path).expanduser(), Path(out).expanduser()
+    path, out = Path(path).expanduser(), Path(os.path.abspath(Path(out).expanduser()))  # `.`, `..`: named
+    _check_out_path(out)
     reader = reader if reader is not None else open_gguf(path)
     fp = fingerprint(path, reader)
     _check_out(out, fp, force)
@@ -192,6 +202,7 @@ def import_gguf(path: Union[str, os.PathLike], out: Union[str, os.PathLike], *, 
     res = ImportResult(out=out, arch=arch.gguf, model_type=cfg["model_type"], dtype=dtype, quant=quant)
     bits = int(quant) if quant.isdigit() else None
     tokenizer = tokenizer_files(meta)  # before writing: a tokenizer it cannot rebuild refuses here
+    res.swept = sweep_staging(out)  # what killed imports into `out` left behind
     with staging(out) as work:
         built = work / out.name
         built.mkdir()

@@ -18,6 +18,7 @@ identifies a file for the import cache (size, mtime and a hash of the header).
 from __future__ import annotations
 
 import hashlib
+import math
 import mmap
 import os
 import struct
@@ -168,15 +169,15 @@ def _parse(path: Path, buf) -> GGUFFile:
         if name in seen:
             raise GGUFError(f"{path}: tensor {name!r} appears twice")
         seen.add(name)
-        n_elements = int(np.prod(dims, dtype=np.int64)) if dims else 1
+        n_elements = math.prod(dims)  # Python ints: corrupt dims (2^40 x 2^40) must not wrap around int64
         block, type_size = GGML_QUANT_SIZES[ggml_type]
         if dims and dims[0] % block:
             raise GGUFError(f"{path}: tensor {name!r} rows of {dims[0]} are not whole {ggml_type.name} blocks of {block}")
         n_bytes = n_elements // block * type_size
         start = data_offset + offset
         if start + n_bytes > len(buf):
-            raise GGUFError(f"{path}: truncated GGUF file: tensor {name!r} ends at byte {start + n_bytes}, "
-                            f"the file has {len(buf)}")
+            raise GGUFError(f"{path}: truncated GGUF file: tensor {name!r} (dims {dims}) ends at byte "
+                            f"{start + n_bytes}, the file has {len(buf)}")
         np_dims = tuple(reversed(dims))
         if ggml_type.name in _PLAIN:
             data = np.frombuffer(buf, _PLAIN[ggml_type.name], n_elements, start).reshape(np_dims)
