@@ -30,7 +30,8 @@ from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.names import KVSettings, is_int
 
 __all__ = [
-    "KVCoverage", "KVHeadDimError", "KVQuantizer", "NO_KV_CONFIG", "ROTATING_KEEP", "attention_routing", "check_kv_options",
+    "KVCoverage", "KVHeadDimError", "KVQuantizer", "NO_KV_CONFIG", "ROTATING_KEEP", "attention_routing",
+    "check_kv_config_file", "check_kv_options",
     "check_plan_options", "checkpoint_kv_plan", "converts_while_decoding", "kv_layers", "kv_quantizer", "load_kv_plan",
     "load_prompt_cache_for", "make_generation_cache", "maybe_turboquant_kv_cache", "model_identity_of",
     "resolve_kv_config", "turboquant_layers",
@@ -105,6 +106,18 @@ def _base_caches(model, max_kv_size: Optional[int]) -> list:
     ]
 
 
+def check_kv_config_file(path, what: str = "kv_config") -> Path:
+    """A kv_config path that names a file (`what`: the option, in errors): a directory or a missing
+    path is refused, saying which."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise GenerationError(f"{what} {path}: is a directory; give a kv_config JSON file "
+                              f"(e.g. {path / 'kv_config.json'})")
+    if not path.is_file():
+        raise GenerationError(f"{what} {path}: no such file")
+    return path
+
+
 def load_kv_plan(kv_config, num_layers: int):
     """A `KVPlan` from a plan, a kv_config.json path or the parsed JSON, in either form
     (`mlxbun.config.KV_CONFIG_FORMS`: optiq's list of {layer_idx, bits, group_size} entries, or an
@@ -113,9 +126,7 @@ def load_kv_plan(kv_config, num_layers: int):
         return kv_config
     source = "kv_config"
     if isinstance(kv_config, (str, Path)):
-        path = Path(kv_config).expanduser()
-        if not path.is_file():
-            raise GenerationError(f"kv_config {path}: no such file")
+        path = check_kv_config_file(kv_config)
         try:
             kv_config = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -53,7 +53,7 @@ __all__ = [
     "DRAFTER_FORMS", "DrafterSpec", "ENGINES", "ENGINE_FORMS", "KV_FORMS", "KV_SCHEMES", "KVSettings",
     "MODEL_FORMS", "ModelSpec", "NamingError", "OPT_IN_VARIANTS", "VARIANT_ALIASES", "ZOO_VARIANTS",
     "parse_drafter",
-    "is_int", "parse_engine", "parse_kv", "parse_model", "turboquant_split", "whole",
+    "comma_items", "is_int", "parse_engine", "parse_kv", "parse_model", "turboquant_split", "whole",
 ]
 
 MODEL_FORMS = ("DIR | ORG/REPO (local hub cache) | zoo:ARCH[@VARIANT][,seed=N][,head_dim=N] | "
@@ -92,6 +92,20 @@ class NamingError(MlxbunError, ValueError):
 
 def _bad(what: str, text: str, why: str, forms: str) -> NamingError:
     return NamingError(f"{what} {text!r}: {why}; accepted forms: {forms}")
+
+
+def comma_items(text: str, what: str) -> list[str]:
+    """The items of a comma-separated list (`--prompt-ids 1,2,3`), each stripped; an empty one
+    (`1,,3`, a trailing comma) is refused naming its position, never dropped. `what` names the
+    list in errors (the flag)."""
+    items = [t.strip() for t in str(text).split(",")]
+    if items == [""]:
+        raise NamingError(f"{what}: nothing given (expected comma-separated items)")
+    for i, item in enumerate(items, 1):
+        if not item:
+            raise NamingError(f"{what} {text!r}: item {i} of {len(items)} is empty (a doubled, leading or "
+                              "trailing comma?)")
+    return items
 
 
 # ---------------------------------------------------------------- models
@@ -488,4 +502,20 @@ def parse_kv(name: Union[str, KVSettings]) -> KVSettings:
             bits, key_bits, value_bits = turboquant_split(bits, key_bits, value_bits, ("BITS", "keys", "values"))
         except ValueError as e:
             raise _bad("KV setting", text, str(e), KV_FORMS) from None
-    return KVSettings(head, bits, opts.get("group"), opts.get("start", 0), key_bits, value_bits)
+    if head == "uniform" and (not is_int(bits) or bits not in KV_QUANT_BITS):
+        raise _bad("KV setting", text, f"BITS {bits_text} is not a uniform (affine) width; choose one of "
+                                       f"{', '.join(map(str, KV_QUANT_BITS))}" + (
+                                           "" if is_int(bits) else " (fractional widths: turboquant:BITS)"), KV_FORMS)
+    if head == "uniform" and "group" in opts and opts["group"] not in KV_QUANT_GROUP_SIZES:
+        raise _bad("KV setting", text, f"group={opts['group']} is not a KV group size; choose one of "
+                                       f"{', '.join(map(str, KV_QUANT_GROUP_SIZES))}", KV_FORMS)
+    if head == "turboquant" and key_bits is None and value_bits is None:
+        try:
+            resolve_kv_bits(bits)
+        except MlxbunError:
+            raise _bad("KV setting", text, f"BITS {bits_text} is not a TurboQuant width (whole or half bits "
+                                           f"from 1 to {MAX_BITS}, e.g. 3 or 3.5)", KV_FORMS) from None
+    try:
+        return KVSettings(head, bits, opts.get("group"), opts.get("start", 0), key_bits, value_bits)
+    except GenerationError as e:  # the settings' own check, in the options' names: quote the setting
+        raise _bad("KV setting", text, str(e), KV_FORMS) from None

@@ -311,7 +311,7 @@ def test_corrupt_files_refuse_naming_the_file(tmp_path):
         load_prompt_cache(stub)
     garbage = tmp_path / "garbage.safetensors"
     garbage.write_bytes(data[:8] + b"\xff" * (len(data) - 8))
-    with pytest.raises(PromptCacheError, match="garbage.safetensors: header is not valid"):
+    with pytest.raises(PromptCacheError, match="garbage.safetensors: prompt cache unreadable.*header is not valid"):
         load_prompt_cache(garbage)
     with pytest.raises(PromptCacheError, match="missing.safetensors: no such"):
         load_prompt_cache(tmp_path / "missing.safetensors")

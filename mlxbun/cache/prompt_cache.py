@@ -254,8 +254,9 @@ def load_prompt_cache(
         raise PromptCacheError(f"{file}: no such prompt-cache file")
     try:
         header, meta = read_safetensors_header(file)
-    except WeightsError as e:
-        raise PromptCacheError(f"prompt cache unreadable (truncated or corrupt?): {e}") from None
+    except WeightsError as e:  # its message names the file first, as every error here does
+        why = str(e).removeprefix(f"{file}: ")
+        raise PromptCacheError(f"{file}: prompt cache unreadable (truncated or corrupt?): {why}") from None
     if meta.get("mlxbun.format") != FORMAT:
         raise PromptCacheError(f"{file}: not an mlxbun prompt cache (no '{FORMAT}' format tag; "
                                "mlx-lm prompt caches are not read)")

@@ -21,7 +21,8 @@ from mlxbun.commands.speculative_flags import (
 )
 from mlxbun.errors import MlxbunError
 from mlxbun.fast import FAST_FIDELITY, enable_fast
-from mlxbun.names import KV_FORMS, MODEL_FORMS, KVSettings, parse_engine, parse_kv, parse_model, whole
+from mlxbun.names import (KV_FORMS, MODEL_FORMS, KVSettings, comma_items, parse_engine, parse_kv, parse_model,
+                          whole)
 
 
 def register(sub) -> None:
@@ -86,12 +87,13 @@ def register(sub) -> None:
 
 
 def _parse_ids(text: str) -> list[int]:
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError:
-        raise MlxbunError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
-    if not ids:
-        raise MlxbunError("--prompt-ids: no ids given")
+    ids = []
+    for i, t in enumerate(comma_items(text, "--prompt-ids"), 1):
+        try:
+            ids.append(int(t))
+        except ValueError:
+            raise MlxbunError(f"--prompt-ids {text!r}: item {i} ({t!r}) is not an integer; expected "
+                              "comma-separated integers") from None
     return ids
 
 
@@ -145,11 +147,18 @@ def run(args) -> int:
 def _run(args, group) -> int:
     from mlxbun.cache.prompt_cache import check_save_path
     from mlxbun.generate import check_token_ids, stream_generate, vocab_size_of
-    from mlxbun.generation_caches import KVHeadDimError, kv_layers, make_generation_cache, model_identity_of
+    from mlxbun.generation_caches import (NO_KV_CONFIG, KVHeadDimError, check_kv_config_file, kv_layers,
+                                          make_generation_cache, model_identity_of)
     from mlxbun.locate import locate, open_runtime
     from mlxbun.tokenizer import load_tokenizer
 
     _apply_kv_setting(args)
+    if args.prompt_ids is not None:
+        _parse_ids(args.prompt_ids)  # before the model loads (build_prompt parses them again)
+    if args.kv_config not in (None, NO_KV_CONFIG):
+        check_kv_config_file(args.kv_config, "--kv-config")
+    if args.prompt_cache is not None:
+        _prompt_cache_file(args.prompt_cache)
     if args.prompt_cache is not None and args.max_kv_size is not None:
         raise MlxbunError("--prompt-cache brings its own caches; --max-kv-size cannot change them")
     if args.save_prompt_cache is not None:  # where the cache goes, before any work
@@ -218,7 +227,7 @@ def _run(args, group) -> int:
                 sys.stdout.write(last.text)
                 sys.stdout.flush()
     except KVHeadDimError as e:
-        raise MlxbunError(f"{e}{_zoo_hint(args.model, e.group_size)}") from None
+        raise MlxbunError(f"{e}{zoo_hint(args.model, e.group_size)}") from None
     spec_info = finish_spec_from_args(args, last, model, tokenizer, prompt, model_path=path) if spec else None
     if args.save_prompt_cache is not None:
         # Every yielded token (EOS included) has been fed to the cache: it holds prior + prompt + tokens.
@@ -283,9 +292,10 @@ def _kv_plan(args, model, kv: dict):
     return plan, plan is not None and given is None
 
 
-def _zoo_hint(model: str, group_size: int) -> str:
+def zoo_hint(model: str, group_size: int, flag: str = "--model ") -> str:
     """For a zoo model whose heads the zoo can widen, the wide form of its name whose head dim the
-    group size divides (none where the build would refuse it: MLA heads, no head_dim setting)."""
+    group size divides (none where the build would refuse it: MLA heads, no head_dim setting);
+    `flag`: what precedes the name in the advice (kv-plan takes it as its argument)."""
     from mlxbun.zoo import ZooArgumentError, check_head_dim
 
     spec = parse_model(model)
@@ -297,7 +307,7 @@ def _zoo_hint(model: str, group_size: int) -> str:
         return f"; {e}"
     except MlxbunError:  # an arch outside the dense table (its own builder): no hint
         return ""
-    return f"; the zoo builds wider heads on request: --model {replace(spec, head_dim=group_size)}"
+    return f"; the zoo builds wider heads on request: {flag}{replace(spec, head_dim=group_size)}"
 
 
 _KV_FLAGS = {"kv_bits": None, "kv_group_size": 64, "kv_scheme": "uniform", "quantized_kv_start": 0,
@@ -345,13 +355,21 @@ def _run_diffusion(args, model, tokenizer, prompt) -> int:
     return 0
 
 
+def _prompt_cache_file(file: str) -> Path:
+    p = Path(file).expanduser()
+    if p.is_dir():
+        raise MlxbunError(f"--prompt-cache {file}: is a directory; give a prompt-cache file (--save-prompt-cache "
+                          "writes one)")
+    if not p.is_file():
+        raise MlxbunError(f"--prompt-cache {file}: no such file")
+    return p
+
+
 def _load_cache(file: str, model, kv: dict) -> tuple[list, list[int]]:
     from mlxbun.cache.prompt_cache import cached_tokens
     from mlxbun.generation_caches import load_prompt_cache_for
 
-    p = Path(file).expanduser()
-    if not p.is_file():
-        raise MlxbunError(f"--prompt-cache {file}: no such file")
+    p = _prompt_cache_file(file)
     cache, metadata = load_prompt_cache_for(model, p)
     bits = getattr(cache[0], "bits", None) if cache else None
     if bits is not None:  # mlx-lm's check: the options must describe the cache as saved
