@@ -49,7 +49,7 @@ def test_bad_arguments_exit_2(argv, message, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--bits", "7"], "bits"),
-    (["--group-size", "128"], "group_size 128"),
+    (["--group-size", "128"], "group size 128"),
     (["--prompt-file", "/nonexistent/text.txt"], "--prompt-file"),
     (["--prefill", "1"], "--prefill"),
 ])

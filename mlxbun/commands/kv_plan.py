@@ -14,13 +14,16 @@ from pathlib import Path
 def _bits(text: str) -> list[int]:
     import argparse
 
+    from mlxbun.names import NamingError, comma_items
+
     try:
-        out = [int(b) for b in text.split(",") if b.strip()]
+        items = comma_items(text, "bit widths")
+    except NamingError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    try:
+        return [int(b) for b in items]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not out:
-        raise argparse.ArgumentTypeError("no bit widths given")
-    return out
 
 
 def _budget(text: str) -> float:
@@ -61,8 +64,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from mlxbun.atomic import unwritable
+    from mlxbun.commands.generate import zoo_hint
     from mlxbun.errors import MlxbunError
     from mlxbun.experiments.common import model_path, optional_tokenizer
+    from mlxbun.generation_caches import KVHeadDimError
     from mlxbun.locate import open_runtime
     from mlxbun.parity import kv_plan as kp
     from mlxbun.parity.forced import eval_ids
@@ -70,6 +76,13 @@ def run(args) -> int:
     if args.prefill < 2 or args.eval_tokens < 1:
         raise MlxbunError(f"--prefill must be >= 2 and --eval-tokens >= 1, got {args.prefill} and {args.eval_tokens}")
     bits = kp.check_bits(args.bits, args.group_size)
+    out = None
+    if args.out:  # where the plan goes, before the measurement
+        out = Path(args.out).expanduser()
+        if out.is_dir():
+            raise MlxbunError(f"--out {out}: is a directory; give a file path (e.g. {out / 'kv_config.json'})")
+        if why := unwritable(out, parents=False):
+            raise MlxbunError(f"--out {out}: cannot be written: {why}")
     text = None
     if args.prompt_file:
         file = Path(args.prompt_file).expanduser()
@@ -84,6 +97,10 @@ def run(args) -> int:
                        prefill=args.prefill)
     if not probe.candidates:
         raise MlxbunError(f"{args.model}: no full-attention KV layer for a plan to quantize")
+    try:
+        probe.check_group_size(args.group_size)
+    except KVHeadDimError as e:
+        raise MlxbunError(f"{e}{zoo_hint(args.model, e.group_size, flag='')}") from None
     table = kp.sensitivity(probe, bits, args.group_size)
     found = kp.search_plan(probe, table, args.budget)
     m = found.measured
@@ -100,8 +117,7 @@ def run(args) -> int:
           f"measured: mean KLD {m.kld_mean:.4g} nats (budget {args.budget:.4g}, predicted {found.predicted_kld:.4g}), "
           f"top-1 agreement {m.top1_agreement:.4f}, KV {m.bytes_per_token:.0f} bytes/token = "
           f"{m.kv_bytes / probe.plain_bytes:.3f} x plain", file=summary)
-    if args.out:
-        out = Path(args.out).expanduser()
+    if out is not None:
         out.write_text(config + "\n", encoding="utf-8")
         print(f"wrote {out} (mlxbun generate --kv-config {out})", file=summary)
     else:

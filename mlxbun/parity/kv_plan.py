@@ -34,10 +34,10 @@ import mlx.core as mx
 
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.cache.mixed import KVPlan
-from mlxbun.cache.quantized import check_kv_quant
+from mlxbun.cache.quantized import KV_QUANT_GROUP_SIZES, check_kv_quant
 from mlxbun.errors import MlxbunError
 from mlxbun.generate import check_token_ids, vocab_size_of
-from mlxbun.generation_caches import make_generation_cache
+from mlxbun.generation_caches import KVHeadDimError, make_generation_cache
 from mlxbun.models.mlxlm import ensure_runtime
 from mlxbun.parity.forced import cache_nbytes
 from mlxbun.parity.metrics import compare_logits
@@ -104,6 +104,21 @@ class KVProbe:
         mx.eval(logits)
         return logits, cache_nbytes(caches)[0]
 
+    def check_group_size(self, group_size: int) -> None:
+        """Refuse (`KVHeadDimError`) a group size that does not divide a candidate layer's head dim,
+        saying which sizes would (or that none can: a plan is affine KV, groups of 32, 64, 128)."""
+        for i in self.candidates:
+            c = self._prefilled[i]
+            for dim in dict.fromkeys((c.keys.shape[-1], c.values.shape[-1])):
+                if dim % group_size:
+                    fits = [g for g in KV_QUANT_GROUP_SIZES if dim % g == 0]
+                    advice = (f"use a group size that divides it: {' or '.join(map(str, fits))} (--group-size)"
+                              if fits else f"it is {'below' if dim < min(KV_QUANT_GROUP_SIZES) else 'not a multiple of'}"
+                              f" every KV group size ({', '.join(map(str, KV_QUANT_GROUP_SIZES))}), so no "
+                              "affine KV plan can run on this model")
+                    raise KVHeadDimError(f"group size {group_size} does not divide layer {i}'s head dim {dim}; "
+                                         f"{advice}", dim, group_size)
+
     def plan(self, layers: dict) -> KVPlan:
         return KVPlan(layers, self.num_layers, "kv plan")
 
@@ -137,12 +152,7 @@ def sensitivity(probe: KVProbe, bits: Sequence[int] = DEFAULT_BITS, group_size: 
     import pandas as pd
 
     bits = check_bits(bits, group_size)
-    for i in probe.candidates:
-        c = probe._prefilled[i]
-        for dim in dict.fromkeys((c.keys.shape[-1], c.values.shape[-1])):
-            if dim % group_size:
-                raise MlxbunError(f"group_size {group_size} does not divide layer {i}'s head dim {dim}; "
-                                  "use a group size that does (32, 64, 128)")
+    probe.check_group_size(group_size)
     rows, total = [], len(probe.candidates) * len(bits)
     for layer in probe.candidates:
         for b in bits:
