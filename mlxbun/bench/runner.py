@@ -208,9 +208,9 @@ def run_bench(model: str, *, dtype: Optional[str] = None, quant: Optional[int] =
         raise BenchArgumentError(f"vs {vs!r}: use 'mlx-lm' or 'none'")
     names = ENGINES if vs == "mlx-lm" else ("mlxbun",)
     if record and not hasattr(results, "new_run"):
-        from mlxbun.results import open_results
+        from mlxbun.results import check_results
 
-        open_results(results).close()  # a bad results path fails now, not after the whole run
+        check_results(results)  # a bad results path fails now, not after the whole run; created when recording
     t_load = time.perf_counter()
     if tensor_group is not None and tensor_group.size() == 1:
         tensor_group = None

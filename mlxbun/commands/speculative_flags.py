@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any, Optional
 
 from mlxbun.config_reader import json_safe
@@ -50,16 +49,15 @@ def spec_requested(args) -> bool:
 
 def check_spec_results(args) -> None:
     """Before any work: --spec-results needs --draft, and an existing file there must be an mlxbun
-    results database (`open_results(create=False)` refuses any other; a missing one is created
-    when the statistics are recorded)."""
+    results database; a missing one must be creatable, and is created when the statistics are
+    recorded (`check_results`)."""
     if args.spec_results is None:
         return
     if not spec_requested(args):
         raise MlxbunError("--spec-results records speculative decoding statistics: it needs --draft")
-    if Path(args.spec_results).expanduser().exists():
-        from mlxbun.results import open_results
+    from mlxbun.results import check_results
 
-        open_results(args.spec_results, create=False).close()
+    check_results(args.spec_results)
 
 
 def build_drafter(args):

@@ -14,6 +14,7 @@ from mlxbun.results.store import (
     ResultsError,
     ResultsStore,
     Run,
+    check_results,
     default_results_path,
     open_results,
     record,
@@ -21,5 +22,5 @@ from mlxbun.results.store import (
 
 __all__ = [
     "COLUMNS", "SCHEMA_VERSION", "ResultsError", "ResultsStore", "Run", "default_results_path", "environment",
-    "model_identity", "open_results", "record",
+    "check_results", "model_identity", "open_results", "record",
 ]

@@ -31,7 +31,7 @@ from mlxbun.errors import MlxbunError
 from mlxbun.results.identity import ENV_COLUMNS, MODEL_COLUMNS, environment, model_identity
 
 __all__ = ["COLUMNS", "SCHEMA_VERSION", "ResultsError", "ResultsStore", "Run", "default_results_path",
-           "open_results", "record"]
+           "check_results", "open_results", "record"]
 
 SCHEMA_VERSION = 1
 APP_ID = "mlxbun-results"
@@ -417,6 +417,21 @@ class Run:
     def record_failure(self, message: str, **params_extra: Any) -> int:
         """A failed measurement: metric "error", value NaN, the message in params["error"]."""
         return self.store._insert([self._row("error", math.nan, None, {**params_extra, "error": str(message)})])[0]
+
+
+def check_results(path: str | os.PathLike | None = None) -> Path:
+    """Refuse, before any work and creating nothing, a results path `open_results` would refuse:
+    an existing file is opened (it must be an mlxbun results database); a missing one must be
+    creatable (the nearest existing directory above it writable), and is created only when the
+    run records. Returns the path."""
+    from mlxbun.atomic import unwritable
+
+    p = Path(default_results_path() if path is None else path).expanduser().absolute()
+    if p.exists() or p.is_symlink():
+        open_results(p, create=False).close()
+    elif why := unwritable(p):
+        raise ResultsError(f"{p}: cannot create the results database: {why}")
+    return p
 
 
 def open_results(path: str | os.PathLike | None = None, *, create: bool = True) -> ResultsStore:
