@@ -39,7 +39,7 @@ from mlxbun.bench.engines import load_engines  # noqa: E402
 from mlxbun.fast import enable_fast  # noqa: E402
 from mlxbun.fast.decoders import fused_plan_of  # noqa: E402
 from mlxbun.fast.fidelity import decode_fidelity, fast_decode_step  # noqa: E402
-from mlxbun.fast.fused_decoder import FusedDecoder  # noqa: E402
+from mlxbun.fast.fused_decoder import FusedDecoder, forget_fused_steps  # noqa: E402
 from mlxbun.fast.kernel_count import step_kernels  # noqa: E402
 from mlxbun.kernels import cuda_available  # noqa: E402
 from mlxbun.kernels import fused_decode  # noqa: E402
@@ -167,7 +167,7 @@ def _count(step_outputs, layers: int) -> dict:
             "by_primitive": dict(k.kernels.most_common(12))}
 
 
-def section_bench(specs, context: int, smoke: bool) -> str:
+def section_bench(specs, context: int, smoke: bool, no_split: bool = True, scatter: bool = False) -> str:
     out = [f"## bench: decode steps, context {context}\n"]
     for spec in specs:
         name, _, bits = spec.partition("@")
@@ -198,15 +198,26 @@ def section_bench(specs, context: int, smoke: bool) -> str:
 
         fast.fused = True
         plan = fused_plan_of(fast)
-        for inplace in (True, False):
+        variants = [("in place", True, {})]
+        if no_split:
+            variants.append(("in place, no split-K", True, {"MAX_SPLIT": 1, "QKV_SPLIT": 1}))
+        if scatter:
+            variants.append(("scatter", False, {}))
+        for label, inplace, knobs in variants:
+            saved = {k: getattr(fused_decode, k) for k in knobs}
+            for k, v in knobs.items():
+                setattr(fused_decode, k, v)
+            forget_fused_steps(model)
             cache = mb.make_cache()
             mb.forward(prompt, cache)
             mx.eval([c.state for c in cache])
             dec = FusedDecoder(model, plan, cache, 400, _ops(inplace))
-            counted = _count(dec._step(tok, dec.position, *dec.buffers), layers)
-            rows.append(record("bench", f"{spec}: fused ({'in place' if inplace else 'scatter'})",
-                               **split(lambda: dec(tok)), **counted))
+            counted = _count(dec.pending(tok), layers)
+            rows.append(record("bench", f"{spec}: fused ({label})", **split(lambda: dec(tok)), **counted))
             del dec, cache
+            for k, v in saved.items():
+                setattr(fused_decode, k, v)
+            forget_fused_steps(model)
         for r in rows:
             r["tok_s"] = 1e6 / r["pipelined_us"]
         base = rows[0]["tok_s"]
@@ -288,6 +299,8 @@ def main(argv=None) -> int:
     p.add_argument("--specs", nargs="+", default=SPECS)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--scatter", action="store_true", help="bench: also the K/V rows written by a scatter")
+    p.add_argument("--no-split-variant", action="store_true", help="bench: also the kernels without split-K")
     args = p.parse_args(argv)
     parts = [f"# gpu_fused ({mx.__version__}, {mx.default_device()}, cuda={cuda_available()})\n"]
     fused_decode.FUSED_CHECKED = True  # this run is the check (its rows say whether it passed)
@@ -296,7 +309,7 @@ def main(argv=None) -> int:
             if name == "check":
                 parts.append(section_check(args.smoke))
             elif name == "bench":
-                parts.append(section_bench(args.specs, args.context, args.smoke))
+                parts.append(section_bench(args.specs, args.context, args.smoke, args.no_split_variant, args.scatter))
             else:
                 parts.append(section_torch(args.specs, args.context, args.smoke))
         except Exception as e:  # one section's failure must not lose the others' rows

@@ -211,7 +211,8 @@ def test_the_compiled_and_fused_steps_are_counted_from_their_graphs(zoo):
 
 def _template(kind, dtype, bits, **kw):
     t = [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", kw.get("K", 2048)), ("N", 2048), ("BITS", bits),
-         ("GS", kw.get("GS", 64)), ("NW", fd.QKV_NW if kind == "qkv" else fd.NW), ("EPS_BITS", float_bits(1e-5))]
+         ("GS", kw.get("GS", 64)), ("NW", fd.QKV_NW if kind == "qkv" else fd.NW), ("SPLIT", kw.get("split", 1)),
+         ("EPS_BITS", float_bits(1e-5))]
     if kind == "gemv":
         t += [("NORM", kw.get("norm", True)), ("RESIDUAL", kw.get("residual", True))]
     if kind == "qkv":
@@ -235,12 +236,26 @@ def test_the_fused_sources_compile_without_spills(kind, dtype, bits, group):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("variant", [dict(qk=False, bias=False, trad=True, inplace=False, D=128),
-                                     dict(norm=False, residual=False, D=256)])
+                                     dict(norm=False, residual=False, D=256), dict(split=2, D=128),
+                                     dict(split=8, K=8192)])
 def test_the_fused_sources_compile_in_their_other_variants(variant):
-    for kind in ("gemv", "qkv"):
+    for kind in ("gemv", "swiglu", "qkv"):
         inputs, outputs = kernel_signature(kind, mx.bfloat16, 4)
         assert "Used" in ptxas_report(render("k", fd.HEADER, fd._SOURCES[kind], inputs, outputs,
                                              _template(kind, mx.bfloat16, 4, **variant)))
+
+
+def test_split_k_gives_few_rows_more_warps_and_every_lane_a_chunk():
+    w = lambda n, k, bits=16: Weights(mx.zeros((n, k if bits == 16 else k * bits // 32),  # noqa: E731
+                                               mx.bfloat16 if bits == 16 else mx.uint32), mx.zeros((1,)), mx.zeros((1,)),
+                                      bits, 64)
+    assert fd.split_for(w(2048, 2048), 2048) == 2  # 256 chunks a row: 2 warps reach 4096
+    assert fd.split_for(w(512, 2048), 512) == 8
+    assert fd.split_for(w(128256, 2048), 128256) == 1  # the head has warps enough
+    assert fd.split_for(w(2048, 2048, 4), 2048) == 2  # 64 chunks a row: one each for 2 warps' lanes
+    assert fd.split_for(w(2048, 1024, 4), 2048) == 1  # 32 chunks: one warp's lanes take them all
+    assert fd.split_for(w(512, 8192, 4), 512) == 8
+    assert fd.split_for(w(64, 64), 64) == 1
 
 
 def test_the_signature_names_every_operand_the_sources_read():

@@ -22,7 +22,7 @@ from mlxbun.fast.decode import capacity_for
 from mlxbun.fast.fused_plan import FusedGap, FusedPlan
 from mlxbun.fast.static_cache import _padded
 
-__all__ = ["FusedDecoder", "fused_step"]
+__all__ = ["FusedDecoder", "forget_fused_steps", "fused_step"]
 
 _STEPS = "_mlxbun_fused_steps"
 
@@ -41,6 +41,12 @@ def fused_step(plan: FusedPlan, ops, ids: mx.array, position: mx.array, *buffers
         out.append(buffer)
     logits = ops.gemv(h, plan.head, norm=plan.final_norm)
     return (logits.reshape(1, -1), next_pos, *out)
+
+
+def forget_fused_steps(model) -> None:
+    """Drop the model's compiled fused steps, so the next decoder traces again (after a change the
+    traces hold: a launch knob of `kernels.fused_decode`; benchmarks compare them in one process)."""
+    model.__dict__.pop(_STEPS, None)
 
 
 def _compiled(model, plan: FusedPlan, ops):

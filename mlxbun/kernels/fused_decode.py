@@ -33,12 +33,19 @@ from mlxbun.kernels.fused_decode_source import GEMV, GEMV_SWIGLU, HEADER, QKV_RO
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
 __all__ = ["FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "QKV_NW", "CudaFusedOps", "ReferenceFusedOps", "Weights",
-           "backend_gap", "dtype_gap", "kernel_signature", "rope_inv_freq", "weights_gap"]
+           "backend_gap", "dtype_gap", "kernel_signature", "rope_inv_freq", "split_for", "weights_gap"]
 
 FUSED_BITS = (16, 4, 8)  # 16: bfloat16 / float16 weights; 4, 8: affine codes
 FUSED_GROUPS = (32, 64, 128)
 NW = 8  # warps per block of the GEMVs (one row each)
 QKV_NW = 16  # warps per block of qkv_rope: its HQ + 2 HKV blocks each walk a head's D rows
+# Split-K across warps: a GEMV of few rows gives each row SPLIT warps (each takes every SPLIT-th run
+# of 32 chunks; their sums added in warp order), so the GPU has enough loads in flight. The GEMVs
+# aim at TARGET_WARPS warps in all (about 32 per SM of an H100 / H200); qkv_rope's few head blocks
+# take QKV_SPLIT. Module-level knobs, swept by benchmarks/gpu_fused.py.
+TARGET_WARPS = 4096
+MAX_SPLIT = NW
+QKV_SPLIT = 2
 KV_WRITE = "inplace"  # or "scatter" (see the module docstring)
 # Whether the kernels have passed `benchmarks/gpu_fused.py --sections check` on a CUDA GPU (each
 # within its bound of the MLX-op reference, bit-equal run to run, the in-place write equal to the
@@ -108,7 +115,9 @@ def rope_inv_freq(dims: int, base: Optional[float] = None, freqs: Optional[mx.ar
     """The inverse frequencies [dims / 2] `mx.fast.rope` rotates by: 1 / freqs when given, else
     2^(-(i / (dims / 2)) * log2(base)), as MLX's kernel computes them (float32)."""
     if freqs is not None:
-        return (1.0 / freqs.astype(mx.float32)).astype(mx.float32)
+        inv = (1.0 / freqs.astype(mx.float32)).astype(mx.float32)
+        mx.eval(inv)  # a constant of the step, not a division it repeats (the H100 run counted 16 per step)
+        return inv
     d = np.arange(dims // 2, dtype=np.float32) / np.float32(dims // 2)
     return mx.array(np.exp2(-d * np.float32(np.log2(base))).astype(np.float32))
 
@@ -145,9 +154,24 @@ def _kernel(kind: str, dtype, bits: int):
     return _kernels[key]
 
 
-def _common(dtype, w: Weights, K: int, N: int, nw: int = NW) -> list:
+def split_for(w: Weights, rows: int, target: Optional[int] = None) -> int:
+    """Warps per output row: the smallest power of two up to MAX_SPLIT that gives `target`
+    (TARGET_WARPS) warps in all, while every lane still reads at least one 16-byte chunk."""
+    chunks = w.width // (8 if w.bits == 16 else 128 // w.bits)
+    split = 1
+    while split < MAX_SPLIT and rows * split < (target or TARGET_WARPS) and chunks >= 64 * split:
+        split *= 2
+    return split
+
+
+def _common(dtype, w: Weights, K: int, N: int, nw: int = NW, split: int = 1) -> list:
     return [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), ("N", N), ("BITS", w.bits),
-            ("GS", w.group_size or 32), ("NW", nw)]
+            ("GS", w.group_size or 32), ("NW", nw), ("SPLIT", split)]
+
+
+def _grid(N: int, split: int) -> tuple:
+    rows_per_block = NW // split
+    return (-(-N // rows_per_block) * NW * 32, 1, 1)
 
 
 def _operands(w: Weights) -> list:
@@ -167,21 +191,21 @@ class CudaFusedOps:
         """(residual +) w . (rms_norm(x, *norm) or x) -> [N]; `norm`: (weight, eps)."""
         dtype, K, N = x.dtype, w.width, w.rows
         norm_w, eps = norm if norm is not None else (x, 0.0)
-        template = _common(dtype, w, K, N) + [("NORM", norm is not None), ("RESIDUAL", residual is not None),
-                                              ("EPS_BITS", float_bits(eps))]
+        split = split_for(w, N)
+        template = _common(dtype, w, K, N, split=split) + [
+            ("NORM", norm is not None), ("RESIDUAL", residual is not None), ("EPS_BITS", float_bits(eps))]
         return _kernel("gemv", dtype, w.bits)(
             inputs=[x, norm_w, *_operands(w), x if residual is None else residual], template=template,
-            grid=(-(-N // NW) * NW * 32, 1, 1), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)],
-            output_dtypes=[dtype])[0]
+            grid=_grid(N, split), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)], output_dtypes=[dtype])[0]
 
     @staticmethod
     def gemv_swiglu(x, norm: tuple, gate: Weights, up: Weights) -> mx.array:
         dtype, K, N = x.dtype, gate.width, gate.rows
-        template = _common(dtype, gate, K, N) + [("EPS_BITS", float_bits(norm[1]))]
+        split = split_for(gate, 2 * N)  # two rows per warp (gate and up)
+        template = _common(dtype, gate, K, N, split=split) + [("EPS_BITS", float_bits(norm[1]))]
         return _kernel("swiglu", dtype, gate.bits)(
             inputs=[x, norm[0], *_operands(gate), *_operands(up)], template=template,
-            grid=(-(-N // NW) * NW * 32, 1, 1), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)],
-            output_dtypes=[dtype])[0]
+            grid=_grid(N, split), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)], output_dtypes=[dtype])[0]
 
     def qkv_rope(self, x, norm: tuple, proj: tuple, attn) -> tuple[mx.array, mx.array, mx.array, mx.array]:
         """(queries [HQ * D], the buffer holding the new rows, next_pos [1], kv_new [2 * HKV * D]).
@@ -190,7 +214,8 @@ class CudaFusedOps:
         dtype, K = x.dtype, q.width
         a = attn
         buffer, pos = a.buffer, a.pos
-        template = _common(dtype, q, K, 0, QKV_NW) + [
+        split = min(QKV_SPLIT, split_for(q, 1, target=QKV_SPLIT))
+        template = _common(dtype, q, K, 0, QKV_NW, split) + [
             ("EPS_BITS", float_bits(norm[1])), ("HQ", a.hq), ("HKV", a.hkv), ("D", a.head_dim),
             ("QK_NORM", a.q_norm is not None), ("QK_EPS_BITS", float_bits(a.qk_eps)), ("BIAS", a.bias is not None),
             ("ROPE_TRAD", a.traditional), ("ROPE_SCALE_BITS", float_bits(a.rope_scale)),

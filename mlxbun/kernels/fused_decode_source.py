@@ -24,7 +24,8 @@ measures its drift, it never claims bit-exactness.
 
 Template constants (written in front of the body by `mx.fast.cuda_kernel`): T, BF16, K (input
 width), N (output rows), BITS (16: 16-bit weights; 4 or 8: affine codes), GS (quantization group),
-NW (warps per block), NORM, RESIDUAL, EPS_BITS (the norm's eps as float32 bits); QKV_ROPE also
+NW (warps per block), SPLIT (warps per output row: each takes every SPLIT-th 32 chunks, their sums
+added in warp order), NORM, RESIDUAL, EPS_BITS (the norm's eps as float32 bits); QKV_ROPE also
 HQ, HKV, D, QK_NORM, QK_EPS_BITS, BIAS, ROPE_TRAD, ROPE_SCALE_BITS, CAP (buffer positions), INPLACE.
 """
 
@@ -33,18 +34,19 @@ from mlxbun.kernels.qmv_source import HEADER as HALF_HEADER
 __all__ = ["GEMV", "GEMV_SWIGLU", "HEADER", "QKV_ROPE"]
 
 HEADER = HALF_HEADER + r"""
-// This lane's share of one weight row's dot product with x (the warp adds the 32 shares).
+// This lane's share of one weight row's dot product with x: the 16-byte chunks start, start + STRIDE,
+// ... (a warp's 32 lanes start at consecutive chunks; SPLIT warps of a row interleave theirs).
 // BITS 16: `w_row` holds the row's K 16-bit values; BITS 4 / 8: its packed uint32 codes, with the
 // row's per-group scales and biases (affine: w = s * q + b).
-template <int BITS, int K, int GS, bool BF16, typename X, typename W, typename S>
+template <int BITS, int K, int GS, bool BF16, int STRIDE, typename X, typename W, typename S>
 __device__ __forceinline__ float mlxbun_row_dot(const X* x, const W* w_row, const S* s_row, const S* b_row,
-                                                int lane) {
+                                                int start) {
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   const uint4* wv = reinterpret_cast<const uint4*>(w_row);
   float acc = 0.0f;
   if constexpr (BITS == 16) {
 #pragma unroll 4
-    for (int c = lane; c < K / 8; c += 32) {
+    for (int c = start; c < K / 8; c += STRIDE) {
       float xf[8], wf[8];
       unpack8<BF16>(xv[c], xf);
       unpack8<BF16>(wv[c], wf);
@@ -58,7 +60,7 @@ __device__ __forceinline__ float mlxbun_row_dot(const X* x, const W* w_row, cons
     constexpr int PIECES = VALS / 8;           // 8-value pieces of x per chunk
     constexpr int WORDS_PER_PIECE = BITS / 4;  // code words covering 8 values
 #pragma unroll 2
-    for (int c = lane; c < K / VALS; c += 32) {
+    for (int c = start; c < K / VALS; c += STRIDE) {
       const int k0 = c * VALS;
       const float s = static_cast<float>(s_row[k0 / GS]);
       const float b = static_cast<float>(b_row[k0 / GS]);
@@ -85,16 +87,16 @@ __device__ __forceinline__ float mlxbun_row_dot(const X* x, const W* w_row, cons
 
 // This lane's shares of two weight rows' dot products with the same x (gate and up): one pass
 // over x, both rows' loads in flight together.
-template <int BITS, int K, int GS, bool BF16, typename X, typename W, typename S>
+template <int BITS, int K, int GS, bool BF16, int STRIDE, typename X, typename W, typename S>
 __device__ __forceinline__ float2 mlxbun_row_dot2(const X* x, const W* w0, const S* s0, const S* b0,
-                                                  const W* w1, const S* s1, const S* b1, int lane) {
+                                                  const W* w1, const S* s1, const S* b1, int start) {
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   const uint4* wv0 = reinterpret_cast<const uint4*>(w0);
   const uint4* wv1 = reinterpret_cast<const uint4*>(w1);
   float acc0 = 0.0f, acc1 = 0.0f;
   if constexpr (BITS == 16) {
 #pragma unroll 4
-    for (int c = lane; c < K / 8; c += 32) {
+    for (int c = start; c < K / 8; c += STRIDE) {
       float xf[8], f0[8], f1[8];
       unpack8<BF16>(xv[c], xf);
       unpack8<BF16>(wv0[c], f0);
@@ -110,7 +112,7 @@ __device__ __forceinline__ float2 mlxbun_row_dot2(const X* x, const W* w0, const
     constexpr int PIECES = VALS / 8;
     constexpr int WORDS_PER_PIECE = BITS / 4;
 #pragma unroll 2
-    for (int c = lane; c < K / VALS; c += 32) {
+    for (int c = start; c < K / VALS; c += STRIDE) {
       const int k0 = c * VALS;
       const uint4 qa = wv0[c];
       const uint4 qb = wv1[c];
@@ -144,6 +146,33 @@ __device__ __forceinline__ float mlxbun_warp_sum(float v) {
     v += __shfl_xor_sync(0xffffffffu, v, o);
   }
   return v;
+}
+
+// The SPLIT warps of each row (warps r * SPLIT .. r * SPLIT + SPLIT - 1) add their sums, in warp order,
+// into `row_sums[r]` (lane 0 of each warp brings its warp's sum `v`). Every thread must call it.
+template <int NW, int SPLIT>
+__device__ __forceinline__ void mlxbun_split_sums(float v, float* parts, float* row_sums) {
+  const int warp = threadIdx.x >> 5;
+  if (SPLIT == 1) {
+    if ((threadIdx.x & 31) == 0) {
+      row_sums[warp] = v;
+    }
+    __syncthreads();
+    return;
+  }
+  if ((threadIdx.x & 31) == 0) {
+    parts[warp] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < NW / SPLIT) {
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < SPLIT; ++i) {
+      total += parts[threadIdx.x * SPLIT + i];
+    }
+    row_sums[threadIdx.x] = total;
+  }
+  __syncthreads();
 }
 
 // The block's sum of `v`, the same bits in every thread: each warp's xor tree, then the NW warp
@@ -190,27 +219,32 @@ __device__ __forceinline__ float mlxbun_round(float v) {
 GEMV = r"""
   constexpr int ROW_W = BITS == 16 ? K : K * BITS / 32;  // weight elements per row
   constexpr int GROUPS = BITS == 16 ? 1 : K / GS;
+  constexpr int RPB = NW / SPLIT;  // rows per block: SPLIT warps per row share its chunks
   __shared__ __align__(16) T xs[NORM ? K : 8];
   __shared__ float red[32];
+  __shared__ float sums[32];
   const T* xin = x;
   if constexpr (NORM) {
     mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
     xin = xs;
   }
   const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * NW + (threadIdx.x >> 5);
-  if (row >= N) {
-    return;
+  const int warp = threadIdx.x >> 5;
+  const int row = blockIdx.x * RPB + warp / SPLIT;
+  float acc = 0.0f;
+  if (row < N) {
+    const size_t r = static_cast<size_t>(row);
+    acc = mlxbun_warp_sum(mlxbun_row_dot<BITS, K, GS, BF16, 32 * SPLIT>(
+        xin, w + r * ROW_W, scales + r * GROUPS, biases + r * GROUPS, (warp % SPLIT) * 32 + lane));
   }
-  const size_t r = static_cast<size_t>(row);
-  const float acc = mlxbun_warp_sum(
-      mlxbun_row_dot<BITS, K, GS, BF16>(xin, w + r * ROW_W, scales + r * GROUPS, biases + r * GROUPS, lane));
-  if (lane == 0) {
-    float y = mlxbun_round<T>(acc);
+  mlxbun_split_sums<NW, SPLIT>(acc, red, sums);
+  const int out_row = blockIdx.x * RPB + threadIdx.x;
+  if (threadIdx.x < RPB && out_row < N) {
+    float y = mlxbun_round<T>(sums[threadIdx.x]);
     if constexpr (RESIDUAL) {
-      y = static_cast<float>(residual[row]) + y;
+      y = static_cast<float>(residual[out_row]) + y;
     }
-    out[row] = static_cast<T>(y);
+    out[out_row] = static_cast<T>(y);
   }
 """
 
@@ -218,23 +252,29 @@ GEMV = r"""
 GEMV_SWIGLU = r"""
   constexpr int ROW_W = BITS == 16 ? K : K * BITS / 32;
   constexpr int GROUPS = BITS == 16 ? 1 : K / GS;
+  constexpr int RPB = NW / SPLIT;
   __shared__ __align__(16) T xs[K];
   __shared__ float red[32];
+  __shared__ float gsum[32];
+  __shared__ float usum[32];
   mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
   const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * NW + (threadIdx.x >> 5);
-  if (row >= N) {
-    return;
+  const int warp = threadIdx.x >> 5;
+  const int row = blockIdx.x * RPB + warp / SPLIT;
+  float2 gu = make_float2(0.0f, 0.0f);
+  if (row < N) {
+    const size_t r = static_cast<size_t>(row);
+    gu = mlxbun_row_dot2<BITS, K, GS, BF16, 32 * SPLIT>(xs, wg + r * ROW_W, sg + r * GROUPS, bg + r * GROUPS,
+                                                        wu + r * ROW_W, su + r * GROUPS, bu + r * GROUPS,
+                                                        (warp % SPLIT) * 32 + lane);
   }
-  const size_t r = static_cast<size_t>(row);
-  const float2 gu = mlxbun_row_dot2<BITS, K, GS, BF16>(xs, wg + r * ROW_W, sg + r * GROUPS, bg + r * GROUPS,
-                                                       wu + r * ROW_W, su + r * GROUPS, bu + r * GROUPS, lane);
-  const float g = mlxbun_warp_sum(gu.x);
-  const float u = mlxbun_warp_sum(gu.y);
-  if (lane == 0) {
-    const float gt = mlxbun_round<T>(g);
+  mlxbun_split_sums<NW, SPLIT>(mlxbun_warp_sum(gu.x), red, gsum);
+  mlxbun_split_sums<NW, SPLIT>(mlxbun_warp_sum(gu.y), red, usum);
+  const int out_row = blockIdx.x * RPB + threadIdx.x;
+  if (threadIdx.x < RPB && out_row < N) {
+    const float gt = mlxbun_round<T>(gsum[threadIdx.x]);
     const float act = mlxbun_round<T>(gt / (1.0f + expf(-gt)));
-    out[row] = static_cast<T>(act * mlxbun_round<T>(u));
+    out[out_row] = static_cast<T>(act * mlxbun_round<T>(usum[threadIdx.x]));
   }
 """
 
@@ -244,7 +284,7 @@ QKV_ROPE = r"""
   constexpr int GROUPS = BITS == 16 ? 1 : K / GS;
   __shared__ __align__(16) T xs[K];
   __shared__ float red[32];
-  __shared__ float head[D];
+  __shared__ float head[D + 32];
   mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
   const int h = blockIdx.x;
   const int kind = h < HQ ? 0 : (h < HQ + HKV ? 1 : 2);
@@ -253,15 +293,16 @@ QKV_ROPE = r"""
   const auto* s = kind == 0 ? sq : (kind == 1 ? sk : sv);
   const auto* b = kind == 0 ? bq : (kind == 1 ? bk : bv);
   const int lane = threadIdx.x & 31;
-  for (int rr = threadIdx.x >> 5; rr < D; rr += NW) {
+  const int warp = threadIdx.x >> 5;
+  constexpr int RPB = NW / SPLIT;  // rows in flight: SPLIT warps per row
+  __shared__ float parts[32];
+  for (int r0 = 0; r0 < D; r0 += RPB) {
+    const int rr = r0 + warp / SPLIT;
     const size_t r = static_cast<size_t>(hh) * D + rr;
-    const float acc = mlxbun_warp_sum(
-        mlxbun_row_dot<BITS, K, GS, BF16>(xs, w + r * ROW_W, s + r * GROUPS, b + r * GROUPS, lane));
-    if (lane == 0) {
-      head[rr] = acc;
-    }
+    const float acc = rr < D ? mlxbun_warp_sum(mlxbun_row_dot<BITS, K, GS, BF16, 32 * SPLIT>(
+        xs, w + r * ROW_W, s + r * GROUPS, b + r * GROUPS, (warp % SPLIT) * 32 + lane)) : 0.0f;
+    mlxbun_split_sums<NW, SPLIT>(acc, parts, head + r0);  // head has D + RPB slots
   }
-  __syncthreads();
   const int t = threadIdx.x;
   float y = 0.0f;
   if (t < D) {
