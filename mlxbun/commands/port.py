@@ -6,7 +6,7 @@ import json
 import sys
 
 from mlxbun.errors import MlxbunError
-from mlxbun.names import MODEL_FORMS, VARIANT_ALIASES, ZOO_VARIANTS
+from mlxbun.names import MODEL_FORMS, VARIANT_ALIASES, ZOO_VARIANTS, comma_items
 
 
 def register(sub) -> None:
@@ -36,7 +36,7 @@ def register(sub) -> None:
 def _variants(text: str) -> tuple[str, ...] | None:
     if text == "all":
         return None  # each arch's variants this device runs
-    chosen = tuple(VARIANT_ALIASES.get(v.strip(), v.strip()) for v in text.split(",") if v.strip())
+    chosen = tuple(VARIANT_ALIASES.get(v, v) for v in comma_items(text, "--variants"))
     bad = [v for v in chosen if v not in ZOO_VARIANTS]
     if bad or not chosen:
         raise MlxbunError(f"--variants: unknown {bad or text!r}; choose from {', '.join(ZOO_VARIANTS)} or 'all'")

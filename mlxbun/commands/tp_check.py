@@ -12,7 +12,7 @@ import json
 import sys
 
 from mlxbun.errors import MlxbunError
-from mlxbun.names import MODEL_FORMS, VARIANT_ALIASES, ZOO_VARIANTS
+from mlxbun.names import MODEL_FORMS, VARIANT_ALIASES, ZOO_VARIANTS, comma_items
 
 
 def register(sub) -> None:
@@ -40,7 +40,7 @@ def expand_targets(texts, variants: str) -> list[str]:
 
     chosen = None
     if variants != "all":
-        chosen = tuple(VARIANT_ALIASES.get(v.strip(), v.strip()) for v in variants.split(",") if v.strip())
+        chosen = tuple(VARIANT_ALIASES.get(v, v) for v in comma_items(variants, "--variants"))
         bad = [v for v in chosen if v not in ZOO_VARIANTS]
         if bad or not chosen:
             raise MlxbunError(f"--variants: unknown {bad or variants!r}; choose from {', '.join(ZOO_VARIANTS)} "
