@@ -21,7 +21,8 @@ from mlxbun.kernels.common import Gap
 from mlxbun.kernels.fused_decode import QKV_NW, Weights, dtype_gap, rope_inv_freq, weights_gap
 from mlxbun.models import rope as R
 from mlxbun.models.universal.dense import UniversalDense
-from mlxbun.models.universal.kinds import QKV, Act, AttnKind, BlockKind, MlpKind, NormKind, QKNormAt, QKNormKind, Residual
+from mlxbun.models.universal.kinds import (QKV, Act, AttnKind, BlockKind, FinalSoftcap, MlpKind, NormKind, QKNormAt,
+                                           QKNormKind, Residual)
 from mlxbun.models.universal.kinds_hybrid import MixerKind
 
 __all__ = ["FusedAttention", "FusedGap", "FusedLayer", "FusedPlan", "fused_plan"]
@@ -183,7 +184,7 @@ def fused_plan(model: Any) -> FusedPlan:
             (d.embed_scale is not None or d.embed_norm, "a scaled or normed embedding"),
             (a.llama4 is not None, "llama4's attention scale"),
             (d.head.in_root or a.head_pre_divide is not None or a.head_post is not None, "a scaled head"),
-            (a.final_softcap_value is not None or str(a.final_softcap) != "none", "a logit softcap"),
+            (a.final_softcap is FinalSoftcap.COMPILED or a.final_softcap_value is not None, "a logit softcap"),
             (a.embed_scale not in (None, 1, 1.0), "an embedding multiplier")])
     root = model.backbone
     embed = root[d.names.embed]
