@@ -273,6 +273,7 @@ def test_the_signature_names_every_operand_the_sources_read():
 def test_the_kernels_stay_off_on_a_gpu_until_their_check_passes(monkeypatch):
     monkeypatch.setattr(fd, "cuda_available", lambda: True)
     monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    monkeypatch.setattr(fd, "FUSED_CHECKED", False)
     assert "not yet passed their GPU check" in fd.backend_gap().reason
     monkeypatch.setattr(fd, "FUSED_CHECKED", True)
     assert fd.backend_gap() is None
