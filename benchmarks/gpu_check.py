@@ -19,6 +19,8 @@
    TurboQuant checks (`--checks turboquant`, in the default): the TurboQuant decode kernel with the
    rotations around it against the exact cache's rotated attention in float32, the same three
    checks, time vs the compiled step's one-pass path, the exact cache's chunked decode and fp16 K/V.
+   Fused decode kernel checks (`--checks fused`, in the default): `benchmarks/gpu_fused.py`'s check
+   (each fused kernel against its MLX-op reference, run-to-run bits, the in-place K/V write).
 5. `--kv CONTEXTS`: `mlxbun.bench.kv_memory` on its KV_HEAVY model, the exact path and the fast path
    (compiled step, decode attention kernels), for `--kv-schemes` (default fp16,q8,q4).
 
@@ -46,8 +48,9 @@ import mlxbun.bench.fast as fast_bench  # noqa: E402
 from mlxbun.bench.kv_bytes import split_schemes  # noqa: E402
 from gpu_attention import (L2_BYTES, attention_checks, attention_sweep, quantize_checks, time_rotating,  # noqa: E402
                            turboquant_checks)
+from gpu_fused import CHECK_COLS, check_rows  # noqa: E402
 from mlxbun.fast import enable_fast  # noqa: E402
-from mlxbun.kernels import sdpa_decode  # noqa: E402
+from mlxbun.kernels import fused_decode, sdpa_decode  # noqa: E402
 from mlxbun.kernels import turboquant_quantize  # noqa: E402
 from mlxbun.kernels.qmv import fast_quantized_matmul  # noqa: E402
 
@@ -197,8 +200,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gemv", nargs="*", default=["off"], choices=("tuned", "all", "off"),
                     help="kernels.tuning.MODE for each bench run (off: the compiled step alone)")
     ap.add_argument("--skip-checks", action="store_true", help="benches only")
-    ap.add_argument("--checks", nargs="*", default=["gemv", "attention", "turboquant"],
-                    choices=("gemv", "attention", "turboquant"))
+    ap.add_argument("--checks", nargs="*", default=["gemv", "attention", "turboquant", "fused"],
+                    choices=("gemv", "attention", "turboquant", "fused"))
     ap.add_argument("--kv", default="", help="contexts for the KV-memory section, e.g. 16384")
     ap.add_argument("--kv-schemes", default="fp16,q8,q4")
     ap.add_argument("--kv-decode", type=int, default=32)
@@ -254,6 +257,17 @@ def main(argv=None) -> int:
             elif key == "turboquant_quantize":
                 turboquant_quantize.CHECKED = passed
             md.append(f"## {title}\n\n" + _md(rows, [*cols, "error"]))
+            print(md[-1], flush=True)
+            save()
+        if "fused" in args.checks and not args.skip_checks:  # the fused decode kernels (gpu_fused.py)
+            fused_decode.FUSED_CHECKED = True
+            fused = check_rows()
+            report["fused"] = [r for _, rows in fused for r in rows]
+            passed = all(r["passed"] for r in report["fused"])
+            fused_decode.FUSED_CHECKED = passed  # the --bench runs below use them only if they passed
+            ok = ok and passed
+            md.append("## Fused decode kernel checks\n\n" + "\n".join(f"### {label}\n\n" + _md(rows, CHECK_COLS)
+                                                                     for label, rows in fused))
             print(md[-1], flush=True)
             save()
         if args.hbm:

@@ -133,9 +133,14 @@ def _scatter(buffer, kv_new, pos, attn):
     return _write(buffer, kv_new, pos, attn)
 
 
-def section_check(smoke: bool) -> str:
-    out = [f"## check: each fused kernel against its MLX-op reference (bound {CHECK_BOUND:g})\n"]
-    verdicts = []
+CHECK_COLS = ["what", "rel_max_diff", "kv_rel_max_diff", "deterministic", "inplace_buffer_equal_scatter", "next_pos",
+              "passed"]
+
+
+def check_rows(smoke: bool = False) -> list[tuple[str, list[dict]]]:
+    """(model label, rows) per checked model: every fused kernel against its reference, each row's
+    `passed` set (also `benchmarks/gpu_check.py --checks fused`)."""
+    out = []
     for spec, dtype in (("llama-3.2-1b", "bfloat16"), ("llama-3.2-1b@4", "bfloat16"), ("llama-3.2-1b@8", "float16"),
                         ("qwen3-0.6b@4", "bfloat16")):
         name, _, bits = spec.partition("@")
@@ -147,11 +152,18 @@ def section_check(smoke: bool) -> str:
         for r in rows:
             r["passed"] = (r["rel_max_diff"] <= CHECK_BOUND and r.get("kv_rel_max_diff", 0.0) <= CHECK_BOUND
                            and r["deterministic"] and r.get("inplace_buffer_equal_scatter", True))
-        verdicts.extend(r["passed"] for r in rows)
-        out.append(f"### {spec} {dtype}\n\n" + _md(rows, ["what", "rel_max_diff", "kv_rel_max_diff", "deterministic",
-                                                          "inplace_buffer_equal_scatter", "next_pos", "passed"]))
+        out.append((f"{spec} {dtype}", rows))
         del mut, fast, plan
         mx.clear_cache()
+    return out
+
+
+def section_check(smoke: bool) -> str:
+    out = [f"## check: each fused kernel against its MLX-op reference (bound {CHECK_BOUND:g})\n"]
+    verdicts = []
+    for label, rows in check_rows(smoke):
+        verdicts.extend(r["passed"] for r in rows)
+        out.append(f"### {label}\n\n" + _md(rows, CHECK_COLS))
     out.insert(1, f"**{'every check passed' if all(verdicts) else 'SOME CHECKS FAILED'}** "
                   f"({sum(verdicts)} of {len(verdicts)})\n")
     record("check", "verdict", passed=all(verdicts), count=len(verdicts))
