@@ -37,6 +37,7 @@ MANIFEST = {
         Entry("phi3"),
         Entry("olmo2"),
         Entry("glm4"),
+        Entry("glm"),
         Entry("granite"),
         Entry("starcoder2"),
         # the rest of mlx-lm 0.32.2's dense llama-family files

@@ -133,6 +133,7 @@ _ROWS = (
     Arch("olmo2", "Olmo2ForCausalLM", "Olmo2Config"),
     Arch("olmo3", "Olmo3ForCausalLM", "Olmo3Config", layers=4),
     Arch("glm4", "Glm4ForCausalLM", "Glm4Config"),
+    Arch("glm", "GlmForCausalLM", "GlmConfig"),  # GLM-4-9B-chat-hf: q/k/v biases, partial_rotary_factor 0.5
     # granite-3 multipliers (attention_multiplier = 1/head_dim, not head_dim**-0.5)
     Arch("granite", "GraniteForCausalLM", "GraniteConfig", kv_heads=2,
          knobs={"embedding_multiplier": 12.0, "attention_multiplier": 0.0625,

@@ -188,7 +188,8 @@ def _rope_parameter_problems(d, a: Mapping, config: Mapping, rp: Any) -> list[st
             if p["partial_rotary_factor"] * hd != rotary_dim:
                 problems.append(f"partial_rotary_factor {p['partial_rotary_factor']!r} of head_dim "
                                 f"{hd} vs {d.rope.rotary_dim} {rotary_dim!r}")
-        elif "partial_rotary_factor" in p:
+        elif "partial_rotary_factor" in p and "partial_rotary_factor" not in d.ignored_keys:
+            # (a row whose mlx-lm file ignores the fraction ignores it here too: glm)
             frac = a[d.rope.partial] if d.rope.partial else 1.0
             if p["partial_rotary_factor"] != frac:
                 problems.append(f"partial_rotary_factor {p['partial_rotary_factor']!r} vs {frac!r}")

@@ -65,8 +65,6 @@ NOT_COVERED: dict[str, str] = {
     "bitnet": "ternary BitLinear weights with activation quantization: needs a dedicated port",
     "exaone": "dense but nested h.N.attn.attention.* with ln_1/ln_2/wte/ln_f names: "
               "naming the descriptor does not express",
-    "glm": "llama-shaped (traditional full rope, fused gate_up): "
-           "fits the table with no new knob; left out until the zoo has a checkpoint",
     "gpt2": "learned absolute position embeddings (wpe), no rope: not a descriptor knob",
     "gpt_bigcode": "learned absolute position embeddings (wpe) and multi-query c_attn: "
                    "not a descriptor knob",

@@ -208,6 +208,21 @@ _ROWS = [
         ignored_keys={"tie_word_embeddings": "mlx-lm's glm4 always has its own lm_head"},
     ),
     ArchDescriptor(
+        "glm",
+        _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
+                "num_attention_heads", "rms_norm_eps", "vocab_size", "head_dim",
+                "num_key_value_heads", max_position_embeddings=None, attention_bias=False,
+                rope_theta=10000, tie_word_embeddings=True),
+        attn_bias="attention_bias", out_bias=False,
+        rope=RopeKnobs(traditional=True, scaling=None, max_positions=None),
+        mlp=MlpKnobs("gated_fused"), sanitize=(_RMS_DROP_INV_FREQ, _DROP_TIED), accepted_values=_SILU,
+        ignored_keys={"partial_rotary_factor": "mlx-lm's glm rotates the whole head_dim "
+                                               "(nn.RoPE(head_dim, traditional=True))"},
+        notes="GLM-4 (THUDM/glm-4-9b-chat-hf): llama's block with a fused gate_up MLP, q/k/v biases "
+              "and no o_proj bias; mlx-lm's rope is traditional over the full head_dim whatever "
+              "partial_rotary_factor says.",
+    ),
+    ArchDescriptor(
         "granite",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", "logits_scaling",
