@@ -58,6 +58,7 @@ MANIFEST = {
         Entry("exaone4"),
         Entry("helium"),
         Entry("internlm3"),
+        Entry("internlm2"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

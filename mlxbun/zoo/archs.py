@@ -150,6 +150,15 @@ _ROWS = (
     Arch("internlm3", "InternLM3ForCausalLM", "InternLM3Config",
          knobs={"rope_parameters": {"rope_type": "dynamic", "factor": 6.0, "rope_theta": 50000000.0}},
          extra={"bias": False, "qkv_bias": False}),
+    # no transformers class (remote code): keys of internlm/internlm2_5-7b-chat's config; GQA so
+    # the kv-group-major wqkv layout holds 2 query heads per KV head
+    Arch("internlm2", "InternLM2ForCausalLM", base={
+        "model_type": "internlm2", "attn_implementation": "eager", "bias": False, "hidden_act": "silu",
+        "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": INTERMEDIATE,
+        "max_position_embeddings": MAX_POSITIONS, "num_attention_heads": HEADS,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"type": "dynamic", "factor": 2.0}, "rope_theta": 1000000,
+        "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
     Arch("seed_oss", "SeedOssForCausalLM", "SeedOssConfig"),
     # no transformers class: keys of openbmb/MiniCPM-2B-sft's config; untied (mlx-lm copies
     # embed_tokens into lm_head on load only when untied); dim_model_base keeps hidden/base = 4

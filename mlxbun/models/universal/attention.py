@@ -152,7 +152,7 @@ class Attention(nn.Module):
             if spec.kv_proj:
                 setattr(self, n.k, nn.Linear(D, KV * hd, bias=a.attn_bias))
                 setattr(self, n.v, nn.Linear(D, KV * vd, bias=a.attn_bias))
-        elif d.qkv is QKV.FUSED:
+        elif d.qkv in (QKV.FUSED, QKV.FUSED_GROUPED):
             setattr(self, n.qkv, nn.Linear(D, H * hd + 2 * (KV * hd), bias=a.attn_bias))
         else:  # QKV.FUSED_NEOX
             setattr(self, n.qkv, nn.Linear(D, 3 * D, bias=a.attn_bias))
@@ -202,7 +202,8 @@ class Attention(nn.Module):
             q_size = H * self._hd
             layers[n.qkv] = shard_linear(self[n.qkv], ALL_TO_SHARDED, group, where=f"{where}.{n.qkv}",
                                          segments=[q_size, q_size + KV * self._hd])
-        else:  # QKV.FUSED_NEOX: [heads, 3 * head_dim] rows, so a contiguous split keeps whole heads
+        else:  # QKV.FUSED_NEOX: [heads, 3 * head_dim] rows, so a contiguous split keeps whole heads;
+            # QKV.FUSED_GROUPED: [KV, (H/KV + 2) * head_dim] rows, whole KV groups (KV % N == 0 here)
             layers[n.qkv] = shard_linear(self[n.qkv], ALL_TO_SHARDED, group, where=f"{where}.{n.qkv}")
         layers[n.o] = shard_linear(self[n.o], SHARDED_TO_ALL, group, where=f"{where}.{n.o}")
         if self._gate is not None and self._gate is not AttnOutGate.QUERY_SIGMOID:
@@ -255,6 +256,11 @@ class Attention(nn.Module):
                 qkv = self[n.qkv](x)
                 q_size = H * hd
                 queries, keys, values = mx.split(qkv, [q_size, q_size + KV * hd], axis=-1)
+            elif d.qkv is QKV.FUSED_GROUPED:  # internlm2: per KV head [its queries | key | value]
+                groups = H // KV
+                qkv = self[n.qkv](x).reshape(B, L_, -1, 2 + groups, hd)
+                queries = qkv[..., :groups, :].reshape(B, L_, -1, hd)
+                keys, values = qkv[..., -2, :], qkv[..., -1, :]
             elif self._cla:  # hunyuan: a sharing layer takes the projecting layer's k / v
                 queries = self[n.q](x)
                 if kv_states is None:

@@ -372,6 +372,10 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
     elif d.qkv is QKV.FUSED:
         yield Line(f"q, k, v = split({n.qkv}(x), [H*hd, H*hd + KV*hd])",
                    f"Linear(D, (H + 2*KV)*hd); bias={bias}")
+    elif d.qkv is QKV.FUSED_GROUPED:
+        yield Line(f"g = {n.qkv}(x).reshape(B, L, KV, H/KV + 2, hd); q, k, v = g[..., :H/KV, :], "
+                   "g[..., -2, :], g[..., -1, :]",
+                   f"Linear(D, (H + 2*KV)*hd), per KV head its H/KV queries, key, value; bias={bias}")
     else:
         yield Line(f"q, k, v = split({n.qkv}(x).reshape(B, L, H, 3*hd), 3)",
                    f"Linear(D, 3*D), q|k|v interleaved per head; bias={bias}")

@@ -25,6 +25,8 @@ class QKV(StrEnum):
     SEPARATE = "separate"  # q_proj, k_proj, v_proj
     FUSED = "fused"  # one projection split [q | k | v] (phi3, lille-130m)
     FUSED_NEOX = "fused_neox"  # one projection, per-head interleaved q/k/v (gpt_neox)
+    FUSED_GROUPED = "fused_grouped"  # one projection, kv-group major: per KV head its H/KV query
+    # heads, then its key, then its value (internlm2's wqkv)
 
 
 class HeadDim(StrEnum):
@@ -525,6 +527,8 @@ class PostInit(StrEnum):
     QWEN3_ROPE_PARAMETERS = "qwen3_rope_parameters"
     PHI3_ROPE_SCALING = "phi3_rope_scaling"
     INTERNLM3_ROPE_SCALING = "internlm3_rope_scaling"
+    INTERNLM2_ROPE_SCALING = "internlm2_rope_scaling"  # rope_scaling needs factor and type, a
+    # type of linear or dynamic
     NEMOTRON_ROPE_SCALING = "nemotron_rope_scaling"
     HUNYUAN_ROPE_SCALING = "hunyuan_rope_scaling"
     COHERE2_HEAD_DIM_CHECK = "cohere2_head_dim_check"

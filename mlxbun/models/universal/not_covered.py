@@ -70,7 +70,6 @@ NOT_COVERED: dict[str, str] = {
                    "not a descriptor knob",
     "gptj": "rotary on the first rotary_dim dims via split/concat and a single-norm parallel block: "
             "needs a port",
-    "internlm2": "packed wqkv with a grouped (kv-major) head layout: not a descriptor knob",
     "iquestloopcoder": "loop-gated recurrent reuse of layers: needs a dedicated port",
     "llama4_text": "chunked attention with per-layer NoPE and functional qk-norm: "
                    "needs a dedicated port",

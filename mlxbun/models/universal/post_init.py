@@ -98,6 +98,15 @@ def _internlm3_rope_scaling(a: dict, mt: str) -> None:
             raise _fail(mt, "rope_scaling 'rope_type' currently only supports 'linear' or 'dynamic'")
 
 
+def _internlm2_rope_scaling(a: dict, mt: str) -> None:
+    rs = a["rope_scaling"]
+    if rs:
+        if not all(k in rs for k in ("factor", "type")):
+            raise _fail(mt, "rope_scaling must contain keys {'factor', 'type'}")
+        if rs["type"] not in ["linear", "dynamic"]:
+            raise _fail(mt, "rope_scaling 'type' currently only supports 'linear' or 'dynamic'")
+
+
 def _nemotron_rope_scaling(a: dict, mt: str) -> None:
     rs = a["rope_scaling"]
     if rs:
@@ -255,6 +264,7 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.QWEN3_ROPE_PARAMETERS: _qwen3_rope_parameters,
     PostInit.PHI3_ROPE_SCALING: _phi3_rope_scaling,
     PostInit.INTERNLM3_ROPE_SCALING: _internlm3_rope_scaling,
+    PostInit.INTERNLM2_ROPE_SCALING: _internlm2_rope_scaling,
     PostInit.NEMOTRON_ROPE_SCALING: _nemotron_rope_scaling,
     PostInit.HUNYUAN_ROPE_SCALING: _hunyuan_rope_scaling,
     PostInit.COHERE2_HEAD_DIM_CHECK: _cohere2_head_dim_check,

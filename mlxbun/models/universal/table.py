@@ -420,6 +420,24 @@ _ROWS = [
         notes="mlx-lm builds lm_head even when tied, so a tied checkpoint still needs lm_head.weight.",
     ),
     ArchDescriptor(
+        "internlm2",
+        _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
+                "num_attention_heads", "rms_norm_eps", "vocab_size", bias=True,
+                max_position_embeddings=32768, num_key_value_heads=None, rope_theta=10000,
+                rope_traditional=False, rope_scaling=None, tie_word_embeddings=False),
+        ("kv_heads_default", "internlm2_rope_scaling"), head_dim="split", qkv="fused_grouped",
+        attn_bias="bias", out_bias="bias",
+        names=Names(embed="tok_embeddings", head="output", attn="attention", mlp="feed_forward",
+                    qkv="wqkv", o="wo", gate="w1", up="w3", down="w2",
+                    norms=NormNames(pre_attn="attention_norm", pre_mlp="ffn_norm")),
+        sanitize=(SanitizeRule("drop_containing", "attention.rope.inv_freq",
+                               "precomputed rotary frequencies (recomputed at init)"),),
+        accepted_values=_SILU,
+        notes="InternLM2: llama's block with one wqkv projection laid out per KV head (its "
+              "queries, then its key and value); the bias field switches the q/k/v and output "
+              "biases, the MLP has none.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
