@@ -1,15 +1,96 @@
-"""Directories that appear whole or not at all: build in a temporary directory next to the target,
-then `replace_dir` it into place (the zoo's builds and GGUF imports both land this way); and
-`unwritable`, why an output path could not be created, asked before the work that fills it."""
+"""Directories that appear whole or not at all: build in a temporary directory next to the target
+(`staging_dir` / `staging`), then `replace_dir` it into place (the zoo's builds and GGUF imports
+both land this way); `sweep_staging` removes the staging directories a killed build or import left;
+and `unwritable`, why an output path could not be created, asked before the work that fills it."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import re
 import shutil
+import socket
+import tempfile
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
-__all__ = ["replace_dir", "unwritable"]
+__all__ = ["HOST", "STALE_AFTER_S", "replace_dir", "staging", "staging_dir", "sweep_staging", "unwritable"]
+
+STALE_AFTER_S = 24 * 3600  # a staging directory no live process of this host owns: stale after a day
+HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _staging_prefix(name: str, kind: str) -> str:
+    return f".{name}.{kind}-"
+
+
+def staging_dir(parent: Path, name: str, kind: str) -> Path:
+    """A new empty directory in `parent` for building `name` (`.NAME.KIND-PID.HOST-XXXXXXXX`: the
+    building process and a tag of its host, so `sweep_staging` can tell a dead one from a live one).
+    The caller removes it (`staging` does)."""
+    return Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(name, kind)}{os.getpid()}.{HOST}-", dir=parent))
+
+
+@contextlib.contextmanager
+def staging(parent: Path, name: str, kind: str) -> Iterator[Path]:
+    """`staging_dir(parent, name, kind)` (`parent` made first), removed on the way out whatever
+    happened (after a successful `replace_dir` it is already gone). A killed process cannot remove
+    its own: `sweep_staging` does, on the next build of `name` beside it."""
+    parent.mkdir(parents=True, exist_ok=True)
+    work = staging_dir(parent, name, kind)
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # another user's process (or not ours to judge): keep its directory
+    return True
+
+
+def _newest_mtime(d: Path) -> float:
+    times = [d.lstat().st_mtime]
+    with contextlib.suppress(OSError):
+        times += [p.lstat().st_mtime for p in d.iterdir()]
+    return max(times)
+
+
+def sweep_staging(parent: Path, name: str, kind: str, *, now: Optional[float] = None) -> list[Path]:
+    """Remove the staging directories of `kind` for `name` in `parent` whose process died (killed,
+    out of power): those of this host whose process is gone, and any other (another host's, or an
+    older mlxbun's `.NAME.KIND-XXXXXXXX`) untouched for `STALE_AFTER_S`. Only real directories whose
+    whole name is that pattern are touched; returns those removed."""
+    pattern = re.compile(re.escape(_staging_prefix(name, kind)) + r"(?:(\d+)\.([0-9a-f]{8})-)?[a-z0-9_]{8}")
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return removed
+    for d in entries:
+        m = pattern.fullmatch(d.name)
+        if m is None or d.is_symlink() or not d.is_dir():
+            continue
+        try:
+            if m.group(1) is not None and m.group(2) == HOST:
+                stale = not _alive(int(m.group(1)))
+            else:
+                stale = now - _newest_mtime(d) > STALE_AFTER_S
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(d, ignore_errors=True)
+            if not d.exists():
+                removed.append(d)
+    return removed
 
 
 def unwritable(path, *, parents: bool = True) -> Optional[str]:

@@ -13,17 +13,13 @@ next import beside it (`sweep_staging`).
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
-import re
-import shutil
-import socket
-import tempfile
-import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
+
+from mlxbun.atomic import staging as atomic_staging
+from mlxbun.atomic import sweep_staging as atomic_sweep
 
 __all__ = ["SHARD_BYTES", "ShardWriter", "staging", "sweep_staging", "write_json"]
 
@@ -86,72 +82,13 @@ def write_json(directory: Path, name: str, obj: Any) -> None:
         f.write("\n")
 
 
-STALE_AFTER_S = 24 * 3600  # a staging directory no live process of this host owns: stale after a day
-_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-
-
-def _staging_prefix(out: Path) -> str:
-    return f".{out.name}.import-"
-
-
-@contextlib.contextmanager
-def staging(out: Path) -> Iterator[Path]:
-    """An empty temp directory next to `out` (`.NAME.import-PID.HOST-XXXXXXXX`: the importing
-    process and a tag of its host), removed on the way out whatever happened (after a successful
-    `replace_dir` it is already gone). A killed import cannot remove its own: `sweep_staging`
-    does, on the next import beside it."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(out)}{os.getpid()}.{_HOST}-", dir=out.parent))
-    try:
-        yield work
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, OSError):
-        return True  # another user's process (or not ours to judge): keep its directory
-    return True
-
-
-def _newest_mtime(d: Path) -> float:
-    times = [d.lstat().st_mtime]
-    with contextlib.suppress(OSError):
-        times += [p.lstat().st_mtime for p in d.iterdir()]
-    return max(times)
+def staging(out: Path):
+    """An empty temp directory next to `out` (`.NAME.import-PID.HOST-XXXXXXXX`), removed on the way
+    out whatever happened (`mlxbun.atomic.staging`); one a killed import left is removed by
+    `sweep_staging` on the next import beside it."""
+    return atomic_staging(out.parent, out.name, "import")
 
 
 def sweep_staging(out: Path, *, now: Optional[float] = None) -> list[Path]:
-    """Remove the staging directories of imports into `out` that died (killed, out of power):
-    those of this host whose process is gone, and any other (another host's, or an older
-    mlxbun's `.NAME.import-XXXXXXXX`) untouched for `STALE_AFTER_S`. Only real directories whose
-    whole name is the importer's pattern for `out` are touched; returns those removed."""
-    pattern = re.compile(re.escape(_staging_prefix(out)) + r"(?:(\d+)\.([0-9a-f]{8})-)?[a-z0-9_]{8}")
-    now = time.time() if now is None else now
-    removed = []
-    try:
-        entries = list(out.parent.iterdir())
-    except OSError:
-        return removed
-    for d in entries:
-        m = pattern.fullmatch(d.name)
-        if m is None or d.is_symlink() or not d.is_dir():
-            continue
-        try:
-            if m.group(1) is not None and m.group(2) == _HOST:
-                stale = not _alive(int(m.group(1)))
-            else:
-                stale = now - _newest_mtime(d) > STALE_AFTER_S
-        except OSError:
-            continue
-        if stale:
-            shutil.rmtree(d, ignore_errors=True)
-            if not d.exists():
-                removed.append(d)
-    return removed
-
-
+    """Remove the staging directories of imports into `out` that died (`mlxbun.atomic.sweep_staging`)."""
+    return atomic_sweep(out.parent, out.name, "import", now=now)

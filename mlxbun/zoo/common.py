@@ -10,13 +10,12 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from mlxbun.atomic import replace_dir
+from mlxbun.atomic import replace_dir, staging_dir, sweep_staging
 from mlxbun.errors import MlxbunError
 
 DTYPES = {"float32": "", "float16": "fp16", "bfloat16": "bf16"}  # dtype -> name suffix
@@ -140,7 +139,8 @@ def build_into(out_dir, name: str, build: Callable[[Path], None],
                land: Callable[[Path, Path], Path] | None = None) -> Path:
     """Run `build(empty_dir)` in a temp dir under `out_dir`, then `land(built, out_dir)` it
     (default: as `out_dir/name` with the zoo's marker, replacing only an earlier zoo build that
-    holds nothing else). Nothing half-built is left behind; a refusal comes before any build."""
+    holds nothing else). Nothing half-built is left behind (the staging directory a killed build
+    left is swept by the next build of `name` there); a refusal comes before any build."""
     out_dir = Path(out_dir)
     check_out_dir(out_dir)
     if land is None:
@@ -148,7 +148,8 @@ def build_into(out_dir, name: str, build: Callable[[Path], None],
         land = _land_in_place
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
+        sweep_staging(out_dir, name, "build")  # what killed builds of `name` left behind
+        work = staging_dir(out_dir, name, "build")
     except OSError as e:
         raise ZooArgumentError(f"cannot write into output directory {out_dir}: {e.strerror or e}") from None
     try:
@@ -211,7 +212,8 @@ def build_once(key_dir: Path, name: str, build: Callable[[Path], None]) -> Path:
     with FileLock(str(key_dir / f".{name}.lock")):
         if final.is_dir():  # another process built it while we waited
             return final
-        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=key_dir))
+        sweep_staging(key_dir, name, "build")
+        work = staging_dir(key_dir, name, "build")
         try:
             built = work / name
             built.mkdir()

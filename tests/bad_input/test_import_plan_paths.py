@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxbun.gguf import writer
+from mlxbun import atomic
 from tests.bad_input.helpers import ROOT, refused, run, tree
 
 NO_MODEL = "/nonexistent/model-dir"  # refusals must come before the model is looked for
@@ -92,7 +92,7 @@ def test_import_gguf_sweeps_staging_that_killed_imports_left(zoo, tmp_path, caps
     for p in (old / "ckpt", old):
         os.utime(p, (two_days, two_days))
     # kept: a live import's, a recent one of another host, another --out's, and lookalikes
-    live = tmp_path / f".ckpt.import-{os.getpid()}.{writer._HOST}-abcd1234"
+    live = tmp_path / f".ckpt.import-{os.getpid()}.{atomic.HOST}-abcd1234"
     recent = tmp_path / ".ckpt.import-123.0000ffff-abcd1234"
     other = tmp_path / f".other.import-{killed.name.split('-')[1]}-abcd1234"
     notes = tmp_path / ".ckpt.import-my-notes"

@@ -4,6 +4,7 @@ outside the intended output changed (checksums before and after). Ends with a hy
 the CLI argument parser."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -239,3 +240,27 @@ def test_fuzz_the_cli_never_tracebacks(tmp_path, monkeypatch, capsys, argv):
     out, err = capsys.readouterr()
     assert code in (0, 1, 2), (argv, code, err)
     assert "Traceback" not in out + err, (argv, err)
+
+
+def test_a_zoo_build_sweeps_the_staging_a_killed_build_left(tmp_path):
+    """Builds stage in `.NAME.build-PID.HOST-XXXXXXXX`: one whose process is gone is removed by the
+    next build of that name there; a live process's, another name's and a lookalike file stay."""
+    import subprocess
+    import sys
+
+    from mlxbun import atomic
+    from mlxbun.zoo.common import build_into
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = tmp_path / f".tiny.build-{int(dead.stdout)}.{atomic.HOST}-abcd1234"
+    (killed / "tiny").mkdir(parents=True)
+    live = tmp_path / f".tiny.build-{os.getpid()}.{atomic.HOST}-abcd1234"
+    other = tmp_path / f".other.build-{int(dead.stdout)}.{atomic.HOST}-abcd1234"
+    for d in (live, other):
+        d.mkdir()
+    (tmp_path / ".tiny.build-abcd1235").write_text("a file")
+    final = build_into(tmp_path, "tiny", lambda d: (d / "config.json").write_text("{}"))
+    assert (final / "config.json").read_text() == "{}"
+    assert not killed.exists() and live.is_dir() and other.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tiny.")) == sorted(
+        [live.name, ".tiny.build-abcd1235"])
