@@ -56,6 +56,7 @@ MANIFEST = {
         Entry("cohere2"),
         Entry("ernie4_5"),
         Entry("exaone4"),
+        Entry("exaone"),
         Entry("helium"),
         Entry("internlm3"),
         Entry("internlm2"),

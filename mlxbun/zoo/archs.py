@@ -7,7 +7,8 @@ rope as `rope_parameters`; mlx-lm 0.32.2 mostly reads the pre-v5 keys
 (`rope_theta`, `rope_scaling`, `partial_rotary_factor`), which real hub
 checkpoints carry, so both are written and agree.
 
-Adding an arch is one `Arch(...)` row in `_ROWS` (a hybrid: `archs_hybrid.HYBRID_ROWS`); `Arch` and
+Adding an arch is one `Arch(...)` row in `_ROWS` (a hybrid: `archs_hybrid.HYBRID_ROWS`; a
+remote-code config written from a hub config's keys: `archs_remote.REMOTE_CODE_ROWS`); `Arch` and
 the tiny sizes are `arch_row.py`.
 """
 
@@ -31,6 +32,7 @@ from mlxbun.zoo.arch_row import (
 )
 from mlxbun.zoo.archs_gemma4 import GEMMA4_ROWS
 from mlxbun.zoo.archs_hybrid import HYBRID_ROWS
+from mlxbun.zoo.archs_remote import REMOTE_CODE_ROWS
 from mlxbun.zoo.archs_wrappers import WRAPPER_ROWS, wrapped_text_rows
 from mlxbun.zoo.config_fixups import (
     cohere2_post,
@@ -150,15 +152,6 @@ _ROWS = (
     Arch("internlm3", "InternLM3ForCausalLM", "InternLM3Config",
          knobs={"rope_parameters": {"rope_type": "dynamic", "factor": 6.0, "rope_theta": 50000000.0}},
          extra={"bias": False, "qkv_bias": False}),
-    # no transformers class (remote code): keys of internlm/internlm2_5-7b-chat's config; GQA so
-    # the kv-group-major wqkv layout holds 2 query heads per KV head
-    Arch("internlm2", "InternLM2ForCausalLM", base={
-        "model_type": "internlm2", "attn_implementation": "eager", "bias": False, "hidden_act": "silu",
-        "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": INTERMEDIATE,
-        "max_position_embeddings": MAX_POSITIONS, "num_attention_heads": HEADS,
-        "num_hidden_layers": 2, "num_key_value_heads": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
-        "rope_scaling": {"type": "dynamic", "factor": 2.0}, "rope_theta": 1000000,
-        "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
     Arch("seed_oss", "SeedOssForCausalLM", "SeedOssConfig"),
     # no transformers class: keys of openbmb/MiniCPM-2B-sft's config; untied (mlx-lm copies
     # embed_tokens into lm_head on load only when untied); dim_model_base keeps hidden/base = 4
@@ -458,7 +451,7 @@ _ROWS = (
 
 
 
-_TEXT_TABLE = {row.name: row for row in _ROWS + GEMMA4_ROWS + HYBRID_ROWS}
+_TEXT_TABLE = {row.name: row for row in _ROWS + REMOTE_CODE_ROWS + GEMMA4_ROWS + HYBRID_ROWS}
 ARCH_TABLE: dict[str, Arch] = {row.name: row for row in (*_TEXT_TABLE.values(), *WRAPPER_ROWS,
                                                          *wrapped_text_rows(_TEXT_TABLE))}
 ARCHS: tuple[str, ...] = tuple(ARCH_TABLE)

@@ -86,7 +86,24 @@ _RESIDUAL = exhaustive(Residual, {
 })
 
 
+class Holder(nn.Module):
+    """A module that only holds the block's op one level down, as mlx-lm's does (exaone's
+    `attn.attention`: `names.attn` dotted); it is never called, and its tensor-parallel split is
+    its child's."""
+
+    def shard(self, group, where: str) -> None:
+        for name, module in self.children().items():
+            module.shard(group, where=f"{where}.{name}")
+
+
 class Block(nn.Module):
+    def __getitem__(self, key):
+        # a dotted name (names.attn "attn.attention") reads through its Holder
+        if isinstance(key, str) and "." in key:
+            outer, _, inner = key.partition(".")
+            return super().__getitem__(outer)[inner]
+        return super().__getitem__(key)
+
     def __init__(self, a: UniversalArgs, d: ArchDescriptor, spec: LayerSpec):
         super().__init__()
         self._d, self._n = d, d.names
@@ -98,8 +115,14 @@ class Block(nn.Module):
         self._beside = spec.mixer is not MixerKind.ATTENTION and d.hybrid.block is HybridBlock.PARALLEL
         if spec.mixer is MixerKind.ATTENTION:
             self._mixer_name = d.names.attn
-            setattr(self, d.names.attn, Attention(a, d, spec) if d.mla is None else
+            attn = (Attention(a, d, spec) if d.mla is None else
                     mla_attention(a.fields, d.mla, a.model_type, a.hidden, a.n_heads, a.attn_bias))
+            outer, _, inner = d.names.attn.partition(".")
+            if inner:  # exaone: the attention one level down, in a Holder
+                setattr(self, outer, Holder())
+                setattr(self[outer], inner, attn)
+            else:
+                setattr(self, outer, attn)
         else:  # a hybrid's recurrent layer: the row's mixer, called with the ssm mask
             self._mixer_name = d.hybrid.name
             setattr(self, d.hybrid.name, MIXERS[spec.mixer](a, d.hybrid.mixer_knobs(), spec.index))

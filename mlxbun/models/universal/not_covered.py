@@ -63,8 +63,6 @@ NOT_COVERED: dict[str, str] = {
                     "needs a dedicated port",
     "afm7": "fused LoRA-capable qkv linears and KV-reuse layers: needs a dedicated port",
     "bitnet": "ternary BitLinear weights with activation quantization: needs a dedicated port",
-    "exaone": "dense but nested h.N.attn.attention.* with ln_1/ln_2/wte/ln_f names: "
-              "naming the descriptor does not express",
     "gpt2": "learned absolute position embeddings (wpe), no rope: not a descriptor knob",
     "gpt_bigcode": "learned absolute position embeddings (wpe) and multi-query c_attn: "
                    "not a descriptor knob",

@@ -107,7 +107,7 @@ class Names:
     layers: str = "layers"
     final_norm: str | None = "norm"
     head: str = "lm_head"
-    attn: str = "self_attn"
+    attn: str = "self_attn"  # dotted "outer.inner": the attention held one level down (exaone)
     mlp: str = "mlp"
     q: str = "q_proj"
     k: str = "k_proj"
@@ -493,6 +493,9 @@ def _check_combinations(d: ArchDescriptor) -> None:
                       f"unnamed")
     if (b.residual is Residual.SCALED) != (b.residual_scale is not None):
         raise d.error("block.residual 'scaled' and block.residual_scale go together")
+    if "." in d.names.attn and (d.names.attn.count(".") > 1 or d.hybrid is not None or d.mla is not None):
+        raise d.error(f"names.attn {d.names.attn!r}: a dotted name is one level of holder around the "
+                      "attention, in a row without hybrid or mla knobs")
     if d.names.final_norm is None and d.norm.kind is not NormKind.FUNCTIONAL_RMS:
         raise d.error("names.final_norm is None but norm.kind has a module")
     if d.qkv is QKV.FUSED_NEOX and d.qk_norm and d.qk_norm.at is not QKNormAt.AFTER_ROPE:

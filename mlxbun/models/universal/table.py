@@ -438,6 +438,21 @@ _ROWS = [
               "biases, the MLP has none.",
     ),
     ArchDescriptor(
+        "exaone",
+        _fields("model_type", "hidden_size", "num_layers", "intermediate_size", "num_attention_heads",
+                "vocab_size", "rope_theta", "layer_norm_epsilon", "num_key_value_heads", head_dim=None,
+                max_position_embeddings=None, rope_traditional=False, rope_scaling=None,
+                tie_word_embeddings=True, attention_bias=False, mlp_bias=False),
+        n_layers="num_layers", attn_bias="attention_bias", out_bias="attention_bias",
+        mlp=MlpKnobs(bias="mlp_bias"), norm=NormKnobs(eps="layer_norm_epsilon"),
+        names=Names(root="transformer", embed="wte", layers="h", final_norm="ln_f", attn="attn.attention",
+                    o="out_proj", gate="c_fc_0", up="c_fc_1", down="c_proj",
+                    norms=NormNames(pre_attn="ln_1", pre_mlp="ln_2")),
+        accepted_values={"activation_function": ("silu",)},
+        notes="EXAONE 3 / 3.5: llama's block under GPT-2-style names, the attention held one level "
+              "down (h.N.attn.attention.*); mlx-lm's file has no sanitize.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,

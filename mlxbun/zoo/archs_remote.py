@@ -1,0 +1,34 @@
+"""The zoo's rows for archs whose hub configs are remote code (no transformers configuration
+class, or one that writes other keys than the ones mlx-lm reads): each tiny config is the keys of
+a real hub config, shrunk to the zoo's sizes (`arch_row.py`)."""
+
+from __future__ import annotations
+
+from mlxbun.zoo.arch_row import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, MAX_POSITIONS, Arch
+from mlxbun.zoo.tokenizer import VOCAB_SIZE
+
+__all__ = ["REMOTE_CODE_ROWS"]
+
+REMOTE_CODE_ROWS = (
+    # no transformers class (remote code): keys of internlm/internlm2_5-7b-chat's config; GQA so
+    # the kv-group-major wqkv layout holds 2 query heads per KV head
+    Arch("internlm2", "InternLM2ForCausalLM", base={
+        "model_type": "internlm2", "attn_implementation": "eager", "bias": False, "hidden_act": "silu",
+        "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": INTERMEDIATE,
+        "max_position_embeddings": MAX_POSITIONS, "num_attention_heads": HEADS,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"type": "dynamic", "factor": 2.0}, "rope_theta": 1000000,
+        "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # EXAONE 3.5: the keys of LGAI-EXAONE/EXAONE-3.5-2.4B-Instruct's config (remote-code names
+    # num_layers / layer_norm_epsilon / activation_function, which mlx-lm reads; transformers'
+    # ExaoneConfig writes others), llama3 rope with the context shrunk
+    Arch("exaone", "ExaoneForCausalLM", base={
+        "model_type": "exaone", "activation_function": "silu", "attention_dropout": 0.0,
+        "embed_dropout": 0.0, "head_dim": HEAD_DIM, "hidden_size": HIDDEN, "initializer_range": 0.02,
+        "intermediate_size": INTERMEDIATE, "layer_norm_epsilon": 1e-05,
+        "max_position_embeddings": MAX_POSITIONS, "num_attention_heads": HEADS,
+        "num_key_value_heads": 2, "num_layers": 2,
+        "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": MAX_POSITIONS // 8, "rope_type": "llama3"},
+        "rope_theta": 1000000.0, "tie_word_embeddings": True, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+)
