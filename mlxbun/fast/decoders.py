@@ -42,10 +42,9 @@ def _fused(fast: FastPath, cache: list, room: int) -> FusedDecoder:
     return FusedDecoder(fast.model, fused_plan_of(fast), cache, room, ops)
 
 
-def fast_decoder(fast: FastPath, cache: list, room: int, *,
-                 allow_fused: bool = True) -> Optional[Union[FusedDecoder, CompiledDecoder]]:
+def fast_decoder(fast: FastPath, cache: list, room: int) -> Optional[Union[FusedDecoder, CompiledDecoder]]:
     """The decoder a fast run uses over `cache` for `room` more tokens, or None (decode eagerly)."""
-    if fast.fused and allow_fused:
+    if fast.fused:
         try:
             return _fused(fast, cache, room)
         except FusedGap as e:

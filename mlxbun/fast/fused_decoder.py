@@ -15,6 +15,8 @@ and the caller runs the compiled step (`fast.decode.CompiledDecoder`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 
 from mlxbun.cache.kv import KVCache
@@ -75,9 +77,8 @@ class FusedDecoder:
             raise FusedGap(f"batch {cache[0].keys.shape[0]} (the fused step decodes batch 1)")
         self.model, self.plan, self.cache, self.ops = model, plan, cache, ops
         self.capacity = capacity_for(self.offset + room)
-        for c, layer in zip(cache, plan.layers):
-            gap = ops.attention_gap(layer.attn.at(mx.zeros((2, layer.attn.hkv, self.capacity, 1)),
-                                                  mx.zeros((1,), mx.int32)), plan.dtype)
+        for layer in plan.layers:
+            gap = ops.attention_gap(replace(layer.attn, capacity=self.capacity), plan.dtype)
             if gap is not None:
                 raise FusedGap(f"decode attention: {gap.reason}")
         self.buffers = []

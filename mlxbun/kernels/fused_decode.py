@@ -215,7 +215,7 @@ class CudaFusedOps:
         dtype, K = x.dtype, q.width
         a = attn
         buffer, pos = a.buffer, a.pos
-        split = min(QKV_SPLIT, split_for(q, 1, target=QKV_SPLIT))
+        split = split_for(q, 1, target=QKV_SPLIT)  # QKV_SPLIT, or fewer where the rows are short
         template = _common(dtype, q, K, 0, QKV_NW, split) + [
             ("EPS_BITS", float_bits(norm[1])), ("HQ", a.hq), ("HKV", a.hkv), ("D", a.head_dim),
             ("QK_NORM", a.q_norm is not None), ("QK_EPS_BITS", float_bits(a.qk_eps)), ("BIAS", a.bias is not None),
