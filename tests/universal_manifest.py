@@ -60,6 +60,7 @@ MANIFEST = {
         Entry("helium"),
         Entry("internlm3"),
         Entry("internlm2"),
+        Entry("mimo"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

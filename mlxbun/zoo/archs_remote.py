@@ -31,4 +31,13 @@ REMOTE_CODE_ROWS = (
         "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                          "original_max_position_embeddings": MAX_POSITIONS // 8, "rope_type": "llama3"},
         "rope_theta": 1000000.0, "tie_word_embeddings": True, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # MiMo-7B: the keys of XiaomiMiMo/MiMo-7B-RL's config (qwen2's, plus num_nextn_predict_layers)
+    Arch("mimo", "MiMoForCausalLM", base={
+        "model_type": "mimo", "attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": HIDDEN,
+        "initializer_range": 0.02, "intermediate_size": INTERMEDIATE,
+        "max_position_embeddings": MAX_POSITIONS, "max_window_layers": 2, "num_attention_heads": HEADS,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "num_nextn_predict_layers": 1,
+        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 640000, "sliding_window": MAX_POSITIONS,
+        "tie_word_embeddings": False, "use_cache": True, "use_sliding_window": False,
+        "vocab_size": VOCAB_SIZE}),
 )

@@ -71,8 +71,6 @@ NOT_COVERED: dict[str, str] = {
     "iquestloopcoder": "loop-gated recurrent reuse of layers: needs a dedicated port",
     "llama4_text": "chunked attention with per-layer NoPE and functional qk-norm: "
                    "needs a dedicated port",
-    "mimo": "llama-shaped (qkv biases, MTP layers dropped in sanitize): "
-            "fits the table with one drop rule; left out until the zoo has a checkpoint",
     "nanbeige": "loops over the layer stack (num_loops, shared KV across loops): "
                 "needs a dedicated port",
     "nemotron-nas": "per-layer heterogeneous blocks (no-op / linear attention, varied FFN width)",

@@ -453,6 +453,21 @@ _ROWS = [
               "down (h.N.attn.attention.*); mlx-lm's file has no sanitize.",
     ),
     ArchDescriptor(
+        "mimo",
+        _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
+                "num_attention_heads", "rms_norm_eps", "vocab_size", "num_key_value_heads",
+                max_position_embeddings=32768, rope_theta=10000, rope_traditional=False,
+                rope_scaling=None, tie_word_embeddings=False, num_nextn_predict_layers=2),
+        head_dim="split", attn_bias=True, out_bias=False,
+        sanitize=(_DROP_TIED, _RMS_DROP_INV_FREQ,
+                  SanitizeRule("drop_prefix", "model.mtp_layers.", "the MTP layers (mlx-lm runs none)")),
+        accepted_values=_SILU,
+        ignored_keys={k: "mlx-lm runs every mimo layer with global attention"
+                      for k in ("sliding_window", "use_sliding_window", "max_window_layers")},
+        notes="MiMo-7B: qwen2's block (q/k/v biases, head_dim = hidden / heads); the MTP layers "
+              "(model.mtp_layers.*) are dropped at load, num_nextn_predict_layers read but unused.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
