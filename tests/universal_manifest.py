@@ -61,6 +61,7 @@ MANIFEST = {
         Entry("internlm3"),
         Entry("internlm2"),
         Entry("mimo"),
+        Entry("telechat3"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

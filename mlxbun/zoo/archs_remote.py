@@ -40,4 +40,17 @@ REMOTE_CODE_ROWS = (
         "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 640000, "sliding_window": MAX_POSITIONS,
         "tie_word_embeddings": False, "use_cache": True, "use_sliding_window": False,
         "vocab_size": VOCAB_SIZE}),
+    # TeleChat3: llama's keys with its telechat3-yarn rope_scaling (initialize_rope's yarn), the
+    # original context shrunk so a 40-token prompt reaches the scaled region
+    Arch("telechat3", "Telechat3ForCausalLM", base={
+        "model_type": "telechat3", "attention_bias": False, "attention_dropout": 0.0, "head_dim": HEAD_DIM,
+        "hidden_act": "silu", "hidden_size": HIDDEN, "initializer_range": 0.02,
+        "intermediate_size": INTERMEDIATE, "max_position_embeddings": MAX_POSITIONS, "mlp_bias": False,
+        "num_attention_heads": HEADS, "num_hidden_layers": 2, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06, "rope_scaling": {"type": "telechat3-yarn", "factor": 4.0,
+                                                "original_max_position_embeddings": 32,
+                                                "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+                                                "mscale_all_dim": 1.0},
+        "rope_theta": 1000000.0, "tie_word_embeddings": False, "use_cache": True,
+        "vocab_size": VOCAB_SIZE}),
 )

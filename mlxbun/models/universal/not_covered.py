@@ -85,6 +85,4 @@ NOT_COVERED: dict[str, str] = {
     "qwen": "qwen v1 layout (fused c_attn, w1/w2 gated MLP, transformer.h): needs a port",
     "spark2_5": "per-layer sliding/global geometry and custom gains: needs a dedicated port",
     "talkie": "learned head / activation / weight gains around every op: needs a dedicated port",
-    "telechat3": "llama-shaped (telechat3-yarn rope is in initialize_rope): "
-                 "fits the table with no new knob; left out until the zoo has a checkpoint",
 }

@@ -468,6 +468,17 @@ _ROWS = [
               "(model.mtp_layers.*) are dropped at load, num_nextn_predict_layers read but unused.",
     ),
     ArchDescriptor(
+        "telechat3",
+        _fields("model_type", "hidden_size", "intermediate_size", "max_position_embeddings",
+                "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "rms_norm_eps",
+                "vocab_size", "rope_theta", mlp_bias=False, attention_bias=False, head_dim=None,
+                rope_scaling=None, tie_word_embeddings=False),
+        attn_bias="attention_bias", out_bias="attention_bias", rope=RopeKnobs(traditional=False),
+        mlp=MlpKnobs(bias="mlp_bias"), accepted_values=_SILU,
+        notes="TeleChat3: llama's block; its telechat3-yarn rope_scaling is initialize_rope's; "
+              "mlx-lm's file has no sanitize.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
