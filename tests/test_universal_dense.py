@@ -537,6 +537,24 @@ def test_gpt_neox_hub_names_are_renamed_like_mlx_lm(zoo, tmp_path):
     assert mx.array_equal(ref(ids), ours(ids))
 
 
+def test_gpt2_hub_conv1d_layout_is_sanitized_like_mlx_lm(zoo, tmp_path):
+    """A transformers-layout gpt2 checkpoint (no model. prefix, Conv1D [in, out] weights, the
+    causal-mask buffer h.N.attn.bias) loads as mlx-lm's sanitize makes it."""
+    conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+    def to_hub(w):
+        out = {k.removeprefix("model."): (v.T if k.endswith(conv1d) else v) for k, v in w.items()}
+        out["h.0.attn.bias"] = mx.ones((1, 1, 8, 8))
+        return out
+
+    path = _rewrite(zoo("gpt2"), tmp_path / "gpt2", to_hub)
+    report = audit_checkpoint(path)
+    assert report.ok and list(report.dropped) == ["h.0.attn.bias"]
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(PROMPT_LEN)
+    assert mx.array_equal(ref(ids), ours(ids))
+
+
 def test_make_cache_honours_max_kv_size_where_mlx_lm_ignores_it(zoo):
     """llama with sliding layers and gemma3_text define their own make_cache in mlx-lm, which
     drops max_kv_size; mlxbun bounds every full-attention layer instead of ignoring it."""

@@ -68,6 +68,7 @@ MANIFEST = {
         Entry("stablelm"),
         Entry("lille-130m"),
         Entry("gpt_neox"),
+        Entry("gpt2"),
         Entry("phi"),
         Entry("hunyuan_v1_dense"),
         Entry("apertus"),

@@ -1,6 +1,7 @@
 """The zoo's rows for archs whose hub configs are remote code (no transformers configuration
-class, or one that writes other keys than the ones mlx-lm reads): each tiny config is the keys of
-a real hub config, shrunk to the zoo's sizes (`arch_row.py`)."""
+class, or one that writes other keys than the ones mlx-lm reads, or names its sizes in keys the
+zoo's shrink does not know: gpt2's n_embd / n_head): each tiny config is the keys of a real hub
+config, shrunk to the zoo's sizes (`arch_row.py`)."""
 
 from __future__ import annotations
 
@@ -53,4 +54,12 @@ REMOTE_CODE_ROWS = (
                                                 "mscale_all_dim": 1.0},
         "rope_theta": 1000000.0, "tie_word_embeddings": False, "use_cache": True,
         "vocab_size": VOCAB_SIZE}),
+    # GPT-2: the keys of openai-community/gpt2's config (n_ctx, which mlx-lm requires and
+    # transformers 5's GPT2Config no longer writes, included)
+    Arch("gpt2", "GPT2LMHeadModel", base={
+        "model_type": "gpt2", "activation_function": "gelu_new", "attn_pdrop": 0.1, "embd_pdrop": 0.1,
+        "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "n_ctx": MAX_POSITIONS, "n_embd": HIDDEN,
+        "n_head": HEADS, "n_layer": 2, "n_positions": MAX_POSITIONS, "resid_pdrop": 0.1,
+        "summary_activation": None, "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
+        "summary_type": "cls_index", "summary_use_proj": True, "vocab_size": VOCAB_SIZE}),
 )

@@ -225,6 +225,8 @@ class Backbone(nn.Module):
         super().__init__()
         n = d.names
         setattr(self, n.embed, nn.Embedding(a.vocab, a.hidden))
+        if d.positions is not None:  # gpt2's wpe
+            setattr(self, d.positions.name, nn.Embedding(a.fields[d.positions.size], a.hidden))
         single = d.hybrid is not None and d.hybrid.block is HybridBlock.SINGLE
         setattr(self, n.layers, [(SingleOpBlock if single else Block)(a, d, spec) for spec in a.layers])
         if n.final_norm is not None:
@@ -402,6 +404,10 @@ class UniversalDense(nn.Module):
         """The final-normed hidden state [B, L, H] that feeds the head."""
         d, a, n, root = self.descriptor, self.args, self.descriptor.names, self.backbone
         h = root[n.embed](ids)
+        if d.positions is not None:  # gpt2's: arange(L) + the first cache's offset, as an array
+            c0 = None if cache is None else cache[0]
+            offset = mx.array(0 if c0 is None else c0.offset)
+            h = h + root[d.positions.name](mx.arange(ids.shape[1]) + offset[..., None])
         es = d.embed_scale
         if es is EmbedScale.SQRT_HIDDEN:
             h = h * (a.fields["hidden_size"] ** 0.5)

@@ -235,6 +235,10 @@ def _mlp_sections(d: ArchDescriptor, a: UniversalArgs):
 def _embedding(d: ArchDescriptor, a: UniversalArgs):
     n = d.names
     yield Line(f"h = {n.root}.{n.embed}(ids)", "Embedding(V, D)")
+    if d.positions is not None:
+        p = d.positions
+        yield Line(f"h = h + {n.root}.{p.name}(arange(L) + cache[0].offset)",
+                   f"Embedding({p.size} = {a.fields[p.size]}, D): learned absolute positions")
     es = d.embed_scale
     if es is EmbedScale.SQRT_HIDDEN:
         yield Line("h = h * D**0.5", f"= {a.fields['hidden_size'] ** 0.5}")

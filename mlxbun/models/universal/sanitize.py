@@ -15,9 +15,9 @@ import mlx.core as mx
 from mlxbun.errors import LoadError
 from mlxbun.models.universal.gemma4_sanitize import gemma4_sanitize
 from mlxbun.models.universal.kinds import (
-    SanitizeOp,
     exhaustive,
 )
+from mlxbun.models.universal.kinds_sanitize import SanitizeOp
 from mlxbun.models.universal.kinds_hybrid import (
     ConvLayout,
     GateUpLayout,
@@ -411,6 +411,20 @@ def _split_last_transposed(value):
     return value[..., :mid].swapaxes(-2, -1), value[..., mid:].swapaxes(-2, -1)
 
 
+def _gpt2(w: dict, fields: Mapping) -> tuple[dict, dict[str, str]]:
+    """gpt2.sanitize: each layer's causal-mask buffer dropped and its Conv1D weights transposed
+    (unprefixed keys only, as mlx-lm's loop reads them), then every key under model."""
+    dropped = {}
+    for i in range(fields["n_layer"]):
+        if f"h.{i}.attn.bias" in w:
+            del w[f"h.{i}.attn.bias"]
+            dropped[f"h.{i}.attn.bias"] = "the causal-mask buffer of transformers' GPT-2"
+        for name in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+            if f"h.{i}.{name}.weight" in w:
+                w[f"h.{i}.{name}.weight"] = w[f"h.{i}.{name}.weight"].swapaxes(0, 1)
+    return {(k if k.startswith("model.") else f"model.{k}"): v for k, v in w.items()}, dropped
+
+
 def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
                 fields: Mapping) -> tuple[dict, dict[str, str]]:
     dropped: dict[str, str] = {}
@@ -429,6 +443,8 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _split_interleaved_experts(w), {}
     if op is SanitizeOp.STEP3P5:
         return _step3p5(w, fields)
+    if op is SanitizeOp.GPT2:
+        return _gpt2(w, fields)
     if op is SanitizeOp.GEMMA4:
         return gemma4_sanitize(w, fields, rule.arg)
     if op is SanitizeOp.RENAME_SUBSTRINGS:  # lfm2_moe.sanitize's loop, replacement by replacement

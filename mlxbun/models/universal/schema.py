@@ -58,13 +58,13 @@ from mlxbun.models.universal.kinds import (
     Residual,
     ResidualScale,
     RopeKind,
-    SanitizeOp,
     StrEnum,
     SwigluClamp,
     TiedOp,
     TieRule,
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
+from mlxbun.models.universal.kinds_sanitize import SanitizeOp
 from mlxbun.models.universal.kinds_mla import MlaKind
 from mlxbun.models.universal.schema_hybrid import HybridKnobs, check_hybrid, check_hybrid_sanitize, hybrid_refs
 from mlxbun.models.universal.schema_mla import MlaKnobs
@@ -208,6 +208,15 @@ class HeadKnobs:
 
 
 @dataclass(frozen=True)
+class LearnedPositions:
+    """Learned absolute positions (gpt2, gpt_bigcode): `Model.<root>.<name>`, an Embedding of
+    `size` rows, looked up at arange(L) + cache[0].offset and added to the token embedding."""
+
+    size: str  # the ModelArgs field holding the number of positions (n_positions)
+    name: str = "wpe"
+
+
+@dataclass(frozen=True)
 class SlidingAttn:
     """Sliding layers' own head counts and q/k, value head dims: fields (mimo_v2_flash's swa_*)."""
 
@@ -287,6 +296,7 @@ class ArchDescriptor:
     block: BlockKnobs = BlockKnobs()
     embed_scale: EmbedScale | str | None = _kind(EmbedScale, None, or_field=True)
     embed_norm: bool = False  # nanochat: functional rms_norm after the embedding
+    positions: LearnedPositions | None = None  # learned absolute positions added to the embedding
     head: HeadKnobs = HeadKnobs()
     layers: LayerKnobs = LayerKnobs()
     moe: MoEKnobs | None = None
@@ -358,6 +368,8 @@ class ArchDescriptor:
             yield from (("embed_scale", "hidden_size"), ("embed_scale", "mup_enabled"))
         elif self.embed_scale is not None:
             yield "embed_scale", self.embed_scale
+        if self.positions is not None:
+            yield "positions.size", self.positions.size
         h = self.head
         if isinstance(h.tie, str) and not isinstance(h.tie, TieRule):
             yield "head.tie", h.tie

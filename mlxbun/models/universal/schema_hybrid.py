@@ -14,9 +14,9 @@ from mlxbun.models.universal.kinds import (
     NormKind,
     NormSlot,
     Residual,
-    SanitizeOp,
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
+from mlxbun.models.universal.kinds_sanitize import SanitizeOp
 from mlxbun.models.universal.kinds_hybrid import (
     ConvLayout,
     GateUpLayout,

@@ -18,7 +18,6 @@ from mlxbun.models.universal.kinds import (
     GroupGuard,
     MoeLayers,
     RouterKind,
-    SanitizeOp,
     SharedKind,
     SharedSize,
     SharedWhen,
@@ -26,6 +25,7 @@ from mlxbun.models.universal.kinds import (
     TopKSelect,
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
+from mlxbun.models.universal.kinds_sanitize import SanitizeOp
 
 __all__ = ["MoEKnobs", "MoENames", "RouterKnobs", "SharedKnobs", "StackExperts", "check_moe", "moe_refs"]
 

@@ -10,6 +10,7 @@ three agree.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from mlxbun.models.universal.schema import (
@@ -18,6 +19,7 @@ from mlxbun.models.universal.schema import (
     BlockKnobs,
     HeadKnobs,
     LayerKnobs,
+    LearnedPositions,
     LogitScale,
     MlpKnobs,
     Names,
@@ -56,6 +58,9 @@ _LLAMA_FIELDS = {
 _SILU = {"hidden_act": ("silu",)}
 _GEMMA_NORMS = NormNames(pre_attn="input_layernorm", post_attn="post_attention_layernorm",
                          pre_mlp="pre_feedforward_layernorm", post_mlp="post_feedforward_layernorm")
+# gpt2 / gpt_bigcode's module names (the GPT-2 layout)
+_GPT_NAMES = Names(embed="wte", layers="h", final_norm="ln_f", attn="attn", qkv="c_attn", o="c_proj",
+                   up="c_fc", down="c_proj", norms=NormNames(pre_attn="ln_1", pre_mlp="ln_2"))
 _POST_NORMS = NormNames(pre_attn=None, post_attn="post_attention_layernorm",
                         pre_mlp=None, post_mlp="post_feedforward_layernorm")
 _PARALLEL_NORM = NormNames(pre_attn="input_layernorm", pre_mlp=None)
@@ -563,6 +568,32 @@ _ROWS = [
         sanitize=(SanitizeRule("drop_containing", "rotary_emb",
                                "precomputed rotary frequencies (recomputed at init)"),),
         notes="the head is always the tied embedding (tie_word_embeddings is not consulted).",
+    ),
+    ArchDescriptor(
+        "gpt2",
+        _fields("model_type", "n_ctx", "n_embd", "n_head", "n_layer", "n_positions",
+                "layer_norm_epsilon", "vocab_size", num_key_value_heads=None),
+        hidden="n_embd", n_layers="n_layer", n_heads="n_head", n_kv_heads=None, head_dim="split",
+        qkv="fused", attn_bias=True, out_bias=True, rope=RopeKnobs(nope="all", nope_child=False),
+        mlp=MlpKnobs("plain", act="gelu_approx", bias=True, intermediate="4x_hidden"),
+        norm=NormKnobs("layernorm", eps="layer_norm_epsilon"), positions=LearnedPositions("n_positions"),
+        names=_GPT_NAMES, head=HeadKnobs(tie=True),
+        sanitize=(SanitizeRule("gpt2", None, "Conv1D weights transposed, the mask buffer dropped, "
+                                            "keys under model."),),
+        accepted_values={"activation_function": ("gelu_new",), "scale_attn_weights": (True,)},
+        ignored_keys={"n_inner": "mlx-lm's gpt2 MLP is 4 * n_embd wide",
+                      "num_key_value_heads": "mlx-lm's gpt2 attention has n_head KV heads",
+                      "tie_word_embeddings": "mlx-lm's gpt2 always ties the head (wte.as_linear)",
+                      "scale_attn_by_inverse_layer_idx": "not read by mlx-lm's gpt2",
+                      "reorder_and_upcast_attn": "not read by mlx-lm's gpt2 (no float32 upcast)",
+                      **dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation",
+                                       "summary_proj_to_labels", "summary_first_dropout"),
+                                      "the sequence-summary (classification) head: not the LM's")},
+        notes="GPT-2: learned absolute positions (wpe at arange(L) + the cache offset) and no rope; "
+              "fused c_attn split in three; LayerNorm pre-norm block with a 4 * n_embd GELU (tanh) "
+              "MLP; the head is always the tied embedding. Hugging Face's Conv1D weights are "
+              "transposed at load; n_inner, scale_attn_by_inverse_layer_idx and "
+              "reorder_and_upcast_attn are not read.",
     ),
     ArchDescriptor(
         "gpt_neox",

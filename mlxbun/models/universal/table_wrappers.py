@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from mlxbun.models.universal.kinds import SanitizeOp
+from mlxbun.models.universal.kinds_sanitize import SanitizeOp
 from mlxbun.models.universal.kinds_hybrid import GateUpLayout
 from mlxbun.models.universal.schema import ArchDescriptor, SanitizeRule
 from mlxbun.models.universal.schema_moe import StackExperts
