@@ -69,6 +69,7 @@ MANIFEST = {
         Entry("lille-130m"),
         Entry("gpt_neox"),
         Entry("gpt2"),
+        Entry("gpt_bigcode"),
         Entry("phi"),
         Entry("hunyuan_v1_dense"),
         Entry("apertus"),

@@ -62,4 +62,13 @@ REMOTE_CODE_ROWS = (
         "n_head": HEADS, "n_layer": 2, "n_positions": MAX_POSITIONS, "resid_pdrop": 0.1,
         "summary_activation": None, "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
         "summary_type": "cls_index", "summary_use_proj": True, "vocab_size": VOCAB_SIZE}),
+    # SantaCoder / StarCoder: the keys of bigcode/gpt_bigcode-santacoder's config (multi-query)
+    Arch("gpt_bigcode", "GPTBigCodeForCausalLM", base={
+        "model_type": "gpt_bigcode", "activation_function": "gelu_pytorch_tanh",
+        "attention_softmax_in_fp32": True, "attn_pdrop": 0.1, "embd_pdrop": 0.1, "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05, "multi_query": True, "n_embd": HIDDEN, "n_head": HEADS,
+        "n_inner": INTERMEDIATE, "n_layer": 2, "n_positions": MAX_POSITIONS, "resid_pdrop": 0.1,
+        "scale_attention_softmax_in_fp32": True, "scale_attn_weights": True, "summary_activation": None,
+        "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+        "summary_use_proj": True, "use_cache": True, "vocab_size": VOCAB_SIZE}),
 )

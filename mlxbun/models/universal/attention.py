@@ -18,6 +18,7 @@ from mlxbun.models.sharding import (
     ShardingError,
     check_heads,
     repeat_heads,
+    repeat_rows,
     shard_linear,
     slice_heads,
 )
@@ -185,9 +186,9 @@ class Attention(nn.Module):
         H, KV = self._h, self._kv
         check_heads(where, H, N)
         repeat_kv = KV % N != 0
-        if repeat_kv and (N % KV or d.qkv is not QKV.SEPARATE):
+        if repeat_kv and (N % KV or d.qkv not in (QKV.SEPARATE, QKV.FUSED)):
             raise ShardingError(f"{where}: {KV} KV heads neither split across {N} ranks nor repeat "
-                                f"to one per rank" + ("" if d.qkv is QKV.SEPARATE else " (fused q/k/v)"))
+                                f"to one per rank" + ("" if d.qkv is QKV.SEPARATE else f" ({d.qkv} q/k/v)"))
         qk = self._qk
         if qk is not None and qk.at is QKNormAt.FLAT and qk.kind is not QKNormKind.RMS:
             raise ShardingError(f"{where}: a {qk.kind} q/k norm over all heads has no sharded form")
@@ -198,7 +199,7 @@ class Attention(nn.Module):
         layers = {}  # every split computed (and checked) before any is set
         if d.qkv is QKV.SEPARATE:
             layers[n.q] = shard_linear(self[n.q], ALL_TO_SHARDED, group, where=f"{where}.{n.q}")
-        elif d.qkv is QKV.FUSED:
+        elif d.qkv is QKV.FUSED and not repeat_kv:  # (repeated KV heads: last, below)
             q_size = H * self._hd
             layers[n.qkv] = shard_linear(self[n.qkv], ALL_TO_SHARDED, group, where=f"{where}.{n.qkv}",
                                          segments=[q_size, q_size + KV * self._hd])
@@ -219,6 +220,12 @@ class Attention(nn.Module):
         for name in kv if repeat_kv else ():  # last: repeated to N heads, the split always works
             repeat_heads(self[name], KV, N)
             layers[name] = shard_linear(self[name], ALL_TO_SHARDED, group, where=f"{where}.{name}")
+        if repeat_kv and d.qkv is QKV.FUSED:  # last, alike: the k rows, then the v rows, repeated
+            q_size, hd = H * self._hd, self._hd  # (gpt_bigcode's multi-query c_attn)
+            for start in (q_size, q_size + N * hd):
+                repeat_rows(self[n.qkv], KV, N, rows=(start, start + KV * hd))
+            layers[n.qkv] = shard_linear(self[n.qkv], ALL_TO_SHARDED, group, where=f"{where}.{n.qkv}",
+                                         segments=[q_size, q_size + N * hd])
         for name, module in layers.items():
             setattr(self, name, module)
         if qk is not None and qk.kind is QKNormKind.LAYERNORM_2D:  # weight [heads, head_dim]

@@ -516,6 +516,8 @@ class PostInit(StrEnum):
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
     GEMMA4_TEXT = "gemma4_text"  # rope_parameters / layer_types defaults; KV sharing checked (gemma4_args)
+    MULTI_QUERY_KV_HEADS = "multi_query_kv_heads"  # gpt_bigcode: num_key_value_heads None: 1 if
+    # multi_query else n_head; a value that disagrees is refused (mlx-lm's attention reads multi_query)
 
 
 def kind_field(enum: type[StrEnum], default: Any = dataclasses.MISSING, *, or_field: bool = False,

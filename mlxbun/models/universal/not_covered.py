@@ -63,8 +63,6 @@ NOT_COVERED: dict[str, str] = {
                     "needs a dedicated port",
     "afm7": "fused LoRA-capable qkv linears and KV-reuse layers: needs a dedicated port",
     "bitnet": "ternary BitLinear weights with activation quantization: needs a dedicated port",
-    "gpt_bigcode": "learned absolute position embeddings (wpe) and multi-query c_attn: "
-                   "not a descriptor knob",
     "gptj": "rotary on the first rotary_dim dims via split/concat and a single-norm parallel block: "
             "needs a port",
     "iquestloopcoder": "loop-gated recurrent reuse of layers: needs a dedicated port",

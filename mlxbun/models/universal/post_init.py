@@ -29,6 +29,15 @@ def _kv_heads_default(a: dict, mt: str) -> None:
         a["num_key_value_heads"] = a["num_attention_heads"]
 
 
+def _multi_query_kv_heads(a: dict, mt: str) -> None:
+    kv = 1 if a["multi_query"] else a["n_head"]  # what mlx-lm's gpt_bigcode attention builds
+    if a.get("num_key_value_heads") is None:
+        a["num_key_value_heads"] = kv
+    elif a["num_key_value_heads"] != kv:
+        raise _fail(mt, f"num_key_value_heads {a['num_key_value_heads']!r} disagrees with multi_query "
+                        f"{a['multi_query']!r} (mlx-lm's attention builds {kv} KV heads from multi_query)")
+
+
 def _layer_types_full(a: dict, mt: str) -> None:
     if a["layer_types"] is None:
         a["layer_types"] = ["full_attention"] * a["num_hidden_layers"]
@@ -290,4 +299,5 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MAMBA2_STATE: mamba2_state,
     PostInit.NEMOTRON_PATTERN: nemotron_pattern,
     PostInit.GEMMA4_TEXT: gemma4_text_post_init,
+    PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
 })

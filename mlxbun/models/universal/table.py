@@ -596,6 +596,27 @@ _ROWS = [
               "reorder_and_upcast_attn are not read.",
     ),
     ArchDescriptor(
+        "gpt_bigcode",
+        _fields("model_type", "n_embd", "n_layer", "n_inner", "n_head", "n_positions",
+                "layer_norm_epsilon", "vocab_size", num_key_value_heads=None, multi_query=True,
+                attention_bias=True, mlp_bias=True, tie_word_embeddings=True),
+        ("multi_query_kv_heads",),
+        hidden="n_embd", n_layers="n_layer", n_heads="n_head", head_dim="split", qkv="fused",
+        attn_bias="attention_bias", out_bias="attention_bias", rope=RopeKnobs(nope="all", nope_child=False),
+        mlp=MlpKnobs("plain", act="gelu", bias="mlp_bias", intermediate="n_inner"),
+        norm=NormKnobs("layernorm", eps="layer_norm_epsilon"), positions=LearnedPositions("n_positions"),
+        names=replace(_GPT_NAMES, root="transformer"), accepted_values={"scale_attn_weights": (True,)},
+        ignored_keys={"activation_function": "mlx-lm's gpt_bigcode uses exact GELU whatever the config says",
+                      "attention_softmax_in_fp32": "not read by mlx-lm (no float32 upcast)",
+                      "scale_attention_softmax_in_fp32": "not read by mlx-lm (no float32 upcast)",
+                      **dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation",
+                                       "summary_proj_to_labels", "summary_first_dropout"),
+                                      "the sequence-summary (classification) head: not the LM's")},
+        notes="StarCoder / SantaCoder: gpt2's block with multi-query attention (one KV head when "
+              "multi_query), an n_inner-wide exact-GELU MLP and an optional own head; learned "
+              "absolute positions; mlx-lm's file has no sanitize.",
+    ),
+    ArchDescriptor(
         "gpt_neox",
         _fields("model_type", "max_position_embeddings", "hidden_size", "num_attention_heads",
                 "num_hidden_layers", "layer_norm_eps", "vocab_size", "rotary_emb_base",
