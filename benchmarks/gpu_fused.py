@@ -1,6 +1,10 @@
 """On the H200: the fused decode kernels (issue 28), checked against their MLX-op reference and timed.
 
-    python3 benchmarks/gpu_fused.py [--out DIR] [--sections check bench torch] [--specs ...] [--smoke]
+    python3 benchmarks/gpu_fused.py [--out DIR] [--sections check bench profile torch] [--specs ...]
+        [--knobs LABEL:NAME=VALUE,... ...] [--smoke]
+
+`--knobs` adds fused variants to `check`, `bench` and `profile`: `fused_decode`'s module knobs (RW, QKV_RW,
+NW, QKV_NW, QKV_SPLIT, MAX_SPLIT, TARGET_WARPS) set for that variant only.
 
 Sections:
 - `check`: each fused kernel (qkv_rope with and without q/k norm and biases, traditional RoPE;
@@ -13,6 +17,10 @@ Sections:
   each split into host build / encode / GPU-after / pipelined microseconds (gpu_profile's `split`),
   tokens/s from the pipelined time, kernels per step counted from the step's graph
   (`fast.kernel_count`), and the fused step's drift against the exact path (KLD, top-1).
+- `profile`: where the fused step's GPU time goes, from CUPTI through torch.profiler (the device has
+  no Nsight; CUPTI records every kernel the process launches, MLX's too): each of layer 0's fused
+  ops launched alone (median kernel time, the bytes it reads, GB/s), and a run of pipelined steps
+  (GPU busy time per step, the idle time between kernels, the kernels by name).
 - `torch`: the PyTorch anchor: transformers' Llama (random weights, the same shape, bf16) with a
   static cache under torch.compile(mode="reduce-overhead"), one-token decode steps timed.
 
@@ -137,31 +145,36 @@ CHECK_COLS = ["what", "rel_max_diff", "kv_rel_max_diff", "deterministic", "inpla
               "passed"]
 
 
-def check_rows(smoke: bool = False) -> list[tuple[str, list[dict]]]:
-    """(model label, rows) per checked model: every fused kernel against its reference, each row's
-    `passed` set (also `benchmarks/gpu_check.py --checks fused`)."""
+def check_rows(smoke: bool = False, knobs=()) -> list[tuple[str, list[dict]]]:
+    """(model label, rows) per checked model and knob variant (the defaults, then each of `knobs`):
+    every fused kernel against its reference, each row's `passed` set (also `benchmarks/gpu_check.py
+    --checks fused`)."""
     out = []
     for spec, dtype in (("llama-3.2-1b", "bfloat16"), ("llama-3.2-1b@4", "bfloat16"), ("llama-3.2-1b@8", "float16"),
                         ("qwen3-0.6b@4", "bfloat16")):
         name, _, bits = spec.partition("@")
         mut = load_engines(f"random:{name}", dtype=dtype, quant=int(bits) if bits else None, engines=("mlxbun",),
                            scale_down=16 if smoke else None)
-        fast = enable_fast(mut.engines["mlxbun"].module)
+        model = mut.engines["mlxbun"].module
+        fast = enable_fast(model)
         plan = fused_plan_of(fast)
-        rows = _check_layer(f"{spec} {dtype}", plan, plan.dtype)
-        for r in rows:
-            r["passed"] = (r["rel_max_diff"] <= CHECK_BOUND and r.get("kv_rel_max_diff", 0.0) <= CHECK_BOUND
-                           and r["deterministic"] and r.get("inplace_buffer_equal_scatter", True))
-        out.append((f"{spec} {dtype}", rows))
-        del mut, fast, plan
+        for variant, variant_knobs in [("", {})] + list(knobs):
+            label = f"{spec} {dtype}" + (f" ({variant})" if variant else "")
+            with _knobs(model, variant_knobs):
+                rows = _check_layer(label, plan, plan.dtype)
+            for r in rows:
+                r["passed"] = (r["rel_max_diff"] <= CHECK_BOUND and r.get("kv_rel_max_diff", 0.0) <= CHECK_BOUND
+                               and r["deterministic"] and r.get("inplace_buffer_equal_scatter", True))
+            out.append((label, rows))
+        del mut, fast, plan, model
         mx.clear_cache()
     return out
 
 
-def section_check(smoke: bool) -> str:
+def section_check(smoke: bool, knobs=()) -> str:
     out = [f"## check: each fused kernel against its MLX-op reference (bound {CHECK_BOUND:g})\n"]
     verdicts = []
-    for label, rows in check_rows(smoke):
+    for label, rows in check_rows(smoke, knobs):
         verdicts.extend(r["passed"] for r in rows)
         out.append(f"### {label}\n\n" + _md(rows, CHECK_COLS))
     out.insert(1, f"**{'every check passed' if all(verdicts) else 'SOME CHECKS FAILED'}** "
@@ -179,7 +192,46 @@ def _count(step_outputs, layers: int) -> dict:
             "by_primitive": dict(k.kernels.most_common(12))}
 
 
-def section_bench(specs, context: int, smoke: bool, no_split: bool = True, scatter: bool = False) -> str:
+def parse_knobs(items) -> list[tuple[str, dict]]:
+    """`LABEL:NAME=VALUE,NAME=VALUE` items as (label, {NAME: int}), each NAME one of fused_decode's knobs."""
+    out = []
+    for item in items or []:
+        label, _, rest = item.partition(":")
+        knobs = {}
+        for pair in filter(None, rest.split(",")):
+            name, _, value = pair.partition("=")
+            if name not in KNOBS or not value.lstrip("-").isdigit():
+                raise SystemExit(f"--knobs {item!r}: {pair!r} is not NAME=INT with NAME one of {', '.join(KNOBS)}")
+            knobs[name] = int(value)
+        if not label or not knobs:
+            raise SystemExit(f"--knobs {item!r}: expected LABEL:NAME=VALUE[,NAME=VALUE...]")
+        out.append((label, knobs))
+    return out
+
+
+KNOBS = ("RW", "QKV_RW", "NW", "QKV_NW", "QKV_SPLIT", "MAX_SPLIT", "TARGET_WARPS")
+
+
+class _knobs:
+    """fused_decode's module knobs set for a `with` block (and the compiled fused steps forgotten)."""
+
+    def __init__(self, model, knobs: dict):
+        self.model, self.knobs = model, knobs
+
+    def __enter__(self):
+        self.saved = {k: getattr(fused_decode, k) for k in self.knobs}
+        for k, v in self.knobs.items():
+            setattr(fused_decode, k, v)
+        forget_fused_steps(self.model)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            setattr(fused_decode, k, v)
+        forget_fused_steps(self.model)
+
+
+def section_bench(specs, context: int, smoke: bool, no_split: bool = True, scatter: bool = False,
+                  knobs=()) -> str:
     out = [f"## bench: decode steps, context {context}\n"]
     for spec in specs:
         name, _, bits = spec.partition("@")
@@ -215,21 +267,16 @@ def section_bench(specs, context: int, smoke: bool, no_split: bool = True, scatt
             variants.append(("in place, no split-K", True, {"MAX_SPLIT": 1, "QKV_SPLIT": 1}))
         if scatter:
             variants.append(("scatter", False, {}))
-        for label, inplace, knobs in variants:
-            saved = {k: getattr(fused_decode, k) for k in knobs}
-            for k, v in knobs.items():
-                setattr(fused_decode, k, v)
-            forget_fused_steps(model)
-            cache = mb.make_cache()
-            mb.forward(prompt, cache)
-            mx.eval([c.state for c in cache])
-            dec = FusedDecoder(model, plan, cache, 400, _ops(inplace))
-            counted = _count(dec.pending(tok), layers)
-            rows.append(record("bench", f"{spec}: fused ({label})", **split(lambda: dec(tok)), **counted))
-            del dec, cache
-            for k, v in saved.items():
-                setattr(fused_decode, k, v)
-            forget_fused_steps(model)
+        variants += [(label, True, k) for label, k in knobs]
+        for label, inplace, variant_knobs in variants:
+            with _knobs(model, variant_knobs):
+                cache = mb.make_cache()
+                mb.forward(prompt, cache)
+                mx.eval([c.state for c in cache])
+                dec = FusedDecoder(model, plan, cache, 400, _ops(inplace))
+                counted = _count(dec.pending(tok), layers)
+                rows.append(record("bench", f"{spec}: fused ({label})", **split(lambda: dec(tok)), **counted))
+                del dec, cache
         for r in rows:
             r["tok_s"] = 1e6 / r["pipelined_us"]
         base = rows[0]["tok_s"]
@@ -246,6 +293,119 @@ def section_bench(specs, context: int, smoke: bool, no_split: bool = True, scatt
                    + _md(rows[:-1], SPLIT_COLS + ["vs_mlx_lm"])
                    + _md(rows[-1:], ["what", "kld_mean", "kld_max", "top1", "max_abs_diff"]))
         del mut, rows, fast, model, lm, mb
+        mx.clear_cache()
+    return "\n".join(out)
+
+
+def _kernels_of(run, times: int) -> list[dict]:
+    """The kernels (name, ts, dur in us) CUPTI saw while `run()` ran `times` times."""
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.init()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(times):
+            run()
+        mx.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    return [e for e in events if e.get("cat") == "kernel"]
+
+
+def _weights_bytes(*ws) -> int:
+    return sum(w.w.nbytes + (0 if w.bits == 16 else w.scales.nbytes + w.biases.nbytes) for w in ws)
+
+
+def _median_kernel_us(kernels: list[dict]) -> dict:
+    """Per launch of one op (its kernels grouped by name): the median time of each, and their sum."""
+    by = {}
+    for k in kernels:
+        by.setdefault(k["name"], []).append(float(k["dur"]))
+    med = {n: sorted(v)[len(v) // 2] for n, v in by.items()}
+    return {"us": sum(med.values()), "launches": len(med)}
+
+
+def _profile_ops(label: str, plan, dtype) -> list[dict]:
+    layer, ops, rows = plan.layers[0], CudaFusedOps(inplace=True), []
+    x = mx.random.normal((plan.hidden,), key=mx.random.key(3)).astype(dtype)
+    inner = mx.random.normal((layer.down.width,), key=mx.random.key(6)).astype(dtype) * 0.1
+    buffer = mx.zeros((2, layer.attn.hkv, 1024, layer.attn.head_dim), dtype)
+    pos = mx.array([511], mx.int32)
+    mx.eval(x, inner, buffer)
+    cases = {
+        "qkv_rope": (lambda: ops.qkv_rope(x, layer.attn_norm, (layer.q, layer.k, layer.v),
+                                          layer.attn.at(buffer, pos))[0],
+                     _weights_bytes(layer.q, layer.k, layer.v)),
+        "gemv o_proj+residual": (lambda: ops.gemv(x, layer.o, residual=x), _weights_bytes(layer.o)),
+        "gemv_swiglu": (lambda: ops.gemv_swiglu(x, layer.mlp_norm, layer.gate, layer.up),
+                        _weights_bytes(layer.gate, layer.up)),
+        "gemv down+residual": (lambda: ops.gemv(inner, layer.down, residual=x), _weights_bytes(layer.down)),
+        "gemv norm+head": (lambda: ops.gemv(x, plan.head, norm=plan.final_norm), _weights_bytes(plan.head)),
+    }
+    for name, (run, nbytes) in cases.items():
+        mx.eval(run())
+        got = _median_kernel_us(_kernels_of(lambda: mx.eval(run()), 21))
+        rows.append(record("profile", f"{label}: {name}", kernel_us=got["us"], launches=got["launches"],
+                           mib=nbytes / 2**20, gb_s=nbytes / max(got["us"], 1e-9) / 1e3))
+    return rows
+
+
+def _profile_steps(label: str, step, steps: int = 24) -> dict:
+    for _ in range(4):
+        mx.eval(step())
+    mx.synchronize()
+    t0 = time.perf_counter()
+    kernels = _kernels_of(lambda: mx.async_eval(step()), steps)
+    wall = (time.perf_counter() - t0) / steps * 1e6
+    if not kernels:
+        return record("profile", f"{label}: step", error="CUPTI saw no kernels")
+    start = min(float(k["ts"]) for k in kernels)
+    end = max(float(k["ts"]) + float(k["dur"]) for k in kernels)
+    busy = sum(float(k["dur"]) for k in kernels)
+    by = {}
+    for k in kernels:
+        by.setdefault(k["name"][:80], []).append(float(k["dur"]))
+    top = sorted(((sum(v) / steps, len(v) / steps, n) for n, v in by.items()), reverse=True)[:10]
+    return record("profile", f"{label}: step", wall_us=wall, gpu_span_us=(end - start) / steps,
+                  gpu_busy_us=busy / steps, idle_us=(end - start - busy) / steps,
+                  kernels_per_step=len(kernels) / steps,
+                  top=[{"us": round(us, 1), "per_step": round(c, 2), "name": n} for us, c, n in top])
+
+
+def section_profile(specs, context: int, smoke: bool, knobs=()) -> str:
+    out = ["## profile: the fused step's GPU time (CUPTI through torch.profiler)\n"]
+    if not cuda_available():
+        return out[0] + "\nNot run: it times the CUDA kernels, and this machine has no CUDA device.\n"
+    for spec in specs:
+        name, _, bits = spec.partition("@")
+        mut = load_engines(f"random:{name}", dtype="bfloat16", quant=int(bits) if bits else None,
+                           engines=("mlxbun",), scale_down=16 if smoke else None)
+        mb = mut.engines["mlxbun"]
+        model = mb.module
+        fast = enable_fast(model)
+        fast.fused = True
+        plan = fused_plan_of(fast)
+        prompt = mx.random.randint(16, mut.vocab_size, (1, context), key=mx.random.key(1))
+        tok = prompt[:, -1:]
+        op_rows, step_rows = [], []
+        for label, variant_knobs in [("default", {})] + list(knobs):
+            with _knobs(model, variant_knobs):
+                op_rows += _profile_ops(f"{spec} {label}", plan, plan.dtype)
+                cache = mb.make_cache()
+                mb.forward(prompt, cache)
+                mx.eval([c.state for c in cache])
+                dec = FusedDecoder(model, plan, cache, 400, _ops(True))
+                step_rows.append(_profile_steps(f"{spec} {label}", lambda: dec(tok)))
+                del dec, cache
+        out.append(f"### {spec}\n\n" + _md(op_rows, ["what", "kernel_us", "launches", "mib", "gb_s"])
+                   + _md(step_rows, ["what", "wall_us", "gpu_span_us", "gpu_busy_us", "idle_us", "kernels_per_step"])
+                   + "\n".join(f"- {r['what']}: " + "; ".join(f"{t['us']} us x{t['per_step']} {t['name']}"
+                                                              for t in r.get("top", [])) for r in step_rows) + "\n")
+        del mut, fast, model, mb, plan
         mx.clear_cache()
     return "\n".join(out)
 
@@ -307,21 +467,26 @@ def section_torch(specs, context: int, smoke: bool) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
-    p.add_argument("--sections", nargs="+", default=["check", "bench"], choices=["check", "bench", "torch"])
+    p.add_argument("--sections", nargs="+", default=["check", "bench"], choices=["check", "bench", "profile", "torch"])
     p.add_argument("--specs", nargs="+", default=SPECS)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--scatter", action="store_true", help="bench: also the K/V rows written by a scatter")
     p.add_argument("--no-split-variant", action="store_true", help="bench: also the kernels without split-K")
+    p.add_argument("--knobs", nargs="*", default=[], help="check / bench / profile: more fused variants, LABEL:NAME=INT,...")
     args = p.parse_args(argv)
+    knobs = parse_knobs(args.knobs)
     parts = [f"# gpu_fused ({mx.__version__}, {mx.default_device()}, cuda={cuda_available()})\n"]
     fused_decode.FUSED_CHECKED = True  # this run is the check (its rows say whether it passed)
     for name in args.sections:
         try:
             if name == "check":
-                parts.append(section_check(args.smoke))
+                parts.append(section_check(args.smoke, knobs))
             elif name == "bench":
-                parts.append(section_bench(args.specs, args.context, args.smoke, args.no_split_variant, args.scatter))
+                parts.append(section_bench(args.specs, args.context, args.smoke, args.no_split_variant, args.scatter,
+                                           knobs))
+            elif name == "profile":
+                parts.append(section_profile(args.specs, args.context, args.smoke, knobs))
             else:
                 parts.append(section_torch(args.specs, args.context, args.smoke))
         except Exception as e:  # one section's failure must not lose the others' rows

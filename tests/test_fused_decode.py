@@ -212,7 +212,7 @@ def test_the_compiled_and_fused_steps_are_counted_from_their_graphs(zoo):
 def _template(kind, dtype, bits, **kw):
     t = [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", kw.get("K", 2048)), ("N", 2048), ("BITS", bits),
          ("GS", kw.get("GS", 64)), ("NW", fd.QKV_NW if kind == "qkv" else fd.NW), ("SPLIT", kw.get("split", 1)),
-         ("EPS_BITS", float_bits(1e-5))]
+         ("RW", kw.get("rw", fd.QKV_RW if kind == "qkv" else fd.RW)), ("EPS_BITS", float_bits(1e-5))]
     if kind == "gemv":
         t += [("NORM", kw.get("norm", True)), ("RESIDUAL", kw.get("residual", True))]
     if kind == "qkv":
@@ -237,7 +237,7 @@ def test_the_fused_sources_compile_without_spills(kind, dtype, bits, group):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("variant", [dict(qk=False, bias=False, trad=True, inplace=False, D=128),
                                      dict(norm=False, residual=False, D=256), dict(split=2, D=128),
-                                     dict(split=8, K=8192)])
+                                     dict(split=8, K=8192), dict(rw=4, split=2), dict(rw=1)])
 def test_the_fused_sources_compile_in_their_other_variants(variant):
     for kind in ("gemv", "swiglu", "qkv"):
         inputs, outputs = kernel_signature(kind, mx.bfloat16, 4)

@@ -21,14 +21,27 @@ def gpu_fused(monkeypatch):
 
 
 def test_the_script_checks_and_benches_on_shrunken_shapes(gpu_fused, tmp_path):
-    assert gpu_fused["main"](["--smoke", "--out", str(tmp_path), "--sections", "check", "bench",
-                              "--specs", "llama-3.2-1b@4"]) == 0
+    assert gpu_fused["main"](["--smoke", "--out", str(tmp_path), "--sections", "check", "bench", "profile",
+                              "--specs", "llama-3.2-1b@4", "--knobs", "rows4:RW=4,QKV_RW=2"]) == 0
+    assert "(rows4)" in (tmp_path / "gpu_fused.md").read_text().split("## bench")[0]  # checked too
     md = (tmp_path / "gpu_fused.md").read_text()
     assert "every check passed" in md and "failed" not in md
     rows = json.loads((tmp_path / "gpu_fused.json").read_text())
     assert {"fused (in place)", "mlx-lm", "mlxbun compiled step"} <= {r["what"].split(": ")[-1] for r in rows}
     fused = next(r for r in rows if r["what"].endswith("fused (in place)"))
     assert fused["kernels"] > 0 and fused["tok_s"] > 0
+    assert any(r["what"].endswith("fused (rows4)") for r in rows)  # the --knobs variant
+    assert "Not run: it times the CUDA kernels" in md  # the profile section needs the device
+
+
+def test_knobs_name_fused_decode_settings_and_bad_ones_are_refused(gpu_fused):
+    from mlxbun.kernels import fused_decode
+    parse = gpu_fused["parse_knobs"]
+    assert parse(["a:RW=4,QKV_NW=32", "b:MAX_SPLIT=1"]) == [("a", {"RW": 4, "QKV_NW": 32}), ("b", {"MAX_SPLIT": 1})]
+    assert all(hasattr(fused_decode, k) for k in gpu_fused["KNOBS"])
+    for bad in ("RW=4", "a:", "a:BOGUS=1", "a:RW=x"):
+        with pytest.raises(SystemExit, match="--knobs"):
+            parse([bad])
 
 
 def test_a_kernel_outside_its_bound_fails_the_check(gpu_fused, monkeypatch):

@@ -37,8 +37,12 @@ __all__ = ["FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "QKV
 
 FUSED_BITS = (16, 4, 8)  # 16: bfloat16 / float16 weights; 4, 8: affine codes
 FUSED_GROUPS = (32, 64, 128)
-NW = 8  # warps per block of the GEMVs (one row each)
+NW = 8  # warps per block of the GEMVs
 QKV_NW = 16  # warps per block of qkv_rope: its HQ + 2 HKV blocks each walk a head's D rows
+# Rows per warp (gemv and gemv_swiglu: RW of gate and RW of up; qkv_rope: QKV_RW): a chunk of x is
+# read and converted once for all of them, and their loads are in flight together.
+RW = 2
+QKV_RW = 1
 # Split-K across warps: a GEMV of few rows gives each row SPLIT warps (each takes every SPLIT-th run
 # of 32 chunks; their sums added in warp order), so the GPU has enough loads in flight. The GEMVs
 # aim at TARGET_WARPS warps in all (about 32 per SM of an H100 / H200); qkv_rope's few head blocks
@@ -49,10 +53,10 @@ QKV_SPLIT = 2
 KV_WRITE = "inplace"  # or "scatter" (see the module docstring)
 # Whether the kernels have passed `benchmarks/gpu_fused.py --sections check` on a CUDA GPU (each
 # within its bound of the MLX-op reference, bit-equal run to run, the in-place write equal to the
-# scatter): they have, on an H100, 36 of 36 (benchmarks/gpu-h200-fast-raw/20-fused-h100-split; raw
-# 19 before split-K). Set it False to take the kernels out while a change to them awaits that check:
-# a fast run then takes the compiled step and says why (the check script turns them on for its run).
-FUSED_CHECKED = True
+# scatter). The kernels before rows per warp (RW) and the conversion-free code loop passed on an H100,
+# 36 of 36 (benchmarks/gpu-h200-fast-raw/20-fused-h100-split); these await their check. While False a
+# fast run takes the compiled step and says why (the check script turns them on for its run).
+FUSED_CHECKED = False
 
 
 @dataclass(frozen=True)
@@ -155,23 +159,23 @@ def _kernel(kind: str, dtype, bits: int):
     return _kernels[key]
 
 
-def split_for(w: Weights, rows: int, target: Optional[int] = None) -> int:
-    """Warps per output row: the smallest power of two up to MAX_SPLIT that gives `target`
+def split_for(w: Weights, rows: int, target: Optional[int] = None, rw: int = 1) -> int:
+    """Warps per `rw` output rows: the smallest power of two up to MAX_SPLIT that gives `target`
     (TARGET_WARPS) warps in all, while every lane still reads at least one 16-byte chunk."""
     chunks = w.width // (8 if w.bits == 16 else 128 // w.bits)
     split = 1
-    while split < MAX_SPLIT and rows * split < (target or TARGET_WARPS) and chunks >= 64 * split:
+    while split < MAX_SPLIT and -(-rows // rw) * split < (target or TARGET_WARPS) and chunks >= 64 * split:
         split *= 2
     return split
 
 
-def _common(dtype, w: Weights, K: int, N: int, nw: int = NW, split: int = 1) -> list:
+def _common(dtype, w: Weights, K: int, N: int, nw: int = NW, split: int = 1, rw: int = 1) -> list:
     return [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), ("N", N), ("BITS", w.bits),
-            ("GS", w.group_size or 32), ("NW", nw), ("SPLIT", split)]
+            ("GS", w.group_size or 32), ("NW", nw), ("SPLIT", split), ("RW", rw)]
 
 
-def _grid(N: int, split: int) -> tuple:
-    rows_per_block = NW // split
+def _grid(N: int, split: int, rw: int) -> tuple:
+    rows_per_block = NW // split * rw
     return (-(-N // rows_per_block) * NW * 32, 1, 1)
 
 
@@ -192,21 +196,21 @@ class CudaFusedOps:
         """(residual +) w . (rms_norm(x, *norm) or x) -> [N]; `norm`: (weight, eps)."""
         dtype, K, N = x.dtype, w.width, w.rows
         norm_w, eps = norm if norm is not None else (x, 0.0)
-        split = split_for(w, N)
-        template = _common(dtype, w, K, N, split=split) + [
+        split = split_for(w, N, rw=RW)
+        template = _common(dtype, w, K, N, split=split, rw=RW) + [
             ("NORM", norm is not None), ("RESIDUAL", residual is not None), ("EPS_BITS", float_bits(eps))]
         return _kernel("gemv", dtype, w.bits)(
             inputs=[x, norm_w, *_operands(w), x if residual is None else residual], template=template,
-            grid=_grid(N, split), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)], output_dtypes=[dtype])[0]
+            grid=_grid(N, split, RW), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)], output_dtypes=[dtype])[0]
 
     @staticmethod
     def gemv_swiglu(x, norm: tuple, gate: Weights, up: Weights) -> mx.array:
         dtype, K, N = x.dtype, gate.width, gate.rows
-        split = split_for(gate, 2 * N)  # two rows per warp (gate and up)
-        template = _common(dtype, gate, K, N, split=split) + [("EPS_BITS", float_bits(norm[1]))]
+        split = split_for(gate, 2 * N, rw=2 * RW)  # RW rows of gate and RW of up per warp
+        template = _common(dtype, gate, K, N, split=split, rw=RW) + [("EPS_BITS", float_bits(norm[1]))]
         return _kernel("swiglu", dtype, gate.bits)(
             inputs=[x, norm[0], *_operands(gate), *_operands(up)], template=template,
-            grid=_grid(N, split), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)], output_dtypes=[dtype])[0]
+            grid=_grid(N, split, RW), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)], output_dtypes=[dtype])[0]
 
     def qkv_rope(self, x, norm: tuple, proj: tuple, attn) -> tuple[mx.array, mx.array, mx.array, mx.array]:
         """(queries [HQ * D], the buffer holding the new rows, next_pos [1], kv_new [2 * HKV * D]).
@@ -216,7 +220,7 @@ class CudaFusedOps:
         a = attn
         buffer, pos = a.buffer, a.pos
         split = split_for(q, 1, target=QKV_SPLIT)  # QKV_SPLIT, or fewer where the rows are short
-        template = _common(dtype, q, K, 0, QKV_NW, split) + [
+        template = _common(dtype, q, K, 0, QKV_NW, split, QKV_RW) + [
             ("EPS_BITS", float_bits(norm[1])), ("HQ", a.hq), ("HKV", a.hkv), ("D", a.head_dim),
             ("QK_NORM", a.q_norm is not None), ("QK_EPS_BITS", float_bits(a.qk_eps)), ("BIAS", a.bias is not None),
             ("ROPE_TRAD", a.traditional), ("ROPE_SCALE_BITS", float_bits(a.rope_scale)),

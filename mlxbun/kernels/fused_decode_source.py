@@ -34,110 +34,84 @@ from mlxbun.kernels.qmv_source import HEADER as HALF_HEADER
 __all__ = ["GEMV", "GEMV_SWIGLU", "HEADER", "QKV_ROPE"]
 
 HEADER = HALF_HEADER + r"""
-// This lane's share of one weight row's dot product with x: the 16-byte chunks start, start + STRIDE,
-// ... (a warp's 32 lanes start at consecutive chunks; SPLIT warps of a row interleave theirs).
-// BITS 16: `w_row` holds the row's K 16-bit values; BITS 4 / 8: its packed uint32 codes, with the
-// row's per-group scales and biases (affine: w = s * q + b).
-template <int BITS, int K, int GS, bool BF16, int STRIDE, typename X, typename W, typename S>
-__device__ __forceinline__ float mlxbun_row_dot(const X* x, const W* w_row, const S* s_row, const S* b_row,
-                                                int start) {
+// This lane's shares of R weight rows' dot products with one x: `w[r]` is row r (BITS 16: its K
+// 16-bit values; BITS 4 / 8: its packed uint32 codes, with the per-group scales `s[r]` and biases
+// `b[r]`, affine: w = s * q + b). A lane takes the 16-byte chunks start, start + STRIDE, ... (a
+// warp's 32 lanes start at consecutive chunks; SPLIT warps of a row interleave theirs). Each chunk
+// of x is read and converted once for all R rows, and the R rows' loads are in flight together.
+// Codes become floats without an int-to-float conversion: (q << 4i) | 0x4b000000 is the float
+// 2^23 + q * 16^i, exact for the 16 low bits of a word (the high half is shifted down first), and
+// x comes pre-divided by 16^i (a power of two: exact), so (that - 2^23) * x' is q * x exactly and
+// each row's sums are the plain loop's: `scale * sum(q x) + bias * sum(x)` per chunk in float32.
+template <int BITS, int K, int GS, bool BF16, int STRIDE, int R, typename X, typename W, typename S>
+__device__ __forceinline__ void mlxbun_rows_dot(const X* x, const W* const* w, const S* const* s, const S* const* b,
+                                                int start, float* acc) {
   const uint4* xv = reinterpret_cast<const uint4*>(x);
-  const uint4* wv = reinterpret_cast<const uint4*>(w_row);
-  float acc = 0.0f;
-  if constexpr (BITS == 16) {
-#pragma unroll 4
-    for (int c = start; c < K / 8; c += STRIDE) {
-      float xf[8], wf[8];
-      unpack8<BF16>(xv[c], xf);
-      unpack8<BF16>(wv[c], wf);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        acc += wf[j] * xf[j];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = 0.0f;
+  }
+  if constexpr (BITS == 16) {
+    constexpr int UNROLL = R >= 2 ? 2 : 4;  // about 4 rows' chunks in flight per lane
+#pragma unroll(UNROLL)
+    for (int c = start; c < K / 8; c += STRIDE) {
+      uint4 wq[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wq[r] = reinterpret_cast<const uint4*>(w[r])[c];
+      }
+      float xf[8];
+      unpack8<BF16>(xv[c], xf);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float wf[8];
+        unpack8<BF16>(wq[r], wf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          acc[r] += wf[j] * xf[j];
+        }
       }
     }
   } else {
-    constexpr int VALS = 128 / BITS;           // codes in one 16-byte chunk
-    constexpr int PIECES = VALS / 8;           // 8-value pieces of x per chunk
-    constexpr int WORDS_PER_PIECE = BITS / 4;  // code words covering 8 values
-#pragma unroll 2
+    constexpr int VALS = 128 / BITS;        // codes in one 16-byte chunk
+    constexpr int PER_HALF = 16 / BITS;     // codes in 16 bits of a word
+    constexpr unsigned int MASK = (1u << BITS) - 1u;
+    constexpr unsigned int MAGIC = 0x4b000000u;  // the float 2^23
+    constexpr int UNROLL = R >= 2 ? 1 : 2;
+#pragma unroll(UNROLL)
     for (int c = start; c < K / VALS; c += STRIDE) {
       const int k0 = c * VALS;
-      const float s = static_cast<float>(s_row[k0 / GS]);
-      const float b = static_cast<float>(b_row[k0 / GS]);
-      const uint4 q4 = wv[c];
-      const unsigned int words[4] = {q4.x, q4.y, q4.z, q4.w};
-      float qx = 0.0f, sx = 0.0f;
+      uint4 wq[R];
 #pragma unroll
-      for (int p = 0; p < PIECES; ++p) {
-        float xf[8];
-        unpack8<BF16>(xv[k0 / 8 + p], xf);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const unsigned int word = words[p * WORDS_PER_PIECE + (j * BITS) / 32];
-          const unsigned int q = (word >> ((j * BITS) % 32)) & ((1u << BITS) - 1u);
-          qx += static_cast<float>(q) * xf[j];
-          sx += xf[j];
-        }
+      for (int r = 0; r < R; ++r) {
+        wq[r] = reinterpret_cast<const uint4*>(w[r])[c];
       }
-      acc += s * qx + b * sx;
+      float xf[VALS];
+#pragma unroll
+      for (int p = 0; p < VALS / 8; ++p) {
+        unpack8<BF16>(xv[k0 / 8 + p], xf + 8 * p);
+      }
+      float sx = 0.0f;
+#pragma unroll
+      for (int j = 0; j < VALS; ++j) {
+        sx += xf[j];
+        xf[j] *= __uint_as_float((127u - BITS * (j % PER_HALF)) << 23);  // 2^-(BITS * i): exact
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const unsigned int words[4] = {wq[r].x, wq[r].y, wq[r].z, wq[r].w};
+        float qx = 0.0f;
+#pragma unroll
+        for (int j = 0; j < VALS; ++j) {
+          const unsigned int word = words[j / (2 * PER_HALF)];
+          const unsigned int half = (j / PER_HALF) % 2 ? word >> 16 : word;
+          const unsigned int bits = (half & (MASK << (BITS * (j % PER_HALF)))) | MAGIC;
+          qx += (__uint_as_float(bits) - 8388608.0f) * xf[j];
+        }
+        acc[r] += static_cast<float>(s[r][k0 / GS]) * qx + static_cast<float>(b[r][k0 / GS]) * sx;
+      }
     }
   }
-  return acc;
-}
-
-// This lane's shares of two weight rows' dot products with the same x (gate and up): one pass
-// over x, both rows' loads in flight together.
-template <int BITS, int K, int GS, bool BF16, int STRIDE, typename X, typename W, typename S>
-__device__ __forceinline__ float2 mlxbun_row_dot2(const X* x, const W* w0, const S* s0, const S* b0,
-                                                  const W* w1, const S* s1, const S* b1, int start) {
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
-  const uint4* wv0 = reinterpret_cast<const uint4*>(w0);
-  const uint4* wv1 = reinterpret_cast<const uint4*>(w1);
-  float acc0 = 0.0f, acc1 = 0.0f;
-  if constexpr (BITS == 16) {
-#pragma unroll 4
-    for (int c = start; c < K / 8; c += STRIDE) {
-      float xf[8], f0[8], f1[8];
-      unpack8<BF16>(xv[c], xf);
-      unpack8<BF16>(wv0[c], f0);
-      unpack8<BF16>(wv1[c], f1);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        acc0 += f0[j] * xf[j];
-        acc1 += f1[j] * xf[j];
-      }
-    }
-  } else {
-    constexpr int VALS = 128 / BITS;
-    constexpr int PIECES = VALS / 8;
-    constexpr int WORDS_PER_PIECE = BITS / 4;
-#pragma unroll 2
-    for (int c = start; c < K / VALS; c += STRIDE) {
-      const int k0 = c * VALS;
-      const uint4 qa = wv0[c];
-      const uint4 qb = wv1[c];
-      const unsigned int wa[4] = {qa.x, qa.y, qa.z, qa.w};
-      const unsigned int wb[4] = {qb.x, qb.y, qb.z, qb.w};
-      float qx0 = 0.0f, qx1 = 0.0f, sx = 0.0f;
-#pragma unroll
-      for (int p = 0; p < PIECES; ++p) {
-        float xf[8];
-        unpack8<BF16>(xv[k0 / 8 + p], xf);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int at = p * WORDS_PER_PIECE + (j * BITS) / 32;
-          const int shift = (j * BITS) % 32;
-          constexpr unsigned int MASK = (1u << BITS) - 1u;
-          qx0 += static_cast<float>((wa[at] >> shift) & MASK) * xf[j];
-          qx1 += static_cast<float>((wb[at] >> shift) & MASK) * xf[j];
-          sx += xf[j];
-        }
-      }
-      acc0 += static_cast<float>(s0[k0 / GS]) * qx0 + static_cast<float>(b0[k0 / GS]) * sx;
-      acc1 += static_cast<float>(s1[k0 / GS]) * qx1 + static_cast<float>(b1[k0 / GS]) * sx;
-    }
-  }
-  return make_float2(acc0, acc1);
 }
 
 __device__ __forceinline__ float mlxbun_warp_sum(float v) {
@@ -148,31 +122,31 @@ __device__ __forceinline__ float mlxbun_warp_sum(float v) {
   return v;
 }
 
-// The SPLIT warps of each row (warps r * SPLIT .. r * SPLIT + SPLIT - 1) add their sums, in warp order,
-// into `row_sums[r]` (lane 0 of each warp brings its warp's sum `v`). Every thread must call it.
-template <int NW, int SPLIT>
-__device__ __forceinline__ void mlxbun_split_sums(float v, float* parts, float* row_sums) {
+// The SPLIT warps of each row group (warps g * SPLIT .. g * SPLIT + SPLIT - 1, R rows each) add their
+// sums, in warp order, into `row_sums[g * R + r]` (lane 0 of each warp brings its warp's R sums `v`).
+// `parts` holds NW * R floats. Every thread must call it.
+template <int NW, int SPLIT, int R>
+__device__ __forceinline__ void mlxbun_split_sums(const float* v, float* parts, float* row_sums) {
   const int warp = threadIdx.x >> 5;
-  if (SPLIT == 1) {
-    if ((threadIdx.x & 31) == 0) {
-      row_sums[warp] = v;
+  if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      (SPLIT == 1 ? row_sums : parts)[warp * R + r] = v[r];
+    }
+  }
+  __syncthreads();
+  if constexpr (SPLIT > 1) {
+    if (threadIdx.x < NW / SPLIT * R) {
+      const int g = threadIdx.x / R, r = threadIdx.x % R;
+      float total = parts[g * SPLIT * R + r];
+#pragma unroll
+      for (int i = 1; i < SPLIT; ++i) {
+        total += parts[(g * SPLIT + i) * R + r];
+      }
+      row_sums[threadIdx.x] = total;
     }
     __syncthreads();
-    return;
   }
-  if ((threadIdx.x & 31) == 0) {
-    parts[warp] = v;
-  }
-  __syncthreads();
-  if (threadIdx.x < NW / SPLIT) {
-    float total = 0.0f;
-#pragma unroll
-    for (int i = 0; i < SPLIT; ++i) {
-      total += parts[threadIdx.x * SPLIT + i];
-    }
-    row_sums[threadIdx.x] = total;
-  }
-  __syncthreads();
 }
 
 // The block's sum of `v`, the same bits in every thread: each warp's xor tree, then the NW warp
@@ -215,14 +189,15 @@ __device__ __forceinline__ float mlxbun_round(float v) {
 }
 """
 
-# out[n] = (residual[n] +) w[n] . (rms_norm(x) or x); one warp per row.
+# out[n] = (residual[n] +) w[n] . (rms_norm(x) or x); RW rows per warp (SPLIT warps per RW rows).
 GEMV = r"""
   constexpr int ROW_W = BITS == 16 ? K : K * BITS / 32;  // weight elements per row
   constexpr int GROUPS = BITS == 16 ? 1 : K / GS;
-  constexpr int RPB = NW / SPLIT;  // rows per block: SPLIT warps per row share its chunks
+  constexpr int RPB = NW / SPLIT * RW;  // rows per block
   __shared__ __align__(16) T xs[NORM ? K : 8];
   __shared__ float red[32];
-  __shared__ float sums[32];
+  __shared__ float parts[NW * RW];
+  __shared__ float sums[RPB];
   const T* xin = x;
   if constexpr (NORM) {
     mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
@@ -230,14 +205,24 @@ GEMV = r"""
   }
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int row = blockIdx.x * RPB + warp / SPLIT;
-  float acc = 0.0f;
-  if (row < N) {
-    const size_t r = static_cast<size_t>(row);
-    acc = mlxbun_warp_sum(mlxbun_row_dot<BITS, K, GS, BF16, 32 * SPLIT>(
-        xin, w + r * ROW_W, scales + r * GROUPS, biases + r * GROUPS, (warp % SPLIT) * 32 + lane));
+  const int row0 = blockIdx.x * RPB + warp / SPLIT * RW;
+  decltype(w) wr[RW];
+  const T* sr[RW];
+  const T* br[RW];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    const size_t r = static_cast<size_t>(min(row0 + i, N - 1));  // rows past N: read row N - 1, unused
+    wr[i] = w + r * ROW_W;
+    sr[i] = scales + r * GROUPS;
+    br[i] = biases + r * GROUPS;
   }
-  mlxbun_split_sums<NW, SPLIT>(acc, red, sums);
+  float acc[RW];
+  mlxbun_rows_dot<BITS, K, GS, BF16, 32 * SPLIT, RW>(xin, wr, sr, br, (warp % SPLIT) * 32 + lane, acc);
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    acc[i] = mlxbun_warp_sum(acc[i]);
+  }
+  mlxbun_split_sums<NW, SPLIT, RW>(acc, parts, sums);
   const int out_row = blockIdx.x * RPB + threadIdx.x;
   if (threadIdx.x < RPB && out_row < N) {
     float y = mlxbun_round<T>(sums[threadIdx.x]);
@@ -248,33 +233,45 @@ GEMV = r"""
   }
 """
 
-# out[n] = silu(gate[n] . rms_norm(x)) * (up[n] . rms_norm(x)); one warp per row of both.
+# out[n] = silu(gate[n] . rms_norm(x)) * (up[n] . rms_norm(x)); RW rows of both per warp.
 GEMV_SWIGLU = r"""
   constexpr int ROW_W = BITS == 16 ? K : K * BITS / 32;
   constexpr int GROUPS = BITS == 16 ? 1 : K / GS;
-  constexpr int RPB = NW / SPLIT;
+  constexpr int RPB = NW / SPLIT * RW;
   __shared__ __align__(16) T xs[K];
   __shared__ float red[32];
-  __shared__ float gsum[32];
-  __shared__ float usum[32];
+  __shared__ float parts[NW * 2 * RW];
+  __shared__ float sums[2 * RPB];  // per row group: RW gate sums, then RW up sums
   mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int row = blockIdx.x * RPB + warp / SPLIT;
-  float2 gu = make_float2(0.0f, 0.0f);
-  if (row < N) {
-    const size_t r = static_cast<size_t>(row);
-    gu = mlxbun_row_dot2<BITS, K, GS, BF16, 32 * SPLIT>(xs, wg + r * ROW_W, sg + r * GROUPS, bg + r * GROUPS,
-                                                        wu + r * ROW_W, su + r * GROUPS, bu + r * GROUPS,
-                                                        (warp % SPLIT) * 32 + lane);
+  const int row0 = blockIdx.x * RPB + warp / SPLIT * RW;
+  decltype(wg) wr[2 * RW];
+  const T* sr[2 * RW];
+  const T* br[2 * RW];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    const size_t r = static_cast<size_t>(min(row0 + i, N - 1));
+    wr[i] = wg + r * ROW_W;
+    sr[i] = sg + r * GROUPS;
+    br[i] = bg + r * GROUPS;
+    wr[RW + i] = wu + r * ROW_W;
+    sr[RW + i] = su + r * GROUPS;
+    br[RW + i] = bu + r * GROUPS;
   }
-  mlxbun_split_sums<NW, SPLIT>(mlxbun_warp_sum(gu.x), red, gsum);
-  mlxbun_split_sums<NW, SPLIT>(mlxbun_warp_sum(gu.y), red, usum);
+  float acc[2 * RW];
+  mlxbun_rows_dot<BITS, K, GS, BF16, 32 * SPLIT, 2 * RW>(xs, wr, sr, br, (warp % SPLIT) * 32 + lane, acc);
+#pragma unroll
+  for (int i = 0; i < 2 * RW; ++i) {
+    acc[i] = mlxbun_warp_sum(acc[i]);
+  }
+  mlxbun_split_sums<NW, SPLIT, 2 * RW>(acc, parts, sums);
   const int out_row = blockIdx.x * RPB + threadIdx.x;
   if (threadIdx.x < RPB && out_row < N) {
-    const float gt = mlxbun_round<T>(gsum[threadIdx.x]);
+    const int g = threadIdx.x / RW, i = threadIdx.x % RW;
+    const float gt = mlxbun_round<T>(sums[g * 2 * RW + i]);
     const float act = mlxbun_round<T>(gt / (1.0f + expf(-gt)));
-    out[out_row] = static_cast<T>(act * mlxbun_round<T>(usum[threadIdx.x]));
+    out[out_row] = static_cast<T>(act * mlxbun_round<T>(sums[g * 2 * RW + RW + i]));
   }
 """
 
@@ -284,7 +281,7 @@ QKV_ROPE = r"""
   constexpr int GROUPS = BITS == 16 ? 1 : K / GS;
   __shared__ __align__(16) T xs[K];
   __shared__ float red[32];
-  __shared__ float head[D + 32];
+  __shared__ float head[D + NW * RW];
   mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
   const int h = blockIdx.x;
   const int kind = h < HQ ? 0 : (h < HQ + HKV ? 1 : 2);
@@ -294,14 +291,27 @@ QKV_ROPE = r"""
   const auto* b = kind == 0 ? bq : (kind == 1 ? bk : bv);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  constexpr int RPB = NW / SPLIT;  // rows in flight: SPLIT warps per row
-  __shared__ float parts[32];
+  constexpr int RPB = NW / SPLIT * RW;  // rows in flight: RW per warp, SPLIT warps per RW rows
+  __shared__ float parts[NW * RW];
   for (int r0 = 0; r0 < D; r0 += RPB) {
-    const int rr = r0 + warp / SPLIT;
-    const size_t r = static_cast<size_t>(hh) * D + rr;
-    const float acc = rr < D ? mlxbun_warp_sum(mlxbun_row_dot<BITS, K, GS, BF16, 32 * SPLIT>(
-        xs, w + r * ROW_W, s + r * GROUPS, b + r * GROUPS, (warp % SPLIT) * 32 + lane)) : 0.0f;
-    mlxbun_split_sums<NW, SPLIT>(acc, parts, head + r0);  // head has D + RPB slots
+    const int first = r0 + warp / SPLIT * RW;
+    decltype(w) wr[RW];
+    const T* sr[RW];
+    const T* br[RW];
+#pragma unroll
+    for (int i = 0; i < RW; ++i) {
+      const size_t r = static_cast<size_t>(hh) * D + min(first + i, D - 1);  // rows past D: unused
+      wr[i] = w + r * ROW_W;
+      sr[i] = s + r * GROUPS;
+      br[i] = b + r * GROUPS;
+    }
+    float acc[RW];
+    mlxbun_rows_dot<BITS, K, GS, BF16, 32 * SPLIT, RW>(xs, wr, sr, br, (warp % SPLIT) * 32 + lane, acc);
+#pragma unroll
+    for (int i = 0; i < RW; ++i) {
+      acc[i] = mlxbun_warp_sum(acc[i]);
+    }
+    mlxbun_split_sums<NW, SPLIT, RW>(acc, parts, head + r0);  // head has D + RPB slots
   }
   const int t = threadIdx.x;
   float y = 0.0f;
