@@ -13,7 +13,7 @@ import os
 import sys
 
 # Order is the order `mlxbun --help` lists them.
-COMMAND_MODULES = ["zoo", "import_gguf", "ls", "port", "explain", "generate", "kv_plan", "bench", "tp_check", "lab", "results"]
+COMMAND_MODULES = ["zoo", "import_gguf", "convert", "ls", "port", "explain", "generate", "kv_plan", "bench", "tp_check", "lab", "results"]
 
 
 class VersionAction(argparse.Action):
@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2 if args.command is None and argv is None and len(sys.argv) <= 1 else 0
     try:
+        if getattr(args, "offline", False):  # commands/hub_flags.py
+            from mlxbun.hub import go_offline
+
+            go_offline()
         return int(args.func(args) or 0)
     except MlxbunError as e:
         print(f"mlxbun {args.command}: error: {e}", file=sys.stderr)

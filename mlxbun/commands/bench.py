@@ -13,6 +13,7 @@ import sys
 def register(sub) -> None:
     from mlxbun.bench.engines import DTYPES, QUANT_BITS
     from mlxbun.bench.shapes import SHAPES
+    from mlxbun.commands.hub_flags import add_offline
     from mlxbun.names import MODEL_FORMS
 
     p = sub.add_parser(
@@ -52,6 +53,7 @@ def register(sub) -> None:
     p.add_argument("--results", metavar="PATH", help="results database (default: $MLXBUN_RESULTS or the user cache)")
     p.add_argument("--no-record", action="store_true", help="do not write to the results table")
     p.add_argument("--zoo-cache", metavar="DIR", help="where zoo checkpoints are built (default ~/.cache/mlxbun/zoo)")
+    add_offline(p)
     p.add_argument("--json", action="store_true", help="print a JSON list of rows (one per engine x test)")
     p.set_defaults(func=run)
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mlxbun.commands.diffusion_flags import add_diffusion_arguments, run_diffusion
+from mlxbun.commands.hub_flags import add_offline
 from mlxbun.commands.speculative_flags import (
     add_spec_arguments,
     check_spec_results,
@@ -78,6 +79,7 @@ def register(sub) -> None:
                         "across the N ranks (the default: all of them; 1 opts out and every rank runs the whole "
                         "model); only rank 0 prints")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, ids and speeds")
+    add_offline(p)
     add_spec_arguments(p)
     add_diffusion_arguments(p)
     p.set_defaults(func=run)

@@ -6,6 +6,7 @@ import json
 import sys
 
 from mlxbun.errors import MlxbunError
+from mlxbun.commands.hub_flags import add_offline
 from mlxbun.names import MODEL_FORMS, VARIANT_ALIASES, ZOO_VARIANTS, comma_items
 
 
@@ -28,6 +29,7 @@ def register(sub) -> None:
                    help="the weight audit also reads every tensor's values: NaN/inf tensors refuse the target "
                         "(default: headers only)")
     p.add_argument("--cache", help="hub cache directory for repo-id targets")
+    add_offline(p)
     p.add_argument("--zoo-cache", help="where zoo checkpoints are built (default ~/.cache/mlxbun/zoo)")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per checkpoint")
     p.set_defaults(func=run)
