@@ -136,9 +136,6 @@ def fetch(repo_id: str, revision: Optional[str] = None, *, cache_dir=None,
                               "completed so far stay cached: free space (or set HF_HUB_CACHE) and run again") from e
         raise HubDownloadError(f"repo '{label}': download interrupted ({_why(e)}); the files completed so far stay "
                                "cached and the next run fetches the rest") from e
-    except KeyboardInterrupt:
-        raise HubDownloadError(f"repo '{label}': download interrupted; the files completed so far stay cached "
-                               "and the next run fetches the rest") from None
     return Path(path)
 
 

@@ -6,7 +6,8 @@ huggingface_hub (the installed version) calls to download a model, from checkpoi
     HEAD/GET  /ORG/NAME/resolve/REV/FILE            X-Repo-Commit, ETag, Content-Length; Range -> 206
 
 Errors carry the hub's X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo),
-which huggingface_hub turns into its named exceptions. `requests` records every request; `faults`
+which huggingface_hub turns into its named exceptions; a gated repo's files need `token` (as the
+Authorization header huggingface_hub sends from HF_TOKEN). `requests` records every request; `faults`
 makes a file's GET cut its connection (once after half the body, or always before any byte).
 The client side is huggingface_hub itself, pointed here through its HF_ENDPOINT constants
 (the `loopback` fixture) or, in a child process, through HF_ENDPOINT itself.
@@ -49,6 +50,7 @@ class LoopbackHub:
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.faults: dict[str, str] = {}  # file name -> "cut_once" | "cut_always"
+        self.token = "hf_loopback"  # the token whose terms of every gated repo are accepted
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -153,7 +155,7 @@ def _handler(hub: LoopbackHub):
             sha, status, code = hub._commit(repo_id, rev)
             if sha is None:
                 return self._error(status, code, head)
-            if hub.repos[repo_id].gated:
+            if hub.repos[repo_id].gated and self.headers.get("Authorization") != f"Bearer {hub.token}":
                 return self._error(403, "GatedRepo", head)
             data = hub.repos[repo_id].commits[sha].get(name)
             if data is None:

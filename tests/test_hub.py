@@ -62,6 +62,21 @@ def test_a_new_revision_fetches_only_what_changed_and_pins_stay(loopback, zoo):
     assert locate(f"{REPO}@v1") == first and _files(loopback, ("GET",)) == []
 
 
+def test_offline_without_a_main_ref_takes_the_newest_complete_snapshot(loopback, zoo):
+    sha = loopback.repos[REPO].refs["main"]
+    path = locate(f"{REPO}@{sha}")  # a commit pins no branch: the cache has no refs/main
+    assert not (path.parents[1] / "refs" / "main").exists()
+    assert hub.fetch(REPO, offline=True) == path
+
+
+def test_a_gated_repo_downloads_with_hf_token(loopback, zoo, monkeypatch):
+    loopback.add("mlxbun-test/gated", zoo("llama"), gated=True)
+    with pytest.raises(hub.HubGated):
+        locate("mlxbun-test/gated")
+    monkeypatch.setenv("HF_TOKEN", loopback.token)
+    assert (locate("mlxbun-test/gated") / SHARD).is_file()
+
+
 def test_offline_uses_the_cache_alone_and_refuses_what_it_lacks(loopback, capsys):
     path = locate(REPO)
     loopback.requests.clear()
@@ -164,3 +179,16 @@ def test_the_readme_hub_commands_run(loopback, zoo, tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     for argv in commands:
         assert cli.main(argv) == 0, (argv, capsys.readouterr().err)
+
+
+def test_a_disk_that_fills_during_the_download_is_named(loopback, monkeypatch):
+    import errno
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(file_download, "_chmod_and_move", full)
+    with pytest.raises(hub.HubDiskFull, match="filled up during the download"):
+        locate(REPO)
+    with pytest.raises(hub.HubNotCached, match="only partly in hub cache"):
+        hub.fetch(REPO, offline=True)
