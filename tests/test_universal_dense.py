@@ -167,6 +167,9 @@ KNOBS = {
     "gemma2-caps-scalar": ("gemma2", dict(attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
                                           query_pre_attn_scalar=20)),
     "nanochat-theta": ("nanochat", dict(rope_theta=500.0)),
+    "qwen-biases": ("qwen", dict(no_bias=False)),  # the c_proj / MLP / lm_head biases (not no_bias)
+    "gpt_bigcode-mha-untied": ("gpt_bigcode", dict(multi_query=False, tie_word_embeddings=False,
+                                                   mlp_bias=False)),
     # mixture of experts: the layer rules, routers and shared-expert switches the zoo leaves alone
     "qwen3_moe-dense-layers": ("qwen3_moe", dict(num_hidden_layers=4, mlp_only_layers=[0],
                                                  decoder_sparse_step=2, norm_topk_prob=False)),

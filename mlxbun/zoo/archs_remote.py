@@ -71,4 +71,14 @@ REMOTE_CODE_ROWS = (
         "scale_attention_softmax_in_fp32": True, "scale_attn_weights": True, "summary_activation": None,
         "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
         "summary_use_proj": True, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # Qwen (v1): the keys of Qwen/Qwen-7B-Chat's config (remote code), MLP width intermediate_size // 2
+    Arch("qwen", "QWenLMHeadModel", base={
+        "model_type": "qwen", "attn_dropout_prob": 0.0, "bf16": False, "emb_dropout_prob": 0.0, "fp16": False,
+        "fp32": False, "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": 2 * INTERMEDIATE,
+        "kv_channels": HEAD_DIM, "layer_norm_epsilon": 1e-06, "max_position_embeddings": MAX_POSITIONS,
+        "no_bias": True, "num_attention_heads": HEADS, "num_hidden_layers": 2, "onnx_safe": None,
+        "rotary_emb_base": 10000, "rotary_pct": 1.0, "scale_attn_weights": True, "seq_length": MAX_POSITIONS,
+        "softmax_in_fp32": False, "tie_word_embeddings": False, "use_cache": True, "use_cache_kernel": False,
+        "use_cache_quantization": False, "use_dynamic_ntk": True, "use_flash_attn": "auto",
+        "use_logn_attn": True, "vocab_size": VOCAB_SIZE}),
 )

@@ -175,7 +175,7 @@ class Attention(nn.Module):
         # the call goes through _rope_fn; the tree holds `rope` only where mlx-lm's does
         object.__setattr__(self, "_rope_fn", rope)
         if d.rope.child and (spec.rope is not None or d.rope.nope_child):
-            self.rope = rope
+            setattr(self, d.names.rope, rope)
 
     def shard(self, group, where: str = "attention") -> None:
         """Split the heads across `group` (mlx-lm's Model.shard: q / k / v all-to-sharded, o

@@ -204,7 +204,9 @@ def _head_dim(d, a: Mapping) -> Any:
     return a["head_dim"] if d.head_dim is HeadDim.FIELD else (a.get("head_dim") or split)
 
 
-def _field(a: Mapping, spec: str) -> Any:
+def _field(a: Mapping, spec: str | float) -> Any:
+    if not isinstance(spec, str):  # a literal rope base (qwen)
+        return spec
     head, _, rest = spec.partition(".")
     return a[head][rest] if rest else a[head]
 

@@ -37,6 +37,7 @@ from mlxbun.models.base import create_attention_mask, create_ssm_mask
 from mlxbun.models.sharding import ALL_TO_SHARDED, ShardingError, gather_last_axis, shard_linear
 from mlxbun.models.taps import capture
 from mlxbun.models.universal.attention import Attention
+from mlxbun.models.universal.fields import get
 from mlxbun.models.universal.kinds import (
     BLOCK_SLOTS,
     EmbedScale,
@@ -234,7 +235,7 @@ class Backbone(nn.Module):
             if norm is not None:
                 setattr(self, n.final_norm, norm)
         if d.head.in_root:
-            setattr(self, n.head, nn.Linear(a.hidden, a.vocab, bias=d.head.bias))
+            setattr(self, n.head, nn.Linear(a.hidden, a.vocab, bias=bool(get(a.fields, d.head.bias, a.model_type))))
 
 
 class UniversalDense(nn.Module):
@@ -257,7 +258,8 @@ class UniversalDense(nn.Module):
             setattr(self, n.wrapper, nn.Module())
         self.text_model[n.root] = Backbone(args, d)  # an item: mamba2's root is named like the property
         if not d.head.in_root and (not args.tie or d.head.always):
-            setattr(self.text_model, n.head, nn.Linear(args.hidden, args.vocab, bias=d.head.bias))
+            head_bias = bool(get(args.fields, d.head.bias, args.model_type))
+            setattr(self.text_model, n.head, nn.Linear(args.hidden, args.vocab, bias=head_bias))
         # mlx-lm's cache list leaves out the one-op MLP / MoE layers (nemotron_h's - and E): layer
         # i's cache is cache[_cache_idx[i]]; mlx-lm takes each mask from the cache of the first
         # layer of its kind

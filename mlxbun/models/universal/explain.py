@@ -163,7 +163,8 @@ def _sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any], .
                 HeadDim.OR_SPLIT: "head_dim or D // H"}[d.head_dim]
     inter = d.mlp.intermediate
     inter = {MlpSize.FOUR_X_HIDDEN: "4 * D",
-             MlpSize.LILLE: "256 * round(int(8 * D / 3) / 256)"}.get(inter, inter)
+             MlpSize.LILLE: "256 * round(int(8 * D / 3) / 256)",
+             MlpSize.HALF_INTERMEDIATE: "intermediate_size // 2"}.get(inter, inter)
     heads = (("KV", d.n_kv_heads or "H (multi-head)", a.n_kv_heads), ("hd", head_dim, a.head_dim))
     if d.mla is not None:  # MLA: no kv heads, its own head dims
         heads = mla_sizes(d, a)

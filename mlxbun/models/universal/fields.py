@@ -7,7 +7,9 @@ from typing import Any
 
 from mlxbun.errors import ConfigError
 
-__all__ = ["fail", "get", "int_field"]
+__all__ = ["NOT", "fail", "get", "int_field"]
+
+NOT = "not "  # a bool knob spelled "not FIELD" reads the field negated
 
 
 def fail(model_type: str, msg: str) -> ConfigError:
@@ -15,9 +17,11 @@ def fail(model_type: str, msg: str) -> ConfigError:
 
 
 def get(a: Mapping[str, Any], spec: bool | str | None, mt: str) -> Any:
-    """A knob value: a literal, or a (dotted) ModelArgs field."""
+    """A knob value: a literal, a (dotted) ModelArgs field, or "not FIELD" (qwen: not no_bias)."""
     if not isinstance(spec, str):
         return spec
+    if spec.startswith(NOT):
+        return not get(a, spec[len(NOT):], mt)
     head, _, rest = spec.partition(".")
     value = a[head]
     if rest:

@@ -136,6 +136,7 @@ class MlpSize(StrEnum):
     LFM2 = "lfm2"  # block_ff_dim; if block_auto_adjust_ff_dim: int(2 * ff / 3), times
     # block_ffn_dim_multiplier (int) when set, rounded up to a multiple of block_multiple_of
     LILLE = "lille"  # 256 * round(int(8 * hidden / 3) / 256)
+    HALF_INTERMEDIATE = "half_intermediate"  # qwen: intermediate_size // 2
 
 
 class NormKind(StrEnum):
@@ -516,6 +517,8 @@ class PostInit(StrEnum):
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
     GEMMA4_TEXT = "gemma4_text"  # rope_parameters / layer_types defaults; KV sharing checked (gemma4_args)
+    QWEN_KV_CHANNELS = "qwen_kv_channels"  # kv_channels * num_attention_heads must be hidden_size
+    # (mlx-lm's c_proj is Linear(hidden_size, kv_channels * heads), fed the heads' kv_channels dims)
     MULTI_QUERY_KV_HEADS = "multi_query_kv_heads"  # gpt_bigcode: num_key_value_heads None: 1 if
     # multi_query else n_head; a value that disagrees is refused (mlx-lm's attention reads multi_query)
 

@@ -79,7 +79,6 @@ NOT_COVERED: dict[str, str] = {
     "plamo": "blocks nested as model.layers.layers.N with separate qk/v head dims: "
              "not a descriptor knob",
     "plamo3": "offset RMSNorm and its own sliding schedule: needs a port",
-    "qwen": "qwen v1 layout (fused c_attn, w1/w2 gated MLP, transformer.h): needs a port",
     "spark2_5": "per-layer sliding/global geometry and custom gains: needs a dedicated port",
     "talkie": "learned head / activation / weight gains around every op: needs a dedicated port",
 }

@@ -29,6 +29,13 @@ def _kv_heads_default(a: dict, mt: str) -> None:
         a["num_key_value_heads"] = a["num_attention_heads"]
 
 
+def _qwen_kv_channels(a: dict, mt: str) -> None:
+    if a["kv_channels"] * a["num_attention_heads"] != a["hidden_size"]:
+        raise _fail(mt, f"kv_channels {a['kv_channels']!r} * num_attention_heads {a['num_attention_heads']!r} "
+                        f"!= hidden_size {a['hidden_size']!r}: mlx-lm's qwen attention cannot run it "
+                        "(its c_proj maps kv_channels * heads inputs from a hidden_size-wide weight)")
+
+
 def _multi_query_kv_heads(a: dict, mt: str) -> None:
     kv = 1 if a["multi_query"] else a["n_head"]  # what mlx-lm's gpt_bigcode attention builds
     if a.get("num_key_value_heads") is None:
@@ -300,4 +307,5 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.NEMOTRON_PATTERN: nemotron_pattern,
     PostInit.GEMMA4_TEXT: gemma4_text_post_init,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
+    PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
 })

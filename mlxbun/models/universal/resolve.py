@@ -323,6 +323,8 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
         inter = 4 * hidden
     elif d.mlp.intermediate is MlpSize.LILLE:
         inter = 256 * round(int(8 * hidden / 3) / 256)
+    elif d.mlp.intermediate is MlpSize.HALF_INTERMEDIATE:
+        inter = _int_field(a, "intermediate_size", mt) // 2
     elif d.mlp.intermediate is MlpSize.LFM2:
         inter = lfm2_intermediate(a, mt)
     else:

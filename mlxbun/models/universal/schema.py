@@ -12,7 +12,8 @@ the row does not declare, or a combination the graph has no branch for raises a
 `DescriptorError` naming the model_type, the knob and the accepted values, at
 import time instead of at the first forward.
 
-Knobs typed `bool | str` are a literal or the name of a `ModelArgs` field;
+Knobs typed `bool | str` are a literal or the name of a `ModelArgs` field (or "not FIELD": the
+field negated, qwen's `not no_bias`);
 knobs typed `SomeEnum | str` are a named computation or the name of a field.
 """
 
@@ -65,6 +66,7 @@ from mlxbun.models.universal.kinds import (
 )
 from mlxbun.models.universal.kinds import kind_field as _kind
 from mlxbun.models.universal.kinds_sanitize import SanitizeOp
+from mlxbun.models.universal.fields import NOT
 from mlxbun.models.universal.kinds_mla import MlaKind
 from mlxbun.models.universal.schema_hybrid import HybridKnobs, check_hybrid, check_hybrid_sanitize, hybrid_refs
 from mlxbun.models.universal.schema_mla import MlaKnobs
@@ -120,6 +122,7 @@ class Names:
     gate_up: str = "gate_up_proj"
     norms: NormNames = NormNames()
     inner_norm: str = "norm"  # lille-130m: the pre-norm lives inside attention / mlp
+    rope: str = "rope"  # the attention's rope child (qwen: rotary_emb)
     act: str = "act_fn"  # apertus: the XieLU module (it has parameters)
     attn_gate: str = "gate_proj"  # the attention's output gate (attn_gate knob; afmoe)
     sinks: str = "sinks"  # the attention's per-head sink logits (mimo_v2_flash: attention_sink_bias)
@@ -138,7 +141,8 @@ class QKNormKnobs:
 @dataclass(frozen=True)
 class RopeKnobs:
     kind: RopeKind = _kind(RopeKind, RopeKind.INITIALIZE)
-    theta: str = "rope_theta"  # field (dotted = nested key, e.g. rope_parameters.rope_theta)
+    theta: str | float = "rope_theta"  # field (dotted = nested key, e.g. rope_parameters.rope_theta),
+    # or the literal base of a file that reads none (qwen: nn.RoPE's default 10000)
     traditional: bool | str = "rope_traditional"
     scaling: str | None = "rope_scaling"  # field holding the scaling dict, None = never scaled
     max_positions: str | None = "max_position_embeddings"
@@ -198,7 +202,7 @@ class HeadKnobs:
     tie: bool | TieRule | str = _kind(TieRule, "tie_word_embeddings", or_field=True, or_bool=True)
     tied_op: TiedOp = _kind(TiedOp, TiedOp.AS_LINEAR)
     always: bool = False  # the lm_head module exists even when tied (helium)
-    bias: bool = False
+    bias: bool | str = False  # literal or field (qwen: "not no_bias")
     in_root: bool = False  # the head is Model.<root>.<head> (gpt_neox embed_out)
     pre_divide: PreDivide | None = _kind(PreDivide, None)
     post: LogitScale | None = None
@@ -318,7 +322,7 @@ class ArchDescriptor:
         object.__setattr__(self, "post_init", post_init)
         _check_combinations(self)
         for where, name in self.field_refs():
-            if name.partition(".")[0] not in self.fields:
+            if name.removeprefix(NOT).partition(".")[0] not in self.fields:
                 raise self.error(f"{where} reads the field {name!r}, which is not among the row's "
                                  f"ModelArgs fields ({', '.join(self.fields)})")
 
@@ -333,7 +337,7 @@ class ArchDescriptor:
             yield "n_kv_heads", self.n_kv_heads
         if self.head_dim is not HeadDim.SPLIT:
             yield "head_dim", "head_dim"
-        for knob, value in (("attn_bias", self.attn_bias), ("out_bias", self.out_bias),
+        for knob, value in (("attn_bias", self.attn_bias), ("out_bias", self.out_bias), ("head.bias", self.head.bias),
                             ("mlp.bias", self.mlp.bias), ("norm.bias", self.norm.bias),
                             ("block.parallel", self.block.parallel),
                             ("qk_norm.enabled", self.qk_norm.enabled if self.qk_norm else False)):
@@ -354,6 +358,8 @@ class ArchDescriptor:
         yield from self._rope_refs()
         if not isinstance(self.mlp.intermediate, MlpSize):
             yield "mlp.intermediate", self.mlp.intermediate
+        elif self.mlp.intermediate is MlpSize.HALF_INTERMEDIATE:
+            yield "mlp.intermediate", "intermediate_size"
         if self.norm.kind is not NormKind.FUNCTIONAL_RMS:
             yield "norm.eps", self.norm.eps
         b = self.block
@@ -422,7 +428,8 @@ class ArchDescriptor:
             return
         if r.nope is NopeRule.ALL:
             return
-        yield "rope.theta", r.theta
+        if isinstance(r.theta, str):
+            yield "rope.theta", r.theta
         if r.partial:
             yield "rope.partial", r.partial
         if r.rotary_dim:
