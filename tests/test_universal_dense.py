@@ -558,6 +558,18 @@ def test_gpt2_hub_conv1d_layout_is_sanitized_like_mlx_lm(zoo, tmp_path):
     assert mx.array_equal(ref(ids), ours(ids))
 
 
+def test_gptj_hub_names_are_renamed_like_mlx_lm(zoo, tmp_path):
+    """A transformers-named gptj checkpoint (transformer.*, the attention buffers) loads."""
+    buffers = {"transformer.h.1.attn.bias": mx.ones((1, 1, 8, 8)), "transformer.h.0.attn.masked_bias": mx.array(0.0)}
+    path = _rewrite(zoo("gptj"), tmp_path / "gptj",
+                    lambda w: {**{k.replace("model.", "transformer."): v for k, v in w.items()}, **buffers})
+    report = audit_checkpoint(path)
+    assert report.ok and set(report.dropped) == set(buffers)
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(PROMPT_LEN)
+    assert mx.array_equal(ref(ids), ours(ids))
+
+
 def test_make_cache_honours_max_kv_size_where_mlx_lm_ignores_it(zoo):
     """llama with sliding layers and gemma3_text define their own make_cache in mlx-lm, which
     drops max_kv_size; mlxbun bounds every full-attention layer instead of ignoring it."""

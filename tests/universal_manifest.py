@@ -70,6 +70,7 @@ MANIFEST = {
         Entry("gpt_neox"),
         Entry("gpt2"),
         Entry("gpt_bigcode"),
+        Entry("gptj"),
         Entry("qwen"),
         Entry("phi"),
         Entry("hunyuan_v1_dense"),

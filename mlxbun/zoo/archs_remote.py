@@ -81,4 +81,13 @@ REMOTE_CODE_ROWS = (
         "softmax_in_fp32": False, "tie_word_embeddings": False, "use_cache": True, "use_cache_kernel": False,
         "use_cache_quantization": False, "use_dynamic_ntk": True, "use_flash_attn": "auto",
         "use_logn_attn": True, "vocab_size": VOCAB_SIZE}),
+    # GPT-J: the keys of EleutherAI/gpt-j-6b's config; rope on 8 of each head's 16 dims
+    Arch("gptj", "GPTJForCausalLM", base={
+        "model_type": "gptj", "activation_function": "gelu_new", "attn_pdrop": 0.0, "embd_pdrop": 0.0,
+        "gradient_checkpointing": False, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,
+        "n_embd": HIDDEN, "n_head": HEADS, "n_inner": None, "n_layer": 2, "n_positions": MAX_POSITIONS,
+        "resid_pdrop": 0.0, "rotary": True, "rotary_dim": HEAD_DIM // 2, "scale_attn_weights": True,
+        "summary_activation": None, "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
+        "summary_type": "cls_index", "summary_use_proj": True, "tie_word_embeddings": False,
+        "use_cache": True, "vocab_size": VOCAB_SIZE}),
 )

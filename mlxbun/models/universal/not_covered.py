@@ -63,8 +63,6 @@ NOT_COVERED: dict[str, str] = {
                     "needs a dedicated port",
     "afm7": "fused LoRA-capable qkv linears and KV-reuse layers: needs a dedicated port",
     "bitnet": "ternary BitLinear weights with activation quantization: needs a dedicated port",
-    "gptj": "rotary on the first rotary_dim dims via split/concat and a single-norm parallel block: "
-            "needs a port",
     "iquestloopcoder": "loop-gated recurrent reuse of layers: needs a dedicated port",
     "llama4_text": "chunked attention with per-layer NoPE and functional qk-norm: "
                    "needs a dedicated port",

@@ -488,6 +488,9 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         dropped = {k: rule.reason for k in w if rule.arg in k}
     elif op is SanitizeOp.DROP_SUFFIXES:
         dropped = {k: rule.reason for k in w if k.endswith(tuple(rule.arg))}
+    elif op is SanitizeOp.DROP_PER_LAYER:  # gptj: only these exact keys, as mlx-lm's loop
+        names = {t.format(i=i) for i in range(fields[d.n_layers]) for t in rule.arg}
+        dropped = {k: rule.reason for k in w if k in names}
     elif op is SanitizeOp.DROP_TIED_HEAD:  # under the wrapper (mistral3) where there is one
         head = f"{d.names.wrapper}.lm_head.weight" if d.names.wrapper else "lm_head.weight"
         if tied and head in w:

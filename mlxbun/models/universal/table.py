@@ -58,6 +58,9 @@ _LLAMA_FIELDS = {
 _SILU = {"hidden_act": ("silu",)}
 _GEMMA_NORMS = NormNames(pre_attn="input_layernorm", post_attn="post_attention_layernorm",
                          pre_mlp="pre_feedforward_layernorm", post_mlp="post_feedforward_layernorm")
+# transformers' sequence-summary (classification) head settings in GPT-2-style configs
+_SUMMARY_HEAD = dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+                               "summary_first_dropout"), "the sequence-summary (classification) head: not the LM's")
 # gpt2 / gpt_bigcode's module names (the GPT-2 layout)
 _GPT_NAMES = Names(embed="wte", layers="h", final_norm="ln_f", attn="attn", qkv="c_attn", o="c_proj",
                    up="c_fc", down="c_proj", norms=NormNames(pre_attn="ln_1", pre_mlp="ln_2"))
@@ -615,9 +618,7 @@ _ROWS = [
                       "tie_word_embeddings": "mlx-lm's gpt2 always ties the head (wte.as_linear)",
                       "scale_attn_by_inverse_layer_idx": "not read by mlx-lm's gpt2",
                       "reorder_and_upcast_attn": "not read by mlx-lm's gpt2 (no float32 upcast)",
-                      **dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation",
-                                       "summary_proj_to_labels", "summary_first_dropout"),
-                                      "the sequence-summary (classification) head: not the LM's")},
+                      **_SUMMARY_HEAD},
         notes="GPT-2: learned absolute positions (wpe at arange(L) + the cache offset) and no rope; "
               "fused c_attn split in three; LayerNorm pre-norm block with a 4 * n_embd GELU (tanh) "
               "MLP; the head is always the tied embedding. Hugging Face's Conv1D weights are "
@@ -638,12 +639,36 @@ _ROWS = [
         ignored_keys={"activation_function": "mlx-lm's gpt_bigcode uses exact GELU whatever the config says",
                       "attention_softmax_in_fp32": "not read by mlx-lm (no float32 upcast)",
                       "scale_attention_softmax_in_fp32": "not read by mlx-lm (no float32 upcast)",
-                      **dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation",
-                                       "summary_proj_to_labels", "summary_first_dropout"),
-                                      "the sequence-summary (classification) head: not the LM's")},
+                      **_SUMMARY_HEAD},
         notes="StarCoder / SantaCoder: gpt2's block with multi-query attention (one KV head when "
               "multi_query), an n_inner-wide exact-GELU MLP and an optional own head; learned "
               "absolute positions; mlx-lm's file has no sanitize.",
+    ),
+    ArchDescriptor(
+        "gptj",
+        _fields(model_type="gptj", n_embd=4096, vocab_size=50400, layer_norm_epsilon=1e-5,
+                n_positions=2048, n_head=16, rotary_dim=64, n_layer=28),
+        hidden="n_embd", n_layers="n_layer", n_heads="n_head", n_kv_heads=None, head_dim="split",
+        names=replace(_GPT_NAMES, final_norm="ln_f", o="out_proj", up="fc_in", down="fc_out",
+                      norms=NormNames(pre_attn="ln_1", pre_mlp=None)),
+        rope=RopeKnobs(theta=10000, traditional=True, scaling=None, max_positions=None,
+                       rotary_dim="rotary_dim"),
+        mlp=MlpKnobs("plain", act="gelu_approx", bias=True, intermediate="4x_hidden"),
+        norm=NormKnobs("layernorm", eps="layer_norm_epsilon"), block=BlockKnobs(parallel=True),
+        head=HeadKnobs(tie=False, bias=True),
+        sanitize=(SanitizeRule("drop_per_layer", ("transformer.h.{i}.attn.masked_bias",
+                                                  "transformer.h.{i}.attn.bias"),
+                               "a transformers attention buffer, not a weight"),
+                  SanitizeRule("rename_substrings", (("transformer.", "model."),),
+                               "transformers' transformer.* is mlx-lm's model.*")),
+        accepted_values={"activation_function": ("gelu_new",), "rotary": (True,), "scale_attn_weights": (True,)},
+        ignored_keys={"n_inner": "mlx-lm's gptj MLP is 4 * n_embd wide",
+                      "tie_word_embeddings": "mlx-lm's gptj always has its own lm_head (with a bias)",
+                      **_SUMMARY_HEAD},
+        notes="GPT-J: a parallel block under one LayerNorm (attention + MLP + x), separate unbiased "
+              "q/k/v / out_proj, traditional rope (base 10000) on the first rotary_dim dims of each "
+              "head, a 4 * n_embd GELU (tanh) MLP with biases and a biased lm_head; transformers' "
+              "transformer.* keys renamed, its attention buffers dropped.",
     ),
     ArchDescriptor(
         "gpt_neox",
