@@ -192,3 +192,17 @@ def test_a_disk_that_fills_during_the_download_is_named(loopback, monkeypatch):
         locate(REPO)
     with pytest.raises(hub.HubNotCached, match="only partly in hub cache"):
         hub.fetch(REPO, offline=True)
+
+
+def test_an_unreachable_hub_falls_back_to_the_cache(loopback, monkeypatch):
+    import socket
+
+    path = locate(REPO)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setattr(constants, "ENDPOINT", dead)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", dead + "/{repo_id}/resolve/{revision}/{filename}")
+    assert locate(REPO) == path
+    with pytest.raises(hub.HubNotCached, match="cannot be reached"):
+        locate("mlxbun-test/never-fetched")
