@@ -167,7 +167,9 @@ KNOBS = {
     "gemma2-caps-scalar": ("gemma2", dict(attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
                                           query_pre_attn_scalar=20)),
     "nanochat-theta": ("nanochat", dict(rope_theta=500.0)),
-    "qwen-biases": ("qwen", dict(no_bias=False)),  # the c_proj / MLP / lm_head biases (not no_bias)
+    "qwen-biases": ("qwen", dict(no_bias=False)),
+    "nanbeige-loss-weights-skip-norm": ("nanbeige", dict(num_loops=1, loop_loss_weights=[0.5, 0.5],
+                                                         skip_loop_final_norm=True)),  # the c_proj / MLP / lm_head biases (not no_bias)
     "gpt_bigcode-mha-untied": ("gpt_bigcode", dict(multi_query=False, tie_word_embeddings=False,
                                                    mlp_bias=False)),
     # mixture of experts: the layer rules, routers and shared-expert switches the zoo leaves alone

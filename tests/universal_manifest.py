@@ -62,6 +62,7 @@ MANIFEST = {
         Entry("internlm2"),
         Entry("mimo"),
         Entry("telechat3"),
+        Entry("nanbeige"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

@@ -90,4 +90,13 @@ REMOTE_CODE_ROWS = (
         "summary_activation": None, "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
         "summary_type": "cls_index", "summary_use_proj": True, "tie_word_embeddings": False,
         "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # Nanbeige: llama's keys with the loop fields of mlx-lm's nanbeige (the stack run twice)
+    Arch("nanbeige", "NanbeigeForCausalLM", base={
+        "model_type": "nanbeige", "attention_bias": False, "attention_dropout": 0.0, "head_dim": HEAD_DIM,
+        "hidden_act": "silu", "hidden_size": HIDDEN, "initializer_range": 0.02,
+        "intermediate_size": INTERMEDIATE, "max_position_embeddings": MAX_POSITIONS, "mlp_bias": False,
+        "num_attention_heads": HEADS, "num_hidden_layers": 2, "num_key_value_heads": 2, "num_loops": 2,
+        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 70000000.0,
+        "skip_loop_final_norm": False, "tie_word_embeddings": False, "use_cache": True,
+        "vocab_size": VOCAB_SIZE}),
 )

@@ -61,6 +61,7 @@ from mlxbun.models.universal.kinds import (
 from mlxbun.models.universal.kinds_hybrid import (
     MixerKind,
 )
+from mlxbun.models.universal.looped import loop_count
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import LayerSpec, UniversalArgs
@@ -268,6 +269,10 @@ def _block_form(d: ArchDescriptor, a: UniversalArgs) -> str:
     h = d.hybrid
     if h is not None and h.mixer_block is not None:
         form += f" on the attention layers, {_FORMS[h.mixer_block]} on the {h.mixer.value} layers"
+    if d.loops is not None:  # nanbeige (looped.py)
+        skip = a.fields[d.loops.skip_final_norm]
+        form += (f"; the stack runs {loop_count(a.fields, d.loops, d.model_type)} times, each with its own "
+                 f"caches, {'the final norm once at the end' if skip else 'the final norm after each'}")
     return form
 
 

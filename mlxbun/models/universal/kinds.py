@@ -517,6 +517,8 @@ class PostInit(StrEnum):
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
     GEMMA4_TEXT = "gemma4_text"  # rope_parameters / layer_types defaults; KV sharing checked (gemma4_args)
+    NANBEIGE_ARGS = "nanbeige_args"  # head_dim None: hidden // heads; enable_double_loop_split,
+    # loop_share_kv and enable_depth_attention refused (mlx-lm raises NotImplementedError)
     QWEN_KV_CHANNELS = "qwen_kv_channels"  # kv_channels * num_attention_heads must be hidden_size
     # (mlx-lm's c_proj is Linear(hidden_size, kv_channels * heads), fed the heads' kv_channels dims)
     MULTI_QUERY_KV_HEADS = "multi_query_kv_heads"  # gpt_bigcode: num_key_value_heads None: 1 if

@@ -30,6 +30,7 @@ from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.gemma4 import Gemma4Text
 from mlxbun.models.universal.gemma4_args import GEMMA4_MODEL_TYPES
 from mlxbun.models.universal.kinds import TieRule
+from mlxbun.models.universal.looped import LoopedDense
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.sanitize import Meta, sanitize_weights
 from mlxbun.quant import quantize_model, resolve_quantization
@@ -58,7 +59,7 @@ def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
     args = resolve_args(d, raw)
     # a plain dict attribute would join the module tree: hand over a read-only view
     config_view = text_config if text_config is not None else MappingProxyType(raw)
-    graph = _GRAPHS.get(d.model_type, UniversalDense)
+    graph = LoopedDense if d.loops is not None else _GRAPHS.get(d.model_type, UniversalDense)
     return graph(args, d, config=config_view, raw_config=raw)
 
 

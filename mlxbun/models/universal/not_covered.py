@@ -66,8 +66,6 @@ NOT_COVERED: dict[str, str] = {
     "iquestloopcoder": "loop-gated recurrent reuse of layers: needs a dedicated port",
     "llama4_text": "chunked attention with per-layer NoPE and functional qk-norm: "
                    "needs a dedicated port",
-    "nanbeige": "loops over the layer stack (num_loops, shared KV across loops): "
-                "needs a dedicated port",
     "nemotron-nas": "per-layer heterogeneous blocks (no-op / linear attention, varied FFN width)",
     "olmo": "non-affine LayerNorm and fused att_proj / ff_proj under transformer.blocks: "
             "needs a port",

@@ -29,6 +29,14 @@ def _kv_heads_default(a: dict, mt: str) -> None:
         a["num_key_value_heads"] = a["num_attention_heads"]
 
 
+def _nanbeige_args(a: dict, mt: str) -> None:
+    if a["head_dim"] is None:
+        a["head_dim"] = a["hidden_size"] // a["num_attention_heads"]
+    on = [k for k in ("enable_double_loop_split", "loop_share_kv", "enable_depth_attention") if a[k]]
+    if on:
+        raise _fail(mt, f"{', '.join(on)}: not supported by mlx-lm's nanbeige (it raises NotImplementedError)")
+
+
 def _qwen_kv_channels(a: dict, mt: str) -> None:
     if a["kv_channels"] * a["num_attention_heads"] != a["hidden_size"]:
         raise _fail(mt, f"kv_channels {a['kv_channels']!r} * num_attention_heads {a['num_attention_heads']!r} "
@@ -308,4 +316,5 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.GEMMA4_TEXT: gemma4_text_post_init,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
     PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
+    PostInit.NANBEIGE_ARGS: _nanbeige_args,
 })

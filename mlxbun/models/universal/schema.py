@@ -221,6 +221,17 @@ class LearnedPositions:
 
 
 @dataclass(frozen=True)
+class LoopKnobs:
+    """The layer stack run several times with the same weights (nanbeige; `looped.py`): the fields
+    holding the loop count, the per-loop loss weights (when set, one loop per entry plus one) and
+    whether the final norm runs once at the end instead of after every loop."""
+
+    loops: str = "num_loops"
+    loss_weights: str = "loop_loss_weights"
+    skip_final_norm: str = "skip_loop_final_norm"
+
+
+@dataclass(frozen=True)
 class SlidingAttn:
     """Sliding layers' own head counts and q/k, value head dims: fields (mimo_v2_flash's swa_*)."""
 
@@ -301,6 +312,7 @@ class ArchDescriptor:
     embed_scale: EmbedScale | str | None = _kind(EmbedScale, None, or_field=True)
     embed_norm: bool = False  # nanochat: functional rms_norm after the embedding
     positions: LearnedPositions | None = None  # learned absolute positions added to the embedding
+    loops: LoopKnobs | None = None  # the layer stack run several times (nanbeige: looped.py)
     head: HeadKnobs = HeadKnobs()
     layers: LayerKnobs = LayerKnobs()
     moe: MoEKnobs | None = None
@@ -376,6 +388,8 @@ class ArchDescriptor:
             yield "embed_scale", self.embed_scale
         if self.positions is not None:
             yield "positions.size", self.positions.size
+        if self.loops is not None:
+            yield from ((f"loops.{k}", v) for k, v in dataclasses.asdict(self.loops).items())
         h = self.head
         if isinstance(h.tie, str) and not isinstance(h.tie, TieRule):
             yield "head.tie", h.tie
@@ -551,6 +565,10 @@ def _check_combinations(d: ArchDescriptor) -> None:
                            or set(d.wrapper_sets) & set(d.wrapper_fields)):
         raise d.error("wrapper_sets needs names.wrapper and names ModelArgs fields only, none of "
                       "wrapper_fields'")
+    if d.loops is not None and (d.hybrid or d.moe or d.mla or d.layers.kv_share or d.embed_scale or d.positions
+                                or d.layers.kinds is not LayerKinds.ALL_FULL or d.names.final_norm is None):
+        raise d.error("loops take a plain row: full attention everywhere, a final norm module, no hybrid, "
+                      "MoE, MLA, KV sharing, embedding scale or positions (looped.py runs nothing else)")
     if d.text_config_required and not d.names.wrapper:
         raise d.error("text_config_required needs names.wrapper")
     if d.text_rows and (not d.names.wrapper or any(

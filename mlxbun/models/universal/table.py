@@ -20,6 +20,7 @@ from mlxbun.models.universal.schema import (
     HeadKnobs,
     LayerKnobs,
     LearnedPositions,
+    LoopKnobs,
     LogitScale,
     MlpKnobs,
     Names,
@@ -485,6 +486,21 @@ _ROWS = [
         mlp=MlpKnobs(bias="mlp_bias"), accepted_values=_SILU,
         notes="TeleChat3: llama's block; its telechat3-yarn rope_scaling is initialize_rope's; "
               "mlx-lm's file has no sanitize.",
+    ),
+    ArchDescriptor(
+        "nanbeige",
+        _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
+                "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "vocab_size", head_dim=None,
+                max_position_embeddings=None, rope_theta=10000.0, rope_scaling=None, attention_bias=False,
+                mlp_bias=False, tie_word_embeddings=False, num_loops=1, loop_loss_weights=None,
+                skip_loop_final_norm=False, enable_double_loop_split=False, loop_share_kv=False,
+                enable_depth_attention=False),
+        ("nanbeige_args",), head_dim="field", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=False), mlp=MlpKnobs(bias="mlp_bias"), loops=LoopKnobs(),
+        sanitize=(_RMS_DROP_INV_FREQ,), accepted_values=_SILU,
+        notes="Nanbeige: llama's block, the layer stack run num_loops times with the same weights "
+              "(len(loop_loss_weights) + 1 when that is set), each loop with its own KV caches and "
+              "ending with the final norm unless skip_loop_final_norm (then once at the end).",
     ),
     ArchDescriptor(
         "internlm3",
