@@ -118,9 +118,12 @@ def nan_weight_copy(src: Path, dst: Path, param: str) -> Path:
 
 def real_gguf(name: str, tmp_path_factory) -> Path:
     """A real trained model shipped on PyPI as GGUF (`mlxbun.real_models`): gemma3's chunks are
-    assembled once per test run (shared by the xdist workers)."""
+    assembled once per test run (shared by the xdist workers), the Qwens' parts once per machine."""
+    from mlxbun.real_models import PARTED
     from mlxbun.real_models import real_gguf as find
 
+    if name in PARTED:  # joined once per machine into the real-model cache (sha256 checked, atomic)
+        return find(name)
     if tmp_path_factory is None:  # smollm2, read in place: no directory of the run's is needed
         if name != "smollm2":
             raise ValueError(f"real model {name!r} is assembled into the run's temporary directory")

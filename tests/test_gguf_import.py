@@ -218,7 +218,7 @@ def test_gemma3_import_and_its_norms(real):
         "model_type": "gemma3_text", "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512,
         "sliding_window_pattern": 6, "rope_local_base_freq": 10000.0, "rope_theta": 1000000.0,
         "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "vocab_size": 262144}
-    assert cfg["quantization"]["bits"] == 8  # the Q8_0 tensors stay packed; the K-quants are float32
+    assert cfg["quantization"]["bits"] == 5  # Q5_0 (the commonest), Q8_0 and Q4_K packed; Q6_K float32
     assert cfg["quantization"]["model.layers.0.mlp.down_proj"] is False
     w = _weights(out)
     norms = [t for t in open_gguf(path).tensors if t.name.endswith("norm.weight")]
@@ -301,7 +301,7 @@ def test_zoo_round_trip_float(arch, zoo, tiny_gguf, tmp_path):
     _port(res.out)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_zoo_round_trip_packed_types_stay_packed(qtype, tiny_gguf, tmp_path):
     path = tiny_gguf("llama", qtype)
     res = import_gguf(path, tmp_path / "out", dtype="float16")
@@ -310,13 +310,13 @@ def test_zoo_round_trip_packed_types_stay_packed(qtype, tiny_gguf, tmp_path):
     t = _tensor(path, "blk.1.ffn_down.weight")
     got = mx.dequantize(w["model.layers.1.mlp.down_proj.weight"], w["model.layers.1.mlp.down_proj.scales"].astype(mx.float32),
                         w["model.layers.1.mlp.down_proj.biases"].astype(mx.float32), group_size=32,
-                        bits=4 if qtype != "Q8_0" else 8)
+                        bits={"Q8_0": 8, "Q5_0": 5, "Q5_1": 5}.get(qtype, 4))
     _same_floats(got, quants.dequantize(t.data, T[qtype]))
     _port(res.out)
 
 
-@pytest.mark.parametrize("qtype, quant, dtype", [("Q5_0", "keep", "bfloat16"), ("Q5_0", "keep", "float32"),
-                                                 ("Q5_0", "4", "float32"), ("F16", "8", "float16"),
+@pytest.mark.parametrize("qtype, quant, dtype", [("Q5_0", "none", "bfloat16"), ("Q5_1", "none", "float32"),
+                                                 ("F32", "4", "float32"), ("F16", "8", "float16"),
                                                  ("BF16", "keep", "float32"), ("Q4_1", "none", "float32")])
 def test_zoo_round_trip_other_types(qtype, quant, dtype, tiny_gguf, tmp_path):
     path = tiny_gguf("qwen3", qtype)
@@ -349,8 +349,9 @@ def test_sharded_import_loads(tiny_gguf, tmp_path):
 def test_cli_import_refuses_a_foreign_directory_and_replaces_its_own(tiny_gguf, tmp_path, capsys):
     path, out = tiny_gguf("qwen3"), tmp_path / "ckpt"
     assert cli.main(["import", "gguf", str(path), "--out", str(out)]) == 0
-    line = capsys.readouterr().out.strip()
-    assert line.startswith(str(out)) and "qwen3 -> qwen3" in line and "\n" not in line
+    line, *types = capsys.readouterr().out.strip().split("\n")
+    assert line.startswith(str(out)) and "qwen3 -> qwen3" in line
+    assert [t.strip() for t in types] == ["F32 -> float float32, exact: 25"]  # one line per GGML type
     assert cli.main(["import", "gguf", str(path), "--out", str(out), "--quant", "8"]) == 0  # its own import
     assert json.loads((out / "config.json").read_text())["quantization"]["bits"] == 8
     other = tmp_path / "other"

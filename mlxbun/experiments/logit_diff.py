@@ -85,7 +85,7 @@ def logit_diff(base: Side, new: Side, *, n_tokens: int = 128, prefill: int = 32,
         if same_weights(pa, pb):
             raise MlxbunError(f"{pa} and {pb} hold byte-identical config.json and weights: nothing would be "
                               "compared (an `import gguf --quant 4|8` re-quantizes only the tensor types it "
-                              "dequantizes; Q4_0 / Q4_1 / Q8_0 stay as shipped)")
+                              "dequantizes; Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K stay as shipped)")
     tok = optional_tokenizer(pa)
     if tok is None:
         raise MlxbunError(f"{pa}: no tokenizer to encode the evaluation text")

@@ -10,11 +10,14 @@ naming the source file, its fingerprint and the options. Everything is checked b
 is written (arch, metadata, every tensor placed and readable); the result is written into a
 temp directory, checked by mlxbun's coverage and weight audit, then renamed into place.
 
-quant "keep": Q4_0 / Q4_1 / Q8_0 stay packed (the same bits), every other type is dequantized
-to `dtype`. quant 4 | 8: those other types are re-quantized (affine, group 64) after the cast;
-the packed ones stay as they are. quant "none": every tensor dequantized to `dtype` (nothing
-packed: the float reference of a quantized file). F32 / F16 / BF16 tensors are cast to `dtype`, as are the
-scales and biases of packed tensors (float32 and float16 keep them exact; bfloat16 rounds).
+quant "keep": Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K stay packed (the same bits, MLX
+affine group 32: `blocks`), every other type (Q6_K, ...) is dequantized to `dtype`. quant 4 | 8:
+those other types are re-quantized (affine, group 64) after the cast; the packed ones stay as
+they are. quant "none": every tensor dequantized to `dtype` (nothing packed: the float reference
+of a quantized file). F32 / F16 / BF16 tensors are cast to `dtype`, as are the scales and biases
+of packed tensors (float32 keeps every type exact; float16 keeps d and m but not the K-quants'
+d*sc; bfloat16 rounds). Each tensor's choice, and whether it holds gguf-py's float32
+dequantization exactly, is reported (`ImportResult.tensors`, the marker's "tensors").
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any, Optional, Union
 
 from mlxbun.atomic import replace_dir, unwritable
 from mlxbun.gguf.archs import arch_for, hf_name, undo_converter
-from mlxbun.gguf.blocks import Packed
+from mlxbun.gguf.blocks import Packed, exact_in
 from mlxbun.gguf.reader import GGUFError, Metadata, fingerprint, open_gguf, read_metadata
 from mlxbun.gguf.tensors import DTYPES, FLOAT_TYPES, read_tensor, readable, to_mlx
 from mlxbun.gguf.tokenizer import tokenizer_files
@@ -61,6 +64,14 @@ class ImportResult:
     tokenizer: bool = False
     seconds: float = 0.0
     swept: list[Path] = field(default_factory=list)  # stale staging directories of killed imports removed
+    # per tensor: {"name": GGUF name, "type": GGML type, "as": what it became, "exact": whether it
+    # holds gguf-py's float32 dequantization (packed: its scales and biases survive `dtype`)}
+    tensors: list[dict] = field(default_factory=list)
+
+    def summary(self) -> list[str]:
+        """One line per (GGML type, choice): `Q4_K -> packed 4-bit g32, exact: 169`."""
+        counts = Counter((t["type"], t["as"], t["exact"]) for t in self.tensors)
+        return [f"{k} -> {how}, {'exact' if ok else 'rounded'}: {n}" for (k, how, ok), n in sorted(counts.items())]
 
 
 @lru_cache(maxsize=1)
@@ -136,6 +147,20 @@ def _plan(reader, meta: Metadata):
         shown = ", ".join(repr(n) for n in unplaced[:8]) + (f" and {len(unplaced) - 8} more" if len(unplaced) > 8 else "")
         raise GGUFError(f"{meta.path}: {len(unplaced)} tensor(s) have no place in a {arch.gguf} checkpoint: {shown}")
     return arch, cfg, placed
+
+
+def _choice(name: str, kind: str, value, spec, written, dtype: str) -> dict:
+    """What GGUF tensor `name` became (see `ImportResult.tensors`)."""
+    import mlx.core as mx
+
+    if isinstance(value, Packed):
+        how, exact = f"packed {value.bits}-bit g{value.group_size}", exact_in(value, dtype)
+    elif spec is not None:
+        how, exact = f"requantized {spec[0]}-bit g{spec[1]}", False
+    else:
+        how = f"{'float' if kind in FLOAT_TYPES else 'dequantized'} {dtype}"
+        exact = dtype == "float32" or bool(mx.array_equal(written.astype(mx.float32), mx.array(value)))
+    return {"name": name, "type": kind, "as": how, "exact": exact}
 
 
 def _quantization_block(specs: dict[str, Optional[tuple[int, int]]]) -> Optional[dict]:
@@ -218,6 +243,7 @@ def import_gguf(path: Union[str, os.PathLike], out: Union[str, os.PathLike], *, 
             shards.add(arrays)
             if name.endswith(".weight") and arrays[name].ndim == 2:
                 specs[name[: -len(".weight")]] = spec
+            res.tensors.append(_choice(t.name, kind, value, spec, arrays[name], dtype))
             if isinstance(value, Packed):
                 res.packed += 1
             else:
@@ -236,7 +262,7 @@ def import_gguf(path: Union[str, os.PathLike], out: Union[str, os.PathLike], *, 
         res.tokenizer = bool(tokenizer)
         write_json(built, MARKER, {
             "source": str(path.resolve()), "fingerprint": fp, "dtype": dtype, "quant": quant,
-            "arch": arch.gguf, "importer": importer_version()})
+            "arch": arch.gguf, "importer": importer_version(), "tensors": res.tensors})
         _self_check(built)
         replace_dir(built, out)
     res.seconds = time.perf_counter() - start

@@ -1,6 +1,6 @@
 """One GGUF tensor as MLX arrays: kept packed, dequantized, or re-quantized.
 
-    read_tensor(t)             Q4_0 / Q4_1 / Q8_0 -> `Packed` (the same bits, `blocks.repack`;
+    read_tensor(t)             Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K -> `Packed` (the same bits, `blocks.repack`;
                                with unpack=True dequantized like every other type);
                                F32 / F16 / BF16 / F64 and every other GGML type -> float32 numpy
                                (other types through `gguf.quants.dequantize`, llama.cpp's own code)
