@@ -63,6 +63,7 @@ MANIFEST = {
         Entry("mimo"),
         Entry("telechat3"),
         Entry("nanbeige"),
+        Entry("plamo"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

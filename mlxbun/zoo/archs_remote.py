@@ -99,4 +99,10 @@ REMOTE_CODE_ROWS = (
         "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 70000000.0,
         "skip_loop_final_norm": False, "tie_word_embeddings": False, "use_cache": True,
         "vocab_size": VOCAB_SIZE}),
+    # PLaMo: the keys of pfnet/plamo-13b's config (40 heads sharing 8 KV heads: n_shared_head 5)
+    Arch("plamo", "PlamoForCausalLM", base={
+        "model_type": "plamo", "hidden_size": HIDDEN, "initializer_range": 0.02,
+        "intermediate_size": INTERMEDIATE, "max_position_embeddings": MAX_POSITIONS, "n_shared_head": 2,
+        "num_attention_heads": HEADS, "num_hidden_layers": 2, "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
 )

@@ -8,6 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxbun.attention import softcapped_attention
+from mlxbun.errors import MlxbunError
 from mlxbun.models import layers as L
 from mlxbun.models import rope as R
 from mlxbun.models.base import scaled_dot_product_attention
@@ -185,6 +186,16 @@ class Attention(nn.Module):
         d, n, N = self._d, self._n, group.size()
         H, KV = self._h, self._kv
         check_heads(where, H, N)
+        if d.kv_tile:  # plamo: query head j reads KV head j % KV, so every rank keeps every KV head
+            if (H // N) % KV or self._qk is not None or self._gate is not None or self._sinks:
+                raise ShardingError(f"{where}: tiled KV heads ({KV}) split only under {H // N} query heads "
+                                    "per rank that tile them, without q/k norms, gates or sinks")
+            layers = {n.q: shard_linear(self[n.q], ALL_TO_SHARDED, group, where=f"{where}.{n.q}"),
+                      n.o: shard_linear(self[n.o], SHARDED_TO_ALL, group, where=f"{where}.{n.o}")}
+            for name, module in layers.items():
+                setattr(self, name, module)
+            self._h = H // N
+            return
         repeat_kv = KV % N != 0
         if repeat_kv and (N % KV or d.qkv not in (QKV.SEPARATE, QKV.FUSED)):
             raise ShardingError(f"{where}: {KV} KV heads neither split across {N} ranks nor repeat "
@@ -301,6 +312,11 @@ class Attention(nn.Module):
             queries, keys = self._qk_norm(queries, keys)
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
+        if self._d.kv_tile:  # plamo: KV head j % KV for query head j
+            if not isinstance(keys, mx.array):
+                raise MlxbunError(f"{d.model_type}: tiled KV heads take a plain KV cache (mlx-lm's mx.tile "
+                                  f"cannot tile a {type(cache).__name__}'s quantized keys)")
+            keys, values = (mx.tile(t, [1, H // KV, 1, 1]) for t in (keys, values))
         if attn_scale is not None:
             queries = queries * attn_scale
 

@@ -222,6 +222,13 @@ class SingleOpBlock(nn.Module):
 class Backbone(nn.Module):
     """mlx-lm's inner model (`model` / `transformer`): embedding, blocks, final norm."""
 
+    def __getitem__(self, key):
+        # a dotted name (names.layers "layers.layers": plamo) reads through its holder
+        if isinstance(key, str) and "." in key:
+            outer, _, inner = key.partition(".")
+            return super().__getitem__(outer)[inner]
+        return super().__getitem__(key)
+
     def __init__(self, a: UniversalArgs, d: ArchDescriptor):
         super().__init__()
         n = d.names
@@ -229,7 +236,13 @@ class Backbone(nn.Module):
         if d.positions is not None:  # gpt2's wpe
             setattr(self, d.positions.name, nn.Embedding(a.fields[d.positions.size], a.hidden))
         single = d.hybrid is not None and d.hybrid.block is HybridBlock.SINGLE
-        setattr(self, n.layers, [(SingleOpBlock if single else Block)(a, d, spec) for spec in a.layers])
+        blocks = [(SingleOpBlock if single else Block)(a, d, spec) for spec in a.layers]
+        outer, _, inner = n.layers.partition(".")
+        if inner:  # plamo: model.layers.layers.N, the list in a module of its own
+            setattr(self, outer, nn.Module())
+            setattr(self[outer], inner, blocks)
+        else:
+            setattr(self, outer, blocks)
         if n.final_norm is not None:
             norm = _NORMS[d.norm.kind](a.hidden, a.eps, a.norm_bias)
             if norm is not None:

@@ -166,7 +166,8 @@ def _sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any], .
     inter = {MlpSize.FOUR_X_HIDDEN: "4 * D",
              MlpSize.LILLE: "256 * round(int(8 * D / 3) / 256)",
              MlpSize.HALF_INTERMEDIATE: "intermediate_size // 2"}.get(inter, inter)
-    heads = (("KV", d.n_kv_heads or "H (multi-head)", a.n_kv_heads), ("hd", head_dim, a.head_dim))
+    kv = f"ceil(H / {d.kv_tile})" if d.kv_tile else d.n_kv_heads or "H (multi-head)"
+    heads = (("KV", kv, a.n_kv_heads), ("hd", head_dim, a.head_dim))
     if d.mla is not None:  # MLA: no kv heads, its own head dims
         heads = mla_sizes(d, a)
     return (("D", d.hidden, a.hidden), ("N", d.n_layers, a.n_layers), ("H", d.n_heads, a.n_heads),
@@ -417,6 +418,8 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
                    f"from {d.layers.sliding_heads}")
     yield from _own_shapes(d, a)
     yield Line("k, v = cache.update_and_fetch(k, v)")
+    if d.kv_tile:
+        yield Line("k, v = tile(k, [1, H // KV, 1, 1]), tile(v, ...)", "query head j reads KV head j % KV")
     if a.llama4 is not None:
         beta, max_pos = a.llama4
         yield Line("q = q * (1 + beta * log(1 + floor(pos / M)))",

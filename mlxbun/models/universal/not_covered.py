@@ -72,8 +72,6 @@ NOT_COVERED: dict[str, str] = {
     "openelm": "per-layer head counts and FFN multipliers: "
                "layer geometry varies, not one descriptor",
     "phi3small": "blocksparse attention and gegelu: needs a dedicated port",
-    "plamo": "blocks nested as model.layers.layers.N with separate qk/v head dims: "
-             "not a descriptor knob",
     "plamo3": "offset RMSNorm and its own sliding schedule: needs a port",
     "spark2_5": "per-layer sliding/global geometry and custom gains: needs a dedicated port",
     "talkie": "learned head / activation / weight gains around every op: needs a dedicated port",

@@ -312,6 +312,12 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
     n_layers = _int_field(a, d.n_layers, mt)
     n_heads = _int_field(a, d.n_heads, mt)
     n_kv = _int_field(a, d.n_kv_heads, mt) if d.n_kv_heads else n_heads
+    if d.kv_tile:  # plamo: ceil(heads / n_shared_head), tiled back to the heads
+        shared = _int_field(a, d.kv_tile, mt)
+        n_kv = -(-n_heads // shared)
+        if n_kv * shared != n_heads:
+            raise _fail(mt, f"{n_heads} heads tile from {n_kv} KV heads x {d.kv_tile} {shared} = "
+                            f"{n_kv * shared}, not the heads: mlx-lm's attention cannot run it")
     vocab = _int_field(a, d.vocab, mt)
     if d.head_dim is HeadDim.SPLIT:
         head_dim = hidden // n_heads

@@ -503,6 +503,23 @@ _ROWS = [
               "ending with the final norm unless skip_loop_final_norm (then once at the end).",
     ),
     ArchDescriptor(
+        "plamo",
+        _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
+                "num_attention_heads", "rms_norm_eps", "vocab_size", n_shared_head=8, rope_theta=10000,
+                rope_traditional=False),
+        n_kv_heads=None, kv_tile="n_shared_head", head_dim="split",
+        rope=RopeKnobs(scaling=None, max_positions=None),
+        names=Names(layers="layers.layers", rope="rotary_emb", norms=NormNames(pre_attn="norm", pre_mlp=None)),
+        block=BlockKnobs(parallel=True, parallel_sum="x_attn_ff"), head=HeadKnobs(tie=False),
+        accepted_values=_SILU,
+        ignored_keys={"tie_word_embeddings": "mlx-lm's plamo always has its own lm_head",
+                      "max_position_embeddings": "mlx-lm's plamo rope is unscaled"},
+        notes="PLaMo: a parallel block under one norm (x + attention + MLP), ceil(heads / n_shared_head) KV "
+              "heads tiled back to the heads after the cache (query head j reads KV head j % KV, not "
+              "GQA's grouping; the heads must tile exactly), the layers under model.layers.layers; "
+              "mlx-lm's file has no sanitize. Its tensor-parallel split keeps every KV head on every rank.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
