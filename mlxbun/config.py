@@ -435,7 +435,11 @@ def _build(full: dict, *, path: Path | None, generation_config: dict | None,
     if n_layers is None:  # nemotron_h: the block pattern is the layer stack
         n_layers = len(blocks)
     heads = r.int_("num_attention_heads")
-    kv_heads = r.int_("num_key_value_heads") or heads
+    _, kv_list = r.find("num_key_value_heads")
+    if isinstance(kv_list, list) and kv_list and all(map(is_int, kv_list)):
+        kv_heads = None  # one count per layer (openelm's num_kv_heads): the graph reads the list
+    else:
+        kv_heads = r.int_("num_key_value_heads") or heads
     head_dim = r.int_("head_dim") or (hidden // heads if heads else None)
 
     key, inter = r.find("intermediate_size")

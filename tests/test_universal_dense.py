@@ -423,7 +423,7 @@ def _config(zoo, arch):
 def test_zoo_configs_are_fully_covered(zoo, arch):
     cfg = _config(zoo, arch)
     report = require_coverage(cfg["model_type"], cfg)
-    assert report.ok and ("hidden_size" in report.understood or "n_embd" in report.understood)
+    assert report.ok and {"hidden_size", "n_embd", "model_dim"} & set(report.understood)
 
 
 def test_unknown_numerics_key_refuses_naming_it(zoo, tmp_path):

@@ -64,6 +64,7 @@ MANIFEST = {
         Entry("telechat3"),
         Entry("nanbeige"),
         Entry("plamo"),
+        Entry("openelm"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

@@ -105,4 +105,13 @@ REMOTE_CODE_ROWS = (
         "intermediate_size": INTERMEDIATE, "max_position_embeddings": MAX_POSITIONS, "n_shared_head": 2,
         "num_attention_heads": HEADS, "num_hidden_layers": 2, "rms_norm_eps": 1e-06,
         "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # OpenELM: the keys of apple/OpenELM-270M's config, two layers of different head counts and widths
+    Arch("openelm", "OpenELMForCausalLM", base={
+        "model_type": "openelm", "activation_fn_name": "swish", "ffn_dim_divisor": 64,
+        "ffn_multipliers": [1.0, 2.0], "ffn_with_glu": True, "head_dim": HEAD_DIM, "initializer_range": 0.02,
+        "max_context_length": MAX_POSITIONS, "model_dim": HIDDEN, "normalization_layer_name": "rms_norm",
+        "normalize_qk_projections": True, "num_gqa_groups": 2, "num_kv_heads": [2, 1],
+        "num_query_heads": [HEADS, 2], "num_transformer_layers": 2, "qkv_multipliers": [0.5, 1.0],
+        "rope_freq_constant": 10000, "rope_max_length": 2 * MAX_POSITIONS, "share_input_output_layers": True,
+        "use_cache": True, "vocab_size": VOCAB_SIZE}),
 )

@@ -132,7 +132,7 @@ class Block(nn.Module):
         # the MoE block on the layers the row's moe rule picks, else the dense MLP
         self._mlp_name = (d.moe.names.block or d.names.mlp) if spec.moe else d.names.mlp
         setattr(self, self._mlp_name, MoEBlock(a, d, spec.index, spec.swiglu_limits) if spec.moe
-                else MLP(a, d, limit=spec.swiglu_limits[1]))
+                else MLP(a, d, width=spec.width, limit=spec.swiglu_limits[1]))
         self._cla = d.layers.kv_share is not None
         slots = d.block.norm_slots(a.parallel)
         self._norm_names = d.names.norms

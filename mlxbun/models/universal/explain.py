@@ -28,6 +28,7 @@ from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, m
 from mlxbun.models.universal.explain_mla import mla_lines, mla_sizes
 from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
 from mlxbun.models.universal.explain_rope import rope_text
+from mlxbun.models.universal.explain_shapes import own_shapes
 from mlxbun.models.universal.kinds import (
     BLOCK_SLOTS,
     COMPILED_SOFTCAP,
@@ -166,11 +167,12 @@ def _sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any], .
     inter = {MlpSize.FOUR_X_HIDDEN: "4 * D",
              MlpSize.LILLE: "256 * round(int(8 * D / 3) / 256)",
              MlpSize.HALF_INTERMEDIATE: "intermediate_size // 2"}.get(inter, inter)
-    kv = f"ceil(H / {d.kv_tile})" if d.kv_tile else d.n_kv_heads or "H (multi-head)"
+    kv = (f"ceil(H / {d.kv_tile})" if d.kv_tile else d.n_kv_heads or d.layers.kv_heads_per_layer
+          or "H (multi-head)")
     heads = (("KV", kv, a.n_kv_heads), ("hd", head_dim, a.head_dim))
     if d.mla is not None:  # MLA: no kv heads, its own head dims
         heads = mla_sizes(d, a)
-    return (("D", d.hidden, a.hidden), ("N", d.n_layers, a.n_layers), ("H", d.n_heads, a.n_heads),
+    return (("D", d.hidden, a.hidden), ("N", d.n_layers, a.n_layers), ("H", d.n_heads or d.layers.heads_per_layer, a.n_heads),
             *heads, ("I", inter, a.intermediate), ("V", d.vocab, a.vocab)) + moe_sizes(d, a)
 
 
@@ -416,7 +418,7 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
     if other:
         yield Line("(sliding layers: H, KV = " + ", ".join(f"{h}, {kv}" for h, kv in other) + ")",
                    f"from {d.layers.sliding_heads}")
-    yield from _own_shapes(d, a)
+    yield from (Line(code, note) for code, note in own_shapes(d, a))
     yield Line("k, v = cache.update_and_fetch(k, v)")
     if d.kv_tile:
         yield Line("k, v = tile(k, [1, H // KV, 1, 1]), tile(v, ...)", "query head j reads KV head j % KV")
@@ -528,26 +530,6 @@ def _head(d: ArchDescriptor, a: UniversalArgs):
 
 
 # ----------------------------------------------------------------- layers
-
-
-def _own_shapes(d: ArchDescriptor, a: UniversalArgs):
-    """mimo_v2_flash: the value head dim, the sliding layers' own shape, the value scale."""
-    if d.v_head_dim:
-        yield Line("(values: vd = v_head_dim, v Linear(D, KV*vd), out Linear(H*vd, D))",
-                   f"vd = {a.fields[d.v_head_dim]}")
-    if d.layers.heads_per_layer:
-        yield Line("(per layer: H = " + ", ".join(str(s.heads[0]) for s in a.layers) + ")",
-                   f"from {d.layers.heads_per_layer}")
-    sa = d.layers.sliding_attn
-    if sa is not None:
-        own = sorted({(s.heads, s.dims, s.scale) for s in a.layers if s.sliding})
-        yield Line("(sliding layers: H, KV, hd, vd = " + ", ".join(
-            f"{h}, {kv}, {hd}, {vd}; scale {sc}" for (h, kv), (hd, vd), sc in own) + ")",
-            f"from {sa.heads}, {sa.kv_heads}, {sa.head_dim}, {sa.v_head_dim}; rope dims and scale "
-            "from their hd")
-    if d.value_scale and a.fields[d.value_scale] is not None:
-        yield Line("v = v * value_scale", f"{d.value_scale} = {a.fields[d.value_scale]}, before rope "
-                   "and the cache")
 
 
 def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]:

@@ -137,6 +137,8 @@ class MlpSize(StrEnum):
     # block_ffn_dim_multiplier (int) when set, rounded up to a multiple of block_multiple_of
     LILLE = "lille"  # 256 * round(int(8 * hidden / 3) / 256)
     HALF_INTERMEDIATE = "half_intermediate"  # qwen: intermediate_size // 2
+    MAKE_DIVISIBLE = "make_divisible"  # openelm, per layer: int(make_divisible(ffn_multipliers[i] *
+    # hidden, ffn_dim_divisor)) (LayerSpec.width; the model-wide width is layer 0's)
 
 
 class NormKind(StrEnum):

@@ -69,8 +69,6 @@ NOT_COVERED: dict[str, str] = {
     "nemotron-nas": "per-layer heterogeneous blocks (no-op / linear attention, varied FFN width)",
     "olmo": "non-affine LayerNorm and fused att_proj / ff_proj under transformer.blocks: "
             "needs a port",
-    "openelm": "per-layer head counts and FFN multipliers: "
-               "layer geometry varies, not one descriptor",
     "phi3small": "blocksparse attention and gegelu: needs a dedicated port",
     "plamo3": "offset RMSNorm and its own sliding schedule: needs a port",
     "spark2_5": "per-layer sliding/global geometry and custom gains: needs a dedicated port",

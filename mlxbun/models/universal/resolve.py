@@ -272,6 +272,34 @@ def _sliding_heads(d: ArchDescriptor, a: dict) -> tuple[int, int] | None:
     return tuple(_int_field(other, k, d.model_type) for k in keys)
 
 
+def _make_divisible_width(a: dict, hidden: int, i: int, mt: str) -> int:
+    """openelm's MLP width of layer i: int(make_divisible(ffn_multipliers[i] * hidden, divisor))."""
+    mults, divisor = a["ffn_multipliers"], _int_field(a, "ffn_dim_divisor", mt)
+    if not isinstance(mults, (list, tuple)) or i >= len(mults) or isinstance(mults[i], bool) \
+            or not isinstance(mults[i], (int, float)):
+        raise _fail(mt, f"'ffn_multipliers' must list a number for layer {i}, got {mults!r}")
+    v = mults[i] * hidden  # make_divisible(v, divisor), min_value = divisor
+    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    if new_v < 0.9 * v:
+        new_v += divisor
+    return int(new_v)
+
+
+def _per_layer_heads(d: ArchDescriptor, a: dict, i: int) -> tuple[int, int]:
+    """Layer i's (heads, KV heads) from the per-layer lists (KV: the row's n_kv_heads unless listed)."""
+    mt, lk, out = d.model_type, d.layers, []
+    for name in (lk.heads_per_layer, lk.kv_heads_per_layer):
+        if name is None:
+            out.append(_int_field(a, d.n_kv_heads, mt))
+            continue
+        values = a[name]
+        h = values[i] if isinstance(values, (list, tuple)) and i < len(values) else None
+        if not isinstance(h, int) or isinstance(h, bool) or h <= 0:
+            raise _fail(mt, f"'{name}'[{i}] must be a positive integer, got {h!r}")
+        out.append(h)
+    return out[0], out[1]
+
+
 def _layer_attn(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int) -> dict[str, Any]:
     """A layer's own attention shape, as LayerSpec fields: heads, dims, scale, sinks."""
     mt, sa = d.model_type, d.layers.sliding_attn
@@ -282,11 +310,8 @@ def _layer_attn(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int
                     dims=(hd, _int_field(a, sa.v_head_dim, mt)), scale=_ATTN_SCALES[d.attn_scale](a, hd))
     if sliding and d.layers.sliding_heads:  # step3p5
         return dict(heads=_sliding_heads(d, a), sinks=sinks)
-    if d.layers.heads_per_layer:  # laguna (the row names n_kv_heads: schema checks it)
-        h = a[d.layers.heads_per_layer][i]
-        if not isinstance(h, int) or isinstance(h, bool) or h <= 0:
-            raise _fail(mt, f"'{d.layers.heads_per_layer}'[{i}] must be a positive integer, got {h!r}")
-        return dict(heads=(h, _int_field(a, d.n_kv_heads, mt)), sinks=sinks)
+    if d.layers.heads_per_layer:  # laguna, openelm
+        return dict(heads=_per_layer_heads(d, a, i), sinks=sinks)
     return dict(dims=(head_dim, _int_field(a, d.v_head_dim, mt)) if d.v_head_dim else None, sinks=sinks)
 
 
@@ -310,8 +335,11 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
     a = model_args(d, config)
     hidden = _int_field(a, d.hidden, mt)
     n_layers = _int_field(a, d.n_layers, mt)
-    n_heads = _int_field(a, d.n_heads, mt)
-    n_kv = _int_field(a, d.n_kv_heads, mt) if d.n_kv_heads else n_heads
+    if d.n_heads is None:  # openelm: every layer its own counts; the model-wide ones are layer 0's
+        n_heads, n_kv = _per_layer_heads(d, a, 0)
+    else:
+        n_heads = _int_field(a, d.n_heads, mt)
+        n_kv = _int_field(a, d.n_kv_heads, mt) if d.n_kv_heads else n_heads
     if d.kv_tile:  # plamo: ceil(heads / n_shared_head), tiled back to the heads
         shared = _int_field(a, d.kv_tile, mt)
         n_kv = -(-n_heads // shared)
@@ -331,6 +359,8 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
         inter = 256 * round(int(8 * hidden / 3) / 256)
     elif d.mlp.intermediate is MlpSize.HALF_INTERMEDIATE:
         inter = _int_field(a, "intermediate_size", mt) // 2
+    elif d.mlp.intermediate is MlpSize.MAKE_DIVISIBLE:
+        inter = _make_divisible_width(a, hidden, 0, mt)
     elif d.mlp.intermediate is MlpSize.LFM2:
         inter = lfm2_intermediate(a, mt)
     else:
@@ -344,9 +374,11 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
     ffn = ffn_layers(d, a, n_layers)
     kv_proj = _kv_proj(d, a, n_layers)
     attn = [_layer_attn(d, a, i, s, head_dim) for i, s in enumerate(kinds)]
+    per_layer_width = d.mlp.intermediate is MlpSize.MAKE_DIVISIBLE
     layers = tuple(LayerSpec(i, s, _rope_for(d, a, i, s, (at.get("dims") or (head_dim,))[0], any(kinds)),
                              routed[i], kv_proj[i], swiglu_limits=_swiglu_limits(d, a, i),
-                             mixer=mixers[i], ffn_only=ffn[i], **at)
+                             mixer=mixers[i], ffn_only=ffn[i],
+                             width=_make_divisible_width(a, hidden, i, mt) if per_layer_width else None, **at)
                    for i, (s, at) in enumerate(zip(kinds, attn)))
     window = a[d.layers.sliding_window] if d.layers.sliding_window else None
     if any(kinds) and d.layers.make_cache is MakeCache.ROTATING_SLIDING:

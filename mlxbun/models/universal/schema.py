@@ -249,6 +249,8 @@ class LayerKnobs:
     # num_attention_groups replace the head counts on sliding layers (step3p5)
     sliding_attn: SlidingAttn | None = None  # sliding layers' own head counts and dims (mimo_v2_flash)
     heads_per_layer: str | None = None  # field: every layer's query head count, a list (laguna)
+    kv_heads_per_layer: str | None = None  # field: every layer's KV head count, a list (openelm; the
+    # row's n_heads / n_kv_heads None: the model-wide counts are layer 0's)
 
 
 @dataclass(frozen=True)
@@ -268,7 +270,7 @@ class ArchDescriptor:
     # sizes
     hidden: str = "hidden_size"
     n_layers: str = "num_hidden_layers"
-    n_heads: str = "num_attention_heads"
+    n_heads: str | None = "num_attention_heads"  # None: per layer only (layers.kv_heads_per_layer)
     n_kv_heads: str | None = "num_key_value_heads"  # None: = n_heads (MHA)
     vocab: str = "vocab_size"
     head_dim: HeadDim = _kind(HeadDim, HeadDim.OR_SPLIT)
@@ -341,8 +343,9 @@ class ArchDescriptor:
 
     def field_refs(self) -> Iterator[tuple[str, str]]:
         """(knob, ModelArgs field) for every field the resolution of this row reads."""
-        yield from (("hidden", self.hidden), ("n_layers", self.n_layers),
-                    ("n_heads", self.n_heads), ("vocab", self.vocab))
+        yield from (("hidden", self.hidden), ("n_layers", self.n_layers), ("vocab", self.vocab))
+        if self.n_heads:
+            yield "n_heads", self.n_heads
         if self.n_kv_heads:
             yield "n_kv_heads", self.n_kv_heads
         if self.head_dim is not HeadDim.SPLIT:
@@ -370,6 +373,8 @@ class ArchDescriptor:
             yield "mlp.intermediate", self.mlp.intermediate
         elif self.mlp.intermediate is MlpSize.HALF_INTERMEDIATE:
             yield "mlp.intermediate", "intermediate_size"
+        elif self.mlp.intermediate is MlpSize.MAKE_DIVISIBLE:
+            yield from (("mlp.intermediate", "ffn_multipliers"), ("mlp.intermediate", "ffn_dim_divisor"))
         if self.norm.kind is not NormKind.FUNCTIONAL_RMS:
             yield "norm.eps", self.norm.eps
         b = self.block
@@ -406,7 +411,8 @@ class ArchDescriptor:
         for knob, value in (("sinks_when", self.sinks_when or ()), ("v_head_dim", (self.v_head_dim,)),
                             ("kv_tile", (self.kv_tile,)),
                             ("value_scale", (self.value_scale,)),
-                            ("layers.heads_per_layer", (lk.heads_per_layer,))):
+                            ("layers.heads_per_layer", (lk.heads_per_layer,)),
+                            ("layers.kv_heads_per_layer", (lk.kv_heads_per_layer,))):
             yield from ((knob, f) for f in value if f)
         if lk.kinds is LayerKinds.HYBRID_PATTERN:
             yield "layers.kinds", "hybrid_layer_pattern"

@@ -77,8 +77,14 @@ def check_combinations(d) -> None:
             and lk.kinds is not LayerKinds.LAYER_TYPES):
         raise d.error(f"rope.kind {d.rope.kind.value!r} reads rope_parameters by layer_types: "
                       "layers.kinds must be 'layer_types'")
-    if lk.heads_per_layer and (lk.sliding_attn is not None or lk.sliding_heads or not d.n_kv_heads):
-        raise d.error("layers.heads_per_layer needs n_kv_heads, excludes sliding_attn / sliding_heads")
+    if lk.heads_per_layer and (lk.sliding_attn is not None or lk.sliding_heads
+                               or not (d.n_kv_heads or lk.kv_heads_per_layer)):
+        raise d.error("layers.heads_per_layer needs n_kv_heads or kv_heads_per_layer, excludes sliding_attn / "
+                      "sliding_heads")
+    if (d.n_heads is None) != bool(lk.kv_heads_per_layer) or (lk.kv_heads_per_layer and (
+            d.n_kv_heads or not lk.heads_per_layer or d.mla or d.hybrid or d.kv_tile)):
+        raise d.error("layers.kv_heads_per_layer goes with heads_per_layer and n_heads / n_kv_heads None "
+                      "(every layer its own counts), without mla, hybrid or kv_tile knobs")
     if d.wrapper_fields and (not d.names.wrapper or not set(d.wrapper_fields) <= set(d.fields)):
         raise d.error("wrapper_fields needs names.wrapper and names ModelArgs fields only")
     if d.wrapper_sets and (not d.names.wrapper or not set(d.wrapper_sets) <= set(d.fields)
@@ -95,6 +101,8 @@ def check_combinations(d) -> None:
     if d.names.layers.count(".") > 1 or ("." in d.names.layers and (d.hybrid or d.loops)):
         raise d.error(f"names.layers {d.names.layers!r}: a dotted name is one level of holder around the "
                       "layer list, in a row without hybrid or loops knobs")
+    if d.mlp.intermediate == "make_divisible" and (d.moe or d.hybrid):
+        raise d.error("mlp.intermediate 'make_divisible' (a width per layer) takes a dense row")
     if d.text_config_required and not d.names.wrapper:
         raise d.error("text_config_required needs names.wrapper")
     if d.text_rows and (not d.names.wrapper or any(

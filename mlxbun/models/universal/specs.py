@@ -49,6 +49,7 @@ class LayerSpec:
     scale: float | None = None  # the attention scale when not the model's (mimo_v2_flash)
     sinks: bool = False  # the attention adds per-head sink logits (ArchDescriptor.sinks)
     mixer: MixerKind = MixerKind.ATTENTION  # a hybrid's recurrent layers: the row's mixer
+    width: int | None = None  # the dense MLP's width when not the model's (openelm)
     ffn_only: bool = False  # block 'single': the layer's one op is the MLP or (moe) the MoE block
     # (no mixer, no cache)
 

@@ -520,6 +520,33 @@ _ROWS = [
               "mlx-lm's file has no sanitize. Its tensor-parallel split keeps every KV head on every rank.",
     ),
     ArchDescriptor(
+        "openelm",
+        _fields("model_type", "head_dim", "num_transformer_layers", "model_dim", "vocab_size",
+                "ffn_dim_divisor", "num_query_heads", "num_kv_heads", "ffn_multipliers", ffn_with_glu=True,
+                normalize_qk_projections=True, share_input_output_layers=True, rms_norm_eps=1e-6,
+                rope_freq_constant=10000),
+        hidden="model_dim", n_layers="num_transformer_layers", n_heads=None, n_kv_heads=None,
+        head_dim="field", qkv="fused",
+        qk_norm=QKNormKnobs("rms", "heads_transposed", enabled="normalize_qk_projections"),
+        rope=RopeKnobs(theta="rope_freq_constant", traditional=False, scaling=None, max_positions=None),
+        mlp=MlpKnobs("gated_fused", intermediate="make_divisible"),
+        names=Names(root="transformer", embed="token_embeddings", attn="attn", qkv="qkv_proj", o="out_proj",
+                    mlp="ffn", gate_up="proj_1", down="proj_2",
+                    norms=NormNames(pre_attn="attn_norm", pre_mlp="ffn_norm")),
+        head=HeadKnobs(tie="share_input_output_layers"),
+        layers=LayerKnobs(heads_per_layer="num_query_heads", kv_heads_per_layer="num_kv_heads"),
+        accepted_values={"ffn_with_glu": (True,), "activation_fn_name": ("swish",),
+                         "normalization_layer_name": ("rms_norm",)},
+        ignored_keys={"max_context_length": "mlx-lm's openelm rope is unscaled",
+                      "rope_max_length": "mlx-lm's openelm rope is unscaled",
+                      "num_gqa_groups": "how num_kv_heads was derived; mlx-lm reads the list",
+                      "qkv_multipliers": "how num_query_heads was derived; mlx-lm reads the list"},
+        notes="OpenELM: every layer its own query / KV head counts (num_query_heads, num_kv_heads) and "
+              "MLP width (make_divisible(ffn_multipliers[i] * model_dim, ffn_dim_divisor)); fused qkv_proj, "
+              "per-head q/k RMSNorm, fused SwiGLU proj_1 / proj_2; mlx-lm's MLP is always gated "
+              "(ffn_with_glu True only).",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
