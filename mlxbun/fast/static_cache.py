@@ -165,8 +165,10 @@ class StaticRotatingKVCache(_StaticBuffers):
         return self._write(keys, values, self.offset % self.length)
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None):
-        if N != 1 or window_size not in (None, self.length):
-            raise ValueError(f"a {N}-token step or a window {window_size} unlike the ring's {self.length}")
+        # a window at least the ring's masks nothing more (RotatingKVCache.make_mask returns None for
+        # one token then: plamo3's window_size + 1)
+        if N != 1 or (window_size is not None and window_size < self.length):
+            raise ValueError(f"a {N}-token step or a window {window_size} narrower than the ring's {self.length}")
         return (mx.arange(self.length, dtype=mx.int32) <= self.offset)[None]
 
     def filled(self) -> mx.array:
