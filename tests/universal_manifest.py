@@ -65,6 +65,7 @@ MANIFEST = {
         Entry("nanbeige"),
         Entry("plamo"),
         Entry("openelm"),
+        Entry("plamo3"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

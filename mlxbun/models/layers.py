@@ -59,6 +59,18 @@ class GemmaRMSNorm(nn.Module):
         return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
 
 
+class OffsetRMSNorm(nn.Module):
+    """plamo3's RMSNorm: scale by (weight + offset), the sum in the weight's dtype (weight init zeros)."""
+
+    def __init__(self, dims: int, eps: float = 1e-6, offset: float = 1.0):
+        super().__init__()
+        self.weight = mx.zeros((dims,))
+        self.eps, self.offset = eps, offset
+
+    def __call__(self, x):
+        return mx.fast.rms_norm(x, self.weight + self.offset, self.eps)
+
+
 class NemotronLayerNorm1P(nn.LayerNorm):
     """nemotron: LayerNorm scaled by (weight + 1)."""
 

@@ -5,7 +5,7 @@ config, shrunk to the zoo's sizes (`arch_row.py`)."""
 
 from __future__ import annotations
 
-from mlxbun.zoo.arch_row import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, MAX_POSITIONS, Arch
+from mlxbun.zoo.arch_row import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, MAX_POSITIONS, SLIDING_WINDOW, Arch
 from mlxbun.zoo.tokenizer import VOCAB_SIZE
 
 __all__ = ["REMOTE_CODE_ROWS"]
@@ -114,4 +114,13 @@ REMOTE_CODE_ROWS = (
         "num_query_heads": [HEADS, 2], "num_transformer_layers": 2, "qkv_multipliers": [0.5, 1.0],
         "rope_freq_constant": 10000, "rope_max_length": 2 * MAX_POSITIONS, "share_input_output_layers": True,
         "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # PLaMo 3: mlx-lm's plamo3 ModelArgs keys (pfnet's hub config); one sliding, one global layer
+    Arch("plamo3", "Plamo3ForCausalLM", base={
+        "model_type": "plamo3", "head_dim": HEAD_DIM, "hidden_size": HIDDEN, "image_feature_size": None,
+        "image_proj_type": "linear", "image_token_id": None, "intermediate_size": INTERMEDIATE,
+        "linear_type": "normal", "max_position_embeddings": MAX_POSITIONS, "num_attention_heads": HEADS,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_local_theta": 10000,
+        "rope_theta": 1000000, "sliding_window": None, "sliding_window_pattern": 2,
+        "tie_word_embeddings": True, "use_cache": True, "vocab_size": VOCAB_SIZE,
+        "window_size": SLIDING_WINDOW}),
 )

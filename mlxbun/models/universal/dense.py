@@ -75,10 +75,19 @@ _NORMS = exhaustive(NormKind, {
     NormKind.LAYERNORM: lambda dims, eps, bias: nn.LayerNorm(dims, eps=eps, bias=bias),
     NormKind.LAYERNORM1P: lambda dims, eps, bias: L.NemotronLayerNorm1P(dims, eps=eps),
     NormKind.FUNCTIONAL_RMS: lambda dims, eps, bias: None,
+    NormKind.OFFSET_RMS: lambda dims, eps, bias: L.OffsetRMSNorm(dims, eps=eps),  # offset: _norm_module
 })
 
+
+def _norm_module(d: ArchDescriptor, a: UniversalArgs, where: str, eps: float | None = None):
+    """The row's norm for a block slot (a NormSlot value) or "final"; offset_rms takes its offset."""
+    norm = _NORMS[d.norm.kind](a.hidden, a.eps if eps is None else eps, a.norm_bias)
+    if d.norm.kind is NormKind.OFFSET_RMS:
+        norm.offset = d.norm.offsets.get(where, 1.0)
+    return norm
+
 # a block's norms stay whole on every rank (they see the full hidden state)
-_NORM_CLASSES = (nn.RMSNorm, nn.LayerNorm, L.GemmaRMSNorm)
+_NORM_CLASSES = (nn.RMSNorm, nn.LayerNorm, L.GemmaRMSNorm, L.OffsetRMSNorm)
 
 _RESIDUAL = exhaustive(Residual, {
     Residual.PLAIN: lambda x, r, s: x + r,
@@ -141,7 +150,7 @@ class Block(nn.Module):
             slots, self._norm_names = BLOCK_SLOTS[d.hybrid.mixer_block], d.hybrid.mixer_norms
         self._slots = frozenset(slots)  # a tuple would join the module tree
         for slot in slots:
-            norm = _NORMS[d.norm.kind](a.hidden, a.eps, a.norm_bias)
+            norm = _norm_module(d, a, slot.value)
             if norm is not None:
                 setattr(self, self._norm_names.of(slot), norm)
 
@@ -244,7 +253,7 @@ class Backbone(nn.Module):
         else:
             setattr(self, outer, blocks)
         if n.final_norm is not None:
-            norm = _NORMS[d.norm.kind](a.hidden, a.eps, a.norm_bias)
+            norm = _norm_module(d, a, "final")
             if norm is not None:
                 setattr(self, n.final_norm, norm)
         if d.head.in_root:
@@ -415,10 +424,17 @@ class UniversalDense(nn.Module):
 
     # ------------------------------------------------------------- forward
 
-    def forward_hidden(self, ids: mx.array, cache: Optional[list] = None) -> mx.array:
-        """The final-normed hidden state [B, L, H] that feeds the head."""
+    def embed_tokens(self, ids: mx.array) -> mx.array:
+        """The ids' rows of the embedding table (before any embed scale)."""
+        return self.backbone[self.descriptor.names.embed](ids)
+
+    def forward_hidden(self, ids: mx.array, cache: Optional[list] = None,
+                       input_embeddings: Optional[mx.array] = None) -> mx.array:
+        """The final-normed hidden state [B, L, H] that feeds the head. `input_embeddings`
+        [B, L, H]: the rows to run instead of the ids' embeddings (a VLM's merged soft tokens,
+        mlxbun.towers), scaled as the embeddings would be (mlx-lm's input_embeddings)."""
         d, a, n, root = self.descriptor, self.args, self.descriptor.names, self.backbone
-        h = root[n.embed](ids)
+        h = root[n.embed](ids) if input_embeddings is None else input_embeddings
         if d.positions is not None:  # gpt2's: arange(L) + the first cache's offset, as an array
             c0 = None if cache is None else cache[0]
             offset = mx.array(0 if c0 is None else c0.offset)
@@ -450,7 +466,8 @@ class UniversalDense(nn.Module):
                 c = c[0]
             fa_mask = create_attention_mask(h, c, return_array=d.layers.mask_array)
         if self._swa_idx is not None:
-            swa_mask = create_attention_mask(h, cache[self._swa_idx], window_size=a.sliding_window)
+            swa_mask = create_attention_mask(h, cache[self._swa_idx],
+                                             window_size=a.sliding_window + d.layers.mask_window_extra)
         if self._parallel_hybrid:  # falcon_h1: both masks from layer 0's CacheList children
             c = (None, None) if cache[0] is None else cache[0]
             ssm_mask = (create_ssm_mask(h, c[0]),

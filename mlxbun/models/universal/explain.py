@@ -189,11 +189,13 @@ _NORM_TEXT = {
     NormKind.LAYERNORM: "LayerNorm({dims}, eps={eps}, bias={bias})",
     NormKind.LAYERNORM1P: "LayerNorm1P({dims}, eps={eps}): weight + 1",
     NormKind.FUNCTIONAL_RMS: "rms_norm, no weight, eps 1e-5",
+    NormKind.OFFSET_RMS: "RMSNorm({dims}, eps={eps}): x * (weight + offset), offset 1.0 but {offsets}",
 }
 
 
 def _norm(d: ArchDescriptor, a: UniversalArgs, dims: str = "D") -> str:
-    return _NORM_TEXT[d.norm.kind].format(dims=dims, eps=a.eps, bias=a.norm_bias)
+    return _NORM_TEXT[d.norm.kind].format(dims=dims, eps=a.eps, bias=a.norm_bias, offsets=", ".join(
+        f"{k} {v}" for k, v in d.norm.offsets.items()))
 
 
 def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Line, ...]], ...]:
@@ -543,7 +545,8 @@ def _layer_groups(d: ArchDescriptor, a: UniversalArgs) -> tuple[LayerGroup, ...]
             rope = ("rope as above" if one_rope else rope_text(s, d, a)) if parallel_block(d) else "no rope"
             return recurrent[0], rope, recurrent[1], ff
         if s.sliding:
-            attention = f"sliding window {a.sliding_window}"
+            attention = f"sliding window {a.sliding_window}" + (
+                f" (mask window + {d.layers.mask_window_extra})" if d.layers.mask_window_extra else "")
             cache = f"RotatingKVCache({a.sliding_window})" if rotating else "KVCache (windowed mask)"
         else:
             attention, cache = "global", ("CacheList(KVCache, KVCache)" if d.mla is not None

@@ -147,6 +147,8 @@ class NormKind(StrEnum):
     LAYERNORM = "layernorm"
     LAYERNORM1P = "layernorm1p"  # nemotron: weight + 1
     FUNCTIONAL_RMS = "functional_rms"  # parameter-free, eps 1e-5 (nanochat)
+    OFFSET_RMS = "offset_rms"  # plamo3: x * (weight + offset), the offset per slot from norm.offsets
+    # (a NormSlot value or "final"; 1.0 where it names none)
 
 
 class NormSlot(StrEnum):
@@ -519,6 +521,8 @@ class PostInit(StrEnum):
     LAGUNA_LISTS = "laguna_lists"  # mlp_layer_types None: dense then sparse; num_attention_heads_
     # per_layer None: num_attention_heads on every layer; both one entry per layer
     GEMMA4_TEXT = "gemma4_text"  # rope_parameters / layer_types defaults; KV sharing checked (gemma4_args)
+    SLIDING_WINDOW_SETS_WINDOW_SIZE = "sliding_window_sets_window_size"  # plamo3: a sliding_window
+    # that is not None replaces window_size
     NANBEIGE_ARGS = "nanbeige_args"  # head_dim None: hidden // heads; enable_double_loop_split,
     # loop_share_kv and enable_depth_attention refused (mlx-lm raises NotImplementedError)
     QWEN_KV_CHANNELS = "qwen_kv_channels"  # kv_channels * num_attention_heads must be hidden_size

@@ -29,6 +29,11 @@ def _kv_heads_default(a: dict, mt: str) -> None:
         a["num_key_value_heads"] = a["num_attention_heads"]
 
 
+def _sliding_window_sets_window_size(a: dict, mt: str) -> None:
+    if a["sliding_window"] is not None:
+        a["window_size"] = a["sliding_window"]
+
+
 def _nanbeige_args(a: dict, mt: str) -> None:
     if a["head_dim"] is None:
         a["head_dim"] = a["hidden_size"] // a["num_attention_heads"]
@@ -317,4 +322,5 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
     PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
     PostInit.NANBEIGE_ARGS: _nanbeige_args,
+    PostInit.SLIDING_WINDOW_SETS_WINDOW_SIZE: _sliding_window_sets_window_size,
 })

@@ -164,6 +164,7 @@ class NormKnobs:
     kind: NormKind = _kind(NormKind, NormKind.RMS)
     eps: str = "rms_norm_eps"  # field (functional_rms: unused, eps is 1e-5)
     bias: bool | str = True  # layernorm kinds only
+    offsets: Mapping[str, float] = field(default_factory=dict)  # offset_rms: slot (or "final") -> offset
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,8 @@ class LayerKnobs:
     period: str | None = None  # field for "period" (int) and "exaone" (pattern string)
     make_cache: MakeCache = _kind(MakeCache, MakeCache.DEFAULT)
     mask_array: bool = False  # gemma2: create_attention_mask(..., return_array=True)
+    mask_window_extra: int = 0  # the sliding mask's window is sliding_window + this (plamo3: 1; the
+    # rotating cache keeps sliding_window)
     kv_share: KVShare | None = _kind(KVShare, None)  # cla: fields use_cla, cla_share_factor
     sliding_heads: str | None = None  # field: a dict whose num_attention_heads /
     # num_attention_groups replace the head counts on sliding layers (step3p5)

@@ -16,6 +16,7 @@ from mlxbun.models.universal.kinds import (
     MlpKind,
     NopeRule,
     NormKind,
+    NormSlot,
     QKNormAt,
     Residual,
     RopeKind,
@@ -103,6 +104,11 @@ def check_combinations(d) -> None:
                       "layer list, in a row without hybrid or loops knobs")
     if d.mlp.intermediate == "make_divisible" and (d.moe or d.hybrid):
         raise d.error("mlp.intermediate 'make_divisible' (a width per layer) takes a dense row")
+    slots = {s.value for s in NormSlot} | {"final"}
+    if d.norm.offsets and (d.norm.kind is not NormKind.OFFSET_RMS or not set(d.norm.offsets) <= slots):
+        raise d.error(f"norm.offsets go with norm.kind 'offset_rms', keyed by {', '.join(sorted(slots))}")
+    if d.layers.mask_window_extra and not d.layers.sliding_window:
+        raise d.error("layers.mask_window_extra widens the sliding mask: it needs layers.sliding_window")
     if d.text_config_required and not d.names.wrapper:
         raise d.error("text_config_required needs names.wrapper")
     if d.text_rows and (not d.names.wrapper or any(

@@ -547,6 +547,34 @@ _ROWS = [
               "(ffn_with_glu True only).",
     ),
     ArchDescriptor(
+        "plamo3",
+        _fields(model_type="plamo3", hidden_size=4096, num_hidden_layers=32, rms_norm_eps=1e-6,
+                tie_word_embeddings=True, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                max_position_embeddings=2048, window_size=2048, sliding_window=None, sliding_window_pattern=8,
+                rope_theta=1_000_000, rope_local_theta=10_000, intermediate_size=13312, vocab_size=32000,
+                image_token_id=None, image_feature_size=None, image_proj_type="linear", linear_type="normal"),
+        ("sliding_window_sets_window_size",), head_dim="field", qkv="fused",
+        qk_norm=QKNormKnobs("gemma_rms", "heads_transposed"),
+        rope=RopeKnobs(traditional=False, scaling=None, max_positions=None, sliding_theta="rope_local_theta"),
+        mlp=MlpKnobs("gated_fused"),
+        norm=NormKnobs("offset_rms", offsets={"post_attn": 1.0 / 5, "post_mlp": 1.0 / (5**1.5)}),
+        names=Names(layers="layers.layers", attn="mixer",
+                    norms=NormNames(pre_attn="pre_mixer_norm", post_attn="post_mixer_norm",
+                                    pre_mlp="pre_mlp_norm", post_mlp="post_mlp_norm")),
+        block=BlockKnobs("sandwich"),
+        layers=LayerKnobs("period", sliding_window="window_size", period="sliding_window_pattern",
+                          make_cache="rotating_sliding", mask_window_extra=1),
+        sanitize=(_DROP_TIED,), accepted_values={"linear_type": ("normal",)},
+        ignored_keys={"image_token_id": "the image tower's (text path only)",
+                      "image_feature_size": "the image tower's (text path only)",
+                      "image_proj_type": "the image tower's (text path only)"},
+        notes="PLaMo 3: sandwich norms scaling by (weight + offset), offset 1 but 1/5 after the mixer and "
+              "1/5**1.5 after the MLP (q/k norms: weight + 1); every sliding_window_pattern-th layer global "
+              "with rope_theta, the others sliding with rope_local_theta, a RotatingKVCache of window_size "
+              "and a mask one wider (window_size + 1); fused qkv_proj and gate_up_proj; the layers under "
+              "model.layers.layers.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
