@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mlxbun.commands.diffusion_flags import add_diffusion_arguments, run_diffusion
 from mlxbun.commands.hub_flags import add_offline
+from mlxbun.commands.image_flags import add_image_arguments
 from mlxbun.commands.speculative_flags import (
     add_spec_arguments,
     check_spec_results,
@@ -82,6 +83,7 @@ def register(sub) -> None:
     add_offline(p)
     add_spec_arguments(p)
     add_diffusion_arguments(p)
+    add_image_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -155,6 +157,11 @@ def _run(args, group) -> int:
     from mlxbun.tokenizer import load_tokenizer
 
     _apply_kv_setting(args)
+    if args.image is not None:  # a VLM's tower (commands/image_flags.py): refusals before any work
+        from mlxbun.commands.image_flags import check_image_flags, run_images
+
+        check_image_flags(args)
+        return run_images(args, locate(args.model))
     if args.prompt_ids is not None:
         _parse_ids(args.prompt_ids)  # before the model loads (build_prompt parses them again)
     if args.kv_config not in (None, NO_KV_CONFIG):

@@ -18,10 +18,11 @@ MEDIA_INPUTS = ("pixel_values", "pixel_values_videos", "image_grid_thw", "video_
 
 # a VLM's own config keys (its towers, its media token ids): beside text_config, or among the
 # text model's keys in a config without one (qwen2_vl's hub configs), where mlx-lm's text
-# model's ModelArgs drops them
+# model's ModelArgs drops them; mm_tokens_per_image: mlx-vlm's gemma3 projector reads it from
+# text_config (the soft tokens per image), mlx-lm's gemma3_text does not
 VLM_KEYS = frozenset({"vision_config", "audio_config", "image_token_id", "video_token_id",
                       "image_token_index", "vision_start_token_id", "vision_end_token_id",
-                      "vision_token_id"})
+                      "vision_token_id", "mm_tokens_per_image"})
 
 
 def refuse_media(model_type: str, wrapper: str | None, media: Mapping[str, Any]) -> None:

@@ -1,0 +1,167 @@
+"""A checkpoint's vision side: its tower row, config numbers, tensors and image processor, built
+into a `VisionStack` (tower + projector) whose tensors load by their checkpoint names. A
+checkpoint without a tower mlxbun builds is refused by name (`NoTowerError`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from mlxbun.errors import ConfigError, LoadError
+from mlxbun.towers.errors import NoTowerError
+from mlxbun.towers.images import ImageProcessorSpec, read_processor_spec
+from mlxbun.towers.knobs import TowerDescriptor
+from mlxbun.towers.projectors import make_projector
+from mlxbun.towers.table import TOWERS, tower_for
+from mlxbun.towers.vit import VitConfig, VitTower
+
+__all__ = ["VisionStack", "has_tower", "open_vision"]
+
+# mlx-vlm's ModelConfig defaults the merge reads where config.json has no such key
+_MLX_VLM_TOP_DEFAULTS = {"hidden_size": 2048, "pad_token_id": 0, "image_token_index": 262144}
+
+
+@dataclasses.dataclass
+class VisionStack:
+    """A checkpoint's tower and projector with the numbers the splice and merge need."""
+
+    descriptor: TowerDescriptor
+    tower: VitTower
+    projector: nn.Module
+    processor: ImageProcessorSpec
+    tokens_per_image: int  # soft tokens per image
+    image_token_id: int
+    boi_token_id: int | None
+    merge_hidden: int  # the wrapper's hidden_size the merge divides by (mlx-vlm's config)
+    pad_token_id: int | None
+
+    def features(self, pixel_values, dtype: mx.Dtype) -> mx.array:
+        """Soft tokens [N, tokens_per_image, text hidden] of `pixel_values` [N, 3, H, W] (the
+        processor's), run in `dtype` (the text embeddings' dtype, as mlx-vlm casts them)."""
+        pixels = mx.array(np.asarray(pixel_values)) if not isinstance(pixel_values, mx.array) else pixel_values
+        return self.projector(self.tower(pixels.transpose(0, 2, 3, 1).astype(dtype)))
+
+    def blocks(self, pixel_values, dtype: mx.Dtype) -> list[tuple[str, mx.array]]:
+        """The tower's stages (tower.blocks) and the projector's output, named."""
+        pixels = mx.array(np.asarray(pixel_values)) if not isinstance(pixel_values, mx.array) else pixel_values
+        stages = self.tower.blocks(pixels.transpose(0, 2, 3, 1).astype(dtype))
+        return stages + [("projector", self.projector(stages[-1][1]))]
+
+
+def _read_config(path: Path) -> dict:
+    f = path / "config.json"
+    try:
+        return json.loads(f.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{f}: missing") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{f}: unreadable ({e})") from None
+
+
+def has_tower(path) -> bool:
+    """Whether `path` declares a vision tower mlxbun builds and holds its tensors."""
+    try:
+        _check_tower(Path(path), _read_config(Path(path)))
+    except NoTowerError:
+        return False
+    return True
+
+
+def _check_tower(path: Path, config: Mapping) -> tuple[TowerDescriptor, Any]:
+    """(row, weight index) of the checkpoint's vision tower, or NoTowerError saying why not."""
+    from mlxbun.weights import read_index
+
+    model_type = config.get("model_type")
+    d = tower_for(model_type)
+    vision = config.get("vision_config")
+    if d is None:
+        what = "a text model" if not vision else "a VLM whose tower mlxbun does not build"
+        raise NoTowerError(f"{path}: {model_type} is {what}; images go to the towers of "
+                           f"{', '.join(sorted(TOWERS))}")
+    if not isinstance(vision, Mapping):
+        raise NoTowerError(f"{path}: {model_type} checkpoint has no vision_config (no vision tower)")
+    vt = vision.get("model_type", d.vision_types[0])
+    if vt not in d.vision_types:
+        raise NoTowerError(f"{path}: vision_config.model_type {vt!r}; the {model_type} tower is one of "
+                           f"{', '.join(d.vision_types)}")
+    index = read_index(path)
+    if not any(n.startswith(d.tower_prefix + ".") for n in index.names()):
+        raise NoTowerError(f"{path}: {model_type} checkpoint holds no {d.tower_prefix}.* tensors "
+                           "(a text-only build of the VLM): it takes token ids only")
+    return d, index
+
+
+def _vit_config(d: TowerDescriptor, vision: Mapping) -> VitConfig:
+    merged = {**d.vision_defaults, **vision}
+    try:
+        return VitConfig(**{f.name: merged[f.name] for f in dataclasses.fields(VitConfig)})
+    except KeyError as e:
+        raise ConfigError(f"vision_config lacks {e.args[0]!r}") from None
+
+
+def _load(module: nn.Module, prefix: str, tensors: dict[str, mx.array], quantization, where: Path) -> None:
+    from mlxbun.quant import quantize_model
+
+    own = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+    if quantization:
+        q = {k: v for k, v in quantization.items() if k in ("group_size", "bits", "mode")}
+        q.update({k[len(prefix) + 1:]: v for k, v in quantization.items() if k.startswith(prefix + ".")})
+        quantize_model(module, q, own)
+    expected = {k for k, _ in _flat(module)}
+    missing, extra = sorted(expected - set(own)), sorted(set(own) - expected)
+    if missing or extra:
+        raise LoadError(f"{where}: {prefix}: " + "; ".join(
+            s for s in (f"missing {', '.join(missing[:8])}" if missing else "",
+                        f"unconsumed {', '.join(extra[:8])}" if extra else "") if s))
+    try:
+        module.load_weights(list(own.items()), strict=True)
+    except ValueError as e:
+        raise LoadError(f"{where}: {prefix}: {e}") from None
+
+
+def _flat(module: nn.Module):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(module.parameters())
+
+
+def _conv_to_mlx(w: mx.array) -> mx.array:
+    """mlx-vlm's check_array_shape: a [out, kH, kW, in] conv weight stays, else it is PyTorch's
+    [out, in, kH, kW] and is transposed."""
+    out, kh, kw, _ = w.shape
+    return w if (out >= kh and out >= kw and kh == kw) else w.transpose(0, 2, 3, 1)
+
+
+def open_vision(path, config: Mapping | None = None) -> VisionStack:
+    """The checkpoint's tower and projector, loaded; NoTowerError where it has none mlxbun builds."""
+    from mlxbun.quant import resolve_quantization
+
+    path = Path(path)
+    config = _read_config(path) if config is None else config
+    d, index = _check_tower(path, config)
+    vision, text = config["vision_config"], config.get("text_config") or {}
+    vc = _vit_config(d, vision)
+    tower = VitTower(vc, d.vit)
+    top = {**_MLX_VLM_TOP_DEFAULTS, **config}
+    tokens = int(text.get("mm_tokens_per_image", 256))
+    projector = make_projector(d.projector, vision_hidden=vc.hidden_size, text_hidden=int(text["hidden_size"]),
+                               grid=vc.grid, tokens_per_image=tokens, eps=vc.layer_norm_eps)
+    names = [n for n in index.names() if n.startswith((d.tower_prefix + ".", d.projector_prefix + "."))]
+    tensors = index.load(names)
+    conv = f"{d.tower_prefix}.embeddings.patch_embedding.weight"
+    if conv in tensors:
+        tensors[conv] = _conv_to_mlx(tensors[conv])
+    quantization = resolve_quantization(config)
+    _load(tower, d.tower_prefix, tensors, quantization, path)
+    _load(projector, d.projector_prefix, tensors, quantization, path)
+    mx.eval(tower.parameters(), projector.parameters())
+    return VisionStack(d, tower, projector, read_processor_spec(path), tokens,
+                       int(top[d.image_token_key]), None if d.boi_key is None else config.get(d.boi_key),
+                       int(top["hidden_size"]), top.get("pad_token_id"))
+

@@ -1,0 +1,51 @@
+"""The projectors from a tower's patches to the text model's soft tokens, one per
+`ProjectorKind`, op for op as mlx-vlm's, under the checkpoint's names."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxbun.towers.knobs import ProjectorKind
+
+__all__ = ["Gemma3Projector", "make_projector"]
+
+
+class Gemma3Projector(nn.Module):
+    """mlx-vlm's Gemma3MultiModalProjector: the patch grid average-pooled to
+    `tokens_per_image` tokens, gemma-RMS-normed, projected by mm_input_projection_weight."""
+
+    def __init__(self, vision_hidden: int, text_hidden: int, grid: int, tokens_per_image: int, eps: float):
+        super().__init__()
+        side = int(tokens_per_image ** 0.5)
+        if side * side != tokens_per_image or side == 0 or grid % side:
+            raise ValueError(f"mm_tokens_per_image {tokens_per_image} is not a square whose side divides "
+                             f"the {grid}x{grid} patch grid")
+        self.mm_input_projection_weight = mx.zeros((vision_hidden, text_hidden))
+        self.mm_soft_emb_norm = _GemmaRMSNorm(vision_hidden, eps)
+        self.grid, self.kernel = grid, grid // side
+        self.avg_pool = nn.AvgPool2d(kernel_size=self.kernel, stride=self.kernel)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        b, _, d = x.shape
+        h = x.transpose(0, 2, 1).reshape(b, d, self.grid, self.grid).transpose(0, 2, 3, 1)
+        h = self.avg_pool(h).transpose(0, 3, 1, 2).flatten(2).transpose(0, 2, 1)
+        h = self.mm_soft_emb_norm(h)
+        return mx.einsum("btm,md->btd", h, self.mm_input_projection_weight).astype(x.dtype)
+
+
+class _GemmaRMSNorm(nn.Module):
+    def __init__(self, dims: int, eps: float):
+        super().__init__()
+        self.weight = mx.ones((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
+
+
+def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int, grid: int,
+                   tokens_per_image: int, eps: float) -> nn.Module:
+    if kind is ProjectorKind.GEMMA3_AVGPOOL:
+        return Gemma3Projector(vision_hidden, text_hidden, grid, tokens_per_image, eps)
+    raise ValueError(f"no projector for {kind!r}")

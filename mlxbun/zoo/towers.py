@@ -1,0 +1,226 @@
+"""Tiny VLM checkpoints WITH their towers, held to mlx-vlm (the towers' oracle): the zoo's text
+row's tiny config as text_config, a tiny vision_config, and every tensor of mlx-vlm's own model
+class (text model, vision tower, projector) seeded and perturbed by name as every zoo arch,
+cast and quantized the way `mlx_vlm.convert` does it (the towers and projectors kept in the
+checkpoint's dtype: convert's `skip_multimodal_module`); the tokenizer is the zoo's with the
+VLM's media tokens added, plus the processor's preprocessor_config.json / processor_config.json.
+
+    cached_tower_checkpoint("gemma3", dtype="bfloat16", quant=4)  # -> .../tiny-gemma3-vision-bf16-q4
+
+The text-only wrapper archs (`zoo:gemma3`, ...) stay as they were: these are other checkpoints.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from mlxbun.zoo.common import (
+    Variant,
+    ZooArgumentError,
+    build_into,
+    build_once,
+    cache_root,
+    check_dtype_and_seed,
+    parse_quant,
+    zoo_fingerprint,
+)
+from mlxbun.zoo.tokenizer import tokenizer_config, tokenizer_json, write_tokenizer_files
+
+__all__ = ["TOWER_ARCHS", "cached_tower_checkpoint", "make_tower_checkpoint", "tower_config", "variant"]
+
+
+@dataclass(frozen=True)
+class TowerArch:
+    """A VLM the zoo builds with its towers: the zoo text arch whose tiny config becomes
+    text_config, what is written over it, and the processor's files."""
+
+    name: str  # the zoo name: <text arch>-vision
+    text_arch: str  # the zoo arch whose config is the starting point (text_config inside)
+    media_tokens: tuple[tuple[str, str], ...]  # (tokenizer attribute, token) added after the vocab
+    fix: Callable[[dict, dict[str, int]], None]  # edits the config given the media token ids
+    preprocessor: dict
+    processor: dict
+
+
+# tiny SigLIP tower: 64x64 images in 16x16 patches (a 4x4 grid), two layers of width 64 (a quant
+# group), the projector average-pooling 2x2 patches into 4 soft tokens per image
+GEMMA3_VISION = {"model_type": "siglip_vision_model", "hidden_size": 64, "intermediate_size": 128,
+                 "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 64, "patch_size": 16,
+                 "layer_norm_eps": 1e-6}
+GEMMA3_TOKENS_PER_IMAGE = 4
+
+
+def _gemma3_fix(cfg: dict, ids: dict[str, int]) -> None:
+    vocab = max(ids.values()) + 1
+    cfg["vision_config"] = dict(GEMMA3_VISION)
+    cfg.update(vocab_size=vocab, mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
+               boi_token_index=ids["boi_token"], eoi_token_index=ids["eoi_token"],
+               image_token_index=ids["image_token"])
+    # mlx-vlm's projector reads text_config.mm_tokens_per_image (the hub configs leave it at 256)
+    cfg["text_config"].update(vocab_size=vocab, mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE)
+
+
+TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
+    TowerArch(
+        "gemma3-vision", "gemma3",
+        media_tokens=(("boi_token", "<start_of_image>"), ("image_token", "<image_soft_token>"),
+                      ("eoi_token", "<end_of_image>")),
+        fix=_gemma3_fix,
+        # google/gemma-3-4b-it's preprocessor_config.json, at the tiny image size
+        preprocessor={"do_convert_rgb": None, "do_normalize": True, "do_pan_and_scan": None,
+                      "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
+                      "image_processor_type": "Gemma3ImageProcessor", "image_seq_length": GEMMA3_TOKENS_PER_IMAGE,
+                      "image_std": [0.5, 0.5, 0.5], "pan_and_scan_max_num_crops": None,
+                      "pan_and_scan_min_crop_size": None, "pan_and_scan_min_ratio_to_activate": None,
+                      "processor_class": "Gemma3Processor", "resample": 2,
+                      "rescale_factor": 0.00392156862745098,
+                      "size": {"height": GEMMA3_VISION["image_size"], "width": GEMMA3_VISION["image_size"]}},
+        processor={"image_seq_length": GEMMA3_TOKENS_PER_IMAGE, "processor_class": "Gemma3Processor"},
+    ),
+)}
+
+
+def _arch(name: str) -> TowerArch:
+    try:
+        return TOWER_ARCHS[name]
+    except (KeyError, TypeError):
+        raise ZooArgumentError(f"unknown tower arch {name!r}; known: {', '.join(TOWER_ARCHS)}") from None
+
+
+def media_token_ids(arch: TowerArch) -> dict[str, int]:
+    """The added media tokens' ids: right after the zoo tokenizer's vocabulary."""
+    from mlxbun.zoo.tokenizer import VOCAB_SIZE
+
+    return {attr: VOCAB_SIZE + i for i, (attr, _) in enumerate(arch.media_tokens)}
+
+
+def tower_config(name: str) -> dict:
+    """config.json of the tiny checkpoint (float32; the builder sets dtype and quantization)."""
+    from mlxbun.zoo.archs import tiny_config
+
+    arch = _arch(name)
+    cfg = copy.deepcopy(tiny_config(arch.text_arch))
+    arch.fix(cfg, media_token_ids(arch))
+    return dict(sorted(cfg.items()))
+
+
+def variant(name: str, *, quant=None, dtype: str = "float32", seed: int = 0) -> Variant:
+    _arch(name)
+    check_dtype_and_seed(dtype, seed)
+    return Variant(name, parse_quant(quant), dtype, seed)
+
+
+def _skip_multimodal(path: str) -> bool:
+    from mlx_vlm.utils import skip_multimodal_module
+
+    return skip_multimodal_module(path)
+
+
+def build_model(config: dict, seed: int):
+    """mlx-vlm's model of `config`, seeded and perturbed by name (zoo.weights.perturb); a tied
+    head is the embedding's copy (what mlx-vlm's sanitize makes of a tied checkpoint)."""
+    import mlx.core as mx
+    from mlx.utils import tree_map_with_path
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+
+    from mlxbun.zoo.weights import perturb
+
+    cfg = copy.deepcopy(config)
+    model_class, _ = get_model_and_args(config=cfg)
+    model_config = model_class.ModelConfig.from_dict(cfg)
+    model_config = update_module_configs(model_config, model_class, cfg, ["text", "vision", "audio"])
+    mx.random.seed(seed)
+    model = model_class.Model(model_config)
+    model.update(tree_map_with_path(lambda name, p: perturb(name, p, seed), model.parameters()))
+    lm = model.language_model
+    if config.get("tie_word_embeddings", True) and hasattr(lm, "lm_head"):
+        lm.lm_head.weight = lm.model.embed_tokens.weight
+    mx.eval(model.parameters())
+    return model
+
+
+def quantize(model, config: dict, quant) -> dict:
+    """`mlx_vlm.convert -q`'s quantization (affine, group 64; towers and projectors skipped);
+    "mixed": the zoo's mixed recipe (zoo.weights.mixed_predicate) on the text model alone, the
+    embedding at the tied head's 8 bits (mlx-vlm copies the embedding over the head)."""
+    import contextlib
+    import io
+
+    from mlx_vlm.quant_utils import quantize_model
+
+    from mlxbun.zoo.weights import GROUP_SIZE, MIXED_BITS, MIXED_HIGH_BITS, mixed_predicate
+
+    if quant == "mxfp4":
+        raise ZooArgumentError("tower checkpoints are built float, 4, 8 or mixed (no mxfp4)")
+    inner = mixed_predicate(model) if quant == "mixed" else (lambda p, m: True)
+    bits = MIXED_BITS if quant == "mixed" else int(quant)
+
+    def predicate(path, module):
+        if _skip_multimodal(path):
+            return False
+        if quant == "mixed" and path.endswith("embed_tokens"):
+            # a tied head is the embedding's copy in mlx-vlm (its sanitize): both at the head's bits
+            return {"group_size": GROUP_SIZE, "bits": MIXED_HIGH_BITS, "mode": "affine"}
+        return inner(path, module)
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        _, qconfig = quantize_model(model, copy.deepcopy(config), GROUP_SIZE, bits, quant_predicate=predicate)
+    return qconfig
+
+
+def write_media_tokenizer(arch: TowerArch, out: Path) -> None:
+    """The zoo tokenizer files with the media tokens added (special, after the vocabulary) and
+    named in tokenizer_config's extra_special_tokens (the attributes the processors read)."""
+    write_tokenizer_files(out)
+    ids = media_token_ids(arch)
+    tok = json.loads(tokenizer_json())
+    for attr, content in arch.media_tokens:
+        tok["added_tokens"].append({"id": ids[attr], "content": content, "single_word": False, "lstrip": False,
+                                    "rstrip": False, "normalized": False, "special": True})
+    (out / "tokenizer.json").write_text(json.dumps(tok, indent=2, ensure_ascii=False), encoding="utf-8")
+    tc = tokenizer_config()
+    for attr, content in arch.media_tokens:
+        tc["added_tokens_decoder"][str(ids[attr])] = {"content": content, "lstrip": False, "normalized": False,
+                                                      "rstrip": False, "single_word": False, "special": True}
+    tc["extra_special_tokens"] = {attr: content for attr, content in arch.media_tokens}
+    (out / "tokenizer_config.json").write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def build_files(v: Variant, out: Path) -> None:
+    from mlx.utils import tree_flatten
+
+    from mlxbun.zoo.weights import cast, save_shards
+
+    arch = _arch(v.arch)
+    config = tower_config(v.arch)
+    config["torch_dtype"] = v.dtype
+    model = build_model(config, v.seed)
+    cast(model, v.dtype)
+    if v.quant is not None:
+        config = quantize(model, config, v.quant)
+    weights = dict(tree_flatten(model.parameters()))
+    save_shards(weights, out, total_parameters=sum(w.size for w in weights.values()), fmt="mlx")
+    (out / "config.json").write_text(json.dumps(dict(sorted(config.items())), indent=4), encoding="utf-8")
+    write_media_tokenizer(arch, out)
+    (out / "preprocessor_config.json").write_text(json.dumps(arch.preprocessor, indent=2) + "\n", encoding="utf-8")
+    (out / "processor_config.json").write_text(json.dumps(arch.processor, indent=2) + "\n", encoding="utf-8")
+
+
+def cache_key() -> str:
+    return f"towers-{zoo_fingerprint()}"
+
+
+def make_tower_checkpoint(name: str, out_dir, *, quant=None, dtype: str = "float32", seed: int = 0) -> Path:
+    """Build `out_dir/tiny-<name>[-<dtype>][-q<quant>][-s<seed>]`; same arguments, same bytes."""
+    v = variant(name, quant=quant, dtype=dtype, seed=seed)
+    return build_into(out_dir, v.name, lambda out: build_files(v, out))
+
+
+def cached_tower_checkpoint(name: str, *, quant=None, dtype: str = "float32", seed: int = 0, root=None) -> Path:
+    """The checkpoint in the zoo cache (`root`, else the default), built once under a file lock."""
+    v = variant(name, quant=quant, dtype=dtype, seed=seed)
+    return build_once(cache_root(root) / cache_key(), v.name, lambda out: build_files(v, out))

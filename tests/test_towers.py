@@ -1,0 +1,272 @@
+"""Vision towers held bit-exact to mlx-vlm 0.7.10, run live: the tower block by block, the
+projector, the processor's pixels, the spliced ids and soft-token counts, the merged rows, and
+greedy generation (tokens, log-probabilities and per-step raw logits) on tiny zoo checkpoints that
+carry their towers (mlxbun.zoo.towers), in every dtype / quantization mlx-vlm runs. Test images:
+matplotlib's sample data and images drawn here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlxbun.cli as cli
+from mlxbun.multimodal import MAX_IMAGES, EmbeddedPrompt, open_vlm, stream_generate
+from mlxbun.towers.errors import ImageCountError, ImageTruncated, ImageUnreadable, NoTowerError, TooManyImages
+
+ARCH = "gemma3-vision"
+# (dtype, quant): every variant mlx_vlm.convert writes for the tiny checkpoint (towers in the dtype)
+VARIANTS = [("float32", None), ("float16", None), ("bfloat16", None), ("float32", 4), ("bfloat16", 8),
+            ("float32", "mixed")]
+PROMPT = "hi <start_of_image> and <start_of_image> there"
+
+
+def _sample(name: str) -> str:
+    import matplotlib.cbook as cbook
+
+    return str(cbook.get_sample_data(name, asfileobj=False))
+
+
+@pytest.fixture(scope="session")
+def images(run_tmp) -> list[str]:
+    """A JPEG photo, an RGBA PNG (matplotlib's), and a drawn grayscale, non-square PNG."""
+    from PIL import Image
+
+    drawn = run_tmp / "towers-drawn.png"
+    if not drawn.exists():
+        y, x = np.mgrid[0:37, 0:90]
+        Image.fromarray(((x * 3 + y * 5) % 256).astype(np.uint8), mode="L").save(drawn)
+    return [_sample("grace_hopper.jpg"), _sample("logo2.png"), str(drawn)]
+
+
+@pytest.fixture(scope="session")
+def tower_ckpt(zoo_root):
+    from mlxbun.zoo.towers import cached_tower_checkpoint
+
+    def get(dtype="float32", quant=None) -> Path:
+        return cached_tower_checkpoint(ARCH, dtype=dtype, quant=quant, root=zoo_root)
+
+    return get
+
+
+_LOADED: dict = {}
+
+
+def _both(path: Path):
+    """(mlxbun's VisionLanguageModel, mlx-vlm's model, processor), loaded once per checkpoint."""
+    if path not in _LOADED:
+        from mlx_vlm.utils import load
+
+        model, processor = load(str(path))
+        _LOADED[path] = (open_vlm(path), model, processor)
+    return _LOADED[path]
+
+
+def _oracle_inputs(processor, images, prompt=PROMPT):
+    from mlx_vlm.utils import prepare_inputs
+
+    return prepare_inputs(processor, images=list(images), prompts=[prompt], add_special_tokens=True)
+
+
+@pytest.mark.parametrize("dtype,quant", VARIANTS, ids=[f"{d}-{q}" for d, q in VARIANTS])
+def test_tower_projector_splice_and_merge_are_bit_exact(tower_ckpt, images, dtype, quant):
+    vlm, model, processor = _both(tower_ckpt(dtype, quant))
+    pair = images[:2]
+    ref = _oracle_inputs(processor, pair)
+    ours = vlm.prepare(PROMPT, pair)
+    # the processor: spliced ids, pixels, soft-token count
+    assert ours.ids.tolist() == ref["input_ids"][0].tolist()
+    assert mx.array_equal(ours.pixel_values, ref["pixel_values"])
+    n_image_tokens = int((ref["input_ids"] == model.config.image_token_index).sum().item())
+    assert ours.soft_tokens == n_image_tokens == 2 * vlm.vision.tokens_per_image
+    # the tower, block by block (a mismatch names its first block), then the projector
+    embeds = model.language_model.model.embed_tokens(ref["input_ids"])
+    x = ref["pixel_values"].transpose(0, 2, 3, 1).astype(embeds.dtype)
+    sv = model.vision_tower.vision_model
+    h = sv.embeddings(x)
+    theirs = [("embeddings", h)]
+    for i, layer in enumerate(sv.encoder.layers):
+        h = layer(h)
+        theirs.append((f"layers.{i}", h))
+    theirs.append(("post_layernorm", sv.post_layernorm(h)))
+    theirs.append(("projector", model.multi_modal_projector(theirs[-1][1])))
+    mine = vlm.vision.blocks(ours.pixel_values, embeds.dtype)
+    assert [n for n, _ in mine] == [n for n, _ in theirs]
+    for (name, a), (_, b) in zip(mine, theirs):
+        assert a.dtype == b.dtype and mx.array_equal(a, b), f"first mismatch at {name}"
+    assert mx.array_equal(ours.features, theirs[-1][1])
+    # the merge into the text embeddings, and the prompt's logits through the text graph
+    merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], mask=ref["attention_mask"])
+    assert mx.array_equal(ours.embeddings, merged.inputs_embeds)
+    logits = model.language_model(ref["input_ids"], inputs_embeds=merged.inputs_embeds).logits
+    assert mx.array_equal(vlm.logits(ours), logits)
+
+
+def _oracle_replay(model, input_ids, embeds, tokens):
+    """mlx-vlm's generate_step composition, raw logits per step: its cache, the prompt's rows but
+    the last in one chunk, then the last row, then each generated token."""
+    from mlx_vlm.models import cache as vlm_cache
+
+    cache = vlm_cache.make_prompt_cache(model.language_model)
+    lm = model.language_model
+    lm(input_ids[:, :-1], inputs_embeds=embeds[:, :-1], cache=cache)
+    out = [lm(input_ids[:, -1:], inputs_embeds=embeds[:, -1:], cache=cache).logits[:, -1, :]]
+    for t in tokens[:-1]:
+        out.append(lm(mx.array([[t]]), cache=cache).logits[:, -1, :])
+    return out
+
+
+@pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 4)], ids=["float32", "bfloat16-q4"])
+def test_greedy_generation_is_bit_exact_vs_mlx_vlm(tower_ckpt, images, dtype, quant):
+    from mlx_vlm.generate.ar import generate_step
+
+    vlm, model, processor = _both(tower_ckpt(dtype, quant))
+    ref = _oracle_inputs(processor, images[:2])
+    steps = 10
+    theirs = list(generate_step(ref["input_ids"], model, ref["pixel_values"], ref["attention_mask"],
+                                max_tokens=steps, temperature=0.0))
+    prompt = vlm.prepare(PROMPT, images[:2])
+    ours = [(r.token, r.logprobs) for r in stream_generate(vlm, prompt, max_tokens=steps)]
+    n = len(ours)  # mlxbun stops at EOS, mlx-vlm's generate_step does not
+    assert n >= 3 and [t for t, _ in ours] == [t for t, _ in theirs[:n]]
+    for (_, a), (_, b) in zip(ours, theirs):
+        assert mx.array_equal(a, b)
+    # raw logits per step: both compositions replayed over the same tokens
+    tokens = [t for t, _ in ours]
+    merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], mask=ref["attention_mask"])
+    want = _oracle_replay(model, ref["input_ids"], merged.inputs_embeds, tokens)
+    runner = EmbeddedPrompt(vlm.text_model, prompt.embeddings)
+    cache = vlm.text_model.make_cache()
+    ids = prompt.ids[None]
+    runner(ids[:, :-1], cache=cache)
+    got = [runner(ids[:, -1:], cache=cache)[:, -1, :]]
+    for t in tokens[:-1]:
+        got.append(runner(mx.array([[t]]), cache=cache)[:, -1, :])
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert mx.array_equal(a, b), f"step {i}"
+
+
+def test_preprocessing_equals_the_processor_on_other_images(tower_ckpt, images):
+    """A grayscale, non-square drawn image and an RGBA PNG: resize, RGB, rescale, normalize."""
+    vlm, _, processor = _both(tower_ckpt())
+    for image in images[1:]:
+        ref = _oracle_inputs(processor, [image], "<start_of_image>")
+        ours = vlm.prepare("<start_of_image>", [image])
+        assert ours.ids.tolist() == ref["input_ids"][0].tolist()
+        assert mx.array_equal(ours.pixel_values, ref["pixel_values"]), image
+
+
+def test_a_prompt_without_placeholders_takes_the_images_first(tower_ckpt, images):
+    vlm, _, processor = _both(tower_ckpt())
+    ours = vlm.prepare("what is this", images[:2])
+    ref = _oracle_inputs(processor, images[:2], "<start_of_image> <start_of_image> what is this")
+    assert ours.ids.tolist() == ref["input_ids"][0].tolist()
+
+
+# ------------------------------------------------------------------ bad input: one named error each
+
+
+def test_bad_images_are_named_errors_before_the_tower(tower_ckpt, images, tmp_path, monkeypatch):
+    vlm, _, _ = _both(tower_ckpt())
+
+    def no_tower(*a, **k):
+        raise AssertionError("the tower ran")
+
+    monkeypatch.setattr(type(vlm.vision), "features", no_tower)
+    truncated = tmp_path / "cut.jpg"
+    truncated.write_bytes(Path(images[0]).read_bytes()[:3000])
+    not_image = tmp_path / "notes.png"
+    not_image.write_text("not an image")
+    with pytest.raises(ImageTruncated, match="cut.jpg"):
+        vlm.prepare("<start_of_image>", [truncated])
+    with pytest.raises(ImageUnreadable, match="notes.png"):
+        vlm.prepare("<start_of_image>", [not_image])
+    with pytest.raises(ImageUnreadable, match="no such image file"):
+        vlm.prepare("<start_of_image>", [tmp_path / "missing.png"])
+    with pytest.raises(ImageUnreadable, match="not a file"):
+        vlm.prepare("<start_of_image>", [tmp_path])
+    with pytest.raises(ImageCountError, match="2 image placeholder"):
+        vlm.prepare("<start_of_image> <start_of_image>", images[:1])
+    with pytest.raises(TooManyImages, match=f"at most {MAX_IMAGES}"):
+        vlm.prepare("", images[:1] * (MAX_IMAGES + 1))
+    with pytest.raises(TooManyImages, match="context"):  # 15 x (4 soft + 4 markers) + text > 512
+        vlm.prepare("x " * 400, images[:1] * 15)
+
+
+def test_a_checkpoint_without_a_tower_refuses_images(zoo, tower_ckpt):
+    from mlxbun.towers.loader import has_tower, open_vision
+
+    assert has_tower(tower_ckpt())
+    for arch, why in (("gemma3", "no vision_config"), ("llama", "llama is a text model")):
+        path = zoo(arch)
+        assert not has_tower(path)
+        with pytest.raises(NoTowerError, match=why):
+            open_vision(path)
+
+
+def test_a_vlm_config_without_tower_tensors_is_refused(tower_ckpt, tmp_path):
+    """A text-only build of the VLM (vision_config kept, no vision_tower.* tensors)."""
+    import shutil
+
+    from mlx.utils import tree_flatten  # noqa: F401 (mlx loaded)
+
+    from mlxbun.towers.loader import open_vision
+
+    src = tower_ckpt()
+    dst = tmp_path / "text-only"
+    shutil.copytree(src, dst)
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    for shard in set(index["weight_map"].values()):
+        w = {k: v for k, v in mx.load(str(dst / shard)).items() if not k.startswith("vision_tower.")}
+        mx.save_safetensors(str(dst / shard), w, metadata={"format": "mlx"})
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("vision_tower.")}
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(NoTowerError, match="holds no vision_tower"):
+        open_vision(dst)
+
+
+# ------------------------------------------------------------------ the CLI
+
+
+def test_cli_generate_with_images_equals_the_api(tower_ckpt, images, capsys):
+    path = tower_ckpt()
+    code = cli.main(["generate", "--model", str(path), "--image", images[0], "--image", images[1],
+                     "--prompt", PROMPT, "--max-tokens", "6", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    vlm, _, _ = _both(path)
+    prompt = vlm.prepare(PROMPT, images[:2])
+    assert out["prompt_ids"] == prompt.ids.tolist() and out["soft_tokens"] == 8 and out["images"] == 2
+    assert out["tokens"] == [r.token for r in stream_generate(vlm, prompt, max_tokens=6)]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--model", "zoo:llama"], "llama is a text model"),
+    (["--model", "zoo:gemma3"], "no vision tower"),
+    (["--image", "/nonexistent.png"], "no such image file"),
+    (["--engine", "mlx-lm"], "mlxbun's engine only"),
+    (["--fast"], "--fast with --image"),
+    (["--chat"], "--chat with --image"),
+])
+def test_cli_image_refusals_are_one_line(tower_ckpt, images, capsys, monkeypatch, extra, message):
+    import mlxbun.multimodal as mm
+
+    def no_load(*a, **k):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(mm, "open_vlm", no_load)
+    args = ["generate", "--model", str(tower_ckpt()), "--image", images[0], "--prompt", "x", "--max-tokens", "2"]
+    code = cli.main(args + extra)
+    err = capsys.readouterr().err
+    assert code == 1 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_tower_rows_check_their_knobs():
+    from mlxbun.towers.knobs import MergeKind, ProjectorKind, TowerDescriptor, VitKnobs
+
+    with pytest.raises(TypeError, match="vit.act='gelu'"):
+        TowerDescriptor("x", ("x",), "a", "b", VitKnobs(act="gelu"), ProjectorKind.GEMMA3_AVGPOOL,
+                        MergeKind.GEMMA3_SCALED)
