@@ -64,6 +64,8 @@ def _two_layers(cfg: dict) -> dict:
     (nemotron_h's layer count is its layers_block_type's length)."""
     if "text_config" in cfg:  # a VLM wrapper (qwen3_5_moe): its text model's
         return {**cfg, "text_config": _two_layers(cfg["text_config"])}
+    if "num_layers" in cfg:  # phixtral: already two layers, named its own way
+        return cfg
     n = cfg.get("num_hidden_layers") or len(cfg["layers_block_type"])
     cut = {k: v[:2] for k, v in cfg.items() if isinstance(v, list) and len(v) == n}
     return {**cfg, **cut, "num_hidden_layers": 2}

@@ -572,6 +572,25 @@ def test_gptj_hub_names_are_renamed_like_mlx_lm(zoo, tmp_path):
     assert mx.array_equal(ref(ids), ours(ids))
 
 
+def test_phixtral_per_expert_tensors_are_stacked_like_mlx_lm(zoo, tmp_path):
+    """A phixtral checkpoint with per-expert moe.mlp.N.fc1 / fc2 tensors loads as mlx-lm stacks them."""
+    def unstack(w):
+        out = {}
+        for k, v in w.items():
+            if ".moe.switch_mlp." in k:
+                for e in range(v.shape[0]):
+                    out[k.replace(".switch_mlp.", f".mlp.{e}.")] = v[e]
+            else:
+                out[k] = v
+        return out
+
+    path = _rewrite(zoo("phixtral"), tmp_path / "phixtral", unstack)
+    assert audit_checkpoint(path).ok
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(PROMPT_LEN)
+    assert mx.array_equal(ref(ids), ours(ids))
+
+
 def test_make_cache_honours_max_kv_size_where_mlx_lm_ignores_it(zoo):
     """llama with sliding layers and gemma3_text define their own make_cache in mlx-lm, which
     drops max_kv_size; mlxbun bounds every full-attention layer instead of ignoring it."""

@@ -86,6 +86,7 @@ MANIFEST = {
         Entry("qwen3_vl_moe", EXPERT_VARIANTS),  # qwen3_moe behind the VLM wrapper
         Entry("qwen2_moe", EXPERT_VARIANTS),
         Entry("mixtral", EXPERT_VARIANTS),
+        Entry("phixtral", EXPERT_VARIANTS),
         Entry("olmoe", EXPERT_VARIANTS),
         Entry("granitemoe", EXPERT_VARIANTS),
         Entry("glm4_moe", EXPERT_VARIANTS),

@@ -5,7 +5,17 @@ config, shrunk to the zoo's sizes (`arch_row.py`)."""
 
 from __future__ import annotations
 
-from mlxbun.zoo.arch_row import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, MAX_POSITIONS, SLIDING_WINDOW, Arch
+from mlxbun.zoo.arch_row import (
+    HEAD_DIM,
+    HEADS,
+    HIDDEN,
+    INTERMEDIATE,
+    MAX_POSITIONS,
+    MOE_EXPERTS,
+    MOE_TOP_K,
+    SLIDING_WINDOW,
+    Arch,
+)
 from mlxbun.zoo.tokenizer import VOCAB_SIZE
 
 __all__ = ["REMOTE_CODE_ROWS"]
@@ -123,4 +133,10 @@ REMOTE_CODE_ROWS = (
         "rope_theta": 1000000, "sliding_window": None, "sliding_window_pattern": 2,
         "tie_word_embeddings": True, "use_cache": True, "vocab_size": VOCAB_SIZE,
         "window_size": SLIDING_WINDOW}),
+    # Phixtral: the keys mlx-lm's phixtral reads (hub phi-msft configs carry phi-2's sizes as
+    # n_embd / n_head / n_layer / vocab_size, which must agree: written alike); rope on 8 of 16 dims
+    Arch("phixtral", "PhiForCausalLM", base={
+        "model_type": "phixtral", "model_dim": HIDDEN, "n_embd": HIDDEN, "n_head": HEADS, "n_layer": 2,
+        "num_experts_per_tok": MOE_TOP_K, "num_heads": HEADS, "num_layers": 2, "num_local_experts": MOE_EXPERTS,
+        "num_vocab": VOCAB_SIZE, "rotary_dim": HEAD_DIM // 2, "vocab_size": VOCAB_SIZE}),
 )

@@ -228,6 +228,18 @@ class SingleOpBlock(nn.Module):
         return x + op(h, mask, cache)
 
 
+def _place(owner: nn.Module, name: str, child) -> None:
+    """Set `child` at `name`, a dotted name one level down in a module of its own (plamo's
+    layers.layers, phixtral's embd.wte)."""
+    outer, _, inner = name.partition(".")
+    if inner:
+        if outer not in owner:
+            setattr(owner, outer, nn.Module())
+        setattr(owner[outer], inner, child)
+    else:
+        setattr(owner, outer, child)
+
+
 class Backbone(nn.Module):
     """mlx-lm's inner model (`model` / `transformer`): embedding, blocks, final norm."""
 
@@ -241,18 +253,13 @@ class Backbone(nn.Module):
     def __init__(self, a: UniversalArgs, d: ArchDescriptor):
         super().__init__()
         n = d.names
-        setattr(self, n.embed, nn.Embedding(a.vocab, a.hidden))
+        _place(self, n.embed, nn.Embedding(a.vocab, a.hidden))
         if d.positions is not None:  # gpt2's wpe
             setattr(self, d.positions.name, nn.Embedding(a.fields[d.positions.size], a.hidden))
         single = d.hybrid is not None and d.hybrid.block is HybridBlock.SINGLE
         blocks = [(SingleOpBlock if single else Block)(a, d, spec) for spec in a.layers]
-        outer, _, inner = n.layers.partition(".")
-        if inner:  # plamo: model.layers.layers.N, the list in a module of its own
-            setattr(self, outer, nn.Module())
-            setattr(self[outer], inner, blocks)
-        else:
-            setattr(self, outer, blocks)
-        if n.final_norm is not None:
+        _place(self, n.layers, blocks)  # (plamo: model.layers.layers.N)
+        if n.final_norm is not None and not d.head.holds_norm:
             norm = _norm_module(d, a, "final")
             if norm is not None:
                 setattr(self, n.final_norm, norm)
@@ -281,7 +288,13 @@ class UniversalDense(nn.Module):
         self.text_model[n.root] = Backbone(args, d)  # an item: mamba2's root is named like the property
         if not d.head.in_root and (not args.tie or d.head.always):
             head_bias = bool(get(args.fields, d.head.bias, args.model_type))
-            setattr(self.text_model, n.head, nn.Linear(args.hidden, args.vocab, bias=head_bias))
+            linear = nn.Linear(args.hidden, args.vocab, bias=head_bias)
+            if d.head.holds_norm:  # phixtral: Model.lm_head holds the final norm and the linear
+                setattr(self.text_model, n.head, nn.Module())
+                setattr(self.text_model[n.head], n.final_norm, _norm_module(d, args, "final"))
+                setattr(self.text_model[n.head], d.head.holds_norm, linear)
+            else:
+                setattr(self.text_model, n.head, linear)
         # mlx-lm's cache list leaves out the one-op MLP / MoE layers (nemotron_h's - and E): layer
         # i's cache is cache[_cache_idx[i]]; mlx-lm takes each mask from the cache of the first
         # layer of its kind
@@ -492,6 +505,8 @@ class UniversalDense(nn.Module):
 
         if d.norm.kind is NormKind.FUNCTIONAL_RMS:
             return L.rms_norm_no_weight(h)
+        if d.head.holds_norm:  # phixtral: the head module's own norm
+            return self.text_model[n.head][n.final_norm](h)
         return root[n.final_norm](h)
 
     def logits_from_hidden(self, h: mx.array) -> mx.array:
@@ -504,7 +519,8 @@ class UniversalDense(nn.Module):
         else:
             if a.head_pre_divide is not None:
                 h = h / a.head_pre_divide
-            out = self.text_model[n.head](h)
+            head = self.text_model[n.head]
+            out = (head[d.head.holds_norm] if d.head.holds_norm else head)(h)
             if self._vocab_group is not None:  # each rank's slice of the vocabulary, gathered
                 out = gather_last_axis(out, self._vocab_group)
         if a.head_post is not None:

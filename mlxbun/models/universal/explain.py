@@ -216,7 +216,8 @@ def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Lin
         ("embedding", tuple(_embedding(d, a))),
         (f"block ({n.root}.{n.layers}[i], i < N): {_block_form(d, a)}", tuple(_block(d, a))),
         ("norms", (Line(_norm(d, a), "every block norm" + (
-            f"; eps from {d.norm.eps}" if d.norm.kind is not NormKind.FUNCTIONAL_RMS else "")),)),
+            f"; eps from {d.norm.eps}" if isinstance(d.norm.eps, str) and d.norm.kind is not NormKind.FUNCTIONAL_RMS
+            else "")),)),
         *(((f"attention ({n.root}.{n.layers}[i].{n.attn})", tuple(_attention(d, a))),)
           if attends and d.mla is None else ()),
         *(((f"attention ({n.root}.{n.layers}[i].{n.attn}): multi-head latent",
@@ -498,7 +499,8 @@ def _head(d: ArchDescriptor, a: UniversalArgs):
     if d.norm.kind is NormKind.FUNCTIONAL_RMS:
         yield Line("h = rms_norm(h)", "no weight, eps 1e-5")
     else:
-        yield Line(f"h = {n.root}.{n.final_norm}(h)", _norm(d, a))
+        where = f"{n.head}.{n.final_norm}" if h.holds_norm else f"{n.root}.{n.final_norm}"  # (phixtral)
+        yield Line(f"h = {where}(h)", _norm(d, a))
     embed = f"{n.root}.{n.embed}"
     tied_code = (f"logits = {embed}.as_linear(h)" if h.tied_op is TiedOp.AS_LINEAR
                  else f"logits = h @ {embed}.weight.T")
@@ -514,7 +516,8 @@ def _head(d: ArchDescriptor, a: UniversalArgs):
     else:
         if h.pre_divide is PreDivide.WIDTH_RATIO:
             yield Line("h = h / (hidden_size / dim_model_base)", f"= {a.head_pre_divide}")
-        yield Line(f"logits = {n.head}(h)", f"Linear(D, V), bias={h.bias}; untied"
+        head = f"{n.head}.{h.holds_norm}" if h.holds_norm else n.head
+        yield Line(f"logits = {head}(h)", f"Linear(D, V), bias={h.bias}; untied"
                    + (f" ({h.tie} = False)" if isinstance(h.tie, str) else ""))
     if a.head_post is not None:
         op, value = a.head_post

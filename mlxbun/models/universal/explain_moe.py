@@ -50,6 +50,7 @@ _COMBINE = exhaustive(Combine, {
 _GLU = exhaustive(ExpertKind, {
     ExpertKind.GLU: "{d}(silu({g}(x)) * {u}(x))",
     ExpertKind.MLP_RELU2: "{d}(relu2({u}(x)))",
+    ExpertKind.MLP_GELU_APPROX: "{d}(gelu_approx({u}(x)))",
     ExpertKind.GLU_OAI: "{d}((clip({u}(x), -7, 7) + 1) * g * sigmoid(1.702 * g)), g = min({g}(x), 7)",
 })
 
@@ -269,7 +270,7 @@ def moe_lines(d: ArchDescriptor, a: UniversalArgs):
     if m.flat_tokens:
         yield Line("x = x.reshape(-1, D)", "tokens routed flattened; the sum is reshaped back")
     yield from _router_lines(d, a)
-    fused = "SwitchMLP" if m.expert is ExpertKind.MLP_RELU2 else "SwitchGLU"
+    fused = "SwitchMLP" if m.expert in (ExpertKind.MLP_RELU2, ExpertKind.MLP_GELU_APPROX) else "SwitchGLU"
     yield Line(f"y = {n.switch}(x, experts)",
                f"{fused}: {_GLU[m.expert].format(g=n.gate_proj, u=n.up_proj, d=n.down_proj)} per "
                f"chosen expert, [E, Ie, D] weights, bias={spec.expert_bias}; gather_mm (gather_qmm "

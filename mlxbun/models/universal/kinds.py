@@ -408,6 +408,8 @@ class ExpertKind(StrEnum):
     GLU = "glu"  # SwitchGLU: down(swiglu(gate(x), up(x))) per expert
     MLP_RELU2 = "mlp_relu2"  # SwitchMLP: down(relu2(up(x))) per expert, the names' up_proj /
     # down_proj its fc1 / fc2 (nemotron_h)
+    MLP_GELU_APPROX = "mlp_gelu_approx"  # SwitchMLP: fc2(gelu_approx(fc1(x))) per expert, with mlx-lm's
+    # SwitchMLP default activation nn.GELU(approx="precise") (phixtral)
     GLU_OAI = "glu_oai"  # gpt_oss: SwitchGLU with SwigluOAI, (clip(up, -l, l) + 1) * g * sigmoid(a * g),
     # g = min(gate, l); mlx-lm's constants a = 1.702, l = 7.0 (config swiglu_* not read)
 

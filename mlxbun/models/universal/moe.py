@@ -372,6 +372,7 @@ _CAST_TO_INPUT = (RouterKind.SIGMOID_CORRECTED, RouterKind.SIGMOID_BIASED, Route
 _ACTIVATION = exhaustive(ExpertKind, {
     ExpertKind.GLU: lambda limit: ClampedSwiGLU(limit) if limit > 0 else None,  # step3p5: clamped
     ExpertKind.MLP_RELU2: lambda limit: nn.ReLU2(),  # nemotron_h's SwitchMLP
+    ExpertKind.MLP_GELU_APPROX: lambda limit: nn.GELU(approx="precise"),  # phixtral's SwitchMLP
     ExpertKind.GLU_OAI: lambda limit: SwigluOAI(),  # gpt_oss: one instance per block, as its MLPBlock
 })
 
@@ -481,7 +482,7 @@ class MoEBlock(nn.Module):
         act = _ACTIVATION[m.expert](limits[0])
         setattr(self, n.switch, SwitchMLP(D, spec.size, spec.experts, act, bias=spec.expert_bias,
                                           names=(n.up_proj, n.down_proj))
-                if m.expert is ExpertKind.MLP_RELU2 else
+                if m.expert in (ExpertKind.MLP_RELU2, ExpertKind.MLP_GELU_APPROX) else
                 SwitchGLU(D, spec.size, spec.experts, bias=spec.expert_bias,
                           names=(n.gate_proj, n.up_proj, n.down_proj), activation=act))
         self._shared = m.shared.kind if spec.shared_size is not None else None

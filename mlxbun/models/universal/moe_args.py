@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mlxbun.models.universal.fields import fail, get, int_field
-from mlxbun.models.universal.kinds import ROUTER_PARAM_KINDS, MoeLayers, SharedSize, SharedWhen, exhaustive
+from mlxbun.models.universal.kinds import ROUTER_PARAM_KINDS, MlpSize, MoeLayers, SharedSize, SharedWhen, exhaustive
 from mlxbun.models.universal.schema import (
     ArchDescriptor,
 )
@@ -175,7 +175,10 @@ def _int_or_list(a: Mapping, name: str, i: int, mt: str) -> Any:
 def _spec(d: ArchDescriptor, a: Mapping) -> MoESpec:
     m, mt = d.moe, d.model_type
     experts, top_k = int_field(a, m.experts, mt), int_field(a, m.top_k, mt)
-    size = int_field(a, m.size_fallback if m.size_fallback and not a[m.size] else m.size, mt)
+    if m.size is MlpSize.FOUR_X_HIDDEN:  # phixtral: SwitchMLP(dims, dims * 4, ...)
+        size = 4 * int_field(a, d.hidden, mt)
+    else:
+        size = int_field(a, m.size_fallback if m.size_fallback and not a[m.size] else m.size, mt)
     if top_k > experts:
         raise fail(mt, f"'{m.top_k}' = {top_k} is larger than '{m.experts}' = {experts}")
     r = m.router

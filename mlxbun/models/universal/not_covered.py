@@ -30,12 +30,6 @@ NOT_COVERED: dict[str, str] = {
               "maybe_trim_front / start_position and a chunk mask built from cache[0], which no "
               "mlxbun cache has), a hard-coded every-4th global NoPE layer with temperature-tuned "
               "queries; top-1 sigmoid router that scales the expert input",
-    "phixtral": f"{_MOE}: SwitchMLP experts (fc1/fc2, precise GELU, biases, width 4 * model_dim) "
-                "stacked from moe.mlp.N, the embedding nested in transformer.embd.wte, the final "
-                "LayerNorm inside the lm_head module (lm_head.ln / lm_head.linear), a literal eps and "
-                "rope base (no config fields): several knobs for one arch, whose hub configs "
-                "(phi-msft) give the sizes as n_embd / n_head / n_layer / vocab_size while mlx-lm "
-                "reads model_dim / num_heads / num_layers / num_vocab (phi-2's sizes by default)",
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3",
          "gear", "jamba", "kimi_linear", "longcat_flash_ngram",

@@ -42,7 +42,7 @@ __all__ = ["Meta", "sanitize_weights"]
 _NEOX_BUFFERS = (".attention.bias", ".attention.masked_bias", ".attention.rotary_emb.inv_freq")
 
 
-_EXPERT_KEY = re.compile(r"^(.*)\.experts\.(\d+)\.([^.]+)\.([^.]+)$")
+_EXPERT_KEY = re.compile(r"^(.*)\.([^.]+)\.(\d+)\.([^.]+)\.([^.]+)$")  # <prefix>.<container>.<e>.<src>.<key>
 
 
 def _stack_experts(d: ArchDescriptor, spec: StackExperts, w: dict, fields: Mapping) -> dict:
@@ -55,13 +55,13 @@ def _stack_experts(d: ArchDescriptor, spec: StackExperts, w: dict, fields: Mappi
     firsts = []
     for k in w:
         hit = _EXPERT_KEY.match(k)
-        if (hit and hit.group(2) == "0" and hit.group(1).endswith(f".{block}")
-                and hit.group(3) in rename and hit.group(4) in spec.keys):
+        if (hit and hit.group(2) == spec.container and hit.group(3) == "0" and hit.group(1).endswith(f".{block}")
+                and hit.group(4) in rename and hit.group(5) in spec.keys):
             firsts.append(hit)
     out = dict(w)
     for hit in firsts:
-        prefix, src, key = hit.group(1), hit.group(3), hit.group(4)
-        names = [f"{prefix}.experts.{e}.{src}.{key}" for e in range(n_experts)]
+        prefix, src, key = hit.group(1), hit.group(4), hit.group(5)
+        names = [f"{prefix}.{spec.container}.{e}.{src}.{key}" for e in range(n_experts)]
         missing = [name for name in names if name not in out]
         if missing:
             raise LoadError(f"cannot stack experts: {name_list(missing)} missing "

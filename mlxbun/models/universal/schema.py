@@ -162,7 +162,8 @@ class MlpKnobs:
 @dataclass(frozen=True)
 class NormKnobs:
     kind: NormKind = _kind(NormKind, NormKind.RMS)
-    eps: str = "rms_norm_eps"  # field (functional_rms: unused, eps is 1e-5)
+    eps: str | float = "rms_norm_eps"  # field, or a literal (phixtral: nn.LayerNorm's 1e-5);
+    # functional_rms: unused, eps is 1e-5
     bias: bool | str = True  # layernorm kinds only
     offsets: Mapping[str, float] = field(default_factory=dict)  # offset_rms: slot (or "final") -> offset
 
@@ -201,6 +202,8 @@ class HeadKnobs:
     always: bool = False  # the lm_head module exists even when tied (helium)
     bias: bool | str = False  # literal or field (qwen: "not no_bias")
     in_root: bool = False  # the head is Model.<root>.<head> (gpt_neox embed_out)
+    holds_norm: str | None = None  # Model.<head> is a module holding the final norm (names.final_norm)
+    # and the head Linear (this name): phixtral's OutputHead (ln, linear)
     pre_divide: PreDivide | None = _kind(PreDivide, None)
     post: LogitScale | None = None
     softcap: FinalSoftcap = _kind(FinalSoftcap, FinalSoftcap.NONE)
@@ -378,7 +381,7 @@ class ArchDescriptor:
             yield "mlp.intermediate", "intermediate_size"
         elif self.mlp.intermediate is MlpSize.MAKE_DIVISIBLE:
             yield from (("mlp.intermediate", "ffn_multipliers"), ("mlp.intermediate", "ffn_dim_divisor"))
-        if self.norm.kind is not NormKind.FUNCTIONAL_RMS:
+        if self.norm.kind is not NormKind.FUNCTIONAL_RMS and isinstance(self.norm.eps, str):
             yield "norm.eps", self.norm.eps
         b = self.block
         if b.residual_scale is ResidualScale.MINICPM_DEPTH:

@@ -109,6 +109,12 @@ def check_combinations(d) -> None:
         raise d.error(f"norm.offsets go with norm.kind 'offset_rms', keyed by {', '.join(sorted(slots))}")
     if d.layers.mask_window_extra and not d.layers.sliding_window:
         raise d.error("layers.mask_window_extra widens the sliding mask: it needs layers.sliding_window")
+    if d.head.holds_norm and (d.head.in_root or d.head.tie is not False or d.names.final_norm is None
+                              or d.names.wrapper or d.head.split):
+        raise d.error("head.holds_norm puts the final norm in an untied head module (head.tie False), "
+                      "not in the root, a wrapper or a vocabulary split")
+    if "." in d.names.embed and d.names.embed.count(".") > 1:
+        raise d.error(f"names.embed {d.names.embed!r}: a dotted name is one level of holder")
     if d.text_config_required and not d.names.wrapper:
         raise d.error("text_config_required needs names.wrapper")
     if d.text_rows and (not d.names.wrapper or any(

@@ -16,6 +16,7 @@ from mlxbun.models.universal.kinds import (
     ExpertKind,
     GateKind,
     GroupGuard,
+    MlpSize,
     MoeLayers,
     RouterKind,
     SharedKind,
@@ -86,7 +87,8 @@ class MoEKnobs:
 
     experts: str = "num_experts"  # field: routed experts
     top_k: str = "num_experts_per_tok"  # field
-    size: str = "moe_intermediate_size"  # field: one expert's intermediate width
+    size: str = "moe_intermediate_size"  # field: one expert's intermediate width (or MlpSize
+    # FOUR_X_HIDDEN: 4 * hidden, phixtral's)
     size_fallback: str | None = None  # field read when `size`'s is 0 or None (hunyuan, ernie4_5_moe:
     # intermediate_size)
     per_layer: bool = False  # top_k, size and the shared count may each be an int or a list
@@ -109,11 +111,14 @@ class StackExperts:
     names: tuple[tuple[str, str], ...] = (("gate_proj", "gate_proj"), ("up_proj", "up_proj"),
                                           ("down_proj", "down_proj"))
     keys: tuple[str, ...] = ("weight", "scales", "biases")  # qwen3_moe stacks "weight" only
+    container: str = "experts"  # the per-expert modules' list (phixtral: mlp)
 
 
 def moe_refs(m: Any) -> Iterator[tuple[str, str]]:
     """(knob, ModelArgs field) for every field a row's MoEKnobs `m` reads."""
-    yield from (("moe.experts", m.experts), ("moe.top_k", m.top_k), ("moe.size", m.size))
+    yield from (("moe.experts", m.experts), ("moe.top_k", m.top_k))
+    if not isinstance(m.size, MlpSize):
+        yield "moe.size", m.size
     if m.size_fallback:
         yield "moe.size_fallback", m.size_fallback
     r = m.router

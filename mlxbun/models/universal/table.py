@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from mlxbun.models.universal.kinds import MlpSize
 from mlxbun.models.universal.schema import (
     REQUIRED,
     ArchDescriptor,
@@ -803,6 +804,32 @@ _ROWS = [
         ignored_keys={"tie_word_embeddings": "mlx-lm's phi always has its own lm_head",
                       "resid_pdrop": "dropout", "embd_pdrop": "dropout", "rope_scaling": None,
                       "qk_layernorm": None},
+    ),
+    ArchDescriptor(
+        "phixtral",
+        _fields("model_type", num_vocab=51200, model_dim=2560, num_heads=32, num_layers=32, rotary_dim=32,
+                num_experts_per_tok=2, num_local_experts=4),
+        hidden="model_dim", n_layers="num_layers", n_heads="num_heads", n_kv_heads=None, vocab="num_vocab",
+        head_dim="split", qkv="fused", attn_bias=True, out_bias=True, attn_scale="sqrt_inv",
+        attention="sdpa_q_f32",
+        rope=RopeKnobs(theta=10000, traditional=False, scaling=None, max_positions=None, rotary_dim="rotary_dim"),
+        norm=NormKnobs("layernorm", eps=1e-5), mlp=MlpKnobs(intermediate="4x_hidden"),  # (experts on every layer)
+        names=Names(root="transformer", embed="embd.wte", layers="h", final_norm="ln", attn="mixer", qkv="Wqkv",
+                    o="out_proj", mlp="moe", norms=NormNames(pre_attn="ln", pre_mlp=None)),
+        block=BlockKnobs(parallel=True), head=HeadKnobs(tie=False, bias=True, holds_norm="linear"),
+        moe=MoEKnobs(experts="num_local_experts", top_k="num_experts_per_tok", size=MlpSize.FOUR_X_HIDDEN,
+                     router=RouterKnobs("topk_softmax"), expert="mlp_gelu_approx", expert_bias=True,
+                     names=MoENames(up_proj="fc1", down_proj="fc2")),
+        sanitize=(SanitizeRule("stack_experts", StackExperts((("fc1", "fc1"), ("fc2", "fc2")),
+                                                             ("weight", "scales", "biases", "bias"), "mlp"),
+                               "per-expert moe.mlp.N tensors stacked into the fused SwitchMLP weights"),),
+        aliases={"n_embd": "model_dim", "n_head": "num_heads", "n_layer": "num_layers", "vocab_size": "num_vocab"},
+        notes="Phixtral (phi-msft remaps here): phi-2's parallel block under one LayerNorm (eps 1e-5, no field) "
+              "with a mixture of SwitchMLP experts (fc1 / fc2 with biases, width 4 * model_dim, GELU tanh) "
+              "routed by mixtral's top-k softmax; fused Wqkv, rope on rotary_dim dims (base 10000), float32 "
+              "queries; the final LayerNorm inside the head module (lm_head.ln, lm_head.linear), the "
+              "embedding under transformer.embd.wte. mlx-lm reads model_dim / num_heads / num_layers / "
+              "num_vocab: a hub config's n_embd / n_head / n_layer / vocab_size must agree with them.",
     ),
     ArchDescriptor(
         "hunyuan_v1_dense",
