@@ -270,3 +270,32 @@ def test_tower_rows_check_their_knobs():
     with pytest.raises(TypeError, match="vit.act='gelu'"):
         TowerDescriptor("x", ("x",), "a", "b", VitKnobs(act="gelu"), ProjectorKind.GEMMA3_AVGPOOL,
                         MergeKind.GEMMA3_SCALED)
+
+
+# ------------------------------------------------------------------ the bring-up notebook's driver
+
+
+def test_tower_bringup_driver_holds_every_stage_and_records_rows(zoo_root, tmp_path):
+    from mlxbun.experiments.tower_bringup import tower_bringup
+    from mlxbun.lab import tower_plots
+    from mlxbun.results import open_results
+
+    db = tmp_path / "results.sqlite"
+    run = tower_bringup(variant="bfloat16-q4", zoo_root=zoo_root, results_path=db)
+    assert run.bit_exact and run.verdict().startswith("PASS"), run.verdict()
+    assert run.stages == ["embeddings", "layers.0", "layers.1", "post_layernorm", "projector"]
+    assert run.grids["layers.0"].shape == (4, 4) and run.grids["projector"].shape == (2, 2)
+    assert run.image.shape == (64, 64, 3) and run.soft_tokens.shape == (4, 64)
+    assert run.attention.shape == (2, 16, 16) and np.allclose(run.attention.sum(-1), 1.0, atol=1e-5)
+    with open_results(db, create=False) as store:
+        rows = store.load(expand_params=True)
+    assert set(rows.metric) == {"max_abs_diff", "bit_exact", "soft_tokens"}
+    assert (rows[rows.metric == "max_abs_diff"].value == 0).all()
+    for fig in (tower_plots.patch_grid_plot(run.image, run.patch_size), tower_plots.stage_diff_grids(run.grids),
+                tower_plots.soft_tokens_plot(run.soft_tokens, run.prompt_ids, run.image_token_id),
+                tower_plots.attention_plot(run.attention)):
+        assert fig.axes
+    run.stage_max["layers.1"] = 1.0  # a stage that differs is named by the verdict and fails the run
+    assert "first stage that differs: layers.1" in run.verdict()
+    with pytest.raises(Exception, match="layers.1"):
+        run.require_pass()

@@ -1,0 +1,97 @@
+"""The tower bring-up's figures (experiments/tower_bringup.py): the image with its patch grid,
+per-stage diffs over the patch grid, the soft tokens and where they sit in the prompt, attention
+maps. Each returns a matplotlib Figure (lab.plots.show displays it)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlxbun.lab.plots import cmap, figure
+
+__all__ = ["attention_plot", "patch_grid_plot", "soft_tokens_plot", "stage_diff_grids"]
+
+
+def patch_grid_plot(image: np.ndarray, patch: int, title: str = "the image as the tower sees it"):
+    """The resized image with its patch boundaries and patch numbers (row-major, as flattened)."""
+    fig = figure(4.5, 4.5)
+    ax = fig.subplots()
+    ax.imshow(image)
+    h, w = image.shape[:2]
+    for x in range(0, w + 1, patch):
+        ax.axvline(x - 0.5, color="white", lw=0.8)
+    for y in range(0, h + 1, patch):
+        ax.axhline(y - 0.5, color="white", lw=0.8)
+    side = w // patch
+    if side <= 16:
+        for i in range(side * (h // patch)):
+            r, c = divmod(i, side)
+            ax.text(c * patch + patch / 2, r * patch + patch / 2, str(i), ha="center", va="center",
+                    color="yellow", fontsize=7)
+    ax.set_title(title)
+    ax.set_axis_off()
+    return fig
+
+
+def stage_diff_grids(grids: dict, title: str = "max |mlxbun - mlx-vlm| per patch, stage by stage"):
+    """One small heatmap per stage over the patch grid (the projector's over its soft tokens);
+    an all-zero stage is annotated 'bit-exact'."""
+    names = list(grids)
+    cols = min(4, len(names))
+    rows = -(-len(names) // cols)
+    fig = figure(2.4 * cols + 0.6, 2.4 * rows + 0.6)
+    axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
+    vmax = max(float(g.max()) for g in grids.values()) or 1.0
+    for ax, name in zip(axes, names):
+        g = grids[name]
+        im = ax.imshow(g, cmap=cmap("magma"), vmin=0, vmax=vmax)
+        ax.set_title(f"{name}\n{'bit-exact' if g.max() == 0 else f'max {g.max():.3g}'}", fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    for ax in axes[len(names):]:
+        ax.set_axis_off()
+    fig.colorbar(im, ax=list(axes[:len(names)]), shrink=0.8, label="max |diff|")
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def soft_tokens_plot(soft_tokens: np.ndarray, prompt_ids: list[int], image_token_id: int,
+                     title: str = "the image's soft tokens and where they enter the prompt"):
+    """Left: the soft tokens [T, D] (values); right: the prompt's positions, the image-token rows
+    (the merged soft tokens) marked."""
+    fig = figure(9, 3.2)
+    a, b = fig.subplots(1, 2, width_ratios=[2, 3])
+    im = a.imshow(soft_tokens, aspect="auto", cmap=cmap("coolwarm"))
+    a.set_xlabel("feature")
+    a.set_ylabel("soft token")
+    if soft_tokens.shape[0] <= 32:
+        a.set_yticks(range(soft_tokens.shape[0]))
+    fig.colorbar(im, ax=a)
+    ids = np.array(prompt_ids)
+    mask = (ids == image_token_id).astype(float)[None, :]
+    b.imshow(mask, aspect="auto", cmap=cmap("Greens"), vmin=0, vmax=1)
+    b.set_yticks([])
+    b.set_xlabel("prompt position (green: a soft token's row)")
+    if len(ids) <= 40:
+        b.set_xticks(range(len(ids)), [str(i) for i in ids], rotation=90, fontsize=6)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def attention_plot(attention: np.ndarray, query: int | None = None, title: str = "attention"):
+    """Per head: the attention each patch receives (mean over queries) on the patch grid, and the
+    map of one query patch (default: the centre one)."""
+    heads, n, _ = attention.shape
+    side = int(round(n ** 0.5))
+    query = (side // 2) * side + side // 2 if query is None else query
+    fig = figure(2.4 * heads + 0.6, 5.0)
+    axes = np.array(fig.subplots(2, heads)).reshape(2, heads)
+    for h in range(heads):
+        axes[0, h].imshow(attention[h].mean(axis=0).reshape(side, side), cmap=cmap("viridis"))
+        axes[0, h].set_title(f"head {h}: received", fontsize=8)
+        axes[1, h].imshow(attention[h, query].reshape(side, side), cmap=cmap("viridis"))
+        axes[1, h].set_title(f"head {h}: query patch {query}", fontsize=8)
+        for ax in axes[:, h]:
+            ax.set_xticks([])
+            ax.set_yticks([])
+    fig.suptitle(title, fontsize=10)
+    return fig
