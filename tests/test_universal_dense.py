@@ -168,6 +168,8 @@ KNOBS = {
                                           query_pre_attn_scalar=20)),
     "nanochat-theta": ("nanochat", dict(rope_theta=500.0)),
     "qwen-biases": ("qwen", dict(no_bias=False)),
+    "spark2_5-biases-default-layers": ("spark2_5", dict(attention_bias=True, mlp_bias=True, layer_types=None,
+                                                        num_hidden_layers=4)),
     "nanbeige-loss-weights-skip-norm": ("nanbeige", dict(num_loops=1, loop_loss_weights=[0.5, 0.5],
                                                          skip_loop_final_norm=True)),  # the c_proj / MLP / lm_head biases (not no_bias)
     "gpt_bigcode-mha-untied": ("gpt_bigcode", dict(multi_query=False, tie_word_embeddings=False,

@@ -66,6 +66,7 @@ MANIFEST = {
         Entry("plamo"),
         Entry("openelm"),
         Entry("plamo3"),
+        Entry("spark2_5"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

@@ -139,4 +139,14 @@ REMOTE_CODE_ROWS = (
         "model_type": "phixtral", "model_dim": HIDDEN, "n_embd": HIDDEN, "n_head": HEADS, "n_layer": 2,
         "num_experts_per_tok": MOE_TOP_K, "num_heads": HEADS, "num_layers": 2, "num_local_experts": MOE_EXPERTS,
         "num_vocab": VOCAB_SIZE, "rotary_dim": HEAD_DIM // 2, "vocab_size": VOCAB_SIZE}),
+    # Spark 2.5: mlx-lm's spark2_5 ModelArgs keys; one sliding (window 16, half-rotary) and one full layer
+    Arch("spark2_5", "Spark2_5ForCausalLM", base={
+        "model_type": "spark2_5", "attention_bias": False, "gate_attn_act_mode": "sigmoid", "head_dim": HEAD_DIM,
+        "headwise_attn_output_gate": True, "hidden_act": "gelu", "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE, "layer_types": ["sliding_attention", "full_attention"],
+        "max_position_embeddings": MAX_POSITIONS, "mlp_bias": False, "num_attention_heads": HEADS,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"full_attention": {"rope_theta": 1000000.0},
+                            "sliding_attention": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+        "sliding_window": SLIDING_WINDOW, "tie_word_embeddings": True, "vocab_size": VOCAB_SIZE}),
 )

@@ -78,6 +78,7 @@ _ROPES = exhaustive(RopeKind, {
                                                           s.max_positions),
     RopeKind.LAYER_TYPE_PARTIAL: lambda s: R.initialize_rope(s.dims, s.base, s.traditional, s.scaling,
                                                              s.max_positions),
+    RopeKind.LAYER_TYPE_PLAIN: lambda s: nn.RoPE(s.dims, traditional=False, base=s.base),
 })
 
 
@@ -159,9 +160,10 @@ class Attention(nn.Module):
         else:  # QKV.FUSED_NEOX
             setattr(self, n.qkv, nn.Linear(D, 3 * D, bias=a.attn_bias))
         setattr(self, n.o, nn.Linear(H * vd, D, bias=a.out_bias))
-        if self._gate is not None and self._gate is not AttnOutGate.QUERY_SIGMOID:  # no bias
-            width = H * hd if self._gate is AttnOutGate.SIGMOID else H
-            setattr(self, n.attn_gate, nn.Linear(D, width, bias=False))
+        if self._gate is not None and self._gate is not AttnOutGate.QUERY_SIGMOID:
+            width = H * hd if self._gate is AttnOutGate.SIGMOID else H  # biased: spark2_5's only
+            setattr(self, n.attn_gate, nn.Linear(D, width, bias=self._gate is AttnOutGate.HEAD_SIGMOID_F32
+                                                 and a.attn_bias))
 
         self._qk = d.qk_norm if a.qk_norm else None
         if self._qk is not None:
@@ -325,6 +327,8 @@ class Attention(nn.Module):
         output = output.transpose(0, 2, 1, 3)
         if self._gate is AttnOutGate.HEAD_SIGMOID:
             output = output * mx.sigmoid(self[n.attn_gate](x))[..., None]
+        elif self._gate is AttnOutGate.HEAD_SIGMOID_F32:  # spark2_5
+            output = output * mx.sigmoid(self[n.attn_gate](x).astype(mx.float32)).astype(output.dtype)[..., None]
         elif self._gate is AttnOutGate.HEAD_SOFTPLUS:  # laguna
             gate = nn.softplus(self[n.attn_gate](x).astype(mx.float32)).astype(output.dtype)
             output = output * gate[..., None]

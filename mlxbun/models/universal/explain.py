@@ -457,9 +457,11 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
     elif gate_on and d.attn_gate is AttnOutGate.QUERY_SIGMOID:
         yield Line("o = o * sigmoid(gate)", f"output gate: the second half of {n.q}'s heads; "
                    "heads concatenated")
-    elif gate_on and d.attn_gate is AttnOutGate.HEAD_SOFTPLUS:
-        yield Line(f"o = o * softplus({n.attn_gate}(x).astype(float32)).astype(o.dtype)[..., None]",
-                   f"per-head output gate on [B, L, H, hd]: {n.attn_gate} Linear(D, H), no bias{when}")
+    elif gate_on and d.attn_gate in (AttnOutGate.HEAD_SOFTPLUS, AttnOutGate.HEAD_SIGMOID_F32):
+        fn = "softplus" if d.attn_gate is AttnOutGate.HEAD_SOFTPLUS else "sigmoid"
+        bias = f"bias={a.attn_bias}" if d.attn_gate is AttnOutGate.HEAD_SIGMOID_F32 else "no bias"
+        yield Line(f"o = o * {fn}({n.attn_gate}(x).astype(float32)).astype(o.dtype)[..., None]",
+                   f"per-head output gate on [B, L, H, hd]: {n.attn_gate} Linear(D, H), {bias}{when}")
     elif gate_on:  # AttnOutGate.HEAD_SIGMOID
         yield Line(f"o = o * sigmoid({n.attn_gate}(x))[..., None]",
                    f"per-head output gate on [B, L, H, hd]: {n.attn_gate} Linear(D, H), no bias{when}")

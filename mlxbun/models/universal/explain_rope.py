@@ -26,6 +26,9 @@ def rope_text(layer: LayerSpec, d: ArchDescriptor, a: UniversalArgs) -> str:
     elif spec.dims != a.head_dim:  # step3p5: partial_rotary_factors[i]
         dims = f"{spec.dims} of hd"
     trad = f", traditional {spec.traditional}" if spec.traditional else ""
+    if spec.kind is RopeKind.LAYER_TYPE_PLAIN:  # spark2_5
+        return (f"nn.RoPE, dims {dims}, base {spec.base} "
+                f"(rope_parameters[{a.fields['layer_types'][layer.index]!r}]){trad}")
     if spec.kind in (RopeKind.INITIALIZE, RopeKind.LAYER_TYPE_PARAMS, RopeKind.PER_LAYER_LISTS,
                      RopeKind.LAYER_TYPE_PARTIAL):
         kind = rope_type_of(spec.scaling)

@@ -73,6 +73,8 @@ class AttnOutGate(StrEnum):
     SIGMOID = "sigmoid"  # o * sigmoid(gate_proj(x)), gate_proj Linear(D, H * hd) (afmoe)
     HEAD_SIGMOID = "head_sigmoid"  # per head: o[B, L, H, hd] * sigmoid(g_proj(x))[..., None],
     # g_proj Linear(D, H) (step3p5)
+    HEAD_SIGMOID_F32 = "head_sigmoid_f32"  # per head: o * sigmoid(g_proj(x) in float32) cast to o's
+    # dtype, [..., None]; g_proj Linear(D, H) with the attention's bias (spark2_5)
     HEAD_SOFTPLUS = "head_softplus"  # per head: o[B, L, H, hd] * softplus(g_proj(x) in float32),
     # cast to o's dtype, [..., None]; g_proj Linear(D, H) (laguna)
     QUERY_SIGMOID = "query_sigmoid"  # o * sigmoid(gate), the gate the second half of each head of
@@ -98,6 +100,8 @@ class RopeKind(StrEnum):
     LAYER_TYPE_PARTIAL = "layer_type_partial"  # laguna: (rope_parameters or {}).get(layer_types[i])
     # or {}: base its rope_theta (10000.0), dims int(hd * its partial_rotary_factor, else the
     # partial_rotary_factor field, else 1), initialize_rope with the rest (rope_type default if unset)
+    LAYER_TYPE_PLAIN = "layer_type_plain"  # spark2_5: rope_parameters[layer_types[i]]: nn.RoPE of
+    # int(hd * its partial_rotary_factor (1.0)) dims, base float(its rope_theta (10000.0)); no scaling
 
 
 class NopeRule(StrEnum):
@@ -525,6 +529,9 @@ class PostInit(StrEnum):
     GEMMA4_TEXT = "gemma4_text"  # rope_parameters / layer_types defaults; KV sharing checked (gemma4_args)
     SLIDING_WINDOW_SETS_WINDOW_SIZE = "sliding_window_sets_window_size"  # plamo3: a sliding_window
     # that is not None replaces window_size
+    SPARK2_5_ARGS = "spark2_5_args"  # layer_types None: 3 sliding then 1 full, repeated; one per layer,
+    # sliding / full only, each with rope_parameters; heads divisible by KV heads; each rope's dims
+    # int(head_dim * partial_rotary_factor) even and in 1..head_dim
     NANBEIGE_ARGS = "nanbeige_args"  # head_dim None: hidden // heads; enable_double_loop_split,
     # loop_share_kv and enable_depth_attention refused (mlx-lm raises NotImplementedError)
     QWEN_KV_CHANNELS = "qwen_kv_channels"  # kv_channels * num_attention_heads must be hidden_size

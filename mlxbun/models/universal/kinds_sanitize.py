@@ -63,6 +63,8 @@ class SanitizeOp(StrEnum):
     GEMMA4 = "gemma4"  # gemma4_text.sanitize (gemma4_sanitize.py); arg: gemma4's wrapper name or None
     DROP_PER_LAYER = "drop_per_layer"  # arg: key templates holding {i}: each dropped for every layer
     # index i < the row's layer count (gptj's transformer.h.{i}.attn.bias / masked_bias buffers)
+    MOVE_IF_MISSING = "move_if_missing"  # arg: (dst, src): when src is present and dst is not, src
+    # renamed dst (spark2_5's embed_tokens -> embedding)
     GPT2 = "gpt2"  # gpt2.sanitize: for each layer i < n_layer, h.i.attn.bias dropped and h.i's
     # attn.c_attn / attn.c_proj / mlp.c_fc / mlp.c_proj weights transposed (Conv1D); then every key
     # not starting "model." gets that prefix

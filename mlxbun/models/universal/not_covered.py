@@ -64,6 +64,5 @@ NOT_COVERED: dict[str, str] = {
     "olmo": "non-affine LayerNorm and fused att_proj / ff_proj under transformer.blocks: "
             "needs a port",
     "phi3small": "blocksparse attention and gegelu: needs a dedicated port",
-    "spark2_5": "per-layer sliding/global geometry and custom gains: needs a dedicated port",
     "talkie": "learned head / activation / weight gains around every op: needs a dedicated port",
 }

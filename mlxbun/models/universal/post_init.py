@@ -34,6 +34,27 @@ def _sliding_window_sets_window_size(a: dict, mt: str) -> None:
         a["window_size"] = a["sliding_window"]
 
 
+def _spark2_5_args(a: dict, mt: str) -> None:
+    n = a["num_hidden_layers"]
+    if a["layer_types"] is None:
+        pattern = ["sliding_attention"] * 3 + ["full_attention"]
+        a["layer_types"] = [pattern[i % len(pattern)] for i in range(n)]
+    lt, rp = a["layer_types"], a["rope_parameters"]
+    if not isinstance(lt, list) or len(lt) != n:
+        raise _fail(mt, f"layer_types must list {n} layers, got {lt!r}")
+    unsupported = set(lt) - {"sliding_attention", "full_attention"}
+    if unsupported:
+        raise _fail(mt, f"unsupported layer types: {sorted(unsupported)}")
+    if not isinstance(rp, dict) or set(lt) - set(rp):
+        raise _fail(mt, f"rope_parameters needs an entry for each of {sorted(set(lt))}, got {rp!r}")
+    if a["num_attention_heads"] % a["num_key_value_heads"]:
+        raise _fail(mt, "num_attention_heads must be divisible by num_key_value_heads")
+    for kind in set(lt):
+        dims = int(a["head_dim"] * float(rp[kind].get("partial_rotary_factor", 1.0)))
+        if dims <= 0 or dims > a["head_dim"] or dims % 2:
+            raise _fail(mt, f"invalid rotary dimension {dims} for {kind} with head_dim={a['head_dim']}")
+
+
 def _nanbeige_args(a: dict, mt: str) -> None:
     if a["head_dim"] is None:
         a["head_dim"] = a["hidden_size"] // a["num_attention_heads"]
@@ -322,5 +343,6 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
     PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
     PostInit.NANBEIGE_ARGS: _nanbeige_args,
+    PostInit.SPARK2_5_ARGS: _spark2_5_args,
     PostInit.SLIDING_WINDOW_SETS_WINDOW_SIZE: _sliding_window_sets_window_size,
 })

@@ -209,6 +209,10 @@ def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int,
         return _per_layer_lists_rope(a, i, head_dim, mt)
     if r.kind is RopeKind.LAYER_TYPE_PARTIAL:
         return _layer_type_partial_rope(a, i, head_dim)
+    if r.kind is RopeKind.LAYER_TYPE_PLAIN:  # spark2_5._make_rope
+        params = a["rope_parameters"][a["layer_types"][i]]
+        return RopeSpec(r.kind, int(head_dim * float(params.get("partial_rotary_factor", 1.0))),
+                        float(params.get("rope_theta", 10000.0)), False)
     if r.nope is NopeRule.ALL or (r.nope is NopeRule.NO_ROPE_LAYERS and not a["no_rope_layers"][i]):
         return None
     if r.nope is NopeRule.NOPE_TYPE and a["position_embedding_type"] == "nope":

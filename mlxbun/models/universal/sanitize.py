@@ -506,6 +506,10 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
             k = k.replace(".gpt_neox.layers.", ".h.").replace(".gpt_neox.", ".")
             out[k] = v
         return out, dropped
+    elif op is SanitizeOp.MOVE_IF_MISSING:
+        dst, src = rule.arg
+        if src in w and dst not in w:
+            return {(dst if k == src else k): v for k, v in w.items()}, {}
     elif op is SanitizeOp.COPY_IF_MISSING:
         dst, src = rule.arg
         if dst not in w and src in w:

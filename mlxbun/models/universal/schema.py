@@ -443,6 +443,9 @@ class ArchDescriptor:
             yield from (("rope", "rope_parameters"), ("rope", "layer_types"),
                         ("rope", "max_position_embeddings"))
             return
+        if r.kind is RopeKind.LAYER_TYPE_PLAIN:
+            yield from (("rope", "rope_parameters"), ("rope", "layer_types"))
+            return
         if r.kind is RopeKind.LAYER_TYPE_PARTIAL:
             yield from (("rope", f) for f in ("rope_parameters", "layer_types", "partial_rotary_factor",
                                               "max_position_embeddings"))

@@ -74,7 +74,7 @@ def check_combinations(d) -> None:
         raise d.error(f"rope.nope {d.rope.nope.value!r} needs sliding layers (layers.kinds)")
     if d.attn_gate_when and d.attn_gate is None:
         raise d.error("attn_gate_when names the field switching attn_gate, which is unset")
-    if (d.rope.kind in (RopeKind.LAYER_TYPE_PARAMS, RopeKind.LAYER_TYPE_PARTIAL)
+    if (d.rope.kind in (RopeKind.LAYER_TYPE_PARAMS, RopeKind.LAYER_TYPE_PARTIAL, RopeKind.LAYER_TYPE_PLAIN)
             and lk.kinds is not LayerKinds.LAYER_TYPES):
         raise d.error(f"rope.kind {d.rope.kind.value!r} reads rope_parameters by layer_types: "
                       "layers.kinds must be 'layer_types'")

@@ -576,6 +576,30 @@ _ROWS = [
               "model.layers.layers.",
     ),
     ArchDescriptor(
+        "spark2_5",
+        _fields("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size", "sliding_window", "rope_parameters",
+                layer_types=None, rms_norm_eps=1e-6, max_position_embeddings=8192, attention_bias=False,
+                mlp_bias=False, hidden_act="gelu", gate_attn_act_mode="sigmoid", headwise_attn_output_gate=True,
+                tie_word_embeddings=True),
+        ("spark2_5_args",), head_dim="field", qkv="fused", attn_bias="attention_bias", out_bias="attention_bias",
+        attn_gate="head_sigmoid_f32", rope=RopeKnobs("layer_type_plain"), mlp=MlpKnobs(act="gelu", bias="mlp_bias"),
+        names=Names(embed="embedding", qkv="q_k_v_proj", o="out_proj", attn_gate="g_proj"),
+        layers=LayerKnobs("layer_types", sliding_window="sliding_window", make_cache="rotating_sliding"),
+        sanitize=(SanitizeRule("move_if_missing", ("model.embedding.weight", "model.embed_tokens.weight"),
+                               "conversions that name the embedding embed_tokens"),
+                  _DROP_TIED, SanitizeRule("drop_containing", "rotary_emb.inv_freq",
+                                           "precomputed rotary frequencies (recomputed at init)")),
+        accepted_values={"hidden_act": ("gelu",), "gate_attn_act_mode": ("sigmoid",),
+                         "headwise_attn_output_gate": (True,)},
+        notes="Spark 2.5: llama's block with a fused q_k_v_proj, a per-head sigmoid output gate "
+              "(g_proj, float32 logits, the attention's bias), an exact-GELU gated MLP; sliding and "
+              "full layers (layer_types, 3 sliding then 1 full by default), each type's plain nn.RoPE "
+              "from rope_parameters (its rope_theta and partial_rotary_factor, never scaled), "
+              "RotatingKVCaches of sliding_window on the sliding ones; its g_proj stays unquantized "
+              "(mlx-lm's quant_predicate).",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
