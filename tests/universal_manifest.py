@@ -126,6 +126,8 @@ MANIFEST = {
         Entry("lfm2_moe", EXPERT_VARIANTS),
         Entry("olmo_hybrid"),
         Entry("mamba2"),
+        Entry("mamba"),
+        Entry("falcon_mamba"),  # mamba's file (MODEL_REMAPPING) with delta / B / C rms-normed
         Entry("nemotron_h", EXPERT_VARIANTS),  # its E layers route (f16 / bf16: on CUDA)
         Entry("granitemoehybrid"),
         Entry("falcon_h1"),  # mamba2 beside attention in every layer (a CacheList each)

@@ -65,6 +65,11 @@ HYBRID_ROWS = (
     # requires intermediate_size, which transformers 5's Mamba2Config no longer writes
     Arch("mamba2", "Mamba2ForCausalLM", "Mamba2Config", legacy_rope=False,
          knobs={"num_heads": 8, "state_size": 16, "n_groups": 2}, extra={"intermediate_size": 2 * HIDDEN}),
+    # every layer the Mamba (v1) mixer, width 2 * hidden, state 16; falcon_mamba (mlx-lm's mamba.py
+    # with delta / B / C rms-normed) with time_step_rank "auto" (ceil(64 / 16))
+    Arch("mamba", "MambaForCausalLM", "MambaConfig", legacy_rope=False, knobs={"time_step_rank": 4}),
+    Arch("falcon_mamba", "FalconMambaForCausalLM", "FalconMambaConfig", legacy_rope=False,
+         knobs={"time_step_rank": "auto"}),
     # mamba, MoE, attention, MLP, mamba: mlx-lm's cache list skips the MoE and MLP layers (the
     # attention mask comes from cache 1, layer 2); two expert groups, one kept; routed scaling
     Arch("nemotron_h", "NemotronHForCausalLM", "NemotronHConfig", layers=5, kv_heads=2,

@@ -132,11 +132,34 @@ def _mamba2(d: ArchDescriptor, a: UniversalArgs, knobs: Any) -> list[tuple[str, 
     ]
 
 
+def _mamba(d: ArchDescriptor, a: UniversalArgs, knobs: Any) -> list[tuple[str, str]]:
+    f = a.fields
+    inner, state, k, r = (f[x] for x in (knobs.intermediate, knobs.state, knobs.conv_kernel, knobs.time_step_rank))
+    rms = f[knobs.bcdt_rms]
+    return [
+        ("x, z = split(in_proj(x), 2)", f"Linear(D, 2*I); I = {knobs.intermediate} = {inner}; "
+                                        f"bias={f[knobs.bias]}"),
+        ("x = silu(conv1d(concat([state0, x])))",
+         f"Conv1d(I, I, K, groups=I) (depthwise, causal), K = {knobs.conv_kernel} = {k}; state0: the "
+         f"last K - 1 inputs (zeros padded first), cache slot 0; bias={f[knobs.conv_bias]}; no mask"),
+        ("delta, B, C = split(x_proj(x_t), [R, R + N])",
+         f"per token t; Linear(I, R + 2*N), no bias; R = {knobs.time_step_rank} = {r}, "
+         f"N = {knobs.state} = {state}"),
+        *((("delta, B, C = rms_norm(delta), rms_norm(B), rms_norm(C)",
+            f"no weight, eps {knobs.rms_eps} = {f[knobs.rms_eps]} ({knobs.bcdt_rms}: falcon_mamba)"),)
+          if rms else ()),
+        ("S = (softplus(dt_proj(delta)) * x_t) B + S * exp(delta A); y_t = S C + D * x_t",
+         "A = -exp(A_log) [I, N], D [I]; S [I, N], cache slot 1"),
+        ("out = out_proj(swiglu(z, y))", f"Linear(I, D); bias={f[knobs.bias]}"),
+    ]
+
+
 _LINES = exhaustive(MIXERS, {
     MixerKind.SHORT_CONV: _short_conv,
     MixerKind.GATED_DELTA: _gated_delta,
     MixerKind.GATED_DELTA_SPLIT_CONV: _gated_delta_split,
     MixerKind.MAMBA2: _mamba2,
+    MixerKind.MAMBA: _mamba,
 })
 
 

@@ -532,6 +532,8 @@ class PostInit(StrEnum):
     SPARK2_5_ARGS = "spark2_5_args"  # layer_types None: 3 sliding then 1 full, repeated; one per layer,
     # sliding / full only, each with rope_parameters; heads divisible by KV heads; each rope's dims
     # int(head_dim * partial_rotary_factor) even and in 1..head_dim
+    MAMBA_ARGS = "mamba_args"  # time_step_rank "auto": ceil(hidden_size / 16); model_type
+    # falcon_mamba: use_bcdt_rms True
     NANBEIGE_ARGS = "nanbeige_args"  # head_dim None: hidden // heads; enable_double_loop_split,
     # loop_share_kv and enable_depth_attention refused (mlx-lm raises NotImplementedError)
     QWEN_KV_CHANNELS = "qwen_kv_channels"  # kv_channels * num_attention_heads must be hidden_size

@@ -27,6 +27,9 @@ class MixerKind(StrEnum):
     # state (mixers/gated_delta_split.py)
     MAMBA2 = "mamba2"  # in_proj -> [gate | conv1d + SiLU -> x, B, C | dt] -> SSD scan -> gated
     # RMSNorm -> out_proj; state: conv inputs and the SSM state (mixers/mamba2.py, mixers/ssm.py)
+    MAMBA = "mamba"  # mamba v1 (falcon_mamba too): in_proj -> [x | z]; causal depthwise conv1d + SiLU
+    # on x; per token the selective scan (x_proj -> delta, B, C; softplus(dt_proj(delta))); swiglu(z, y)
+    # -> out_proj; state: the conv inputs and the [I, N] SSM state (mixers/mamba.py)
 
 
 class MixerLayers(StrEnum):

@@ -4,6 +4,7 @@ checked, on the dict `resolve.model_args` builds. `POST_INIT` is the dispatch ta
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 from mlxbun.models.universal.fields import fail as _fail
@@ -53,6 +54,13 @@ def _spark2_5_args(a: dict, mt: str) -> None:
         dims = int(a["head_dim"] * float(rp[kind].get("partial_rotary_factor", 1.0)))
         if dims <= 0 or dims > a["head_dim"] or dims % 2:
             raise _fail(mt, f"invalid rotary dimension {dims} for {kind} with head_dim={a['head_dim']}")
+
+
+def _mamba_args(a: dict, mt: str) -> None:  # mamba's __post_init__ (its hasattr fallbacks never fire)
+    if a["time_step_rank"] == "auto":
+        a["time_step_rank"] = math.ceil(a["hidden_size"] / 16)
+    if a["model_type"] == "falcon_mamba":
+        a["use_bcdt_rms"] = True
 
 
 def _nanbeige_args(a: dict, mt: str) -> None:
@@ -343,6 +351,7 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
     PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
     PostInit.NANBEIGE_ARGS: _nanbeige_args,
+    PostInit.MAMBA_ARGS: _mamba_args,
     PostInit.SPARK2_5_ARGS: _spark2_5_args,
     PostInit.SLIDING_WINDOW_SETS_WINDOW_SIZE: _sliding_window_sets_window_size,
 })

@@ -339,7 +339,9 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
     a = model_args(d, config)
     hidden = _int_field(a, d.hidden, mt)
     n_layers = _int_field(a, d.n_layers, mt)
-    if d.n_heads is None:  # openelm: every layer its own counts; the model-wide ones are layer 0's
+    if d.n_heads is None and not d.layers.kv_heads_per_layer:  # mamba: no layer attends
+        n_heads = n_kv = 1  # (placeholders: no attention is built)
+    elif d.n_heads is None:  # openelm: every layer its own counts; the model-wide ones are layer 0's
         n_heads, n_kv = _per_layer_heads(d, a, 0)
     else:
         n_heads = _int_field(a, d.n_heads, mt)

@@ -9,6 +9,7 @@ from mlxbun.models.universal.kinds_hybrid import (
     HfCheckpoint,
 )
 from mlxbun.models.universal.mixers.gated_delta import GatedDeltaKnobs, GdnProjections
+from mlxbun.models.universal.mixers.mamba import MambaKnobs
 from mlxbun.models.universal.mixers.mamba2 import GatedNorm, Mamba2Knobs
 from mlxbun.models.universal.schema import (
     REQUIRED,
@@ -279,6 +280,32 @@ HYBRID_ROWS = [
         notes="mamba2: every layer is x + mixer(norm(x)) (norm: nn.RMSNorm with its default eps "
               "1e-5), the Mamba2 mixer (conv1d, SSD scan, gated RMSNorm over the full width); "
               "final norm_f.",
+    ),
+    ArchDescriptor(
+        "mamba",
+        {"model_type": REQUIRED, "vocab_size": REQUIRED, "hidden_size": REQUIRED, "intermediate_size": REQUIRED,
+         "state_size": REQUIRED, "num_hidden_layers": REQUIRED, "conv_kernel": REQUIRED, "use_bias": REQUIRED,
+         "use_conv_bias": REQUIRED, "time_step_rank": REQUIRED, "tie_word_embeddings": True,
+         "use_bcdt_rms": False, "mixer_rms_eps": 1e-6},
+        ("mamba_args",),
+        # no layer attends and no field holds head counts: the attention sizes are placeholders
+        n_heads=None, n_kv_heads=None, head_dim="split", names=_SINGLE_OP_NAMES,
+        rope=RopeKnobs(nope="all", nope_child=False),
+        norm=NormKnobs(eps=1e-5),  # nn.RMSNorm(hidden_size): its default eps
+        hybrid=HybridKnobs("mamba", "all", name="mixer", block="single", norm_eps=1e-5, knobs=MambaKnobs()),
+        sanitize=(_CONV1D_TORCH,),
+        ignored_keys={"expand": "mlx-lm sizes the mixer by intermediate_size",
+                      "layer_norm_epsilon": "mlx-lm's norms keep nn.RMSNorm's default eps 1e-5",
+                      "residual_in_fp32": "mlx-lm adds the residual in the activations' dtype",
+                      "hidden_act": "mlx-lm's mixer applies SiLU whatever the config says",
+                      "n_layer": "mlx-lm reads num_hidden_layers",
+                      "use_mambapy": "a transformers kernel choice", "use_falcon_mambapy": "a transformers kernel choice",
+                      **{k: "initialization / training setting" for k in (
+                          "time_step_min", "time_step_max", "time_step_init_scheme", "time_step_scale",
+                          "time_step_floor", "rescale_prenorm_residual", "use_associative_scan")}},
+        notes="Mamba (falcon_mamba remaps here): every layer is x + mixer(norm(x)) (norm: nn.RMSNorm with "
+              "its default eps 1e-5, layer_norm_epsilon not read), the Mamba mixer (conv1d, a per-token "
+              "selective scan; falcon_mamba rms-normalizes delta, B and C without weight); final norm_f.",
     ),
     ArchDescriptor(
         "nemotron_h",
