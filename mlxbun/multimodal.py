@@ -17,11 +17,14 @@ from typing import Any, Optional, Sequence
 
 import mlx.core as mx
 
-from mlxbun.errors import GenerationError
-from mlxbun.towers.errors import NoTowerError, TooManyImages
-from mlxbun.towers.images import load_image, preprocess
+import numpy as np
+
+from mlxbun.errors import GenerationError, UnsupportedModelError
+from mlxbun.towers.errors import ImageCountError, NoTowerError, TooManyImages
+from mlxbun.towers.images import load_image, preprocess, preprocess_qwen
+from mlxbun.towers.knobs import TextPositions
 from mlxbun.towers.loader import VisionStack, open_vision
-from mlxbun.towers.splice import expand_prompt, image_sequence, merge_embeddings
+from mlxbun.towers.splice import count_placeholders, expand_prompt, image_sequence, merge_embeddings
 
 __all__ = ["MAX_IMAGES", "EmbeddedPrompt", "MediaPrompt", "VisionLanguageModel", "open_vlm",
            "refuse_images", "stream_generate"]
@@ -36,11 +39,12 @@ class MediaPrompt:
 
     text: str  # the expanded prompt text (the processor's)
     ids: mx.array  # [L] token ids, image placeholders spliced in
-    pixel_values: mx.array  # [N, 3, H, W] float32, the processor's
-    features: mx.array  # [N, T, D] soft tokens
+    pixel_values: mx.array  # the processor's: [N, 3, H, W] (fixed size) or [patches, C*T*P*P] (Qwen2-VL)
+    grid: Optional[mx.array]  # [N, 3] image_grid_thw (Qwen2-VL), else None
+    features: mx.array  # soft tokens: [N, T, D] or [tokens, D]
     embeddings: mx.array  # [1, L, D] the merged input rows
     n_images: int
-    soft_tokens: int  # N * T
+    soft_tokens: int  # soft tokens in all
 
 
 class VisionLanguageModel:
@@ -49,8 +53,8 @@ class VisionLanguageModel:
     def __init__(self, text_model, tokenizer, vision: VisionStack, path: Path):
         self.text_model, self.tokenizer, self.vision, self.path = text_model, tokenizer, vision, path
 
-    def _token(self, token_id: int, what: str) -> str:
-        t = self.tokenizer.id_to_token(token_id)
+    def _token(self, token_id: Optional[int], what: str) -> str:
+        t = None if token_id is None else self.tokenizer.id_to_token(int(token_id))
         if t is None:
             raise GenerationError(f"{self.path}: the tokenizer has no {what} token (id {token_id})")
         return t
@@ -60,52 +64,78 @@ class VisionLanguageModel:
         if len(images) > MAX_IMAGES:
             raise TooManyImages(f"{len(images)} images given; mlxbun takes at most {MAX_IMAGES} per prompt")
 
-    def expand(self, prompt: str, n_images: int) -> str:
-        """The prompt text with each image placeholder expanded (the processor's text)."""
-        v = self.vision
-        if v.boi_token_id is None:
-            raise GenerationError(f"{self.path}: the config names no begin-of-image token")
-        boi = self._token(int(v.boi_token_id), "begin-of-image")
-        eoi_id = self._eoi_id()
-        seq = image_sequence(v.descriptor.merge, boi, self._token(v.image_token_id, "image"),
-                             self._token(eoi_id, "end-of-image"), v.tokens_per_image)
-        return expand_prompt(prompt, boi, seq, n_images)
+    def _marks(self) -> tuple[str, str, str, str]:
+        """(placeholder, boi, image, eoi) token texts."""
+        v, d = self.vision, self.vision.descriptor
+        boi = self._token(v.boi_token_id, "begin-of-image")
+        eoi = self._token(v.eoi_token_id, "end-of-image")
+        image = self._token(v.image_token_id, "image")
+        return (image if d.placeholder_key == d.image_token_key else boi), boi, image, eoi
 
-    def _eoi_id(self) -> int:
-        from mlxbun.towers.loader import _read_config
+    def placeholders(self, prompt: str, n_images: int) -> str:
+        """`prompt` with its image placeholders counted (ImageCountError where they and the
+        images disagree); a prompt without any gets the row's lead per image in front."""
+        placeholder, boi, _, eoi = self._marks()
+        lead = self.vision.descriptor.lead.format(placeholder=placeholder, boi=boi, eoi=eoi)
+        text, found = count_placeholders(prompt, placeholder, n_images, lead)
+        if found != n_images:
+            raise ImageCountError(f"the prompt holds {found} image placeholder(s) ({placeholder!r}) but "
+                                  f"{n_images} image(s) were given")
+        return text
 
-        cfg = _read_config(self.path)
-        if "eoi_token_index" not in cfg:
-            raise GenerationError(f"{self.path}: the config names no end-of-image token (eoi_token_index)")
-        return int(cfg["eoi_token_index"])
+    def expand(self, prompt: str, counts: Sequence[int]) -> str:
+        """The prompt text with each image placeholder expanded to its soft tokens (the processor's)."""
+        placeholder, boi, image, eoi = self._marks()
+        text = self.placeholders(prompt, len(counts))
+        return expand_prompt(text, placeholder, [image_sequence(self.vision.descriptor.merge, boi, image, eoi, c)
+                                                 for c in counts])
 
     def prepare(self, prompt: str, images: Sequence, *, add_special_tokens: bool = True) -> MediaPrompt:
         """Read, preprocess and splice `images` into `prompt`, run the tower, merge: every input
         checked (count, files, context) before the tower runs."""
         self.check_images(images)
-        text = self.expand(prompt, len(images))  # ImageCountError before any file is read
+        self.placeholders(prompt, len(images))  # ImageCountError before any file is read
+        pil = [load_image(i) for i in images]  # ImageUnreadable / ImageTruncated
+        v = self.vision
+        if v.dynamic:
+            pixels, grid = preprocess_qwen(pil, v.processor)
+            grid = mx.array(grid)
+        else:
+            pixels, grid = preprocess(pil, v.processor), None
+        counts = v.soft_tokens(np.asarray(grid) if grid is not None else [None] * len(pil))
+        text = self.expand(prompt, counts)
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         limit = getattr(getattr(self.text_model, "args", None), "fields", {}).get("max_position_embeddings")
         if limit and len(ids) > limit:
             raise TooManyImages(f"{len(images)} image(s) make the prompt {len(ids)} tokens, past the model's "
                                 f"{limit}-token context")
-        pil = [load_image(i) for i in images]  # ImageUnreadable / ImageTruncated
-        pixels = mx.array(preprocess(pil, self.vision.processor))
-        return self.merge(text, mx.array(ids, dtype=mx.int32), pixels)
+        return self.merge(text, mx.array(ids, dtype=mx.int32), mx.array(pixels), grid)
 
-    def merge(self, text: str, ids: mx.array, pixel_values: mx.array) -> MediaPrompt:
-        """Tower, projector and merge over ready ids [L] and pixel_values [N, 3, H, W]."""
+    def merge(self, text: str, ids: mx.array, pixel_values: mx.array, grid=None) -> MediaPrompt:
+        """Tower, projector and merge over ready ids [L] and the processor's pixel values."""
         v = self.vision
         embeds = self.text_model.embed_tokens(ids[None])
-        features = v.features(pixel_values, embeds.dtype)
+        features = v.features(pixel_values, embeds.dtype, grid)
         merged = merge_embeddings(v.descriptor.merge, ids[None], embeds, features,
                                   image_token_id=v.image_token_id, pad_token_id=v.pad_token_id,
                                   hidden_size=v.merge_hidden)
-        n = int(pixel_values.shape[0])
-        return MediaPrompt(text, ids, pixel_values, features, merged, n, n * v.tokens_per_image)
+        n = int(grid.shape[0]) if grid is not None else int(pixel_values.shape[0])
+        soft = int(features.shape[0]) if grid is not None else n * v.tokens_per_image
+        return MediaPrompt(text, ids, pixel_values, grid, features, merged, n, soft)
+
+    def check_generation(self) -> None:
+        """Refuse generation where the text model would need positions mlxbun does not build."""
+        d = self.vision.descriptor
+        if d.text_positions is TextPositions.MROPE:
+            raise UnsupportedModelError(
+                f"{d.model_type}: with images mlx-vlm's text model rotates by 3-D mRoPE position ids "
+                "(get_rope_index) in its own MRoPE arithmetic; mlxbun's text row runs mlx-lm's RoPE on "
+                "text positions, so generation from images is not built (the tower, splice and merged rows are: "
+                "prepare())")
 
     def logits(self, prompt: MediaPrompt, cache: Optional[list] = None) -> mx.array:
         """The text model's logits [1, L, V] over the merged prompt in one call."""
+        self.check_generation()
         m = self.text_model
         return m.logits_from_hidden(m.forward_hidden(prompt.ids[None], cache, input_embeddings=prompt.embeddings))
 
@@ -166,5 +196,6 @@ def stream_generate(vlm: VisionLanguageModel, prompt: MediaPrompt, **kwargs):
         raise GenerationError("--fast does not take images (the compiled step runs token ids only)")
     if kwargs.get("prompt_cache") is not None:
         raise GenerationError("a prompt cache cannot be combined with images (its rows are the ids' embeddings)")
+    vlm.check_generation()
     model = EmbeddedPrompt(vlm.text_model, prompt.embeddings)
     return text_stream(model, vlm.tokenizer, prompt.ids, **kwargs)

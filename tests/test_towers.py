@@ -15,6 +15,7 @@ import pytest
 
 import mlxbun.cli as cli
 from mlxbun.multimodal import MAX_IMAGES, EmbeddedPrompt, open_vlm, stream_generate
+from mlxbun.errors import UnsupportedModelError
 from mlxbun.towers.errors import ImageCountError, ImageTruncated, ImageUnreadable, NoTowerError, TooManyImages
 
 ARCH = "gemma3-vision"
@@ -22,6 +23,7 @@ ARCH = "gemma3-vision"
 VARIANTS = [("float32", None), ("float16", None), ("bfloat16", None), ("float32", 4), ("bfloat16", 8),
             ("float32", "mixed")]
 PROMPT = "hi <start_of_image> and <start_of_image> there"
+QWEN_PROMPT = "hi <|vision_start|><|image_pad|><|vision_end|> and <|vision_start|><|image_pad|><|vision_end|> there"
 
 
 def _sample(name: str) -> str:
@@ -46,8 +48,8 @@ def images(run_tmp) -> list[str]:
 def tower_ckpt(zoo_root):
     from mlxbun.zoo.towers import cached_tower_checkpoint
 
-    def get(dtype="float32", quant=None) -> Path:
-        return cached_tower_checkpoint(ARCH, dtype=dtype, quant=quant, root=zoo_root)
+    def get(dtype="float32", quant=None, arch=ARCH) -> Path:
+        return cached_tower_checkpoint(arch, dtype=dtype, quant=quant, root=zoo_root)
 
     return get
 
@@ -103,6 +105,52 @@ def test_tower_projector_splice_and_merge_are_bit_exact(tower_ckpt, images, dtyp
     assert mx.array_equal(ours.embeddings, merged.inputs_embeds)
     logits = model.language_model(ref["input_ids"], inputs_embeds=merged.inputs_embeds).logits
     assert mx.array_equal(vlm.logits(ours), logits)
+
+
+@pytest.mark.parametrize("dtype,quant", VARIANTS, ids=[f"{d}-{q}" for d, q in VARIANTS])
+def test_qwen2_vl_tower_merger_splice_and_merge_are_bit_exact(tower_ckpt, images, dtype, quant):
+    """Dynamic resolution: two images of different sizes (their grids, soft-token counts and
+    patch sequences differ), the drawn grayscale one non-square."""
+    vlm, model, processor = _both(tower_ckpt(dtype, quant, arch="qwen2_vl-vision"))
+    pair = [images[0], images[2]]
+    ref = _oracle_inputs(processor, pair, QWEN_PROMPT)
+    ours = vlm.prepare(QWEN_PROMPT, pair)
+    assert ours.ids.tolist() == ref["input_ids"][0].tolist()
+    assert mx.array_equal(ours.pixel_values, ref["pixel_values"])
+    assert mx.array_equal(ours.grid, ref["image_grid_thw"]) and ours.grid[:, 1:].tolist() != [[8, 6]] * 2
+    n_image_tokens = int((ref["input_ids"] == model.config.image_token_id).sum().item())
+    assert ours.soft_tokens == n_image_tokens == sum(int(t * h * w) // 4 for t, h, w in ours.grid.tolist())
+    vt = model.vision_tower
+    grid = ref["image_grid_thw"]
+    h = vt.patch_embed(ref["pixel_values"].astype(vt.patch_embed.proj.weight.dtype))
+    rope = vt.rot_pos_emb(grid)
+    cu = mx.pad(mx.cumsum(mx.array([int(g[1] * g[2]) for g in grid.tolist()]).astype(mx.int32)), (1, 0))
+    theirs = [("embeddings", h)]
+    for i, block in enumerate(vt.blocks):
+        h = block(h, cu_seqlens=cu, rotary_pos_emb=rope)
+        theirs.append((f"layers.{i}", h))
+    theirs.append(("projector", vt.merger(h)))
+    mine = vlm.vision.blocks(ours.pixel_values, None, ours.grid)
+    assert [n for n, _ in mine] == [n for n, _ in theirs]
+    for (name, a), (_, b) in zip(mine, theirs):
+        assert a.dtype == b.dtype and mx.array_equal(a, b), f"first mismatch at {name}"
+    merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], image_grid_thw=grid,
+                                        mask=ref["attention_mask"])
+    assert mx.array_equal(ours.embeddings, merged.inputs_embeds)
+    # the text side with images needs mRoPE positions: refused by name, not run wrong
+    with pytest.raises(UnsupportedModelError, match="mRoPE"):
+        vlm.logits(ours)
+    with pytest.raises(UnsupportedModelError, match="mRoPE"):
+        stream_generate(vlm, ours, max_tokens=2)
+
+
+def test_qwen2_vl_prompt_without_placeholders_and_count_mismatch(tower_ckpt, images):
+    vlm, _, processor = _both(tower_ckpt(arch="qwen2_vl-vision"))
+    ours = vlm.prepare("what is this", images[:1])
+    ref = _oracle_inputs(processor, images[:1], "<|vision_start|><|image_pad|><|vision_end|>what is this")
+    assert ours.ids.tolist() == ref["input_ids"][0].tolist()
+    with pytest.raises(ImageCountError, match="<|image_pad|>"):
+        vlm.prepare("<|image_pad|> <|image_pad|>", images[:1])
 
 
 def _oracle_replay(model, input_ids, embeds, tokens):
@@ -241,6 +289,13 @@ def test_cli_generate_with_images_equals_the_api(tower_ckpt, images, capsys):
     prompt = vlm.prepare(PROMPT, images[:2])
     assert out["prompt_ids"] == prompt.ids.tolist() and out["soft_tokens"] == 8 and out["images"] == 2
     assert out["tokens"] == [r.token for r in stream_generate(vlm, prompt, max_tokens=6)]
+
+
+def test_cli_refuses_qwen2_vl_generation_by_name(tower_ckpt, images, capsys):
+    code = cli.main(["generate", "--model", str(tower_ckpt(arch="qwen2_vl-vision")), "--image", images[0],
+                     "--prompt", "x", "--max-tokens", "2"])
+    err = capsys.readouterr().err
+    assert code == 1 and "mRoPE" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("extra,message", [

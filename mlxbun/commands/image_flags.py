@@ -54,6 +54,7 @@ def run_images(args, path) -> int:
     images = [load_image(f) for f in args.image]  # ImageUnreadable / ImageTruncated
     text = sys.stdin.read() if args.prompt == "-" else (args.prompt or "")
     vlm = open_vlm(path)
+    vlm.check_generation()  # a text model needing positions mlxbun does not build, before the tower
     prompt = vlm.prepare(text, images)
     stream = stream_generate(
         vlm, prompt, max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, top_k=args.top_k,

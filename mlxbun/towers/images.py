@@ -14,12 +14,15 @@ import numpy as np
 
 from mlxbun.towers.errors import ImageTruncated, ImageUnreadable
 
-__all__ = ["ImageProcessorSpec", "load_image", "preprocess", "read_processor_spec"]
+__all__ = ["ImageProcessorSpec", "load_image", "preprocess", "preprocess_qwen", "read_processor_spec", "smart_resize"]
 
 ImageSource = Union[str, Path, "PIL.Image.Image"]  # noqa: F821
 
-# the image processors whose preprocessing `preprocess` reproduces
+# the image processors whose preprocessing `preprocess` reproduces: fixed-size (transformers' PIL
+# backend, as mlx-vlm's gemma3 processor loads it) and Qwen2-VL's dynamic resolution (mlx-vlm's own
+# numpy port, Qwen3VLImageProcessor, which its qwen2_vl processor uses whatever the file says)
 _PROCESSOR_TYPES = ("Gemma3ImageProcessor", "Gemma3ImageProcessorPil", "SiglipImageProcessor")
+QWEN_TYPES = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,13 @@ class ImageProcessorSpec:
     do_rescale: bool = True
     do_normalize: bool = True
     do_convert_rgb: bool = True
+    # Qwen2-VL's dynamic resolution (kind "qwen_vl"): smart_resize to multiples of patch * merge
+    kind: str = "fixed"
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 14 * 14 * 4 * 1280
 
 
 def read_processor_spec(path: Path) -> ImageProcessorSpec:
@@ -52,8 +62,11 @@ def read_processor_spec(path: Path) -> ImageProcessorSpec:
     except (OSError, ValueError) as e:
         raise ConfigError(f"{f}: unreadable ({e})") from None
     kind = cfg.get("image_processor_type", "")
+    if kind in QWEN_TYPES:
+        return _qwen_spec(path, cfg)
     if kind not in _PROCESSOR_TYPES:
-        raise ConfigError(f"{f}: image_processor_type {kind!r}; mlxbun reproduces {', '.join(_PROCESSOR_TYPES)}")
+        raise ConfigError(f"{f}: image_processor_type {kind!r}; mlxbun reproduces "
+                          f"{', '.join(_PROCESSOR_TYPES + QWEN_TYPES)}")
     if cfg.get("do_pan_and_scan"):
         raise ConfigError(f"{f}: do_pan_and_scan is on; mlxbun does not reproduce pan-and-scan crops")
     size = cfg.get("size") or {}
@@ -69,6 +82,75 @@ def read_processor_spec(path: Path) -> ImageProcessorSpec:
                               tuple(cfg.get("image_mean", (0.5, 0.5, 0.5))),
                               tuple(cfg.get("image_std", (0.5, 0.5, 0.5))),
                               flag("do_resize"), flag("do_rescale"), flag("do_normalize"), flag("do_convert_rgb"))
+
+
+def _qwen_spec(path: Path, raw: dict) -> ImageProcessorSpec:
+    """mlx-vlm's _qwen_vl_image_kwargs (patch 14 by default for qwen2_vl): preprocessor_config.json
+    with processor_config.json's image_processor over it."""
+    proc = Path(path) / "processor_config.json"
+    if proc.is_file():
+        raw = {**raw, **(json.loads(proc.read_text(encoding="utf-8")).get("image_processor") or {})}
+    size = raw.get("size") or {}
+    min_px = raw.get("min_pixels", size.get("shortest_edge", 56 * 56))
+    max_px = raw.get("max_pixels", size.get("longest_edge", 14 * 14 * 4 * 1280))
+    return ImageProcessorSpec(
+        raw.get("image_processor_type", ""), 0, 0, 3, float(raw.get("rescale_factor", 1 / 255.0)),
+        tuple(raw.get("image_mean") or (0.5, 0.5, 0.5)), tuple(raw.get("image_std") or (0.5, 0.5, 0.5)),
+        True, bool(raw.get("do_rescale", True)), bool(raw.get("do_normalize", True)),
+        bool(raw.get("do_convert_rgb", True)), kind="qwen_vl", patch_size=int(raw.get("patch_size", 14)),
+        temporal_patch_size=int(raw.get("temporal_patch_size", 2)), merge_size=int(raw.get("merge_size", 2)),
+        min_pixels=int(min_px), max_pixels=int(max_px))
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's smart_resize: both sides multiples of `factor`, the area within the bounds."""
+    import math
+
+    from mlxbun.towers.errors import MediaError
+
+    if max(height, width) / min(height, width) > 200:
+        raise MediaError(f"an image of {width}x{height}: aspect ratio past 200, which Qwen2-VL's resize refuses")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def _qwen_one(image, spec: ImageProcessorSpec) -> tuple[np.ndarray, list[int]]:
+    """mlx-vlm's Qwen3VLImageProcessor._process_one: bicubic PIL resize, float32 rescale and
+    normalize, the frame repeated over the temporal patch, flattened merge window by window."""
+    from PIL import Image
+
+    arr = np.transpose(np.array(image.convert("RGB")), (2, 0, 1))
+    C, H, W = arr.shape
+    ps, tps, ms = spec.patch_size, spec.temporal_patch_size, spec.merge_size
+    rh, rw = smart_resize(H, W, ps * ms, spec.min_pixels, spec.max_pixels)
+    if (rh, rw) != (H, W):
+        pil = Image.fromarray(np.transpose(arr, (1, 2, 0))).resize((rw, rh), resample=Image.BICUBIC)
+        arr = np.transpose(np.array(pil), (2, 0, 1))
+    img = arr.astype(np.float32)
+    if spec.do_rescale:
+        img = img * spec.rescale_factor
+    if spec.do_normalize:
+        img = (img - np.array(spec.image_mean, dtype=np.float32)[:, None, None]) / \
+            np.array(spec.image_std, dtype=np.float32)[:, None, None]
+    patches = np.repeat(img[None, None, ...], tps, axis=1)
+    gh, gw = rh // ps, rw // ps
+    patches = patches.reshape(1, 1, tps, C, gh // ms, ms, ps, gw // ms, ms, ps)
+    patches = patches.transpose(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
+    return patches.reshape(gh * gw, C * tps * ps * ps), [1, gh, gw]
+
+
+def preprocess_qwen(images: Sequence, spec: ImageProcessorSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(pixel_values [patches, C*T*P*P] float32, image_grid_thw [N, 3] int64) as mlx-vlm's processor."""
+    done = [_qwen_one(i, spec) for i in images]
+    return np.concatenate([p for p, _ in done], axis=0), np.array([g for _, g in done], dtype=np.int64)
 
 
 def load_image(source: ImageSource):

@@ -7,20 +7,48 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["MergeKind", "PatchEmbed", "Positions", "ProjectorKind", "TowerDescriptor", "VitAct", "VitKnobs"]
+__all__ = ["MergeKind", "PatchEmbed", "Positions", "ProjectorKind", "TextPositions", "TowerDescriptor", "VitAct", "VitKnobs",
+           "VitLayout", "VitNorm"]
+
+
+class VitLayout(Enum):
+    # mlx-vlm's SigLIP: embeddings.{patch_embedding, position_embedding}, encoder.layers.i.{layer_norm1,
+    # self_attn.{q,k,v,out}_proj, layer_norm2, mlp}, post_layernorm; images batched [N, patches, D]
+    SIGLIP = "siglip"
+    # mlx-vlm's Qwen2-VL: patch_embed.proj, blocks.i.{norm1, attn.{qkv, proj}, norm2, mlp}; every image's
+    # patches in one sequence [patches, D], each image attending within itself (cu_seqlens splits)
+    QWEN_VL = "qwen_vl"
 
 
 class PatchEmbed(Enum):
     CONV2D = "conv2d"  # nn.Conv2d(C, hidden, patch, stride=patch) on NHWC pixels, the grid flattened row-major
+    # nn.Conv3d(C, hidden, (temporal, patch, patch), stride = kernel, no bias) on the processor's
+    # flattened patches [patches, C * T * P * P] (reshaped to [-1, T, P, P, C])
+    CONV3D = "conv3d"
 
 
 class Positions(Enum):
     LEARNED = "learned"  # nn.Embedding(num_patches, hidden) at arange(num_patches), added to the patches
+    # 2-D rotary on q / k (Qwen2-VL's VisionRotaryEmbedding: head_dim / 2 frequencies over (row, col)
+    # ids laid out merge-window by merge-window, cos / sin tiled, rotate_half; no added positions)
+    ROPE_2D = "rope_2d"
 
 
 class VitAct(Enum):
     GELU_TANH = "gelu_tanh"  # nn.gelu_approx (mlx's nn.GELU(approx="precise") and "tanh": mlx-vlm's GELUMLP)
     GELU = "gelu"  # nn.gelu, the erf GELU (nn.GELU(approx="none"))
+    GELU_FAST = "gelu_fast"  # nn.gelu_fast_approx (nn.GELU(approx="fast"): Qwen2-VL's quick GELU)
+
+
+class TextPositions(Enum):
+    PLAIN = "plain"  # the text model's own positions (0..L-1): the merged rows need nothing more
+    # mRoPE: with images, mlx-vlm's text model rotates by 3-D (t, h, w) position ids (get_rope_index)
+    # in its own MRoPE arithmetic; mlxbun's text row runs mlx-lm's RoPE, so generation is refused
+    MROPE = "mrope"
+
+
+class VitNorm(Enum):
+    LAYERNORM = "layernorm"  # nn.LayerNorm(hidden, eps)
 
 
 class ProjectorKind(Enum):
@@ -28,6 +56,9 @@ class ProjectorKind(Enum):
     # RMSNorm (1 + w, the vision eps) -> einsum("btm,md->btd") with mm_input_projection_weight,
     # cast back to the tower's dtype
     GEMMA3_AVGPOOL = "gemma3_avgpool"
+    # qwen2_vl: PatchMerger (the tower's `merger`): LayerNorm(1e-6) over each patch, 2x2 merge windows
+    # concatenated, Linear -> erf GELU -> Linear to the text width
+    PATCH_MERGER = "patch_merger"
 
 
 class MergeKind(Enum):
@@ -35,6 +66,9 @@ class MergeKind(Enum):
     # by the wrapper's hidden_size ** 0.5 (mlx-vlm's ModelConfig default 2048 where the config has
     # no top-level hidden_size); the text model then scales every row by its embed scale
     GEMMA3_SCALED = "gemma3_scaled"
+    # qwen2_vl: each image token's row the next soft token (merge_input_ids_with_image_features), no
+    # scaling, no pad rows zeroed
+    QWEN_VL = "qwen_vl"
 
 
 def _check(row: str, name: str, value, enum) -> None:
@@ -48,12 +82,14 @@ class VitKnobs:
     """A pre-norm ViT: patch embedding + positions, N x (LN -> attention -> +, LN -> MLP -> +),
     an optional final LayerNorm."""
 
+    layout: VitLayout = VitLayout.SIGLIP
     patch: PatchEmbed = PatchEmbed.CONV2D
     positions: Positions = Positions.LEARNED
     act: VitAct = VitAct.GELU_TANH
     qkv_bias: bool = True  # q / k / v / out projections biased
     post_norm: bool = True  # a final LayerNorm over the last block's output
     post_norm_eps: float | None = 1e-5  # None: the config's layer_norm_eps (siglip's post_layernorm: nn.LayerNorm's default)
+    norm: VitNorm = VitNorm.LAYERNORM
 
 
 @dataclass(frozen=True)
@@ -69,13 +105,22 @@ class TowerDescriptor:
     projector: ProjectorKind
     merge: MergeKind
     vision_defaults: dict = field(default_factory=dict)  # mlx-vlm's VisionConfig defaults
+    top_defaults: dict = field(default_factory=dict)  # mlx-vlm's ModelConfig defaults (token ids)
     image_token_key: str = "image_token_index"  # the config key of the soft-token id
     boi_key: str | None = None  # the config key of the begin-of-image token (the prompt's placeholder)
+    eoi_key: str | None = None  # the config key of the end-of-image token
+    placeholder_key: str | None = None  # the prompt's per-image placeholder token (None: boi_key's)
+    # what a prompt without placeholders gets in front per image: "{placeholder}" / "{boi}" / "{eoi}" filled
+    lead: str = "{placeholder} "
+    text_positions: TextPositions = TextPositions.PLAIN
     notes: str = ""
 
     def __post_init__(self):
+        _check(self.model_type, "vit.layout", self.vit.layout, VitLayout)
+        _check(self.model_type, "vit.norm", self.vit.norm, VitNorm)
         _check(self.model_type, "vit.patch", self.vit.patch, PatchEmbed)
         _check(self.model_type, "vit.positions", self.vit.positions, Positions)
         _check(self.model_type, "vit.act", self.vit.act, VitAct)
         _check(self.model_type, "projector", self.projector, ProjectorKind)
         _check(self.model_type, "merge", self.merge, MergeKind)
+        _check(self.model_type, "text_positions", self.text_positions, TextPositions)

@@ -16,7 +16,7 @@ import numpy as np
 from mlxbun.errors import ConfigError, LoadError
 from mlxbun.towers.errors import NoTowerError
 from mlxbun.towers.images import ImageProcessorSpec, read_processor_spec
-from mlxbun.towers.knobs import TowerDescriptor
+from mlxbun.towers.knobs import TowerDescriptor, VitLayout
 from mlxbun.towers.projectors import make_projector
 from mlxbun.towers.table import TOWERS, tower_for
 from mlxbun.towers.vit import VitConfig, VitTower
@@ -35,22 +35,39 @@ class VisionStack:
     tower: VitTower
     projector: nn.Module
     processor: ImageProcessorSpec
-    tokens_per_image: int  # soft tokens per image
+    tokens_per_image: int  # soft tokens per image (a fixed-size tower; 0: per image, from its grid)
     image_token_id: int
     boi_token_id: int | None
+    eoi_token_id: int | None
     merge_hidden: int  # the wrapper's hidden_size the merge divides by (mlx-vlm's config)
     pad_token_id: int | None
 
-    def features(self, pixel_values, dtype: mx.Dtype) -> mx.array:
-        """Soft tokens [N, tokens_per_image, text hidden] of `pixel_values` [N, 3, H, W] (the
-        processor's), run in `dtype` (the text embeddings' dtype, as mlx-vlm casts them)."""
-        pixels = mx.array(np.asarray(pixel_values)) if not isinstance(pixel_values, mx.array) else pixel_values
-        return self.projector(self.tower(pixels.transpose(0, 2, 3, 1).astype(dtype)))
+    @property
+    def dynamic(self) -> bool:
+        """Qwen2-VL's layout: patches [sum, C*T*P*P] with a grid per image."""
+        return self.descriptor.vit.layout is VitLayout.QWEN_VL
 
-    def blocks(self, pixel_values, dtype: mx.Dtype) -> list[tuple[str, mx.array]]:
-        """The tower's stages (tower.blocks) and the projector's output, named."""
+    def soft_tokens(self, grid) -> list[int]:
+        """Soft tokens per image (a dynamic tower: its grid's patches over the merge window)."""
+        if not self.dynamic:
+            return [self.tokens_per_image] * len(grid)
+        m = self.tower.config.spatial_merge_size ** 2
+        return [int(np.prod(g)) // m for g in np.asarray(grid).tolist()]
+
+    def _pixels(self, pixel_values, dtype: mx.Dtype) -> mx.array:
         pixels = mx.array(np.asarray(pixel_values)) if not isinstance(pixel_values, mx.array) else pixel_values
-        stages = self.tower.blocks(pixels.transpose(0, 2, 3, 1).astype(dtype))
+        if self.dynamic:  # mlx-vlm casts to the patch embedding's dtype
+            return pixels.astype(self.tower.patch_embed.proj.weight.dtype)
+        return pixels.transpose(0, 2, 3, 1).astype(dtype)  # mlx-vlm casts to the text embeddings'
+
+    def features(self, pixel_values, dtype: mx.Dtype, grid=None) -> mx.array:
+        """Soft tokens of `pixel_values` (the processor's): [N, T, text hidden] (a fixed-size tower,
+        run in `dtype`, the text embeddings' dtype) or [tokens, text hidden] (Qwen2-VL, with `grid`)."""
+        return self.projector(self.tower(self._pixels(pixel_values, dtype), grid))
+
+    def blocks(self, pixel_values, dtype: mx.Dtype, grid=None) -> list[tuple[str, mx.array]]:
+        """The tower's stages (tower.blocks_out) and the projector's output, named."""
+        stages = self.tower.blocks_out(self._pixels(pixel_values, dtype), grid)
         return stages + [("projector", self.projector(stages[-1][1]))]
 
 
@@ -98,17 +115,26 @@ def _check_tower(path: Path, config: Mapping) -> tuple[TowerDescriptor, Any]:
 
 
 def _vit_config(d: TowerDescriptor, vision: Mapping) -> VitConfig:
-    merged = {**d.vision_defaults, **vision}
+    v = {**d.vision_defaults, **vision}
     try:
-        return VitConfig(**{f.name: merged[f.name] for f in dataclasses.fields(VitConfig)})
+        if d.vit.layout is VitLayout.QWEN_VL:  # qwen2_vl's VisionConfig names; LayerNorm eps 1e-6 in its blocks
+            return VitConfig(hidden_size=v["embed_dim"], intermediate_size=int(v["embed_dim"] * v["mlp_ratio"]),
+                             num_hidden_layers=v["depth"], num_attention_heads=v["num_heads"],
+                             patch_size=v["patch_size"], image_size=v["image_size"], num_channels=v["in_channels"],
+                             layer_norm_eps=1e-6, temporal_patch_size=v["temporal_patch_size"],
+                             spatial_merge_size=v["spatial_merge_size"])
+        return VitConfig(**{f.name: v[f.name] for f in dataclasses.fields(VitConfig) if f.name in v or
+                            f.default is dataclasses.MISSING})
     except KeyError as e:
         raise ConfigError(f"vision_config lacks {e.args[0]!r}") from None
 
 
-def _load(module: nn.Module, prefix: str, tensors: dict[str, mx.array], quantization, where: Path) -> None:
+def _load(module: nn.Module, prefix: str, tensors: dict[str, mx.array], quantization, where: Path,
+          exclude: str | None = None) -> None:
     from mlxbun.quant import quantize_model
 
-    own = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+    own = {k[len(prefix) + 1:]: v for k, v in tensors.items()
+           if k.startswith(prefix + ".") and not (exclude and k.startswith(exclude + "."))}
     if quantization:
         q = {k: v for k, v in quantization.items() if k in ("group_size", "bits", "mode")}
         q.update({k[len(prefix) + 1:]: v for k, v in quantization.items() if k.startswith(prefix + ".")})
@@ -132,8 +158,10 @@ def _flat(module: nn.Module):
 
 
 def _conv_to_mlx(w: mx.array) -> mx.array:
-    """mlx-vlm's check_array_shape: a [out, kH, kW, in] conv weight stays, else it is PyTorch's
-    [out, in, kH, kW] and is transposed."""
+    """mlx-vlm's check_array_shape: an mlx-layout conv weight ([out, kH, kW, in]; Conv3d:
+    [out, kT, kH, kW, in], its last axis 3) stays, else it is PyTorch's and is transposed."""
+    if w.ndim == 5:
+        return w if w.shape[-1] == 3 else w.transpose(0, 2, 3, 4, 1)
     out, kh, kw, _ = w.shape
     return w if (out >= kh and out >= kw and kh == kw) else w.transpose(0, 2, 3, 1)
 
@@ -145,23 +173,29 @@ def open_vision(path, config: Mapping | None = None) -> VisionStack:
     path = Path(path)
     config = _read_config(path) if config is None else config
     d, index = _check_tower(path, config)
-    vision, text = config["vision_config"], config.get("text_config") or {}
+    vision = config["vision_config"]
+    text = config.get("text_config") or config  # qwen2_vl's hub configs: the text keys at the top
     vc = _vit_config(d, vision)
     tower = VitTower(vc, d.vit)
-    top = {**_MLX_VLM_TOP_DEFAULTS, **config}
-    tokens = int(text.get("mm_tokens_per_image", 256))
+    top = {**_MLX_VLM_TOP_DEFAULTS, **d.top_defaults, **config}
+    tokens = 0 if d.vit.layout is VitLayout.QWEN_VL else int(text.get("mm_tokens_per_image", 256))
     projector = make_projector(d.projector, vision_hidden=vc.hidden_size, text_hidden=int(text["hidden_size"]),
-                               grid=vc.grid, tokens_per_image=tokens, eps=vc.layer_norm_eps)
+                               grid=vc.grid, tokens_per_image=tokens, eps=vc.layer_norm_eps,
+                               merge=vc.spatial_merge_size)
     names = [n for n in index.names() if n.startswith((d.tower_prefix + ".", d.projector_prefix + "."))]
     tensors = index.load(names)
-    conv = f"{d.tower_prefix}.embeddings.patch_embedding.weight"
-    if conv in tensors:
-        tensors[conv] = _conv_to_mlx(tensors[conv])
+    for conv in (f"{d.tower_prefix}.embeddings.patch_embedding.weight", f"{d.tower_prefix}.patch_embed.proj.weight"):
+        if conv in tensors:
+            tensors[conv] = _conv_to_mlx(tensors[conv])
     quantization = resolve_quantization(config)
-    _load(tower, d.tower_prefix, tensors, quantization, path)
+    nested = d.projector_prefix.startswith(d.tower_prefix + ".")
+    _load(tower, d.tower_prefix, tensors, quantization, path, exclude=d.projector_prefix if nested else None)
     _load(projector, d.projector_prefix, tensors, quantization, path)
     mx.eval(tower.parameters(), projector.parameters())
-    return VisionStack(d, tower, projector, read_processor_spec(path), tokens,
-                       int(top[d.image_token_key]), None if d.boi_key is None else config.get(d.boi_key),
-                       int(top["hidden_size"]), top.get("pad_token_id"))
+
+    def token(key):
+        return None if key is None or top.get(key) is None else int(top[key])
+
+    return VisionStack(d, tower, projector, read_processor_spec(path), tokens, int(top[d.image_token_key]),
+                       token(d.boi_key), token(d.eoi_key), int(top["hidden_size"]), top.get("pad_token_id"))
 

@@ -8,7 +8,7 @@ import mlx.nn as nn
 
 from mlxbun.towers.knobs import ProjectorKind
 
-__all__ = ["Gemma3Projector", "make_projector"]
+__all__ = ["Gemma3Projector", "PatchMerger", "make_projector"]
 
 
 class Gemma3Projector(nn.Module):
@@ -44,8 +44,28 @@ class _GemmaRMSNorm(nn.Module):
         return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
 
 
-def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int, grid: int,
-                   tokens_per_image: int, eps: float) -> nn.Module:
+class PatchMerger(nn.Module):
+    """mlx-vlm's Qwen2-VL PatchMerger: LayerNorm over each patch, each merge window's patches
+    (consecutive in the tower's order) concatenated, Linear -> erf GELU -> Linear."""
+
+    def __init__(self, vision_hidden: int, text_hidden: int, merge: int):
+        super().__init__()
+        self.hidden_size = vision_hidden * merge ** 2
+        self.ln_q = nn.LayerNorm(vision_hidden, eps=1e-6)
+        self.mlp = [nn.Linear(self.hidden_size, self.hidden_size), nn.GELU(),
+                    nn.Linear(self.hidden_size, text_hidden)]
+
+    def __call__(self, x: mx.array) -> mx.array:
+        x = self.ln_q(x).reshape(-1, self.hidden_size)
+        for layer in self.mlp:
+            x = layer(x)
+        return x
+
+
+def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int, grid: int = 0,
+                   tokens_per_image: int = 0, eps: float = 1e-6, merge: int = 1) -> nn.Module:
     if kind is ProjectorKind.GEMMA3_AVGPOOL:
         return Gemma3Projector(vision_hidden, text_hidden, grid, tokens_per_image, eps)
+    if kind is ProjectorKind.PATCH_MERGER:
+        return PatchMerger(vision_hidden, text_hidden, merge)
     raise ValueError(f"no projector for {kind!r}")

@@ -10,44 +10,58 @@ import numpy as np
 from mlxbun.towers.errors import ImageCountError
 from mlxbun.towers.knobs import MergeKind
 
-__all__ = ["expand_prompt", "image_sequence", "merge_embeddings"]
+__all__ = ["count_placeholders", "expand_prompt", "image_sequence", "merge_embeddings"]
 
 
-def image_sequence(kind: MergeKind, boi: str, image: str, eoi: str, tokens_per_image: int) -> str:
-    """The text one image placeholder becomes (gemma3's processor: blank lines around
-    begin-of-image, the soft-token placeholders, end-of-image)."""
+def image_sequence(kind: MergeKind, boi: str, image: str, eoi: str, soft_tokens: int) -> str:
+    """The text one image placeholder becomes: gemma3's processor: blank lines around
+    begin-of-image, the soft-token placeholders, end-of-image; qwen2_vl's: the image pad token
+    repeated (its vision start / end tokens are the prompt's)."""
     if kind is MergeKind.GEMMA3_SCALED:
-        return f"\n\n{boi}{image * tokens_per_image}{eoi}\n\n"
+        return f"\n\n{boi}{image * soft_tokens}{eoi}\n\n"
+    if kind is MergeKind.QWEN_VL:
+        return image * soft_tokens
     raise ValueError(f"no prompt splice for {kind!r}")
 
 
-def expand_prompt(text: str, placeholder: str, sequence: str, n_images: int) -> str:
-    """`text` with each `placeholder` replaced by `sequence`; a prompt without placeholders gets
-    one per image in front ("<placeholder> <placeholder> ...", as the processor writes for an
-    empty text, then a space). ImageCountError where the placeholders and images disagree."""
+def count_placeholders(text: str, placeholder: str, n_images: int, lead: str) -> tuple[str, int]:
+    """(`text`, its placeholder count); a prompt without placeholders gets `lead` per image in
+    front (gemma3: "<placeholder> " each, as its processor writes for an empty text)."""
     found = text.count(placeholder)
     if found == 0 and n_images:
-        text = " ".join([placeholder] * n_images) + " " + text
-        found = n_images
-    if found != n_images:
+        text = "".join([lead] * n_images) + text
+        found = text.count(placeholder)
+    return text, found
+
+
+def expand_prompt(text: str, placeholder: str, sequences: list[str]) -> str:
+    """`text` with its i-th `placeholder` replaced by `sequences[i]`. ImageCountError where the
+    placeholders and images disagree."""
+    found = text.count(placeholder)
+    if found != len(sequences):
         raise ImageCountError(f"the prompt holds {found} image placeholder(s) ({placeholder!r}) but "
-                              f"{n_images} image(s) were given")
-    return text.replace(placeholder, sequence)
+                              f"{len(sequences)} image(s) were given")
+    parts = text.split(placeholder)
+    return parts[0] + "".join(seq + rest for seq, rest in zip(sequences, parts[1:]))
 
 
 def merge_embeddings(kind: MergeKind, ids: mx.array, embeds: mx.array, features: mx.array, *,
                      image_token_id: int, pad_token_id: int | None, hidden_size: int) -> mx.array:
-    """The text model's input rows [B, L, D]: `embeds` (the ids' embeddings) with pad rows zeroed
-    and each image-token row the next soft token of `features` [N, T, D] (gemma3: divided by
-    `hidden_size` ** 0.5 in the features' dtype)."""
-    if kind is not MergeKind.GEMMA3_SCALED:
-        raise ValueError(f"no merge for {kind!r}")
+    """The text model's input rows [B, L, D]: `embeds` (the ids' embeddings), each image-token row
+    the next soft token of `features` ([N, T, D], or [tokens, D]); gemma3: pad rows zeroed, the
+    soft tokens divided by `hidden_size` ** 0.5 in their dtype."""
     flat_ids = np.array(ids).reshape(-1)
     positions = np.nonzero(flat_ids == image_token_id)[0]
-    n_soft = features.shape[0] * features.shape[1]
+    n_soft = features.shape[0] * features.shape[1] if features.ndim == 3 else features.shape[0]
     if positions.size != n_soft:
         raise ImageCountError(f"the prompt holds {positions.size} image token(s) (id {image_token_id}) "
                               f"for {n_soft} soft tokens")
+    if kind is MergeKind.QWEN_VL:  # merge_input_ids_with_image_features (batch 1)
+        mask = ids[0] == image_token_id
+        index = mx.where(mask, mx.cumsum(mask.astype(mx.int32)) - 1, 0)
+        return mx.stack([mx.where(mx.expand_dims(mask, -1), features[index], embeds[0])], axis=0)
+    if kind is not MergeKind.GEMMA3_SCALED:
+        raise ValueError(f"no merge for {kind!r}")
     scaled = features / (hidden_size ** 0.5)
     pad = pad_token_id if pad_token_id is not None else 0
     B, L, D = embeds.shape

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from mlxbun.towers.knobs import MergeKind, ProjectorKind, TowerDescriptor, VitKnobs
+from mlxbun.towers.knobs import (MergeKind, PatchEmbed, Positions, ProjectorKind, TextPositions, TowerDescriptor,
+                                 VitAct, VitKnobs, VitLayout)
 
 __all__ = ["TOWERS", "tower_for"]
 
@@ -15,8 +16,24 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
         tower_prefix="vision_tower.vision_model", projector_prefix="multi_modal_projector",
         vit=VitKnobs(), projector=ProjectorKind.GEMMA3_AVGPOOL, merge=MergeKind.GEMMA3_SCALED,
         vision_defaults={"image_size": 224, "num_channels": 3, "layer_norm_eps": 1e-6},
-        boi_key="boi_token_index",
+        boi_key="boi_token_index", eoi_key="eoi_token_index",
         notes="SigLIP + average-pooled, RMS-normed projection to mm_tokens_per_image soft tokens",
+    ),
+    # mlx-vlm's qwen2_vl: Conv3d patches over the processor's dynamic-resolution grid, 2-D rotary
+    # q / k, fused qkv, each image attending within itself, quick-GELU MLP, no final norm; the
+    # PatchMerger (vision_tower.merger) to one soft token per 2x2 patches
+    TowerDescriptor(
+        "qwen2_vl", vision_types=("qwen2_vl",), tower_prefix="vision_tower",
+        projector_prefix="vision_tower.merger",
+        vit=VitKnobs(layout=VitLayout.QWEN_VL, patch=PatchEmbed.CONV3D, positions=Positions.ROPE_2D,
+                     act=VitAct.GELU_FAST, post_norm=False),
+        projector=ProjectorKind.PATCH_MERGER, merge=MergeKind.QWEN_VL,
+        vision_defaults={"depth": 32, "embed_dim": 1280, "num_heads": 16, "image_size": 384, "patch_size": 14,
+                         "mlp_ratio": 4.0, "in_channels": 3, "spatial_merge_size": 2, "temporal_patch_size": 2},
+        top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653},
+        image_token_key="image_token_id", boi_key="vision_start_token_id", eoi_key="vision_end_token_id",
+        placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}", text_positions=TextPositions.MROPE,
+        notes="Qwen2-VL's ViT + PatchMerger; generation needs mRoPE text positions (refused)",
     ),
 )}
 

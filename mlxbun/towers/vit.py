@@ -1,6 +1,7 @@
-"""The generic ViT-style tower: one module for the towers that share the pre-norm ViT shape,
-its branch points the row's `VitKnobs`; op for op as mlx-vlm's (SigLIP: vision.py, attention.py,
-mlp.py), under the checkpoint's own module names so the tensors load by name."""
+"""The generic ViT-style tower: one module for the towers that share the pre-norm ViT shape
+(patches -> N x (norm -> attention -> +, norm -> MLP -> +) -> optional norm), its branch points
+the row's `VitKnobs`; op for op as mlx-vlm's (SigLIP: vision.py, attention.py, mlp.py; Qwen2-VL:
+qwen2_vl/vision.py), under the checkpoint's own module names (`VitLayout`) so tensors load by name."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxbun.towers.knobs import PatchEmbed, Positions, VitAct, VitKnobs
+from mlxbun.towers.knobs import PatchEmbed, Positions, VitAct, VitKnobs, VitLayout
 
 __all__ = ["VitConfig", "VitTower"]
 
@@ -28,19 +29,43 @@ class VitConfig:
     image_size: int
     num_channels: int
     layer_norm_eps: float
+    temporal_patch_size: int = 1
+    spatial_merge_size: int = 1
+    rope_theta: float = 10000.0
 
     @property
     def grid(self) -> int:
-        """Patches per side."""
+        """Patches per side (a fixed-size tower)."""
         return self.image_size // self.patch_size
 
 
+def _act(kind: VitAct, x: mx.array) -> mx.array:
+    if kind is VitAct.GELU_TANH:
+        return nn.gelu_approx(x)
+    if kind is VitAct.GELU:
+        return nn.gelu(x)
+    return nn.gelu_fast_approx(x)
+
+
+def _rotate_half(x: mx.array) -> mx.array:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return mx.concatenate([-x2, x1], axis=-1)
+
+
+def _rope_vision(t: mx.array, freqs: mx.array) -> mx.array:
+    """Qwen2-VL's apply_rotary_pos_emb_vision: cos / sin of `freqs` [L, d/2] tiled to d."""
+    cos = mx.expand_dims(mx.tile(mx.expand_dims(mx.cos(freqs), axis=1), (1, 1, 2)), axis=0)
+    sin = mx.expand_dims(mx.tile(mx.expand_dims(mx.sin(freqs), axis=1), (1, 1, 2)), axis=0)
+    return ((t * cos) + (_rotate_half(t) * sin)).astype(t.dtype)
+
+
 class Embeddings(nn.Module):
+    """SigLIP's: conv patches (+ learned positions)."""
+
     def __init__(self, c: VitConfig, knobs: VitKnobs):
         super().__init__()
-        if knobs.patch is PatchEmbed.CONV2D:
-            self.patch_embedding = nn.Conv2d(c.num_channels, c.hidden_size, kernel_size=c.patch_size,
-                                             stride=c.patch_size)
+        self.patch_embedding = nn.Conv2d(c.num_channels, c.hidden_size, kernel_size=c.patch_size,
+                                         stride=c.patch_size)
         self.num_positions = c.grid ** 2
         if knobs.positions is Positions.LEARNED:
             self.position_embedding = nn.Embedding(self.num_positions, c.hidden_size)
@@ -53,36 +78,72 @@ class Embeddings(nn.Module):
         return h
 
 
-class Attention(nn.Module):
-    def __init__(self, c: VitConfig, knobs: VitKnobs):
-        super().__init__()
-        dims, bias = c.hidden_size, knobs.qkv_bias
-        if dims % c.num_attention_heads:
-            raise ValueError(f"vision hidden_size {dims} is not a multiple of num_attention_heads "
-                             f"{c.num_attention_heads}")
-        self.num_heads = c.num_attention_heads
-        self.scale = (dims // self.num_heads) ** (-0.5)
-        self.q_proj = nn.Linear(dims, dims, bias=bias)
-        self.k_proj = nn.Linear(dims, dims, bias=bias)
-        self.v_proj = nn.Linear(dims, dims, bias=bias)
-        self.out_proj = nn.Linear(dims, dims, bias=bias)
+class PatchEmbed3d(nn.Module):
+    """Qwen2-VL's patch_embed: a bias-free Conv3d over the processor's flattened patches."""
 
-    def heads(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        B, L, _ = x.shape
-        q, k, v = (p(x).reshape(B, L, self.num_heads, -1).transpose(0, 2, 1, 3)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))
-        return q, k, v
+    def __init__(self, c: VitConfig):
+        super().__init__()
+        self.c = c
+        k = [c.temporal_patch_size, c.patch_size, c.patch_size]
+        self.proj = nn.Conv3d(c.num_channels, c.hidden_size, kernel_size=k, stride=k, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
-        B, L, _ = x.shape
-        q, k, v = self.heads(x)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=None)
-        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        c = self.c
+        x = x.reshape(-1, c.num_channels, c.temporal_patch_size, c.patch_size, c.patch_size).moveaxis(1, 4)
+        return self.proj(x).reshape(-1, c.hidden_size)
 
-    def probabilities(self, x: mx.array) -> mx.array:
-        """The attention weights [B, heads, L, L] (softmax(q k^T * scale) in float32): for the
-        maps the bring-up notebook draws; the forward itself runs the fused SDPA."""
-        q, k, _ = self.heads(x)
+
+class Attention(nn.Module):
+    """SigLIP's (separate q / k / v / out_proj) or Qwen2-VL's (fused qkv, proj, 2-D rotary, each
+    image's patches attending within themselves)."""
+
+    def __init__(self, c: VitConfig, knobs: VitKnobs):
+        super().__init__()
+        dims = c.hidden_size
+        if dims % c.num_attention_heads:
+            raise ValueError(f"vision hidden size {dims} is not a multiple of its {c.num_attention_heads} heads")
+        self.num_heads, self.layout = c.num_attention_heads, knobs.layout
+        self.scale = (dims // self.num_heads) ** (-0.5)
+        if knobs.layout is VitLayout.SIGLIP:
+            bias = knobs.qkv_bias
+            self.q_proj = nn.Linear(dims, dims, bias=bias)
+            self.k_proj = nn.Linear(dims, dims, bias=bias)
+            self.v_proj = nn.Linear(dims, dims, bias=bias)
+            self.out_proj = nn.Linear(dims, dims, bias=bias)
+        else:
+            self.qkv = nn.Linear(dims, dims * 3, bias=True)
+            self.proj = nn.Linear(dims, dims)
+
+    def heads(self, x: mx.array, rope: Optional[mx.array] = None) -> tuple[mx.array, mx.array, mx.array]:
+        """q, k, v as [B, heads, L, head_dim] (Qwen2-VL: B = 1, rotated by `rope`)."""
+        if self.layout is VitLayout.SIGLIP:
+            B, L, _ = x.shape
+            return tuple(p(x).reshape(B, L, self.num_heads, -1).transpose(0, 2, 1, 3)
+                         for p in (self.q_proj, self.k_proj, self.v_proj))
+        L = x.shape[0]
+        qkv = self.qkv(x).reshape(L, 3, self.num_heads, -1).transpose(1, 0, 2, 3)
+        q, k, v = mx.split(qkv, 3)
+        q = _rope_vision(mx.expand_dims(q, 0), rope)[0]
+        k = _rope_vision(mx.expand_dims(k, 0), rope)[0]
+        return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+
+    def __call__(self, x: mx.array, rope: Optional[mx.array] = None, cu_seqlens: Optional[list] = None):
+        if self.layout is VitLayout.SIGLIP:
+            B, L, _ = x.shape
+            q, k, v = self.heads(x)
+            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=None)
+            return self.out_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        L = x.shape[0]
+        q, k, v = self.heads(x, rope)
+        parts = [mx.split(t, cu_seqlens[1:-1], axis=2) for t in (q, k, v)]
+        out = mx.concatenate([mx.fast.scaled_dot_product_attention(a, b, c, scale=self.scale, mask=None)
+                              for a, b, c in zip(*parts)], axis=2)
+        return self.proj(out.transpose(0, 2, 1, 3).reshape(L, -1))
+
+    def probabilities(self, x: mx.array, rope: Optional[mx.array] = None) -> mx.array:
+        """The attention weights [B, heads, L, L] (softmax(q k^T * scale) in float32, over the whole
+        sequence): for the maps the bring-up notebook draws; the forward runs the fused SDPA."""
+        q, k, _ = self.heads(x, rope)
         scores = (q.astype(mx.float32) * self.scale) @ k.astype(mx.float32).transpose(0, 1, 3, 2)
         return mx.softmax(scores, axis=-1)
 
@@ -95,12 +156,12 @@ class MLP(nn.Module):
         self.act = knobs.act
 
     def __call__(self, x: mx.array) -> mx.array:
-        h = self.fc1(x)
-        h = nn.gelu(h) if self.act is VitAct.GELU else nn.gelu_approx(h)
-        return self.fc2(h)
+        return self.fc2(_act(self.act, self.fc1(x)))
 
 
 class EncoderLayer(nn.Module):
+    """SigLIP's block (layer_norm1 / self_attn / layer_norm2 / mlp)."""
+
     def __init__(self, c: VitConfig, knobs: VitKnobs):
         super().__init__()
         self.self_attn = Attention(c, knobs)
@@ -108,9 +169,34 @@ class EncoderLayer(nn.Module):
         self.mlp = MLP(c, knobs)
         self.layer_norm2 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def attn_input(self, x: mx.array) -> mx.array:
+        return self.layer_norm1(x)
+
+    def __call__(self, x: mx.array, rope=None, cu_seqlens=None) -> mx.array:
         h = x + self.self_attn(self.layer_norm1(x))
         return h + self.mlp(self.layer_norm2(h))
+
+
+class QwenBlock(nn.Module):
+    """Qwen2-VL's block (norm1 / attn / norm2 / mlp)."""
+
+    def __init__(self, c: VitConfig, knobs: VitKnobs):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.norm2 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.attn = Attention(c, knobs)
+        self.mlp = MLP(c, knobs)
+
+    @property
+    def self_attn(self) -> Attention:
+        return self.attn
+
+    def attn_input(self, x: mx.array) -> mx.array:
+        return self.norm1(x)
+
+    def __call__(self, x: mx.array, rope=None, cu_seqlens=None) -> mx.array:
+        x = x + self.attn(self.norm1(x), rope=rope, cu_seqlens=cu_seqlens)
+        return x + self.mlp(self.norm2(x))
 
 
 class Encoder(nn.Module):
@@ -120,42 +206,89 @@ class Encoder(nn.Module):
 
 
 class VitTower(nn.Module):
-    """embeddings -> encoder.layers -> post_layernorm, as the checkpoint names them."""
+    """SigLIP: embeddings -> encoder.layers -> post_layernorm on [N, H, W, C] pixels.
+    Qwen2-VL: patch_embed -> blocks on the processor's [patches, C*T*P*P] with `grid` [N, 3]."""
 
     def __init__(self, c: VitConfig, knobs: VitKnobs):
         super().__init__()
         self.config, self.knobs = c, knobs
-        self.embeddings = Embeddings(c, knobs)
-        self.encoder = Encoder(c, knobs)
+        if knobs.layout is VitLayout.SIGLIP:
+            if knobs.patch is not PatchEmbed.CONV2D:
+                raise ValueError(f"the siglip layout takes conv2d patches, not {knobs.patch.value}")
+            self.embeddings = Embeddings(c, knobs)
+            self.encoder = Encoder(c, knobs)
+        else:
+            if knobs.patch is not PatchEmbed.CONV3D or knobs.positions is not Positions.ROPE_2D:
+                raise ValueError("the qwen_vl layout takes conv3d patches and 2-D rotary positions")
+            self.patch_embed = PatchEmbed3d(c)
+            self.blocks = [QwenBlock(c, knobs) for _ in range(c.num_hidden_layers)]
         if knobs.post_norm:
             eps = c.layer_norm_eps if knobs.post_norm_eps is None else knobs.post_norm_eps
             self.post_layernorm = nn.LayerNorm(c.hidden_size, eps=eps)
 
-    def blocks(self, pixels: mx.array) -> list[tuple[str, mx.array]]:
-        """Every stage's output, named: embeddings, layers.i, post_layernorm (the last is the
-        tower's output). `pixels`: [B, H, W, C] in the tower's dtype."""
-        h = self.embeddings(pixels)
+    @property
+    def layers(self) -> list:
+        return self.encoder.layers if self.knobs.layout is VitLayout.SIGLIP else self.blocks
+
+    # ------------------------------------------------------------ Qwen2-VL's positions
+
+    def rope(self, grid: np.ndarray) -> mx.array:
+        """rot_pos_emb: [patches, head_dim / 2] frequencies at each patch's (row, col)."""
+        m = self.config.spatial_merge_size
+        pos = []
+        for t, h, w in np.asarray(grid).tolist():
+            hpos = mx.repeat(mx.expand_dims(mx.arange(h), 1), w, axis=1)
+            hpos = mx.transpose(hpos.reshape(h // m, m, w // m, m), (0, 2, 1, 3)).flatten()
+            wpos = mx.repeat(mx.expand_dims(mx.arange(w), 0), h, axis=0)
+            wpos = mx.transpose(wpos.reshape(h // m, m, w // m, m), (0, 2, 1, 3)).flatten()
+            pos.append(mx.tile(mx.stack([hpos, wpos], axis=-1), (t, 1)))
+        pos = mx.concatenate(pos, axis=0)
+        dim = self.config.hidden_size // self.config.num_attention_heads // 2
+        inv_freq = 1.0 / (self.config.rope_theta ** (mx.arange(0, dim, 2, dtype=mx.float32) / dim))
+        seq = mx.arange(int(np.asarray(grid)[:, 1:].max()), dtype=inv_freq.dtype)
+        return mx.outer(seq, inv_freq)[pos].reshape(pos.shape[0], -1)
+
+    @staticmethod
+    def cu_seqlens(grid: np.ndarray) -> list[int]:
+        """Each image's (each frame's) patch span boundaries, from 0."""
+        out = [0]
+        for t, h, w in np.asarray(grid).tolist():
+            for _ in range(t):
+                out.append(out[-1] + h * w)
+        return out
+
+    # ------------------------------------------------------------ forward
+
+    def _start(self, pixels: mx.array, grid) -> tuple[mx.array, dict]:
+        if self.knobs.layout is VitLayout.SIGLIP:
+            return self.embeddings(pixels), {}
+        return self.patch_embed(pixels), {"rope": self.rope(grid), "cu_seqlens": self.cu_seqlens(grid)}
+
+    def blocks_out(self, pixels: mx.array, grid=None) -> list[tuple[str, mx.array]]:
+        """Every stage's output, named: embeddings, layers.i, post_layernorm (where the tower has
+        one). SigLIP: `pixels` [N, H, W, C]; Qwen2-VL: [patches, C*T*P*P] with `grid` [N, 3]."""
+        h, kw = self._start(pixels, grid)
         out = [("embeddings", h)]
-        for i, layer in enumerate(self.encoder.layers):
-            h = layer(h)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, **kw)
             out.append((f"layers.{i}", h))
         if self.knobs.post_norm:
             out.append(("post_layernorm", self.post_layernorm(h)))
         return out
 
-    def __call__(self, pixels: mx.array) -> mx.array:
-        h = self.embeddings(pixels)
-        for layer in self.encoder.layers:
-            h = layer(h)
+    def __call__(self, pixels: mx.array, grid=None) -> mx.array:
+        h, kw = self._start(pixels, grid)
+        for layer in self.layers:
+            h = layer(h, **kw)
         return self.post_layernorm(h) if self.knobs.post_norm else h
 
-    def attention_maps(self, pixels: mx.array, layer: Optional[int] = None) -> mx.array:
+    def attention_maps(self, pixels: mx.array, layer: Optional[int] = None, grid=None) -> mx.array:
         """Attention weights [B, heads, patches, patches] of block `layer` (default: the last)."""
-        layers = self.encoder.layers
+        layers = self.layers
         layer = len(layers) - 1 if layer is None else layer
         if not 0 <= layer < len(layers):
             raise IndexError(f"layer {layer} outside the tower's {len(layers)} blocks")
-        h = self.embeddings(pixels)
+        h, kw = self._start(pixels, grid)
         for blk in layers[:layer]:
-            h = blk(h)
-        return layers[layer].self_attn.probabilities(layers[layer].layer_norm1(h))
+            h = blk(h, **kw)
+        return layers[layer].self_attn.probabilities(layers[layer].attn_input(h), kw.get("rope"))

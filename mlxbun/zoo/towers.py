@@ -64,6 +64,24 @@ def _gemma3_fix(cfg: dict, ids: dict[str, int]) -> None:
     cfg["text_config"].update(vocab_size=vocab, mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE)
 
 
+# tiny Qwen2-VL tower: 14-pixel patches, 2x2 merge windows, two blocks of width 32; the processor
+# resizes into 56x56 .. 112x112 pixels (4x4 .. 8x8 patches: 4 .. 16 soft tokens per image)
+QWEN2_VL_VISION = {"model_type": "qwen2_vl", "depth": 2, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2,
+                   "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3}
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+
+
+def _qwen2_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
+    # the Qwen2-VL hub configs' layout: the text keys at the top beside vision_config (mlx-vlm's
+    # qwen2_vl ModelConfig reads its text config from the top level; mlx-lm takes either)
+    text = cfg.pop("text_config")
+    text.pop("model_type", None)
+    cfg.update({k: v for k, v in text.items() if k not in cfg or k in ("vocab_size", "tie_word_embeddings")})
+    cfg["vision_config"] = {**QWEN2_VL_VISION, "hidden_size": text["hidden_size"]}
+    cfg.update(vocab_size=max(ids.values()) + 1, image_token_id=ids["image_token"], video_token_id=ids["video_token"],
+               vision_start_token_id=ids["vision_start_token"], vision_end_token_id=ids["vision_end_token"])
+
+
 TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
     TowerArch(
         "gemma3-vision", "gemma3",
@@ -80,6 +98,19 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
                       "rescale_factor": 0.00392156862745098,
                       "size": {"height": GEMMA3_VISION["image_size"], "width": GEMMA3_VISION["image_size"]}},
         processor={"image_seq_length": GEMMA3_TOKENS_PER_IMAGE, "processor_class": "Gemma3Processor"},
+    ),
+    TowerArch(
+        "qwen2_vl-vision", "qwen2_vl",
+        media_tokens=(("vision_start_token", "<|vision_start|>"), ("vision_end_token", "<|vision_end|>"),
+                      ("image_token", "<|image_pad|>"), ("video_token", "<|video_pad|>")),
+        fix=_qwen2_vl_fix,
+        # Qwen/Qwen2-VL-2B-Instruct's preprocessor_config.json, at tiny pixel bounds
+        preprocessor={"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+                      "image_mean": CLIP_MEAN, "image_processor_type": "Qwen2VLImageProcessor",
+                      "image_std": CLIP_STD, "max_pixels": 112 * 112, "merge_size": 2, "min_pixels": 56 * 56,
+                      "patch_size": 14, "processor_class": "Qwen2VLProcessor", "resample": 3,
+                      "rescale_factor": 0.00392156862745098, "temporal_patch_size": 2},
+        processor={"processor_class": "Qwen2VLProcessor"},
     ),
 )}
 
