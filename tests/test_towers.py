@@ -107,29 +107,49 @@ def test_tower_projector_splice_and_merge_are_bit_exact(tower_ckpt, images, dtyp
     assert mx.array_equal(vlm.logits(ours), logits)
 
 
+def _qwen_oracle_stages(vt, pixel_values, grid, windows: bool):
+    """mlx-vlm's Qwen2(.5)-VL vision tower, stage by stage, with its own methods (its __call__
+    returns only the merger's tokens; those are compared to __call__ itself too)."""
+    h = vt.patch_embed(pixel_values.astype(vt.patch_embed.proj.weight.dtype))
+    rope = vt.rot_pos_emb(grid)
+    cu = mx.pad(mx.cumsum(mx.array([int(g[1] * g[2]) for g in grid.tolist()]).astype(mx.int32)), (1, 0))
+    cus = [cu] * len(vt.blocks)
+    if windows:
+        index, cu_windows = vt.get_window_index(grid)
+        unit = vt.spatial_merge_unit
+        L = h.shape[0]
+        h = h.reshape(L // unit, unit, -1)[index, :, :].reshape(L, -1)
+        rope = rope.reshape(L // unit, unit, -1)[index, :, :].reshape(L, -1)
+        cus = [cu if i in vt.fullatt_block_indexes else cu_windows for i in range(len(vt.blocks))]
+    stages = [("embeddings", h)]
+    for i, (block, c) in enumerate(zip(vt.blocks, cus)):
+        h = block(h, cu_seqlens=c, rotary_pos_emb=rope)
+        stages.append((f"layers.{i}", h))
+    out = vt(pixel_values.astype(vt.patch_embed.proj.weight.dtype), grid)
+    return stages + [("projector", out)]
+
+
+QWEN_ARCHS = [("qwen2_vl-vision", False), ("qwen2_5_vl-vision", True)]
+
+
+@pytest.mark.parametrize("arch,windows", QWEN_ARCHS, ids=[a for a, _ in QWEN_ARCHS])
 @pytest.mark.parametrize("dtype,quant", VARIANTS, ids=[f"{d}-{q}" for d, q in VARIANTS])
-def test_qwen2_vl_tower_merger_splice_and_merge_are_bit_exact(tower_ckpt, images, dtype, quant):
+def test_qwen_vl_tower_merger_splice_and_merge_are_bit_exact(tower_ckpt, images, dtype, quant, arch, windows):
     """Dynamic resolution: two images of different sizes (their grids, soft-token counts and
-    patch sequences differ), the drawn grayscale one non-square."""
-    vlm, model, processor = _both(tower_ckpt(dtype, quant, arch="qwen2_vl-vision"))
+    patch sequences differ), the drawn grayscale one non-square; Qwen2.5-VL's window attention
+    over several windows per image."""
+    vlm, model, processor = _both(tower_ckpt(dtype, quant, arch=arch))
     pair = [images[0], images[2]]
     ref = _oracle_inputs(processor, pair, QWEN_PROMPT)
     ours = vlm.prepare(QWEN_PROMPT, pair)
     assert ours.ids.tolist() == ref["input_ids"][0].tolist()
     assert mx.array_equal(ours.pixel_values, ref["pixel_values"])
-    assert mx.array_equal(ours.grid, ref["image_grid_thw"]) and ours.grid[:, 1:].tolist() != [[8, 6]] * 2
+    assert mx.array_equal(ours.grid, ref["image_grid_thw"])
+    assert ours.grid.tolist()[0] != ours.grid.tolist()[1]
     n_image_tokens = int((ref["input_ids"] == model.config.image_token_id).sum().item())
     assert ours.soft_tokens == n_image_tokens == sum(int(t * h * w) // 4 for t, h, w in ours.grid.tolist())
-    vt = model.vision_tower
     grid = ref["image_grid_thw"]
-    h = vt.patch_embed(ref["pixel_values"].astype(vt.patch_embed.proj.weight.dtype))
-    rope = vt.rot_pos_emb(grid)
-    cu = mx.pad(mx.cumsum(mx.array([int(g[1] * g[2]) for g in grid.tolist()]).astype(mx.int32)), (1, 0))
-    theirs = [("embeddings", h)]
-    for i, block in enumerate(vt.blocks):
-        h = block(h, cu_seqlens=cu, rotary_pos_emb=rope)
-        theirs.append((f"layers.{i}", h))
-    theirs.append(("projector", vt.merger(h)))
+    theirs = _qwen_oracle_stages(model.vision_tower, ref["pixel_values"], grid, windows)
     mine = vlm.vision.blocks(ours.pixel_values, None, ours.grid)
     assert [n for n, _ in mine] == [n for n, _ in theirs]
     for (name, a), (_, b) in zip(mine, theirs):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 __all__ = ["MergeKind", "PatchEmbed", "Positions", "ProjectorKind", "TextPositions", "TowerDescriptor", "VitAct", "VitKnobs",
-           "VitLayout", "VitNorm"]
+           "VisionKeys", "VitLayout", "VitMlp", "VitNorm"]
 
 
 class VitLayout(Enum):
@@ -49,6 +49,23 @@ class TextPositions(Enum):
 
 class VitNorm(Enum):
     LAYERNORM = "layernorm"  # nn.LayerNorm(hidden, eps)
+    RMSNORM = "rmsnorm"  # nn.RMSNorm(hidden, eps) (Qwen2.5-VL's blocks and merger)
+
+
+class VitMlp(Enum):
+    FC = "fc"  # fc1 -> act -> fc2, biased
+    SWIGLU = "swiglu"  # down_proj(silu(gate_proj(x)) * up_proj(x)), biased (Qwen2.5-VL)
+
+
+class VisionKeys(Enum):
+    """Which vision_config keys hold the tower's numbers (mlx-vlm's VisionConfig of the family)."""
+
+    SIGLIP = "siglip"  # hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, ...
+    # embed_dim, embed_dim * mlp_ratio, depth, num_heads, in_channels; the merger to hidden_size
+    QWEN2_VL = "qwen2_vl"
+    # hidden_size, intermediate_size, depth, num_heads, in_channels, window_size,
+    # fullatt_block_indexes; the merger to out_hidden_size
+    QWEN2_5_VL = "qwen2_5_vl"
 
 
 class ProjectorKind(Enum):
@@ -59,6 +76,7 @@ class ProjectorKind(Enum):
     # qwen2_vl: PatchMerger (the tower's `merger`): LayerNorm(1e-6) over each patch, 2x2 merge windows
     # concatenated, Linear -> erf GELU -> Linear to the text width
     PATCH_MERGER = "patch_merger"
+    PATCH_MERGER_RMS = "patch_merger_rms"  # qwen2_5_vl: the same with an RMSNorm ln_q
 
 
 class MergeKind(Enum):
@@ -90,6 +108,10 @@ class VitKnobs:
     post_norm: bool = True  # a final LayerNorm over the last block's output
     post_norm_eps: float | None = 1e-5  # None: the config's layer_norm_eps (siglip's post_layernorm: nn.LayerNorm's default)
     norm: VitNorm = VitNorm.LAYERNORM
+    mlp: VitMlp = VitMlp.FC
+    # Qwen2.5-VL: patches reordered window by window (window_size pixels a side), the blocks but
+    # fullatt_block_indexes attending within their window, the merger's tokens put back in order
+    windows: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,6 +126,7 @@ class TowerDescriptor:
     vit: VitKnobs
     projector: ProjectorKind
     merge: MergeKind
+    vision_keys: VisionKeys = VisionKeys.SIGLIP
     vision_defaults: dict = field(default_factory=dict)  # mlx-vlm's VisionConfig defaults
     top_defaults: dict = field(default_factory=dict)  # mlx-vlm's ModelConfig defaults (token ids)
     image_token_key: str = "image_token_index"  # the config key of the soft-token id
@@ -118,6 +141,8 @@ class TowerDescriptor:
     def __post_init__(self):
         _check(self.model_type, "vit.layout", self.vit.layout, VitLayout)
         _check(self.model_type, "vit.norm", self.vit.norm, VitNorm)
+        _check(self.model_type, "vit.mlp", self.vit.mlp, VitMlp)
+        _check(self.model_type, "vision_keys", self.vision_keys, VisionKeys)
         _check(self.model_type, "vit.patch", self.vit.patch, PatchEmbed)
         _check(self.model_type, "vit.positions", self.vit.positions, Positions)
         _check(self.model_type, "vit.act", self.vit.act, VitAct)

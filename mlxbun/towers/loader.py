@@ -16,7 +16,7 @@ import numpy as np
 from mlxbun.errors import ConfigError, LoadError
 from mlxbun.towers.errors import NoTowerError
 from mlxbun.towers.images import ImageProcessorSpec, read_processor_spec
-from mlxbun.towers.knobs import TowerDescriptor, VitLayout
+from mlxbun.towers.knobs import TowerDescriptor, VisionKeys, VitLayout
 from mlxbun.towers.projectors import make_projector
 from mlxbun.towers.table import TOWERS, tower_for
 from mlxbun.towers.vit import VitConfig, VitTower
@@ -63,12 +63,12 @@ class VisionStack:
     def features(self, pixel_values, dtype: mx.Dtype, grid=None) -> mx.array:
         """Soft tokens of `pixel_values` (the processor's): [N, T, text hidden] (a fixed-size tower,
         run in `dtype`, the text embeddings' dtype) or [tokens, text hidden] (Qwen2-VL, with `grid`)."""
-        return self.projector(self.tower(self._pixels(pixel_values, dtype), grid))
+        return self.tower.unwindow(self.projector(self.tower(self._pixels(pixel_values, dtype), grid)), grid)
 
     def blocks(self, pixel_values, dtype: mx.Dtype, grid=None) -> list[tuple[str, mx.array]]:
         """The tower's stages (tower.blocks_out) and the projector's output, named."""
         stages = self.tower.blocks_out(self._pixels(pixel_values, dtype), grid)
-        return stages + [("projector", self.projector(stages[-1][1]))]
+        return stages + [("projector", self.tower.unwindow(self.projector(stages[-1][1]), grid))]
 
 
 def _read_config(path: Path) -> dict:
@@ -114,17 +114,24 @@ def _check_tower(path: Path, config: Mapping) -> tuple[TowerDescriptor, Any]:
     return d, index
 
 
-def _vit_config(d: TowerDescriptor, vision: Mapping) -> VitConfig:
+def _vit_config(d: TowerDescriptor, vision: Mapping) -> tuple[VitConfig, int | None]:
+    """The tower's numbers and the projector's output width (None: the text model's)."""
     v = {**d.vision_defaults, **vision}
     try:
-        if d.vit.layout is VitLayout.QWEN_VL:  # qwen2_vl's VisionConfig names; LayerNorm eps 1e-6 in its blocks
-            return VitConfig(hidden_size=v["embed_dim"], intermediate_size=int(v["embed_dim"] * v["mlp_ratio"]),
-                             num_hidden_layers=v["depth"], num_attention_heads=v["num_heads"],
-                             patch_size=v["patch_size"], image_size=v["image_size"], num_channels=v["in_channels"],
-                             layer_norm_eps=1e-6, temporal_patch_size=v["temporal_patch_size"],
-                             spatial_merge_size=v["spatial_merge_size"])
-        return VitConfig(**{f.name: v[f.name] for f in dataclasses.fields(VitConfig) if f.name in v or
-                            f.default is dataclasses.MISSING})
+        if d.vision_keys is VisionKeys.SIGLIP:
+            return VitConfig(**{f.name: v[f.name] for f in dataclasses.fields(VitConfig) if f.name in v or
+                                f.default is dataclasses.MISSING}), None
+        qwen2 = d.vision_keys is VisionKeys.QWEN2_VL  # LayerNorm / RMSNorm eps 1e-6 in their blocks
+        width = v["embed_dim"] if qwen2 else v["hidden_size"]
+        c = VitConfig(hidden_size=width,
+                      intermediate_size=int(width * v["mlp_ratio"]) if qwen2 else v["intermediate_size"],
+                      num_hidden_layers=v["depth"], num_attention_heads=v["num_heads"],
+                      patch_size=v["patch_size"], image_size=v["image_size"], num_channels=v["in_channels"],
+                      layer_norm_eps=1e-6, temporal_patch_size=v["temporal_patch_size"],
+                      spatial_merge_size=v["spatial_merge_size"],
+                      window_size=0 if qwen2 else v["window_size"],
+                      fullatt_block_indexes=() if qwen2 else tuple(v["fullatt_block_indexes"]))
+        return c, int(v["hidden_size"] if qwen2 else v["out_hidden_size"])
     except KeyError as e:
         raise ConfigError(f"vision_config lacks {e.args[0]!r}") from None
 
@@ -175,11 +182,12 @@ def open_vision(path, config: Mapping | None = None) -> VisionStack:
     d, index = _check_tower(path, config)
     vision = config["vision_config"]
     text = config.get("text_config") or config  # qwen2_vl's hub configs: the text keys at the top
-    vc = _vit_config(d, vision)
+    vc, out_width = _vit_config(d, vision)
     tower = VitTower(vc, d.vit)
     top = {**_MLX_VLM_TOP_DEFAULTS, **d.top_defaults, **config}
     tokens = 0 if d.vit.layout is VitLayout.QWEN_VL else int(text.get("mm_tokens_per_image", 256))
-    projector = make_projector(d.projector, vision_hidden=vc.hidden_size, text_hidden=int(text["hidden_size"]),
+    projector = make_projector(d.projector, vision_hidden=vc.hidden_size,
+                               text_hidden=out_width or int(text["hidden_size"]),
                                grid=vc.grid, tokens_per_image=tokens, eps=vc.layer_norm_eps,
                                merge=vc.spatial_merge_size)
     names = [n for n in index.names() if n.startswith((d.tower_prefix + ".", d.projector_prefix + "."))]

@@ -45,13 +45,13 @@ class _GemmaRMSNorm(nn.Module):
 
 
 class PatchMerger(nn.Module):
-    """mlx-vlm's Qwen2-VL PatchMerger: LayerNorm over each patch, each merge window's patches
+    """mlx-vlm's Qwen2-VL PatchMerger: LayerNorm (Qwen2.5-VL: RMSNorm) over each patch, each merge window's patches
     (consecutive in the tower's order) concatenated, Linear -> erf GELU -> Linear."""
 
-    def __init__(self, vision_hidden: int, text_hidden: int, merge: int):
+    def __init__(self, vision_hidden: int, text_hidden: int, merge: int, rms: bool = False):
         super().__init__()
         self.hidden_size = vision_hidden * merge ** 2
-        self.ln_q = nn.LayerNorm(vision_hidden, eps=1e-6)
+        self.ln_q = nn.RMSNorm(vision_hidden, eps=1e-6) if rms else nn.LayerNorm(vision_hidden, eps=1e-6)
         self.mlp = [nn.Linear(self.hidden_size, self.hidden_size), nn.GELU(),
                     nn.Linear(self.hidden_size, text_hidden)]
 
@@ -66,6 +66,6 @@ def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int,
                    tokens_per_image: int = 0, eps: float = 1e-6, merge: int = 1) -> nn.Module:
     if kind is ProjectorKind.GEMMA3_AVGPOOL:
         return Gemma3Projector(vision_hidden, text_hidden, grid, tokens_per_image, eps)
-    if kind is ProjectorKind.PATCH_MERGER:
-        return PatchMerger(vision_hidden, text_hidden, merge)
+    if kind in (ProjectorKind.PATCH_MERGER, ProjectorKind.PATCH_MERGER_RMS):
+        return PatchMerger(vision_hidden, text_hidden, merge, rms=kind is ProjectorKind.PATCH_MERGER_RMS)
     raise ValueError(f"no projector for {kind!r}")

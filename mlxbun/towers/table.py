@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mlxbun.towers.knobs import (MergeKind, PatchEmbed, Positions, ProjectorKind, TextPositions, TowerDescriptor,
-                                 VitAct, VitKnobs, VitLayout)
+                                 VisionKeys, VitAct, VitKnobs, VitLayout, VitMlp, VitNorm)
 
 __all__ = ["TOWERS", "tower_for"]
 
@@ -27,13 +27,31 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
         projector_prefix="vision_tower.merger",
         vit=VitKnobs(layout=VitLayout.QWEN_VL, patch=PatchEmbed.CONV3D, positions=Positions.ROPE_2D,
                      act=VitAct.GELU_FAST, post_norm=False),
-        projector=ProjectorKind.PATCH_MERGER, merge=MergeKind.QWEN_VL,
+        projector=ProjectorKind.PATCH_MERGER, merge=MergeKind.QWEN_VL, vision_keys=VisionKeys.QWEN2_VL,
         vision_defaults={"depth": 32, "embed_dim": 1280, "num_heads": 16, "image_size": 384, "patch_size": 14,
                          "mlp_ratio": 4.0, "in_channels": 3, "spatial_merge_size": 2, "temporal_patch_size": 2},
         top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653},
         image_token_key="image_token_id", boi_key="vision_start_token_id", eoi_key="vision_end_token_id",
         placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}", text_positions=TextPositions.MROPE,
         notes="Qwen2-VL's ViT + PatchMerger; generation needs mRoPE text positions (refused)",
+    ),
+    # mlx-vlm's qwen2_5_vl: qwen2_vl's shape with RMSNorm blocks, a biased SwiGLU MLP, window
+    # attention (the patches reordered window by window; fullatt_block_indexes attend per image)
+    # and an RMSNorm merger whose tokens go back to image order
+    TowerDescriptor(
+        "qwen2_5_vl", vision_types=("qwen2_5_vl",), tower_prefix="vision_tower",
+        projector_prefix="vision_tower.merger",
+        vit=VitKnobs(layout=VitLayout.QWEN_VL, patch=PatchEmbed.CONV3D, positions=Positions.ROPE_2D,
+                     post_norm=False, norm=VitNorm.RMSNORM, mlp=VitMlp.SWIGLU, windows=True),
+        projector=ProjectorKind.PATCH_MERGER_RMS, merge=MergeKind.QWEN_VL, vision_keys=VisionKeys.QWEN2_5_VL,
+        vision_defaults={"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "out_hidden_size": 1536,
+                         "num_heads": 16, "image_size": 384, "patch_size": 14, "in_channels": 3,
+                         "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+                         "fullatt_block_indexes": [7, 15, 23, 31]},
+        top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653},
+        image_token_key="image_token_id", boi_key="vision_start_token_id", eoi_key="vision_end_token_id",
+        placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}", text_positions=TextPositions.MROPE,
+        notes="Qwen2.5-VL's windowed ViT + RMSNorm PatchMerger; generation needs mRoPE text positions (refused)",
     ),
 )}
 

@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxbun.towers.knobs import PatchEmbed, Positions, VitAct, VitKnobs, VitLayout
+from mlxbun.towers.knobs import PatchEmbed, Positions, VitAct, VitKnobs, VitLayout, VitMlp, VitNorm
 
 __all__ = ["VitConfig", "VitTower"]
 
@@ -32,6 +32,8 @@ class VitConfig:
     temporal_patch_size: int = 1
     spatial_merge_size: int = 1
     rope_theta: float = 10000.0
+    window_size: int = 0  # Qwen2.5-VL: pixels a side of an attention window
+    fullatt_block_indexes: tuple[int, ...] = ()  # Qwen2.5-VL: the blocks attending over the whole image
 
     @property
     def grid(self) -> int:
@@ -151,12 +153,23 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, c: VitConfig, knobs: VitKnobs):
         super().__init__()
-        self.fc1 = nn.Linear(c.hidden_size, c.intermediate_size, bias=True)
-        self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=True)
-        self.act = knobs.act
+        self.kind, self.act = knobs.mlp, knobs.act
+        if knobs.mlp is VitMlp.FC:
+            self.fc1 = nn.Linear(c.hidden_size, c.intermediate_size, bias=True)
+            self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=True)
+        else:
+            self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size)
+            self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size)
+            self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.fc2(_act(self.act, self.fc1(x)))
+        if self.kind is VitMlp.FC:
+            return self.fc2(_act(self.act, self.fc1(x)))
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _norm(kind: VitNorm, dims: int, eps: float) -> nn.Module:
+    return nn.LayerNorm(dims, eps=eps) if kind is VitNorm.LAYERNORM else nn.RMSNorm(dims, eps=eps)
 
 
 class EncoderLayer(nn.Module):
@@ -182,8 +195,8 @@ class QwenBlock(nn.Module):
 
     def __init__(self, c: VitConfig, knobs: VitKnobs):
         super().__init__()
-        self.norm1 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.norm1 = _norm(knobs.norm, c.hidden_size, c.layer_norm_eps)
+        self.norm2 = _norm(knobs.norm, c.hidden_size, c.layer_norm_eps)
         self.attn = Attention(c, knobs)
         self.mlp = MLP(c, knobs)
 
@@ -257,19 +270,57 @@ class VitTower(nn.Module):
                 out.append(out[-1] + h * w)
         return out
 
+    def window_index(self, grid: np.ndarray) -> tuple[mx.array, list[int]]:
+        """Qwen2.5-VL's get_window_index: the merge units' order window by window, and the
+        windows' patch span boundaries in that order (empty windows' repeats dropped)."""
+        m = self.config.spatial_merge_size
+        win = self.config.window_size // m // self.config.patch_size
+        order, bounds, base = [], [0], 0
+        for t, h, w in np.asarray(grid).tolist():
+            gh, gw = h // m, w // m
+            index = np.arange(t * gh * gw).reshape(t, gh, gw)
+            ph, pw = win - gh % win, win - gw % win
+            nh, nw = (gh + ph) // win, (gw + pw) // win
+            padded = np.pad(index, ((0, 0), (0, ph), (0, pw)), constant_values=-100)
+            padded = padded.reshape(t, nh, win, nw, win).transpose(0, 1, 3, 2, 4).reshape(t, nh * nw, win, win)
+            seqlens = (padded != -100).sum(axis=(2, 3)).reshape(-1)
+            flat = padded.reshape(-1)
+            order.append(flat[flat != -100] + base)
+            bounds.extend((np.cumsum(seqlens) * m * m + bounds[-1]).tolist())
+            base += t * gh * gw
+        return mx.array(np.concatenate(order)), list(dict.fromkeys(bounds))
+
+    def unwindow(self, tokens: mx.array, grid) -> mx.array:
+        """The merger's tokens back in image order (identity without windows)."""
+        if not self.knobs.windows:
+            return tokens
+        return tokens[mx.argsort(self.window_index(grid)[0], axis=0), :]
+
     # ------------------------------------------------------------ forward
 
-    def _start(self, pixels: mx.array, grid) -> tuple[mx.array, dict]:
+    def _start(self, pixels: mx.array, grid) -> tuple[mx.array, list[dict]]:
+        """The embedded patches and each block's keyword arguments."""
+        n = len(self.layers)
         if self.knobs.layout is VitLayout.SIGLIP:
-            return self.embeddings(pixels), {}
-        return self.patch_embed(pixels), {"rope": self.rope(grid), "cu_seqlens": self.cu_seqlens(grid)}
+            return self.embeddings(pixels), [{}] * n
+        h, rope, full = self.patch_embed(pixels), self.rope(grid), self.cu_seqlens(grid)
+        if not self.knobs.windows:
+            return h, [{"rope": rope, "cu_seqlens": full}] * n
+        index, windows = self.window_index(grid)
+        unit = self.config.spatial_merge_size ** 2
+        L = h.shape[0]
+        h = h.reshape(L // unit, unit, -1)[index, :, :].reshape(L, -1)
+        rope = rope.reshape(L // unit, unit, -1)[index, :, :].reshape(L, -1)
+        return h, [{"rope": rope, "cu_seqlens": full if i in self.config.fullatt_block_indexes else windows}
+                   for i in range(n)]
 
     def blocks_out(self, pixels: mx.array, grid=None) -> list[tuple[str, mx.array]]:
         """Every stage's output, named: embeddings, layers.i, post_layernorm (where the tower has
-        one). SigLIP: `pixels` [N, H, W, C]; Qwen2-VL: [patches, C*T*P*P] with `grid` [N, 3]."""
-        h, kw = self._start(pixels, grid)
+        one). SigLIP: `pixels` [N, H, W, C]; Qwen2-VL: [patches, C*T*P*P] with `grid` [N, 3]
+        (Qwen2.5-VL: the patches in window order, as its blocks see them)."""
+        h, kws = self._start(pixels, grid)
         out = [("embeddings", h)]
-        for i, layer in enumerate(self.layers):
+        for i, (layer, kw) in enumerate(zip(self.layers, kws)):
             h = layer(h, **kw)
             out.append((f"layers.{i}", h))
         if self.knobs.post_norm:
@@ -277,8 +328,8 @@ class VitTower(nn.Module):
         return out
 
     def __call__(self, pixels: mx.array, grid=None) -> mx.array:
-        h, kw = self._start(pixels, grid)
-        for layer in self.layers:
+        h, kws = self._start(pixels, grid)
+        for layer, kw in zip(self.layers, kws):
             h = layer(h, **kw)
         return self.post_layernorm(h) if self.knobs.post_norm else h
 
@@ -288,7 +339,7 @@ class VitTower(nn.Module):
         layer = len(layers) - 1 if layer is None else layer
         if not 0 <= layer < len(layers):
             raise IndexError(f"layer {layer} outside the tower's {len(layers)} blocks")
-        h, kw = self._start(pixels, grid)
-        for blk in layers[:layer]:
+        h, kws = self._start(pixels, grid)
+        for blk, kw in zip(layers[:layer], kws):
             h = blk(h, **kw)
-        return layers[layer].self_attn.probabilities(layers[layer].attn_input(h), kw.get("rope"))
+        return layers[layer].self_attn.probabilities(layers[layer].attn_input(h), kws[layer].get("rope"))

@@ -68,7 +68,19 @@ def _gemma3_fix(cfg: dict, ids: dict[str, int]) -> None:
 # resizes into 56x56 .. 112x112 pixels (4x4 .. 8x8 patches: 4 .. 16 soft tokens per image)
 QWEN2_VL_VISION = {"model_type": "qwen2_vl", "depth": 2, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2,
                    "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3}
+# tiny Qwen2.5-VL tower: three blocks of width 32 (block 1 attends per image, 0 and 2 per 56-pixel
+# window: 2x2 merge units), a biased SwiGLU MLP of 64
+QWEN2_5_VL_VISION = {"model_type": "qwen2_5_vl", "depth": 3, "hidden_size": 32, "intermediate_size": 64,
+                     "num_heads": 2, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                     "in_channels": 3, "window_size": 56, "fullatt_block_indexes": [1]}
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+
+
+def _qwen2_5_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
+    _qwen2_vl_fix(cfg, ids)
+    cfg["model_type"] = "qwen2_5_vl"
+    cfg["architectures"] = ["Qwen2_5_VLForConditionalGeneration"]
+    cfg["vision_config"] = {**QWEN2_5_VL_VISION, "out_hidden_size": cfg["hidden_size"]}
 
 
 def _qwen2_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
@@ -111,6 +123,18 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
                       "patch_size": 14, "processor_class": "Qwen2VLProcessor", "resample": 3,
                       "rescale_factor": 0.00392156862745098, "temporal_patch_size": 2},
         processor={"processor_class": "Qwen2VLProcessor"},
+    ),
+    TowerArch(
+        "qwen2_5_vl-vision", "qwen2_vl",
+        media_tokens=(("vision_start_token", "<|vision_start|>"), ("vision_end_token", "<|vision_end|>"),
+                      ("image_token", "<|image_pad|>"), ("video_token", "<|video_pad|>")),
+        fix=_qwen2_5_vl_fix,
+        preprocessor={"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+                      "image_mean": CLIP_MEAN, "image_processor_type": "Qwen2VLImageProcessor",
+                      "image_std": CLIP_STD, "max_pixels": 112 * 112, "merge_size": 2, "min_pixels": 56 * 56,
+                      "patch_size": 14, "processor_class": "Qwen2_5_VLProcessor", "resample": 3,
+                      "rescale_factor": 0.00392156862745098, "temporal_patch_size": 2},
+        processor={"processor_class": "Qwen2_5_VLProcessor"},
     ),
 )}
 
