@@ -76,6 +76,19 @@ QWEN2_5_VL_VISION = {"model_type": "qwen2_5_vl", "depth": 3, "hidden_size": 32, 
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 
 
+QWEN_MEDIA_TOKENS = (("vision_start_token", "<|vision_start|>"), ("vision_end_token", "<|vision_end|>"),
+                     ("image_token", "<|image_pad|>"), ("video_token", "<|video_pad|>"))
+
+
+def _qwen_preprocessor(processor_class: str) -> dict:
+    """Qwen/Qwen2-VL-2B-Instruct's preprocessor_config.json, at tiny pixel bounds."""
+    return {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+            "image_mean": CLIP_MEAN, "image_processor_type": "Qwen2VLImageProcessor", "image_std": CLIP_STD,
+            "max_pixels": 112 * 112, "merge_size": 2, "min_pixels": 56 * 56, "patch_size": 14,
+            "processor_class": processor_class, "resample": 3, "rescale_factor": 0.00392156862745098,
+            "temporal_patch_size": 2}
+
+
 def _qwen2_5_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
     _qwen2_vl_fix(cfg, ids)
     cfg["model_type"] = "qwen2_5_vl"
@@ -111,31 +124,12 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
                       "size": {"height": GEMMA3_VISION["image_size"], "width": GEMMA3_VISION["image_size"]}},
         processor={"image_seq_length": GEMMA3_TOKENS_PER_IMAGE, "processor_class": "Gemma3Processor"},
     ),
-    TowerArch(
-        "qwen2_vl-vision", "qwen2_vl",
-        media_tokens=(("vision_start_token", "<|vision_start|>"), ("vision_end_token", "<|vision_end|>"),
-                      ("image_token", "<|image_pad|>"), ("video_token", "<|video_pad|>")),
-        fix=_qwen2_vl_fix,
-        # Qwen/Qwen2-VL-2B-Instruct's preprocessor_config.json, at tiny pixel bounds
-        preprocessor={"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
-                      "image_mean": CLIP_MEAN, "image_processor_type": "Qwen2VLImageProcessor",
-                      "image_std": CLIP_STD, "max_pixels": 112 * 112, "merge_size": 2, "min_pixels": 56 * 56,
-                      "patch_size": 14, "processor_class": "Qwen2VLProcessor", "resample": 3,
-                      "rescale_factor": 0.00392156862745098, "temporal_patch_size": 2},
-        processor={"processor_class": "Qwen2VLProcessor"},
-    ),
-    TowerArch(
-        "qwen2_5_vl-vision", "qwen2_vl",
-        media_tokens=(("vision_start_token", "<|vision_start|>"), ("vision_end_token", "<|vision_end|>"),
-                      ("image_token", "<|image_pad|>"), ("video_token", "<|video_pad|>")),
-        fix=_qwen2_5_vl_fix,
-        preprocessor={"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
-                      "image_mean": CLIP_MEAN, "image_processor_type": "Qwen2VLImageProcessor",
-                      "image_std": CLIP_STD, "max_pixels": 112 * 112, "merge_size": 2, "min_pixels": 56 * 56,
-                      "patch_size": 14, "processor_class": "Qwen2_5_VLProcessor", "resample": 3,
-                      "rescale_factor": 0.00392156862745098, "temporal_patch_size": 2},
-        processor={"processor_class": "Qwen2_5_VLProcessor"},
-    ),
+    TowerArch("qwen2_vl-vision", "qwen2_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen2_vl_fix,
+              preprocessor=_qwen_preprocessor("Qwen2VLProcessor"),
+              processor={"processor_class": "Qwen2VLProcessor"}),
+    TowerArch("qwen2_5_vl-vision", "qwen2_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen2_5_vl_fix,
+              preprocessor=_qwen_preprocessor("Qwen2_5_VLProcessor"),
+              processor={"processor_class": "Qwen2_5_VLProcessor"}),
 )}
 
 
@@ -165,8 +159,19 @@ def tower_config(name: str) -> dict:
 
 def variant(name: str, *, quant=None, dtype: str = "float32", seed: int = 0) -> Variant:
     _arch(name)
+    _mlx_vlm()
     check_dtype_and_seed(dtype, seed)
     return Variant(name, parse_quant(quant), dtype, seed)
+
+
+def _mlx_vlm():
+    """mlx-vlm, the towers' oracle, whose model classes the tower zoo instantiates."""
+    try:
+        import mlx_vlm
+    except ImportError:
+        raise ZooArgumentError("the tower zoo builds its checkpoints with mlx-vlm (the towers' oracle), "
+                               "which is not installed: pip install --no-deps -r tests/oracles.txt") from None
+    return mlx_vlm
 
 
 def _skip_multimodal(path: str) -> bool:
