@@ -127,7 +127,8 @@ MANIFEST = {
         Entry("olmo_hybrid"),
         Entry("mamba2"),
         Entry("mamba"),
-        Entry("falcon_mamba"),  # mamba's file (MODEL_REMAPPING) with delta / B / C rms-normed
+        Entry("falcon_mamba"),
+        Entry("jamba", EXPERT_VARIANTS),  # jamba's Mamba mixer, NoPE attention and MoE layers  # mamba's file (MODEL_REMAPPING) with delta / B / C rms-normed
         Entry("nemotron_h", EXPERT_VARIANTS),  # its E layers route (f16 / bf16: on CUDA)
         Entry("granitemoehybrid"),
         Entry("falcon_h1"),  # mamba2 beside attention in every layer (a CacheList each)

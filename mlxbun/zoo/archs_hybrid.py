@@ -70,6 +70,10 @@ HYBRID_ROWS = (
     Arch("mamba", "MambaForCausalLM", "MambaConfig", legacy_rope=False, knobs={"time_step_rank": 4}),
     Arch("falcon_mamba", "FalconMambaForCausalLM", "FalconMambaConfig", legacy_rope=False,
          knobs={"time_step_rank": "auto"}),
+    # mamba, attention + MoE, mamba, attention + MoE (attn / expert period 2, offset 1)
+    Arch("jamba", "JambaForCausalLM", "JambaConfig", layers=4, kv_heads=2, legacy_rope=False,
+         knobs={"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+                "num_experts": MOE_EXPERTS, "num_experts_per_tok": MOE_TOP_K, "mamba_dt_rank": 32}),
     # mamba, MoE, attention, MLP, mamba: mlx-lm's cache list skips the MoE and MLP layers (the
     # attention mask comes from cache 1, layer 2); two expert groups, one kept; routed scaling
     Arch("nemotron_h", "NemotronHForCausalLM", "NemotronHConfig", layers=5, kv_heads=2,

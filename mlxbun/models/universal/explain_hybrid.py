@@ -154,12 +154,30 @@ def _mamba(d: ArchDescriptor, a: UniversalArgs, knobs: Any) -> list[tuple[str, s
     ]
 
 
+def _jamba_mamba(d: ArchDescriptor, a: UniversalArgs, knobs: Any) -> list[tuple[str, str]]:
+    f = a.fields
+    inner, state, k, r = (f[knobs.expand] * a.hidden, f[knobs.state], f[knobs.conv_kernel], f[knobs.time_step_rank])
+    return [
+        ("x, z = split(in_proj(x), 2)", f"Linear(D, 2*I); I = {knobs.expand} * D = {inner}; bias={f[knobs.bias]}"),
+        ("x = silu(conv1d(concat([state0, x])))",
+         f"Conv1d(I, I, K, groups=I) (depthwise, causal), K = {knobs.conv_kernel} = {k}; cache slot 0; "
+         f"bias={f[knobs.conv_bias]}; no mask"),
+        ("delta, B, C = split(x_proj(x), [R, R + N]); dt_layernorm(delta), b_layernorm(B), c_layernorm(C)",
+         f"Linear(I, R + 2*N), no bias, every token at once; RMSNorm(R) / RMSNorm(N) x2, eps {knobs.eps} = "
+         f"{f[knobs.eps]}; R = {knobs.time_step_rank} = {r}, N = {knobs.state} = {state}"),
+        ("S_t = fma(S_{t-1}, exp(delta_t A), (softplus(dt_proj(delta)) * x)_t B_t); y = S C + D * x",
+         "compiled fma per token; A = -exp(A_log) [I, N]; S [I, N], cache slot 1"),
+        ("out = out_proj(swiglu(z, y))", f"Linear(I, D); bias={f[knobs.bias]}"),
+    ]
+
+
 _LINES = exhaustive(MIXERS, {
     MixerKind.SHORT_CONV: _short_conv,
     MixerKind.GATED_DELTA: _gated_delta,
     MixerKind.GATED_DELTA_SPLIT_CONV: _gated_delta_split,
     MixerKind.MAMBA2: _mamba2,
     MixerKind.MAMBA: _mamba,
+    MixerKind.JAMBA_MAMBA: _jamba_mamba,
 })
 
 

@@ -68,6 +68,7 @@ _LAYER_RULE = exhaustive(MoeLayers, {
     MoeLayers.FREQ_LIST: "moe_layer_freq[i] == 1",
     MoeLayers.MLP_LAYER_TYPES: "mlp_layer_types[i] == \"sparse\"",
     MoeLayers.PATTERN_E: "hybrid_override_pattern[i] == \"E\"",
+    MoeLayers.OFFSET_PERIOD: "experts > 1 and (i + expert_layer_offset) % expert_layer_period == 0",
 })
 
 _RENORM = exhaustive(TopKRenorm, {TopKRenorm.SUM: " / sum", TopKRenorm.SUM_EPS: " / (sum + 1e-20)"})

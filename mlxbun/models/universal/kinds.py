@@ -462,6 +462,8 @@ class MoeLayers(StrEnum):
     FREQ_LIST = "freq_list"  # moe_layer_freq[i] == 1, a per-layer list (mimo_v2_flash)
     MLP_LAYER_TYPES = "mlp_layer_types"  # mlp_layer_types[i] == "sparse" (laguna)
     PATTERN_E = "pattern_e"  # hybrid_override_pattern[i] == "E" (nemotron_h's one-op MoE layers)
+    OFFSET_PERIOD = "offset_period"  # experts > 1 and (i + expert_layer_offset) % expert_layer_period
+    # == 0 (jamba)
 
 
 class SwigluClamp(StrEnum):
@@ -534,6 +536,8 @@ class PostInit(StrEnum):
     # int(head_dim * partial_rotary_factor) even and in 1..head_dim
     MAMBA_ARGS = "mamba_args"  # time_step_rank "auto": ceil(hidden_size / 16); model_type
     # falcon_mamba: use_bcdt_rms True
+    JAMBA_ARGS = "jamba_args"  # mamba_dt_rank "auto": ceil(hidden_size / 16); layers_block_type
+    # None: attention where i % attn_layer_period == attn_layer_offset, mamba elsewhere
     NANBEIGE_ARGS = "nanbeige_args"  # head_dim None: hidden // heads; enable_double_loop_split,
     # loop_share_kv and enable_depth_attention refused (mlx-lm raises NotImplementedError)
     QWEN_KV_CHANNELS = "qwen_kv_channels"  # kv_channels * num_attention_heads must be hidden_size

@@ -30,6 +30,8 @@ class MixerKind(StrEnum):
     MAMBA = "mamba"  # mamba v1 (falcon_mamba too): in_proj -> [x | z]; causal depthwise conv1d + SiLU
     # on x; per token the selective scan (x_proj -> delta, B, C; softplus(dt_proj(delta))); swiglu(z, y)
     # -> out_proj; state: the conv inputs and the [I, N] SSM state (mixers/mamba.py)
+    JAMBA_MAMBA = "jamba_mamba"  # jamba: mamba's mixer of width mamba_expand * hidden, delta / B / C
+    # through RMSNorm modules, every token's update at once then a compiled fma chain (mixers/mamba.py)
 
 
 class MixerLayers(StrEnum):

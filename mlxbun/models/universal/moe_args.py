@@ -110,6 +110,8 @@ _LAYER_RULES: Mapping[MoeLayers, Callable[[Mapping, int, MoEKnobs], bool]] = exh
     MoeLayers.FREQ_LIST: _freq_list,
     MoeLayers.MLP_LAYER_TYPES: _mlp_layer_types,
     MoeLayers.PATTERN_E: lambda a, i, m: a["hybrid_override_pattern"][i] == "E",  # nemotron_h
+    MoeLayers.OFFSET_PERIOD: lambda a, i, m: (a[m.experts] > 1  # jamba
+                                              and (i + a["expert_layer_offset"]) % a["expert_layer_period"] == 0),
 })
 
 

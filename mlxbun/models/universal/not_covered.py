@@ -32,7 +32,7 @@ NOT_COVERED: dict[str, str] = {
               "queries; top-1 sigmoid router that scales the expert input",
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3",
-         "gear", "jamba", "kimi_linear", "longcat_flash_ngram",
+         "gear", "kimi_linear", "longcat_flash_ngram",
          "plamo2",
          "recurrent_gemma", "rwkv7", "kimi_k3"], _HYBRID),
     "longcat_flash": "multi-head latent attention (deepseek_v3's absorbed kind, with q / kv latents "

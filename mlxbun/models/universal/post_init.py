@@ -63,6 +63,17 @@ def _mamba_args(a: dict, mt: str) -> None:  # mamba's __post_init__ (its hasattr
         a["use_bcdt_rms"] = True
 
 
+def _jamba_args(a: dict, mt: str) -> None:
+    if a["mamba_dt_rank"] == "auto":
+        a["mamba_dt_rank"] = math.ceil(a["hidden_size"] / 16)
+    if a["layers_block_type"] is None:
+        a["layers_block_type"] = ["attention" if i % a["attn_layer_period"] == a["attn_layer_offset"] else "mamba"
+                                  for i in range(a["num_hidden_layers"])]
+    for kind in ("attention", "mamba"):  # mlx-lm takes each mask from the first layer of its kind
+        if kind not in a["layers_block_type"]:
+            raise _fail(mt, f"layers_block_type has no {kind!r} layer (mlx-lm's jamba needs one)")
+
+
 def _nanbeige_args(a: dict, mt: str) -> None:
     if a["head_dim"] is None:
         a["head_dim"] = a["hidden_size"] // a["num_attention_heads"]
@@ -351,6 +362,7 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
     PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
     PostInit.NANBEIGE_ARGS: _nanbeige_args,
+    PostInit.JAMBA_ARGS: _jamba_args,
     PostInit.MAMBA_ARGS: _mamba_args,
     PostInit.SPARK2_5_ARGS: _spark2_5_args,
     PostInit.SLIDING_WINDOW_SETS_WINDOW_SIZE: _sliding_window_sets_window_size,

@@ -149,6 +149,8 @@ def moe_refs(m: Any) -> Iterator[tuple[str, str]]:
         yield "moe.layers", "mlp_layer_types"
     elif m.layers is MoeLayers.PATTERN_E:
         yield "moe.layers", "hybrid_override_pattern"
+    elif m.layers is MoeLayers.OFFSET_PERIOD:
+        yield from (("moe.layers", "expert_layer_offset"), ("moe.layers", "expert_layer_period"))
     sh = m.shared
     if sh is not None:
         if not isinstance(sh.size, SharedSize):

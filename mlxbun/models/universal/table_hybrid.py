@@ -9,7 +9,7 @@ from mlxbun.models.universal.kinds_hybrid import (
     HfCheckpoint,
 )
 from mlxbun.models.universal.mixers.gated_delta import GatedDeltaKnobs, GdnProjections
-from mlxbun.models.universal.mixers.mamba import MambaKnobs
+from mlxbun.models.universal.mixers.mamba import JambaMambaKnobs, MambaKnobs
 from mlxbun.models.universal.mixers.mamba2 import GatedNorm, Mamba2Knobs
 from mlxbun.models.universal.schema import (
     REQUIRED,
@@ -306,6 +306,37 @@ HYBRID_ROWS = [
         notes="Mamba (falcon_mamba remaps here): every layer is x + mixer(norm(x)) (norm: nn.RMSNorm with "
               "its default eps 1e-5, layer_norm_epsilon not read), the Mamba mixer (conv1d, a per-token "
               "selective scan; falcon_mamba rms-normalizes delta, B and C without weight); final norm_f.",
+    ),
+    ArchDescriptor(
+        "jamba",
+        {"model_type": REQUIRED, "hidden_size": REQUIRED, "intermediate_size": REQUIRED,
+         "num_hidden_layers": REQUIRED, "num_attention_heads": REQUIRED, "num_key_value_heads": REQUIRED,
+         "attn_layer_offset": REQUIRED, "attn_layer_period": REQUIRED, "expert_layer_offset": REQUIRED,
+         "expert_layer_period": REQUIRED, "mamba_d_conv": REQUIRED, "mamba_d_state": REQUIRED,
+         "mamba_expand": REQUIRED, "num_experts": REQUIRED, "num_experts_per_tok": REQUIRED,
+         "rms_norm_eps": REQUIRED, "max_position_embeddings": REQUIRED, "vocab_size": REQUIRED,
+         "mamba_dt_rank": "auto", "mamba_proj_bias": False, "mamba_conv_bias": True, "layers_block_type": None,
+         "tie_word_embeddings": True},
+        ("jamba_args",), head_dim="split", rope=RopeKnobs(nope="all", nope_child=False),
+        names=Names(mlp="feed_forward", norms=NormNames(pre_mlp="pre_ff_layernorm"), final_norm="final_layernorm"),
+        moe=MoEKnobs(size="intermediate_size", router=RouterKnobs("topk_softmax"), layers="offset_period",
+                     names=MoENames(gate="router", router="routing")),
+        hybrid=HybridKnobs("jamba_mamba", "type_list", field="layers_block_type", name="mamba",
+                           layer_types=("mamba",), knobs=JambaMambaKnobs()),
+        sanitize=(_CONV1D_TORCH, SanitizeRule("drop_tied_head", None, "tied embeddings: the head is the embedding"),
+                  SanitizeRule("stack_experts", StackExperts(keys=("weight", "bias", "scales", "biases")),
+                               "per-expert HF tensors stacked into the fused SwitchGLU weights")),
+        ignored_keys={"use_mamba_kernels": "a transformers kernel choice", "hidden_act": "mlx-lm's MLPs are SwiGLU",
+                      "use_mambapy": "a transformers kernel choice", "use_associative_scan": "a transformers kernel choice",
+                      "num_logits_to_keep": "a transformers generation setting",
+                      "router_aux_loss_coef": "training only", "output_router_logits": "training only",
+                      "sliding_window": "mlx-lm's jamba attends globally"},
+        notes="Jamba: attention (no rope) on the layers_block_type 'attention' layers (i % attn_layer_period == "
+              "attn_layer_offset by default), jamba's Mamba mixer elsewhere (width mamba_expand * hidden, "
+              "delta / B / C through RMSNorm modules, a vectorized scan chained by a compiled fma); an MoE "
+              "feed_forward (mixtral's top-k softmax router, SwitchGLU experts) where num_experts > 1 and "
+              "(i + expert_layer_offset) % expert_layer_period == 0, a SwiGLU MLP elsewhere; the router "
+              "quantizes at 8 bits (mlx-lm's quant_predicate).",
     ),
     ArchDescriptor(
         "nemotron_h",

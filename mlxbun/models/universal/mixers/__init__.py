@@ -14,7 +14,7 @@ from mlxbun.models.universal.kinds_hybrid import (
 )
 from mlxbun.models.universal.mixers.gated_delta import GatedDeltaKnobs, GatedDeltaNet
 from mlxbun.models.universal.mixers.gated_delta_split import GatedDeltaSplitConv, GatedDeltaSplitKnobs
-from mlxbun.models.universal.mixers.mamba import MambaKnobs, MambaMixer
+from mlxbun.models.universal.mixers.mamba import JambaMambaKnobs, JambaMambaMixer, MambaKnobs, MambaMixer
 from mlxbun.models.universal.mixers.mamba2 import Mamba2Knobs, Mamba2Mixer
 from mlxbun.models.universal.mixers.short_conv import ShortConv, ShortConvKnobs
 
@@ -27,6 +27,7 @@ MIXERS = exhaustive([k for k in MixerKind if k is not MixerKind.ATTENTION], {
     MixerKind.GATED_DELTA_SPLIT_CONV: GatedDeltaSplitConv,
     MixerKind.MAMBA2: Mamba2Mixer,
     MixerKind.MAMBA: MambaMixer,
+    MixerKind.JAMBA_MAMBA: JambaMambaMixer,
 })
 MIXER_KNOBS = exhaustive(MIXERS, {
     MixerKind.SHORT_CONV: ShortConvKnobs,
@@ -34,4 +35,5 @@ MIXER_KNOBS = exhaustive(MIXERS, {
     MixerKind.GATED_DELTA_SPLIT_CONV: GatedDeltaSplitKnobs,
     MixerKind.MAMBA2: Mamba2Knobs,
     MixerKind.MAMBA: MambaKnobs,
+    MixerKind.JAMBA_MAMBA: JambaMambaKnobs,
 })

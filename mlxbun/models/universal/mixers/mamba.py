@@ -1,4 +1,5 @@
-"""The Mamba (v1) mixer of mlx-lm 0.32.2 (`mamba.MambaBlock`; falcon_mamba runs the same file),
+"""The Mamba (v1) mixers of mlx-lm 0.32.2: `mamba.MambaBlock` (falcon_mamba runs the same file) and
+jamba's `JambaMambaMixer` (`JambaMambaMixer` below: normed delta / B / C, a vectorized scan). Mamba's,
 op for op: in_proj splits into x and z; a causal depthwise conv1d over x (its last kernel - 1
 inputs are cache slot 0) and SiLU; per token, the selective scan (`ssm_step`: x_proj to delta,
 B, C (falcon_mamba: each rms-normed without weight), softplus(dt_proj(delta)), the state update
@@ -33,7 +34,7 @@ from mlxbun.models.sharding import (
     shard_linear,
 )
 
-__all__ = ["MambaKnobs", "MambaMixer"]
+__all__ = ["JambaMambaKnobs", "JambaMambaMixer", "MambaKnobs", "MambaMixer"]
 
 
 @dataclass(frozen=True)
@@ -60,23 +61,24 @@ class MambaMixer(nn.Module):
     def __init__(self, a: Any, knobs: MambaKnobs, index: int):
         super().__init__()
         f = a.fields
-        self.hidden_size = a.hidden
-        self.ssm_state_size = N = f[knobs.state]
-        self.conv_kernel_size = K = f[knobs.conv_kernel]
-        self.intermediate_size = I = f[knobs.intermediate]
-        self.time_step_rank = R = int(f[knobs.time_step_rank])
+        self._build(a.hidden, f[knobs.intermediate], f[knobs.state], f[knobs.conv_kernel],
+                    int(f[knobs.time_step_rank]), bool(f[knobs.bias]), bool(f[knobs.conv_bias]))
         self.use_bcdt_rms = bool(f[knobs.bcdt_rms])
         self.eps = f[knobs.rms_eps]
-        bias = bool(f[knobs.bias])
-        self.in_proj = nn.Linear(a.hidden, I * 2, bias=bias)
-        self.conv1d = nn.Conv1d(in_channels=I, out_channels=I, kernel_size=K, groups=I,
-                                bias=bool(f[knobs.conv_bias]), padding=0)
+
+    def _build(self, hidden: int, I: int, N: int, K: int, R: int, bias: bool, conv_bias: bool) -> None:
+        """mlx-lm's modules and their sizes (MambaBlock's; JambaMambaMixer's too)."""
+        self.hidden_size, self.intermediate_size = hidden, I
+        self.ssm_state_size, self.conv_kernel_size, self.time_step_rank = N, K, R
+        self.in_proj = nn.Linear(hidden, I * 2, bias=bias)
+        self.conv1d = nn.Conv1d(in_channels=I, out_channels=I, kernel_size=K, groups=I, bias=conv_bias,
+                                padding=0)
         self.x_proj = nn.Linear(I, R + 2 * N, bias=False)
         self.dt_proj = nn.Linear(R, I, bias=True)
         A = mx.repeat(mx.arange(1.0, N + 1.0).reshape([1, N]), repeats=I, axis=0)
         self.A_log = mx.log(A)
         self.D = mx.ones([I])
-        self.out_proj = nn.Linear(I, a.hidden, bias=bias)
+        self.out_proj = nn.Linear(I, hidden, bias=bias)
 
     def shard(self, group, where: str) -> None:
         """Split the I channels across `group` (every split checked before anything changes)."""
@@ -124,14 +126,17 @@ class MambaMixer(nn.Module):
         new_conv_cache = x_full[:, -(K - 1):, :]
         x = nn.silu(conv_out)
         A = -mx.exp(self.A_log)
-        current_state = state_cache
-        y = []
-        for t in range(x.shape[1]):
-            y_t, current_state = self.ssm_step(x[:, t], A, current_state)
-            y.append(y_t)
-        y = mx.stack(y, axis=1)
+        y, current_state = self._scan(x, A, state_cache)
         z = self.out_proj(swiglu(z, y))
         return z, (new_conv_cache, current_state)
+
+    def _scan(self, x, A, state):
+        """mamba's: ssm_step token by token, the outputs stacked."""
+        y = []
+        for t in range(x.shape[1]):
+            y_t, state = self.ssm_step(x[:, t], A, state)
+            y.append(y_t)
+        return mx.stack(y, axis=1), state
 
     def __call__(self, x: mx.array, mask: Optional[mx.array] = None, cache: Any = None) -> mx.array:
         conv_cache, state_cache = (None, None) if cache is None else (cache[0], cache[1])
@@ -141,3 +146,63 @@ class MambaMixer(nn.Module):
             cache[1] = new_state
             cache.advance(x.shape[1])
         return output
+
+
+@dataclass(frozen=True)
+class JambaMambaKnobs:
+    """The ModelArgs fields jamba's mixer reads (the width is expand * hidden)."""
+
+    expand: str = "mamba_expand"
+    state: str = "mamba_d_state"
+    conv_kernel: str = "mamba_d_conv"
+    time_step_rank: str = "mamba_dt_rank"
+    bias: str = "mamba_proj_bias"
+    conv_bias: str = "mamba_conv_bias"
+    eps: str = "rms_norm_eps"  # dt_layernorm / b_layernorm / c_layernorm
+
+    def field_refs(self) -> Iterator[tuple[str, str]]:
+        for f in dataclasses.fields(self):
+            yield f"hybrid.knobs.{f.name}", getattr(self, f.name)
+
+
+@mx.compile
+def _fma(a, b, c):  # jamba.fma
+    return a * b + c
+
+
+class JambaMambaMixer(MambaMixer):
+    """mlx-lm's `JambaMambaMixer`: the Mamba mixer of width mamba_expand * hidden whose delta, B and C
+    pass RMSNorm modules (dt_layernorm, b_layernorm, c_layernorm) and whose scan computes every
+    token's update at once, then chains the state through a compiled fma per token."""
+
+    def __init__(self, a: Any, knobs: JambaMambaKnobs, index: int):
+        nn.Module.__init__(self)
+        f = a.fields
+        self._build(a.hidden, f[knobs.expand] * a.hidden, f[knobs.state], f[knobs.conv_kernel],
+                    f[knobs.time_step_rank], bool(f[knobs.bias]), bool(f[knobs.conv_bias]))
+        eps = f[knobs.eps]
+        self.dt_layernorm = nn.RMSNorm(self.time_step_rank, eps=eps)
+        self.b_layernorm = nn.RMSNorm(self.ssm_state_size, eps=eps)
+        self.c_layernorm = nn.RMSNorm(self.ssm_state_size, eps=eps)
+
+    def ssm_step(self, x, A, state=None):
+        T = x.shape[1]
+        D = self.D
+        deltaBC = self.x_proj(x)
+        delta, B, C = mx.split(deltaBC, [self.time_step_rank, self.time_step_rank + self.ssm_state_size],
+                               axis=-1)
+        delta, B, C = self.dt_layernorm(delta), self.b_layernorm(B), self.c_layernorm(C)
+        delta = nn.softplus(self.dt_proj(delta))
+        new_state = mx.expand_dims(delta * x, -1) * mx.expand_dims(B, -2)
+        dtA = mx.exp(mx.expand_dims(delta, -1) * A)
+        for t in range(T):
+            if state is not None:
+                new_state[:, t] = _fma(state, dtA[:, t], new_state[:, t])
+            state = new_state[:, t]
+        y = (new_state @ mx.expand_dims(C, -1)).squeeze(-1)
+        y = y + D * x
+        return y, new_state[:, -1]
+
+    def _scan(self, x, A, state):
+        """jamba's: every token at once (ssm_step chains the state)."""
+        return self.ssm_step(x, A, state)
