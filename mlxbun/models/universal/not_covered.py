@@ -56,13 +56,16 @@ NOT_COVERED: dict[str, str] = {
     "deepseek_v41": "DeepSeek-V4.1 attention (compressed/indexed KV) with MoE: "
                     "needs a dedicated port",
     "afm7": "fused LoRA-capable qkv linears and KV-reuse layers: needs a dedicated port",
-    "bitnet": "ternary BitLinear weights with activation quantization: needs a dedicated port",
+    "bitnet": "ternary BitLinear weights (2-bit packed, a weight scale): mlx-lm's BitLinear computes "
+              "only through a Metal kernel (mx.fast.metal_kernel), so no oracle runs on the CPU or CUDA "
+              "backends this project gates on",
     "iquestloopcoder": "loop-gated recurrent reuse of layers: needs a dedicated port",
     "llama4_text": "chunked attention with per-layer NoPE and functional qk-norm: "
                    "needs a dedicated port",
     "nemotron-nas": "per-layer heterogeneous blocks (no-op / linear attention, varied FFN width)",
-    "olmo": "non-affine LayerNorm and fused att_proj / ff_proj under transformer.blocks: "
-            "needs a port",
+    "olmo": "no oracle: mlx-lm's olmo.py calls sys.exit(1) at import unless hf_olmo (the ai2-olmo "
+            "package, which pulls in torch) is importable, and it is not installed here; the graph itself "
+            "(non-affine LayerNorm, fused att_proj / ff_proj under transformer.blocks) is not the obstacle",
     "phi3small": "blocksparse attention and gegelu: needs a dedicated port",
     "talkie": "learned head / activation / weight gains around every op: needs a dedicated port",
 }
