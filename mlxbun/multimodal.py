@@ -24,6 +24,7 @@ from mlxbun.towers.errors import ImageCountError, NoTowerError, TooManyImages
 from mlxbun.towers.images import load_image, preprocess, preprocess_qwen
 from mlxbun.towers.knobs import TextPositions
 from mlxbun.towers.loader import VisionStack, open_vision
+from mlxbun.towers.mrope import MRopeText, rope_index
 from mlxbun.towers.splice import count_placeholders, expand_prompt, image_sequence, merge_embeddings
 
 __all__ = ["MAX_IMAGES", "EmbeddedPrompt", "MediaPrompt", "VisionLanguageModel", "open_vlm",
@@ -45,6 +46,8 @@ class MediaPrompt:
     embeddings: mx.array  # [1, L, D] the merged input rows
     n_images: int
     soft_tokens: int  # soft tokens in all
+    positions: Optional[mx.array] = None  # [3, 1, L] mRoPE position ids (Qwen2-VL), else None
+    position_delta: int = 0  # decoding continues at the cache offset + this (mRoPE)
 
 
 class VisionLanguageModel:
@@ -121,45 +124,66 @@ class VisionLanguageModel:
                                   hidden_size=v.merge_hidden)
         n = int(grid.shape[0]) if grid is not None else int(pixel_values.shape[0])
         soft = int(features.shape[0]) if grid is not None else n * v.tokens_per_image
-        return MediaPrompt(text, ids, pixel_values, grid, features, merged, n, soft)
+        out = MediaPrompt(text, ids, pixel_values, grid, features, merged, n, soft)
+        if v.descriptor.text_positions is TextPositions.MROPE:
+            positions, out.position_delta = rope_index(ids.tolist(), np.asarray(grid).tolist(),
+                                                       image_token_id=v.image_token_id,
+                                                       vision_start_token_id=v.boi_token_id,
+                                                       merge=v.tower.config.spatial_merge_size)
+            out.positions = mx.array(positions)[:, None, :]
+        return out
+
+    def mrope(self) -> Optional[MRopeText]:
+        """The text model run with mRoPE positions (Qwen2-VL's rows), else None."""
+        if self.vision.descriptor.text_positions is not TextPositions.MROPE:
+            return None
+        if not hasattr(self.text_model, "backbone"):
+            raise UnsupportedModelError(f"{self.path}: mRoPE positions need mlxbun's universal text graph")
+        return MRopeText(self.text_model)
 
     def check_generation(self) -> None:
         """Refuse generation where the text model would need positions mlxbun does not build."""
-        d = self.vision.descriptor
-        if d.text_positions is TextPositions.MROPE:
-            raise UnsupportedModelError(
-                f"{d.model_type}: with images mlx-vlm's text model rotates by 3-D mRoPE position ids "
-                "(get_rope_index) in its own MRoPE arithmetic; mlxbun's text row runs mlx-lm's RoPE on "
-                "text positions, so generation from images is not built (the tower, splice and merged rows are: "
-                "prepare())")
+        self.mrope()
 
     def logits(self, prompt: MediaPrompt, cache: Optional[list] = None) -> mx.array:
         """The text model's logits [1, L, V] over the merged prompt in one call."""
-        self.check_generation()
-        m = self.text_model
+        m, rope = self.text_model, self.mrope()
+        if rope is not None:
+            return rope.logits(prompt.ids[None], cache, prompt.positions, prompt.embeddings)
         return m.logits_from_hidden(m.forward_hidden(prompt.ids[None], cache, input_embeddings=prompt.embeddings))
 
 
 class EmbeddedPrompt:
     """A RuntimeModel over `model` whose calls at the prompt's positions (counted from the first
-    cached call) run the merged rows instead of the ids' embeddings; later calls run as usual."""
+    cached call) run the merged rows instead of the ids' embeddings; later calls run as usual.
+    With `mrope` (Qwen2-VL), every cached call runs through it: the prompt's mRoPE positions, then
+    the cache offset plus `delta` on all three axes."""
 
-    def __init__(self, model, embeddings: mx.array):
+    def __init__(self, model, embeddings: mx.array, mrope: Optional[MRopeText] = None,
+                 positions: Optional[mx.array] = None, delta: int = 0):
         self._model, self._embeddings, self._pos = model, embeddings, 0
+        self._mrope, self._positions, self._delta = mrope, positions, delta
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
     def __call__(self, ids: mx.array, cache: Optional[list] = None, **kw) -> mx.array:
         total = self._embeddings.shape[1]
-        if cache is None or self._pos >= total:
+        if cache is None or (self._pos >= total and self._mrope is None):
             return self._model(ids, cache=cache, **kw)
         n = ids.shape[1]
-        if self._pos + n > total:
+        if self._pos < total < self._pos + n:
             raise GenerationError(f"a call over positions {self._pos}..{self._pos + n} crosses the end of the "
                                   f"{total}-token image prompt")
+        if self._pos >= total:  # decoding with mRoPE: the cache offset + the prompt's delta
+            start = cache[0].offset + self._delta
+            positions = mx.broadcast_to(mx.arange(start, start + n)[None, None, :], (3, 1, n))
+            return self._mrope.logits(ids, cache, positions)
         rows = self._embeddings[:, self._pos:self._pos + n]
+        span = slice(self._pos, self._pos + n)
         self._pos += n
+        if self._mrope is not None:
+            return self._mrope.logits(ids, cache, self._positions[..., span], rows)
         return self._model.logits_from_hidden(self._model.forward_hidden(ids, cache, input_embeddings=rows))
 
 
@@ -196,6 +220,10 @@ def stream_generate(vlm: VisionLanguageModel, prompt: MediaPrompt, **kwargs):
         raise GenerationError("--fast does not take images (the compiled step runs token ids only)")
     if kwargs.get("prompt_cache") is not None:
         raise GenerationError("a prompt cache cannot be combined with images (its rows are the ids' embeddings)")
-    vlm.check_generation()
-    model = EmbeddedPrompt(vlm.text_model, prompt.embeddings)
+    rope = vlm.mrope()
+    if rope is not None and any(kwargs.get(k) is not None for k in ("kv_bits", "max_kv_size", "kv_key_bits",
+                                                                     "kv_value_bits")):
+        raise GenerationError("images through mRoPE run on plain KV caches only (no KV quantization, "
+                              "no bounded cache)")
+    model = EmbeddedPrompt(vlm.text_model, prompt.embeddings, rope, prompt.positions, prompt.position_delta)
     return text_stream(model, vlm.tokenizer, prompt.ids, **kwargs)

@@ -15,7 +15,7 @@ import pytest
 
 import mlxbun.cli as cli
 from mlxbun.multimodal import MAX_IMAGES, EmbeddedPrompt, open_vlm, stream_generate
-from mlxbun.errors import UnsupportedModelError
+from mlxbun.errors import GenerationError
 from mlxbun.towers.errors import ImageCountError, ImageTruncated, ImageUnreadable, NoTowerError, TooManyImages
 
 ARCH = "gemma3-vision"
@@ -157,11 +157,32 @@ def test_qwen_vl_tower_merger_splice_and_merge_are_bit_exact(tower_ckpt, images,
     merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], image_grid_thw=grid,
                                         mask=ref["attention_mask"])
     assert mx.array_equal(ours.embeddings, merged.inputs_embeds)
-    # the text side with images needs mRoPE positions: refused by name, not run wrong
-    with pytest.raises(UnsupportedModelError, match="mRoPE"):
-        vlm.logits(ours)
-    with pytest.raises(UnsupportedModelError, match="mRoPE"):
-        stream_generate(vlm, ours, max_tokens=2)
+    # the mRoPE positions (get_rope_index) and the prompt's logits through them
+    assert mx.array_equal(ours.positions, merged.position_ids)
+    assert ours.position_delta == int(merged.rope_deltas.item())
+    logits = model.language_model(ref["input_ids"], inputs_embeds=merged.inputs_embeds,
+                                  position_ids=merged.position_ids, rope_deltas=merged.rope_deltas).logits
+    assert mx.array_equal(vlm.logits(ours), logits)
+
+
+@pytest.mark.parametrize("arch", [a for a, _ in QWEN_ARCHS])
+@pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 4)], ids=["float32", "bfloat16-q4"])
+def test_qwen_vl_greedy_generation_is_bit_exact_vs_mlx_vlm(tower_ckpt, images, dtype, quant, arch):
+    """Prefill at the prompt's mRoPE positions, decode at the cache offset + the position delta."""
+    from mlx_vlm.generate.ar import generate_step
+
+    vlm, model, processor = _both(tower_ckpt(dtype, quant, arch=arch))
+    ref = _oracle_inputs(processor, images[:2], QWEN_PROMPT)
+    theirs = list(generate_step(ref["input_ids"], model, ref["pixel_values"], ref["attention_mask"],
+                                image_grid_thw=ref["image_grid_thw"], max_tokens=10, temperature=0.0))
+    prompt = vlm.prepare(QWEN_PROMPT, images[:2])
+    ours = [(r.token, r.logprobs) for r in stream_generate(vlm, prompt, max_tokens=10)]
+    n = len(ours)  # mlxbun stops at EOS, mlx-vlm's generate_step does not
+    assert n >= 4 and [t for t, _ in ours] == [t for t, _ in theirs[:n]]
+    for (_, a), (_, b) in zip(ours, theirs):
+        assert mx.array_equal(a, b)
+    with pytest.raises(GenerationError, match="plain KV caches"):
+        stream_generate(vlm, prompt, max_tokens=2, kv_bits=4)
 
 
 def test_qwen2_vl_prompt_without_placeholders_and_count_mismatch(tower_ckpt, images):
@@ -311,11 +332,16 @@ def test_cli_generate_with_images_equals_the_api(tower_ckpt, images, capsys):
     assert out["tokens"] == [r.token for r in stream_generate(vlm, prompt, max_tokens=6)]
 
 
-def test_cli_refuses_qwen2_vl_generation_by_name(tower_ckpt, images, capsys):
-    code = cli.main(["generate", "--model", str(tower_ckpt(arch="qwen2_vl-vision")), "--image", images[0],
-                     "--prompt", "x", "--max-tokens", "2"])
-    err = capsys.readouterr().err
-    assert code == 1 and "mRoPE" in err and len(err.strip().splitlines()) == 1
+def test_cli_generates_from_qwen2_vl_images(tower_ckpt, images, capsys):
+    path = tower_ckpt(arch="qwen2_vl-vision")
+    code = cli.main(["generate", "--model", str(path), "--image", images[0], "--prompt", "what is this",
+                     "--max-tokens", "4", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    vlm, _, _ = _both(path)
+    prompt = vlm.prepare("what is this", images[:1])
+    assert out["prompt_ids"] == prompt.ids.tolist() and out["soft_tokens"] == prompt.soft_tokens
+    assert out["tokens"] == [r.token for r in stream_generate(vlm, prompt, max_tokens=4)]
 
 
 @pytest.mark.parametrize("extra,message", [

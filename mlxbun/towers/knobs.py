@@ -43,7 +43,7 @@ class VitAct(Enum):
 class TextPositions(Enum):
     PLAIN = "plain"  # the text model's own positions (0..L-1): the merged rows need nothing more
     # mRoPE: with images, mlx-vlm's text model rotates by 3-D (t, h, w) position ids (get_rope_index)
-    # in its own MRoPE arithmetic; mlxbun's text row runs mlx-lm's RoPE, so generation is refused
+    # in its own MRoPE arithmetic (towers/mrope.py runs the text row's modules that way)
     MROPE = "mrope"
 
 

@@ -33,7 +33,7 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
         top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653},
         image_token_key="image_token_id", boi_key="vision_start_token_id", eoi_key="vision_end_token_id",
         placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}", text_positions=TextPositions.MROPE,
-        notes="Qwen2-VL's ViT + PatchMerger; generation needs mRoPE text positions (refused)",
+        notes="Qwen2-VL's ViT + PatchMerger; the text side at mRoPE positions (towers/mrope.py)",
     ),
     # mlx-vlm's qwen2_5_vl: qwen2_vl's shape with RMSNorm blocks, a biased SwiGLU MLP, window
     # attention (the patches reordered window by window; fullatt_block_indexes attend per image)
@@ -51,7 +51,7 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
         top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653},
         image_token_key="image_token_id", boi_key="vision_start_token_id", eoi_key="vision_end_token_id",
         placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}", text_positions=TextPositions.MROPE,
-        notes="Qwen2.5-VL's windowed ViT + RMSNorm PatchMerger; generation needs mRoPE text positions (refused)",
+        notes="Qwen2.5-VL's windowed ViT + RMSNorm PatchMerger; the text side at mRoPE positions",
     ),
 )}
 
