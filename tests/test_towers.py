@@ -16,6 +16,8 @@ import pytest
 import mlxbun.cli as cli
 from mlxbun.multimodal import MAX_IMAGES, EmbeddedPrompt, open_vlm, stream_generate
 from mlxbun.errors import GenerationError
+from mlxbun.experiments.tower_bringup import oracle_stages, patch_order
+from mlxbun.towers.knobs import VitLayout
 from mlxbun.towers.errors import ImageCountError, ImageTruncated, ImageUnreadable, NoTowerError, TooManyImages
 
 ARCH = "gemma3-vision"
@@ -107,28 +109,6 @@ def test_tower_projector_splice_and_merge_are_bit_exact(tower_ckpt, images, dtyp
     assert mx.array_equal(vlm.logits(ours), logits)
 
 
-def _qwen_oracle_stages(vt, pixel_values, grid, windows: bool):
-    """mlx-vlm's Qwen2(.5)-VL vision tower, stage by stage, with its own methods (its __call__
-    returns only the merger's tokens; those are compared to __call__ itself too)."""
-    h = vt.patch_embed(pixel_values.astype(vt.patch_embed.proj.weight.dtype))
-    rope = vt.rot_pos_emb(grid)
-    cu = mx.pad(mx.cumsum(mx.array([int(g[1] * g[2]) for g in grid.tolist()]).astype(mx.int32)), (1, 0))
-    cus = [cu] * len(vt.blocks)
-    if windows:
-        index, cu_windows = vt.get_window_index(grid)
-        unit = vt.spatial_merge_unit
-        L = h.shape[0]
-        h = h.reshape(L // unit, unit, -1)[index, :, :].reshape(L, -1)
-        rope = rope.reshape(L // unit, unit, -1)[index, :, :].reshape(L, -1)
-        cus = [cu if i in vt.fullatt_block_indexes else cu_windows for i in range(len(vt.blocks))]
-    stages = [("embeddings", h)]
-    for i, (block, c) in enumerate(zip(vt.blocks, cus)):
-        h = block(h, cu_seqlens=c, rotary_pos_emb=rope)
-        stages.append((f"layers.{i}", h))
-    out = vt(pixel_values.astype(vt.patch_embed.proj.weight.dtype), grid)
-    return stages + [("projector", out)]
-
-
 QWEN_ARCHS = [("qwen2_vl-vision", False), ("qwen2_5_vl-vision", True)]
 
 
@@ -149,10 +129,10 @@ def test_qwen_vl_tower_merger_splice_and_merge_are_bit_exact(tower_ckpt, images,
     n_image_tokens = int((ref["input_ids"] == model.config.image_token_id).sum().item())
     assert ours.soft_tokens == n_image_tokens == sum(int(t * h * w) // 4 for t, h, w in ours.grid.tolist())
     grid = ref["image_grid_thw"]
-    theirs = _qwen_oracle_stages(model.vision_tower, ref["pixel_values"], grid, windows)
+    theirs = oracle_stages(model, VitLayout.QWEN_VL, ref["pixel_values"], grid, None, windows)
     mine = vlm.vision.blocks(ours.pixel_values, None, ours.grid)
-    assert [n for n, _ in mine] == [n for n, _ in theirs]
-    for (name, a), (_, b) in zip(mine, theirs):
+    assert len(mine) == len(theirs) and mine[-1][0] == "projector"
+    for (name, a), b in zip(mine, theirs):
         assert a.dtype == b.dtype and mx.array_equal(a, b), f"first mismatch at {name}"
     merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], image_grid_thw=grid,
                                         mask=ref["attention_mask"])
@@ -400,3 +380,34 @@ def test_tower_bringup_driver_holds_every_stage_and_records_rows(zoo_root, tmp_p
     assert "first stage that differs: layers.1" in run.verdict()
     with pytest.raises(Exception, match="layers.1"):
         run.require_pass()
+
+
+@pytest.mark.parametrize("arch", [a for a, _ in QWEN_ARCHS])
+def test_tower_bringup_driver_on_qwen_towers(zoo_root, arch):
+    from mlxbun.experiments.tower_bringup import tower_bringup
+
+    run = tower_bringup(tower_arch=arch, zoo_root=zoo_root, record=False)
+    assert run.bit_exact, run.verdict()
+    rows, cols = run.grid_shape
+    assert run.image.shape == (rows * 14, cols * 14, 3) and run.grids["projector"].shape == (rows // 2, cols // 2)
+    assert run.attention.shape == (2, rows * cols, rows * cols)
+
+
+def test_patch_order_puts_qwen_patches_back_in_row_major_order(tower_ckpt, images):
+    """Each processor patch row's first pixel is the resized, normalized image's pixel at the
+    corner of the patch `patch_order` names."""
+    from PIL import Image
+
+    from mlxbun.towers.images import load_image
+
+    vlm, _, _ = _both(tower_ckpt(arch="qwen2_vl-vision"))
+    prompt = vlm.prepare("x", images[:1])
+    order = patch_order(vlm.vision, prompt.grid)
+    _, h, w = prompt.grid.tolist()[0]
+    spec = vlm.vision.processor
+    resized = load_image(images[0]).resize((w * 14, h * 14), resample=Image.BICUBIC)
+    red = (np.array(resized)[..., 0].astype(np.float32) * spec.rescale_factor - np.float32(spec.image_mean[0])) \
+        / np.float32(spec.image_std[0])
+    corners = np.array(prompt.pixel_values)[:, 0]  # channel 0, frame 0, (0, 0) of each patch in sequence order
+    assert sorted(order.tolist()) == list(range(h * w))
+    assert np.array_equal(red[::14, ::14].reshape(-1)[order], corners)

@@ -20,8 +20,9 @@ import mlx.core as mx
 import numpy as np
 
 from mlxbun.errors import MlxbunError
+from mlxbun.towers.knobs import VitLayout
 
-__all__ = ["TowerBringup", "default_image", "tower_bringup"]
+__all__ = ["TowerBringup", "default_image", "oracle_stages", "patch_order", "tower_bringup"]
 
 
 def default_image() -> str:
@@ -49,6 +50,7 @@ class TowerBringup:
     image_token_id: int
     attention: np.ndarray  # [heads, P, P] of block `attention_layer`
     attention_layer: int
+    grid_shape: tuple[int, int] = (0, 0)  # patches (rows, columns) of the image
     run_id: Optional[str] = None
     notes: list[str] = field(default_factory=list)
 
@@ -75,18 +77,69 @@ class TowerBringup:
                              "patches_differing": [int((self.grids[s] > 0).sum()) for s in self.stages]})
 
 
-def _grid(diff: mx.array) -> np.ndarray:
-    """[1, P, D] |diff| -> [side, side] max over the features."""
-    per = np.array(diff.astype(mx.float32).max(axis=-1))[0]
-    side = int(round(per.size ** 0.5))
-    return per.reshape(side, side)
+def oracle_stages(model, layout: VitLayout, pixel_values: mx.array, grid: Optional[mx.array], dtype,
+                  windows: bool = False) -> list[mx.array]:
+    """mlx-vlm's tower stage by stage with its own modules and methods (its __call__ returns only
+    the end): the patch embeddings, each block, the final norm (SigLIP), the projector's tokens
+    (Qwen: its tower's __call__ itself). `pixel_values` as its processor gives them."""
+    if layout is VitLayout.SIGLIP:
+        sv = model.vision_tower.vision_model
+        h = sv.embeddings(pixel_values.transpose(0, 2, 3, 1).astype(dtype))
+        out = [h]
+        for layer in sv.encoder.layers:
+            h = layer(h)
+            out.append(h)
+        out.append(sv.post_layernorm(h))
+        return out + [model.multi_modal_projector(out[-1])]
+    vt = model.vision_tower
+    x = pixel_values.astype(vt.patch_embed.proj.weight.dtype)
+    h, rope = vt.patch_embed(x), vt.rot_pos_emb(grid)
+    cu = mx.pad(mx.cumsum(mx.array([int(g[1] * g[2]) for g in grid.tolist()]).astype(mx.int32)), (1, 0))
+    cus = [cu] * len(vt.blocks)
+    if windows:
+        index, cu_windows = vt.get_window_index(grid)
+        unit, L = vt.spatial_merge_unit, h.shape[0]
+        h = h.reshape(L // unit, unit, -1)[index, :, :].reshape(L, -1)
+        rope = rope.reshape(L // unit, unit, -1)[index, :, :].reshape(L, -1)
+        cus = [cu if i in vt.fullatt_block_indexes else cu_windows for i in range(len(vt.blocks))]
+    out = [h]
+    for block, c in zip(vt.blocks, cus):
+        h = block(h, cu_seqlens=c, rotary_pos_emb=rope)
+        out.append(h)
+    return out + [vt(x, grid)]
+
+
+def patch_order(vision, grid) -> Optional[np.ndarray]:
+    """The row-major patch index at each position of a Qwen tower's sequence (merge-window order,
+    then window order), for the first image; None for a SigLIP tower (already row-major)."""
+    if not vision.dynamic:
+        return None
+    _, h, w = (int(x) for x in np.asarray(grid)[0])
+    m = vision.tower.config.spatial_merge_size
+    order = np.arange(h * w).reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).reshape(-1)
+    if vision.descriptor.vit.windows:
+        index, _ = vision.tower.window_index(np.asarray(grid)[:1])
+        order = order.reshape(-1, m * m)[np.array(index)].reshape(-1)
+    return order
+
+
+def _patch_grid(diff: mx.array, order: Optional[np.ndarray], shape: tuple[int, int]) -> np.ndarray:
+    """|diff| ([1, P, D] or [P, D]) -> max over the features on the (first image's) patch grid."""
+    per = np.array(diff.astype(mx.float32).max(axis=-1)).reshape(-1)
+    n = shape[0] * shape[1]
+    if order is None:
+        return per[:n].reshape(shape)
+    grid = np.empty(n, dtype=per.dtype)
+    grid[order] = per[:n]
+    return grid.reshape(shape)
 
 
 def tower_bringup(checkpoint=None, *, tower_arch: str = "gemma3-vision", variant: str = "float32",
-                  image=None, prompt: str = "<start_of_image> describe", attention_layer: Optional[int] = None,
+                  image=None, prompt: Optional[str] = None, attention_layer: Optional[int] = None,
                   results_path=None, record: bool = True, zoo_root=None) -> TowerBringup:
     """Hold `checkpoint`'s tower (default: the zoo's `tower_arch` in `variant`, a dtype name or
-    dtype-q4 / q8 / mixed) to mlx-vlm on `image` (default: matplotlib's sample photograph)."""
+    dtype-q4 / q8 / mixed) to mlx-vlm on `image` (default: matplotlib's sample photograph);
+    `prompt` None: the image alone, then "describe"."""
     from mlx_vlm.utils import load, prepare_inputs
 
     from mlxbun.lab.recording import recording
@@ -101,37 +154,50 @@ def tower_bringup(checkpoint=None, *, tower_arch: str = "gemma3-vision", variant
         path = Path(checkpoint)
     image = default_image() if image is None else image
     vlm = open_vlm(path)
+    v = vlm.vision
     pil = load_image(image)
+    text = vlm.placeholders("describe" if prompt is None else prompt, 1)  # the image's placeholders written out
     model, processor = load(str(path))
-    ref = prepare_inputs(processor, images=[pil], prompts=[prompt], add_special_tokens=True)
-    ours = vlm.prepare(prompt, [pil])
+    ref = prepare_inputs(processor, images=[pil], prompts=[text], add_special_tokens=True)
+    ours = vlm.prepare(text, [pil])
     dtype = vlm.text_model.embed_tokens(ours.ids[:1][None]).dtype
-    mine = vlm.vision.blocks(ours.pixel_values, dtype)
-    x = ref["pixel_values"].transpose(0, 2, 3, 1).astype(dtype)
-    sv = model.vision_tower.vision_model
-    h = sv.embeddings(x)
-    theirs = [h]
-    for layer in sv.encoder.layers:
-        h = layer(h)
-        theirs.append(h)
-    theirs.append(sv.post_layernorm(h))
-    theirs.append(model.multi_modal_projector(theirs[-1]))
+    mine = v.blocks(ours.pixel_values, dtype, ours.grid)
+    grid = ref.get("image_grid_thw")
+    theirs = oracle_stages(model, v.descriptor.vit.layout, ref["pixel_values"], grid, dtype, v.descriptor.vit.windows)
+    order = patch_order(v, ours.grid)
+    if v.dynamic:
+        _, gh, gw = (int(x) for x in np.asarray(ours.grid)[0])
+        m = v.tower.config.spatial_merge_size
+        shape, token_shape = (gh, gw), (gh // m, gw // m)
+        resized_hw = (gh * v.processor.patch_size, gw * v.processor.patch_size)
+    else:
+        side = v.tower.config.grid
+        token_side = int(round(v.tokens_per_image ** 0.5))
+        shape, token_shape = (side, side), (token_side, token_side)
+        resized_hw = (v.processor.height, v.processor.width)
     stages = [name for name, _ in mine]
-    grids = {name: _grid(mx.abs(a.astype(mx.float32) - b.astype(mx.float32))) for (name, a), b in zip(mine, theirs)}
-    merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], mask=ref["attention_mask"])
-    spec = vlm.vision.processor
-    resized = np.array(pil.resize((spec.width, spec.height), resample=spec.resample, reducing_gap=None))
-    n_layers = len(vlm.vision.tower.encoder.layers)
-    layer = n_layers - 1 if attention_layer is None else attention_layer
-    attn = vlm.vision.tower.attention_maps(ours.pixel_values.transpose(0, 2, 3, 1).astype(dtype), layer)
+    grids = {name: _patch_grid(mx.abs(a.astype(mx.float32) - b.astype(mx.float32)),
+                               None if name == "projector" else order, token_shape if name == "projector" else shape)
+             for (name, a), b in zip(mine, theirs)}
+    kwargs = {"image_grid_thw": grid} if grid is not None else {}
+    merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], mask=ref["attention_mask"], **kwargs)
+    resample = v.processor.resample
+    resized = np.array(pil.resize((resized_hw[1], resized_hw[0]), resample=resample, reducing_gap=None))
+    layer = len(v.tower.layers) - 1 if attention_layer is None else attention_layer
+    attn = np.array(v.tower.attention_maps(v.pixels(ours.pixel_values, dtype), layer, ours.grid)[0])
+    if order is not None:  # to row-major patches (the first image's)
+        n = shape[0] * shape[1]
+        inv = np.argsort(order)
+        attn = attn[:, :n, :n][:, inv][:, :, inv]
+    features = ours.features[0] if ours.features.ndim == 3 else ours.features[: token_shape[0] * token_shape[1]]
     out = TowerBringup(
         path=path, stages=stages, grids=grids, stage_max={s: float(g.max()) for s, g in grids.items()},
         pixels_equal=bool(mx.array_equal(ours.pixel_values, ref["pixel_values"])),
         ids_equal=ours.ids.tolist() == ref["input_ids"][0].tolist(),
         embeddings_equal=bool(mx.array_equal(ours.embeddings, merged.inputs_embeds)),
-        image=resized, patch_size=vlm.vision.tower.config.patch_size,
-        soft_tokens=np.array(ours.features[0].astype(mx.float32)), prompt_ids=ours.ids.tolist(),
-        image_token_id=vlm.vision.image_token_id, attention=np.array(attn[0]), attention_layer=layer)
+        image=resized, patch_size=v.tower.config.patch_size,
+        soft_tokens=np.array(features.astype(mx.float32)), prompt_ids=ours.ids.tolist(),
+        image_token_id=v.image_token_id, attention=attn, attention_layer=layer, grid_shape=shape)
     params = {"tower_arch": tower_arch, "variant": variant, "image": str(image) if not hasattr(image, "size") else "PIL",
               "checkpoint": None if checkpoint is None else str(checkpoint)}
     with recording("tower_bringup", model=path, params=params, results_path=results_path, record=record) as run:

@@ -22,7 +22,7 @@ def patch_grid_plot(image: np.ndarray, patch: int, title: str = "the image as th
     for y in range(0, h + 1, patch):
         ax.axhline(y - 0.5, color="white", lw=0.8)
     side = w // patch
-    if side <= 16:
+    if side <= 16 and h // patch <= 16:
         for i in range(side * (h // patch)):
             r, c = divmod(i, side)
             ax.text(c * patch + patch / 2, r * patch + patch / 2, str(i), ha="center", va="center",
@@ -77,18 +77,19 @@ def soft_tokens_plot(soft_tokens: np.ndarray, prompt_ids: list[int], image_token
     return fig
 
 
-def attention_plot(attention: np.ndarray, query: int | None = None, title: str = "attention"):
-    """Per head: the attention each patch receives (mean over queries) on the patch grid, and the
-    map of one query patch (default: the centre one)."""
+def attention_plot(attention: np.ndarray, query: int | None = None, title: str = "attention",
+                   shape: tuple[int, int] | None = None):
+    """Per head: the attention each patch receives (mean over queries) on the patch grid (`shape`
+    rows x columns, default square), and the map of one query patch (default: the centre one)."""
     heads, n, _ = attention.shape
-    side = int(round(n ** 0.5))
-    query = (side // 2) * side + side // 2 if query is None else query
+    rows, cols = shape if shape and shape[0] * shape[1] == n else (int(round(n ** 0.5)),) * 2
+    query = (rows // 2) * cols + cols // 2 if query is None else query
     fig = figure(2.4 * heads + 0.6, 5.0)
     axes = np.array(fig.subplots(2, heads)).reshape(2, heads)
     for h in range(heads):
-        axes[0, h].imshow(attention[h].mean(axis=0).reshape(side, side), cmap=cmap("viridis"))
+        axes[0, h].imshow(attention[h].mean(axis=0).reshape(rows, cols), cmap=cmap("viridis"))
         axes[0, h].set_title(f"head {h}: received", fontsize=8)
-        axes[1, h].imshow(attention[h, query].reshape(side, side), cmap=cmap("viridis"))
+        axes[1, h].imshow(attention[h, query].reshape(rows, cols), cmap=cmap("viridis"))
         axes[1, h].set_title(f"head {h}: query patch {query}", fontsize=8)
         for ax in axes[:, h]:
             ax.set_xticks([])

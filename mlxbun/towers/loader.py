@@ -54,6 +54,10 @@ class VisionStack:
         m = self.tower.config.spatial_merge_size ** 2
         return [int(np.prod(g)) // m for g in np.asarray(grid).tolist()]
 
+    def pixels(self, pixel_values, dtype: mx.Dtype) -> mx.array:
+        """The processor's pixel values as the tower takes them."""
+        return self._pixels(pixel_values, dtype)
+
     def _pixels(self, pixel_values, dtype: mx.Dtype) -> mx.array:
         pixels = mx.array(np.asarray(pixel_values)) if not isinstance(pixel_values, mx.array) else pixel_values
         if self.dynamic:  # mlx-vlm casts to the patch embedding's dtype
