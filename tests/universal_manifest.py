@@ -67,6 +67,7 @@ MANIFEST = {
         Entry("openelm"),
         Entry("plamo3"),
         Entry("spark2_5"),
+        Entry("iquestloopcoder"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

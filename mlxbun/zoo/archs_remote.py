@@ -149,4 +149,13 @@ REMOTE_CODE_ROWS = (
         "rope_parameters": {"full_attention": {"rope_theta": 1000000.0},
                             "sliding_attention": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
         "sliding_window": SLIDING_WINDOW, "tie_word_embeddings": True, "vocab_size": VOCAB_SIZE}),
+    # IQuest-Loop-Coder: llama's keys with loop_num 2 and a loop window of 16 (a 40-token prompt
+    # passes it)
+    Arch("iquestloopcoder", "IQuestLoopCoderForCausalLM", base={
+        "model_type": "iquestloopcoder", "attention_bias": False, "head_dim": HEAD_DIM, "hidden_act": "silu",
+        "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": INTERMEDIATE, "loop_num": 2,
+        "loop_window_size": SLIDING_WINDOW, "max_position_embeddings": MAX_POSITIONS, "mlp_bias": False,
+        "num_attention_heads": HEADS, "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-05,
+        "rope_scaling": None, "rope_theta": 500000.0, "tie_word_embeddings": False, "use_cache": True,
+        "vocab_size": VOCAB_SIZE}),
 )

@@ -62,6 +62,7 @@ from mlxbun.models.universal.kinds import (
 from mlxbun.models.universal.kinds_hybrid import (
     MixerKind,
 )
+from mlxbun.models.universal.loop_gated import LOOP_GATED_TYPES
 from mlxbun.models.universal.looped import loop_count
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor
@@ -275,6 +276,10 @@ def _block_form(d: ArchDescriptor, a: UniversalArgs) -> str:
     h = d.hybrid
     if h is not None and h.mixer_block is not None:
         form += f" on the attention layers, {_FORMS[h.mixer_block]} on the {h.mixer.value} layers"
+    if d.model_type in LOOP_GATED_TYPES:  # iquestloopcoder (loop_gated.py)
+        form += (f"; the stack runs twice, the second loop's attention sigmoid(gate_projections[i](q)) * "
+                 f"global (the first loop's keys / values) + (1 - gate) * its own over a "
+                 f"{a.fields['loop_window_size']}-token window")
     if d.loops is not None:  # nanbeige (looped.py)
         skip = a.fields[d.loops.skip_final_norm]
         form += (f"; the stack runs {loop_count(a.fields, d.loops, d.model_type)} times, each with its own "

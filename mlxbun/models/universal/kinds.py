@@ -538,6 +538,7 @@ class PostInit(StrEnum):
     # falcon_mamba: use_bcdt_rms True
     JAMBA_ARGS = "jamba_args"  # mamba_dt_rank "auto": ceil(hidden_size / 16); layers_block_type
     # None: attention where i % attn_layer_period == attn_layer_offset, mamba elsewhere
+    LOOP_NUM_TWO = "loop_num_two"  # iquestloopcoder: loop_num must be 2 (mlx-lm asserts it)
     NANBEIGE_ARGS = "nanbeige_args"  # head_dim None: hidden // heads; enable_double_loop_split,
     # loop_share_kv and enable_depth_attention refused (mlx-lm raises NotImplementedError)
     QWEN_KV_CHANNELS = "qwen_kv_channels"  # kv_channels * num_attention_heads must be hidden_size

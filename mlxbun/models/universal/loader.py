@@ -30,6 +30,7 @@ from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.gemma4 import Gemma4Text
 from mlxbun.models.universal.gemma4_args import GEMMA4_MODEL_TYPES
 from mlxbun.models.universal.kinds import TieRule
+from mlxbun.models.universal.loop_gated import LOOP_GATED_TYPES, LoopGatedDense
 from mlxbun.models.universal.looped import LoopedDense
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.sanitize import Meta, sanitize_weights
@@ -65,7 +66,7 @@ def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
 
 # rows whose forward is a UniversalDense subclass of its own (the row's knobs still drive the
 # loader, sanitize, quantization, audit and coverage)
-_GRAPHS = dict.fromkeys(GEMMA4_MODEL_TYPES, Gemma4Text)
+_GRAPHS = {**dict.fromkeys(GEMMA4_MODEL_TYPES, Gemma4Text), **dict.fromkeys(LOOP_GATED_TYPES, LoopGatedDense)}
 
 
 # ----------------------------------------------------------------- loading

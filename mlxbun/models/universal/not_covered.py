@@ -59,7 +59,6 @@ NOT_COVERED: dict[str, str] = {
     "bitnet": "ternary BitLinear weights (2-bit packed, a weight scale): mlx-lm's BitLinear computes "
               "only through a Metal kernel (mx.fast.metal_kernel), so no oracle runs on the CPU or CUDA "
               "backends this project gates on",
-    "iquestloopcoder": "loop-gated recurrent reuse of layers: needs a dedicated port",
     "llama4_text": "chunked attention with per-layer NoPE and functional qk-norm: "
                    "needs a dedicated port",
     "nemotron-nas": "per-layer heterogeneous blocks (no-op / linear attention, varied FFN width)",

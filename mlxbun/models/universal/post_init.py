@@ -74,6 +74,11 @@ def _jamba_args(a: dict, mt: str) -> None:
             raise _fail(mt, f"layers_block_type has no {kind!r} layer (mlx-lm's jamba needs one)")
 
 
+def _loop_num_two(a: dict, mt: str) -> None:
+    if a["loop_num"] != 2:
+        raise _fail(mt, f"loop_num {a['loop_num']!r}: mlx-lm's iquestloopcoder runs loop_num 2 only")
+
+
 def _nanbeige_args(a: dict, mt: str) -> None:
     if a["head_dim"] is None:
         a["head_dim"] = a["hidden_size"] // a["num_attention_heads"]
@@ -362,6 +367,7 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
     PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
     PostInit.NANBEIGE_ARGS: _nanbeige_args,
+    PostInit.LOOP_NUM_TWO: _loop_num_two,
     PostInit.JAMBA_ARGS: _jamba_args,
     PostInit.MAMBA_ARGS: _mamba_args,
     PostInit.SPARK2_5_ARGS: _spark2_5_args,

@@ -600,6 +600,20 @@ _ROWS = [
               "(mlx-lm's quant_predicate).",
     ),
     ArchDescriptor(
+        "iquestloopcoder",
+        _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                "rms_norm_eps", "vocab_size", "head_dim", "num_key_value_heads", max_position_embeddings=131072,
+                attention_bias=False, mlp_bias=False, rope_theta=500000.0, rope_scaling=None,
+                tie_word_embeddings=False, loop_num=2, loop_window_size=64),
+        ("loop_num_two",), head_dim="field", attn_bias="attention_bias", out_bias="attention_bias",
+        rope=RopeKnobs(traditional=False), mlp=MlpKnobs(bias="mlp_bias"), accepted_values=_SILU,
+        notes="IQuest-Loop-Coder (loop_gated.py): llama's layers run twice with the same weights; the "
+              "second loop's queries attend to the first loop's keys / values (full mask) and to their own "
+              "over a loop_window_size window, mixed per head by sigmoid gates (model.gate_projections); "
+              "caches: a KVCache per layer, then a RotatingKVCache(loop_window_size) per layer; mlx-lm's "
+              "shard() split (gate heads sliced per rank).",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
