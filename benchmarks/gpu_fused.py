@@ -4,7 +4,8 @@
         [--knobs LABEL:NAME=VALUE,... ...] [--smoke]
 
 `--knobs` adds fused variants to `check`, `bench` and `profile`: `fused_decode`'s module knobs (RW, QKV_RW,
-NW, QKV_NW, QKV_SPLIT, MAX_SPLIT, TARGET_WARPS) set for that variant only.
+NW, MAX_SPLIT, TARGET_WARPS) and the decode attention's (ATTN_MIN_CHUNK: the smallest split of
+positions; ATTN_TARGET_BLOCKS) set for that variant only.
 
 Sections:
 - `check`: each fused kernel (qkv_rope with and without q/k norm and biases, traditional RoPE;
@@ -50,7 +51,7 @@ from mlxbun.fast.fidelity import decode_fidelity, fast_decode_step  # noqa: E402
 from mlxbun.fast.fused_decoder import FusedDecoder, forget_fused_steps  # noqa: E402
 from mlxbun.fast.kernel_count import step_kernels  # noqa: E402
 from mlxbun.kernels import cuda_available  # noqa: E402
-from mlxbun.kernels import fused_decode  # noqa: E402
+from mlxbun.kernels import fused_decode, sdpa_decode  # noqa: E402
 from mlxbun.kernels.fused_decode import CudaFusedOps, ReferenceFusedOps  # noqa: E402
 
 # A kernel passes where its output is within CHECK_BOUND of the reference's (in units of the
@@ -209,24 +210,38 @@ def parse_knobs(items) -> list[tuple[str, dict]]:
     return out
 
 
-KNOBS = ("RW", "QKV_RW", "NW", "QKV_NW", "QKV_SPLIT", "MAX_SPLIT", "TARGET_WARPS")
+KNOBS = ("RW", "QKV_RW", "NW", "MAX_SPLIT", "TARGET_WARPS", "ATTN_MIN_CHUNK", "ATTN_TARGET_BLOCKS")
+# The decode attention's knobs (sdpa_decode's module-level launch knobs), by --knobs name
+_ATTN = {"ATTN_MIN_CHUNK": "CHUNKS", "ATTN_TARGET_BLOCKS": "TARGET_BLOCKS"}
+ATTN_CHUNKS = (16, 32, 64, 128, 256, 512)
+
+
+def _module_value(name: str, value: int):
+    """(module, attribute, value) that --knobs NAME=value sets."""
+    if name == "ATTN_MIN_CHUNK":
+        return sdpa_decode, "CHUNKS", tuple(c for c in ATTN_CHUNKS if c >= value)
+    if name in _ATTN:
+        return sdpa_decode, _ATTN[name], value
+    return fused_decode, name, value
 
 
 class _knobs:
-    """fused_decode's module knobs set for a `with` block (and the compiled fused steps forgotten)."""
+    """--knobs settings for a `with` block (and the compiled fused steps forgotten)."""
 
     def __init__(self, model, knobs: dict):
         self.model, self.knobs = model, knobs
 
     def __enter__(self):
-        self.saved = {k: getattr(fused_decode, k) for k in self.knobs}
-        for k, v in self.knobs.items():
-            setattr(fused_decode, k, v)
+        self.saved = []
+        for name, value in self.knobs.items():
+            module, attr, v = _module_value(name, value)
+            self.saved.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, v)
         forget_fused_steps(self.model)
 
     def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            setattr(fused_decode, k, v)
+        for module, attr, v in reversed(self.saved):
+            setattr(module, attr, v)
         forget_fused_steps(self.model)
 
 
@@ -264,7 +279,7 @@ def section_bench(specs, context: int, smoke: bool, no_split: bool = True, scatt
         plan = fused_plan_of(fast)
         variants = [("in place", True, {})]
         if no_split:
-            variants.append(("in place, no split-K", True, {"MAX_SPLIT": 1, "QKV_SPLIT": 1}))
+            variants.append(("in place, no split-K", True, {"MAX_SPLIT": 1}))
         if scatter:
             variants.append(("scatter", False, {}))
         variants += [(label, True, k) for label, k in knobs]

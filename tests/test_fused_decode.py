@@ -157,7 +157,7 @@ def test_the_decoders_buffers_are_its_own(zoo):
 class _CountingOps(ReferenceFusedOps):
     """The reference, counting the kernel launches each call stands for."""
 
-    LAUNCHES = {"qkv_rope": 1, "attention": 2, "gemv": 1, "gemv_swiglu": 1}
+    LAUNCHES = {"qkv_rope": 2, "attention": 2, "gemv": 1, "gemv_swiglu": 1}
 
     def __init__(self):
         self.launches = 0
@@ -169,7 +169,7 @@ class _CountingOps(ReferenceFusedOps):
         return object.__getattribute__(self, name)
 
 
-def test_a_fused_step_makes_six_launches_per_layer_and_one_for_the_head(zoo):
+def test_a_fused_step_makes_seven_launches_per_layer_and_one_for_the_head(zoo):
     model = open_model(zoo("qwen3", dtype="bfloat16", head_dim=64))
     plan = fused_plan(model)
     ops = _CountingOps()
@@ -179,9 +179,9 @@ def test_a_fused_step_makes_six_launches_per_layer_and_one_for_the_head(zoo):
     from mlxbun.fast.fused_decoder import fused_step
     fused_step(plan, ops, mx.array([[7]]), mx.array([7], mx.int32),
                *[mx.zeros((2, layer.attn.hkv, 256, layer.attn.head_dim), mx.bfloat16) for layer in plan.layers])
-    assert plan.kernels_per_layer == 6
-    assert ops.launches == plan.kernels_per_step() == len(plan.layers) * 6 + 1
-    assert plan.kernels_per_step(scatter=True) == len(plan.layers) * 7 + 1
+    assert plan.kernels_per_layer == 7
+    assert ops.launches == plan.kernels_per_step() == len(plan.layers) * 7 + 1
+    assert plan.kernels_per_step(scatter=True) == len(plan.layers) * 8 + 1
 
 
 def test_step_kernels_counts_primitives_and_sets_views_apart():
@@ -210,20 +210,22 @@ def test_the_compiled_and_fused_steps_are_counted_from_their_graphs(zoo):
 
 
 def _template(kind, dtype, bits, **kw):
-    t = [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", kw.get("K", 2048)), ("N", 2048), ("BITS", bits),
-         ("GS", kw.get("GS", 64)), ("NW", fd.QKV_NW if kind == "qkv" else fd.NW), ("SPLIT", kw.get("split", 1)),
+    D = kw.get("D", 64)
+    if kind == "rope":
+        return [("T", dtype), ("NW", -(-D // 32)), ("HQ", 32), ("HKV", 8), ("D", D), ("QK_NORM", kw.get("qk", True)),
+                ("QK_EPS_BITS", float_bits(1e-6)), ("BIAS", kw.get("bias", True)), ("ROPE_TRAD", kw.get("trad", False)),
+                ("ROPE_SCALE_BITS", float_bits(1.0)), ("CAP", 512), ("INPLACE", kw.get("inplace", True))]
+    rows = [("NQ", 32 * D), ("NKV", 8 * D)] if kind == "qkv" else [("N", 2048)]
+    t = [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", kw.get("K", 2048)), *rows, ("BITS", bits),
+         ("GS", kw.get("GS", 64)), ("NW", fd.NW), ("SPLIT", kw.get("split", 1)),
          ("RW", kw.get("rw", fd.QKV_RW if kind == "qkv" else fd.RW)), ("EPS_BITS", float_bits(1e-5))]
     if kind == "gemv":
         t += [("NORM", kw.get("norm", True)), ("RESIDUAL", kw.get("residual", True))]
-    if kind == "qkv":
-        t += [("HQ", 32), ("HKV", 8), ("D", kw.get("D", 64)), ("QK_NORM", kw.get("qk", True)),
-              ("QK_EPS_BITS", float_bits(1e-6)), ("BIAS", kw.get("bias", True)), ("ROPE_TRAD", kw.get("trad", False)),
-              ("ROPE_SCALE_BITS", float_bits(1.0)), ("CAP", 512), ("INPLACE", kw.get("inplace", True))]
     return t
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("kind", ["gemv", "swiglu", "qkv"])
+@pytest.mark.parametrize("kind", ["gemv", "swiglu", "qkv", "rope"])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("bits,group", [(16, 32), (4, 32), (4, 128), (8, 64)])
 def test_the_fused_sources_compile_without_spills(kind, dtype, bits, group):
@@ -239,7 +241,7 @@ def test_the_fused_sources_compile_without_spills(kind, dtype, bits, group):
                                      dict(norm=False, residual=False, D=256), dict(split=2, D=128),
                                      dict(split=8, K=8192), dict(rw=4, split=2), dict(rw=1)])
 def test_the_fused_sources_compile_in_their_other_variants(variant):
-    for kind in ("gemv", "swiglu", "qkv"):
+    for kind in ("gemv", "swiglu", "qkv", "rope"):
         inputs, outputs = kernel_signature(kind, mx.bfloat16, 4)
         assert "Used" in ptxas_report(render("k", fd.HEADER, fd._SOURCES[kind], inputs, outputs,
                                              _template(kind, mx.bfloat16, 4, **variant)))

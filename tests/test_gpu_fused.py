@@ -35,10 +35,11 @@ def test_the_script_checks_and_benches_on_shrunken_shapes(gpu_fused, tmp_path):
 
 
 def test_knobs_name_fused_decode_settings_and_bad_ones_are_refused(gpu_fused):
-    from mlxbun.kernels import fused_decode
     parse = gpu_fused["parse_knobs"]
-    assert parse(["a:RW=4,QKV_NW=32", "b:MAX_SPLIT=1"]) == [("a", {"RW": 4, "QKV_NW": 32}), ("b", {"MAX_SPLIT": 1})]
-    assert all(hasattr(fused_decode, k) for k in gpu_fused["KNOBS"])
+    assert parse(["a:RW=4,QKV_RW=1", "b:MAX_SPLIT=1"]) == [("a", {"RW": 4, "QKV_RW": 1}), ("b", {"MAX_SPLIT": 1})]
+    assert all(hasattr(m, a) for m, a, _ in (gpu_fused["_module_value"](k, 32) for k in gpu_fused["KNOBS"]))
+    from mlxbun.kernels import sdpa_decode
+    assert gpu_fused["_module_value"]("ATTN_MIN_CHUNK", 32) == (sdpa_decode, "CHUNKS", (32, 64, 128, 256, 512))
     for bad in ("RW=4", "a:", "a:BOGUS=1", "a:RW=x"):
         with pytest.raises(SystemExit, match="--knobs"):
             parse([bad])

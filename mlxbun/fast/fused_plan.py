@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from mlxbun.fast.static_cache import CompileGap
 from mlxbun.kernels.common import Gap
-from mlxbun.kernels.fused_decode import QKV_NW, Weights, dtype_gap, rope_inv_freq, weights_gap
+from mlxbun.kernels.fused_decode import MAX_HEAD_DIM, Weights, dtype_gap, rope_inv_freq, weights_gap
 from mlxbun.models import rope as R
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.kinds import (QKV, Act, AttnKind, BlockKind, FinalSoftcap, MlpKind, NormKind, QKNormAt,
@@ -81,8 +81,9 @@ class FusedPlan:
 
     @property
     def kernels_per_layer(self) -> int:
-        """Launches per layer: qkv_rope, attention's two, o + residual, norm + gate/up, down + residual."""
-        return 6
+        """Launches per layer: qkv_rope's two (the q / k / v projection, then bias / norms / RoPE / the K/V
+        rows), attention's two, o + residual, norm + gate/up, down + residual."""
+        return 7
 
     def kernels_per_step(self, scatter: bool = False) -> int:
         """Launches the step's fused part makes (the embedding gather and any sampling come on top)."""
@@ -135,8 +136,8 @@ def _layer(block: Any, spec: Any, a: Any, d: Any, where: str) -> FusedLayer:
     if attn._gate is not None:
         raise FusedGap(f"{where}: an attention output gate ({attn._gate})")
     hq, hkv, hd = attn._h, attn._kv, attn._hd
-    if hd % 2 or hd > QKV_NW * 32:
-        raise FusedGap(f"{where}: head dim {hd} (qkv_rope takes even head dims up to {QKV_NW * 32})")
+    if hd % 2 or hd > MAX_HEAD_DIM:
+        raise FusedGap(f"{where}: head dim {hd} (qkv_rope takes even head dims up to {MAX_HEAD_DIM})")
     inv, rope_scale, trad = _rope(attn._rope_fn, hd, where)
     q, k, v = (_weights(attn[name], f"{where}.{n.attn}.{name}") for name in (n.q, n.k, n.v))
     bias = None

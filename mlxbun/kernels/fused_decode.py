@@ -29,33 +29,33 @@ import mlx.core as mx
 import numpy as np
 
 from mlxbun.kernels.common import HALF, Gap, cuda_available, float_bits
-from mlxbun.kernels.fused_decode_source import GEMV, GEMV_SWIGLU, HEADER, QKV_ROPE
+from mlxbun.kernels.fused_decode_source import GEMV, GEMV_SWIGLU, HEADER, QKV_PROJ, ROPE_KV
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
-__all__ = ["FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "QKV_NW", "CudaFusedOps", "ReferenceFusedOps", "Weights",
+__all__ = ["FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "MAX_HEAD_DIM", "CudaFusedOps", "ReferenceFusedOps", "Weights",
            "backend_gap", "dtype_gap", "kernel_signature", "rope_inv_freq", "split_for", "weights_gap"]
 
 FUSED_BITS = (16, 4, 8)  # 16: bfloat16 / float16 weights; 4, 8: affine codes
 FUSED_GROUPS = (32, 64, 128)
 NW = 8  # warps per block of the GEMVs
-QKV_NW = 16  # warps per block of qkv_rope: its HQ + 2 HKV blocks each walk a head's D rows
-# Rows per warp (gemv and gemv_swiglu: RW of gate and RW of up; qkv_rope: QKV_RW): a chunk of x is
-# read and converted once for all of them, and their loads are in flight together.
+# Rows per warp (gemv and gemv_swiglu: RW of gate and RW of up; the q / k / v projection: QKV_RW): a
+# chunk of x is read and converted once for all of them, and their loads are in flight together.
 RW = 2
-QKV_RW = 1
+QKV_RW = 2
+MAX_HEAD_DIM = 1024  # rope_kv: a thread per element of a head
 # Split-K across warps: a GEMV of few rows gives each row SPLIT warps (each takes every SPLIT-th run
 # of 32 chunks; their sums added in warp order), so the GPU has enough loads in flight. The GEMVs
-# aim at TARGET_WARPS warps in all (about 32 per SM of an H100 / H200); qkv_rope's few head blocks
-# take QKV_SPLIT. Module-level knobs, swept by benchmarks/gpu_fused.py.
+# aim at TARGET_WARPS warps in all (about 32 per SM of an H100 / H200). Module-level knobs, swept by
+# benchmarks/gpu_fused.py --knobs.
 TARGET_WARPS = 4096
 MAX_SPLIT = NW
-QKV_SPLIT = 2
 KV_WRITE = "inplace"  # or "scatter" (see the module docstring)
 # Whether the kernels have passed `benchmarks/gpu_fused.py --sections check` on a CUDA GPU (each
 # within its bound of the MLX-op reference, bit-equal run to run, the in-place write equal to the
-# scatter). The kernels before rows per warp (RW) and the conversion-free code loop passed on an H100,
-# 36 of 36 (benchmarks/gpu-h200-fast-raw/20-fused-h100-split); these await their check. While False a
-# fast run takes the compiled step and says why (the check script turns them on for its run).
+# scatter). Rows per warp and the conversion-free code loop passed on an H100, 180 of 180 in five knob
+# variants (benchmarks/gpu-h200-fast-raw/21-fused-h100-rows); the q / k / v projection split from its
+# RoPE (QKV_PROJ + ROPE_KV) awaits its check. While False a fast run takes the compiled step and says
+# why (the check script turns them on for its run).
 FUSED_CHECKED = False
 
 
@@ -128,7 +128,7 @@ def rope_inv_freq(dims: int, base: Optional[float] = None, freqs: Optional[mx.ar
 
 
 def kernel_signature(kind: str, dtype, bits: int) -> tuple[list, list]:
-    """((name, dtype) inputs, (name, dtype) outputs) of kernel `kind` ("gemv", "swiglu", "qkv")."""
+    """((name, dtype) inputs, (name, dtype) outputs) of kernel `kind` ("gemv", "swiglu", "qkv", "rope")."""
     wt = mx.uint32 if bits != 16 else dtype
     proj = lambda p: [(f"w{p}", wt), (f"s{p}", dtype), (f"b{p}", dtype)]  # noqa: E731
     if kind == "gemv":
@@ -137,14 +137,15 @@ def kernel_signature(kind: str, dtype, bits: int) -> tuple[list, list]:
     if kind == "swiglu":
         return [("x", dtype), ("norm_w", dtype), *proj("g"), *proj("u")], [("out", dtype)]
     if kind == "qkv":
-        return ([("x", dtype), ("norm_w", dtype), *proj("q"), *proj("k"), *proj("v"), ("bias_q", dtype),
-                 ("bias_k", dtype), ("bias_v", dtype), ("q_norm", dtype), ("k_norm", dtype),
-                 ("inv_freq", mx.float32), ("pos", mx.int32), ("kv", dtype)],
+        return [("x", dtype), ("norm_w", dtype), *proj("q"), *proj("k"), *proj("v")], [("sums", mx.float32)]
+    if kind == "rope":
+        return ([("sums", mx.float32), ("bias_q", dtype), ("bias_k", dtype), ("bias_v", dtype), ("q_norm", dtype),
+                 ("k_norm", dtype), ("inv_freq", mx.float32), ("pos", mx.int32), ("kv", dtype)],
                 [("q_out", dtype), ("kv_new", dtype), ("next_pos", mx.int32)])
-    raise ValueError(f"kernel_signature: no kernel {kind!r} (gemv, swiglu, qkv)")
+    raise ValueError(f"kernel_signature: no kernel {kind!r} (gemv, swiglu, qkv, rope)")
 
 
-_SOURCES = {"gemv": GEMV, "swiglu": GEMV_SWIGLU, "qkv": QKV_ROPE}
+_SOURCES = {"gemv": GEMV, "swiglu": GEMV_SWIGLU, "qkv": QKV_PROJ, "rope": ROPE_KV}
 _kernels: dict[tuple, object] = {}
 
 
@@ -219,17 +220,25 @@ class CudaFusedOps:
         dtype, K = x.dtype, q.width
         a = attn
         buffer, pos = a.buffer, a.pos
-        split = split_for(q, 1, target=QKV_SPLIT)  # QKV_SPLIT, or fewer where the rows are short
-        template = _common(dtype, q, K, 0, QKV_NW, split, QKV_RW) + [
-            ("EPS_BITS", float_bits(norm[1])), ("HQ", a.hq), ("HKV", a.hkv), ("D", a.head_dim),
-            ("QK_NORM", a.q_norm is not None), ("QK_EPS_BITS", float_bits(a.qk_eps)), ("BIAS", a.bias is not None),
-            ("ROPE_TRAD", a.traditional), ("ROPE_SCALE_BITS", float_bits(a.rope_scale)),
-            ("CAP", buffer.shape[2]), ("INPLACE", self.inplace)]
+        rows = q.rows + k.rows + v.rows
+        split = split_for(q, rows, rw=QKV_RW)
+        template = [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), ("BITS", q.bits), ("GS", q.group_size or 32),
+                    ("NW", NW), ("SPLIT", split), ("RW", QKV_RW), ("NQ", q.rows), ("NKV", k.rows),
+                    ("EPS_BITS", float_bits(norm[1]))]
+        sums = _kernel("qkv", dtype, q.bits)(
+            inputs=[x, norm[0], *_operands(q), *_operands(k), *_operands(v)], template=template,
+            grid=_grid(rows, split, QKV_RW), threadgroup=(NW * 32, 1, 1), output_shapes=[(rows,)],
+            output_dtypes=[mx.float32])[0]
+        warps = -(-a.head_dim // 32)
+        template = [("T", dtype), ("NW", warps), ("HQ", a.hq), ("HKV", a.hkv), ("D", a.head_dim),
+                    ("QK_NORM", a.q_norm is not None), ("QK_EPS_BITS", float_bits(a.qk_eps)),
+                    ("BIAS", a.bias is not None), ("ROPE_TRAD", a.traditional),
+                    ("ROPE_SCALE_BITS", float_bits(a.rope_scale)), ("CAP", buffer.shape[2]), ("INPLACE", self.inplace)]
         bias = a.bias or (x, x, x)
         qn, kn = (a.q_norm, a.k_norm) if a.q_norm is not None else (x, x)
-        q_out, kv_new, next_pos = _kernel("qkv", dtype, q.bits)(
-            inputs=[x, norm[0], *_operands(q), *_operands(k), *_operands(v), *bias, qn, kn, a.inv_freq, pos, buffer],
-            template=template, grid=((a.hq + 2 * a.hkv) * QKV_NW * 32, 1, 1), threadgroup=(QKV_NW * 32, 1, 1),
+        q_out, kv_new, next_pos = _kernel("rope", dtype, 16)(
+            inputs=[sums, *bias, qn, kn, a.inv_freq, pos, buffer], template=template,
+            grid=((a.hq + 2 * a.hkv) * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
             output_shapes=[(a.hq * a.head_dim,), (2 * a.hkv * a.head_dim,), (1,)],
             output_dtypes=[dtype, dtype, mx.int32])
         if not self.inplace:

@@ -1,37 +1,38 @@
-"""CUDA source of the fused decode kernels: a dense layer's one-token step in five launches.
+"""CUDA source of the fused decode kernels: a dense layer's one-token step in six launches.
 
 Per layer of a standard pre-norm dense row (llama, qwen2, qwen3, mistral, ...), one token:
 
-1. `QKV_ROPE`: RMSNorm of the hidden state, the q / k / v GEMVs (+ their biases), the q / k
-   norms, RoPE, and the new key and value rows: written to `kv_new` and, in place, into the
-   static K/V buffer (`INPLACE`, see `fused_decode`), and `next_pos` = pos + 1. One block per
-   head (HQ query heads, then HKV key heads, then HKV value heads), so a head's norm and its
-   RoPE pairs stay inside one block.
-2. decode attention: `sdpa_decode`'s two launches (split-K, fixed-order merge).
-3. `GEMV` with RESIDUAL: the output projection plus the residual.
-4. `GEMV_SWIGLU`: RMSNorm, the gate and up GEMVs and silu(gate) * up.
-5. `GEMV` with RESIDUAL: the down projection plus the residual.
+1. `QKV_PROJ`: RMSNorm of the hidden state and the q / k / v GEMVs, as one GEMV over all their
+   rows (float32 sums, every SM busy: a block per head left most of an H100 idle).
+2. `ROPE_KV`: one block per head (HQ query heads, then HKV key heads, then HKV value heads): the
+   biases, the q / k norms, RoPE, and the new key and value rows, written to `kv_new` and, in
+   place, into the static K/V buffer (`INPLACE`, see `fused_decode`), and `next_pos` = pos + 1.
+3. decode attention: `sdpa_decode`'s two launches (split-K, fixed-order merge).
+4. `GEMV` with RESIDUAL: the output projection plus the residual.
+5. `GEMV_SWIGLU`: RMSNorm, the gate and up GEMVs and silu(gate) * up.
+6. `GEMV` with RESIDUAL: the down projection plus the residual.
 
 and once per step `GEMV` with NORM: the final norm and the head.
 
-Every GEMV is warp-per-row: a lane walks the row in 16-byte weight chunks (8 16-bit values, or 32
+Every GEMV gives a warp RW rows: a lane walks them in 16-byte weight chunks (8 16-bit values, or 32
 4-bit / 16 8-bit codes inside one quantization group: `scale * sum(q x) + bias * sum(x)` in float32),
-and the warp adds its 32 lane sums with a fixed xor-shuffle tree. Block sums (the norms) add the
-warps' sums in warp order. Nothing is atomic: the same inputs give the same bits on every run.
+and the warp adds its 32 lane sums per row with a fixed xor-shuffle tree. Block sums (the norms) add
+the warps' sums in warp order. Nothing is atomic: the same inputs give the same bits on every run.
 Rounding follows the exact path's dtypes where it rounds (a projection's output, the norm's
 normalized value, the residual sum), but sums run in another order than MLX's: the fast path
 measures its drift, it never claims bit-exactness.
 
 Template constants (written in front of the body by `mx.fast.cuda_kernel`): T, BF16, K (input
 width), N (output rows), BITS (16: 16-bit weights; 4 or 8: affine codes), GS (quantization group),
-NW (warps per block), SPLIT (warps per output row: each takes every SPLIT-th 32 chunks, their sums
-added in warp order), NORM, RESIDUAL, EPS_BITS (the norm's eps as float32 bits); QKV_ROPE also
-HQ, HKV, D, QK_NORM, QK_EPS_BITS, BIAS, ROPE_TRAD, ROPE_SCALE_BITS, CAP (buffer positions), INPLACE.
+NW (warps per block), SPLIT (warps per RW rows: each takes every SPLIT-th 32 chunks, their sums
+added in warp order), RW (rows per warp), NORM, RESIDUAL, EPS_BITS (the norm's eps as float32
+bits); QKV_PROJ NQ and NKV (its q and k / v rows) instead of N; ROPE_KV T, NW, HQ, HKV, D, QK_NORM,
+QK_EPS_BITS, BIAS, ROPE_TRAD, ROPE_SCALE_BITS, CAP (buffer positions), INPLACE.
 """
 
 from mlxbun.kernels.qmv_source import HEADER as HALF_HEADER
 
-__all__ = ["GEMV", "GEMV_SWIGLU", "HEADER", "QKV_ROPE"]
+__all__ = ["GEMV", "GEMV_SWIGLU", "HEADER", "QKV_PROJ", "ROPE_KV"]
 
 HEADER = HALF_HEADER + r"""
 // This lane's shares of R weight rows' dot products with one x: `w[r]` is row r (BITS 16: its K
@@ -275,48 +276,61 @@ GEMV_SWIGLU = r"""
   }
 """
 
-# One block per head: HQ query heads, HKV key heads, HKV value heads (kind 0 / 1 / 2).
-QKV_ROPE = r"""
+# sums[n] = w[n] . rms_norm(x) in float32 for the rows of q, then k, then v (NQ, NKV, NKV rows), RW
+# rows per warp: the q / k / v projections as one GEMV over every SM (their bias, norms and RoPE
+# follow in ROPE_KV, which needs a whole head).
+QKV_PROJ = r"""
   constexpr int ROW_W = BITS == 16 ? K : K * BITS / 32;
   constexpr int GROUPS = BITS == 16 ? 1 : K / GS;
+  constexpr int N = NQ + 2 * NKV;
+  constexpr int RPB = NW / SPLIT * RW;
   __shared__ __align__(16) T xs[K];
   __shared__ float red[32];
-  __shared__ float head[D + NW * RW];
+  __shared__ float parts[NW * RW];
+  __shared__ float rows[RPB];
   mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int row0 = blockIdx.x * RPB + warp / SPLIT * RW;
+  decltype(wq) wr[RW];
+  const T* sr[RW];
+  const T* br[RW];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    const int n = min(row0 + i, N - 1);  // rows past N: read row N - 1, unused
+    const int kind = n < NQ ? 0 : (n < NQ + NKV ? 1 : 2);
+    const size_t r = static_cast<size_t>(kind == 0 ? n : (kind == 1 ? n - NQ : n - NQ - NKV));
+    wr[i] = (kind == 0 ? wq : (kind == 1 ? wk : wv)) + r * ROW_W;
+    sr[i] = (kind == 0 ? sq : (kind == 1 ? sk : sv)) + r * GROUPS;
+    br[i] = (kind == 0 ? bq : (kind == 1 ? bk : bv)) + r * GROUPS;
+  }
+  float acc[RW];
+  mlxbun_rows_dot<BITS, K, GS, BF16, 32 * SPLIT, RW>(xs, wr, sr, br, (warp % SPLIT) * 32 + lane, acc);
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    acc[i] = mlxbun_warp_sum(acc[i]);
+  }
+  mlxbun_split_sums<NW, SPLIT, RW>(acc, parts, rows);
+  const int out_row = blockIdx.x * RPB + threadIdx.x;
+  if (threadIdx.x < RPB && out_row < N) {
+    sums[out_row] = rows[threadIdx.x];
+  }
+"""
+
+# One block per head of QKV_PROJ's sums (HQ query heads, then HKV key heads, then HKV value heads:
+# kind 0 / 1 / 2), a thread per element: + bias, rounded; q / k: the per-head RMS norm and RoPE; the
+# queries to q_out, the new key and value rows to kv_new and, in place, into the static K/V buffer
+# (`INPLACE`); next_pos = pos + 1.
+ROPE_KV = r"""
+  __shared__ float red[32];
+  __shared__ float head[D];
   const int h = blockIdx.x;
   const int kind = h < HQ ? 0 : (h < HQ + HKV ? 1 : 2);
   const int hh = kind == 0 ? h : (kind == 1 ? h - HQ : h - HQ - HKV);
-  const auto* w = kind == 0 ? wq : (kind == 1 ? wk : wv);
-  const auto* s = kind == 0 ? sq : (kind == 1 ? sk : sv);
-  const auto* b = kind == 0 ? bq : (kind == 1 ? bk : bv);
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  constexpr int RPB = NW / SPLIT * RW;  // rows in flight: RW per warp, SPLIT warps per RW rows
-  __shared__ float parts[NW * RW];
-  for (int r0 = 0; r0 < D; r0 += RPB) {
-    const int first = r0 + warp / SPLIT * RW;
-    decltype(w) wr[RW];
-    const T* sr[RW];
-    const T* br[RW];
-#pragma unroll
-    for (int i = 0; i < RW; ++i) {
-      const size_t r = static_cast<size_t>(hh) * D + min(first + i, D - 1);  // rows past D: unused
-      wr[i] = w + r * ROW_W;
-      sr[i] = s + r * GROUPS;
-      br[i] = b + r * GROUPS;
-    }
-    float acc[RW];
-    mlxbun_rows_dot<BITS, K, GS, BF16, 32 * SPLIT, RW>(xs, wr, sr, br, (warp % SPLIT) * 32 + lane, acc);
-#pragma unroll
-    for (int i = 0; i < RW; ++i) {
-      acc[i] = mlxbun_warp_sum(acc[i]);
-    }
-    mlxbun_split_sums<NW, SPLIT, RW>(acc, parts, head + r0);  // head has D + RPB slots
-  }
   const int t = threadIdx.x;
   float y = 0.0f;
   if (t < D) {
-    y = head[t];
+    y = sums[h * D + t];
     if constexpr (BIAS) {
       const T* bias = kind == 0 ? bias_q : (kind == 1 ? bias_k : bias_v);
       y += static_cast<float>(bias[hh * D + t]);
