@@ -21,7 +21,7 @@ import numpy as np
 
 from mlxbun.errors import GenerationError, UnsupportedModelError
 from mlxbun.towers.errors import ImageCountError, NoTowerError, TooManyImages
-from mlxbun.towers.images import load_image, preprocess, preprocess_qwen
+from mlxbun.towers.images import load_image, preprocess_any
 from mlxbun.towers.knobs import TextPositions
 from mlxbun.towers.loader import VisionStack, open_vision
 from mlxbun.towers.mrope import MRopeText, rope_index
@@ -40,8 +40,8 @@ class MediaPrompt:
 
     text: str  # the expanded prompt text (the processor's)
     ids: mx.array  # [L] token ids, image placeholders spliced in
-    pixel_values: mx.array  # the processor's: [N, 3, H, W] (fixed size) or [patches, C*T*P*P] (Qwen2-VL)
-    grid: Optional[mx.array]  # [N, 3] image_grid_thw (Qwen2-VL), else None
+    pixel_values: mx.array  # the processor's: [N, 3, H, W] (fixed size; Pixtral: padded) or [patches, C*T*P*P] (Qwen2-VL)
+    grid: Optional[mx.array]  # [N, 3] image_grid_thw (Qwen2-VL), [N, 2] image sizes (Pixtral), else None
     features: mx.array  # soft tokens: [N, T, D] or [tokens, D]
     embeddings: mx.array  # [1, L, D] the merged input rows
     n_images: int
@@ -67,31 +67,37 @@ class VisionLanguageModel:
         if len(images) > MAX_IMAGES:
             raise TooManyImages(f"{len(images)} images given; mlxbun takes at most {MAX_IMAGES} per prompt")
 
-    def _marks(self) -> tuple[str, str, str, str]:
-        """(placeholder, boi, image, eoi) token texts."""
+    def _marks(self) -> dict[str, str]:
+        """The media tokens' texts: placeholder (what the prompt holds per image), boi, image, eoi,
+        and pixtral's break / end."""
         v, d = self.vision, self.vision.descriptor
-        boi = self._token(v.boi_token_id, "begin-of-image")
-        eoi = self._token(v.eoi_token_id, "end-of-image")
         image = self._token(v.image_token_id, "image")
-        return (image if d.placeholder_key == d.image_token_key else boi), boi, image, eoi
+        marks = {"image": image, "break": d.break_token or "", "end": d.end_token or ""}
+        if d.boi_key is not None:
+            marks["boi"] = self._token(v.boi_token_id, "begin-of-image")
+        if d.eoi_key is not None:
+            marks["eoi"] = self._token(v.eoi_token_id, "end-of-image")
+        marks["placeholder"] = image if d.placeholder_key == d.image_token_key else marks["boi"]
+        return marks
 
     def placeholders(self, prompt: str, n_images: int) -> str:
         """`prompt` with its image placeholders counted (ImageCountError where they and the
         images disagree); a prompt without any gets the row's lead per image in front."""
-        placeholder, boi, _, eoi = self._marks()
-        lead = self.vision.descriptor.lead.format(placeholder=placeholder, boi=boi, eoi=eoi)
-        text, found = count_placeholders(prompt, placeholder, n_images, lead)
+        marks = self._marks()
+        lead = self.vision.descriptor.lead.format(**marks)
+        text, found = count_placeholders(prompt, marks["placeholder"], n_images, lead)
         if found != n_images:
-            raise ImageCountError(f"the prompt holds {found} image placeholder(s) ({placeholder!r}) but "
+            raise ImageCountError(f"the prompt holds {found} image placeholder(s) ({marks['placeholder']!r}) but "
                                   f"{n_images} image(s) were given")
         return text
 
-    def expand(self, prompt: str, counts: Sequence[int]) -> str:
-        """The prompt text with each image placeholder expanded to its soft tokens (the processor's)."""
-        placeholder, boi, image, eoi = self._marks()
-        text = self.placeholders(prompt, len(counts))
-        return expand_prompt(text, placeholder, [image_sequence(self.vision.descriptor.merge, boi, image, eoi, c)
-                                                 for c in counts])
+    def expand(self, prompt: str, shapes: Sequence[tuple[int, int]]) -> str:
+        """The prompt text with each image placeholder expanded to its soft tokens (`shapes`: each
+        image's rows x columns of them), as the processor writes it."""
+        marks = self._marks()
+        text = self.placeholders(prompt, len(shapes))
+        kind = self.vision.descriptor.splice
+        return expand_prompt(text, marks["placeholder"], [image_sequence(kind, marks, r, c) for r, c in shapes])
 
     def prepare(self, prompt: str, images: Sequence, *, add_special_tokens: bool = True) -> MediaPrompt:
         """Read, preprocess and splice `images` into `prompt`, run the tower, merge: every input
@@ -100,13 +106,9 @@ class VisionLanguageModel:
         self.placeholders(prompt, len(images))  # ImageCountError before any file is read
         pil = [load_image(i) for i in images]  # ImageUnreadable / ImageTruncated
         v = self.vision
-        if v.dynamic:
-            pixels, grid = preprocess_qwen(pil, v.processor)
-            grid = mx.array(grid)
-        else:
-            pixels, grid = preprocess(pil, v.processor), None
-        counts = v.soft_tokens(np.asarray(grid) if grid is not None else [None] * len(pil))
-        text = self.expand(prompt, counts)
+        pixels, grid = preprocess_any(pil, v.processor)
+        grid = None if grid is None else mx.array(grid)
+        text = self.expand(prompt, v.token_shapes(np.asarray(grid) if grid is not None else [None] * len(pil)))
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         limit = getattr(getattr(self.text_model, "args", None), "fields", {}).get("max_position_embeddings")
         if limit and len(ids) > limit:
@@ -123,7 +125,7 @@ class VisionLanguageModel:
                                   image_token_id=v.image_token_id, pad_token_id=v.pad_token_id,
                                   hidden_size=v.merge_hidden)
         n = int(grid.shape[0]) if grid is not None else int(pixel_values.shape[0])
-        soft = int(features.shape[0]) if grid is not None else n * v.tokens_per_image
+        soft = sum(r * c for r, c in v.token_shapes(np.asarray(grid) if grid is not None else [None] * n))
         out = MediaPrompt(text, ids, pixel_values, grid, features, merged, n, soft)
         if v.descriptor.text_positions is TextPositions.MROPE:
             positions, out.position_delta = rope_index(ids.tolist(), np.asarray(grid).tolist(),

@@ -25,6 +25,7 @@ ARCH = "gemma3-vision"
 VARIANTS = [("float32", None), ("float16", None), ("bfloat16", None), ("float32", 4), ("bfloat16", 8),
             ("float32", "mixed")]
 PROMPT = "hi <start_of_image> and <start_of_image> there"
+PIXTRAL_PROMPT = "hi [IMG] and [IMG] there"
 QWEN_PROMPT = "hi <|vision_start|><|image_pad|><|vision_end|> and <|vision_start|><|image_pad|><|vision_end|> there"
 
 
@@ -163,6 +164,45 @@ def test_qwen_vl_greedy_generation_is_bit_exact_vs_mlx_vlm(tower_ckpt, images, d
         assert mx.array_equal(a, b)
     with pytest.raises(GenerationError, match="plain KV caches"):
         stream_generate(vlm, prompt, max_tokens=2, kv_bits=4)
+
+
+@pytest.mark.parametrize("dtype,quant", VARIANTS, ids=[f"{d}-{q}" for d, q in VARIANTS])
+def test_pixtral_tower_projector_splice_merge_and_logits_are_bit_exact(tower_ckpt, images, dtype, quant):
+    """Two images of different sizes, the second zero-padded in the batch and cropped back by its
+    size; [IMG] rows split by [IMG_BREAK], closed by [IMG_END]; the block-diagonal mask."""
+    vlm, model, processor = _both(tower_ckpt(dtype, quant, arch="pixtral-vision"))
+    pair = [images[0], images[2]]
+    ref = _oracle_inputs(processor, pair, PIXTRAL_PROMPT)
+    ours = vlm.prepare(PIXTRAL_PROMPT, pair)
+    assert ours.ids.tolist() == ref["input_ids"][0].tolist()
+    assert mx.array_equal(ours.pixel_values, ref["pixel_values"])
+    assert ours.grid.tolist() == np.array(ref["image_sizes"]).tolist() and ours.grid.tolist()[0] != ours.grid.tolist()[1]
+    n_image_tokens = int((ref["input_ids"] == model.config.image_token_index).sum().item())
+    assert ours.soft_tokens == n_image_tokens
+    theirs = oracle_stages(model, VitLayout.PIXTRAL, ref["pixel_values"], ref["image_sizes"], None)
+    mine = vlm.vision.blocks(ours.pixel_values, None, ours.grid)
+    assert len(mine) == len(theirs) and mine[-1][0] == "projector"
+    for (name, a), b in zip(mine, theirs):
+        assert a.dtype == b.dtype and mx.array_equal(a, b), f"first mismatch at {name}"
+    merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], image_sizes=ref["image_sizes"])
+    assert mx.array_equal(ours.embeddings, merged.inputs_embeds)
+    logits = model.language_model(ref["input_ids"], inputs_embeds=merged.inputs_embeds).logits
+    assert mx.array_equal(vlm.logits(ours), logits)
+
+
+@pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 4)], ids=["float32", "bfloat16-q4"])
+def test_pixtral_greedy_generation_is_bit_exact_vs_mlx_vlm(tower_ckpt, images, dtype, quant):
+    from mlx_vlm.generate.ar import generate_step
+
+    vlm, model, processor = _both(tower_ckpt(dtype, quant, arch="pixtral-vision"))
+    ref = _oracle_inputs(processor, images[:2], PIXTRAL_PROMPT)
+    theirs = list(generate_step(ref["input_ids"], model, ref["pixel_values"], ref["attention_mask"],
+                                image_sizes=ref["image_sizes"], max_tokens=8, temperature=0.0))
+    prompt = vlm.prepare(PIXTRAL_PROMPT, images[:2])
+    ours = [(r.token, r.logprobs) for r in stream_generate(vlm, prompt, max_tokens=8)]
+    assert len(ours) >= 4 and [t for t, _ in ours] == [t for t, _ in theirs[:len(ours)]]
+    for (_, a), (_, b) in zip(ours, theirs):
+        assert mx.array_equal(a, b)
 
 
 def test_qwen2_vl_prompt_without_placeholders_and_count_mismatch(tower_ckpt, images):
@@ -346,11 +386,14 @@ def test_cli_image_refusals_are_one_line(tower_ckpt, images, capsys, monkeypatch
 
 
 def test_tower_rows_check_their_knobs():
-    from mlxbun.towers.knobs import MergeKind, ProjectorKind, TowerDescriptor, VitKnobs
+    from mlxbun.towers.knobs import MergeKind, ProjectorKind, SpliceKind, TowerDescriptor, VitKnobs
 
     with pytest.raises(TypeError, match="vit.act='gelu'"):
         TowerDescriptor("x", ("x",), "a", "b", VitKnobs(act="gelu"), ProjectorKind.GEMMA3_AVGPOOL,
-                        MergeKind.GEMMA3_SCALED)
+                        MergeKind.GEMMA3_SCALED, SpliceKind.GEMMA3)
+    with pytest.raises(TypeError, match="splice='rows'"):
+        TowerDescriptor("x", ("x",), "a", "b", VitKnobs(), ProjectorKind.GEMMA3_AVGPOOL,
+                        MergeKind.GEMMA3_SCALED, "rows")
 
 
 # ------------------------------------------------------------------ the bring-up notebook's driver
@@ -382,14 +425,16 @@ def test_tower_bringup_driver_holds_every_stage_and_records_rows(zoo_root, tmp_p
         run.require_pass()
 
 
-@pytest.mark.parametrize("arch", [a for a, _ in QWEN_ARCHS])
-def test_tower_bringup_driver_on_qwen_towers(zoo_root, arch):
+@pytest.mark.parametrize("arch", [a for a, _ in QWEN_ARCHS] + ["pixtral-vision"])
+def test_tower_bringup_driver_on_dynamic_towers(zoo_root, arch):
     from mlxbun.experiments.tower_bringup import tower_bringup
 
     run = tower_bringup(tower_arch=arch, zoo_root=zoo_root, record=False)
     assert run.bit_exact, run.verdict()
     rows, cols = run.grid_shape
-    assert run.image.shape == (rows * 14, cols * 14, 3) and run.grids["projector"].shape == (rows // 2, cols // 2)
+    patch, merge = (16, 1) if arch == "pixtral-vision" else (14, 2)
+    assert run.image.shape == (rows * patch, cols * patch, 3)
+    assert run.grids["projector"].shape == (rows // merge, cols // merge)
     assert run.attention.shape == (2, rows * cols, rows * cols)
 
 

@@ -81,7 +81,12 @@ def oracle_stages(model, layout: VitLayout, pixel_values: mx.array, grid: Option
                   windows: bool = False) -> list[mx.array]:
     """mlx-vlm's tower stage by stage with its own modules and methods (its __call__ returns only
     the end): the patch embeddings, each block, the final norm (SigLIP), the projector's tokens
-    (Qwen: its tower's __call__ itself). `pixel_values` as its processor gives them."""
+    (Qwen: its tower's __call__ itself; Pixtral: its hidden states, `grid` the image sizes, the
+    projector over the last). `pixel_values` as its processor gives them."""
+    if layout is VitLayout.PIXTRAL:
+        _, states = model.vision_tower(pixel_values.transpose(0, 2, 3, 1), output_hidden_states=True,
+                                       image_sizes=grid)
+        return list(states) + [model.multi_modal_projector(states[model.vision_feature_layer])]
     if layout is VitLayout.SIGLIP:
         sv = model.vision_tower.vision_model
         h = sv.embeddings(pixel_values.transpose(0, 2, 3, 1).astype(dtype))
@@ -162,10 +167,14 @@ def tower_bringup(checkpoint=None, *, tower_arch: str = "gemma3-vision", variant
     ours = vlm.prepare(text, [pil])
     dtype = vlm.text_model.embed_tokens(ours.ids[:1][None]).dtype
     mine = v.blocks(ours.pixel_values, dtype, ours.grid)
-    grid = ref.get("image_grid_thw")
+    grid = ref.get("image_grid_thw", ref.get("image_sizes"))
     theirs = oracle_stages(model, v.descriptor.vit.layout, ref["pixel_values"], grid, dtype, v.descriptor.vit.windows)
     order = patch_order(v, ours.grid)
-    if v.dynamic:
+    if v.descriptor.vit.layout is VitLayout.PIXTRAL:
+        rows, cols = v.token_shapes(np.asarray(ours.grid))[0]
+        shape = token_shape = (rows, cols)
+        resized_hw = tuple(int(x) for x in np.asarray(ours.grid)[0])
+    elif v.dynamic:
         _, gh, gw = (int(x) for x in np.asarray(ours.grid)[0])
         m = v.tower.config.spatial_merge_size
         shape, token_shape = (gh, gw), (gh // m, gw // m)
@@ -179,7 +188,7 @@ def tower_bringup(checkpoint=None, *, tower_arch: str = "gemma3-vision", variant
     grids = {name: _patch_grid(mx.abs(a.astype(mx.float32) - b.astype(mx.float32)),
                                None if name == "projector" else order, token_shape if name == "projector" else shape)
              for (name, a), b in zip(mine, theirs)}
-    kwargs = {"image_grid_thw": grid} if grid is not None else {}
+    kwargs = {} if grid is None else {"image_grid_thw" if "image_grid_thw" in ref else "image_sizes": grid}
     merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], mask=ref["attention_mask"], **kwargs)
     resample = v.processor.resample
     resized = np.array(pil.resize((resized_hw[1], resized_hw[0]), resample=resample, reducing_gap=None))
@@ -189,7 +198,8 @@ def tower_bringup(checkpoint=None, *, tower_arch: str = "gemma3-vision", variant
         n = shape[0] * shape[1]
         inv = np.argsort(order)
         attn = attn[:, :n, :n][:, inv][:, :, inv]
-    features = ours.features[0] if ours.features.ndim == 3 else ours.features[: token_shape[0] * token_shape[1]]
+    features = ours.features[0] if ours.features.ndim == 3 else ours.features
+    features = features[: token_shape[0] * token_shape[1]]
     out = TowerBringup(
         path=path, stages=stages, grids=grids, stage_max={s: float(g.max()) for s, g in grids.items()},
         pixels_equal=bool(mx.array_equal(ours.pixel_values, ref["pixel_values"])),

@@ -14,7 +14,8 @@ import numpy as np
 
 from mlxbun.towers.errors import ImageTruncated, ImageUnreadable
 
-__all__ = ["ImageProcessorSpec", "load_image", "preprocess", "preprocess_qwen", "read_processor_spec", "smart_resize"]
+__all__ = ["ImageProcessorSpec", "load_image", "preprocess", "preprocess_any", "preprocess_pixtral", "preprocess_qwen",
+           "read_processor_spec", "smart_resize"]
 
 ImageSource = Union[str, Path, "PIL.Image.Image"]  # noqa: F821
 
@@ -23,6 +24,7 @@ ImageSource = Union[str, Path, "PIL.Image.Image"]  # noqa: F821
 # numpy port, Qwen3VLImageProcessor, which its qwen2_vl processor uses whatever the file says)
 _PROCESSOR_TYPES = ("Gemma3ImageProcessor", "Gemma3ImageProcessorPil", "SiglipImageProcessor")
 QWEN_TYPES = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil")
+PIXTRAL_TYPES = ("PixtralImageProcessor", "PixtralImageProcessorFast")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ def read_processor_spec(path: Path) -> ImageProcessorSpec:
     kind = cfg.get("image_processor_type", "")
     if kind in QWEN_TYPES:
         return _qwen_spec(path, cfg)
+    if kind in PIXTRAL_TYPES:
+        return _pixtral_spec(path, cfg)
     if kind not in _PROCESSOR_TYPES:
         raise ConfigError(f"{f}: image_processor_type {kind!r}; mlxbun reproduces "
                           f"{', '.join(_PROCESSOR_TYPES + QWEN_TYPES)}")
@@ -100,6 +104,83 @@ def _qwen_spec(path: Path, raw: dict) -> ImageProcessorSpec:
         bool(raw.get("do_convert_rgb", True)), kind="qwen_vl", patch_size=int(raw.get("patch_size", 14)),
         temporal_patch_size=int(raw.get("temporal_patch_size", 2)), merge_size=int(raw.get("merge_size", 2)),
         min_pixels=int(min_px), max_pixels=int(max_px))
+
+
+def _pixtral_spec(path: Path, raw: dict) -> ImageProcessorSpec:
+    """mlx-vlm's PixtralImageProcessor.from_pretrained: processor_config.json's image_processor,
+    else preprocessor_config.json; the patch the processor resizes to is patch x spatial merge."""
+    from mlxbun.errors import ConfigError
+
+    proc_file = Path(path) / "processor_config.json"
+    proc = json.loads(proc_file.read_text(encoding="utf-8")) if proc_file.is_file() else {}
+    cfg = dict(proc.get("image_processor") or raw)
+    for key in ("size", "patch_size"):
+        if key not in cfg and key in proc:
+            cfg[key] = proc[key]
+    size = cfg.get("size") or {"longest_edge": 1024}
+    edge = size.get("longest_edge") if isinstance(size, dict) else size
+    if edge is None:
+        if not (isinstance(size, dict) and "height" in size and "width" in size):
+            raise ConfigError(f"{path}: the Pixtral processor's size {size!r} names no longest_edge")
+        height, width = int(size["height"]), int(size["width"])
+    else:
+        height = width = int(edge)
+    patch = cfg.get("patch_size") or {"height": 16, "width": 16}
+    patch = int(patch["height"]) if isinstance(patch, dict) else int(patch)
+    merge = int(proc.get("spatial_merge_size", 1))
+    return ImageProcessorSpec(
+        cfg.get("image_processor_type", "PixtralImageProcessor"), height, width, int(cfg.get("resample", 3)),
+        float(cfg.get("rescale_factor", 1 / 255)),
+        tuple(cfg.get("image_mean") or (0.48145466, 0.4578275, 0.40821073)),
+        tuple(cfg.get("image_std") or (0.26862954, 0.26130258, 0.27577711)),
+        bool(cfg.get("do_resize", True)), bool(cfg.get("do_rescale", True)), bool(cfg.get("do_normalize", True)),
+        bool(cfg.get("do_convert_rgb", True)), kind="pixtral", patch_size=int(proc.get("patch_size", patch)) * merge,
+        merge_size=merge)
+
+
+def _pixtral_size(height: int, width: int, spec: ImageProcessorSpec) -> tuple[int, int]:
+    """Pixtral's get_resize_output_image_size: shrunk into the size, then up to whole patches."""
+    import math
+
+    ratio = max(height / spec.height, width / spec.width)
+    if ratio > 1:
+        height, width = int(math.floor(height / ratio)), int(math.floor(width / ratio))
+    p = spec.patch_size
+    return ((height - 1) // p + 1) * p, ((width - 1) // p + 1) * p
+
+
+def preprocess_pixtral(images: Sequence, spec: ImageProcessorSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(pixel_values [N, 3, H, W] float32, zero-padded to the largest, image_sizes [N, 2]) as
+    mlx-vlm's PixtralImageProcessor."""
+    from PIL import Image
+
+    arrays, sizes = [], []
+    for image in images:
+        pil = image.convert("RGB")
+        size = (pil.height, pil.width)
+        if spec.do_resize:
+            size = _pixtral_size(pil.height, pil.width, spec)
+            pil = pil.resize((size[1], size[0]), resample=Image.Resampling(spec.resample))
+        x = np.array(pil).astype(np.float32)
+        if spec.do_rescale:
+            x *= spec.rescale_factor
+        if spec.do_normalize:
+            x = (x - np.array(spec.image_mean, dtype=np.float32)) / np.array(spec.image_std, dtype=np.float32)
+        arrays.append(x.transpose(2, 0, 1))
+        sizes.append(size)
+    h, w = max(a.shape[1] for a in arrays), max(a.shape[2] for a in arrays)
+    padded = [np.pad(a, ((0, 0), (0, h - a.shape[1]), (0, w - a.shape[2]))) for a in arrays]
+    return np.stack(padded).astype(np.float32), np.array(sizes, dtype=np.int64)
+
+
+def preprocess_any(images: Sequence, spec: ImageProcessorSpec) -> tuple[np.ndarray, np.ndarray | None]:
+    """(pixel_values, grid): fixed-size (grid None), Qwen2-VL (image_grid_thw) or Pixtral
+    (image sizes), by the processor's kind."""
+    if spec.kind == "qwen_vl":
+        return preprocess_qwen(images, spec)
+    if spec.kind == "pixtral":
+        return preprocess_pixtral(images, spec)
+    return preprocess(images, spec), None
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:

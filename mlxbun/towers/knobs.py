@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["MergeKind", "PatchEmbed", "Positions", "ProjectorKind", "TextPositions", "TowerDescriptor", "VitAct", "VitKnobs",
+__all__ = ["MergeKind", "PatchEmbed", "Positions", "ProjectorKind", "SpliceKind", "TextPositions", "TowerDescriptor", "VitAct", "VitKnobs",
            "VisionKeys", "VitLayout", "VitMlp", "VitNorm"]
 
 
@@ -18,6 +18,10 @@ class VitLayout(Enum):
     # mlx-vlm's Qwen2-VL: patch_embed.proj, blocks.i.{norm1, attn.{qkv, proj}, norm2, mlp}; every image's
     # patches in one sequence [patches, D], each image attending within itself (cu_seqlens splits)
     QWEN_VL = "qwen_vl"
+    # mlx-vlm's Pixtral: patch_conv, ln_pre, transformer.layers.i.{attention_norm, attention.{q,k,v,o}_proj,
+    # ffn_norm, feed_forward}; each image's patch grid (its own size) cropped and concatenated into one
+    # sequence [1, patches, D], a block-diagonal additive mask keeping each image to itself
+    PIXTRAL = "pixtral"
 
 
 class PatchEmbed(Enum):
@@ -32,6 +36,9 @@ class Positions(Enum):
     # 2-D rotary on q / k (Qwen2-VL's VisionRotaryEmbedding: head_dim / 2 frequencies over (row, col)
     # ids laid out merge-window by merge-window, cos / sin tiled, rotate_half; no added positions)
     ROPE_2D = "rope_2d"
+    # Pixtral's 2-D rotary: a [side * side, head_dim] table of row frequencies (even ones) beside
+    # column frequencies (odd ones), read at row * side + col, cos / sin in the activations' dtype
+    ROPE_2D_PIXTRAL = "rope_2d_pixtral"
 
 
 class VitAct(Enum):
@@ -66,6 +73,9 @@ class VisionKeys(Enum):
     # hidden_size, intermediate_size, depth, num_heads, in_channels, window_size,
     # fullatt_block_indexes; the merger to out_hidden_size
     QWEN2_5_VL = "qwen2_5_vl"
+    # hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, head_dim, image_size
+    # (the rotary table's side), patch_size, num_channels, rope_theta, rms_norm_eps
+    PIXTRAL = "pixtral"
 
 
 class ProjectorKind(Enum):
@@ -77,6 +87,7 @@ class ProjectorKind(Enum):
     # concatenated, Linear -> erf GELU -> Linear to the text width
     PATCH_MERGER = "patch_merger"
     PATCH_MERGER_RMS = "patch_merger_rms"  # qwen2_5_vl: the same with an RMSNorm ln_q
+    LLAVA = "llava"  # pixtral: linear_1 -> erf GELU -> linear_2 (biased), per patch of the selected layer
 
 
 class MergeKind(Enum):
@@ -84,9 +95,17 @@ class MergeKind(Enum):
     # by the wrapper's hidden_size ** 0.5 (mlx-vlm's ModelConfig default 2048 where the config has
     # no top-level hidden_size); the text model then scales every row by its embed scale
     GEMMA3_SCALED = "gemma3_scaled"
-    # qwen2_vl: each image token's row the next soft token (merge_input_ids_with_image_features), no
-    # scaling, no pad rows zeroed
-    QWEN_VL = "qwen_vl"
+    # qwen2_vl, pixtral: each image token's row the next soft token (merge_input_ids_with_image_features),
+    # no scaling, no pad rows zeroed
+    IN_ORDER = "in_order"
+
+
+class SpliceKind(Enum):
+    """What one image placeholder in the prompt text becomes (the processor's expansion)."""
+
+    GEMMA3 = "gemma3"  # "\n\n" boi, the image token x soft tokens, eoi "\n\n"
+    REPEAT = "repeat"  # the image token x soft tokens (qwen2_vl: its vision start / end are the prompt's)
+    ROWS = "rows"  # pixtral: per patch row the image token x columns, rows split by a break token, an end token
 
 
 def _check(row: str, name: str, value, enum) -> None:
@@ -105,6 +124,7 @@ class VitKnobs:
     positions: Positions = Positions.LEARNED
     act: VitAct = VitAct.GELU_TANH
     qkv_bias: bool = True  # q / k / v / out projections biased
+    mlp_bias: bool = True  # the MLP's projections biased
     post_norm: bool = True  # a final LayerNorm over the last block's output
     post_norm_eps: float | None = 1e-5  # None: the config's layer_norm_eps (siglip's post_layernorm: nn.LayerNorm's default)
     norm: VitNorm = VitNorm.LAYERNORM
@@ -126,12 +146,15 @@ class TowerDescriptor:
     vit: VitKnobs
     projector: ProjectorKind
     merge: MergeKind
+    splice: SpliceKind
     vision_keys: VisionKeys = VisionKeys.SIGLIP
     vision_defaults: dict = field(default_factory=dict)  # mlx-vlm's VisionConfig defaults
     top_defaults: dict = field(default_factory=dict)  # mlx-vlm's ModelConfig defaults (token ids)
     image_token_key: str = "image_token_index"  # the config key of the soft-token id
     boi_key: str | None = None  # the config key of the begin-of-image token (the prompt's placeholder)
     eoi_key: str | None = None  # the config key of the end-of-image token
+    break_token: str | None = None  # pixtral: the row break token's text (its processor's)
+    end_token: str | None = None  # pixtral: the image end token's text
     placeholder_key: str | None = None  # the prompt's per-image placeholder token (None: boi_key's)
     # what a prompt without placeholders gets in front per image: "{placeholder}" / "{boi}" / "{eoi}" filled
     lead: str = "{placeholder} "
@@ -148,4 +171,5 @@ class TowerDescriptor:
         _check(self.model_type, "vit.act", self.vit.act, VitAct)
         _check(self.model_type, "projector", self.projector, ProjectorKind)
         _check(self.model_type, "merge", self.merge, MergeKind)
+        _check(self.model_type, "splice", self.splice, SpliceKind)
         _check(self.model_type, "text_positions", self.text_positions, TextPositions)

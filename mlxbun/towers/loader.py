@@ -41,18 +41,28 @@ class VisionStack:
     eoi_token_id: int | None
     merge_hidden: int  # the wrapper's hidden_size the merge divides by (mlx-vlm's config)
     pad_token_id: int | None
+    feature_layer: int = -1  # the stage the projector reads (vision_feature_layer: -1 the last)
 
     @property
     def dynamic(self) -> bool:
         """Qwen2-VL's layout: patches [sum, C*T*P*P] with a grid per image."""
         return self.descriptor.vit.layout is VitLayout.QWEN_VL
 
+    def token_shapes(self, grid) -> list[tuple[int, int]]:
+        """Each image's soft tokens as rows x columns (a fixed-size tower: one row of
+        tokens_per_image; Qwen2-VL: its grid over the merge window; Pixtral: its size in patches)."""
+        layout = self.descriptor.vit.layout
+        if layout is VitLayout.SIGLIP:
+            return [(1, self.tokens_per_image)] * len(grid)
+        if layout is VitLayout.PIXTRAL:
+            p = self.processor.patch_size
+            return [(int(h) // p, int(w) // p) for h, w in np.asarray(grid).tolist()]
+        m = self.tower.config.spatial_merge_size
+        return [(int(t) * int(h) // m, int(w) // m) for t, h, w in np.asarray(grid).tolist()]
+
     def soft_tokens(self, grid) -> list[int]:
-        """Soft tokens per image (a dynamic tower: its grid's patches over the merge window)."""
-        if not self.dynamic:
-            return [self.tokens_per_image] * len(grid)
-        m = self.tower.config.spatial_merge_size ** 2
-        return [int(np.prod(g)) // m for g in np.asarray(grid).tolist()]
+        """Soft tokens per image."""
+        return [r * c for r, c in self.token_shapes(grid)]
 
     def pixels(self, pixel_values, dtype: mx.Dtype) -> mx.array:
         """The processor's pixel values as the tower takes them."""
@@ -60,19 +70,29 @@ class VisionStack:
 
     def _pixels(self, pixel_values, dtype: mx.Dtype) -> mx.array:
         pixels = mx.array(np.asarray(pixel_values)) if not isinstance(pixel_values, mx.array) else pixel_values
-        if self.dynamic:  # mlx-vlm casts to the patch embedding's dtype
+        layout = self.descriptor.vit.layout
+        if layout is VitLayout.QWEN_VL:  # mlx-vlm casts to the patch embedding's dtype
             return pixels.astype(self.tower.patch_embed.proj.weight.dtype)
+        if layout is VitLayout.PIXTRAL:  # channels last, then the patch conv's dtype
+            return pixels.transpose(0, 2, 3, 1).astype(self.tower.patch_conv.weight.dtype)
         return pixels.transpose(0, 2, 3, 1).astype(dtype)  # mlx-vlm casts to the text embeddings'
+
+    def _selected(self, pixels: mx.array, grid) -> mx.array:
+        if self.feature_layer == -1:
+            return self.tower(pixels, grid)
+        return self.tower.blocks_out(pixels, grid)[self.feature_layer][1]
 
     def features(self, pixel_values, dtype: mx.Dtype, grid=None) -> mx.array:
         """Soft tokens of `pixel_values` (the processor's): [N, T, text hidden] (a fixed-size tower,
-        run in `dtype`, the text embeddings' dtype) or [tokens, text hidden] (Qwen2-VL, with `grid`)."""
-        return self.tower.unwindow(self.projector(self.tower(self._pixels(pixel_values, dtype), grid)), grid)
+        run in `dtype`, the text embeddings' dtype), [tokens, text hidden] (Qwen2-VL, `grid` its
+        image_grid_thw) or [1, tokens, text hidden] (Pixtral, `grid` its image sizes)."""
+        return self.tower.unwindow(self.projector(self._selected(self._pixels(pixel_values, dtype), grid)), grid)
 
     def blocks(self, pixel_values, dtype: mx.Dtype, grid=None) -> list[tuple[str, mx.array]]:
         """The tower's stages (tower.blocks_out) and the projector's output, named."""
         stages = self.tower.blocks_out(self._pixels(pixel_values, dtype), grid)
-        return stages + [("projector", self.tower.unwindow(self.projector(stages[-1][1]), grid))]
+        selected = stages[-1][1] if self.feature_layer == -1 else stages[self.feature_layer][1]
+        return stages + [("projector", self.tower.unwindow(self.projector(selected), grid))]
 
 
 def _read_config(path: Path) -> dict:
@@ -125,6 +145,11 @@ def _vit_config(d: TowerDescriptor, vision: Mapping) -> tuple[VitConfig, int | N
         if d.vision_keys is VisionKeys.SIGLIP:
             return VitConfig(**{f.name: v[f.name] for f in dataclasses.fields(VitConfig) if f.name in v or
                                 f.default is dataclasses.MISSING}), None
+        if d.vision_keys is VisionKeys.PIXTRAL:
+            return VitConfig(hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
+                             num_hidden_layers=v["num_hidden_layers"], num_attention_heads=v["num_attention_heads"],
+                             patch_size=v["patch_size"], image_size=v["image_size"], num_channels=v["num_channels"],
+                             layer_norm_eps=v["rms_norm_eps"], rope_theta=v["rope_theta"], head_dim=v["head_dim"]), None
         qwen2 = d.vision_keys is VisionKeys.QWEN2_VL  # LayerNorm / RMSNorm eps 1e-6 in their blocks
         width = v["embed_dim"] if qwen2 else v["hidden_size"]
         c = VitConfig(hidden_size=width,
@@ -196,7 +221,8 @@ def open_vision(path, config: Mapping | None = None) -> VisionStack:
                                merge=vc.spatial_merge_size)
     names = [n for n in index.names() if n.startswith((d.tower_prefix + ".", d.projector_prefix + "."))]
     tensors = index.load(names)
-    for conv in (f"{d.tower_prefix}.embeddings.patch_embedding.weight", f"{d.tower_prefix}.patch_embed.proj.weight"):
+    for conv in (f"{d.tower_prefix}.embeddings.patch_embedding.weight", f"{d.tower_prefix}.patch_embed.proj.weight",
+                 f"{d.tower_prefix}.patch_conv.weight"):
         if conv in tensors:
             tensors[conv] = _conv_to_mlx(tensors[conv])
     quantization = resolve_quantization(config)
@@ -209,5 +235,6 @@ def open_vision(path, config: Mapping | None = None) -> VisionStack:
         return None if key is None or top.get(key) is None else int(top[key])
 
     return VisionStack(d, tower, projector, read_processor_spec(path), tokens, int(top[d.image_token_key]),
-                       token(d.boi_key), token(d.eoi_key), int(top["hidden_size"]), top.get("pad_token_id"))
+                       token(d.boi_key), token(d.eoi_key), int(top["hidden_size"]), top.get("pad_token_id"),
+                       int(top.get("vision_feature_layer", -1)) if d.vit.layout is VitLayout.PIXTRAL else -1)
 

@@ -8,7 +8,7 @@ import mlx.nn as nn
 
 from mlxbun.towers.knobs import ProjectorKind
 
-__all__ = ["Gemma3Projector", "PatchMerger", "make_projector"]
+__all__ = ["Gemma3Projector", "LlavaProjector", "PatchMerger", "make_projector"]
 
 
 class Gemma3Projector(nn.Module):
@@ -62,10 +62,25 @@ class PatchMerger(nn.Module):
         return x
 
 
+class LlavaProjector(nn.Module):
+    """mlx-vlm's LlavaMultiModalProjector (pixtral): linear_1 -> erf GELU -> linear_2, biased."""
+
+    def __init__(self, vision_hidden: int, text_hidden: int):
+        super().__init__()
+        self.linear_1 = nn.Linear(vision_hidden, text_hidden, bias=True)
+        self.gelu = nn.GELU()
+        self.linear_2 = nn.Linear(text_hidden, text_hidden, bias=True)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.linear_2(self.gelu(self.linear_1(x)))
+
+
 def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int, grid: int = 0,
                    tokens_per_image: int = 0, eps: float = 1e-6, merge: int = 1) -> nn.Module:
     if kind is ProjectorKind.GEMMA3_AVGPOOL:
         return Gemma3Projector(vision_hidden, text_hidden, grid, tokens_per_image, eps)
     if kind in (ProjectorKind.PATCH_MERGER, ProjectorKind.PATCH_MERGER_RMS):
         return PatchMerger(vision_hidden, text_hidden, merge, rms=kind is ProjectorKind.PATCH_MERGER_RMS)
+    if kind is ProjectorKind.LLAVA:
+        return LlavaProjector(vision_hidden, text_hidden)
     raise ValueError(f"no projector for {kind!r}")

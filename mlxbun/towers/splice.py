@@ -8,19 +8,24 @@ import mlx.core as mx
 import numpy as np
 
 from mlxbun.towers.errors import ImageCountError
-from mlxbun.towers.knobs import MergeKind
+from mlxbun.towers.knobs import MergeKind, SpliceKind
 
 __all__ = ["count_placeholders", "expand_prompt", "image_sequence", "merge_embeddings"]
 
 
-def image_sequence(kind: MergeKind, boi: str, image: str, eoi: str, soft_tokens: int) -> str:
-    """The text one image placeholder becomes: gemma3's processor: blank lines around
-    begin-of-image, the soft-token placeholders, end-of-image; qwen2_vl's: the image pad token
-    repeated (its vision start / end tokens are the prompt's)."""
-    if kind is MergeKind.GEMMA3_SCALED:
-        return f"\n\n{boi}{image * soft_tokens}{eoi}\n\n"
-    if kind is MergeKind.QWEN_VL:
-        return image * soft_tokens
+def image_sequence(kind: SpliceKind, marks: dict[str, str], rows: int, cols: int) -> str:
+    """The text one image placeholder becomes, for an image of `rows` x `cols` soft tokens:
+    gemma3's processor: blank lines around begin-of-image, the soft-token placeholders,
+    end-of-image; qwen2_vl's: the image pad token repeated (its vision start / end tokens are the
+    prompt's); pixtral's: each row's image tokens, rows split by the break token, then the end
+    token. `marks`: the tokens' texts (boi, image, eoi, break, end)."""
+    image = marks["image"]
+    if kind is SpliceKind.GEMMA3:
+        return f"\n\n{marks['boi']}{image * (rows * cols)}{marks['eoi']}\n\n"
+    if kind is SpliceKind.REPEAT:
+        return image * (rows * cols)
+    if kind is SpliceKind.ROWS:
+        return marks["break"].join([image * cols] * rows) + marks["end"]
     raise ValueError(f"no prompt splice for {kind!r}")
 
 
@@ -52,11 +57,13 @@ def merge_embeddings(kind: MergeKind, ids: mx.array, embeds: mx.array, features:
     soft tokens divided by `hidden_size` ** 0.5 in their dtype."""
     flat_ids = np.array(ids).reshape(-1)
     positions = np.nonzero(flat_ids == image_token_id)[0]
+    if kind is MergeKind.IN_ORDER and features.ndim == 3 and features.shape[0] == 1:
+        features = features[0]  # pixtral's projector keeps the tower's batch of one sequence
     n_soft = features.shape[0] * features.shape[1] if features.ndim == 3 else features.shape[0]
     if positions.size != n_soft:
         raise ImageCountError(f"the prompt holds {positions.size} image token(s) (id {image_token_id}) "
                               f"for {n_soft} soft tokens")
-    if kind is MergeKind.QWEN_VL:  # merge_input_ids_with_image_features (batch 1)
+    if kind is MergeKind.IN_ORDER:  # merge_input_ids_with_image_features (batch 1)
         mask = ids[0] == image_token_id
         index = mx.where(mask, mx.cumsum(mask.astype(mx.int32)) - 1, 0)
         return mx.stack([mx.where(mx.expand_dims(mask, -1), features[index], embeds[0])], axis=0)

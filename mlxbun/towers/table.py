@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from mlxbun.towers.knobs import (MergeKind, PatchEmbed, Positions, ProjectorKind, TextPositions, TowerDescriptor,
+from mlxbun.towers.knobs import (MergeKind, PatchEmbed, Positions, ProjectorKind, SpliceKind, TextPositions,
+                                 TowerDescriptor,
                                  VisionKeys, VitAct, VitKnobs, VitLayout, VitMlp, VitNorm)
 
 __all__ = ["TOWERS", "tower_for"]
@@ -15,9 +16,28 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
         "gemma3", vision_types=("siglip_vision_model", "gemma3", "gemma3_vision"),
         tower_prefix="vision_tower.vision_model", projector_prefix="multi_modal_projector",
         vit=VitKnobs(), projector=ProjectorKind.GEMMA3_AVGPOOL, merge=MergeKind.GEMMA3_SCALED,
+        splice=SpliceKind.GEMMA3,
         vision_defaults={"image_size": 224, "num_channels": 3, "layer_norm_eps": 1e-6},
         boi_key="boi_token_index", eoi_key="eoi_token_index",
         notes="SigLIP + average-pooled, RMS-normed projection to mm_tokens_per_image soft tokens",
+    ),
+    # mlx-vlm's pixtral (LlavaForConditionalGeneration with a pixtral vision_config): conv patches at
+    # each image's own size, ln_pre, RMSNorm blocks with Pixtral's 2-D rotary and a block-diagonal
+    # mask, bias-free SwiGLU; vision_feature_layer's stage through the llava projector; the prompt's
+    # [IMG] becomes rows of [IMG] split by [IMG_BREAK], closed by [IMG_END]
+    TowerDescriptor(
+        "pixtral", vision_types=("pixtral", "clip_vision_model"), tower_prefix="vision_tower.vision_model",
+        projector_prefix="multi_modal_projector",
+        vit=VitKnobs(layout=VitLayout.PIXTRAL, patch=PatchEmbed.CONV2D, positions=Positions.ROPE_2D_PIXTRAL,
+                     post_norm=False, norm=VitNorm.RMSNORM, mlp=VitMlp.SWIGLU, qkv_bias=False, mlp_bias=False),
+        projector=ProjectorKind.LLAVA, merge=MergeKind.IN_ORDER, splice=SpliceKind.ROWS,
+        vision_keys=VisionKeys.PIXTRAL,
+        vision_defaults={"num_hidden_layers": 24, "hidden_size": 1024, "head_dim": 64, "intermediate_size": 4096,
+                         "num_attention_heads": 16, "image_size": 336, "patch_size": 14, "num_channels": 3,
+                         "rms_norm_eps": 1e-5, "rope_theta": 10000.0},
+        image_token_key="image_token_index", placeholder_key="image_token_index", lead="{placeholder}",
+        break_token="[IMG_BREAK]", end_token="[IMG_END]",
+        notes="Pixtral's ViT + the llava projector",
     ),
     # mlx-vlm's qwen2_vl: Conv3d patches over the processor's dynamic-resolution grid, 2-D rotary
     # q / k, fused qkv, each image attending within itself, quick-GELU MLP, no final norm; the
@@ -27,7 +47,7 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
         projector_prefix="vision_tower.merger",
         vit=VitKnobs(layout=VitLayout.QWEN_VL, patch=PatchEmbed.CONV3D, positions=Positions.ROPE_2D,
                      act=VitAct.GELU_FAST, post_norm=False),
-        projector=ProjectorKind.PATCH_MERGER, merge=MergeKind.QWEN_VL, vision_keys=VisionKeys.QWEN2_VL,
+        projector=ProjectorKind.PATCH_MERGER, merge=MergeKind.IN_ORDER, splice=SpliceKind.REPEAT, vision_keys=VisionKeys.QWEN2_VL,
         vision_defaults={"depth": 32, "embed_dim": 1280, "num_heads": 16, "image_size": 384, "patch_size": 14,
                          "mlp_ratio": 4.0, "in_channels": 3, "spatial_merge_size": 2, "temporal_patch_size": 2},
         top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653},
@@ -43,7 +63,7 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
         projector_prefix="vision_tower.merger",
         vit=VitKnobs(layout=VitLayout.QWEN_VL, patch=PatchEmbed.CONV3D, positions=Positions.ROPE_2D,
                      post_norm=False, norm=VitNorm.RMSNORM, mlp=VitMlp.SWIGLU, windows=True),
-        projector=ProjectorKind.PATCH_MERGER_RMS, merge=MergeKind.QWEN_VL, vision_keys=VisionKeys.QWEN2_5_VL,
+        projector=ProjectorKind.PATCH_MERGER_RMS, merge=MergeKind.IN_ORDER, splice=SpliceKind.REPEAT, vision_keys=VisionKeys.QWEN2_5_VL,
         vision_defaults={"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "out_hidden_size": 1536,
                          "num_heads": 16, "image_size": 384, "patch_size": 14, "in_channels": 3,
                          "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,

@@ -34,6 +34,7 @@ class VitConfig:
     rope_theta: float = 10000.0
     window_size: int = 0  # Qwen2.5-VL: pixels a side of an attention window
     fullatt_block_indexes: tuple[int, ...] = ()  # Qwen2.5-VL: the blocks attending over the whole image
+    head_dim: int = 0  # Pixtral: its rotary table's width (0: hidden / heads)
 
     @property
     def grid(self) -> int:
@@ -112,16 +113,28 @@ class Attention(nn.Module):
             self.k_proj = nn.Linear(dims, dims, bias=bias)
             self.v_proj = nn.Linear(dims, dims, bias=bias)
             self.out_proj = nn.Linear(dims, dims, bias=bias)
+        elif knobs.layout is VitLayout.PIXTRAL:
+            self.q_proj = nn.Linear(dims, dims, bias=False)
+            self.k_proj = nn.Linear(dims, dims, bias=False)
+            self.v_proj = nn.Linear(dims, dims, bias=False)
+            self.o_proj = nn.Linear(dims, dims, bias=False)
         else:
             self.qkv = nn.Linear(dims, dims * 3, bias=True)
             self.proj = nn.Linear(dims, dims)
 
     def heads(self, x: mx.array, rope: Optional[mx.array] = None) -> tuple[mx.array, mx.array, mx.array]:
-        """q, k, v as [B, heads, L, head_dim] (Qwen2-VL: B = 1, rotated by `rope`)."""
+        """q, k, v as [B, heads, L, head_dim] (Qwen2-VL: B = 1, rotated by `rope`; Pixtral: by
+        its (cos, sin))."""
         if self.layout is VitLayout.SIGLIP:
             B, L, _ = x.shape
             return tuple(p(x).reshape(B, L, self.num_heads, -1).transpose(0, 2, 1, 3)
                          for p in (self.q_proj, self.k_proj, self.v_proj))
+        if self.layout is VitLayout.PIXTRAL:
+            B, L, _ = x.shape
+            q, k, v = (p(x).reshape(B, L, self.num_heads, -1).transpose(0, 2, 1, 3)
+                       for p in (self.q_proj, self.k_proj, self.v_proj))
+            cos, sin = (mx.expand_dims(t, axis=0) for t in rope)
+            return (q * cos) + (_rotate_half(q) * sin), (k * cos) + (_rotate_half(k) * sin), v
         L = x.shape[0]
         qkv = self.qkv(x).reshape(L, 3, self.num_heads, -1).transpose(1, 0, 2, 3)
         q, k, v = mx.split(qkv, 3)
@@ -129,12 +142,17 @@ class Attention(nn.Module):
         k = _rope_vision(mx.expand_dims(k, 0), rope)[0]
         return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
-    def __call__(self, x: mx.array, rope: Optional[mx.array] = None, cu_seqlens: Optional[list] = None):
+    def __call__(self, x: mx.array, rope=None, cu_seqlens: Optional[list] = None, mask=None):
         if self.layout is VitLayout.SIGLIP:
             B, L, _ = x.shape
             q, k, v = self.heads(x)
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=None)
             return self.out_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        if self.layout is VitLayout.PIXTRAL:
+            B, L, _ = x.shape
+            q, k, v = self.heads(x, rope)
+            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+            return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
         L = x.shape[0]
         q, k, v = self.heads(x, rope)
         parts = [mx.split(t, cu_seqlens[1:-1], axis=2) for t in (q, k, v)]
@@ -158,9 +176,10 @@ class MLP(nn.Module):
             self.fc1 = nn.Linear(c.hidden_size, c.intermediate_size, bias=True)
             self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=True)
         else:
-            self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size)
-            self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size)
-            self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size)
+            bias = knobs.mlp_bias
+            self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=bias)
+            self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=bias)
+            self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=bias)
 
     def __call__(self, x: mx.array) -> mx.array:
         if self.kind is VitMlp.FC:
@@ -212,10 +231,49 @@ class QwenBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class Encoder(nn.Module):
+class PixtralLayer(nn.Module):
+    """Pixtral's block (attention_norm / attention / ffn_norm / feed_forward)."""
+
     def __init__(self, c: VitConfig, knobs: VitKnobs):
         super().__init__()
-        self.layers = [EncoderLayer(c, knobs) for _ in range(c.num_hidden_layers)]
+        self.attention = Attention(c, knobs)
+        self.attention_norm = nn.RMSNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.feed_forward = MLP(c, knobs)
+        self.ffn_norm = nn.RMSNorm(c.hidden_size, eps=c.layer_norm_eps)
+
+    @property
+    def self_attn(self) -> Attention:
+        return self.attention
+
+    def attn_input(self, x: mx.array) -> mx.array:
+        return self.attention_norm(x)
+
+    def __call__(self, x: mx.array, rope=None, cu_seqlens=None, mask=None) -> mx.array:
+        x = x + self.attention(self.attention_norm(x), rope=rope, mask=mask)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Encoder(nn.Module):
+    def __init__(self, c: VitConfig, knobs: VitKnobs, block=None):
+        super().__init__()
+        self.layers = [(block or EncoderLayer)(c, knobs) for _ in range(c.num_hidden_layers)]
+
+
+class PixtralRope:
+    """Pixtral's 2-D rotary table (PixtralRotaryEmbedding): not a parameter."""
+
+    def __init__(self, c: VitConfig):
+        dim, side = c.head_dim, c.image_size // c.patch_size
+        freqs = 1.0 / (c.rope_theta ** (mx.arange(0, dim, 2).astype(mx.float32) / dim))
+        freqs_h = mx.outer(mx.arange(side), freqs[::2]).astype(mx.float32)
+        freqs_w = mx.outer(mx.arange(side), freqs[1::2]).astype(mx.float32)
+        table = mx.concatenate([mx.tile(freqs_h[:, None, :], (1, side, 1)),
+                                mx.tile(freqs_w[None, :, :], (side, 1, 1))], axis=-1).reshape(-1, dim // 2)
+        self.table, self.side = mx.concatenate((table, table), axis=-1), side
+
+    def __call__(self, dtype, positions: mx.array) -> tuple[mx.array, mx.array]:
+        freqs = self.table[positions]
+        return mx.cos(freqs).astype(dtype), mx.sin(freqs).astype(dtype)
 
 
 class VitTower(nn.Module):
@@ -230,6 +288,14 @@ class VitTower(nn.Module):
                 raise ValueError(f"the siglip layout takes conv2d patches, not {knobs.patch.value}")
             self.embeddings = Embeddings(c, knobs)
             self.encoder = Encoder(c, knobs)
+        elif knobs.layout is VitLayout.PIXTRAL:
+            if knobs.patch is not PatchEmbed.CONV2D or knobs.positions is not Positions.ROPE_2D_PIXTRAL:
+                raise ValueError("the pixtral layout takes conv2d patches and Pixtral's 2-D rotary")
+            self.patch_conv = nn.Conv2d(c.num_channels, c.hidden_size, kernel_size=c.patch_size,
+                                        stride=c.patch_size, bias=False)
+            self.ln_pre = nn.RMSNorm(c.hidden_size)
+            self.transformer = Encoder(c, knobs, PixtralLayer)
+            self._rope = PixtralRope(c)
         else:
             if knobs.patch is not PatchEmbed.CONV3D or knobs.positions is not Positions.ROPE_2D:
                 raise ValueError("the qwen_vl layout takes conv3d patches and 2-D rotary positions")
@@ -241,7 +307,10 @@ class VitTower(nn.Module):
 
     @property
     def layers(self) -> list:
-        return self.encoder.layers if self.knobs.layout is VitLayout.SIGLIP else self.blocks
+        layout = self.knobs.layout
+        if layout is VitLayout.SIGLIP:
+            return self.encoder.layers
+        return self.transformer.layers if layout is VitLayout.PIXTRAL else self.blocks
 
     # ------------------------------------------------------------ Qwen2-VL's positions
 
@@ -303,6 +372,8 @@ class VitTower(nn.Module):
         n = len(self.layers)
         if self.knobs.layout is VitLayout.SIGLIP:
             return self.embeddings(pixels), [{}] * n
+        if self.knobs.layout is VitLayout.PIXTRAL:
+            return self._pixtral_start(pixels, grid)
         h, rope, full = self.patch_embed(pixels), self.rope(grid), self.cu_seqlens(grid)
         if not self.knobs.windows:
             return h, [{"rope": rope, "cu_seqlens": full}] * n
@@ -313,6 +384,30 @@ class VitTower(nn.Module):
         rope = rope.reshape(L // unit, unit, -1)[index, :, :].reshape(L, -1)
         return h, [{"rope": rope, "cu_seqlens": full if i in self.config.fullatt_block_indexes else windows}
                    for i in range(n)]
+
+    def _pixtral_start(self, pixels: mx.array, sizes) -> tuple[mx.array, list[dict]]:
+        """Each image's patch grid (its size, not the padding) concatenated into [1, patches, D],
+        ln_pre, its row * side + col rotary, the block-diagonal additive mask (0 within an image,
+        -1e9 across, in the activations' dtype)."""
+        p = self.config.patch_size
+        sizes = [(int(h), int(w)) for h, w in np.asarray(sizes).tolist()]
+        conv = self.patch_conv(pixels)
+        grids = [e[: h // p, : w // p] for e, (h, w) in zip(conv, sizes)]
+        h = self.ln_pre(mx.concatenate([g.reshape(-1, g.shape[-1]) for g in grids], axis=0)[None, ...])
+        ids = []
+        for g in grids:
+            rows, cols = mx.meshgrid(mx.arange(g.shape[0]), mx.arange(g.shape[1]), indexing="ij")
+            ids.append((rows.reshape(-1, 1) * self._rope.side + cols.reshape(-1, 1)).flatten())
+        rope = self._rope(h.dtype, mx.concatenate(ids))
+        lengths = [g.shape[0] * g.shape[1] for g in grids]
+        total = sum(lengths)
+        mask = mx.full((total, total), vals=-1e9)
+        start = 0
+        for n in lengths:
+            mask[start:start + n, start:start + n] = 0
+            start += n
+        mask = mx.broadcast_to(mask[None, None, :, :], (h.shape[0], 1, total, total)).astype(h.dtype)
+        return h, [{"rope": rope, "mask": mask}] * len(self.layers)
 
     def blocks_out(self, pixels: mx.array, grid=None) -> list[tuple[str, mx.array]]:
         """Every stage's output, named: embeddings, layers.i, post_layernorm (where the tower has

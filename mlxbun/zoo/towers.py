@@ -89,6 +89,21 @@ def _qwen_preprocessor(processor_class: str) -> dict:
             "temporal_patch_size": 2}
 
 
+# tiny Pixtral tower: 16-pixel patches, images resized into 64 pixels a side (up to 4x4 patches,
+# each row of them closed by [IMG_BREAK], the last by [IMG_END]), two blocks of width 32
+PIXTRAL_VISION = {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                  "num_attention_heads": 2, "head_dim": 16, "image_size": 64, "patch_size": 16,
+                  "rope_theta": 10000.0}
+
+
+def _pixtral_fix(cfg: dict, ids: dict[str, int]) -> None:
+    vocab = max(ids.values()) + 1
+    cfg["vision_config"] = dict(PIXTRAL_VISION)
+    # mistral-community/pixtral-12b's config: the last layer's patches feed the projector
+    cfg.update(vocab_size=vocab, image_token_index=ids["image_token"], vision_feature_layer=-1)
+    cfg["text_config"]["vocab_size"] = vocab
+
+
 def _qwen2_5_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
     _qwen2_vl_fix(cfg, ids)
     cfg["model_type"] = "qwen2_5_vl"
@@ -124,6 +139,18 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
                       "size": {"height": GEMMA3_VISION["image_size"], "width": GEMMA3_VISION["image_size"]}},
         processor={"image_seq_length": GEMMA3_TOKENS_PER_IMAGE, "processor_class": "Gemma3Processor"},
     ),
+    TowerArch("pixtral-vision", "pixtral",
+              media_tokens=(("image_token", "[IMG]"), ("image_break_token", "[IMG_BREAK]"),
+                            ("image_end_token", "[IMG_END]")),
+              fix=_pixtral_fix,
+              # mistral-community/pixtral-12b's preprocessor_config.json, at a 64-pixel longest edge
+              preprocessor={"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+                            "image_mean": CLIP_MEAN, "image_processor_type": "PixtralImageProcessor",
+                            "image_std": CLIP_STD, "patch_size": {"height": 16, "width": 16},
+                            "processor_class": "PixtralProcessor", "resample": 3,
+                            "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 64}},
+              processor={"image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]", "image_token": "[IMG]",
+                         "patch_size": 16, "processor_class": "PixtralProcessor", "spatial_merge_size": 1}),
     TowerArch("qwen2_vl-vision", "qwen2_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen2_vl_fix,
               preprocessor=_qwen_preprocessor("Qwen2VLProcessor"),
               processor={"processor_class": "Qwen2VLProcessor"}),
