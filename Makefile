@@ -36,7 +36,7 @@ test: $(VENV)/.installed
 
 # llama.cpp itself, the independent reference of the real (GGUF) models: not part of `make test`.
 # Builds llama-cpp-python from source (cmake + a C compiler; about 9 minutes on 2 cores), then
-# compares it with mlxbun on both real models and rewrites goldens/real-*-llamacpp.json.
+# compares it with mlxbun on the four real models and rewrites goldens/real-*-llamacpp.json.
 oracle: $(VENV)/.installed
 	@echo "==> llama.cpp (llama-cpp-python 0.3.36, built from source)"
 	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \

@@ -3,13 +3,16 @@
     make oracle     # builds llama-cpp-python from source into .venv (about 9 minutes on 2 cores)
     .venv/bin/python benchmarks/llama_cpp_reference.py
 
-For each real model (SmolLM2-135M-Instruct Q4_1, Gemma-3-270M Q4_K_M) this runs llama.cpp on the
-GGUF file and mlxbun on its import (`mlxbun import gguf`, float32 scales), on the same token ids:
+For each real model (SmolLM2-135M-Instruct Q4_1, Gemma-3-270M Q4_K_M, Qwen2.5-Coder-0.5B-Instruct
+Q5_0/Q8_0/Q4_K/Q6_K, Qwen2.5-Coder-1.5B-Instruct Q4_K_M) this runs llama.cpp on the GGUF file and
+mlxbun on its float32 import (`mlxbun import gguf --quant none`: every tensor's value as gguf-py
+dequantizes it, which the packed import holds bit for bit; dense matmuls, minutes faster on this
+CPU than MLX's quantized ones), on the same token ids:
 
 - the evaluation text (benchmarks/texts/alice-ch1-2.txt, tokenized by llama.cpp itself): every
   position's logits, compared with llama.cpp's `--kl-divergence` statistics (mean / 99.9 % KLD,
   top-1 agreement, PPL ratio): `benchmarks/real-models.md`, section "mlxbun vs llama.cpp";
-- a few fixed prompts: llama.cpp's greedy continuations.
+- a few fixed prompts (the coder models also two code prompts): llama.cpp's greedy continuations.
 
 It writes what llama.cpp said to `goldens/real-<model>-llamacpp.json` (the text's ids, llama.cpp's
 top-1 id at every position, the greedy continuations), which `tests/test_real_models.py` holds
@@ -39,6 +42,10 @@ TEXT = ROOT / "benchmarks" / "texts" / "alice-ch1-2.txt"
 N_TEXT = 1024  # positions scored (a 1024-token window: both models' logits for all of it fit memory)
 PROMPTS = ["The capital of France is", "The Eiffel Tower is located in the city of",
            "def fibonacci(n):\n    ", "Water boils at a temperature of"]
+CODE_PROMPTS = ["# Python: return the sum of the squares of a list of numbers\ndef sum_of_squares(xs):\n",
+                "// JavaScript: reverse a string\nfunction reverse(s) {\n  return"]
+CODER = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+MODELS = ("smollm2", "gemma3", *CODER)
 GREEDY = 16
 
 
@@ -70,15 +77,16 @@ def measure(name: str, tmp: Path) -> tuple[dict, object]:
     llm = _llama(gguf)
     ids = llm.tokenize(TEXT.read_text().encode(), add_bos=True)[:N_TEXT]
     theirs = _llama_logits(llm, ids)
-    model = open_model(cached_import(gguf, root=tmp / "imports"))
+    model = open_model(cached_import(gguf, root=tmp / "imports", quant="none"))
     ours = np.array(model(mx.array([ids]))[0].astype(mx.float32))
+    del model
     stats = compare_logits(theirs[:-1], ours[:-1], ids[1:])  # position i predicts ids[i + 1]
     golden = {
         "schema": "mlxbun-llamacpp-reference/1",
         "model": name, "gguf": gguf.name, "llama_cpp_python": __import__("llama_cpp").__version__,
         "text": TEXT.name, "text_ids": ids, "top1": [int(i) for i in theirs.argmax(-1)],
         "prompts": [{"text": p, "ids": (pi := llm.tokenize(p.encode(), add_bos=True)), "greedy": _greedy(llm, pi)}
-                    for p in PROMPTS],
+                    for p in PROMPTS + (CODE_PROMPTS if name in CODER else [])],
     }
     return golden, stats
 
@@ -101,7 +109,7 @@ def _row(name: str, s) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", default=str(ROOT / ".oracle-work"), help="where imports and assembled files go")
-    p.add_argument("--models", default="smollm2,gemma3")
+    p.add_argument("--models", default=",".join(MODELS))
     args = p.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
