@@ -166,11 +166,16 @@ def test_qwen_vl_greedy_generation_is_bit_exact_vs_mlx_vlm(tower_ckpt, images, d
         stream_generate(vlm, prompt, max_tokens=2, kv_bits=4)
 
 
+PIXTRAL_ARCHS = ["pixtral-vision", "mistral3-vision"]
+
+
+@pytest.mark.parametrize("arch", PIXTRAL_ARCHS)
 @pytest.mark.parametrize("dtype,quant", VARIANTS, ids=[f"{d}-{q}" for d, q in VARIANTS])
-def test_pixtral_tower_projector_splice_merge_and_logits_are_bit_exact(tower_ckpt, images, dtype, quant):
+def test_pixtral_tower_projector_splice_merge_and_logits_are_bit_exact(tower_ckpt, images, dtype, quant, arch):
     """Two images of different sizes, the second zero-padded in the batch and cropped back by its
-    size; [IMG] rows split by [IMG_BREAK], closed by [IMG_END]; the block-diagonal mask."""
-    vlm, model, processor = _both(tower_ckpt(dtype, quant, arch="pixtral-vision"))
+    size; [IMG] rows split by [IMG_BREAK], closed by [IMG_END]; the block-diagonal mask; mistral3:
+    its RMSNorm + 2x2 patch-merging projector over each image's grid."""
+    vlm, model, processor = _both(tower_ckpt(dtype, quant, arch=arch))
     pair = [images[0], images[2]]
     ref = _oracle_inputs(processor, pair, PIXTRAL_PROMPT)
     ours = vlm.prepare(PIXTRAL_PROMPT, pair)
@@ -179,7 +184,8 @@ def test_pixtral_tower_projector_splice_merge_and_logits_are_bit_exact(tower_ckp
     assert ours.grid.tolist() == np.array(ref["image_sizes"]).tolist() and ours.grid.tolist()[0] != ours.grid.tolist()[1]
     n_image_tokens = int((ref["input_ids"] == model.config.image_token_index).sum().item())
     assert ours.soft_tokens == n_image_tokens
-    theirs = oracle_stages(model, VitLayout.PIXTRAL, ref["pixel_values"], ref["image_sizes"], None)
+    theirs = oracle_stages(model, VitLayout.PIXTRAL, ref["pixel_values"], ref["image_sizes"], None,
+                           mistral3=arch == "mistral3-vision")
     mine = vlm.vision.blocks(ours.pixel_values, None, ours.grid)
     assert len(mine) == len(theirs) and mine[-1][0] == "projector"
     for (name, a), b in zip(mine, theirs):
@@ -188,13 +194,18 @@ def test_pixtral_tower_projector_splice_merge_and_logits_are_bit_exact(tower_ckp
     assert mx.array_equal(ours.embeddings, merged.inputs_embeds)
     logits = model.language_model(ref["input_ids"], inputs_embeds=merged.inputs_embeds).logits
     assert mx.array_equal(vlm.logits(ours), logits)
+    # one image: mistral3's merger then sees a single image's (strided) windows
+    ref1 = _oracle_inputs(processor, images[:1], "[IMG] x")
+    one = model.get_input_embeddings(ref1["input_ids"], ref1["pixel_values"], image_sizes=ref1["image_sizes"])
+    assert mx.array_equal(vlm.prepare("[IMG] x", images[:1]).embeddings, one.inputs_embeds)
 
 
+@pytest.mark.parametrize("arch", PIXTRAL_ARCHS)
 @pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 4)], ids=["float32", "bfloat16-q4"])
-def test_pixtral_greedy_generation_is_bit_exact_vs_mlx_vlm(tower_ckpt, images, dtype, quant):
+def test_pixtral_greedy_generation_is_bit_exact_vs_mlx_vlm(tower_ckpt, images, dtype, quant, arch):
     from mlx_vlm.generate.ar import generate_step
 
-    vlm, model, processor = _both(tower_ckpt(dtype, quant, arch="pixtral-vision"))
+    vlm, model, processor = _both(tower_ckpt(dtype, quant, arch=arch))
     ref = _oracle_inputs(processor, images[:2], PIXTRAL_PROMPT)
     theirs = list(generate_step(ref["input_ids"], model, ref["pixel_values"], ref["attention_mask"],
                                 image_sizes=ref["image_sizes"], max_tokens=8, temperature=0.0))
@@ -425,14 +436,14 @@ def test_tower_bringup_driver_holds_every_stage_and_records_rows(zoo_root, tmp_p
         run.require_pass()
 
 
-@pytest.mark.parametrize("arch", [a for a, _ in QWEN_ARCHS] + ["pixtral-vision"])
+@pytest.mark.parametrize("arch", [a for a, _ in QWEN_ARCHS] + PIXTRAL_ARCHS)
 def test_tower_bringup_driver_on_dynamic_towers(zoo_root, arch):
     from mlxbun.experiments.tower_bringup import tower_bringup
 
     run = tower_bringup(tower_arch=arch, zoo_root=zoo_root, record=False)
     assert run.bit_exact, run.verdict()
     rows, cols = run.grid_shape
-    patch, merge = (16, 1) if arch == "pixtral-vision" else (14, 2)
+    patch, merge = {"pixtral-vision": (16, 1), "mistral3-vision": (16, 2)}.get(arch, (14, 2))
     assert run.image.shape == (rows * patch, cols * patch, 3)
     assert run.grids["projector"].shape == (rows // merge, cols // merge)
     assert run.attention.shape == (2, rows * cols, rows * cols)

@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxbun.errors import MlxbunError
-from mlxbun.towers.knobs import VitLayout
+from mlxbun.towers.knobs import ProjectorKind, VitLayout
 
 __all__ = ["TowerBringup", "default_image", "oracle_stages", "patch_order", "tower_bringup"]
 
@@ -78,7 +78,7 @@ class TowerBringup:
 
 
 def oracle_stages(model, layout: VitLayout, pixel_values: mx.array, grid: Optional[mx.array], dtype,
-                  windows: bool = False) -> list[mx.array]:
+                  windows: bool = False, mistral3: bool = False) -> list[mx.array]:
     """mlx-vlm's tower stage by stage with its own modules and methods (its __call__ returns only
     the end): the patch embeddings, each block, the final norm (SigLIP), the projector's tokens
     (Qwen: its tower's __call__ itself; Pixtral: its hidden states, `grid` the image sizes, the
@@ -86,7 +86,10 @@ def oracle_stages(model, layout: VitLayout, pixel_values: mx.array, grid: Option
     if layout is VitLayout.PIXTRAL:
         _, states = model.vision_tower(pixel_values.transpose(0, 2, 3, 1), output_hidden_states=True,
                                        image_sizes=grid)
-        return list(states) + [model.multi_modal_projector(states[model.vision_feature_layer])]
+        selected = states[model.vision_feature_layer]
+        if mistral3:  # its projector takes the squeezed patches and the image sizes
+            return list(states) + [model.multi_modal_projector(selected[0], grid)]
+        return list(states) + [model.multi_modal_projector(selected)]
     if layout is VitLayout.SIGLIP:
         sv = model.vision_tower.vision_model
         h = sv.embeddings(pixel_values.transpose(0, 2, 3, 1).astype(dtype))
@@ -168,12 +171,14 @@ def tower_bringup(checkpoint=None, *, tower_arch: str = "gemma3-vision", variant
     dtype = vlm.text_model.embed_tokens(ours.ids[:1][None]).dtype
     mine = v.blocks(ours.pixel_values, dtype, ours.grid)
     grid = ref.get("image_grid_thw", ref.get("image_sizes"))
-    theirs = oracle_stages(model, v.descriptor.vit.layout, ref["pixel_values"], grid, dtype, v.descriptor.vit.windows)
+    theirs = oracle_stages(model, v.descriptor.vit.layout, ref["pixel_values"], grid, dtype, v.descriptor.vit.windows,
+                           mistral3=v.descriptor.projector is ProjectorKind.MISTRAL3)
     order = patch_order(v, ours.grid)
     if v.descriptor.vit.layout is VitLayout.PIXTRAL:
-        rows, cols = v.token_shapes(np.asarray(ours.grid))[0]
-        shape = token_shape = (rows, cols)
+        token_shape = v.token_shapes(np.asarray(ours.grid))[0]
         resized_hw = tuple(int(x) for x in np.asarray(ours.grid)[0])
+        p = v.tower.config.patch_size
+        shape = (resized_hw[0] // p, resized_hw[1] // p)
     elif v.dynamic:
         _, gh, gw = (int(x) for x in np.asarray(ours.grid)[0])
         m = v.tower.config.spatial_merge_size

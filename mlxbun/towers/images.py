@@ -127,15 +127,20 @@ def _pixtral_spec(path: Path, raw: dict) -> ImageProcessorSpec:
         height = width = int(edge)
     patch = cfg.get("patch_size") or {"height": 16, "width": 16}
     patch = int(patch["height"]) if isinstance(patch, dict) else int(patch)
+    patch = int(proc.get("patch_size", patch))
     merge = int(proc.get("spatial_merge_size", 1))
+    model_file = Path(path) / "config.json"  # mistral3's processor: the model config's numbers first
+    if model_file.is_file():
+        model_cfg = json.loads(model_file.read_text(encoding="utf-8"))
+        patch = int((model_cfg.get("vision_config") or {}).get("patch_size", patch))
+        merge = int(model_cfg.get("spatial_merge_size", merge))
     return ImageProcessorSpec(
         cfg.get("image_processor_type", "PixtralImageProcessor"), height, width, int(cfg.get("resample", 3)),
         float(cfg.get("rescale_factor", 1 / 255)),
         tuple(cfg.get("image_mean") or (0.48145466, 0.4578275, 0.40821073)),
         tuple(cfg.get("image_std") or (0.26862954, 0.26130258, 0.27577711)),
         bool(cfg.get("do_resize", True)), bool(cfg.get("do_rescale", True)), bool(cfg.get("do_normalize", True)),
-        bool(cfg.get("do_convert_rgb", True)), kind="pixtral", patch_size=int(proc.get("patch_size", patch)) * merge,
-        merge_size=merge)
+        bool(cfg.get("do_convert_rgb", True)), kind="pixtral", patch_size=patch * merge, merge_size=merge)
 
 
 def _pixtral_size(height: int, width: int, spec: ImageProcessorSpec) -> tuple[int, int]:

@@ -88,6 +88,8 @@ class ProjectorKind(Enum):
     PATCH_MERGER = "patch_merger"
     PATCH_MERGER_RMS = "patch_merger_rms"  # qwen2_5_vl: the same with an RMSNorm ln_q
     LLAVA = "llava"  # pixtral: linear_1 -> erf GELU -> linear_2 (biased), per patch of the selected layer
+    # mistral3: RMSNorm, spatial_merge_size^2 patches merged by a linear (Mistral3PatchMerger), then llava's
+    MISTRAL3 = "mistral3"
 
 
 class MergeKind(Enum):
@@ -95,7 +97,7 @@ class MergeKind(Enum):
     # by the wrapper's hidden_size ** 0.5 (mlx-vlm's ModelConfig default 2048 where the config has
     # no top-level hidden_size); the text model then scales every row by its embed scale
     GEMMA3_SCALED = "gemma3_scaled"
-    # qwen2_vl, pixtral: each image token's row the next soft token (merge_input_ids_with_image_features),
+    # qwen2_vl, pixtral, mistral3: each image token's row the next soft token (merge_input_ids_with_image_features),
     # no scaling, no pad rows zeroed
     IN_ORDER = "in_order"
 

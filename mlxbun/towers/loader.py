@@ -16,7 +16,7 @@ import numpy as np
 from mlxbun.errors import ConfigError, LoadError
 from mlxbun.towers.errors import NoTowerError
 from mlxbun.towers.images import ImageProcessorSpec, read_processor_spec
-from mlxbun.towers.knobs import TowerDescriptor, VisionKeys, VitLayout
+from mlxbun.towers.knobs import ProjectorKind, TowerDescriptor, VisionKeys, VitLayout
 from mlxbun.towers.projectors import make_projector
 from mlxbun.towers.table import TOWERS, tower_for
 from mlxbun.towers.vit import VitConfig, VitTower
@@ -54,7 +54,7 @@ class VisionStack:
         layout = self.descriptor.vit.layout
         if layout is VitLayout.SIGLIP:
             return [(1, self.tokens_per_image)] * len(grid)
-        if layout is VitLayout.PIXTRAL:
+        if layout is VitLayout.PIXTRAL:  # the processor's patch: the tower's x the projector's merge
             p = self.processor.patch_size
             return [(int(h) // p, int(w) // p) for h, w in np.asarray(grid).tolist()]
         m = self.tower.config.spatial_merge_size
@@ -77,6 +77,11 @@ class VisionStack:
             return pixels.transpose(0, 2, 3, 1).astype(self.tower.patch_conv.weight.dtype)
         return pixels.transpose(0, 2, 3, 1).astype(dtype)  # mlx-vlm casts to the text embeddings'
 
+    def _project(self, x: mx.array, grid) -> mx.array:
+        if getattr(self.projector, "takes_grid", False):
+            return self.projector(x, grid)
+        return self.tower.unwindow(self.projector(x), grid)
+
     def _selected(self, pixels: mx.array, grid) -> mx.array:
         if self.feature_layer == -1:
             return self.tower(pixels, grid)
@@ -86,13 +91,13 @@ class VisionStack:
         """Soft tokens of `pixel_values` (the processor's): [N, T, text hidden] (a fixed-size tower,
         run in `dtype`, the text embeddings' dtype), [tokens, text hidden] (Qwen2-VL, `grid` its
         image_grid_thw) or [1, tokens, text hidden] (Pixtral, `grid` its image sizes)."""
-        return self.tower.unwindow(self.projector(self._selected(self._pixels(pixel_values, dtype), grid)), grid)
+        return self._project(self._selected(self._pixels(pixel_values, dtype), grid), grid)
 
     def blocks(self, pixel_values, dtype: mx.Dtype, grid=None) -> list[tuple[str, mx.array]]:
         """The tower's stages (tower.blocks_out) and the projector's output, named."""
         stages = self.tower.blocks_out(self._pixels(pixel_values, dtype), grid)
         selected = stages[-1][1] if self.feature_layer == -1 else stages[self.feature_layer][1]
-        return stages + [("projector", self.tower.unwindow(self.projector(selected), grid))]
+        return stages + [("projector", self._project(selected, grid))]
 
 
 def _read_config(path: Path) -> dict:
@@ -215,10 +220,13 @@ def open_vision(path, config: Mapping | None = None) -> VisionStack:
     tower = VitTower(vc, d.vit)
     top = {**_MLX_VLM_TOP_DEFAULTS, **d.top_defaults, **config}
     tokens = 0 if d.vit.layout is VitLayout.QWEN_VL else int(text.get("mm_tokens_per_image", 256))
+    mistral3 = d.projector is ProjectorKind.MISTRAL3  # its own eps (text's), merge and bias
     projector = make_projector(d.projector, vision_hidden=vc.hidden_size,
                                text_hidden=out_width or int(text["hidden_size"]),
-                               grid=vc.grid, tokens_per_image=tokens, eps=vc.layer_norm_eps,
-                               merge=vc.spatial_merge_size)
+                               grid=vc.grid, tokens_per_image=tokens,
+                               eps=float(text.get("rms_norm_eps", 1e-6)) if mistral3 else vc.layer_norm_eps,
+                               merge=int(top.get("spatial_merge_size", 2)) if mistral3 else vc.spatial_merge_size,
+                               patch=vc.patch_size, bias=bool(top.get("multimodal_projector_bias", False)))
     names = [n for n in index.names() if n.startswith((d.tower_prefix + ".", d.projector_prefix + "."))]
     tensors = index.load(names)
     for conv in (f"{d.tower_prefix}.embeddings.patch_embedding.weight", f"{d.tower_prefix}.patch_embed.proj.weight",

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from mlxbun.towers.knobs import ProjectorKind
 
-__all__ = ["Gemma3Projector", "LlavaProjector", "PatchMerger", "make_projector"]
+__all__ = ["Gemma3Projector", "LlavaProjector", "Mistral3Projector", "PatchMerger", "make_projector"]
 
 
 class Gemma3Projector(nn.Module):
@@ -75,12 +76,55 @@ class LlavaProjector(nn.Module):
         return self.linear_2(self.gelu(self.linear_1(x)))
 
 
+class Mistral3Projector(nn.Module):
+    """mlx-vlm's Mistral3MultiModalProjector: RMSNorm (the text eps) per patch, each image's
+    merge x merge windows concatenated (Mistral3PatchMerger's unfold: features channel-major,
+    then the window's row and column) and merged by a bias-free linear, linear_1 -> erf GELU ->
+    linear_2. Called with each image's size (pixels)."""
+
+    takes_grid = True
+
+    def __init__(self, vision_hidden: int, text_hidden: int, merge: int, patch: int, eps: float, bias: bool):
+        super().__init__()
+        self.norm = nn.RMSNorm(vision_hidden, eps=eps)
+        self.patch_merger = _Mistral3Merger(vision_hidden, merge)
+        self.linear_1 = nn.Linear(vision_hidden, text_hidden, bias=bias)
+        self.gelu = nn.GELU()
+        self.linear_2 = nn.Linear(text_hidden, text_hidden, bias=bias)
+        self.merge, self.patch = merge, patch
+
+    def __call__(self, x: mx.array, sizes) -> mx.array:
+        if x.ndim == 3 and x.shape[0] == 1:
+            x = x[0]
+        x = self.norm(x)
+        m, d = self.merge, x.shape[-1]
+        shapes = [(int(h) // self.patch, int(w) // self.patch) for h, w in np.asarray(sizes).tolist()]
+        splits = np.cumsum([h * w for h, w in shapes])[:-1].tolist()
+        merged = []
+        for tokens, (h, w) in zip(mx.split(x, splits, axis=0), shapes):
+            # [d * m * m, windows] laid out as unfold's, then transposed (a strided view, as
+            # mlx-vlm's: a single image's reaches the merging linear uncopied)
+            grid = tokens.reshape(h // m, m, w // m, m, d).transpose(4, 1, 3, 0, 2)
+            merged.append(grid.reshape(d * m * m, (h // m) * (w // m)).T)
+        x = self.patch_merger.merging_layer(mx.concatenate(merged, axis=0))
+        return self.linear_2(self.gelu(self.linear_1(x)))
+
+
+class _Mistral3Merger(nn.Module):
+    def __init__(self, hidden: int, merge: int):
+        super().__init__()
+        self.merging_layer = nn.Linear(hidden * merge ** 2, hidden, bias=False)
+
+
 def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int, grid: int = 0,
-                   tokens_per_image: int = 0, eps: float = 1e-6, merge: int = 1) -> nn.Module:
+                   tokens_per_image: int = 0, eps: float = 1e-6, merge: int = 1, patch: int = 0,
+                   bias: bool = True) -> nn.Module:
     if kind is ProjectorKind.GEMMA3_AVGPOOL:
         return Gemma3Projector(vision_hidden, text_hidden, grid, tokens_per_image, eps)
     if kind in (ProjectorKind.PATCH_MERGER, ProjectorKind.PATCH_MERGER_RMS):
         return PatchMerger(vision_hidden, text_hidden, merge, rms=kind is ProjectorKind.PATCH_MERGER_RMS)
     if kind is ProjectorKind.LLAVA:
         return LlavaProjector(vision_hidden, text_hidden)
+    if kind is ProjectorKind.MISTRAL3:
+        return Mistral3Projector(vision_hidden, text_hidden, merge, patch, eps, bias)
     raise ValueError(f"no projector for {kind!r}")

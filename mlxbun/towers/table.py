@@ -8,6 +8,21 @@ from mlxbun.towers.knobs import (MergeKind, PatchEmbed, Positions, ProjectorKind
 
 __all__ = ["TOWERS", "tower_for"]
 
+def _pixtral_family(model_type: str, projector: ProjectorKind, notes: str) -> TowerDescriptor:
+    """A row with mlx-vlm's pixtral VisionModel (pixtral's and mistral3's wrappers)."""
+    return TowerDescriptor(
+        model_type, vision_types=("pixtral", "clip_vision_model"), tower_prefix="vision_tower.vision_model",
+        projector_prefix="multi_modal_projector",
+        vit=VitKnobs(layout=VitLayout.PIXTRAL, patch=PatchEmbed.CONV2D, positions=Positions.ROPE_2D_PIXTRAL,
+                     post_norm=False, norm=VitNorm.RMSNORM, mlp=VitMlp.SWIGLU, qkv_bias=False, mlp_bias=False),
+        projector=projector, merge=MergeKind.IN_ORDER, splice=SpliceKind.ROWS, vision_keys=VisionKeys.PIXTRAL,
+        vision_defaults={"num_hidden_layers": 24, "hidden_size": 1024, "head_dim": 64, "intermediate_size": 4096,
+                         "num_attention_heads": 16, "image_size": 336, "patch_size": 14, "num_channels": 3,
+                         "rms_norm_eps": 1e-5, "rope_theta": 10000.0},
+        image_token_key="image_token_index", placeholder_key="image_token_index", lead="{placeholder}",
+        break_token="[IMG_BREAK]", end_token="[IMG_END]", notes=notes)
+
+
 TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
     # mlx-vlm's gemma3: a SigLIP tower (vision.py: conv patches, learned positions, pre-LN blocks
     # with biased q/k/v/out and a precise-GELU fc1/fc2 MLP, post_layernorm at nn.LayerNorm's
@@ -25,20 +40,10 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
     # each image's own size, ln_pre, RMSNorm blocks with Pixtral's 2-D rotary and a block-diagonal
     # mask, bias-free SwiGLU; vision_feature_layer's stage through the llava projector; the prompt's
     # [IMG] becomes rows of [IMG] split by [IMG_BREAK], closed by [IMG_END]
-    TowerDescriptor(
-        "pixtral", vision_types=("pixtral", "clip_vision_model"), tower_prefix="vision_tower.vision_model",
-        projector_prefix="multi_modal_projector",
-        vit=VitKnobs(layout=VitLayout.PIXTRAL, patch=PatchEmbed.CONV2D, positions=Positions.ROPE_2D_PIXTRAL,
-                     post_norm=False, norm=VitNorm.RMSNORM, mlp=VitMlp.SWIGLU, qkv_bias=False, mlp_bias=False),
-        projector=ProjectorKind.LLAVA, merge=MergeKind.IN_ORDER, splice=SpliceKind.ROWS,
-        vision_keys=VisionKeys.PIXTRAL,
-        vision_defaults={"num_hidden_layers": 24, "hidden_size": 1024, "head_dim": 64, "intermediate_size": 4096,
-                         "num_attention_heads": 16, "image_size": 336, "patch_size": 14, "num_channels": 3,
-                         "rms_norm_eps": 1e-5, "rope_theta": 10000.0},
-        image_token_key="image_token_index", placeholder_key="image_token_index", lead="{placeholder}",
-        break_token="[IMG_BREAK]", end_token="[IMG_END]",
-        notes="Pixtral's ViT + the llava projector",
-    ),
+    _pixtral_family("pixtral", ProjectorKind.LLAVA, "Pixtral's ViT + the llava projector"),
+    # mlx-vlm's mistral3: pixtral's tower (its VisionModel) and splice, the processor's patch the
+    # tower's x spatial_merge_size; the projector RMS-norms the patches and merges each 2x2 of them
+    _pixtral_family("mistral3", ProjectorKind.MISTRAL3, "Pixtral's ViT + Mistral 3's patch-merging projector"),
     # mlx-vlm's qwen2_vl: Conv3d patches over the processor's dynamic-resolution grid, 2-D rotary
     # q / k, fused qkv, each image attending within itself, quick-GELU MLP, no final norm; the
     # PatchMerger (vision_tower.merger) to one soft token per 2x2 patches

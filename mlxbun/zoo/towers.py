@@ -96,12 +96,32 @@ PIXTRAL_VISION = {"model_type": "pixtral", "hidden_size": 32, "intermediate_size
                   "rope_theta": 10000.0}
 
 
+PIXTRAL_MEDIA_TOKENS = (("image_token", "[IMG]"), ("image_break_token", "[IMG_BREAK]"),
+                        ("image_end_token", "[IMG_END]"))
+PIXTRAL_PROCESSOR = {"image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]", "image_token": "[IMG]",
+                     "patch_size": 16}
+
+
+def _pixtral_preprocessor(processor_class: str) -> dict:
+    """mistral-community/pixtral-12b's preprocessor_config.json, at a 64-pixel longest edge."""
+    return {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+            "image_mean": CLIP_MEAN, "image_processor_type": "PixtralImageProcessor", "image_std": CLIP_STD,
+            "patch_size": {"height": 16, "width": 16}, "processor_class": processor_class, "resample": 3,
+            "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 64}}
+
+
 def _pixtral_fix(cfg: dict, ids: dict[str, int]) -> None:
     vocab = max(ids.values()) + 1
     cfg["vision_config"] = dict(PIXTRAL_VISION)
     # mistral-community/pixtral-12b's config: the last layer's patches feed the projector
     cfg.update(vocab_size=vocab, image_token_index=ids["image_token"], vision_feature_layer=-1)
     cfg["text_config"]["vocab_size"] = vocab
+
+
+def _mistral3_fix(cfg: dict, ids: dict[str, int]) -> None:
+    # Mistral3Config's keys: image_token_index, spatial_merge_size 2, vision_feature_layer -1
+    _pixtral_fix(cfg, ids)
+    cfg.update(spatial_merge_size=2)
 
 
 def _qwen2_5_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
@@ -139,18 +159,14 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
                       "size": {"height": GEMMA3_VISION["image_size"], "width": GEMMA3_VISION["image_size"]}},
         processor={"image_seq_length": GEMMA3_TOKENS_PER_IMAGE, "processor_class": "Gemma3Processor"},
     ),
-    TowerArch("pixtral-vision", "pixtral",
-              media_tokens=(("image_token", "[IMG]"), ("image_break_token", "[IMG_BREAK]"),
-                            ("image_end_token", "[IMG_END]")),
-              fix=_pixtral_fix,
-              # mistral-community/pixtral-12b's preprocessor_config.json, at a 64-pixel longest edge
-              preprocessor={"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
-                            "image_mean": CLIP_MEAN, "image_processor_type": "PixtralImageProcessor",
-                            "image_std": CLIP_STD, "patch_size": {"height": 16, "width": 16},
-                            "processor_class": "PixtralProcessor", "resample": 3,
-                            "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 64}},
-              processor={"image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]", "image_token": "[IMG]",
-                         "patch_size": 16, "processor_class": "PixtralProcessor", "spatial_merge_size": 1}),
+    TowerArch("pixtral-vision", "pixtral", media_tokens=PIXTRAL_MEDIA_TOKENS, fix=_pixtral_fix,
+              preprocessor=_pixtral_preprocessor("PixtralProcessor"),
+              processor={**PIXTRAL_PROCESSOR, "processor_class": "PixtralProcessor", "spatial_merge_size": 1}),
+    # mistral3's tower is pixtral's; the processor's patch is 16 x spatial_merge_size 2 (64-pixel
+    # edge: up to 2x2 soft tokens an image)
+    TowerArch("mistral3-vision", "mistral3", media_tokens=PIXTRAL_MEDIA_TOKENS, fix=_mistral3_fix,
+              preprocessor=_pixtral_preprocessor("PixtralProcessor"),
+              processor={**PIXTRAL_PROCESSOR, "processor_class": "Mistral3Processor", "spatial_merge_size": 2}),
     TowerArch("qwen2_vl-vision", "qwen2_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen2_vl_fix,
               preprocessor=_qwen_preprocessor("Qwen2VLProcessor"),
               processor={"processor_class": "Qwen2VLProcessor"}),
