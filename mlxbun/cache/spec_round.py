@@ -74,6 +74,9 @@ class TrimSpecRound(SpecRound):
     def spec_commit(self, n_accepted: int):
         spec = self._spec_state()
         added = self._spec_added(spec)
+        if added == 0 and self.offset == 0:  # a cache the model never writes (nemotron-nas keeps one
+            self._spec = None  # per linear-replacement attention, as mlx-lm's list): nothing to keep
+            return
         n = self._check_accepted(n_accepted, added)
         self.trim(added - n)
         self._spec = None
