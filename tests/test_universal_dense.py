@@ -168,6 +168,9 @@ KNOBS = {
                                           query_pre_attn_scalar=20)),
     "nanochat-theta": ("nanochat", dict(rope_theta=500.0)),
     "qwen-biases": ("qwen", dict(no_bias=False)),
+    "nemotron-nas-llama3-biases": ("nemotron-nas", dict(attention_bias=True, mlp_bias=True, rope_scaling={
+        "factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 64,
+        "rope_type": "llama3"})),
     "spark2_5-biases-default-layers": ("spark2_5", dict(attention_bias=True, mlp_bias=True, layer_types=None,
                                                         num_hidden_layers=4)),
     "nanbeige-loss-weights-skip-norm": ("nanbeige", dict(num_loops=1, loop_loss_weights=[0.5, 0.5],

@@ -68,6 +68,7 @@ MANIFEST = {
         Entry("plamo3"),
         Entry("spark2_5"),
         Entry("iquestloopcoder"),
+        Entry("nemotron-nas"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

@@ -158,4 +158,24 @@ REMOTE_CODE_ROWS = (
         "num_attention_heads": HEADS, "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-05,
         "rope_scaling": None, "rope_theta": 500000.0, "tie_word_embeddings": False, "use_cache": True,
         "vocab_size": VOCAB_SIZE}),
+    # Nemotron-NAS: the keys of nvidia/Llama-3_1-Nemotron-51B-Instruct's config (DeciLM), four layers
+    # covering every block_configs shape: attention (2 KV heads), a linear replacement, a no-op, attention
+    # (1 KV head); MLPs of ffn_mult 2.0 / 1.0, a linear replacement, a no-op; no rope_scaling (the real
+    # config's llama3 dict makes transformers 5's tokenizer loading fail on this model_type's
+    # per-layer config: the knob cases run it)
+    Arch("nemotron-nas", "DeciLMForCausalLM", base={
+        "model_type": "nemotron-nas", "attention_bias": False,
+        "block_configs": [
+            {"attention": {"n_heads_in_group": 2, "no_op": False, "replace_with_linear": False},
+             "ffn": {"ffn_mult": 2.0, "no_op": False, "replace_with_linear": False}},
+            {"attention": {"n_heads_in_group": None, "no_op": False, "replace_with_linear": True},
+             "ffn": {"ffn_mult": 1.0, "no_op": False, "replace_with_linear": False}},
+            {"attention": {"n_heads_in_group": None, "no_op": True, "replace_with_linear": False},
+             "ffn": {"ffn_mult": None, "no_op": False, "replace_with_linear": True}},
+            {"attention": {"n_heads_in_group": 4, "no_op": False, "replace_with_linear": False},
+             "ffn": {"ffn_mult": None, "no_op": True, "replace_with_linear": False}}],
+        "hidden_act": "silu", "hidden_size": HIDDEN, "initializer_range": 0.02, "intermediate_size": None,
+        "max_position_embeddings": MAX_POSITIONS, "mlp_bias": False, "num_attention_heads": HEADS,
+        "num_hidden_layers": 4, "num_key_value_heads": None, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+        "rope_scaling": None, "rope_theta": 500000.0, "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
 )

@@ -64,6 +64,7 @@ from mlxbun.models.universal.kinds_hybrid import (
 )
 from mlxbun.models.universal.loop_gated import LOOP_GATED_TYPES
 from mlxbun.models.universal.looped import loop_count
+from mlxbun.models.universal.nas import NAS_TYPES, nas_shape
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import LayerSpec, UniversalArgs
@@ -280,6 +281,9 @@ def _block_form(d: ArchDescriptor, a: UniversalArgs) -> str:
         form += (f"; the stack runs twice, the second loop's attention sigmoid(gate_projections[i](q)) * "
                  f"global (the first loop's keys / values) + (1 - gate) * its own over a "
                  f"{a.fields['loop_window_size']}-token window")
+    if d.model_type in NAS_TYPES:  # nemotron-nas (nas.py)
+        form += "; per layer (attention KV heads | linear | none, MLP width | linear | none): " + ", ".join(
+            f"{i}: {nas_shape(c, a.n_heads, a.hidden)}" for i, c in enumerate(a.fields["block_configs"]))
     if d.loops is not None:  # nanbeige (looped.py)
         skip = a.fields[d.loops.skip_final_norm]
         form += (f"; the stack runs {loop_count(a.fields, d.loops, d.model_type)} times, each with its own "

@@ -539,6 +539,10 @@ class PostInit(StrEnum):
     JAMBA_ARGS = "jamba_args"  # mamba_dt_rank "auto": ceil(hidden_size / 16); layers_block_type
     # None: attention where i % attn_layer_period == attn_layer_offset, mamba elsewhere
     LOOP_NUM_TWO = "loop_num_two"  # iquestloopcoder: loop_num must be 2 (mlx-lm asserts it)
+    NEMOTRON_NAS_BLOCKS = "nemotron_nas_blocks"  # block_configs parsed as mlx-lm's BlockConfig: one
+    # per layer; attention / ffn entries of known keys; no-op / linear ones drop their sizes, active
+    # attention needs a positive n_heads_in_group dividing the heads, active ffn an ffn_mult (rounded
+    # to 6 places); a truthy rope_scaling needs factor and rope_type
     NANBEIGE_ARGS = "nanbeige_args"  # head_dim None: hidden // heads; enable_double_loop_split,
     # loop_share_kv and enable_depth_attention refused (mlx-lm raises NotImplementedError)
     QWEN_KV_CHANNELS = "qwen_kv_channels"  # kv_channels * num_attention_heads must be hidden_size

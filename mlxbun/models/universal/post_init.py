@@ -79,6 +79,48 @@ def _loop_num_two(a: dict, mt: str) -> None:
         raise _fail(mt, f"loop_num {a['loop_num']!r}: mlx-lm's iquestloopcoder runs loop_num 2 only")
 
 
+_NAS_KEYS = {"attention": ("no_op", "replace_with_linear", "sparsify", "n_heads_in_group", "window_length",
+                            "num_sink_tokens", "use_prefill_window_in_sink_attention", "unshifted_sink"),
+             "ffn": ("no_op", "replace_with_linear", "sparsify", "ffn_mult")}
+
+
+def _nemotron_nas_blocks(a: dict, mt: str) -> None:  # nemotron-nas's BlockConfig / ModelArgs post-inits
+    blocks = []
+    for i, conf in enumerate(a["block_configs"]):
+        if not isinstance(conf, dict):
+            raise _fail(mt, f"block_configs[{i}] must be an object, got {conf!r}")
+        parts = {}
+        for part, keys in _NAS_KEYS.items():
+            given = conf.get(part, {})
+            unknown = sorted(set(given) - set(keys))
+            if unknown:
+                raise _fail(mt, f"block_configs[{i}].{part}: unknown key(s) {', '.join(unknown)}")
+            p = {k: given.get(k, False if k in ("no_op", "replace_with_linear", "use_prefill_window_in_sink_attention",
+                                                 "unshifted_sink") else None) for k in keys}
+            size = "n_heads_in_group" if part == "attention" else "ffn_mult"
+            if p["no_op"] or p["replace_with_linear"]:
+                p[size] = None
+            elif p[size] is None:
+                raise _fail(mt, f"block_configs[{i}].{part}: {size} must be specified for an active block")
+            elif part == "attention" and p[size] <= 0:
+                raise _fail(mt, f"block_configs[{i}].attention: n_heads_in_group must be positive, got {p[size]}")
+            elif part == "ffn":
+                p[size] = round(p[size], 6)
+            parts[part] = p
+        blocks.append(parts)
+    if len(blocks) != a["num_hidden_layers"]:
+        raise _fail(mt, f"{len(blocks)} block_configs for num_hidden_layers {a['num_hidden_layers']}")
+    rs = a["rope_scaling"]
+    if rs and ("factor" not in rs or rs.get("rope_type") is None):
+        raise _fail(mt, "rope_scaling must contain 'factor' and 'rope_type'")
+    for i, b in enumerate(blocks):
+        g = b["attention"]["n_heads_in_group"]
+        if g is not None and a["num_attention_heads"] % g:
+            raise _fail(mt, f"layer {i}: num_attention_heads ({a['num_attention_heads']}) must be divisible by "
+                            f"n_heads_in_group ({g})")
+    a["block_configs"] = blocks
+
+
 def _nanbeige_args(a: dict, mt: str) -> None:
     if a["head_dim"] is None:
         a["head_dim"] = a["hidden_size"] // a["num_attention_heads"]
@@ -367,6 +409,7 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
     PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
     PostInit.NANBEIGE_ARGS: _nanbeige_args,
+    PostInit.NEMOTRON_NAS_BLOCKS: _nemotron_nas_blocks,
     PostInit.LOOP_NUM_TWO: _loop_num_two,
     PostInit.JAMBA_ARGS: _jamba_args,
     PostInit.MAMBA_ARGS: _mamba_args,

@@ -614,6 +614,24 @@ _ROWS = [
               "shard() split (gate heads sliced per rank).",
     ),
     ArchDescriptor(
+        "nemotron-nas",
+        _fields(model_type="nemotron-nas", hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+                rms_norm_eps=1e-5, vocab_size=128256, block_configs=[], hidden_act="silu", attention_bias=False,
+                mlp_bias=False, rope_theta=500000.0, rope_scaling=None, max_position_embeddings=131072,
+                tie_word_embeddings=False),
+        ("nemotron_nas_blocks",), n_kv_heads=None, head_dim="split", attn_bias="attention_bias",
+        out_bias="attention_bias", rope=RopeKnobs(traditional=False),
+        # (every layer's MLP width is its ffn_mult's, nas.py; 4 * D is only the model-wide placeholder)
+        mlp=MlpKnobs(act="silu_eager", bias="mlp_bias", intermediate="4x_hidden"), sanitize=(_DROP_TIED,),
+        accepted_values={"hidden_act": ("silu",)},
+        notes="Nemotron-NAS (nas.py): each layer's block_configs entry shapes it: attention with "
+              "num_attention_heads // n_heads_in_group KV heads, a Linear(D, D) replacement (`linear`) or "
+              "nothing (and no input_layernorm); an MLP of int(2 * ffn_mult * D / 3) rounded up to 256 "
+              "(silu(gate) * up, eager), a replacement or nothing (and no post_attention_layernorm); a "
+              "KVCache for every layer whose attention is not a no-op, the mask from the first; hidden_act "
+              "silu only (mlx-lm also maps relu / gelu / gelu_new).",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
