@@ -70,6 +70,32 @@ def _both(path: Path):
     return _LOADED[path]
 
 
+def _greedy_equal(vlm, model, ref, prompt, images, steps: int, **oracle_kwargs):
+    """mlx-vlm's generate_step and mlxbun's stream_generate, greedy, on the same prompt and images:
+    the same tokens (mlxbun stops at EOS, mlx-vlm does not) and bit-equal log-probabilities."""
+    from mlx_vlm.generate.ar import generate_step
+
+    theirs = list(generate_step(ref["input_ids"], model, ref["pixel_values"], ref["attention_mask"],
+                                max_tokens=steps, temperature=0.0, **oracle_kwargs))
+    media = vlm.prepare(prompt, images)
+    ours = [(r.token, r.logprobs) for r in stream_generate(vlm, media, max_tokens=steps)]
+    assert len(ours) >= 3 and [t for t, _ in ours] == [t for t, _ in theirs[:len(ours)]]
+    for (_, a), (_, b) in zip(ours, theirs):
+        assert mx.array_equal(a, b)
+    return media, [t for t, _ in ours]
+
+
+def _splice_equal(vlm, model, processor, images, prompt, token_id: int):
+    """(mlx-vlm's processor inputs, mlxbun's prepared prompt): the same spliced ids and pixels,
+    the soft-token count the image tokens in mlx-vlm's ids."""
+    ref = _oracle_inputs(processor, images, prompt)
+    ours = vlm.prepare(prompt, images)
+    assert ours.ids.tolist() == ref["input_ids"][0].tolist()
+    assert mx.array_equal(ours.pixel_values, ref["pixel_values"])
+    assert ours.soft_tokens == int((ref["input_ids"] == token_id).sum().item())
+    return ref, ours
+
+
 def _oracle_inputs(processor, images, prompt=PROMPT):
     from mlx_vlm.utils import prepare_inputs
 
@@ -79,30 +105,16 @@ def _oracle_inputs(processor, images, prompt=PROMPT):
 @pytest.mark.parametrize("dtype,quant", VARIANTS, ids=[f"{d}-{q}" for d, q in VARIANTS])
 def test_tower_projector_splice_and_merge_are_bit_exact(tower_ckpt, images, dtype, quant):
     vlm, model, processor = _both(tower_ckpt(dtype, quant))
-    pair = images[:2]
-    ref = _oracle_inputs(processor, pair)
-    ours = vlm.prepare(PROMPT, pair)
-    # the processor: spliced ids, pixels, soft-token count
-    assert ours.ids.tolist() == ref["input_ids"][0].tolist()
-    assert mx.array_equal(ours.pixel_values, ref["pixel_values"])
-    n_image_tokens = int((ref["input_ids"] == model.config.image_token_index).sum().item())
-    assert ours.soft_tokens == n_image_tokens == 2 * vlm.vision.tokens_per_image
+    ref, ours = _splice_equal(vlm, model, processor, images[:2], PROMPT, model.config.image_token_index)
+    assert ours.soft_tokens == 2 * vlm.vision.tokens_per_image
     # the tower, block by block (a mismatch names its first block), then the projector
-    embeds = model.language_model.model.embed_tokens(ref["input_ids"])
-    x = ref["pixel_values"].transpose(0, 2, 3, 1).astype(embeds.dtype)
-    sv = model.vision_tower.vision_model
-    h = sv.embeddings(x)
-    theirs = [("embeddings", h)]
-    for i, layer in enumerate(sv.encoder.layers):
-        h = layer(h)
-        theirs.append((f"layers.{i}", h))
-    theirs.append(("post_layernorm", sv.post_layernorm(h)))
-    theirs.append(("projector", model.multi_modal_projector(theirs[-1][1])))
-    mine = vlm.vision.blocks(ours.pixel_values, embeds.dtype)
-    assert [n for n, _ in mine] == [n for n, _ in theirs]
-    for (name, a), (_, b) in zip(mine, theirs):
+    dtype = model.language_model.model.embed_tokens(ref["input_ids"]).dtype
+    theirs = oracle_stages(model, VitLayout.SIGLIP, ref["pixel_values"], None, dtype)
+    mine = vlm.vision.blocks(ours.pixel_values, dtype)
+    assert [n for n, _ in mine] == ["embeddings", "layers.0", "layers.1", "post_layernorm", "projector"]
+    for (name, a), b in zip(mine, theirs):
         assert a.dtype == b.dtype and mx.array_equal(a, b), f"first mismatch at {name}"
-    assert mx.array_equal(ours.features, theirs[-1][1])
+    assert mx.array_equal(ours.features, theirs[-1])
     # the merge into the text embeddings, and the prompt's logits through the text graph
     merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], mask=ref["attention_mask"])
     assert mx.array_equal(ours.embeddings, merged.inputs_embeds)
@@ -120,15 +132,10 @@ def test_qwen_vl_tower_merger_splice_and_merge_are_bit_exact(tower_ckpt, images,
     patch sequences differ), the drawn grayscale one non-square; Qwen2.5-VL's window attention
     over several windows per image."""
     vlm, model, processor = _both(tower_ckpt(dtype, quant, arch=arch))
-    pair = [images[0], images[2]]
-    ref = _oracle_inputs(processor, pair, QWEN_PROMPT)
-    ours = vlm.prepare(QWEN_PROMPT, pair)
-    assert ours.ids.tolist() == ref["input_ids"][0].tolist()
-    assert mx.array_equal(ours.pixel_values, ref["pixel_values"])
+    ref, ours = _splice_equal(vlm, model, processor, [images[0], images[2]], QWEN_PROMPT, model.config.image_token_id)
     assert mx.array_equal(ours.grid, ref["image_grid_thw"])
     assert ours.grid.tolist()[0] != ours.grid.tolist()[1]
-    n_image_tokens = int((ref["input_ids"] == model.config.image_token_id).sum().item())
-    assert ours.soft_tokens == n_image_tokens == sum(int(t * h * w) // 4 for t, h, w in ours.grid.tolist())
+    assert ours.soft_tokens == sum(int(t * h * w) // 4 for t, h, w in ours.grid.tolist())
     grid = ref["image_grid_thw"]
     theirs = oracle_stages(model, VitLayout.QWEN_VL, ref["pixel_values"], grid, None, windows)
     mine = vlm.vision.blocks(ours.pixel_values, None, ours.grid)
@@ -150,18 +157,9 @@ def test_qwen_vl_tower_merger_splice_and_merge_are_bit_exact(tower_ckpt, images,
 @pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 4)], ids=["float32", "bfloat16-q4"])
 def test_qwen_vl_greedy_generation_is_bit_exact_vs_mlx_vlm(tower_ckpt, images, dtype, quant, arch):
     """Prefill at the prompt's mRoPE positions, decode at the cache offset + the position delta."""
-    from mlx_vlm.generate.ar import generate_step
-
     vlm, model, processor = _both(tower_ckpt(dtype, quant, arch=arch))
     ref = _oracle_inputs(processor, images[:2], QWEN_PROMPT)
-    theirs = list(generate_step(ref["input_ids"], model, ref["pixel_values"], ref["attention_mask"],
-                                image_grid_thw=ref["image_grid_thw"], max_tokens=10, temperature=0.0))
-    prompt = vlm.prepare(QWEN_PROMPT, images[:2])
-    ours = [(r.token, r.logprobs) for r in stream_generate(vlm, prompt, max_tokens=10)]
-    n = len(ours)  # mlxbun stops at EOS, mlx-vlm's generate_step does not
-    assert n >= 4 and [t for t, _ in ours] == [t for t, _ in theirs[:n]]
-    for (_, a), (_, b) in zip(ours, theirs):
-        assert mx.array_equal(a, b)
+    prompt, _ = _greedy_equal(vlm, model, ref, QWEN_PROMPT, images[:2], 10, image_grid_thw=ref["image_grid_thw"])
     with pytest.raises(GenerationError, match="plain KV caches"):
         stream_generate(vlm, prompt, max_tokens=2, kv_bits=4)
 
@@ -176,14 +174,9 @@ def test_pixtral_tower_projector_splice_merge_and_logits_are_bit_exact(tower_ckp
     size; [IMG] rows split by [IMG_BREAK], closed by [IMG_END]; the block-diagonal mask; mistral3:
     its RMSNorm + 2x2 patch-merging projector over each image's grid."""
     vlm, model, processor = _both(tower_ckpt(dtype, quant, arch=arch))
-    pair = [images[0], images[2]]
-    ref = _oracle_inputs(processor, pair, PIXTRAL_PROMPT)
-    ours = vlm.prepare(PIXTRAL_PROMPT, pair)
-    assert ours.ids.tolist() == ref["input_ids"][0].tolist()
-    assert mx.array_equal(ours.pixel_values, ref["pixel_values"])
+    ref, ours = _splice_equal(vlm, model, processor, [images[0], images[2]], PIXTRAL_PROMPT,
+                              model.config.image_token_index)
     assert ours.grid.tolist() == np.array(ref["image_sizes"]).tolist() and ours.grid.tolist()[0] != ours.grid.tolist()[1]
-    n_image_tokens = int((ref["input_ids"] == model.config.image_token_index).sum().item())
-    assert ours.soft_tokens == n_image_tokens
     theirs = oracle_stages(model, VitLayout.PIXTRAL, ref["pixel_values"], ref["image_sizes"], None,
                            mistral3=arch == "mistral3-vision")
     mine = vlm.vision.blocks(ours.pixel_values, None, ours.grid)
@@ -203,17 +196,9 @@ def test_pixtral_tower_projector_splice_merge_and_logits_are_bit_exact(tower_ckp
 @pytest.mark.parametrize("arch", PIXTRAL_ARCHS)
 @pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 4)], ids=["float32", "bfloat16-q4"])
 def test_pixtral_greedy_generation_is_bit_exact_vs_mlx_vlm(tower_ckpt, images, dtype, quant, arch):
-    from mlx_vlm.generate.ar import generate_step
-
     vlm, model, processor = _both(tower_ckpt(dtype, quant, arch=arch))
     ref = _oracle_inputs(processor, images[:2], PIXTRAL_PROMPT)
-    theirs = list(generate_step(ref["input_ids"], model, ref["pixel_values"], ref["attention_mask"],
-                                image_sizes=ref["image_sizes"], max_tokens=8, temperature=0.0))
-    prompt = vlm.prepare(PIXTRAL_PROMPT, images[:2])
-    ours = [(r.token, r.logprobs) for r in stream_generate(vlm, prompt, max_tokens=8)]
-    assert len(ours) >= 4 and [t for t, _ in ours] == [t for t, _ in theirs[:len(ours)]]
-    for (_, a), (_, b) in zip(ours, theirs):
-        assert mx.array_equal(a, b)
+    _greedy_equal(vlm, model, ref, PIXTRAL_PROMPT, images[:2], 8, image_sizes=ref["image_sizes"])
 
 
 def test_qwen2_vl_prompt_without_placeholders_and_count_mismatch(tower_ckpt, images):
@@ -241,21 +226,10 @@ def _oracle_replay(model, input_ids, embeds, tokens):
 
 @pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 4)], ids=["float32", "bfloat16-q4"])
 def test_greedy_generation_is_bit_exact_vs_mlx_vlm(tower_ckpt, images, dtype, quant):
-    from mlx_vlm.generate.ar import generate_step
-
     vlm, model, processor = _both(tower_ckpt(dtype, quant))
     ref = _oracle_inputs(processor, images[:2])
-    steps = 10
-    theirs = list(generate_step(ref["input_ids"], model, ref["pixel_values"], ref["attention_mask"],
-                                max_tokens=steps, temperature=0.0))
-    prompt = vlm.prepare(PROMPT, images[:2])
-    ours = [(r.token, r.logprobs) for r in stream_generate(vlm, prompt, max_tokens=steps)]
-    n = len(ours)  # mlxbun stops at EOS, mlx-vlm's generate_step does not
-    assert n >= 3 and [t for t, _ in ours] == [t for t, _ in theirs[:n]]
-    for (_, a), (_, b) in zip(ours, theirs):
-        assert mx.array_equal(a, b)
+    prompt, tokens = _greedy_equal(vlm, model, ref, PROMPT, images[:2], 10)
     # raw logits per step: both compositions replayed over the same tokens
-    tokens = [t for t, _ in ours]
     merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], mask=ref["attention_mask"])
     want = _oracle_replay(model, ref["input_ids"], merged.inputs_embeds, tokens)
     runner = EmbeddedPrompt(vlm.text_model, prompt.embeddings)

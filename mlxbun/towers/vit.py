@@ -191,72 +191,43 @@ def _norm(kind: VitNorm, dims: int, eps: float) -> nn.Module:
     return nn.LayerNorm(dims, eps=eps) if kind is VitNorm.LAYERNORM else nn.RMSNorm(dims, eps=eps)
 
 
-class EncoderLayer(nn.Module):
-    """SigLIP's block (layer_norm1 / self_attn / layer_norm2 / mlp)."""
+# each layout's block children: (attention norm, attention, MLP norm, MLP), as its checkpoints name them
+_BLOCK_NAMES = {
+    VitLayout.SIGLIP: ("layer_norm1", "self_attn", "layer_norm2", "mlp"),
+    VitLayout.QWEN_VL: ("norm1", "attn", "norm2", "mlp"),
+    VitLayout.PIXTRAL: ("attention_norm", "attention", "ffn_norm", "feed_forward"),
+}
+
+
+class Block(nn.Module):
+    """A pre-norm block: x + attention(norm(x)), then + MLP(norm(.)), its children named by layout."""
 
     def __init__(self, c: VitConfig, knobs: VitKnobs):
         super().__init__()
-        self.self_attn = Attention(c, knobs)
-        self.layer_norm1 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.mlp = MLP(c, knobs)
-        self.layer_norm2 = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-
-    def attn_input(self, x: mx.array) -> mx.array:
-        return self.layer_norm1(x)
-
-    def __call__(self, x: mx.array, rope=None, cu_seqlens=None) -> mx.array:
-        h = x + self.self_attn(self.layer_norm1(x))
-        return h + self.mlp(self.layer_norm2(h))
-
-
-class QwenBlock(nn.Module):
-    """Qwen2-VL's block (norm1 / attn / norm2 / mlp)."""
-
-    def __init__(self, c: VitConfig, knobs: VitKnobs):
-        super().__init__()
-        self.norm1 = _norm(knobs.norm, c.hidden_size, c.layer_norm_eps)
-        self.norm2 = _norm(knobs.norm, c.hidden_size, c.layer_norm_eps)
-        self.attn = Attention(c, knobs)
-        self.mlp = MLP(c, knobs)
+        self.layout = knobs.layout
+        norm1, attn, norm2, mlp = _BLOCK_NAMES[knobs.layout]
+        setattr(self, norm1, _norm(knobs.norm, c.hidden_size, c.layer_norm_eps))
+        setattr(self, attn, Attention(c, knobs))
+        setattr(self, norm2, _norm(knobs.norm, c.hidden_size, c.layer_norm_eps))
+        setattr(self, mlp, MLP(c, knobs))
 
     @property
-    def self_attn(self) -> Attention:
-        return self.attn
+    def attention_module(self) -> Attention:
+        return self[_BLOCK_NAMES[self.layout][1]]
 
     def attn_input(self, x: mx.array) -> mx.array:
-        return self.norm1(x)
-
-    def __call__(self, x: mx.array, rope=None, cu_seqlens=None) -> mx.array:
-        x = x + self.attn(self.norm1(x), rope=rope, cu_seqlens=cu_seqlens)
-        return x + self.mlp(self.norm2(x))
-
-
-class PixtralLayer(nn.Module):
-    """Pixtral's block (attention_norm / attention / ffn_norm / feed_forward)."""
-
-    def __init__(self, c: VitConfig, knobs: VitKnobs):
-        super().__init__()
-        self.attention = Attention(c, knobs)
-        self.attention_norm = nn.RMSNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.feed_forward = MLP(c, knobs)
-        self.ffn_norm = nn.RMSNorm(c.hidden_size, eps=c.layer_norm_eps)
-
-    @property
-    def self_attn(self) -> Attention:
-        return self.attention
-
-    def attn_input(self, x: mx.array) -> mx.array:
-        return self.attention_norm(x)
+        return self[_BLOCK_NAMES[self.layout][0]](x)
 
     def __call__(self, x: mx.array, rope=None, cu_seqlens=None, mask=None) -> mx.array:
-        x = x + self.attention(self.attention_norm(x), rope=rope, mask=mask)
-        return x + self.feed_forward(self.ffn_norm(x))
+        norm1, attn, norm2, mlp = _BLOCK_NAMES[self.layout]
+        x = x + self[attn](self[norm1](x), rope=rope, cu_seqlens=cu_seqlens, mask=mask)
+        return x + self[mlp](self[norm2](x))
 
 
 class Encoder(nn.Module):
-    def __init__(self, c: VitConfig, knobs: VitKnobs, block=None):
+    def __init__(self, c: VitConfig, knobs: VitKnobs):
         super().__init__()
-        self.layers = [(block or EncoderLayer)(c, knobs) for _ in range(c.num_hidden_layers)]
+        self.layers = [Block(c, knobs) for _ in range(c.num_hidden_layers)]
 
 
 class PixtralRope:
@@ -294,13 +265,13 @@ class VitTower(nn.Module):
             self.patch_conv = nn.Conv2d(c.num_channels, c.hidden_size, kernel_size=c.patch_size,
                                         stride=c.patch_size, bias=False)
             self.ln_pre = nn.RMSNorm(c.hidden_size)
-            self.transformer = Encoder(c, knobs, PixtralLayer)
+            self.transformer = Encoder(c, knobs)
             self._rope = PixtralRope(c)
         else:
             if knobs.patch is not PatchEmbed.CONV3D or knobs.positions is not Positions.ROPE_2D:
                 raise ValueError("the qwen_vl layout takes conv3d patches and 2-D rotary positions")
             self.patch_embed = PatchEmbed3d(c)
-            self.blocks = [QwenBlock(c, knobs) for _ in range(c.num_hidden_layers)]
+            self.blocks = [Block(c, knobs) for _ in range(c.num_hidden_layers)]
         if knobs.post_norm:
             eps = c.layer_norm_eps if knobs.post_norm_eps is None else knobs.post_norm_eps
             self.post_layernorm = nn.LayerNorm(c.hidden_size, eps=eps)
@@ -437,4 +408,4 @@ class VitTower(nn.Module):
         h, kws = self._start(pixels, grid)
         for blk, kw in zip(layers[:layer], kws):
             h = blk(h, **kw)
-        return layers[layer].self_attn.probabilities(layers[layer].attn_input(h), kws[layer].get("rope"))
+        return layers[layer].attention_module.probabilities(layers[layer].attn_input(h), kws[layer].get("rope"))
