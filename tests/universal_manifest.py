@@ -69,6 +69,7 @@ MANIFEST = {
         Entry("spark2_5"),
         Entry("iquestloopcoder"),
         Entry("nemotron-nas"),
+        Entry("talkie"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

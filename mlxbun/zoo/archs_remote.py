@@ -178,4 +178,9 @@ REMOTE_CODE_ROWS = (
         "max_position_embeddings": MAX_POSITIONS, "mlp_bias": False, "num_attention_heads": HEADS,
         "num_hidden_layers": 4, "num_key_value_heads": None, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
         "rope_scaling": None, "rope_theta": 500000.0, "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # Talkie: mlx-lm's talkie ModelArgs keys (its fp32-default rms eps)
+    Arch("talkie", "TalkieForCausalLM", base={
+        "model_type": "talkie", "head_dim": HEAD_DIM, "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
+        "max_position_embeddings": MAX_POSITIONS, "num_attention_heads": HEADS, "num_hidden_layers": 2,
+        "rms_norm_eps": 1.1920928955078125e-07, "rope_theta": 1000000.0, "vocab_size": VOCAB_SIZE}),
 )

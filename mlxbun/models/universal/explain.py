@@ -27,6 +27,7 @@ from mlxbun.models.universal.explain_gemma4 import GEMMA4_MODEL_TYPES, gemma4_la
 from mlxbun.models.universal.explain_hybrid import hybrid_lines, hybrid_title, mixer_label, parallel_block, single_block
 from mlxbun.models.universal.explain_mla import mla_lines, mla_sizes
 from mlxbun.models.universal.explain_moe import moe_layer_label, moe_lines, moe_sizes, moe_title
+from mlxbun.models.universal.explain_forms import own_forward
 from mlxbun.models.universal.explain_rope import rope_text
 from mlxbun.models.universal.explain_shapes import own_shapes
 from mlxbun.models.universal.kinds import (
@@ -62,9 +63,6 @@ from mlxbun.models.universal.kinds import (
 from mlxbun.models.universal.kinds_hybrid import (
     MixerKind,
 )
-from mlxbun.models.universal.loop_gated import LOOP_GATED_TYPES
-from mlxbun.models.universal.looped import loop_count
-from mlxbun.models.universal.nas import NAS_TYPES, nas_shape
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import LayerSpec, UniversalArgs
@@ -190,7 +188,7 @@ _NORM_TEXT = {
     NormKind.GEMMA_RMS: "GemmaRMSNorm({dims}, eps={eps}): x * (1 + weight)",
     NormKind.LAYERNORM: "LayerNorm({dims}, eps={eps}, bias={bias})",
     NormKind.LAYERNORM1P: "LayerNorm1P({dims}, eps={eps}): weight + 1",
-    NormKind.FUNCTIONAL_RMS: "rms_norm, no weight, eps 1e-5",
+    NormKind.FUNCTIONAL_RMS: "rms_norm, no weight, eps {eps}",
     NormKind.OFFSET_RMS: "RMSNorm({dims}, eps={eps}): x * (weight + offset), offset 1.0 but {offsets}",
 }
 
@@ -262,7 +260,7 @@ def _embedding(d: ArchDescriptor, a: UniversalArgs):
     elif es is not None:
         yield Line(f"h = h * {es}", f"= {a.embed_scale}")
     if d.embed_norm:
-        yield Line("h = rms_norm(h)", "no weight, eps 1e-5")
+        yield Line("h = rms_norm(h)", f"no weight, eps {a.eps}")
 
 
 def _block_form(d: ArchDescriptor, a: UniversalArgs) -> str:
@@ -277,18 +275,7 @@ def _block_form(d: ArchDescriptor, a: UniversalArgs) -> str:
     h = d.hybrid
     if h is not None and h.mixer_block is not None:
         form += f" on the attention layers, {_FORMS[h.mixer_block]} on the {h.mixer.value} layers"
-    if d.model_type in LOOP_GATED_TYPES:  # iquestloopcoder (loop_gated.py)
-        form += (f"; the stack runs twice, the second loop's attention sigmoid(gate_projections[i](q)) * "
-                 f"global (the first loop's keys / values) + (1 - gate) * its own over a "
-                 f"{a.fields['loop_window_size']}-token window")
-    if d.model_type in NAS_TYPES:  # nemotron-nas (nas.py)
-        form += "; per layer (attention KV heads | linear | none, MLP width | linear | none): " + ", ".join(
-            f"{i}: {nas_shape(c, a.n_heads, a.hidden)}" for i, c in enumerate(a.fields["block_configs"]))
-    if d.loops is not None:  # nanbeige (looped.py)
-        skip = a.fields[d.loops.skip_final_norm]
-        form += (f"; the stack runs {loop_count(a.fields, d.loops, d.model_type)} times, each with its own "
-                 f"caches, {'the final norm once at the end' if skip else 'the final norm after each'}")
-    return form
+    return form + own_forward(d, a)
 
 
 _FORMS = {BlockKind.PRE: "pre-norm", BlockKind.SANDWICH: "sandwich norms", BlockKind.POST: "post-norm"}
@@ -363,7 +350,7 @@ _SCALE_TEXT = {
 _QK_TEXT = {
     QKNormKind.RMS: "RMSNorm({w}, eps={eps})",
     QKNormKind.GEMMA_RMS: "GemmaRMSNorm({w}, eps={eps})",
-    QKNormKind.FUNCTIONAL_RMS: "rms_norm, no weight, eps 1e-5",
+    QKNormKind.FUNCTIONAL_RMS: "rms_norm, no weight, eps {eps}",
     QKNormKind.LAYERNORM_2D: "LayerNorm2D: one LayerNorm weight per head, eps={eps}",
     QKNormKind.LAYERNORM_PER_HEAD: "a LayerNorm module per head, eps={eps}",
 }
@@ -508,7 +495,7 @@ def _mlp(d: ArchDescriptor, a: UniversalArgs):
 def _head(d: ArchDescriptor, a: UniversalArgs):
     n, h = d.names, d.head
     if d.norm.kind is NormKind.FUNCTIONAL_RMS:
-        yield Line("h = rms_norm(h)", "no weight, eps 1e-5")
+        yield Line("h = rms_norm(h)", f"no weight, eps {a.eps}")
     else:
         where = f"{n.head}.{n.final_norm}" if h.holds_norm else f"{n.root}.{n.final_norm}"  # (phixtral)
         yield Line(f"h = {where}(h)", _norm(d, a))

@@ -33,6 +33,7 @@ from mlxbun.models.universal.kinds import TieRule
 from mlxbun.models.universal.loop_gated import LOOP_GATED_TYPES, LoopGatedDense
 from mlxbun.models.universal.looped import LoopedDense
 from mlxbun.models.universal.nas import NAS_TYPES, NasDense
+from mlxbun.models.universal.talkie import TALKIE_TYPES, TalkieDense
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.sanitize import Meta, sanitize_weights
 from mlxbun.quant import quantize_model, resolve_quantization
@@ -68,7 +69,7 @@ def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
 # rows whose forward is a UniversalDense subclass of its own (the row's knobs still drive the
 # loader, sanitize, quantization, audit and coverage)
 _GRAPHS = {**dict.fromkeys(GEMMA4_MODEL_TYPES, Gemma4Text), **dict.fromkeys(LOOP_GATED_TYPES, LoopGatedDense),
-           **dict.fromkeys(NAS_TYPES, NasDense)}
+           **dict.fromkeys(NAS_TYPES, NasDense), **dict.fromkeys(TALKIE_TYPES, TalkieDense)}
 
 
 # ----------------------------------------------------------------- loading

@@ -65,5 +65,4 @@ NOT_COVERED: dict[str, str] = {
             "package, which pulls in torch) is importable, and it is not installed here; the graph itself "
             "(non-affine LayerNorm, fused att_proj / ff_proj under transformer.blocks) is not the obstacle",
     "phi3small": "blocksparse attention and gegelu: needs a dedicated port",
-    "talkie": "learned head / activation / weight gains around every op: needs a dedicated port",
 }

@@ -415,7 +415,8 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
     return UniversalArgs(
         model_type=mt, fields=MappingProxyType(a), hidden=hidden, n_layers=n_layers,
         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab=vocab, intermediate=inter,
-        eps=_get(a, d.norm.eps, mt) if d.norm.kind is not NormKind.FUNCTIONAL_RMS else 1e-5,
+        eps=(_get(a, d.norm.eps, mt) if d.norm.kind is not NormKind.FUNCTIONAL_RMS or d.norm.eps in a
+             else 1e-5),  # (functional: nanochat's hard-coded 1e-5; talkie's rms_norm_eps field)
         attn_bias=bool(_get(a, d.attn_bias, mt)), out_bias=bool(_get(a, d.out_bias, mt)),
         mlp_bias=bool(_get(a, d.mlp.bias, mt)), norm_bias=bool(_get(a, d.norm.bias, mt)),
         qk_norm=bool(d.qk_norm and _get(a, d.qk_norm.enabled, mt)),

@@ -632,6 +632,24 @@ _ROWS = [
               "silu only (mlx-lm also maps relu / gelu / gelu_new).",
     ),
     ArchDescriptor(
+        "talkie",
+        _fields(model_type="talkie", hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, head_dim=128,
+                intermediate_size=13696, vocab_size=65540, rope_theta=1_000_000.0, max_position_embeddings=2048,
+                rms_norm_eps=1.1920928955078125e-07),
+        n_kv_heads=None, head_dim="field", norm=NormKnobs("functional_rms"),
+        qk_norm=QKNormKnobs("functional_rms", "after_rope"), rope=RopeKnobs("nanochat", child=False),
+        mlp=MlpKnobs(act="silu_eager"), embed_norm=True, head=HeadKnobs(tie=False),
+        names=Names(embed="embed", layers="blocks", final_norm=None, attn="attn", q="attn_query", k="attn_key",
+                    v="attn_value", o="attn_resid", gate="mlp_gate", up="mlp_linear", down="mlp_resid"),
+        sanitize=(SanitizeRule("drop_containing", "rotary", "precomputed rotary buffers"),
+                  SanitizeRule("drop_suffixes", ("cos", "sin"), "precomputed rotary buffers")),
+        notes="Talkie (talkie.py): weightless RMSNorms at rms_norm_eps everywhere (the embedding too); rope "
+              "with negated frequencies -(theta ** (2i / hd)) (mx.fast.rope freqs), then q / k rms-normed, "
+              "q scaled per head (head_gain); attention and MLP outputs scaled by scalars (attn_gain, "
+              "mlp_gain); every block adds embed_skip(e_x), the normed embedding; logits "
+              "lm_head_gain(h @ lm_head.T), lm_head a bare [V, D] parameter.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,

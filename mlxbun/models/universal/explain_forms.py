@@ -1,0 +1,36 @@
+"""The block-form tail `mlxbun explain` adds for the rows whose forward is not the universal block
+loop: nanbeige's repeated stack (looped.py), iquestloopcoder's gated second loop (loop_gated.py),
+nemotron-nas's per-layer shapes (nas.py), talkie's gains (talkie.py)."""
+
+from __future__ import annotations
+
+from mlxbun.models.universal.loop_gated import LOOP_GATED_TYPES
+from mlxbun.models.universal.looped import loop_count
+from mlxbun.models.universal.nas import NAS_TYPES, nas_shape
+from mlxbun.models.universal.schema import ArchDescriptor
+from mlxbun.models.universal.specs import UniversalArgs
+from mlxbun.models.universal.talkie import TALKIE_TYPES
+
+__all__ = ["own_forward"]
+
+
+def own_forward(d: ArchDescriptor, a: UniversalArgs) -> str:
+    """"; ..." describing the row's own forward, or "" for the universal one."""
+    f = a.fields
+    if d.model_type in LOOP_GATED_TYPES:
+        return (f"; the stack runs twice, the second loop's attention sigmoid(gate_projections[i](q)) * "
+                f"global (the first loop's keys / values) + (1 - gate) * its own over a "
+                f"{f['loop_window_size']}-token window")
+    if d.model_type in NAS_TYPES:
+        return "; per layer (attention KV heads | linear | none, MLP width | linear | none): " + ", ".join(
+            f"{i}: {nas_shape(c, a.n_heads, a.hidden)}" for i, c in enumerate(f["block_configs"]))
+    if d.model_type in TALKIE_TYPES:
+        return (f"; every norm weightless (eps {f['rms_norm_eps']}); x += attn_gain(attn(rms(x))); "
+                "x += mlp_gain(mlp(rms(x))); x += embed_skip(e_x), e_x the normed embedding; in the "
+                "attention q, k rotated by negated frequencies -(theta ** (2i / hd)), then rms-normed, "
+                "q * head_gain; logits = lm_head_gain(h @ lm_head.T), lm_head a bare [V, D] parameter")
+    if d.loops is not None:
+        skip = f[d.loops.skip_final_norm]
+        return (f"; the stack runs {loop_count(f, d.loops, d.model_type)} times, each with its own "
+                f"caches, {'the final norm once at the end' if skip else 'the final norm after each'}")
+    return ""
