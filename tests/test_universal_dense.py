@@ -428,7 +428,7 @@ def _config(zoo, arch):
 def test_zoo_configs_are_fully_covered(zoo, arch):
     cfg = _config(zoo, arch)
     report = require_coverage(cfg["model_type"], cfg)
-    assert report.ok and {"hidden_size", "n_embd", "model_dim"} & set(report.understood)
+    assert report.ok and {"hidden_size", "n_embd", "model_dim", "d_model"} & set(report.understood)
 
 
 def test_unknown_numerics_key_refuses_naming_it(zoo, tmp_path):
@@ -590,6 +590,29 @@ def test_phixtral_per_expert_tensors_are_stacked_like_mlx_lm(zoo, tmp_path):
         return out
 
     path = _rewrite(zoo("phixtral"), tmp_path / "phixtral", unstack)
+    assert audit_checkpoint(path).ok
+    ref, ours = _oracle(path), load_universal(path)
+    ids = _prompt(PROMPT_LEN)
+    assert mx.array_equal(ref(ids), ours(ids))
+
+
+def test_dbrx_fused_expert_matrices_are_split_like_mlx_lm(zoo, tmp_path):
+    """A transformers-layout dbrx checkpoint (ffn.experts.mlp.w1 / v1 / w2 fused over the experts, w2
+    transposed) loads as mlx-lm's sanitize splits it."""
+    def fuse(w):
+        out, experts = {}, {}
+        for k, v in w.items():
+            head, sep, tail = k.partition(".ffn.experts.")
+            if not sep:
+                out[k] = v
+                continue
+            e, name, _ = tail.split(".")
+            experts.setdefault((head, name), {})[int(e)] = v.T if name == "w2" else v
+        for (head, name), parts in experts.items():
+            out[f"{head}.ffn.experts.mlp.{name}"] = mx.concatenate([parts[e] for e in sorted(parts)], axis=0)
+        return out
+
+    path = _rewrite(zoo("dbrx"), tmp_path / "dbrx", fuse)
     assert audit_checkpoint(path).ok
     ref, ours = _oracle(path), load_universal(path)
     ids = _prompt(PROMPT_LEN)

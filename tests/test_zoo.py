@@ -211,8 +211,8 @@ def test_configs_keep_the_arch_knobs():
     c = {a: tiny_config(a) for a in ARCHS}
     c = {a: cfg.get("text_config", cfg) for a, cfg in c.items()}  # a VLM wrapper's text keys
     for arch, cfg in c.items():
-        hidden = cfg.get("hidden_size", cfg.get("n_embd", cfg.get("model_dim")))  # (openelm: model_dim)
-        heads = cfg.get("num_attention_heads", cfg.get("n_head", (cfg.get("num_query_heads") or [None])[0]))
+        hidden = cfg.get("hidden_size", cfg.get("n_embd", cfg.get("model_dim", cfg.get("d_model"))))
+        heads = cfg.get("num_attention_heads", cfg.get("n_head", cfg.get("n_heads", (cfg.get("num_query_heads") or [None])[0])))
         # (mamba2 has no attention; openelm lists heads per layer)
         assert hidden == 64 and (heads == 4 or (arch in ("mamba2", "mamba", "falcon_mamba") and heads is None)), arch
         assert cfg.get("max_position_embeddings", cfg.get("block_size", 512)) >= 512, arch

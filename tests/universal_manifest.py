@@ -70,6 +70,7 @@ MANIFEST = {
         Entry("iquestloopcoder"),
         Entry("nemotron-nas"),
         Entry("talkie"),
+        Entry("dbrx"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

@@ -183,4 +183,13 @@ REMOTE_CODE_ROWS = (
         "model_type": "talkie", "head_dim": HEAD_DIM, "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
         "max_position_embeddings": MAX_POSITIONS, "num_attention_heads": HEADS, "num_hidden_layers": 2,
         "rms_norm_eps": 1.1920928955078125e-07, "rope_theta": 1000000.0, "vocab_size": VOCAB_SIZE}),
+    # DBRX: the keys of databricks/dbrx-instruct's config (nested attn_config / ffn_config), 4 experts of 2
+    Arch("dbrx", "DbrxForCausalLM", base={
+        "model_type": "dbrx", "attn_config": {"clip_qkv": 8, "kv_n_heads": 2, "rope_theta": 500000},
+        "d_model": HIDDEN, "emb_pdrop": 0.0,
+        "ffn_config": {"ffn_hidden_size": INTERMEDIATE, "moe_jitter_eps": 0, "moe_loss_weight": 0.05,
+                       "moe_num_experts": MOE_EXPERTS, "moe_top_k": MOE_TOP_K},
+        "initializer_range": 0.02, "max_seq_len": MAX_POSITIONS, "n_heads": HEADS, "n_layers": 2,
+        "output_router_logits": False, "resid_pdrop": 0.0, "router_aux_loss_coef": 0.05,
+        "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
 )

@@ -1,9 +1,10 @@
 """The block-form tail `mlxbun explain` adds for the rows whose forward is not the universal block
 loop: nanbeige's repeated stack (looped.py), iquestloopcoder's gated second loop (loop_gated.py),
-nemotron-nas's per-layer shapes (nas.py), talkie's gains (talkie.py)."""
+nemotron-nas's per-layer shapes (nas.py), talkie's gains (talkie.py), dbrx's experts (dbrx.py)."""
 
 from __future__ import annotations
 
+from mlxbun.models.universal.dbrx import DBRX_TYPES
 from mlxbun.models.universal.loop_gated import LOOP_GATED_TYPES
 from mlxbun.models.universal.looped import loop_count
 from mlxbun.models.universal.nas import NAS_TYPES, nas_shape
@@ -29,6 +30,12 @@ def own_forward(d: ArchDescriptor, a: UniversalArgs) -> str:
                 "x += mlp_gain(mlp(rms(x))); x += embed_skip(e_x), e_x the normed embedding; in the "
                 "attention q, k rotated by negated frequencies -(theta ** (2i / hd)), then rms-normed, "
                 "q * head_gain; logits = lm_head_gain(h @ lm_head.T), lm_head a bare [V, D] parameter")
+    if d.model_type in DBRX_TYPES:
+        c, ffn = f["attn_config"], f["ffn_config"]
+        return (f"; attention: Wqkv clipped to +-{c['clip_qkv']}, KV = {c['kv_n_heads']} heads; ffn: "
+                f"router.layer Linear(D, E), softmax in float32 over E = {ffn['moe_num_experts']} experts, top "
+                f"{ffn['moe_top_k']}, the weights / their L1 norm, then per token the chosen experts[e] "
+                f"(w2(swiglu(w1(x), v1(x))), width {ffn['ffn_hidden_size']}) stacked and summed")
     if d.loops is not None:
         skip = f[d.loops.skip_final_norm]
         return (f"; the stack runs {loop_count(f, d.loops, d.model_type)} times, each with its own "

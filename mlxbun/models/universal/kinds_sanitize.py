@@ -65,6 +65,9 @@ class SanitizeOp(StrEnum):
     # index i < the row's layer count (gptj's transformer.h.{i}.attn.bias / masked_bias buffers)
     MOVE_IF_MISSING = "move_if_missing"  # arg: (dst, src): when src is present and dst is not, src
     # renamed dst (spark2_5's embed_tokens -> embedding)
+    DBRX_EXPERTS = "dbrx_experts"  # arg: the expert-count path (ffn_config.moe_num_experts): every key
+    # holding "experts.mlp" split in that many along axis 0 into ".mlp" -> ".<e>" keys + ".weight",
+    # the w2 pieces transposed (dbrx.sanitize)
     GPT2 = "gpt2"  # gpt2.sanitize: for each layer i < n_layer, h.i.attn.bias dropped and h.i's
     # attn.c_attn / attn.c_proj / mlp.c_fc / mlp.c_proj weights transposed (Conv1D); then every key
     # not starting "model." gets that prefix

@@ -26,6 +26,7 @@ from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 from mlxbun.models.switch_layers import SwitchLinear, gather_mm_supported
 from mlxbun.models.universal.coverage import require_coverage
+from mlxbun.models.universal.dbrx import DBRX_TYPES, DbrxDense
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.gemma4 import Gemma4Text
 from mlxbun.models.universal.gemma4_args import GEMMA4_MODEL_TYPES
@@ -69,7 +70,8 @@ def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
 # rows whose forward is a UniversalDense subclass of its own (the row's knobs still drive the
 # loader, sanitize, quantization, audit and coverage)
 _GRAPHS = {**dict.fromkeys(GEMMA4_MODEL_TYPES, Gemma4Text), **dict.fromkeys(LOOP_GATED_TYPES, LoopGatedDense),
-           **dict.fromkeys(NAS_TYPES, NasDense), **dict.fromkeys(TALKIE_TYPES, TalkieDense)}
+           **dict.fromkeys(NAS_TYPES, NasDense), **dict.fromkeys(TALKIE_TYPES, TalkieDense),
+           **dict.fromkeys(DBRX_TYPES, DbrxDense)}
 
 
 # ----------------------------------------------------------------- loading

@@ -20,10 +20,6 @@ _HYBRID = "recurrent / SSM / linear-attention layers: needs a dedicated port"
 _OWN_TEXT = "a VLM whose text stack is its own, not another mlx-lm file's"
 
 NOT_COVERED: dict[str, str] = {
-    "dbrx": f"{_MOE}: experts are a list of per-expert MLP modules run one token at a time in a "
-            "Python loop (outputs stacked on the last axis, then summed), not fused SwitchGLU; an L1 "
-            "renorm cast to x's dtype; norm_1 / attention / norm_2 nested in a NormAttnNorm module "
-            "that returns two tensors; clip_qkv; attn_config / ffn_config nested dicts",
     "llama4": f"{_MOE}: a text_config wrapper (ModelArgs.text_config, every tensor and lm_head "
               "under language_model.*: the universal loader reads top-level ModelArgs and one "
               "root module) around chunked-attention layers (ChunkedKVCache with "

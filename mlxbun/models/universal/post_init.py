@@ -121,6 +121,15 @@ def _nemotron_nas_blocks(a: dict, mt: str) -> None:  # nemotron-nas's BlockConfi
     a["block_configs"] = blocks
 
 
+def _dbrx_configs(a: dict, mt: str) -> None:
+    for part, keys in (("attn_config", ("kv_n_heads", "clip_qkv", "rope_theta")),
+                       ("ffn_config", ("ffn_hidden_size", "moe_num_experts", "moe_top_k"))):
+        value = a[part]
+        missing = [k for k in keys if not isinstance(value, Mapping) or value.get(k) is None]
+        if missing:
+            raise _fail(mt, f"{part} lacks {', '.join(missing)} (mlx-lm's dbrx reads them)")
+
+
 def _nanbeige_args(a: dict, mt: str) -> None:
     if a["head_dim"] is None:
         a["head_dim"] = a["hidden_size"] // a["num_attention_heads"]
@@ -409,6 +418,7 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
     PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
     PostInit.NANBEIGE_ARGS: _nanbeige_args,
+    PostInit.DBRX_CONFIGS: _dbrx_configs,
     PostInit.NEMOTRON_NAS_BLOCKS: _nemotron_nas_blocks,
     PostInit.LOOP_NUM_TWO: _loop_num_two,
     PostInit.JAMBA_ARGS: _jamba_args,

@@ -411,6 +411,22 @@ def _split_last_transposed(value):
     return value[..., :mid].swapaxes(-2, -1), value[..., mid:].swapaxes(-2, -1)
 
 
+def _dbrx_experts(w: dict, fields: Mapping) -> dict:
+    """dbrx.sanitize: each fused [E * ffn, D] expert matrix split per expert (w2's transposed)."""
+    n = fields["ffn_config"]["moe_num_experts"]
+    out = {k: v for k, v in w.items() if "experts.mlp" not in k}
+    for k, v in w.items():
+        if "experts.mlp" not in k:
+            continue
+        if isinstance(v, Meta):
+            parts = [Meta((v.shape[0] // n, *v.shape[1:]), v.dtype)] * n
+        else:
+            parts = mx.split(v, n, axis=0)
+        for e, part in enumerate(parts):
+            out[k.replace(".mlp", f".{e}") + ".weight"] = part.swapaxes(0, 1) if k.endswith("w2") else part
+    return out
+
+
 def _gpt2(w: dict, fields: Mapping) -> tuple[dict, dict[str, str]]:
     """gpt2.sanitize: each layer's causal-mask buffer dropped and its Conv1D weights transposed
     (unprefixed keys only, as mlx-lm's loop reads them), then every key under model."""
@@ -443,6 +459,8 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _split_interleaved_experts(w), {}
     if op is SanitizeOp.STEP3P5:
         return _step3p5(w, fields)
+    if op is SanitizeOp.DBRX_EXPERTS:
+        return _dbrx_experts(w, fields), {}
     if op is SanitizeOp.GPT2:
         return _gpt2(w, fields)
     if op is SanitizeOp.GEMMA4:

@@ -650,6 +650,27 @@ _ROWS = [
               "lm_head_gain(h @ lm_head.T), lm_head a bare [V, D] parameter.",
     ),
     ArchDescriptor(
+        "dbrx",
+        _fields("model_type", "vocab_size", "d_model", "ffn_config", "attn_config", "n_layers", "n_heads"),
+        ("dbrx_configs",), hidden="d_model", n_layers="n_layers", n_heads="n_heads", n_kv_heads=None,
+        head_dim="split", qkv="fused", rope=RopeKnobs(theta="attn_config.rope_theta", traditional=False,
+                                                      scaling=None, max_positions=None),
+        norm=NormKnobs("layernorm", eps=1e-5, bias=False), mlp=MlpKnobs(intermediate="4x_hidden"),
+        names=Names(root="transformer", embed="wte", layers="blocks", final_norm="norm_f", attn="norm_attn_norm.attn",
+                    qkv="Wqkv", o="out_proj", mlp="ffn", norms=NormNames(pre_attn="norm_1", pre_mlp="norm_2")),
+        head=HeadKnobs(tie=False),
+        sanitize=(SanitizeRule("dbrx_experts", "ffn_config.moe_num_experts",
+                               "the fused per-layer expert matrices split per expert (w2 transposed)"),),
+        ignored_keys={"tie_word_embeddings": "mlx-lm's dbrx always has its own lm_head",
+                      "max_seq_len": "mlx-lm's dbrx rope is unscaled", "emb_pdrop": "dropout",
+                      "output_router_logits": "training only"},
+        notes="DBRX (dbrx.py): a fused Wqkv clipped to +-attn_config.clip_qkv, rope over the whole head; norm_1 / "
+              "attention / norm_2 inside norm_attn_norm (bias-free LayerNorms, eps 1e-5); per-expert SwiGLU "
+              "MLPs (ffn.experts[e].w1 / v1 / w2) routed by ffn.router.layer: float32 softmax over every expert, "
+              "top moe_top_k, the weights divided by their L1 norm, then token by token the chosen experts "
+              "stacked and summed (mlx-lm's inference loop); the fused HF expert matrices are split at load.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
