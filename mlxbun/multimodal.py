@@ -48,6 +48,22 @@ class MediaPrompt:
     soft_tokens: int  # soft tokens in all
     positions: Optional[mx.array] = None  # [3, 1, L] mRoPE position ids (Qwen2-VL), else None
     position_delta: int = 0  # decoding continues at the cache offset + this (mRoPE)
+    deepstack: tuple = ()  # Qwen3-VL: per early text layer, [soft tokens, D] added at the image rows
+    image_token_id: int = -1
+
+    def visual_rows(self, start: int, stop: int) -> mx.array:
+        """The image tokens' positions within [start, stop), relative to start."""
+        ids = np.array(self.ids)[start:stop]
+        return mx.array(np.nonzero(ids == self.image_token_id)[0].astype(np.uint32))
+
+    def deepstack_rows(self, start: int, stop: int) -> tuple:
+        """Each deepstack array's rows for the image tokens within [start, stop)."""
+        if not self.deepstack:
+            return ()
+        ids = np.array(self.ids)
+        before = int((ids[:start] == self.image_token_id).sum())
+        count = int((ids[start:stop] == self.image_token_id).sum())
+        return tuple(d[before:before + count] for d in self.deepstack)
 
 
 class VisionLanguageModel:
@@ -120,14 +136,15 @@ class VisionLanguageModel:
         """Tower, projector and merge over ready ids [L] and the processor's pixel values."""
         v = self.vision
         embeds = self.text_model.embed_tokens(ids[None])
-        features = v.features(pixel_values, embeds.dtype, grid)
+        features, deepstack = v.features_and_deepstack(pixel_values, embeds.dtype, grid)
         merged = merge_embeddings(v.descriptor.merge, ids[None], embeds, features,
                                   image_token_id=v.image_token_id, pad_token_id=v.pad_token_id,
                                   hidden_size=v.merge_hidden)
         n = int(grid.shape[0]) if grid is not None else int(pixel_values.shape[0])
         soft = sum(r * c for r, c in v.token_shapes(np.asarray(grid) if grid is not None else [None] * n))
-        out = MediaPrompt(text, ids, pixel_values, grid, features, merged, n, soft)
-        if v.descriptor.text_positions is TextPositions.MROPE:
+        out = MediaPrompt(text, ids, pixel_values, grid, features, merged, n, soft, deepstack=tuple(deepstack),
+                          image_token_id=v.image_token_id)
+        if v.descriptor.text_positions is not TextPositions.PLAIN:
             positions, out.position_delta = rope_index(ids.tolist(), np.asarray(grid).tolist(),
                                                        image_token_id=v.image_token_id,
                                                        vision_start_token_id=v.boi_token_id,
@@ -137,11 +154,12 @@ class VisionLanguageModel:
 
     def mrope(self) -> Optional[MRopeText]:
         """The text model run with mRoPE positions (Qwen2-VL's rows), else None."""
-        if self.vision.descriptor.text_positions is not TextPositions.MROPE:
+        kind = self.vision.descriptor.text_positions
+        if kind is TextPositions.PLAIN:
             return None
         if not hasattr(self.text_model, "backbone"):
             raise UnsupportedModelError(f"{self.path}: mRoPE positions need mlxbun's universal text graph")
-        return MRopeText(self.text_model)
+        return MRopeText(self.text_model, interleaved=kind is TextPositions.MROPE_INTERLEAVED)
 
     def check_generation(self) -> None:
         """Refuse generation where the text model would need positions mlxbun does not build."""
@@ -151,7 +169,8 @@ class VisionLanguageModel:
         """The text model's logits [1, L, V] over the merged prompt in one call."""
         m, rope = self.text_model, self.mrope()
         if rope is not None:
-            return rope.logits(prompt.ids[None], cache, prompt.positions, prompt.embeddings)
+            return rope.logits(prompt.ids[None], cache, prompt.positions, prompt.embeddings, prompt.deepstack,
+                               prompt.visual_rows(0, prompt.ids.shape[0]))
         return m.logits_from_hidden(m.forward_hidden(prompt.ids[None], cache, input_embeddings=prompt.embeddings))
 
 
@@ -162,9 +181,9 @@ class EmbeddedPrompt:
     the cache offset plus `delta` on all three axes."""
 
     def __init__(self, model, embeddings: mx.array, mrope: Optional[MRopeText] = None,
-                 positions: Optional[mx.array] = None, delta: int = 0):
+                 positions: Optional[mx.array] = None, delta: int = 0, prompt: Optional[MediaPrompt] = None):
         self._model, self._embeddings, self._pos = model, embeddings, 0
-        self._mrope, self._positions, self._delta = mrope, positions, delta
+        self._mrope, self._positions, self._delta, self._prompt = mrope, positions, delta, prompt
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
@@ -185,7 +204,9 @@ class EmbeddedPrompt:
         span = slice(self._pos, self._pos + n)
         self._pos += n
         if self._mrope is not None:
-            return self._mrope.logits(ids, cache, self._positions[..., span], rows)
+            p = self._prompt
+            extra = () if p is None else (p.deepstack_rows(span.start, span.stop), p.visual_rows(span.start, span.stop))
+            return self._mrope.logits(ids, cache, self._positions[..., span], rows, *extra)
         return self._model.logits_from_hidden(self._model.forward_hidden(ids, cache, input_embeddings=rows))
 
 
@@ -227,5 +248,5 @@ def stream_generate(vlm: VisionLanguageModel, prompt: MediaPrompt, **kwargs):
                                                                      "kv_value_bits")):
         raise GenerationError("images through mRoPE run on plain KV caches only (no KV quantization, "
                               "no bounded cache)")
-    model = EmbeddedPrompt(vlm.text_model, prompt.embeddings, rope, prompt.positions, prompt.position_delta)
+    model = EmbeddedPrompt(vlm.text_model, prompt.embeddings, rope, prompt.positions, prompt.position_delta, prompt)
     return text_stream(model, vlm.tokenizer, prompt.ids, **kwargs)

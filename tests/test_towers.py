@@ -122,7 +122,7 @@ def test_tower_projector_splice_and_merge_are_bit_exact(tower_ckpt, images, dtyp
     assert mx.array_equal(vlm.logits(ours), logits)
 
 
-QWEN_ARCHS = [("qwen2_vl-vision", False), ("qwen2_5_vl-vision", True)]
+QWEN_ARCHS = [("qwen2_vl-vision", False), ("qwen2_5_vl-vision", True), ("qwen3_vl-vision", False)]
 
 
 @pytest.mark.parametrize("arch,windows", QWEN_ARCHS, ids=[a for a, _ in QWEN_ARCHS])
@@ -145,11 +145,18 @@ def test_qwen_vl_tower_merger_splice_and_merge_are_bit_exact(tower_ckpt, images,
     merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], image_grid_thw=grid,
                                         mask=ref["attention_mask"])
     assert mx.array_equal(ours.embeddings, merged.inputs_embeds)
+    # Qwen3-VL's deepstack rows (the mergers after the listed blocks)
+    deepstack = getattr(merged, "deepstack_visual_embeds", None)
+    assert len(ours.deepstack) == (0 if deepstack is None else len(deepstack)) == (arch == "qwen3_vl-vision")
+    for a, b in zip(ours.deepstack, [] if deepstack is None else deepstack):
+        assert mx.array_equal(a, b)
     # the mRoPE positions (get_rope_index) and the prompt's logits through them
     assert mx.array_equal(ours.positions, merged.position_ids)
     assert ours.position_delta == int(merged.rope_deltas.item())
+    extra = {k: getattr(merged, k, None) for k in ("visual_pos_masks", "deepstack_visual_embeds")}
     logits = model.language_model(ref["input_ids"], inputs_embeds=merged.inputs_embeds,
-                                  position_ids=merged.position_ids, rope_deltas=merged.rope_deltas).logits
+                                  position_ids=merged.position_ids, rope_deltas=merged.rope_deltas,
+                                  **{k: v for k, v in extra.items() if v is not None}).logits
     assert mx.array_equal(vlm.logits(ours), logits)
 
 
@@ -417,7 +424,7 @@ def test_tower_bringup_driver_on_dynamic_towers(zoo_root, arch):
     run = tower_bringup(tower_arch=arch, zoo_root=zoo_root, record=False)
     assert run.bit_exact, run.verdict()
     rows, cols = run.grid_shape
-    patch, merge = {"pixtral-vision": (16, 1), "mistral3-vision": (16, 2)}.get(arch, (14, 2))
+    patch, merge = {"pixtral-vision": (16, 1), "mistral3-vision": (16, 2), "qwen3_vl-vision": (16, 2)}.get(arch, (14, 2))
     assert run.image.shape == (rows * patch, cols * patch, 3)
     assert run.grids["projector"].shape == (rows // merge, cols // merge)
     assert run.attention.shape == (2, rows * cols, rows * cols)

@@ -102,6 +102,8 @@ def oracle_stages(model, layout: VitLayout, pixel_values: mx.array, grid: Option
     vt = model.vision_tower
     x = pixel_values.astype(vt.patch_embed.proj.weight.dtype)
     h, rope = vt.patch_embed(x), vt.rot_pos_emb(grid)
+    if hasattr(vt, "fast_pos_embed_interpolate"):  # Qwen3-VL's learned positions
+        h = h + vt.fast_pos_embed_interpolate(grid)
     cu = mx.pad(mx.cumsum(mx.array([int(g[1] * g[2]) for g in grid.tolist()]).astype(mx.int32)), (1, 0))
     cus = [cu] * len(vt.blocks)
     if windows:
@@ -114,7 +116,8 @@ def oracle_stages(model, layout: VitLayout, pixel_values: mx.array, grid: Option
     for block, c in zip(vt.blocks, cus):
         h = block(h, cu_seqlens=c, rotary_pos_emb=rope)
         out.append(h)
-    return out + [vt(x, grid)]
+    end = vt(x, grid)
+    return out + [end[0] if isinstance(end, tuple) else end]  # Qwen3-VL's: (tokens, deepstack)
 
 
 def patch_order(vision, grid) -> Optional[np.ndarray]:

@@ -39,6 +39,10 @@ class Positions(Enum):
     # Pixtral's 2-D rotary: a [side * side, head_dim] table of row frequencies (even ones) beside
     # column frequencies (odd ones), read at row * side + col, cos / sin in the activations' dtype
     ROPE_2D_PIXTRAL = "rope_2d_pixtral"
+    # Qwen3-VL: ROPE_2D plus a learned num_position_embeddings table, bilinearly interpolated to each
+    # image's grid (fast_pos_embed_interpolate: four corner rows weighted in the table's dtype), laid
+    # out merge window by merge window and added to the patches
+    ROPE_2D_INTERP = "rope_2d_interp"
 
 
 class VitAct(Enum):
@@ -50,8 +54,11 @@ class VitAct(Enum):
 class TextPositions(Enum):
     PLAIN = "plain"  # the text model's own positions (0..L-1): the merged rows need nothing more
     # mRoPE: with images, mlx-vlm's text model rotates by 3-D (t, h, w) position ids (get_rope_index)
-    # in its own MRoPE arithmetic (towers/mrope.py runs the text row's modules that way)
+    # in its own MRoPE arithmetic (towers/mrope.py runs the text row's modules that way), each
+    # frequency reading the axis its mrope_section chunk says (Qwen2-VL)
     MROPE = "mrope"
+    # the same with the sections interleaved (Qwen3-VL: h and w every third frequency)
+    MROPE_INTERLEAVED = "mrope_interleaved"
 
 
 class VitNorm(Enum):
@@ -62,6 +69,7 @@ class VitNorm(Enum):
 class VitMlp(Enum):
     FC = "fc"  # fc1 -> act -> fc2, biased
     SWIGLU = "swiglu"  # down_proj(silu(gate_proj(x)) * up_proj(x)), biased (Qwen2.5-VL)
+    LINEAR_FC = "linear_fc"  # linear_fc1 -> act -> linear_fc2, biased (Qwen3-VL)
 
 
 class VisionKeys(Enum):
@@ -76,6 +84,9 @@ class VisionKeys(Enum):
     # hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, head_dim, image_size
     # (the rotary table's side), patch_size, num_channels, rope_theta, rms_norm_eps
     PIXTRAL = "pixtral"
+    # hidden_size, intermediate_size, depth, num_heads, num_position_embeddings, deepstack_visual_indexes;
+    # the mergers to out_hidden_size
+    QWEN3_VL = "qwen3_vl"
 
 
 class ProjectorKind(Enum):
@@ -90,6 +101,9 @@ class ProjectorKind(Enum):
     LLAVA = "llava"  # pixtral: linear_1 -> erf GELU -> linear_2 (biased), per patch of the selected layer
     # mistral3: RMSNorm, spatial_merge_size^2 patches merged by a linear (Mistral3PatchMerger), then llava's
     MISTRAL3 = "mistral3"
+    # qwen3_vl: LayerNorm per patch, 2x2 windows concatenated, linear_fc1 -> erf GELU -> linear_fc2
+    # (the deepstack mergers beside it, in the tower, norm after the concatenation)
+    QWEN3_MERGER = "qwen3_merger"
 
 
 class MergeKind(Enum):
@@ -100,6 +114,9 @@ class MergeKind(Enum):
     # qwen2_vl, pixtral, mistral3: each image token's row the next soft token (merge_input_ids_with_image_features),
     # no scaling, no pad rows zeroed
     IN_ORDER = "in_order"
+    # qwen3_vl: the soft tokens scattered into the image tokens' rows, cast to the embeddings' dtype
+    # (masked_scatter); the deepstack features kept for the text model's first layers
+    SCATTER = "scatter"
 
 
 class SpliceKind(Enum):
@@ -134,6 +151,10 @@ class VitKnobs:
     # Qwen2.5-VL: patches reordered window by window (window_size pixels a side), the blocks but
     # fullatt_block_indexes attending within their window, the merger's tokens put back in order
     windows: bool = False
+    patch_bias: bool = False  # the Conv3d patch embedding biased (Qwen3-VL)
+    # the heads zero-padded to the fused SDPA kernel's widths (64 / 80 / 128) and cut back after
+    # (mlx-vlm's ensure_fused_sdpa, Qwen3-VL)
+    sdpa_pad: bool = False
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,13 @@ class VisionStack:
             return self.tower(pixels, grid)
         return self.tower.blocks_out(pixels, grid)[self.feature_layer][1]
 
+    def features_and_deepstack(self, pixel_values, dtype: mx.Dtype, grid=None) -> tuple[mx.array, list]:
+        """The soft tokens and (Qwen3-VL) the deepstack mergers' tokens, in one pass."""
+        if not self.tower.config.deepstack_visual_indexes:
+            return self.features(pixel_values, dtype, grid), []
+        stages = self.tower.blocks_out(self._pixels(pixel_values, dtype), grid)
+        return self._project(stages[-1][1], grid), self.tower.deepstack(stages)
+
     def features(self, pixel_values, dtype: mx.Dtype, grid=None) -> mx.array:
         """Soft tokens of `pixel_values` (the processor's): [N, T, text hidden] (a fixed-size tower,
         run in `dtype`, the text embeddings' dtype), [tokens, text hidden] (Qwen2-VL, `grid` its
@@ -155,6 +162,15 @@ def _vit_config(d: TowerDescriptor, vision: Mapping) -> tuple[VitConfig, int | N
                              num_hidden_layers=v["num_hidden_layers"], num_attention_heads=v["num_attention_heads"],
                              patch_size=v["patch_size"], image_size=v["image_size"], num_channels=v["num_channels"],
                              layer_norm_eps=v["rms_norm_eps"], rope_theta=v["rope_theta"], head_dim=v["head_dim"]), None
+        if d.vision_keys is VisionKeys.QWEN3_VL:  # LayerNorm eps 1e-6 in its blocks
+            return VitConfig(hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
+                             num_hidden_layers=v["depth"], num_attention_heads=v["num_heads"],
+                             patch_size=v["patch_size"], image_size=v["image_size"], num_channels=v["in_channels"],
+                             layer_norm_eps=1e-6, temporal_patch_size=v["temporal_patch_size"],
+                             spatial_merge_size=v["spatial_merge_size"],
+                             num_position_embeddings=v["num_position_embeddings"],
+                             deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes") or ()),
+                             out_hidden_size=v["out_hidden_size"]), int(v["out_hidden_size"])
         qwen2 = d.vision_keys is VisionKeys.QWEN2_VL  # LayerNorm / RMSNorm eps 1e-6 in their blocks
         width = v["embed_dim"] if qwen2 else v["hidden_size"]
         c = VitConfig(hidden_size=width,

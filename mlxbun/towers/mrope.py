@@ -49,6 +49,15 @@ def rope_index(ids: Sequence[int], grids: Sequence[Sequence[int]], *, image_toke
     return positions, int(positions.max()) + 1 - len(tokens)
 
 
+def _interleaved_selector(section: Sequence[int], freq_dim: int) -> mx.array:
+    """mlx-vlm's interleaved layout (Qwen3-VL): h and w take every third frequency from 1 and 2."""
+    selector = [0] * freq_dim
+    for axis, offset in enumerate((1, 2), start=1):
+        for i in range(offset, min(section[axis] * 3, freq_dim), 3):
+            selector[i] = axis
+    return mx.array(selector, dtype=mx.int32)
+
+
 def _chunked_selector(section: Sequence[int], freq_dim: int) -> mx.array:
     """Which position axis (0 t, 1 h, 2 w) each frequency reads (mlx-vlm's chunked layout)."""
     selector = [0] * freq_dim
@@ -66,12 +75,15 @@ def _rotate_half(x: mx.array) -> mx.array:
 
 
 class MRopeText:
-    """A qwen2 UniversalDense (the qwen2_vl row) run with mRoPE positions."""
+    """A qwen2 / qwen3 UniversalDense (the qwen2_vl / qwen3_vl rows) run with mRoPE positions
+    (`interleaved`: Qwen3-VL's frequency layout) and, for Qwen3-VL, deepstack rows added to the
+    first layers' outputs at the image positions."""
 
-    def __init__(self, model):
+    def __init__(self, model, interleaved: bool = False):
         self.model = model
         d = model.descriptor
         self._n = d.names
+        self._qk = d.qk_norm.names if d.qk_norm is not None and d.qk_norm.enabled else None
         spec = model.args.layers[0].rope
         scaling = spec.scaling or {}
         if "mrope_section" not in scaling:
@@ -80,7 +92,8 @@ class MRopeText:
         attn = model.backbone[d.names.layers][0][d.names.attn]
         hd = attn._hd
         self.inv_freq = 1.0 / (spec.base ** (mx.arange(0, hd, 2).astype(mx.float32) / hd))
-        self.selector = _chunked_selector(list(scaling["mrope_section"]), self.inv_freq.shape[0])
+        layout = _interleaved_selector if interleaved else _chunked_selector
+        self.selector = layout(list(scaling["mrope_section"]), self.inv_freq.shape[0])
 
     def cos_sin(self, positions: mx.array, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
         """cos / sin [B, L, head_dim] of `positions` [3, B, L]."""
@@ -91,8 +104,11 @@ class MRopeText:
     def _attention(self, attn, x: mx.array, mask, cache, cos: mx.array, sin: mx.array) -> mx.array:
         n = self._n
         B, L, _ = x.shape
-        q = attn[n.q](x).reshape(B, L, attn._h, attn._hd).transpose(0, 2, 1, 3)
-        k = attn[n.k](x).reshape(B, L, attn._kv, attn._hd).transpose(0, 2, 1, 3)
+        q = attn[n.q](x).reshape(B, L, attn._h, attn._hd)
+        k = attn[n.k](x).reshape(B, L, attn._kv, attn._hd)
+        if self._qk is not None:  # Qwen3: per-head RMSNorm before the heads move forward
+            q, k = attn[self._qk[0]](q), attn[self._qk[1]](k)
+        q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
         v = attn[n.v](x).reshape(B, L, attn._kv, attn._hd).transpose(0, 2, 1, 3)
         c, s = mx.expand_dims(cos, axis=1), mx.expand_dims(sin, axis=1)
         q = ((q * c) + (_rotate_half(q) * s)).astype(q.dtype)
@@ -103,7 +119,9 @@ class MRopeText:
         return attn[n.o](out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
     def forward_hidden(self, ids: mx.array, cache: Optional[list], positions: mx.array,
-                       input_embeddings: Optional[mx.array] = None) -> mx.array:
+                       input_embeddings: Optional[mx.array] = None, deepstack: Sequence[mx.array] = (),
+                       visual_rows: Optional[mx.array] = None) -> mx.array:
+        """`deepstack[i]` [rows, D] is added after layer i at `visual_rows` (this call's image rows)."""
         m, n = self.model, self._n
         h = m.embed_tokens(ids) if input_embeddings is None else input_embeddings
         blocks = m.backbone[n.layers]
@@ -114,12 +132,16 @@ class MRopeText:
                 raise GenerationError(f"images through mRoPE run on plain KV caches only, not {type(c).__name__}")
         mask = create_attention_mask(h, cache[0])
         cos, sin = self.cos_sin(positions, h.dtype)
-        for block, c in zip(blocks, cache):
+        for i, (block, c) in enumerate(zip(blocks, cache)):
             r = self._attention(block[n.attn], block[n.norms.pre_attn](h), mask, c, cos, sin)
             h = h + r
             h = h + block[n.mlp](block[n.norms.pre_mlp](h))
+            if i < len(deepstack) and visual_rows is not None and visual_rows.size:
+                h = mx.stack([mx.array(h[0]).at[visual_rows].add(deepstack[i])], axis=0)
         return m.backbone[n.final_norm](h)
 
     def logits(self, ids: mx.array, cache: Optional[list], positions: mx.array,
-               input_embeddings: Optional[mx.array] = None) -> mx.array:
-        return self.model.logits_from_hidden(self.forward_hidden(ids, cache, positions, input_embeddings))
+               input_embeddings: Optional[mx.array] = None, deepstack: Sequence[mx.array] = (),
+               visual_rows: Optional[mx.array] = None) -> mx.array:
+        return self.model.logits_from_hidden(self.forward_hidden(ids, cache, positions, input_embeddings,
+                                                                 deepstack, visual_rows))

@@ -9,7 +9,7 @@ import numpy as np
 
 from mlxbun.towers.knobs import ProjectorKind
 
-__all__ = ["Gemma3Projector", "LlavaProjector", "Mistral3Projector", "PatchMerger", "make_projector"]
+__all__ = ["Gemma3Projector", "LlavaProjector", "Mistral3Projector", "PatchMerger", "Qwen3Merger", "make_projector"]
 
 
 class Gemma3Projector(nn.Module):
@@ -116,6 +116,25 @@ class _Mistral3Merger(nn.Module):
         self.merging_layer = nn.Linear(hidden * merge ** 2, hidden, bias=False)
 
 
+class Qwen3Merger(nn.Module):
+    """mlx-vlm's Qwen3-VL PatchMerger: LayerNorm (over each patch, or with `postshuffle` over the
+    concatenated window: the deepstack mergers), merge x merge windows concatenated,
+    linear_fc1 -> erf GELU -> linear_fc2."""
+
+    def __init__(self, vision_hidden: int, text_hidden: int, merge: int, postshuffle: bool = False):
+        super().__init__()
+        self.hidden_size = vision_hidden * merge ** 2
+        self.postshuffle = postshuffle
+        self.norm = nn.LayerNorm(self.hidden_size if postshuffle else vision_hidden, eps=1e-6)
+        self.linear_fc1 = nn.Linear(self.hidden_size, self.hidden_size)
+        self.act_fn = nn.GELU()
+        self.linear_fc2 = nn.Linear(self.hidden_size, text_hidden)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        x = self.norm(x.reshape(-1, self.hidden_size) if self.postshuffle else x).reshape(-1, self.hidden_size)
+        return self.linear_fc2(self.act_fn(self.linear_fc1(x)))
+
+
 def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int, grid: int = 0,
                    tokens_per_image: int = 0, eps: float = 1e-6, merge: int = 1, patch: int = 0,
                    bias: bool = True) -> nn.Module:
@@ -125,6 +144,8 @@ def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int,
         return PatchMerger(vision_hidden, text_hidden, merge, rms=kind is ProjectorKind.PATCH_MERGER_RMS)
     if kind is ProjectorKind.LLAVA:
         return LlavaProjector(vision_hidden, text_hidden)
+    if kind is ProjectorKind.QWEN3_MERGER:
+        return Qwen3Merger(vision_hidden, text_hidden, merge)
     if kind is ProjectorKind.MISTRAL3:
         return Mistral3Projector(vision_hidden, text_hidden, merge, patch, eps, bias)
     raise ValueError(f"no projector for {kind!r}")

@@ -67,11 +67,15 @@ def merge_embeddings(kind: MergeKind, ids: mx.array, embeds: mx.array, features:
         mask = ids[0] == image_token_id
         index = mx.where(mask, mx.cumsum(mask.astype(mx.int32)) - 1, 0)
         return mx.stack([mx.where(mx.expand_dims(mask, -1), features[index], embeds[0])], axis=0)
+    B, L, D = embeds.shape
+    if kind is MergeKind.SCATTER:  # masked_scatter: the rows cast to the embeddings' dtype
+        out = embeds.reshape(B * L, D)
+        out[mx.array(positions.astype(np.uint32))] = features.reshape(-1, D).astype(out.dtype)
+        return out.reshape(B, L, D)
     if kind is not MergeKind.GEMMA3_SCALED:
         raise ValueError(f"no merge for {kind!r}")
     scaled = features / (hidden_size ** 0.5)
     pad = pad_token_id if pad_token_id is not None else 0
-    B, L, D = embeds.shape
     out = mx.where((ids == pad)[..., None], mx.zeros_like(embeds), embeds).reshape(B * L, D)
     out[mx.array(positions.astype(np.uint32))] = scaled.reshape(-1, D).astype(out.dtype)
     return out.reshape(B, L, D)

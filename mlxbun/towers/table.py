@@ -60,6 +60,27 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
         placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}", text_positions=TextPositions.MROPE,
         notes="Qwen2-VL's ViT + PatchMerger; the text side at mRoPE positions (towers/mrope.py)",
     ),
+    # mlx-vlm's qwen3_vl: biased Conv3d patches plus a learned position table interpolated to each
+    # grid, 2-D rotary, linear_fc GELU (tanh) MLPs, the heads padded to the fused SDPA's width; the
+    # merger (LayerNorm first) and the deepstack mergers (after the concatenation) whose tokens the
+    # text model adds to its first layers' outputs at the image rows
+    TowerDescriptor(
+        "qwen3_vl", vision_types=("qwen3_vl", "qwen3_vl_vision"), tower_prefix="vision_tower",
+        projector_prefix="vision_tower.merger",
+        vit=VitKnobs(layout=VitLayout.QWEN_VL, patch=PatchEmbed.CONV3D, positions=Positions.ROPE_2D_INTERP,
+                     act=VitAct.GELU_TANH, post_norm=False, mlp=VitMlp.LINEAR_FC, patch_bias=True, sdpa_pad=True),
+        projector=ProjectorKind.QWEN3_MERGER, merge=MergeKind.SCATTER, splice=SpliceKind.REPEAT,
+        vision_keys=VisionKeys.QWEN3_VL,
+        vision_defaults={"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "out_hidden_size": 1536,
+                         "num_heads": 16, "image_size": 384, "patch_size": 14, "in_channels": 3,
+                         "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 2304,
+                         "deepstack_visual_indexes": []},
+        top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653},
+        image_token_key="image_token_id", boi_key="vision_start_token_id", eoi_key="vision_end_token_id",
+        placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}",
+        text_positions=TextPositions.MROPE_INTERLEAVED,
+        notes="Qwen3-VL's ViT (interpolated learned positions, deepstack mergers) + its merger",
+    ),
     # mlx-vlm's qwen2_5_vl: qwen2_vl's shape with RMSNorm blocks, a biased SwiGLU MLP, window
     # attention (the patches reordered window by window; fullatt_block_indexes attend per image)
     # and an RMSNorm merger whose tokens go back to image order

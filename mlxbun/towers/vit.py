@@ -13,6 +13,7 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxbun.towers.knobs import PatchEmbed, Positions, VitAct, VitKnobs, VitLayout, VitMlp, VitNorm
+from mlxbun.towers.projectors import Qwen3Merger
 
 __all__ = ["VitConfig", "VitTower"]
 
@@ -35,6 +36,9 @@ class VitConfig:
     window_size: int = 0  # Qwen2.5-VL: pixels a side of an attention window
     fullatt_block_indexes: tuple[int, ...] = ()  # Qwen2.5-VL: the blocks attending over the whole image
     head_dim: int = 0  # Pixtral: its rotary table's width (0: hidden / heads)
+    num_position_embeddings: int = 0  # Qwen3-VL: the learned position table's rows (a square grid)
+    deepstack_visual_indexes: tuple[int, ...] = ()  # Qwen3-VL: the blocks whose outputs feed a deepstack merger
+    out_hidden_size: int = 0  # Qwen3-VL: the mergers' output width
 
     @property
     def grid(self) -> int:
@@ -82,18 +86,29 @@ class Embeddings(nn.Module):
 
 
 class PatchEmbed3d(nn.Module):
-    """Qwen2-VL's patch_embed: a bias-free Conv3d over the processor's flattened patches."""
+    """Qwen2-VL's patch_embed: a Conv3d (biased in Qwen3-VL) over the processor's flattened patches."""
 
-    def __init__(self, c: VitConfig):
+    def __init__(self, c: VitConfig, bias: bool = False):
         super().__init__()
         self.c = c
         k = [c.temporal_patch_size, c.patch_size, c.patch_size]
-        self.proj = nn.Conv3d(c.num_channels, c.hidden_size, kernel_size=k, stride=k, bias=False)
+        self.proj = nn.Conv3d(c.num_channels, c.hidden_size, kernel_size=k, stride=k, bias=bias)
 
     def __call__(self, x: mx.array) -> mx.array:
         c = self.c
         x = x.reshape(-1, c.num_channels, c.temporal_patch_size, c.patch_size, c.patch_size).moveaxis(1, 4)
         return self.proj(x).reshape(-1, c.hidden_size)
+
+
+def _sdpa(q, k, v, scale: float, mask=None, pad: bool = False) -> mx.array:
+    """mx.fast SDPA; `pad`: mlx-vlm's ensure_fused_sdpa (heads zero-padded to 64 / 80 / 128, cut back)."""
+    d = q.shape[-1]
+    target = next((t for t in (64, 80, 128) if d <= t), d) if pad else d
+    if target != d:
+        widths = [(0, 0)] * (q.ndim - 1) + [(0, target - d)]
+        q, k, v = mx.pad(q, widths), mx.pad(k, widths), mx.pad(v, widths)
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)[..., :d]
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
 class Attention(nn.Module):
@@ -105,7 +120,7 @@ class Attention(nn.Module):
         dims = c.hidden_size
         if dims % c.num_attention_heads:
             raise ValueError(f"vision hidden size {dims} is not a multiple of its {c.num_attention_heads} heads")
-        self.num_heads, self.layout = c.num_attention_heads, knobs.layout
+        self.num_heads, self.layout, self.sdpa_pad = c.num_attention_heads, knobs.layout, knobs.sdpa_pad
         self.scale = (dims // self.num_heads) ** (-0.5)
         if knobs.layout is VitLayout.SIGLIP:
             bias = knobs.qkv_bias
@@ -156,8 +171,7 @@ class Attention(nn.Module):
         L = x.shape[0]
         q, k, v = self.heads(x, rope)
         parts = [mx.split(t, cu_seqlens[1:-1], axis=2) for t in (q, k, v)]
-        out = mx.concatenate([mx.fast.scaled_dot_product_attention(a, b, c, scale=self.scale, mask=None)
-                              for a, b, c in zip(*parts)], axis=2)
+        out = mx.concatenate([_sdpa(a, b, c, self.scale, pad=self.sdpa_pad) for a, b, c in zip(*parts)], axis=2)
         return self.proj(out.transpose(0, 2, 1, 3).reshape(L, -1))
 
     def probabilities(self, x: mx.array, rope: Optional[mx.array] = None) -> mx.array:
@@ -175,6 +189,9 @@ class MLP(nn.Module):
         if knobs.mlp is VitMlp.FC:
             self.fc1 = nn.Linear(c.hidden_size, c.intermediate_size, bias=True)
             self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=True)
+        elif knobs.mlp is VitMlp.LINEAR_FC:
+            self.linear_fc1 = nn.Linear(c.hidden_size, c.intermediate_size, bias=True)
+            self.linear_fc2 = nn.Linear(c.intermediate_size, c.hidden_size, bias=True)
         else:
             bias = knobs.mlp_bias
             self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=bias)
@@ -184,6 +201,8 @@ class MLP(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         if self.kind is VitMlp.FC:
             return self.fc2(_act(self.act, self.fc1(x)))
+        if self.kind is VitMlp.LINEAR_FC:
+            return self.linear_fc2(_act(self.act, self.linear_fc1(x)))
         return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -268,10 +287,17 @@ class VitTower(nn.Module):
             self.transformer = Encoder(c, knobs)
             self._rope = PixtralRope(c)
         else:
-            if knobs.patch is not PatchEmbed.CONV3D or knobs.positions is not Positions.ROPE_2D:
+            if knobs.patch is not PatchEmbed.CONV3D or knobs.positions not in (Positions.ROPE_2D,
+                                                                              Positions.ROPE_2D_INTERP):
                 raise ValueError("the qwen_vl layout takes conv3d patches and 2-D rotary positions")
-            self.patch_embed = PatchEmbed3d(c)
+            self.patch_embed = PatchEmbed3d(c, bias=knobs.patch_bias)
+            if knobs.positions is Positions.ROPE_2D_INTERP:
+                self.pos_embed = nn.Embedding(c.num_position_embeddings, c.hidden_size)
             self.blocks = [Block(c, knobs) for _ in range(c.num_hidden_layers)]
+            if c.deepstack_visual_indexes:
+                m = c.spatial_merge_size
+                self.deepstack_merger_list = [Qwen3Merger(c.hidden_size, c.out_hidden_size, m, postshuffle=True)
+                                              for _ in c.deepstack_visual_indexes]
         if knobs.post_norm:
             eps = c.layer_norm_eps if knobs.post_norm_eps is None else knobs.post_norm_eps
             self.post_layernorm = nn.LayerNorm(c.hidden_size, eps=eps)
@@ -330,6 +356,44 @@ class VitTower(nn.Module):
             base += t * gh * gw
         return mx.array(np.concatenate(order)), list(dict.fromkeys(bounds))
 
+    def interpolated_positions(self, grid: np.ndarray) -> mx.array:
+        """Qwen3-VL's fast_pos_embed_interpolate: the learned table bilinearly resampled to each
+        image's grid (the four corners' rows weighted in the rows' dtype, summed in order), each
+        image's rows in merge-window order."""
+        side = int(self.config.num_position_embeddings ** 0.5)
+        grids = np.asarray(grid).tolist()
+        idx, wts = [[] for _ in range(4)], [[] for _ in range(4)]
+        for t, h, w in grids:
+            hi, wi = mx.linspace(0, side - 1, int(h)), mx.linspace(0, side - 1, int(w))
+            hf, wf = hi.astype(mx.int32), wi.astype(mx.int32)
+            hc, wc = mx.minimum(hf + 1, side - 1), mx.minimum(wf + 1, side - 1)
+            dh, dw = hi - hf.astype(mx.float32), wi - wf.astype(mx.float32)
+            bh, bhc = hf * side, hc * side
+            corners = [(bh[:, None] + wf[None, :]).flatten(), (bh[:, None] + wc[None, :]).flatten(),
+                       (bhc[:, None] + wf[None, :]).flatten(), (bhc[:, None] + wc[None, :]).flatten()]
+            weights = [((1 - dh)[:, None] * (1 - dw)[None, :]).flatten(), ((1 - dh)[:, None] * dw[None, :]).flatten(),
+                       (dh[:, None] * (1 - dw)[None, :]).flatten(), (dh[:, None] * dw[None, :]).flatten()]
+            for i in range(4):
+                idx[i].extend(corners[i].tolist())
+                wts[i].extend(weights[i].tolist())
+        rows = self.pos_embed(mx.array(idx, dtype=mx.int32))
+        rows = rows * mx.array(wts, dtype=rows.dtype)[:, :, None]
+        table = rows[0] + rows[1] + rows[2] + rows[3]
+        sizes = [int(h * w) for _, h, w in grids]
+        parts = mx.split(table, np.cumsum(sizes)[:-1].tolist(), axis=0) if len(sizes) > 1 else [table]
+        m, out = self.config.spatial_merge_size, []
+        for part, (t, h, w) in zip(parts, grids):
+            t, h, w = int(t), int(h), int(w)
+            d = part.shape[-1]
+            part = mx.tile(part, (t, 1)).reshape(t, h, w, d)
+            out.append(part.reshape(t, h // m, m, w // m, m, d).transpose(0, 1, 3, 2, 4, 5).reshape(-1, d))
+        return mx.concatenate(out)
+
+    def deepstack(self, stages: list[tuple[str, mx.array]]) -> list[mx.array]:
+        """Qwen3-VL: the deepstack mergers' tokens of their blocks' outputs (`stages`: blocks_out's)."""
+        return [merger(stages[i + 1][1])
+                for merger, i in zip(self.deepstack_merger_list, self.config.deepstack_visual_indexes)]
+
     def unwindow(self, tokens: mx.array, grid) -> mx.array:
         """The merger's tokens back in image order (identity without windows)."""
         if not self.knobs.windows:
@@ -346,6 +410,8 @@ class VitTower(nn.Module):
         if self.knobs.layout is VitLayout.PIXTRAL:
             return self._pixtral_start(pixels, grid)
         h, rope, full = self.patch_embed(pixels), self.rope(grid), self.cu_seqlens(grid)
+        if self.knobs.positions is Positions.ROPE_2D_INTERP:
+            h = h + self.interpolated_positions(grid)
         if not self.knobs.windows:
             return h, [{"rope": rope, "cu_seqlens": full}] * n
         index, windows = self.window_index(grid)

@@ -80,11 +80,11 @@ QWEN_MEDIA_TOKENS = (("vision_start_token", "<|vision_start|>"), ("vision_end_to
                      ("image_token", "<|image_pad|>"), ("video_token", "<|video_pad|>"))
 
 
-def _qwen_preprocessor(processor_class: str) -> dict:
-    """Qwen/Qwen2-VL-2B-Instruct's preprocessor_config.json, at tiny pixel bounds."""
+def _qwen_preprocessor(processor_class: str, patch: int = 14) -> dict:
+    """Qwen/Qwen2-VL-2B-Instruct's preprocessor_config.json, at tiny pixel bounds (4..8 patches a side)."""
     return {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
             "image_mean": CLIP_MEAN, "image_processor_type": "Qwen2VLImageProcessor", "image_std": CLIP_STD,
-            "max_pixels": 112 * 112, "merge_size": 2, "min_pixels": 56 * 56, "patch_size": 14,
+            "max_pixels": (8 * patch) ** 2, "merge_size": 2, "min_pixels": (4 * patch) ** 2, "patch_size": patch,
             "processor_class": processor_class, "resample": 3, "rescale_factor": 0.00392156862745098,
             "temporal_patch_size": 2}
 
@@ -122,6 +122,21 @@ def _mistral3_fix(cfg: dict, ids: dict[str, int]) -> None:
     # Mistral3Config's keys: image_token_index, spatial_merge_size 2, vision_feature_layer -1
     _pixtral_fix(cfg, ids)
     cfg.update(spatial_merge_size=2)
+
+
+# tiny Qwen3-VL tower: 16-pixel patches, a 4x4 learned position table, two blocks of width 32, a
+# deepstack merger after block 0; the processor's bounds 64..128 pixels a side (4..16 soft tokens)
+QWEN3_VL_VISION = {"model_type": "qwen3_vl", "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                   "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3,
+                   "num_position_embeddings": 16, "deepstack_visual_indexes": [0], "hidden_act": "gelu_pytorch_tanh"}
+
+
+def _qwen3_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
+    vocab = max(ids.values()) + 1
+    cfg["vision_config"] = {**QWEN3_VL_VISION, "out_hidden_size": cfg["text_config"]["hidden_size"]}
+    cfg.update(vocab_size=vocab, image_token_id=ids["image_token"], video_token_id=ids["video_token"],
+               vision_start_token_id=ids["vision_start_token"], vision_end_token_id=ids["vision_end_token"])
+    cfg["text_config"]["vocab_size"] = vocab
 
 
 def _qwen2_5_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
@@ -170,6 +185,9 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
     TowerArch("qwen2_vl-vision", "qwen2_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen2_vl_fix,
               preprocessor=_qwen_preprocessor("Qwen2VLProcessor"),
               processor={"processor_class": "Qwen2VLProcessor"}),
+    TowerArch("qwen3_vl-vision", "qwen3_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen3_vl_fix,
+              preprocessor=_qwen_preprocessor("Qwen3VLProcessor", patch=16),
+              processor={"processor_class": "Qwen3VLProcessor"}),
     TowerArch("qwen2_5_vl-vision", "qwen2_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen2_5_vl_fix,
               preprocessor=_qwen_preprocessor("Qwen2_5_VLProcessor"),
               processor={"processor_class": "Qwen2_5_VLProcessor"}),
