@@ -52,11 +52,12 @@ MAX_SPLIT = NW
 KV_WRITE = "inplace"  # or "scatter" (see the module docstring)
 # Whether the kernels have passed `benchmarks/gpu_fused.py --sections check` on a CUDA GPU (each
 # within its bound of the MLX-op reference, bit-equal run to run, the in-place write equal to the
-# scatter). Rows per warp and the conversion-free code loop passed on an H100, 180 of 180 in five knob
-# variants (benchmarks/gpu-h200-fast-raw/21-fused-h100-rows); the q / k / v projection split from its
-# RoPE (QKV_PROJ + ROPE_KV) awaits its check. While False a fast run takes the compiled step and says
-# why (the check script turns them on for its run).
-FUSED_CHECKED = False
+# scatter). These kernels (QKV_PROJ + ROPE_KV, RW rows per warp, the conversion-free code loop) have,
+# on an H100: 180 of 180 in five knob variants (benchmarks/gpu-h200-fast-raw/22-fused-h100-qkv-split;
+# raw 21 before the q / k / v split). Set it False to take the kernels out while a change to them
+# awaits that check: a fast run then takes the compiled step and says why (the check script turns
+# them on for its run).
+FUSED_CHECKED = True
 
 
 @dataclass(frozen=True)
