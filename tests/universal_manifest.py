@@ -71,6 +71,7 @@ MANIFEST = {
         Entry("nemotron-nas"),
         Entry("talkie"),
         Entry("dbrx"),
+        Entry("baichuan_m1"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

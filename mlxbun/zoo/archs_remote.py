@@ -192,4 +192,13 @@ REMOTE_CODE_ROWS = (
         "initializer_range": 0.02, "max_seq_len": MAX_POSITIONS, "n_heads": HEADS, "n_layers": 2,
         "output_router_logits": False, "resid_pdrop": 0.0, "router_aux_loss_coef": 0.05,
         "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # Baichuan-M1: mlx-lm's baichuan_m1 keys (baichuan-inc/Baichuan-M1-14B's): layer 1 of 2 slides, with
+    # its own head counts (2 heads of 32, 2 KV heads)
+    Arch("baichuan_m1", "BaichuanM1ForCausalLM", base={
+        "model_type": "baichuan_m1", "conv_window": 2, "hidden_act": "silu", "hidden_size": HIDDEN,
+        "initializer_range": 0.02, "intermediate_size": INTERMEDIATE, "max_position_embeddings": MAX_POSITIONS,
+        "num_attention_heads": HEADS, "num_hidden_layers": 2, "num_key_value_heads": 2,
+        "num_swa_attention_heads": 2, "num_swa_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "sliding_window": SLIDING_WINDOW, "sliding_window_layers": [1],
+        "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
 )

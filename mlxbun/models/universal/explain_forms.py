@@ -4,6 +4,7 @@ nemotron-nas's per-layer shapes (nas.py), talkie's gains (talkie.py), dbrx's exp
 
 from __future__ import annotations
 
+from mlxbun.models.universal.baichuan_m1 import BAICHUAN_M1_TYPES
 from mlxbun.models.universal.dbrx import DBRX_TYPES
 from mlxbun.models.universal.loop_gated import LOOP_GATED_TYPES
 from mlxbun.models.universal.looped import loop_count
@@ -36,6 +37,11 @@ def own_forward(d: ArchDescriptor, a: UniversalArgs) -> str:
                 f"router.layer Linear(D, E), softmax in float32 over E = {ffn['moe_num_experts']} experts, top "
                 f"{ffn['moe_top_k']}, the weights / their L1 norm, then per token the chosen experts[e] "
                 f"(w2(swiglu(w1(x), v1(x))), width {ffn['ffn_hidden_size']}) stacked and summed")
+    if d.model_type in BAICHUAN_M1_TYPES:
+        return (f"; k and v each pass conv_k / conv_v (per KV head, previous * w0 + current * w1, the previous "
+                f"raw token kept in the layer's ArraysCache) before the rope and W_pack's KV cache; layers "
+                f"{list(f['sliding_window_layers'])} slide over {f['sliding_window']} tokens; each cache "
+                "CacheList(ArraysCache, KVCache | RotatingKVCache)")
     if d.loops is not None:
         skip = f[d.loops.skip_final_norm]
         return (f"; the stack runs {loop_count(f, d.loops, d.model_type)} times, each with its own "

@@ -68,6 +68,8 @@ class SanitizeOp(StrEnum):
     DBRX_EXPERTS = "dbrx_experts"  # arg: the expert-count path (ffn_config.moe_num_experts): every key
     # holding "experts.mlp" split in that many along axis 0 into ".mlp" -> ".<e>" keys + ".weight",
     # the w2 pieces transposed (dbrx.sanitize)
+    ROW_NORM_HEAD = "row_norm_head"  # baichuan_m1: unless lm_head.scales is present, lm_head.weight
+    # divided by its float32 row norms (axis -1) + 1e-7, cast back
     GPT2 = "gpt2"  # gpt2.sanitize: for each layer i < n_layer, h.i.attn.bias dropped and h.i's
     # attn.c_attn / attn.c_proj / mlp.c_fc / mlp.c_proj weights transposed (Conv1D); then every key
     # not starting "model." gets that prefix

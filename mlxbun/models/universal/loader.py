@@ -26,6 +26,7 @@ from mlxbun.config_reader import thaw
 from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 from mlxbun.models.switch_layers import SwitchLinear, gather_mm_supported
 from mlxbun.models.universal.coverage import require_coverage
+from mlxbun.models.universal.baichuan_m1 import BAICHUAN_M1_TYPES, BaichuanM1Dense
 from mlxbun.models.universal.dbrx import DBRX_TYPES, DbrxDense
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.gemma4 import Gemma4Text
@@ -71,7 +72,7 @@ def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
 # loader, sanitize, quantization, audit and coverage)
 _GRAPHS = {**dict.fromkeys(GEMMA4_MODEL_TYPES, Gemma4Text), **dict.fromkeys(LOOP_GATED_TYPES, LoopGatedDense),
            **dict.fromkeys(NAS_TYPES, NasDense), **dict.fromkeys(TALKIE_TYPES, TalkieDense),
-           **dict.fromkeys(DBRX_TYPES, DbrxDense)}
+           **dict.fromkeys(DBRX_TYPES, DbrxDense), **dict.fromkeys(BAICHUAN_M1_TYPES, BaichuanM1Dense)}
 
 
 # ----------------------------------------------------------------- loading

@@ -48,7 +48,6 @@ NOT_COVERED: dict[str, str] = {
     "prism_hadamard_qwen35": "qwen3_5 (covered) whose linears / embedding are 2-bit packs with a "
                              "blockwise Hadamard rotation folded in (HadamardQuantizedLinear): "
                              "needs that quantized module kind",
-    "baichuan_m1": "a short convolution over keys/values with its own cache state: needs a port",
     "deepseek_v41": "DeepSeek-V4.1 attention (compressed/indexed KV) with MoE: "
                     "needs a dedicated port",
     "afm7": "fused LoRA-capable qkv linears and KV-reuse layers: needs a dedicated port",

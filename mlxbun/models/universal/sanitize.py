@@ -459,6 +459,13 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _split_interleaved_experts(w), {}
     if op is SanitizeOp.STEP3P5:
         return _step3p5(w, fields)
+    if op is SanitizeOp.ROW_NORM_HEAD:  # baichuan_m1.sanitize
+        w = dict(w)
+        if "lm_head.scales" not in w and "lm_head.weight" in w and not isinstance(w["lm_head.weight"], Meta):
+            v = w["lm_head.weight"]
+            f32 = v.astype(mx.float32)
+            w["lm_head.weight"] = (f32 / (mx.linalg.norm(f32, axis=-1, keepdims=True) + 1e-7)).astype(v.dtype)
+        return w, {}
     if op is SanitizeOp.DBRX_EXPERTS:
         return _dbrx_experts(w, fields), {}
     if op is SanitizeOp.GPT2:

@@ -671,6 +671,23 @@ _ROWS = [
               "stacked and summed (mlx-lm's inference loop); the fused HF expert matrices are split at load.",
     ),
     ArchDescriptor(
+        "baichuan_m1",
+        _fields("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "rope_theta", "sliding_window", "sliding_window_layers", "conv_window",
+                "rms_norm_eps", model_type="baichuan_m1", num_swa_attention_heads=None,
+                num_swa_key_value_heads=None, tie_word_embeddings=False),
+        head_dim="split", qkv="fused", rope=RopeKnobs(traditional=False, scaling=None, max_positions=None),
+        names=Names(qkv="W_pack"), head=HeadKnobs(tie=False),
+        sanitize=(SanitizeRule("row_norm_head", None, "mlx-lm normalizes the unquantized head's rows at load"),),
+        accepted_values={"conv_window": (2,), "tie_word_embeddings": (False,), "hidden_act": ("silu",)},
+        ignored_keys={"max_position_embeddings": "mlx-lm's baichuan_m1 rope is unscaled"},
+        notes="Baichuan-M1 (baichuan_m1.py): llama's block with a fused W_pack; keys and values each pass a "
+              "two-tap causal convolution per KV head (conv_k / conv_v) before the rope and the cache, "
+              "its state the previous raw key / value in an ArraysCache (CacheList per layer); "
+              "sliding_window_layers slide (their own head counts when num_swa_* are set); the head's rows "
+              "are L2-normalized at load unless it is quantized.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
