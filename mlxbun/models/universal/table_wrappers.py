@@ -119,8 +119,9 @@ def wrapper_rows(text: Mapping[str, ArchDescriptor]) -> list[ArchDescriptor]:
         # experts ([E, D, 2I]); qwen3_moe's own sanitize (per-expert stacking, a tied head) is not
         # applied
         _wrap(text["qwen3_moe"], "qwen3_vl_moe",
-              sanitize=(SanitizeRule("wrapper_keys", ("visual.", "model.visual."),
-                                     "the VLM wrapper: text weights under language_model"),
+              sanitize=(SanitizeRule("wrapper_keys", ("visual.", "vision_tower.", "model.visual."),
+                                     "the VLM wrapper: text weights under language_model (mlx-lm's "
+                                     "keeps language_model alone: mlx-vlm's vision_tower.* dropped too)"),
                         SanitizeRule("split_gate_up_experts", GateUpLayout.LAST_TRANSPOSED,
                                      "HF fused experts gate_up_proj [E, D, 2I] split, each "
                                      "expert matrix transposed")),
