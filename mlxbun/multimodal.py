@@ -159,7 +159,21 @@ class VisionLanguageModel:
             return None
         if not hasattr(self.text_model, "backbone"):
             raise UnsupportedModelError(f"{self.path}: mRoPE positions need mlxbun's universal text graph")
-        return MRopeText(self.text_model, interleaved=kind is TextPositions.MROPE_INTERLEAVED)
+        return MRopeText(self.text_model, interleaved=kind is TextPositions.MROPE_INTERLEAVED,
+                         section=self._mrope_section())
+
+    def _mrope_section(self) -> Optional[list]:
+        """The config's mrope_section (text_config's, else the top level's; rope_scaling or
+        rope_parameters), as mlx-vlm's text model reads it."""
+        from mlxbun.towers.loader import _read_config
+
+        cfg = _read_config(self.path)
+        for c in (cfg.get("text_config") or {}, cfg):
+            for key in ("rope_scaling", "rope_parameters"):
+                block = c.get(key) or {}
+                if isinstance(block, dict) and block.get("mrope_section"):
+                    return list(block["mrope_section"])
+        return None
 
     def check_generation(self) -> None:
         """Refuse generation where the text model would need positions mlxbun does not build."""

@@ -152,6 +152,7 @@ class VitKnobs:
     # fullatt_block_indexes attending within their window, the merger's tokens put back in order
     windows: bool = False
     patch_bias: bool = False  # the Conv3d patch embedding biased (Qwen3-VL)
+    merger_act: VitAct = VitAct.GELU  # Qwen3-VL's mergers' activation (qwen3_vl_moe's: tanh GELU)
     # the heads zero-padded to the fused SDPA kernel's widths (64 / 80 / 128) and cut back after
     # (mlx-vlm's ensure_fused_sdpa, Qwen3-VL)
     sdpa_pad: bool = False

@@ -16,7 +16,7 @@ import numpy as np
 from mlxbun.errors import ConfigError, LoadError
 from mlxbun.towers.errors import NoTowerError
 from mlxbun.towers.images import ImageProcessorSpec, read_processor_spec
-from mlxbun.towers.knobs import ProjectorKind, TowerDescriptor, VisionKeys, VitLayout
+from mlxbun.towers.knobs import ProjectorKind, TowerDescriptor, VisionKeys, VitAct, VitLayout
 from mlxbun.towers.projectors import make_projector
 from mlxbun.towers.table import TOWERS, tower_for
 from mlxbun.towers.vit import VitConfig, VitTower
@@ -242,7 +242,8 @@ def open_vision(path, config: Mapping | None = None) -> VisionStack:
                                grid=vc.grid, tokens_per_image=tokens,
                                eps=float(text.get("rms_norm_eps", 1e-6)) if mistral3 else vc.layer_norm_eps,
                                merge=int(top.get("spatial_merge_size", 2)) if mistral3 else vc.spatial_merge_size,
-                               patch=vc.patch_size, bias=bool(top.get("multimodal_projector_bias", False)))
+                               patch=vc.patch_size, bias=bool(top.get("multimodal_projector_bias", False)),
+                               tanh=d.vit.merger_act is VitAct.GELU_TANH)
     names = [n for n in index.names() if n.startswith((d.tower_prefix + ".", d.projector_prefix + "."))]
     tensors = index.load(names)
     for conv in (f"{d.tower_prefix}.embeddings.patch_embedding.weight", f"{d.tower_prefix}.patch_embed.proj.weight",

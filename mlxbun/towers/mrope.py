@@ -79,21 +79,23 @@ class MRopeText:
     (`interleaved`: Qwen3-VL's frequency layout) and, for Qwen3-VL, deepstack rows added to the
     first layers' outputs at the image positions."""
 
-    def __init__(self, model, interleaved: bool = False):
+    def __init__(self, model, interleaved: bool = False, section: Optional[Sequence[int]] = None):
+        """`section`: the mrope_section (default: the row's rope scaling's; a row whose mlx-lm
+        file ignores rope_scaling, qwen3_vl_moe's, is handed the config's)."""
         self.model = model
         d = model.descriptor
         self._n = d.names
         self._qk = d.qk_norm.names if d.qk_norm is not None and d.qk_norm.enabled else None
         spec = model.args.layers[0].rope
-        scaling = spec.scaling or {}
-        if "mrope_section" not in scaling:
+        section = section or (spec.scaling or {}).get("mrope_section")
+        if not section:
             raise GenerationError(f"{model.model_type}: the config's rope_scaling has no mrope_section "
                                   "(the image positions' layout)")
         attn = model.backbone[d.names.layers][0][d.names.attn]
         hd = attn._hd
         self.inv_freq = 1.0 / (spec.base ** (mx.arange(0, hd, 2).astype(mx.float32) / hd))
         layout = _interleaved_selector if interleaved else _chunked_selector
-        self.selector = layout(list(scaling["mrope_section"]), self.inv_freq.shape[0])
+        self.selector = layout(list(section), self.inv_freq.shape[0])
 
     def cos_sin(self, positions: mx.array, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
         """cos / sin [B, L, head_dim] of `positions` [3, B, L]."""

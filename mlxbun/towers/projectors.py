@@ -121,13 +121,14 @@ class Qwen3Merger(nn.Module):
     concatenated window: the deepstack mergers), merge x merge windows concatenated,
     linear_fc1 -> erf GELU -> linear_fc2."""
 
-    def __init__(self, vision_hidden: int, text_hidden: int, merge: int, postshuffle: bool = False):
+    def __init__(self, vision_hidden: int, text_hidden: int, merge: int, postshuffle: bool = False,
+                 tanh: bool = False):
         super().__init__()
         self.hidden_size = vision_hidden * merge ** 2
         self.postshuffle = postshuffle
         self.norm = nn.LayerNorm(self.hidden_size if postshuffle else vision_hidden, eps=1e-6)
         self.linear_fc1 = nn.Linear(self.hidden_size, self.hidden_size)
-        self.act_fn = nn.GELU()
+        self.act_fn = nn.GELU(approx="tanh" if tanh else "none")
         self.linear_fc2 = nn.Linear(self.hidden_size, text_hidden)
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -137,7 +138,7 @@ class Qwen3Merger(nn.Module):
 
 def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int, grid: int = 0,
                    tokens_per_image: int = 0, eps: float = 1e-6, merge: int = 1, patch: int = 0,
-                   bias: bool = True) -> nn.Module:
+                   bias: bool = True, tanh: bool = False) -> nn.Module:
     if kind is ProjectorKind.GEMMA3_AVGPOOL:
         return Gemma3Projector(vision_hidden, text_hidden, grid, tokens_per_image, eps)
     if kind in (ProjectorKind.PATCH_MERGER, ProjectorKind.PATCH_MERGER_RMS):
@@ -145,7 +146,7 @@ def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int,
     if kind is ProjectorKind.LLAVA:
         return LlavaProjector(vision_hidden, text_hidden)
     if kind is ProjectorKind.QWEN3_MERGER:
-        return Qwen3Merger(vision_hidden, text_hidden, merge)
+        return Qwen3Merger(vision_hidden, text_hidden, merge, tanh=tanh)
     if kind is ProjectorKind.MISTRAL3:
         return Mistral3Projector(vision_hidden, text_hidden, merge, patch, eps, bias)
     raise ValueError(f"no projector for {kind!r}")

@@ -23,6 +23,28 @@ def _pixtral_family(model_type: str, projector: ProjectorKind, notes: str) -> To
         break_token="[IMG_BREAK]", end_token="[IMG_END]", notes=notes)
 
 
+def _qwen3_vl_family(model_type: str, vision_types: tuple[str, ...], act: VitAct, merger_act: VitAct) -> TowerDescriptor:
+    """A row with mlx-vlm's qwen3_vl (or its qwen3_vl_moe copy) VisionModel."""
+    return TowerDescriptor(
+        model_type, vision_types=vision_types, tower_prefix="vision_tower",
+        projector_prefix="vision_tower.merger",
+        vit=VitKnobs(layout=VitLayout.QWEN_VL, patch=PatchEmbed.CONV3D, positions=Positions.ROPE_2D_INTERP,
+                     act=act, post_norm=False, mlp=VitMlp.LINEAR_FC, patch_bias=True, sdpa_pad=True,
+                     merger_act=merger_act),
+        projector=ProjectorKind.QWEN3_MERGER, merge=MergeKind.SCATTER, splice=SpliceKind.REPEAT,
+        vision_keys=VisionKeys.QWEN3_VL,
+        vision_defaults={"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "out_hidden_size": 1536,
+                         "num_heads": 16, "image_size": 384, "patch_size": 14, "in_channels": 3,
+                         "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 2304,
+                         "deepstack_visual_indexes": []},
+        top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653},
+        image_token_key="image_token_id", boi_key="vision_start_token_id", eoi_key="vision_end_token_id",
+        placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}",
+        text_positions=TextPositions.MROPE_INTERLEAVED,
+        notes="Qwen3-VL's ViT (interpolated learned positions, deepstack mergers) + its merger",
+    )
+
+
 TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
     # mlx-vlm's gemma3: a SigLIP tower (vision.py: conv patches, learned positions, pre-LN blocks
     # with biased q/k/v/out and a precise-GELU fc1/fc2 MLP, post_layernorm at nn.LayerNorm's
@@ -64,23 +86,10 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
     # grid, 2-D rotary, linear_fc GELU (tanh) MLPs, the heads padded to the fused SDPA's width; the
     # merger (LayerNorm first) and the deepstack mergers (after the concatenation) whose tokens the
     # text model adds to its first layers' outputs at the image rows
-    TowerDescriptor(
-        "qwen3_vl", vision_types=("qwen3_vl", "qwen3_vl_vision"), tower_prefix="vision_tower",
-        projector_prefix="vision_tower.merger",
-        vit=VitKnobs(layout=VitLayout.QWEN_VL, patch=PatchEmbed.CONV3D, positions=Positions.ROPE_2D_INTERP,
-                     act=VitAct.GELU_TANH, post_norm=False, mlp=VitMlp.LINEAR_FC, patch_bias=True, sdpa_pad=True),
-        projector=ProjectorKind.QWEN3_MERGER, merge=MergeKind.SCATTER, splice=SpliceKind.REPEAT,
-        vision_keys=VisionKeys.QWEN3_VL,
-        vision_defaults={"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "out_hidden_size": 1536,
-                         "num_heads": 16, "image_size": 384, "patch_size": 14, "in_channels": 3,
-                         "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 2304,
-                         "deepstack_visual_indexes": []},
-        top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653},
-        image_token_key="image_token_id", boi_key="vision_start_token_id", eoi_key="vision_end_token_id",
-        placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}",
-        text_positions=TextPositions.MROPE_INTERLEAVED,
-        notes="Qwen3-VL's ViT (interpolated learned positions, deepstack mergers) + its merger",
-    ),
+    _qwen3_vl_family("qwen3_vl", ("qwen3_vl", "qwen3_vl_vision"), VitAct.GELU_TANH, VitAct.GELU),
+    # mlx-vlm's qwen3_vl_moe: its own copy of the tower, the blocks' GELU erf and the mergers' tanh
+    # (qwen3_vl's the other way round); the text side over a MoE text model
+    _qwen3_vl_family("qwen3_vl_moe", ("qwen3_vl_moe",), VitAct.GELU, VitAct.GELU_TANH),
     # mlx-vlm's qwen2_5_vl: qwen2_vl's shape with RMSNorm blocks, a biased SwiGLU MLP, window
     # attention (the patches reordered window by window; fullatt_block_indexes attend per image)
     # and an RMSNorm merger whose tokens go back to image order

@@ -296,8 +296,9 @@ class VitTower(nn.Module):
             self.blocks = [Block(c, knobs) for _ in range(c.num_hidden_layers)]
             if c.deepstack_visual_indexes:
                 m = c.spatial_merge_size
-                self.deepstack_merger_list = [Qwen3Merger(c.hidden_size, c.out_hidden_size, m, postshuffle=True)
-                                              for _ in c.deepstack_visual_indexes]
+                tanh = knobs.merger_act is VitAct.GELU_TANH
+                self.deepstack_merger_list = [Qwen3Merger(c.hidden_size, c.out_hidden_size, m, postshuffle=True,
+                                                          tanh=tanh) for _ in c.deepstack_visual_indexes]
         if knobs.post_norm:
             eps = c.layer_norm_eps if knobs.post_norm_eps is None else knobs.post_norm_eps
             self.post_layernorm = nn.LayerNorm(c.hidden_size, eps=eps)

@@ -139,6 +139,11 @@ def _qwen3_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
     cfg["text_config"]["vocab_size"] = vocab
 
 
+def _qwen3_vl_moe_fix(cfg: dict, ids: dict[str, int]) -> None:
+    _qwen3_vl_fix(cfg, ids)
+    cfg["vision_config"]["model_type"] = "qwen3_vl_moe"
+
+
 def _qwen2_5_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
     _qwen2_vl_fix(cfg, ids)
     cfg["model_type"] = "qwen2_5_vl"
@@ -186,6 +191,11 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
               preprocessor=_qwen_preprocessor("Qwen2VLProcessor"),
               processor={"processor_class": "Qwen2VLProcessor"}),
     TowerArch("qwen3_vl-vision", "qwen3_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen3_vl_fix,
+              preprocessor=_qwen_preprocessor("Qwen3VLProcessor", patch=16),
+              processor={"processor_class": "Qwen3VLProcessor"}),
+    # qwen3_vl_moe: the same tower over qwen3_moe's text model (unquantized experts run in float32
+    # on this CPU: mlx's gather_mm)
+    TowerArch("qwen3_vl_moe-vision", "qwen3_vl_moe", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen3_vl_moe_fix,
               preprocessor=_qwen_preprocessor("Qwen3VLProcessor", patch=16),
               processor={"processor_class": "Qwen3VLProcessor"}),
     TowerArch("qwen2_5_vl-vision", "qwen2_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen2_5_vl_fix,
