@@ -72,6 +72,7 @@ MANIFEST = {
         Entry("talkie"),
         Entry("dbrx"),
         Entry("baichuan_m1"),
+        Entry("plamo2"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

@@ -201,4 +201,12 @@ REMOTE_CODE_ROWS = (
         "num_swa_attention_heads": 2, "num_swa_key_value_heads": 2, "rms_norm_eps": 1e-06,
         "rope_theta": 1000000.0, "sliding_window": SLIDING_WINDOW, "sliding_window_layers": [1],
         "tie_word_embeddings": False, "use_cache": True, "vocab_size": VOCAB_SIZE}),
+    # PLaMo 2: mlx-lm's plamo2 ModelArgs keys (pfnet/plamo-2-1b's); mamba / attention / mamba / attention
+    Arch("plamo2", "Plamo2ForCausalLM", base={
+        "model_type": "plamo2", "attention_window_size": MAX_POSITIONS, "full_attention_idx": [],
+        "hidden_size": HIDDEN, "hidden_size_per_head": HEAD_DIM, "intermediate_size": INTERMEDIATE,
+        "mamba_chunk_size": 256, "mamba_d_conv": 4, "mamba_d_state": 16, "mamba_enabled": True,
+        "mamba_num_heads": 8, "mamba_step": 2, "max_position_embeddings": MAX_POSITIONS,
+        "num_attention_heads": HEADS, "num_hidden_layers": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": True, "vocab_size": VOCAB_SIZE}),
 )

@@ -9,6 +9,7 @@ from mlxbun.models.universal.dbrx import DBRX_TYPES
 from mlxbun.models.universal.loop_gated import LOOP_GATED_TYPES
 from mlxbun.models.universal.looped import loop_count
 from mlxbun.models.universal.nas import NAS_TYPES, nas_shape
+from mlxbun.models.universal.plamo2 import PLAMO2_TYPES, plamo2_is_mamba
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import UniversalArgs
 from mlxbun.models.universal.talkie import TALKIE_TYPES
@@ -42,6 +43,13 @@ def own_forward(d: ArchDescriptor, a: UniversalArgs) -> str:
                 f"raw token kept in the layer's ArraysCache) before the rope and W_pack's KV cache; layers "
                 f"{list(f['sliding_window_layers'])} slide over {f['sliding_window']} tokens; each cache "
                 "CacheList(ArraysCache, KVCache | RotatingKVCache)")
+    if d.model_type in PLAMO2_TYPES:
+        kinds = ", ".join("mamba" if plamo2_is_mamba(f, i) else "attention" for i in range(a.n_layers))
+        return (f"; layers: {kinds}; each x + post_mixer_norm(mixer(pre_mixer_norm(x))), then the MLP alike "
+                "(norms x * (weight + offset): 1 before, 1/5 and 1/5**1.5 after); the Mamba mixer: in_proj per "
+                "head [z | x], conv1d + silu (ArraysCache slot 0), bcdt_proj -> B, C, dt each rms-normed "
+                "(dt_norm_weight, B_norm_weight, C_norm_weight), dt_proj, ssm_update (slot 1; dt_bias, A_log, "
+                "D), out_proj(swiglu(z, y)); the attention: qkv_proj, weightless rms * q_weight / k_weight, rope")
     if d.loops is not None:
         skip = f[d.loops.skip_final_norm]
         return (f"; the stack runs {loop_count(f, d.loops, d.model_type)} times, each with its own "

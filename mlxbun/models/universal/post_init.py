@@ -130,6 +130,11 @@ def _dbrx_configs(a: dict, mt: str) -> None:
             raise _fail(mt, f"{part} lacks {', '.join(missing)} (mlx-lm's dbrx reads them)")
 
 
+def _plamo2_args(a: dict, mt: str) -> None:
+    if a["mamba_enabled"] and a["mamba_step"] <= 1:
+        raise _fail(mt, f"mamba_step {a['mamba_step']!r}: mlx-lm's plamo2 needs mamba_step > 1")
+
+
 def _nanbeige_args(a: dict, mt: str) -> None:
     if a["head_dim"] is None:
         a["head_dim"] = a["hidden_size"] // a["num_attention_heads"]
@@ -418,6 +423,7 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
     PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
     PostInit.NANBEIGE_ARGS: _nanbeige_args,
+    PostInit.PLAMO2_ARGS: _plamo2_args,
     PostInit.DBRX_CONFIGS: _dbrx_configs,
     PostInit.NEMOTRON_NAS_BLOCKS: _nemotron_nas_blocks,
     PostInit.LOOP_NUM_TWO: _loop_num_two,

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from mlxbun.models.universal.kinds import MlpSize
+from mlxbun.models.universal.kinds_hybrid import ConvLayout
 from mlxbun.models.universal.schema import (
     REQUIRED,
     ArchDescriptor,
@@ -686,6 +687,32 @@ _ROWS = [
               "its state the previous raw key / value in an ArraysCache (CacheList per layer); "
               "sliding_window_layers slide (their own head counts when num_swa_* are set); the head's rows "
               "are L2-normalized at load unless it is quantized.",
+    ),
+    ArchDescriptor(
+        "plamo2",
+        _fields(model_type="plamo2", hidden_size=4096, num_hidden_layers=32, rms_norm_eps=1e-6,
+                tie_word_embeddings=True, num_attention_heads=32, num_key_value_heads=4, hidden_size_per_head=128,
+                max_position_embeddings=2048, attention_window_size=2048, full_attention_idx=None,
+                mamba_d_state=64, mamba_d_conv=4, mamba_num_heads=64, mamba_step=2, mamba_chunk_size=256,
+                mamba_enabled=True, intermediate_size=13312, vocab_size=32000),
+        ("plamo2_args",), head_dim="split", qkv="fused", rope=RopeKnobs(traditional=False, theta=10000, scaling=None,
+                                                                         max_positions=None),
+        mlp=MlpKnobs("gated_fused"), norm=NormKnobs("offset_rms", offsets={"post_attn": 1.0 / 5,
+                                                                          "post_mlp": 1.0 / (5**1.5)}),
+        names=Names(layers="layers.layers", attn="mixer",
+                    norms=NormNames(pre_attn="pre_mixer_norm", post_attn="post_mixer_norm",
+                                    pre_mlp="pre_mlp_norm", post_mlp="post_mlp_norm")),
+        block=BlockKnobs("sandwich"),
+        sanitize=(SanitizeRule("conv1d_layout", ("conv1d.weight", ConvLayout.LAST_NE_ONE),
+                               "torch's depthwise conv1d layout [C, 1, K] -> mlx's [C, K, 1]"),),
+        ignored_keys={"attention_window_size": "mlx-lm's plamo2 attends globally (no RotatingKVCache yet)",
+                      "full_attention_idx": "mlx-lm's plamo2 attends globally (no RotatingKVCache yet)",
+                      "mamba_chunk_size": "mlx-lm's scan runs chunks of 256 whatever the config says"},
+        notes="PLaMo 2 (plamo2.py): Mamba layers (SSD scan over heads with one B / C group, B / C / dt "
+              "rms-normed with weights, state in an ArraysCache) and attention layers (i % mamba_step == "
+              "mamba_step // 2; q / k weightless RMSNorm times per-head weights, rope) between plamo3-style "
+              "offset sandwich norms; layers under model.layers.layers; attention_window_size is not used "
+              "(every attention layer global, as mlx-lm's).",
     ),
     ArchDescriptor(
         "internlm3",
