@@ -1,4 +1,4 @@
-"""The fused decode step: a dense model's one-token forward in six kernel launches per layer.
+"""The fused decode step: a dense model's one-token forward in seven kernel launches per layer.
 
 `FusedDecoder` runs a `FusedPlan` (`fast.fused_plan`) over static K/V buffers of its own, one
 [2, KV, capacity, D] buffer per layer (keys, then values: the prefix copied in, the exact caches'
@@ -7,7 +7,7 @@ arrays let go while it decodes, `write_back` hands the tokens back), through an 
 ops: the CPU tests run the decoder's plumbing with it). The step is `mx.compile`d once per model,
 executor and layout, so a token costs the kernels' encode and nothing built in Python.
 
-Per layer: `qkv_rope` (norm, q/k/v, q/k norm, RoPE, the new K/V rows written in place), decode
+Per layer: `qkv_rope` (two launches: norm + the q/k/v GEMV; q/k norm, RoPE, the new K/V rows written in place), decode
 attention (two launches), o_proj + residual, norm + gate/up + SiLU, down + residual; then the
 final norm + head. One token at a time, batch 1, plain KVCaches: anything else is a `FusedGap`
 and the caller runs the compiled step (`fast.decode.CompiledDecoder`).
