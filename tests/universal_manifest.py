@@ -73,6 +73,7 @@ MANIFEST = {
         Entry("dbrx"),
         Entry("baichuan_m1"),
         Entry("plamo2"),
+        Entry("recurrent_gemma"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

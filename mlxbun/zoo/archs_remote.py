@@ -209,4 +209,14 @@ REMOTE_CODE_ROWS = (
         "mamba_num_heads": 8, "mamba_step": 2, "max_position_embeddings": MAX_POSITIONS,
         "num_attention_heads": HEADS, "num_hidden_layers": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
         "tie_word_embeddings": True, "vocab_size": VOCAB_SIZE}),
+    # RecurrentGemma: the keys of google/recurrentgemma-2b's config; recurrent / attention / recurrent,
+    # a 16-token attention window
+    Arch("recurrent_gemma", "RecurrentGemmaForCausalLM", base={
+        "model_type": "recurrent_gemma", "attention_bias": False, "attention_window_size": SLIDING_WINDOW,
+        "block_types": ["recurrent", "attention", "recurrent"], "conv1d_width": 4, "embeddings_scale_by_sqrt_dim": True,
+        "final_w_init_variance_scale": 0.0769, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": HIDDEN,
+        "intermediate_size": 2 * INTERMEDIATE, "logits_soft_cap": 30.0, "lru_width": HIDDEN,
+        "num_attention_heads": HEADS, "num_hidden_layers": 3, "num_key_value_heads": 1,
+        "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": VOCAB_SIZE,
+        "w_init_variance_scale": 0.01}),
 )

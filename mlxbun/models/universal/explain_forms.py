@@ -10,6 +10,7 @@ from mlxbun.models.universal.loop_gated import LOOP_GATED_TYPES
 from mlxbun.models.universal.looped import loop_count
 from mlxbun.models.universal.nas import NAS_TYPES, nas_shape
 from mlxbun.models.universal.plamo2 import PLAMO2_TYPES, plamo2_is_mamba
+from mlxbun.models.universal.recurrent_gemma import RECURRENT_GEMMA_TYPES
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import UniversalArgs
 from mlxbun.models.universal.talkie import TALKIE_TYPES
@@ -50,6 +51,13 @@ def own_forward(d: ArchDescriptor, a: UniversalArgs) -> str:
                 "head [z | x], conv1d + silu (ArraysCache slot 0), bcdt_proj -> B, C, dt each rms-normed "
                 "(dt_norm_weight, B_norm_weight, C_norm_weight), dt_proj, ssm_update (slot 1; dt_bias, A_log, "
                 "D), out_proj(swiglu(z, y)); the attention: qkv_proj, weightless rms * q_weight / k_weight, rope")
+    if d.model_type in RECURRENT_GEMMA_TYPES:
+        kinds = [f["block_types"][i % len(f["block_types"])] for i in range(a.n_layers)]
+        return (f"; temporal blocks {kinds}: recurrent = linear_out(gelu_approx(linear_y(x)) * rg_lru(conv_1d("
+                "linear_x(x)))) (conv state and RG-LRU state in an ArraysCache), attention = local attention "
+                f"(one KV head, rope over hd // 2, a {f['attention_window_size']}-token RotatingKVCache); "
+                "x += temporal_block(temporal_pre_norm(x)); x += mlp_block(channel_pre_norm(x)) (gelu_approx "
+                f"gate * up, width I // 2); embeddings * sqrt(D); logits soft-capped at {f['logits_soft_cap']}")
     if d.loops is not None:
         skip = f[d.loops.skip_final_norm]
         return (f"; the stack runs {loop_count(f, d.loops, d.model_type)} times, each with its own "

@@ -546,6 +546,8 @@ class PostInit(StrEnum):
     DBRX_CONFIGS = "dbrx_configs"  # attn_config needs kv_n_heads, clip_qkv, rope_theta; ffn_config
     # ffn_hidden_size, moe_num_experts, moe_top_k (mlx-lm's modules read them)
     PLAMO2_ARGS = "plamo2_args"  # mamba_enabled: mamba_step > 1 (mlx-lm asserts it)
+    RECURRENT_GEMMA_BLOCKS = "recurrent_gemma_blocks"  # block_types None: _block_types; it must
+    # hold an "attention" block (mlx-lm takes the mask from the first)
     NANBEIGE_ARGS = "nanbeige_args"  # head_dim None: hidden // heads; enable_double_loop_split,
     # loop_share_kv and enable_depth_attention refused (mlx-lm raises NotImplementedError)
     QWEN_KV_CHANNELS = "qwen_kv_channels"  # kv_channels * num_attention_heads must be hidden_size

@@ -135,6 +135,13 @@ def _plamo2_args(a: dict, mt: str) -> None:
         raise _fail(mt, f"mamba_step {a['mamba_step']!r}: mlx-lm's plamo2 needs mamba_step > 1")
 
 
+def _recurrent_gemma_blocks(a: dict, mt: str) -> None:
+    if a["block_types"] is None:
+        a["block_types"] = a["_block_types"]
+    if not isinstance(a["block_types"], (list, tuple)) or "attention" not in a["block_types"]:
+        raise _fail(mt, f"block_types must list the block kinds with an 'attention' one, got {a['block_types']!r}")
+
+
 def _nanbeige_args(a: dict, mt: str) -> None:
     if a["head_dim"] is None:
         a["head_dim"] = a["hidden_size"] // a["num_attention_heads"]
@@ -423,6 +430,7 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
     PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
     PostInit.NANBEIGE_ARGS: _nanbeige_args,
+    PostInit.RECURRENT_GEMMA_BLOCKS: _recurrent_gemma_blocks,
     PostInit.PLAMO2_ARGS: _plamo2_args,
     PostInit.DBRX_CONFIGS: _dbrx_configs,
     PostInit.NEMOTRON_NAS_BLOCKS: _nemotron_nas_blocks,

@@ -715,6 +715,30 @@ _ROWS = [
               "(every attention layer global, as mlx-lm's).",
     ),
     ArchDescriptor(
+        "recurrent_gemma",
+        _fields("model_type", "attention_bias", "conv1d_width", "hidden_size", "intermediate_size",
+                "logits_soft_cap", "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "rms_norm_eps",
+                "rope_theta", "attention_window_size", "vocab_size", embeddings_scale_by_sqrt_dim=True,
+                block_types=None, _block_types=None),
+        ("recurrent_gemma_blocks",), n_kv_heads=None, head_dim="split",
+        rope=RopeKnobs(traditional=False, scaling=None, max_positions=None),
+        mlp=MlpKnobs(act="gelu_approx", bias=True, intermediate="intermediate_size"),
+        norm=NormKnobs("gemma_rms"), names=Names(final_norm="final_norm"), head=HeadKnobs(tie="checkpoint"),
+        sanitize=(SanitizeRule("conv1d_layout", ("conv_1d.weight", ConvLayout.LAST_NE_ONE),
+                               "torch's depthwise conv1d layout [C, 1, K] -> mlx's [C, K, 1]"),),
+        accepted_values={"num_key_value_heads": (1,), "hidden_activation": ("gelu_pytorch_tanh",),
+                         "partial_rotary_factor": (0.5,)},
+        ignored_keys={"lru_width": "mlx-lm's RG-LRU is hidden_size wide",
+                      "w_init_variance_scale": "initialization setting",
+                      "final_w_init_variance_scale": "initialization setting"},
+        notes="RecurrentGemma / Griffin (recurrent_gemma.py): residual blocks whose temporal block is an RG-LRU "
+              "recurrence (gated conv + a per-head gated linear recurrence, its states in an ArraysCache) or "
+              "local attention (one KV head, rope over half the head at base 10000: rope_theta and "
+              "attention_bias are read but unused) by block_types[i % len]; (1 + w) RMSNorms (the block "
+              "ones at eps 1e-5), a gelu_approx MLP of intermediate_size // 2 with biases; embeddings times "
+              "sqrt(D); logits soft-capped; a checkpoint without lm_head ties it.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
