@@ -21,11 +21,11 @@ import numpy as np
 
 from mlxbun.errors import GenerationError, UnsupportedModelError
 from mlxbun.towers.errors import ImageCountError, NoTowerError, TooManyImages
-from mlxbun.towers.images import load_image, preprocess_any
+from mlxbun.towers.images import Pixels, load_image, preprocess_any
 from mlxbun.towers.knobs import TextPositions
 from mlxbun.towers.loader import VisionStack, open_vision
 from mlxbun.towers.mrope import MRopeText, rope_index
-from mlxbun.towers.splice import count_placeholders, expand_prompt, image_sequence, merge_embeddings
+from mlxbun.towers.splice import count_placeholders, expand_prompt, merge_embeddings
 
 __all__ = ["MAX_IMAGES", "EmbeddedPrompt", "MediaPrompt", "VisionLanguageModel", "open_vlm",
            "refuse_images", "stream_generate"]
@@ -50,6 +50,12 @@ class MediaPrompt:
     position_delta: int = 0  # decoding continues at the cache offset + this (mRoPE)
     deepstack: tuple = ()  # Qwen3-VL: per early text layer, [soft tokens, D] added at the image rows
     image_token_id: int = -1
+    mask: Optional[np.ndarray] = None  # LFM2-VL: each view's real patches
+
+    @property
+    def tower_grid(self):
+        """What the tower takes beside the pixels: the grid, or (LFM2-VL) (view grids, masks)."""
+        return self.grid if self.mask is None else (np.asarray(self.grid), self.mask)
 
     def visual_rows(self, start: int, stop: int) -> mx.array:
         """The image tokens' positions within [start, stop), relative to start."""
@@ -88,7 +94,9 @@ class VisionLanguageModel:
         and pixtral's break / end."""
         v, d = self.vision, self.vision.descriptor
         image = self._token(v.image_token_id, "image")
-        marks = {"image": image, "break": d.break_token or "", "end": d.end_token or ""}
+        marks = {"image": image, "break": d.break_token or "", "end": d.end_token or "",
+                 "start": d.start_token or "", "end_image": d.image_end_token or "",
+                 "thumbnail": d.thumbnail_token or ""}
         if d.boi_key is not None:
             marks["boi"] = self._token(v.boi_token_id, "begin-of-image")
         if d.eoi_key is not None:
@@ -107,13 +115,12 @@ class VisionLanguageModel:
                                   f"{n_images} image(s) were given")
         return text
 
-    def expand(self, prompt: str, shapes: Sequence[tuple[int, int]]) -> str:
-        """The prompt text with each image placeholder expanded to its soft tokens (`shapes`: each
-        image's rows x columns of them), as the processor writes it."""
+    def expand(self, prompt: str, pixels: Pixels) -> str:
+        """The prompt text with each image placeholder expanded to its soft tokens (`pixels`: the
+        processor's output for the images), as the processor writes it."""
         marks = self._marks()
-        text = self.placeholders(prompt, len(shapes))
-        kind = self.vision.descriptor.splice
-        return expand_prompt(text, marks["placeholder"], [image_sequence(kind, marks, r, c) for r, c in shapes])
+        texts = self.vision.image_texts(marks, pixels)
+        return expand_prompt(self.placeholders(prompt, len(texts)), marks["placeholder"], texts)
 
     def prepare(self, prompt: str, images: Sequence, *, add_special_tokens: bool = True) -> MediaPrompt:
         """Read, preprocess and splice `images` into `prompt`, run the tower, merge: every input
@@ -121,29 +128,28 @@ class VisionLanguageModel:
         self.check_images(images)
         self.placeholders(prompt, len(images))  # ImageCountError before any file is read
         pil = [load_image(i) for i in images]  # ImageUnreadable / ImageTruncated
-        v = self.vision
-        pixels, grid = preprocess_any(pil, v.processor)
-        grid = None if grid is None else mx.array(grid)
-        text = self.expand(prompt, v.token_shapes(np.asarray(grid) if grid is not None else [None] * len(pil)))
-        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        pixels = preprocess_any(pil, self.vision.processor)
+        text = self.expand(prompt, pixels)
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens and self.vision.descriptor.special_tokens)
         limit = getattr(getattr(self.text_model, "args", None), "fields", {}).get("max_position_embeddings")
         if limit and len(ids) > limit:
             raise TooManyImages(f"{len(images)} image(s) make the prompt {len(ids)} tokens, past the model's "
                                 f"{limit}-token context")
-        return self.merge(text, mx.array(ids, dtype=mx.int32), mx.array(pixels), grid)
+        return self.merge(text, mx.array(ids, dtype=mx.int32), pixels, len(images))
 
-    def merge(self, text: str, ids: mx.array, pixel_values: mx.array, grid=None) -> MediaPrompt:
-        """Tower, projector and merge over ready ids [L] and the processor's pixel values."""
+    def merge(self, text: str, ids: mx.array, pixels: Pixels, n_images: int) -> MediaPrompt:
+        """Tower, projector and merge over ready ids [L] and the processor's output."""
         v = self.vision
+        values = mx.array(pixels.values)
+        grid = None if pixels.grid is None else mx.array(pixels.grid)
+        tower_grid = grid if pixels.mask is None else (pixels.grid, pixels.mask)
         embeds = self.text_model.embed_tokens(ids[None])
-        features, deepstack = v.features_and_deepstack(pixel_values, embeds.dtype, grid)
+        features, deepstack = v.features_and_deepstack(values, embeds.dtype, tower_grid)
         merged = merge_embeddings(v.descriptor.merge, ids[None], embeds, features,
                                   image_token_id=v.image_token_id, pad_token_id=v.pad_token_id,
                                   hidden_size=v.merge_hidden)
-        n = int(grid.shape[0]) if grid is not None else int(pixel_values.shape[0])
-        soft = sum(r * c for r, c in v.token_shapes(np.asarray(grid) if grid is not None else [None] * n))
-        out = MediaPrompt(text, ids, pixel_values, grid, features, merged, n, soft, deepstack=tuple(deepstack),
-                          image_token_id=v.image_token_id)
+        out = MediaPrompt(text, ids, values, grid, features, merged, n_images, v.soft_token_count(pixels),
+                          deepstack=tuple(deepstack), image_token_id=v.image_token_id, mask=pixels.mask)
         if v.descriptor.text_positions is not TextPositions.PLAIN:
             positions, out.position_delta = rope_index(ids.tolist(), np.asarray(grid).tolist(),
                                                        image_token_id=v.image_token_id,

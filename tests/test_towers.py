@@ -218,6 +218,40 @@ def test_pixtral_greedy_generation_is_bit_exact_vs_mlx_vlm(tower_ckpt, images, d
     _greedy_equal(vlm, model, ref, PIXTRAL_PROMPT, images[:2], 8, image_sizes=ref["image_sizes"])
 
 
+LFM2_PROMPT = "hi <image> and <image> x"
+
+
+@pytest.mark.parametrize("dtype,quant", VARIANTS, ids=[f"{d}-{q}" for d, q in VARIANTS])
+def test_lfm2_vl_tower_projector_splice_merge_and_logits_are_bit_exact(tower_ckpt, images, dtype, quant):
+    """The photograph tiled (a 3x3 grid of 64-pixel tiles, row / column markers, a thumbnail), the
+    drawn image one padded view; the position table resized to each view, padding masked."""
+    vlm, model, processor = _both(tower_ckpt(dtype, quant, arch="lfm2-vl-vision"))
+    ref, ours = _splice_equal(vlm, model, processor, [images[0], images[2]], LFM2_PROMPT, model.config.image_token_index)
+    assert np.array_equal(np.array(ours.grid), np.array(ref["spatial_shapes"]))
+    assert np.array_equal(ours.mask, np.array(ref["pixel_attention_mask"])) and not ours.mask.all()
+    assert "<|img_row_3_col_3|>" in ours.text and "<|img_thumbnail|>" in ours.text
+    grid = (ref["spatial_shapes"], ref["pixel_attention_mask"])
+    theirs = oracle_stages(model, VitLayout.SIGLIP, ref["pixel_values"], grid, None)
+    mine = vlm.vision.blocks(ours.pixel_values, None, ours.tower_grid)
+    assert len(mine) == len(theirs) and mine[-1][0] == "projector"
+    for (name, a), b in zip(mine, theirs):
+        assert a.dtype == b.dtype and mx.array_equal(a, b), f"first mismatch at {name}"
+    merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], spatial_shapes=ref["spatial_shapes"],
+                                        pixel_attention_mask=ref["pixel_attention_mask"])
+    assert mx.array_equal(ours.embeddings, merged.inputs_embeds)
+    logits = model.language_model(ref["input_ids"], inputs_embeds=merged.inputs_embeds).logits
+    assert mx.array_equal(vlm.logits(ours), logits)
+
+
+@pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 4)], ids=["float32", "bfloat16-q4"])
+def test_lfm2_vl_greedy_generation_is_bit_exact_vs_mlx_vlm(tower_ckpt, images, dtype, quant):
+    vlm, model, processor = _both(tower_ckpt(dtype, quant, arch="lfm2-vl-vision"))
+    pair = [images[0], images[2]]
+    ref = _oracle_inputs(processor, pair, LFM2_PROMPT)
+    _greedy_equal(vlm, model, ref, LFM2_PROMPT, pair, 8, spatial_shapes=ref["spatial_shapes"],
+                  pixel_attention_mask=ref["pixel_attention_mask"])
+
+
 def test_qwen2_vl_prompt_without_placeholders_and_count_mismatch(tower_ckpt, images):
     vlm, _, processor = _both(tower_ckpt(arch="qwen2_vl-vision"))
     ours = vlm.prepare("what is this", images[:1])
@@ -427,14 +461,15 @@ def test_tower_bringup_driver_holds_every_stage_and_records_rows(zoo_root, tmp_p
         run.require_pass()
 
 
-@pytest.mark.parametrize("arch", [a for a, _ in QWEN_ARCHS] + PIXTRAL_ARCHS)
+@pytest.mark.parametrize("arch", [a for a, _ in QWEN_ARCHS] + PIXTRAL_ARCHS + ["lfm2-vl-vision"])
 def test_tower_bringup_driver_on_dynamic_towers(zoo_root, arch):
     from mlxbun.experiments.tower_bringup import tower_bringup
 
     run = tower_bringup(tower_arch=arch, zoo_root=zoo_root, record=False)
     assert run.bit_exact, run.verdict()
     rows, cols = run.grid_shape
-    patch, merge = {"pixtral-vision": (16, 1), "mistral3-vision": (16, 2), "qwen3_vl-vision": (16, 2)}.get(arch, (14, 2))
+    patch, merge = {"pixtral-vision": (16, 1), "mistral3-vision": (16, 2), "qwen3_vl-vision": (16, 2),
+                    "lfm2-vl-vision": (16, 2)}.get(arch, (14, 2))
     assert run.image.shape == (rows * patch, cols * patch, 3)
     assert run.grids["projector"].shape == (rows // merge, cols // merge)
     assert run.attention.shape == (2, rows * cols, rows * cols)

@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxbun.errors import MlxbunError
-from mlxbun.towers.knobs import ProjectorKind, VitLayout
+from mlxbun.towers.knobs import ProjectorKind, SpliceKind, VitLayout
 
 __all__ = ["TowerBringup", "default_image", "oracle_stages", "patch_order", "tower_bringup"]
 
@@ -90,6 +90,19 @@ def oracle_stages(model, layout: VitLayout, pixel_values: mx.array, grid: Option
         if mistral3:  # its projector takes the squeezed patches and the image sizes
             return list(states) + [model.multi_modal_projector(selected[0], grid)]
         return list(states) + [model.multi_modal_projector(selected)]
+    if layout is VitLayout.SIGLIP and isinstance(grid, tuple):  # LFM2-VL: (view grids, masks)
+        vt = model.vision_tower
+        shapes, keep = grid
+        h = vt.embeddings(pixel_values, spatial_shapes=shapes)
+        h = h.astype(vt.embeddings.patch_embedding.weight.dtype)
+        mask = mx.where(keep[:, None, None, :].astype(mx.bool_), mx.array(0.0), mx.array(-mx.inf)).astype(h.dtype)
+        out = [h]
+        for layer in vt.encoder.layers:
+            h = layer(h, mask=mask)
+            out.append(h)
+        out.append(vt.post_layernorm(h))
+        views = model.encode_images(pixel_values, spatial_shapes=shapes, pixel_attention_mask=keep)
+        return out + [mx.concatenate(list(views), axis=0)]
     if layout is VitLayout.SIGLIP:
         sv = model.vision_tower.vision_model
         h = sv.embeddings(pixel_values.transpose(0, 2, 3, 1).astype(dtype))
@@ -172,12 +185,19 @@ def tower_bringup(checkpoint=None, *, tower_arch: str = "gemma3-vision", variant
     ref = prepare_inputs(processor, images=[pil], prompts=[text], add_special_tokens=True)
     ours = vlm.prepare(text, [pil])
     dtype = vlm.text_model.embed_tokens(ours.ids[:1][None]).dtype
-    mine = v.blocks(ours.pixel_values, dtype, ours.grid)
+    mine = v.blocks(ours.pixel_values, dtype, ours.tower_grid)
     grid = ref.get("image_grid_thw", ref.get("image_sizes"))
+    if "spatial_shapes" in ref:  # LFM2-VL
+        grid = (ref["spatial_shapes"], ref["pixel_attention_mask"])
     theirs = oracle_stages(model, v.descriptor.vit.layout, ref["pixel_values"], grid, dtype, v.descriptor.vit.windows,
                            mistral3=v.descriptor.projector is ProjectorKind.MISTRAL3)
     order = patch_order(v, ours.grid)
-    if v.descriptor.vit.layout is VitLayout.PIXTRAL:
+    if v.descriptor.splice is SpliceKind.TILES:  # LFM2-VL: the first view (a tile, or the image)
+        h, w = (int(x) for x in np.asarray(ours.grid)[0])
+        f = v.processor.merge_size
+        shape, token_shape = (h, w), (-(-h // f), -(-w // f))
+        resized_hw = (h * v.processor.patch_size, w * v.processor.patch_size)
+    elif v.descriptor.vit.layout is VitLayout.PIXTRAL:
         token_shape = v.token_shapes(np.asarray(ours.grid))[0]
         resized_hw = tuple(int(x) for x in np.asarray(ours.grid)[0])
         p = v.tower.config.patch_size
@@ -196,12 +216,20 @@ def tower_bringup(checkpoint=None, *, tower_arch: str = "gemma3-vision", variant
     grids = {name: _patch_grid(mx.abs(a.astype(mx.float32) - b.astype(mx.float32)),
                                None if name == "projector" else order, token_shape if name == "projector" else shape)
              for (name, a), b in zip(mine, theirs)}
-    kwargs = {} if grid is None else {"image_grid_thw" if "image_grid_thw" in ref else "image_sizes": grid}
+    keys = ("image_grid_thw", "image_sizes", "spatial_shapes", "pixel_attention_mask")
+    kwargs = {k: ref[k] for k in keys if k in ref}
     merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], mask=ref["attention_mask"], **kwargs)
-    resample = v.processor.resample
-    resized = np.array(pil.resize((resized_hw[1], resized_hw[0]), resample=resample, reducing_gap=None))
+    if v.descriptor.splice is SpliceKind.TILES:  # the first view as the tower sees it, de-normalized
+        p, spec = v.processor.patch_size, v.processor
+        view = np.array(ours.pixel_values[0])[: shape[0] * shape[1]].reshape(shape[0], shape[1], p, p, 3)
+        view = view.transpose(0, 2, 1, 3, 4).reshape(shape[0] * p, shape[1] * p, 3)
+        view = view * np.array(spec.image_std) + np.array(spec.image_mean)
+        resized = np.clip(view / spec.rescale_factor, 0, 255).round().astype(np.uint8)
+    else:
+        resized = np.array(pil.resize((resized_hw[1], resized_hw[0]), resample=v.processor.resample, reducing_gap=None))
     layer = len(v.tower.layers) - 1 if attention_layer is None else attention_layer
-    attn = np.array(v.tower.attention_maps(v.pixels(ours.pixel_values, dtype), layer, ours.grid)[0])
+    attn = np.array(v.tower.attention_maps(v.pixels(ours.pixel_values, dtype), layer, ours.tower_grid)[0])
+    attn = attn[:, : shape[0] * shape[1], : shape[0] * shape[1]]
     if order is not None:  # to row-major patches (the first image's)
         n = shape[0] * shape[1]
         inv = np.argsort(order)

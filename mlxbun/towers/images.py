@@ -14,8 +14,8 @@ import numpy as np
 
 from mlxbun.towers.errors import ImageTruncated, ImageUnreadable
 
-__all__ = ["ImageProcessorSpec", "load_image", "preprocess", "preprocess_any", "preprocess_pixtral", "preprocess_qwen",
-           "read_processor_spec", "smart_resize"]
+__all__ = ["ImageProcessorSpec", "Pixels", "load_image", "preprocess", "preprocess_any", "preprocess_lfm2",
+           "preprocess_pixtral", "preprocess_qwen", "read_processor_spec", "smart_resize"]
 
 ImageSource = Union[str, Path, "PIL.Image.Image"]  # noqa: F821
 
@@ -25,6 +25,10 @@ ImageSource = Union[str, Path, "PIL.Image.Image"]  # noqa: F821
 _PROCESSOR_TYPES = ("Gemma3ImageProcessor", "Gemma3ImageProcessorPil", "SiglipImageProcessor")
 QWEN_TYPES = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil")
 PIXTRAL_TYPES = ("PixtralImageProcessor", "PixtralImageProcessorFast")
+LFM2_TYPES = ("Lfm2VlImageProcessor", "Lfm2VlImageProcessorFast", "Siglip2ImageProcessor",
+              "Siglip2ImageProcessorFast")
+# mlx-vlm applies the official LFM2-VL tiling whatever the checkpoint's files say
+_LFM2_SPLITTING = {"do_image_splitting": True, "min_tiles": 2, "max_tiles": 10, "use_thumbnail": True}
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,20 @@ class ImageProcessorSpec:
     merge_size: int = 2
     min_pixels: int = 56 * 56
     max_pixels: int = 14 * 14 * 4 * 1280
+    # LFM2-VL (kind "lfm2"): smart resize to min..max image tokens, tiling past the tolerance
+    tiling: tuple = ()  # (tile_size, min_image_tokens, max_image_tokens, max_pixels_tolerance, min_tiles,
+    #                      max_tiles, use_thumbnail, do_image_splitting)
+    max_num_patches: int = 0
+
+
+@dataclass(frozen=True)
+class Pixels:
+    """The processor's output: pixel values and what the tower, splice and merge need with them."""
+
+    values: np.ndarray
+    grid: np.ndarray | None = None  # Qwen2-VL: image_grid_thw; Pixtral: image sizes; LFM2-VL: each view's patch grid
+    mask: np.ndarray | None = None  # LFM2-VL: each view's real patches (pixel_attention_mask)
+    layouts: tuple = ()  # LFM2-VL: per image (tile rows, tile columns, (resized height, width))
 
 
 def read_processor_spec(path: Path) -> ImageProcessorSpec:
@@ -68,6 +86,8 @@ def read_processor_spec(path: Path) -> ImageProcessorSpec:
         return _qwen_spec(path, cfg)
     if kind in PIXTRAL_TYPES:
         return _pixtral_spec(path, cfg)
+    if kind in LFM2_TYPES:
+        return _lfm2_spec(path)
     if kind not in _PROCESSOR_TYPES:
         raise ConfigError(f"{f}: image_processor_type {kind!r}; mlxbun reproduces "
                           f"{', '.join(_PROCESSOR_TYPES + QWEN_TYPES)}")
@@ -178,14 +198,127 @@ def preprocess_pixtral(images: Sequence, spec: ImageProcessorSpec) -> tuple[np.n
     return np.stack(padded).astype(np.float32), np.array(sizes, dtype=np.int64)
 
 
-def preprocess_any(images: Sequence, spec: ImageProcessorSpec) -> tuple[np.ndarray, np.ndarray | None]:
-    """(pixel_values, grid): fixed-size (grid None), Qwen2-VL (image_grid_thw) or Pixtral
-    (image sizes), by the processor's kind."""
+def _lfm2_spec(path: Path) -> ImageProcessorSpec:
+    """mlx-vlm's LFM2-VL processor: preprocessor_config.json (its image_processor block where
+    nested) with processor_config.json over it; the official tiling always on."""
+    def read(name):
+        f = Path(path) / name
+        if not f.is_file():
+            return {}
+        loaded = json.loads(f.read_text(encoding="utf-8"))
+        return dict(loaded.get("image_processor", loaded))
+
+    cfg = {**read("preprocessor_config.json"), **read("processor_config.json")}
+    patch, factor = int(cfg.get("encoder_patch_size", cfg.get("patch_size", 16))), int(cfg.get("downsample_factor", 2))
+    tile, max_tokens = int(cfg.get("tile_size", 512)), int(cfg.get("max_image_tokens", 256))
+    split = dict(_LFM2_SPLITTING)
+    return ImageProcessorSpec(
+        "Lfm2VlImageProcessor", 0, 0, int(cfg.get("resample") or 3), float(cfg.get("rescale_factor", 1 / 255)),
+        tuple(cfg.get("image_mean", (0.5, 0.5, 0.5))), tuple(cfg.get("image_std", (0.5, 0.5, 0.5))),
+        True, bool(cfg.get("do_rescale", True)), bool(cfg.get("do_normalize", True)), True, kind="lfm2",
+        patch_size=patch, merge_size=factor,
+        tiling=(tile, int(cfg.get("min_image_tokens", 64)), max_tokens, float(cfg.get("max_pixels_tolerance", 2.0)),
+                split["min_tiles"], split["max_tiles"], split["use_thumbnail"], split["do_image_splitting"]),
+        max_num_patches=max(max_tokens * factor ** 2, (tile // patch) ** 2 if split["do_image_splitting"] else 0))
+
+
+def _lfm2_smart_resize(height: int, width: int, spec: ImageProcessorSpec) -> tuple[int, int]:
+    """LFM2-VL's smart resize: (width, height), multiples of patch x factor within the token budget."""
+    import math
+
+    tile, min_tokens, max_tokens = spec.tiling[:3]
+    f = spec.patch_size * spec.merge_size
+    min_px = min_tokens * spec.patch_size ** 2 * spec.merge_size ** 2
+    max_px = max_tokens * spec.patch_size ** 2 * spec.merge_size ** 2
+    h_bar, w_bar = max(f, round(height / f) * f), max(f, round(width / f) * f)
+    if h_bar * w_bar > max_px:
+        beta = math.sqrt((height * width) / max_px)
+        h_bar = max(f, math.floor(height / beta / f) * f)
+        w_bar = max(f, math.floor(width / beta / f) * f)
+    elif h_bar * w_bar < min_px:
+        beta = math.sqrt(min_px / (height * width))
+        h_bar, w_bar = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+    return w_bar, h_bar
+
+
+def _lfm2_grid(height: int, width: int, spec: ImageProcessorSpec) -> tuple[int, int]:
+    """The tile grid (columns, rows) whose aspect ratio is closest to the image's (ties: the
+    later grid when the image covers half its area), 2..max tiles."""
+    tile, _, _, _, min_tiles, max_tiles = spec.tiling[:6]
+    ratios = sorted({(w, h) for n in range(min_tiles, max_tiles + 1) for w in range(1, n + 1)
+                     for h in range(1, n + 1) if min_tiles <= w * h <= max_tiles}, key=lambda r: r[0] * r[1])
+    aspect, best, best_diff = width / height, (1, 1), float("inf")
+    for r in ratios:
+        diff = abs(aspect - r[0] / r[1])
+        if diff < best_diff:
+            best_diff, best = diff, r
+        elif diff == best_diff and width * height > 0.5 * tile * tile * r[0] * r[1]:
+            best = r
+    return best
+
+
+def _lfm2_views(image, spec: ImageProcessorSpec):
+    """(views, rows, cols, (resized height, width)) of one image: a tile grid plus a thumbnail
+    when it is too large for one view, else the one smart-resized view."""
+    from PIL import Image
+
+    tile, _, max_tokens, tolerance, _, _, use_thumbnail, splitting = spec.tiling
+    width, height = image.size
+    rw, rh = _lfm2_smart_resize(height, width, spec)
+    f = spec.patch_size * spec.merge_size
+    h_bar, w_bar = max(spec.patch_size, round(height / f) * f), max(spec.patch_size, round(width / f) * f)
+    large = h_bar * w_bar > max_tokens * spec.patch_size ** 2 * spec.merge_size ** 2 * tolerance
+    resample = Image.Resampling(spec.resample)
+    if splitting and large:
+        cols, rows = _lfm2_grid(height, width, spec)
+        resized = image.resize((tile * cols, tile * rows), resample)
+        views = [resized.crop((c * tile, r * tile, (c + 1) * tile, (r + 1) * tile))
+                 for r in range(rows) for c in range(cols)]
+        if use_thumbnail and rows * cols > 1:
+            views.append(image.resize((rw, rh), resample))
+        return views, rows, cols, (rh, rw)
+    return [image.resize((rw, rh), resample)], 1, 1, (rh, rw)
+
+
+def preprocess_lfm2(images: Sequence, spec: ImageProcessorSpec) -> Pixels:
+    """mlx-vlm's Lfm2VlNumpyImageProcessor: each view rescaled and normalized in float32, cut into
+    patch rows (row-major), zero-padded to max_num_patches with its mask."""
+    values, masks, shapes, layouts = [], [], [], []
+    p = spec.patch_size
+    for image in images:
+        views, rows, cols, size = _lfm2_views(image.convert("RGB"), spec)
+        for view in views:
+            x = np.array(view, dtype=np.float32)
+            if spec.do_rescale:
+                x *= spec.rescale_factor
+            if spec.do_normalize:
+                x = (x - np.array(spec.image_mean, dtype=np.float32)) / np.array(spec.image_std, dtype=np.float32)
+            h, w = x.shape[0] // p, x.shape[1] // p
+            patches = x[: h * p, : w * p].reshape(h, p, w, p, 3).transpose(0, 2, 1, 3, 4).reshape(h * w, -1)
+            mask = np.ones((spec.max_num_patches,), dtype=np.int32)
+            if patches.shape[0] >= spec.max_num_patches:
+                patches = patches[: spec.max_num_patches]
+            else:
+                mask[patches.shape[0]:] = 0
+                pad = np.zeros((spec.max_num_patches - patches.shape[0], patches.shape[1]), dtype=patches.dtype)
+                patches = np.concatenate([patches, pad], axis=0)
+            values.append(patches)
+            masks.append(mask)
+            shapes.append((h, w))
+        layouts.append((rows, cols, size))
+    return Pixels(np.stack(values), np.array(shapes, dtype=np.int32), np.stack(masks), tuple(layouts))
+
+
+def preprocess_any(images: Sequence, spec: ImageProcessorSpec) -> Pixels:
+    """The processor's output for `images`, by its kind: fixed-size, Qwen2-VL (image_grid_thw),
+    Pixtral (image sizes) or LFM2-VL (views, masks, layouts)."""
     if spec.kind == "qwen_vl":
-        return preprocess_qwen(images, spec)
+        return Pixels(*preprocess_qwen(images, spec))
     if spec.kind == "pixtral":
-        return preprocess_pixtral(images, spec)
-    return preprocess(images, spec), None
+        return Pixels(*preprocess_pixtral(images, spec))
+    if spec.kind == "lfm2":
+        return preprocess_lfm2(images, spec)
+    return Pixels(preprocess(images, spec))
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:

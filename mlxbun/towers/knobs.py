@@ -29,6 +29,9 @@ class PatchEmbed(Enum):
     # nn.Conv3d(C, hidden, (temporal, patch, patch), stride = kernel, no bias) on the processor's
     # flattened patches [patches, C * T * P * P] (reshaped to [-1, T, P, P, C])
     CONV3D = "conv3d"
+    # nn.Linear(C * P * P, hidden) over the processor's packed patch rows [views, patches, C*P*P]
+    # (LFM2-VL's Siglip2 NaFlex)
+    LINEAR = "linear"
 
 
 class Positions(Enum):
@@ -43,6 +46,10 @@ class Positions(Enum):
     # image's grid (fast_pos_embed_interpolate: four corner rows weighted in the table's dtype), laid
     # out merge window by merge window and added to the patches
     ROPE_2D_INTERP = "rope_2d_interp"
+    # LFM2-VL's Siglip2: the learned square table bilinearly resized (antialiased, in float32) to
+    # each view's patch grid, its padding rows the first position's, added to the patches; the
+    # padding rows masked out of the attention
+    LEARNED_RESIZED = "learned_resized"
 
 
 class VitAct(Enum):
@@ -87,6 +94,8 @@ class VisionKeys(Enum):
     # hidden_size, intermediate_size, depth, num_heads, num_position_embeddings, deepstack_visual_indexes;
     # the mergers to out_hidden_size
     QWEN3_VL = "qwen3_vl"
+    # Siglip2 (lfm2-vl): SigLIP's keys, num_patches the position table's rows, no image_size
+    SIGLIP2 = "siglip2"
 
 
 class ProjectorKind(Enum):
@@ -101,6 +110,9 @@ class ProjectorKind(Enum):
     LLAVA = "llava"  # pixtral: linear_1 -> erf GELU -> linear_2 (biased), per patch of the selected layer
     # mistral3: RMSNorm, spatial_merge_size^2 patches merged by a linear (Mistral3PatchMerger), then llava's
     MISTRAL3 = "mistral3"
+    # lfm2-vl: each view's real patches as its grid, pixel-unshuffled by downsample_factor (odd sides
+    # zero-padded), LayerNorm, linear_1 -> erf GELU -> linear_2
+    LFM2 = "lfm2"
     # qwen3_vl: LayerNorm per patch, 2x2 windows concatenated, linear_fc1 -> erf GELU -> linear_fc2
     # (the deepstack mergers beside it, in the tower, norm after the concatenation)
     QWEN3_MERGER = "qwen3_merger"
@@ -125,6 +137,9 @@ class SpliceKind(Enum):
     GEMMA3 = "gemma3"  # "\n\n" boi, the image token x soft tokens, eoi "\n\n"
     REPEAT = "repeat"  # the image token x soft tokens (qwen2_vl: its vision start / end are the prompt's)
     ROWS = "rows"  # pixtral: per patch row the image token x columns, rows split by a break token, an end token
+    # lfm2-vl: start, per tile its row / column marker and tokens, the thumbnail marker and tokens
+    # (a tiled image), or the one view's tokens; end
+    TILES = "tiles"
 
 
 def _check(row: str, name: str, value, enum) -> None:
@@ -179,6 +194,13 @@ class TowerDescriptor:
     eoi_key: str | None = None  # the config key of the end-of-image token
     break_token: str | None = None  # pixtral: the row break token's text (its processor's)
     end_token: str | None = None  # pixtral: the image end token's text
+    # the processor tokenizes with the tokenizer's special tokens when asked (lfm2-vl's never: its
+    # Lfm2VlProcessor's text defaults set add_special_tokens False over the call's)
+    special_tokens: bool = True
+    # lfm2-vl: the processor's start / end / thumbnail tokens' texts (none has a config key)
+    start_token: str | None = None
+    image_end_token: str | None = None
+    thumbnail_token: str | None = None
     placeholder_key: str | None = None  # the prompt's per-image placeholder token (None: boi_key's)
     # what a prompt without placeholders gets in front per image: "{placeholder}" / "{boi}" / "{eoi}" filled
     lead: str = "{placeholder} "

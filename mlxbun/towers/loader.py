@@ -16,7 +16,8 @@ import numpy as np
 from mlxbun.errors import ConfigError, LoadError
 from mlxbun.towers.errors import NoTowerError
 from mlxbun.towers.images import ImageProcessorSpec, read_processor_spec
-from mlxbun.towers.knobs import ProjectorKind, TowerDescriptor, VisionKeys, VitAct, VitLayout
+from mlxbun.towers.knobs import PatchEmbed, ProjectorKind, SpliceKind, TowerDescriptor, VisionKeys, VitAct, VitLayout
+from mlxbun.towers.splice import image_sequence, tiles_sequence
 from mlxbun.towers.projectors import make_projector
 from mlxbun.towers.table import TOWERS, tower_for
 from mlxbun.towers.vit import VitConfig, VitTower
@@ -48,6 +49,27 @@ class VisionStack:
         """Qwen2-VL's layout: patches [sum, C*T*P*P] with a grid per image."""
         return self.descriptor.vit.layout is VitLayout.QWEN_VL
 
+    def image_texts(self, marks: dict, pixels) -> list[str]:
+        """Each image's expansion in the prompt text (`pixels`: the processor's Pixels)."""
+        d = self.descriptor
+        if d.splice is SpliceKind.TILES:
+            spec, f = self.processor, self.processor.merge_size
+            tile_side = spec.tiling[0] // spec.patch_size
+            per_tile = _unshuffled(tile_side, tile_side, f)
+            return [tiles_sequence(marks, rows, cols, per_tile,
+                                   _unshuffled(h // spec.patch_size, w // spec.patch_size, f), spec.tiling[6])
+                    for rows, cols, (h, w) in pixels.layouts]
+        grid = pixels.grid if pixels.grid is not None else [None] * len(pixels.values)
+        return [image_sequence(d.splice, marks, r, c) for r, c in self.token_shapes(grid)]
+
+    def soft_token_count(self, pixels) -> int:
+        """Soft tokens the tower gives for `pixels` (all images)."""
+        if self.descriptor.splice is SpliceKind.TILES:
+            f = self.processor.merge_size
+            return sum(_unshuffled(int(h), int(w), f) for h, w in np.asarray(pixels.grid).tolist())
+        grid = pixels.grid if pixels.grid is not None else [None] * len(pixels.values)
+        return sum(r * c for r, c in self.token_shapes(grid))
+
     def token_shapes(self, grid) -> list[tuple[int, int]]:
         """Each image's soft tokens as rows x columns (a fixed-size tower: one row of
         tokens_per_image; Qwen2-VL: its grid over the merge window; Pixtral: its size in patches)."""
@@ -75,6 +97,8 @@ class VisionStack:
             return pixels.astype(self.tower.patch_embed.proj.weight.dtype)
         if layout is VitLayout.PIXTRAL:  # channels last, then the patch conv's dtype
             return pixels.transpose(0, 2, 3, 1).astype(self.tower.patch_conv.weight.dtype)
+        if self.descriptor.vit.patch is PatchEmbed.LINEAR:  # packed patch rows, as the processor gives them
+            return pixels
         return pixels.transpose(0, 2, 3, 1).astype(dtype)  # mlx-vlm casts to the text embeddings'
 
     def _project(self, x: mx.array, grid) -> mx.array:
@@ -105,6 +129,11 @@ class VisionStack:
         stages = self.tower.blocks_out(self._pixels(pixel_values, dtype), grid)
         selected = stages[-1][1] if self.feature_layer == -1 else stages[self.feature_layer][1]
         return stages + [("projector", self._project(selected, grid))]
+
+
+def _unshuffled(rows: int, cols: int, factor: int) -> int:
+    """Tokens of a rows x cols patch grid after a pixel unshuffle by `factor` (odd sides padded)."""
+    return ((rows + (-rows % factor)) // factor) * ((cols + (-cols % factor)) // factor)
 
 
 def _read_config(path: Path) -> dict:
@@ -157,6 +186,11 @@ def _vit_config(d: TowerDescriptor, vision: Mapping) -> tuple[VitConfig, int | N
         if d.vision_keys is VisionKeys.SIGLIP:
             return VitConfig(**{f.name: v[f.name] for f in dataclasses.fields(VitConfig) if f.name in v or
                                 f.default is dataclasses.MISSING}), None
+        if d.vision_keys is VisionKeys.SIGLIP2:
+            return VitConfig(hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
+                             num_hidden_layers=v["num_hidden_layers"], num_attention_heads=v["num_attention_heads"],
+                             patch_size=v["patch_size"], image_size=v["image_size"], num_channels=v["num_channels"],
+                             layer_norm_eps=v["layer_norm_eps"], num_position_embeddings=v["num_patches"]), None
         if d.vision_keys is VisionKeys.PIXTRAL:
             return VitConfig(hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
                              num_hidden_layers=v["num_hidden_layers"], num_attention_heads=v["num_attention_heads"],
@@ -217,6 +251,8 @@ def _flat(module: nn.Module):
 def _conv_to_mlx(w: mx.array) -> mx.array:
     """mlx-vlm's check_array_shape: an mlx-layout conv weight ([out, kH, kW, in]; Conv3d:
     [out, kT, kH, kW, in], its last axis 3) stays, else it is PyTorch's and is transposed."""
+    if w.ndim == 2:  # a linear patch embedding (Siglip2): nothing to move
+        return w
     if w.ndim == 5:
         return w if w.shape[-1] == 3 else w.transpose(0, 2, 3, 4, 1)
     out, kh, kw, _ = w.shape
@@ -237,13 +273,23 @@ def open_vision(path, config: Mapping | None = None) -> VisionStack:
     top = {**_MLX_VLM_TOP_DEFAULTS, **d.top_defaults, **config}
     tokens = 0 if d.vit.layout is VitLayout.QWEN_VL else int(text.get("mm_tokens_per_image", 256))
     mistral3 = d.projector is ProjectorKind.MISTRAL3  # its own eps (text's), merge and bias
+    if d.projector is ProjectorKind.LFM2:
+        if not top.get("projector_use_layernorm", True) or top.get("vision_feature_layer", -1) != -1:
+            raise ConfigError(f"{path}: projector_use_layernorm false or a vision_feature_layer other than -1: "
+                              "mlxbun builds lfm2-vl's tower with its last layer and the projector's LayerNorm")
+        mistral3 = False
     projector = make_projector(d.projector, vision_hidden=vc.hidden_size,
                                text_hidden=out_width or int(text["hidden_size"]),
                                grid=vc.grid, tokens_per_image=tokens,
                                eps=float(text.get("rms_norm_eps", 1e-6)) if mistral3 else vc.layer_norm_eps,
-                               merge=int(top.get("spatial_merge_size", 2)) if mistral3 else vc.spatial_merge_size,
-                               patch=vc.patch_size, bias=bool(top.get("multimodal_projector_bias", False)),
-                               tanh=d.vit.merger_act is VitAct.GELU_TANH)
+                               merge=(int(top.get("spatial_merge_size", 2)) if mistral3 else
+                                      int(top.get("downsample_factor", 2)) if d.projector is ProjectorKind.LFM2
+                                      else vc.spatial_merge_size),
+                               patch=vc.patch_size,
+                               bias=bool(top.get("projector_bias", True)) if d.projector is ProjectorKind.LFM2
+                               else bool(top.get("multimodal_projector_bias", False)),
+                               tanh=d.vit.merger_act is VitAct.GELU_TANH,
+                               hidden=int(top.get("projector_hidden_size", 2560)))
     names = [n for n in index.names() if n.startswith((d.tower_prefix + ".", d.projector_prefix + "."))]
     tensors = index.load(names)
     for conv in (f"{d.tower_prefix}.embeddings.patch_embedding.weight", f"{d.tower_prefix}.patch_embed.proj.weight",

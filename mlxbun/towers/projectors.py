@@ -9,7 +9,8 @@ import numpy as np
 
 from mlxbun.towers.knobs import ProjectorKind
 
-__all__ = ["Gemma3Projector", "LlavaProjector", "Mistral3Projector", "PatchMerger", "Qwen3Merger", "make_projector"]
+__all__ = ["Gemma3Projector", "LlavaProjector", "Lfm2Projector", "Mistral3Projector", "PatchMerger", "Qwen3Merger",
+           "make_projector"]
 
 
 class Gemma3Projector(nn.Module):
@@ -136,15 +137,56 @@ class Qwen3Merger(nn.Module):
         return self.linear_fc2(self.act_fn(self.linear_fc1(x)))
 
 
+class Lfm2Projector(nn.Module):
+    """mlx-vlm's LFM2-VL encode_images + Lfm2VlMultiModalProjector: each view's real patches as
+    its grid, pixel-unshuffled by `factor` (odd sides zero-padded), LayerNorm, linear_1 -> erf
+    GELU -> linear_2; the views' tokens concatenated. Called with (each view's grid, its mask)."""
+
+    takes_grid = True
+
+    def __init__(self, vision_hidden: int, text_hidden: int, factor: int, hidden: int, bias: bool):
+        super().__init__()
+        channels = vision_hidden * factor ** 2
+        self.layer_norm = nn.LayerNorm(channels)
+        self.linear_1 = nn.Linear(channels, hidden, bias=bias)
+        self.linear_2 = nn.Linear(hidden, text_hidden, bias=bias)
+        self.factor = factor
+
+    def unshuffle(self, x: mx.array) -> mx.array:
+        f = self.factor
+        n, w, h, c = x.shape
+        if w % f:
+            x = mx.concatenate([x, mx.zeros((n, f - w % f, h, c), dtype=x.dtype)], axis=1)
+            n, w, h, c = x.shape
+        if h % f:
+            x = mx.concatenate([x, mx.zeros((n, w, f - h % f, c), dtype=x.dtype)], axis=2)
+            n, w, h, c = x.shape
+        x = x.reshape(n, w, h // f, c * f).transpose(0, 2, 1, 3)
+        return x.reshape(n, h // f, w // f, c * f * f).transpose(0, 2, 1, 3)
+
+    def __call__(self, x: mx.array, grid) -> mx.array:
+        shapes, keep = grid
+        lengths = np.asarray(keep).sum(axis=1).tolist()
+        out = []
+        for i, (h, w) in enumerate(np.asarray(shapes).tolist()):
+            feature = x[i][: lengths[i], :][None, ...].reshape(1, int(h), int(w), -1)
+            y = self.linear_1(self.layer_norm(self.unshuffle(feature)))
+            y = self.linear_2(nn.gelu(y))
+            out.append(y.reshape(-1, y.shape[-1]))
+        return mx.concatenate(out, axis=0)
+
+
 def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int, grid: int = 0,
                    tokens_per_image: int = 0, eps: float = 1e-6, merge: int = 1, patch: int = 0,
-                   bias: bool = True, tanh: bool = False) -> nn.Module:
+                   bias: bool = True, tanh: bool = False, hidden: int = 0) -> nn.Module:
     if kind is ProjectorKind.GEMMA3_AVGPOOL:
         return Gemma3Projector(vision_hidden, text_hidden, grid, tokens_per_image, eps)
     if kind in (ProjectorKind.PATCH_MERGER, ProjectorKind.PATCH_MERGER_RMS):
         return PatchMerger(vision_hidden, text_hidden, merge, rms=kind is ProjectorKind.PATCH_MERGER_RMS)
     if kind is ProjectorKind.LLAVA:
         return LlavaProjector(vision_hidden, text_hidden)
+    if kind is ProjectorKind.LFM2:
+        return Lfm2Projector(vision_hidden, text_hidden, merge, hidden, bias)
     if kind is ProjectorKind.QWEN3_MERGER:
         return Qwen3Merger(vision_hidden, text_hidden, merge, tanh=tanh)
     if kind is ProjectorKind.MISTRAL3:

@@ -10,7 +10,7 @@ import numpy as np
 from mlxbun.towers.errors import ImageCountError
 from mlxbun.towers.knobs import MergeKind, SpliceKind
 
-__all__ = ["count_placeholders", "expand_prompt", "image_sequence", "merge_embeddings"]
+__all__ = ["count_placeholders", "expand_prompt", "image_sequence", "merge_embeddings", "tiles_sequence"]
 
 
 def image_sequence(kind: SpliceKind, marks: dict[str, str], rows: int, cols: int) -> str:
@@ -27,6 +27,20 @@ def image_sequence(kind: SpliceKind, marks: dict[str, str], rows: int, cols: int
     if kind is SpliceKind.ROWS:
         return marks["break"].join([image * cols] * rows) + marks["end"]
     raise ValueError(f"no prompt splice for {kind!r}")
+
+
+def tiles_sequence(marks: dict[str, str], rows: int, cols: int, per_tile: int, whole: int, thumbnail: bool) -> str:
+    """LFM2-VL's expansion of one image: start; a tiled image's tiles row-major, each its
+    <|img_row_R_col_C|> marker and `per_tile` image tokens, then (thumbnail) the thumbnail marker
+    and `whole` tokens; an untiled image's `whole` tokens; end."""
+    image = marks["image"]
+    if rows > 1 or cols > 1:
+        body = "".join(f"<|img_row_{r + 1}_col_{c + 1}|>" + image * per_tile for r in range(rows) for c in range(cols))
+        if thumbnail:
+            body += marks["thumbnail"] + image * whole
+    else:
+        body = image * whole
+    return marks["start"] + body + marks["end_image"]
 
 
 def count_placeholders(text: str, placeholder: str, n_images: int, lead: str) -> tuple[str, int]:

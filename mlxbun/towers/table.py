@@ -90,6 +90,25 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
     # mlx-vlm's qwen3_vl_moe: its own copy of the tower, the blocks' GELU erf and the mergers' tanh
     # (qwen3_vl's the other way round); the text side over a MoE text model
     _qwen3_vl_family("qwen3_vl_moe", ("qwen3_vl_moe",), VitAct.GELU, VitAct.GELU_TANH),
+    # mlx-vlm's lfm2-vl: a Siglip2 NaFlex tower (SigLIP's blocks over linear patch rows, the learned
+    # position table resized to each view, padding rows masked) and its pixel-unshuffle projector;
+    # the processor tiles a large image (row / column markers, a thumbnail) and the prompt's <image>
+    # becomes start, the views' tokens, end
+    TowerDescriptor(
+        "lfm2-vl", vision_types=("lfm2_vl", "siglip2_vision_model"), tower_prefix="vision_tower",
+        projector_prefix="multi_modal_projector",
+        vit=VitKnobs(layout=VitLayout.SIGLIP, patch=PatchEmbed.LINEAR, positions=Positions.LEARNED_RESIZED,
+                     act=VitAct.GELU_TANH, post_norm=True, post_norm_eps=None),
+        projector=ProjectorKind.LFM2, merge=MergeKind.SCATTER, splice=SpliceKind.TILES,
+        vision_keys=VisionKeys.SIGLIP2,
+        vision_defaults={"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                         "num_attention_heads": 12, "num_channels": 3, "image_size": 224, "patch_size": 16,
+                         "num_patches": 256, "layer_norm_eps": 1e-6},
+        top_defaults={"image_token_id": 396}, image_token_key="image_token_id", placeholder_key="image_token_id",
+        lead="{placeholder}", start_token="<|image_start|>", image_end_token="<|image_end|>",
+        thumbnail_token="<|img_thumbnail|>", special_tokens=False,
+        notes="LFM2-VL's Siglip2 NaFlex tower + pixel-unshuffle projector, tiled images",
+    ),
     # mlx-vlm's qwen2_5_vl: qwen2_vl's shape with RMSNorm blocks, a biased SwiGLU MLP, window
     # attention (the patches reordered window by window; fullatt_block_indexes attend per image)
     # and an RMSNorm merger whose tokens go back to image order

@@ -14,6 +14,7 @@ import numpy as np
 
 from mlxbun.towers.knobs import PatchEmbed, Positions, VitAct, VitKnobs, VitLayout, VitMlp, VitNorm
 from mlxbun.towers.projectors import Qwen3Merger
+from mlxbun.towers.resize import resize_bilinear_nhwc
 
 __all__ = ["VitConfig", "VitTower"]
 
@@ -67,22 +68,39 @@ def _rope_vision(t: mx.array, freqs: mx.array) -> mx.array:
 
 
 class Embeddings(nn.Module):
-    """SigLIP's: conv patches (+ learned positions)."""
+    """SigLIP's: conv patches + learned positions; LFM2-VL's Siglip2: linear patches + the
+    position table resized to each view."""
 
     def __init__(self, c: VitConfig, knobs: VitKnobs):
         super().__init__()
-        self.patch_embedding = nn.Conv2d(c.num_channels, c.hidden_size, kernel_size=c.patch_size,
-                                         stride=c.patch_size)
-        self.num_positions = c.grid ** 2
-        if knobs.positions is Positions.LEARNED:
-            self.position_embedding = nn.Embedding(self.num_positions, c.hidden_size)
+        if knobs.patch is PatchEmbed.LINEAR:
+            self.patch_embedding = nn.Linear(c.num_channels * c.patch_size ** 2, c.hidden_size)
+            self.num_positions = c.num_position_embeddings
+        else:
+            self.patch_embedding = nn.Conv2d(c.num_channels, c.hidden_size, kernel_size=c.patch_size,
+                                             stride=c.patch_size)
+            self.num_positions = c.grid ** 2
+        self.position_embedding = nn.Embedding(self.num_positions, c.hidden_size)
         self.knobs = knobs
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, shapes=None) -> mx.array:
+        if self.knobs.positions is Positions.LEARNED_RESIZED:
+            return self.patch_embedding(x.astype(self.patch_embedding.weight.dtype)) + self.resized(shapes, x.shape[1])
         h = mx.flatten(self.patch_embedding(x), start_axis=1, end_axis=2)
-        if self.knobs.positions is Positions.LEARNED:
-            h = h + self.position_embedding(mx.array(np.arange(self.num_positions)[None, :]))
-        return h
+        return h + self.position_embedding(mx.array(np.arange(self.num_positions)[None, :]))
+
+    def resized(self, shapes, length: int) -> mx.array:
+        """[views, length, D]: the table resized to each view's (rows, cols), its padding rows the
+        first position's (Siglip2's resize_positional_embeddings)."""
+        table = self.position_embedding.weight
+        side, dim, dtype = int(self.num_positions ** 0.5), table.shape[-1], table.dtype
+        source = table.reshape(side, side, -1)[None].astype(mx.float32)
+        out = mx.zeros((len(shapes), length, dim), dtype=dtype)
+        for i, (h, w) in enumerate(np.asarray(shapes).tolist()):
+            rows = resize_bilinear_nhwc(source, (h, w), antialias=True).reshape(h * w, dim).astype(dtype)
+            out[i, : h * w] = rows
+            out[i, h * w:] = rows[0]
+        return out
 
 
 class PatchEmbed3d(nn.Module):
@@ -161,7 +179,7 @@ class Attention(nn.Module):
         if self.layout is VitLayout.SIGLIP:
             B, L, _ = x.shape
             q, k, v = self.heads(x)
-            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=None)
+            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
             return self.out_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
         if self.layout is VitLayout.PIXTRAL:
             B, L, _ = x.shape
@@ -274,8 +292,8 @@ class VitTower(nn.Module):
         super().__init__()
         self.config, self.knobs = c, knobs
         if knobs.layout is VitLayout.SIGLIP:
-            if knobs.patch is not PatchEmbed.CONV2D:
-                raise ValueError(f"the siglip layout takes conv2d patches, not {knobs.patch.value}")
+            if knobs.patch not in (PatchEmbed.CONV2D, PatchEmbed.LINEAR):
+                raise ValueError(f"the siglip layout takes conv2d or linear patches, not {knobs.patch.value}")
             self.embeddings = Embeddings(c, knobs)
             self.encoder = Encoder(c, knobs)
         elif knobs.layout is VitLayout.PIXTRAL:
@@ -406,6 +424,13 @@ class VitTower(nn.Module):
     def _start(self, pixels: mx.array, grid) -> tuple[mx.array, list[dict]]:
         """The embedded patches and each block's keyword arguments."""
         n = len(self.layers)
+        if self.knobs.layout is VitLayout.SIGLIP and self.knobs.patch is PatchEmbed.LINEAR:
+            shapes, keep = grid  # LFM2-VL: each view's patch grid and its real-patch mask
+            h = self.embeddings(pixels, shapes)
+            h = h.astype(self.embeddings.patch_embedding.weight.dtype)
+            mask = mx.where(mx.array(keep)[:, None, None, :].astype(mx.bool_), mx.array(0.0),
+                            mx.array(-mx.inf)).astype(h.dtype)
+            return h, [{"mask": mask}] * n
         if self.knobs.layout is VitLayout.SIGLIP:
             return self.embeddings(pixels), [{}] * n
         if self.knobs.layout is VitLayout.PIXTRAL:

@@ -144,6 +144,27 @@ def _qwen3_vl_moe_fix(cfg: dict, ids: dict[str, int]) -> None:
     cfg["vision_config"]["model_type"] = "qwen3_vl_moe"
 
 
+# tiny LFM2-VL: a 4x4 position table resized to each view, 16-pixel patches, 2x2 pixel unshuffle;
+# 64-pixel tiles and 2..4 soft tokens a view, so the photograph is tiled (a grid of tiles plus a
+# thumbnail) and a small image is one view
+LFM2_VL_VISION = {"model_type": "siglip2_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                  "num_hidden_layers": 2, "num_attention_heads": 2, "num_channels": 3, "patch_size": 16,
+                  "num_patches": 16, "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh"}
+LFM2_VL_TILING = {"tile_size": 64, "min_image_tokens": 2, "max_image_tokens": 4, "encoder_patch_size": 16,
+                  "downsample_factor": 2, "max_pixels_tolerance": 2.0}
+# the row / column markers of a tile grid (mlx-vlm's processor tiles up to 10 x 10)
+LFM2_VL_TOKENS = (("image_token", "<image>"), ("image_start_token", "<|image_start|>"),
+                  ("image_end_token", "<|image_end|>"), ("image_thumbnail_token", "<|img_thumbnail|>"),
+                  *((f"img_row_{r}_col_{c}", f"<|img_row_{r}_col_{c}|>") for r in range(1, 11) for c in range(1, 11)))
+
+
+def _lfm2_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
+    vocab = max(ids.values()) + 1
+    cfg["vision_config"] = dict(LFM2_VL_VISION)
+    cfg.update(vocab_size=vocab, image_token_id=ids["image_token"], projector_hidden_size=64, **LFM2_VL_TILING)
+    cfg["text_config"]["vocab_size"] = vocab
+
+
 def _qwen2_5_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
     _qwen2_vl_fix(cfg, ids)
     cfg["model_type"] = "qwen2_5_vl"
@@ -198,6 +219,13 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
     TowerArch("qwen3_vl_moe-vision", "qwen3_vl_moe", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen3_vl_moe_fix,
               preprocessor=_qwen_preprocessor("Qwen3VLProcessor", patch=16),
               processor={"processor_class": "Qwen3VLProcessor"}),
+    TowerArch("lfm2-vl-vision", "lfm2-vl", media_tokens=LFM2_VL_TOKENS, fix=_lfm2_vl_fix,
+              # LiquidAI/LFM2-VL-450M's preprocessor_config.json, at the tiny tile and token budget
+              preprocessor={"do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
+                            "image_processor_type": "Lfm2VlImageProcessorFast", "image_std": [0.5, 0.5, 0.5],
+                            "max_num_patches": 16, "processor_class": "Lfm2VlProcessor", "resample": 3,
+                            "rescale_factor": 0.00392156862745098, **LFM2_VL_TILING},
+              processor={"processor_class": "Lfm2VlProcessor", "use_image_special_tokens": True}),
     TowerArch("qwen2_5_vl-vision", "qwen2_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen2_5_vl_fix,
               preprocessor=_qwen_preprocessor("Qwen2_5_VLProcessor"),
               processor={"processor_class": "Qwen2_5_VLProcessor"}),
