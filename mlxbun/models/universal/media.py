@@ -1,5 +1,7 @@
 """A VLM wrapper row runs the text path only: a call that brings what mlx-lm's wrapper (or the
-VLM it comes from) feeds its vision / audio tower is refused, naming the input and the row."""
+VLM it comes from) feeds its vision / audio tower is refused, naming the input and the row.
+(Images reach a wrapper's text graph through mlxbun.multimodal: the towers of mlxbun.towers,
+their merged rows fed as input embeddings.)"""
 
 from __future__ import annotations
 
@@ -37,5 +39,6 @@ def refuse_media(model_type: str, wrapper: str | None, media: Mapping[str, Any])
         raise UnsupportedModelError(f"{model_type}: {', '.join(given)} given, but {model_type} is a "
                                     "text model (token ids only)")
     raise UnsupportedModelError(
-        f"{model_type}: {', '.join(given)} needs the VLM's vision / audio tower, which mlxbun does "
-        f"not build: {model_type} runs its text path ({wrapper}.*) on token ids only")
+        f"{model_type}: {', '.join(given)} needs the VLM's vision / audio tower, which the text graph "
+        f"does not build: {model_type} runs its text path ({wrapper}.*) on token ids only (images go "
+        "through mlxbun.multimodal / generate --image where the checkpoint carries a tower mlxbun builds)")
