@@ -356,8 +356,6 @@ def test_a_vlm_config_without_tower_tensors_is_refused(tower_ckpt, tmp_path):
     """A text-only build of the VLM (vision_config kept, no vision_tower.* tensors)."""
     import shutil
 
-    from mlx.utils import tree_flatten  # noqa: F401 (mlx loaded)
-
     from mlxbun.towers.loader import open_vision
 
     src = tower_ckpt()

@@ -6,6 +6,7 @@ channels first)."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, Union
@@ -165,8 +166,6 @@ def _pixtral_spec(path: Path, raw: dict) -> ImageProcessorSpec:
 
 def _pixtral_size(height: int, width: int, spec: ImageProcessorSpec) -> tuple[int, int]:
     """Pixtral's get_resize_output_image_size: shrunk into the size, then up to whole patches."""
-    import math
-
     ratio = max(height / spec.height, width / spec.width)
     if ratio > 1:
         height, width = int(math.floor(height / ratio)), int(math.floor(width / ratio))
@@ -224,21 +223,24 @@ def _lfm2_spec(path: Path) -> ImageProcessorSpec:
 
 def _lfm2_smart_resize(height: int, width: int, spec: ImageProcessorSpec) -> tuple[int, int]:
     """LFM2-VL's smart resize: (width, height), multiples of patch x factor within the token budget."""
-    import math
-
-    tile, min_tokens, max_tokens = spec.tiling[:3]
+    _, min_tokens, max_tokens = spec.tiling[:3]
     f = spec.patch_size * spec.merge_size
-    min_px = min_tokens * spec.patch_size ** 2 * spec.merge_size ** 2
-    max_px = max_tokens * spec.patch_size ** 2 * spec.merge_size ** 2
-    h_bar, w_bar = max(f, round(height / f) * f), max(f, round(width / f) * f)
+    per_token = spec.patch_size ** 2 * spec.merge_size ** 2
+    h_bar, w_bar = _bounded(height, width, max(f, round(height / f) * f), max(f, round(width / f) * f), f,
+                            min_tokens * per_token, max_tokens * per_token)
+    return w_bar, h_bar
+
+
+def _bounded(height: int, width: int, h_bar: int, w_bar: int, f: int, min_px: int, max_px: int) -> tuple[int, int]:
+    """The smart resizes' area bound (Qwen2-VL's, LFM2-VL's): (h, w) multiples of `f`, shrunk
+    past max_px or grown under min_px with the image's aspect ratio."""
     if h_bar * w_bar > max_px:
         beta = math.sqrt((height * width) / max_px)
-        h_bar = max(f, math.floor(height / beta / f) * f)
-        w_bar = max(f, math.floor(width / beta / f) * f)
-    elif h_bar * w_bar < min_px:
+        return max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
+    if h_bar * w_bar < min_px:
         beta = math.sqrt(min_px / (height * width))
-        h_bar, w_bar = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
-    return w_bar, h_bar
+        return math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+    return h_bar, w_bar
 
 
 def _lfm2_grid(height: int, width: int, spec: ImageProcessorSpec) -> tuple[int, int]:
@@ -323,22 +325,12 @@ def preprocess_any(images: Sequence, spec: ImageProcessorSpec) -> Pixels:
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """Qwen2-VL's smart_resize: both sides multiples of `factor`, the area within the bounds."""
-    import math
-
     from mlxbun.towers.errors import MediaError
 
     if max(height, width) / min(height, width) > 200:
         raise MediaError(f"an image of {width}x{height}: aspect ratio past 200, which Qwen2-VL's resize refuses")
-    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return _bounded(height, width, round(height / factor) * factor, round(width / factor) * factor, factor,
+                    min_pixels, max_pixels)
 
 
 def _qwen_one(image, spec: ImageProcessorSpec) -> tuple[np.ndarray, list[int]]:
