@@ -214,7 +214,7 @@ def test_configs_keep_the_arch_knobs():
         hidden = cfg.get("hidden_size", cfg.get("n_embd", cfg.get("model_dim", cfg.get("d_model"))))
         heads = cfg.get("num_attention_heads", cfg.get("n_head", cfg.get("n_heads", (cfg.get("num_query_heads") or [None])[0])))
         # (mamba2 has no attention; openelm lists heads per layer)
-        assert hidden == 64 and (heads == 4 or (arch in ("mamba2", "mamba", "falcon_mamba") and heads is None)), arch
+        assert hidden == 64 and (heads == 4 or (arch in ("mamba2", "mamba", "falcon_mamba", "rwkv7") and heads is None)), arch
         assert cfg.get("max_position_embeddings", cfg.get("block_size", 512)) >= 512, arch
         if "head_dim" in cfg and cfg.get("qk_rope_head_dim") is None:  # MLA configs: head_dim is
             # transformers' bookkeeping (qk_rope_head_dim; mistral4: dn + dr), which mlx-lm's MLA never reads

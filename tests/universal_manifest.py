@@ -74,6 +74,7 @@ MANIFEST = {
         Entry("baichuan_m1"),
         Entry("plamo2"),
         Entry("recurrent_gemma"),
+        Entry("rwkv7"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

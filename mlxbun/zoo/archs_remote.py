@@ -219,4 +219,10 @@ REMOTE_CODE_ROWS = (
         "num_attention_heads": HEADS, "num_hidden_layers": 3, "num_key_value_heads": 1,
         "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": VOCAB_SIZE,
         "w_init_variance_scale": 0.01}),
+    # RWKV-7: mlx-lm's rwkv7 keys (fla-hub/rwkv7-0.1B-g1's): 4 heads of 16, low-rank dims 16 / 32
+    Arch("rwkv7", "RWKV7ForCausalLM", base={
+        "model_type": "rwkv7", "a_low_rank_dim": 16, "decay_low_rank_dim": 16, "gate_low_rank_dim": 32,
+        "head_dim": HEAD_DIM, "hidden_act": "sqrelu", "hidden_size": HIDDEN, "intermediate_size": 4 * HIDDEN,
+        "norm_eps": 1e-05, "num_hidden_layers": 2, "tie_word_embeddings": False, "use_cache": True,
+        "v_low_rank_dim": 16, "vocab_size": VOCAB_SIZE}),
 )

@@ -11,6 +11,7 @@ from mlxbun.models.universal.looped import loop_count
 from mlxbun.models.universal.nas import NAS_TYPES, nas_shape
 from mlxbun.models.universal.plamo2 import PLAMO2_TYPES, plamo2_is_mamba
 from mlxbun.models.universal.recurrent_gemma import RECURRENT_GEMMA_TYPES
+from mlxbun.models.universal.rwkv7 import RWKV7_TYPES
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import UniversalArgs
 from mlxbun.models.universal.talkie import TALKIE_TYPES
@@ -58,6 +59,12 @@ def own_forward(d: ArchDescriptor, a: UniversalArgs) -> str:
                 f"(one KV head, rope over hd // 2, a {f['attention_window_size']}-token RotatingKVCache); "
                 "x += temporal_block(temporal_pre_norm(x)); x += mlp_block(channel_pre_norm(x)) (gelu_approx "
                 f"gate * up, width I // 2); embeddings * sqrt(D); logits soft-capped at {f['logits_soft_cap']}")
+    if d.model_type in RWKV7_TYPES:
+        return ("; every layer (layer 0 after a pre_norm): x += attn(attn_norm(x)), the time mixing (token shift, "
+                "addcmul lerps x_r / x_w / x_k / x_v / x_a / x_g, r_proj / k_proj / v_proj, LoRA gates w_lora / "
+                "a_lora / v_lora / g_lora, the WKV-7 state token by token, g_norm per head, the k_k / k_a / r_k "
+                "bonus, o_proj); x += ffn(ffn_norm(x)), the channel mixing (token shift, key, relu^2, value); "
+                "v_first (layer 0's values) through the layers; an ArraysCache(3) per layer")
     if d.loops is not None:
         skip = f[d.loops.skip_final_norm]
         return (f"; the stack runs {loop_count(f, d.loops, d.model_type)} times, each with its own "

@@ -70,6 +70,8 @@ class SanitizeOp(StrEnum):
     # the w2 pieces transposed (dbrx.sanitize)
     ROW_NORM_HEAD = "row_norm_head"  # baichuan_m1: unless lm_head.scales is present, lm_head.weight
     # divided by its float32 row norms (axis -1) + 1e-7, cast back
+    RESHAPE_TO_HEADS = "reshape_to_heads"  # arg: (substrings, head-dim field): every key holding one
+    # reshaped to [hidden_size // head_dim, head_dim] (rwkv7's k_k / k_a / g_norm)
     GPT2 = "gpt2"  # gpt2.sanitize: for each layer i < n_layer, h.i.attn.bias dropped and h.i's
     # attn.c_attn / attn.c_proj / mlp.c_fc / mlp.c_proj weights transposed (Conv1D); then every key
     # not starting "model." gets that prefix

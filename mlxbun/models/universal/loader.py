@@ -37,6 +37,7 @@ from mlxbun.models.universal.looped import LoopedDense
 from mlxbun.models.universal.nas import NAS_TYPES, NasDense
 from mlxbun.models.universal.plamo2 import PLAMO2_TYPES, Plamo2Dense
 from mlxbun.models.universal.recurrent_gemma import RECURRENT_GEMMA_TYPES, RecurrentGemmaDense
+from mlxbun.models.universal.rwkv7 import RWKV7_TYPES, Rwkv7Dense
 from mlxbun.models.universal.talkie import TALKIE_TYPES, TalkieDense
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
 from mlxbun.models.universal.sanitize import Meta, sanitize_weights
@@ -75,7 +76,8 @@ def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
 _GRAPHS = {**dict.fromkeys(GEMMA4_MODEL_TYPES, Gemma4Text), **dict.fromkeys(LOOP_GATED_TYPES, LoopGatedDense),
            **dict.fromkeys(NAS_TYPES, NasDense), **dict.fromkeys(TALKIE_TYPES, TalkieDense),
            **dict.fromkeys(DBRX_TYPES, DbrxDense), **dict.fromkeys(BAICHUAN_M1_TYPES, BaichuanM1Dense),
-           **dict.fromkeys(PLAMO2_TYPES, Plamo2Dense), **dict.fromkeys(RECURRENT_GEMMA_TYPES, RecurrentGemmaDense)}
+           **dict.fromkeys(PLAMO2_TYPES, Plamo2Dense), **dict.fromkeys(RECURRENT_GEMMA_TYPES, RecurrentGemmaDense),
+           **dict.fromkeys(RWKV7_TYPES, Rwkv7Dense)}
 
 
 # ----------------------------------------------------------------- loading

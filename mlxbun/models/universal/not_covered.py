@@ -29,7 +29,7 @@ NOT_COVERED: dict[str, str] = {
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3",
          "gear", "kimi_linear", "longcat_flash_ngram",
-         "rwkv7", "kimi_k3"], _HYBRID),
+         "kimi_k3"], _HYBRID),
     "longcat_flash": "multi-head latent attention (deepseek_v3's absorbed kind, with q / kv latents "
                      "scaled by sqrt(hidden / rank)) in a layer shape the block has no form for: two "
                      "attention + dense-MLP sub-blocks per layer (self_attn.0/1, mlps.0/1, norms as "

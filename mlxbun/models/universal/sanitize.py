@@ -459,6 +459,11 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
         return _split_interleaved_experts(w), {}
     if op is SanitizeOp.STEP3P5:
         return _step3p5(w, fields)
+    if op is SanitizeOp.RESHAPE_TO_HEADS:  # rwkv7.sanitize
+        subs, field = rule.arg
+        shape = (fields["hidden_size"] // fields[field], fields[field])
+        return {k: ((Meta(shape, v.dtype) if isinstance(v, Meta) else v.reshape(*shape))
+                    if any(s in k for s in subs) else v) for k, v in w.items()}, {}
     if op is SanitizeOp.ROW_NORM_HEAD:  # baichuan_m1.sanitize
         w = dict(w)
         if "lm_head.scales" not in w and "lm_head.weight" in w and not isinstance(w["lm_head.weight"], Meta):

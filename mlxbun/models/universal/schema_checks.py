@@ -82,12 +82,12 @@ def check_combinations(d) -> None:
                                or not (d.n_kv_heads or lk.kv_heads_per_layer)):
         raise d.error("layers.heads_per_layer needs n_kv_heads or kv_heads_per_layer, excludes sliding_attn / "
                       "sliding_heads")
-    no_attention = d.hybrid is not None and d.hybrid.layers == "all"  # (mamba: no head counts)
-    if (d.n_heads is None and not (lk.kv_heads_per_layer or no_attention)) or (lk.kv_heads_per_layer and (
-            d.n_heads or d.n_kv_heads or not lk.heads_per_layer or d.mla or d.hybrid or d.kv_tile)):
+    # (n_heads None without per-layer lists: a row with no attention head count field, mamba's,
+    # rwkv7's: the attention sizes are placeholders)
+    if lk.kv_heads_per_layer and (d.n_heads or d.n_kv_heads or not lk.heads_per_layer or d.mla or d.hybrid
+                                  or d.kv_tile):
         raise d.error("layers.kv_heads_per_layer goes with heads_per_layer and n_heads / n_kv_heads None "
-                      "(every layer its own counts), without mla, hybrid or kv_tile knobs; n_heads None "
-                      "otherwise only in a hybrid whose every layer is a mixer")
+                      "(every layer its own counts), without mla, hybrid or kv_tile knobs")
     if d.wrapper_fields and (not d.names.wrapper or not set(d.wrapper_fields) <= set(d.fields)):
         raise d.error("wrapper_fields needs names.wrapper and names ModelArgs fields only")
     if d.wrapper_sets and (not d.names.wrapper or not set(d.wrapper_sets) <= set(d.fields)

@@ -739,6 +739,22 @@ _ROWS = [
               "sqrt(D); logits soft-capped; a checkpoint without lm_head ties it.",
     ),
     ArchDescriptor(
+        "rwkv7",
+        _fields("model_type", "vocab_size", "hidden_size", "intermediate_size", "norm_eps", "head_dim",
+                "num_hidden_layers", "a_low_rank_dim", "v_low_rank_dim", "gate_low_rank_dim", "decay_low_rank_dim",
+                tie_word_embeddings=False),
+        n_heads=None, n_kv_heads=None, head_dim="field", rope=RopeKnobs(nope="all", nope_child=False),
+        mlp=MlpKnobs("plain", act="relu2"), norm=NormKnobs("layernorm", eps="norm_eps"),
+        names=Names(embed="embeddings"),
+        sanitize=(SanitizeRule("reshape_to_heads", (("k_k", "k_a", "g_norm"), "head_dim"),
+                               "per-head parameters stored flat"),),
+        accepted_values={"hidden_act": ("sqrelu",)},
+        notes="RWKV-7 (rwkv7.py): per layer a time mixing (token shift, LoRA gates, the WKV-7 state updated "
+              "token by token, per-head LayerNorm, bonus term) and a relu^2 channel mixing behind LayerNorms, "
+              "v_first threading the first layer's values; an ArraysCache(3) per layer; mlx-lm's CPU path "
+              "(its Metal kernel runs on Apple GPUs only); no tensor-parallel split.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
