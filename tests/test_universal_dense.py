@@ -168,6 +168,7 @@ KNOBS = {
                                           query_pre_attn_scalar=20)),
     "nanochat-theta": ("nanochat", dict(rope_theta=500.0)),
     "qwen-biases": ("qwen", dict(no_bias=False)),
+    "llama4_text-tied-no-qknorm": ("llama4_text", dict(tie_word_embeddings=True, use_qk_norm=False)),
     "nemotron-nas-llama3-biases": ("nemotron-nas", dict(attention_bias=True, mlp_bias=True, rope_scaling={
         "factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 64,
         "rope_type": "llama3"})),
@@ -209,7 +210,7 @@ KNOBS = {
                                                       num_experts_per_tok=1, rotary_dim=16)),
 }
 # mlx-lm itself cannot run these (its tied seed_oss head multiplies by the packed weight)
-_ORACLE_BROKEN = {("seed_oss-tied-biases", "q4")}
+_ORACLE_BROKEN = {("seed_oss-tied-biases", "q4"), ("llama4_text-tied-no-qknorm", "q4")}  # (llama4_text's too)
 
 
 def _random_checkpoint(out: Path, cfg: dict, dtype: str, quant, seed: int = 0) -> Path:

@@ -75,6 +75,7 @@ MANIFEST = {
         Entry("plamo2"),
         Entry("recurrent_gemma"),
         Entry("rwkv7"),
+        Entry("llama4_text"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

@@ -225,4 +225,10 @@ REMOTE_CODE_ROWS = (
         "head_dim": HEAD_DIM, "hidden_act": "sqrelu", "hidden_size": HIDDEN, "intermediate_size": 4 * HIDDEN,
         "norm_eps": 1e-05, "num_hidden_layers": 2, "tie_word_embeddings": False, "use_cache": True,
         "v_low_rank_dim": 16, "vocab_size": VOCAB_SIZE}),
+    # Llama 4 text: the keys mlx-lm's llama4_text reads (a Llama4TextConfig's dense subset), layer 1 NoPE
+    Arch("llama4_text", "Llama4ForCausalLM", base={
+        "model_type": "llama4_text", "head_dim": HEAD_DIM, "hidden_size": HIDDEN, "intermediate_size": 2 * INTERMEDIATE,
+        "intermediate_size_mlp": INTERMEDIATE, "no_rope_layers": [1, 0], "num_attention_heads": HEADS,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 500000.0,
+        "tie_word_embeddings": False, "use_qk_norm": True, "vocab_size": VOCAB_SIZE}),
 )

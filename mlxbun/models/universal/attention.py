@@ -139,6 +139,7 @@ class Attention(nn.Module):
         hd, vd = spec.dims or (a.head_dim, a.head_dim)  # mimo_v2_flash: own q/k and value dims
         self._h, self._kv, self._hd = H, KV, hd
         self._scale = a.attn_scale if spec.scale is None else spec.scale
+        self._qk_eps = a.eps  # a functional q/k norm's (nanochat's 1e-5; llama4_text's rms_norm_eps)
         self._softcap = a.attn_softcap
         self._value_scale = a.fields[d.value_scale] if d.value_scale else None
         self._attend = _ATTENTION[d.attention]
@@ -255,7 +256,7 @@ class Attention(nn.Module):
 
     def _qk_norm(self, q, k):
         if self._qk.kind is QKNormKind.FUNCTIONAL_RMS:
-            return L.rms_norm_no_weight(q), L.rms_norm_no_weight(k)
+            return L.rms_norm_no_weight(q, self._qk_eps), L.rms_norm_no_weight(k, self._qk_eps)
         qn, kn = self._qk.names
         return self[qn](q), self[kn](k)
 

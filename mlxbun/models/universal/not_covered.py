@@ -53,8 +53,6 @@ NOT_COVERED: dict[str, str] = {
     "bitnet": "ternary BitLinear weights (2-bit packed, a weight scale): mlx-lm's BitLinear computes "
               "only through a Metal kernel (mx.fast.metal_kernel), so no oracle runs on the CPU or CUDA "
               "backends this project gates on",
-    "llama4_text": "chunked attention with per-layer NoPE and functional qk-norm: "
-                   "needs a dedicated port",
     "olmo": "no oracle: mlx-lm's olmo.py calls sys.exit(1) at import unless hf_olmo (the ai2-olmo "
             "package, which pulls in torch) is importable, and it is not installed here; the graph itself "
             "(non-affine LayerNorm, fused att_proj / ff_proj under transformer.blocks) is not the obstacle",

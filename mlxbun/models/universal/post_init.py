@@ -142,6 +142,12 @@ def _recurrent_gemma_blocks(a: dict, mt: str) -> None:
         raise _fail(mt, f"block_types must list the block kinds with an 'attention' one, got {a['block_types']!r}")
 
 
+def _no_rope_layers_list(a: dict, mt: str) -> None:
+    flags = a["no_rope_layers"]
+    if not isinstance(flags, (list, tuple)) or len(flags) < a["num_hidden_layers"]:
+        raise _fail(mt, f"no_rope_layers must hold a flag per layer ({a['num_hidden_layers']}), got {flags!r}")
+
+
 def _nanbeige_args(a: dict, mt: str) -> None:
     if a["head_dim"] is None:
         a["head_dim"] = a["hidden_size"] // a["num_attention_heads"]
@@ -430,6 +436,7 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
     PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
     PostInit.NANBEIGE_ARGS: _nanbeige_args,
+    PostInit.NO_ROPE_LAYERS_LIST: _no_rope_layers_list,
     PostInit.RECURRENT_GEMMA_BLOCKS: _recurrent_gemma_blocks,
     PostInit.PLAMO2_ARGS: _plamo2_args,
     PostInit.DBRX_CONFIGS: _dbrx_configs,

@@ -755,6 +755,24 @@ _ROWS = [
               "(its Metal kernel runs on Apple GPUs only); no tensor-parallel split.",
     ),
     ArchDescriptor(
+        "llama4_text",
+        _fields("model_type", "hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
+                "intermediate_size", "intermediate_size_mlp", "num_key_value_heads", "rms_norm_eps", "rope_theta",
+                "head_dim", "tie_word_embeddings", "no_rope_layers", "use_qk_norm"),
+        ("no_rope_layers_list",), head_dim="field",
+        qk_norm=QKNormKnobs("functional_rms", "heads", enabled="use_qk_norm"),
+        rope=RopeKnobs(traditional=True, scaling=None, max_positions=None, nope="no_rope_layers", nope_child=False),
+        mlp=MlpKnobs(intermediate="intermediate_size_mlp"), names=Names(mlp="feed_forward", head="output"),
+        head=HeadKnobs(tied_op="matmul"),
+        ignored_keys={"intermediate_size": "read by mlx-lm's llama4_text but unused (the MLP is "
+                                           "intermediate_size_mlp wide)"},
+        notes="Llama 4 text (mlx-lm's dense llama4_text): rope (traditional, rope_theta) only on the layers "
+              "whose no_rope_layers flag is set (the others have no rope module); weightless per-head q / k "
+              "RMSNorm at rms_norm_eps before the transpose when use_qk_norm; an intermediate_size_mlp SwiGLU "
+              "(feed_forward); the head 'output', tied as h @ embed_tokens.weight.T; no chunked attention or "
+              "MoE here (mlx-lm's llama4_text has neither).",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
