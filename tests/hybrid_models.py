@@ -76,7 +76,7 @@ MODELS = [f"mlx-lm:{name}" for name in HYBRIDS]
 # the universal graph's hybrid rows (zoo checkpoints: vocab 512, attention head dim 16)
 UNIVERSAL = ["zoo:lfm2", "zoo:lfm2_moe", "zoo:qwen3_next", "zoo:qwen3_5", "zoo:qwen3_5_moe", "zoo:mamba2",
              "zoo:nemotron_h", "zoo:granitemoehybrid", "zoo:mamba", "zoo:plamo2",
-             "zoo:recurrent_gemma", "zoo:rwkv7"]
+             "zoo:recurrent_gemma", "zoo:rwkv7", "zoo:gear"]
 ATTENTION_HEAD_DIM = 32  # every attention layer above: KV group size 32 divides it
 
 

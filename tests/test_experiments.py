@@ -243,18 +243,18 @@ def test_bringup_of_a_refused_checkpoint_records_the_refusal(zoo, tmp_path):
     odd = tmp_path / "odd"
     shutil.copytree(zoo("llama"), odd)
     cfg = json.loads((odd / "config.json").read_text())
-    cfg["model_type"] = "gear"
+    cfg["model_type"] = "kimi_linear"
     (odd / "config.json").write_text(json.dumps(cfg))
     b = bringup(str(odd), results_path=tmp_path / "r.sqlite")
-    assert b.verdict == "refused" and "gear" in b.port.reason
+    assert b.verdict == "refused" and "kimi_linear" in b.port.reason
     assert b.layer_diff is None and b.trajectory is None and b.manifest is None and b.explanation is None
     with pytest.raises(MlxbunError, match="refused"):
         b.heatmap()
-    with pytest.raises(MlxbunError, match="port refused.*gear"):
+    with pytest.raises(MlxbunError, match="port refused.*kimi_linear"):
         b.require_pass()
     rows = _rows(tmp_path / "r.sqlite", experiment="port_bringup")
     assert list(rows.metric) == ["verdict_pass"] and rows.value[0] == 0.0
-    assert "gear" in rows["params.reason"][0] and rows["params.verdict"][0] == "refused"
+    assert "kimi_linear" in rows["params.reason"][0] and rows["params.verdict"][0] == "refused"
 
 
 # ---------------------------------------------------------------- logit diff

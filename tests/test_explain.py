@@ -155,7 +155,7 @@ def test_the_cli_prints_the_listing_and_json():
 
 @pytest.mark.parametrize("target, error, needle", [
     ("definitely_not_an_arch", UnsupportedModelError, "definitely_not_an_arch"),
-    ("gear", UnsupportedModelError, NOT_COVERED["gear"]),
+    ("kimi_linear", UnsupportedModelError, NOT_COVERED["kimi_linear"]),
     ("./no/such/checkpoint", ConfigError, "no/such/checkpoint"),
 ])
 def test_refusals_name_the_culprit(target, error, needle):
@@ -166,7 +166,7 @@ def test_refusals_name_the_culprit(target, error, needle):
 
 def test_cli_refusals_are_one_line_errors(tmp_path):
     for target, needle in (("definitely_not_an_arch", "definitely_not_an_arch"),
-                           ("gear", "gear"), (str(tmp_path), "config.json")):
+                           ("kimi_linear", "kimi_linear"), (str(tmp_path), "config.json")):
         out = subprocess.run([sys.executable, "-m", "mlxbun", "explain", target],
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 1 and out.stdout == ""

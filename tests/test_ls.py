@@ -61,7 +61,7 @@ def test_directories_unsupported_type_and_broken_config(tmp_path, capsys):
     odd = tmp_path / "odd"
     shutil.copytree(good, odd)
     cfg = json.loads((odd / "config.json").read_text())
-    cfg["model_type"] = "gear"
+    cfg["model_type"] = "kimi_linear"
     (odd / "config.json").write_text(json.dumps(cfg))
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -70,7 +70,7 @@ def test_directories_unsupported_type_and_broken_config(tmp_path, capsys):
     entries, _ = list_models(tmp_path / "empty-cache", [good, odd, broken])
     rows = {e.path: e for e in entries}
     assert rows[str(good)].tier == "generic"
-    assert rows[str(odd)].tier == "unsupported" and "gear" in rows[str(odd)].reason
+    assert rows[str(odd)].tier == "unsupported" and "kimi_linear" in rows[str(odd)].reason
     assert rows[str(broken)].tier == "unsupported" and "config.json" in rows[str(broken)].reason
 
 

@@ -65,10 +65,10 @@ def _copy_with_config(src, dst, **changes):
 
 
 def test_unsupported_model_type_refuses_with_reason(zoo, tmp_path, capsys):
-    odd = _copy_with_config(zoo("llama"), tmp_path / "odd", model_type="gear")
+    odd = _copy_with_config(zoo("llama"), tmp_path / "odd", model_type="kimi_linear")
     code, rows = _run_json(capsys, ["port", str(odd), "--no-goldens", "--json"])
     assert code == 1
-    assert rows[0]["verdict"] == "refused" and "gear" in rows[0]["reason"] and "llama" in rows[0]["reason"]
+    assert rows[0]["verdict"] == "refused" and "kimi_linear" in rows[0]["reason"] and "llama" in rows[0]["reason"]
 
 
 def test_unhandled_numerics_key_refuses_naming_the_key(zoo, tmp_path, capsys):

@@ -410,8 +410,8 @@ def test_unknown_model_type_refuses_naming_supported_types():
 
 def test_not_covered_type_refuses_with_its_reason():
     with pytest.raises(UnsupportedModelError) as e:
-        build_model({"model_type": "gear"})
-    assert "gear" in str(e.value) and NOT_COVERED["gear"] in str(e.value)
+        build_model({"model_type": "kimi_linear"})
+    assert "kimi_linear" in str(e.value) and NOT_COVERED["kimi_linear"] in str(e.value)
 
 
 def test_missing_required_field_is_a_config_error():

@@ -43,9 +43,20 @@ VARIANTS = {
 }
 
 
+# configs transformers 5 cannot read while loading the tokenizer (its config validation refuses
+# gear's "conv_mixer" layer type): the tokenizer gets a blank config instead
+_TOKENIZER_BLANK_CONFIG = ("gear",)
+
+
 def _load(path):
+    import json
+
     import mlx_lm
 
+    if json.loads((path / "config.json").read_text())["model_type"] in _TOKENIZER_BLANK_CONFIG:
+        import transformers
+
+        return mlx_lm.load(str(path), tokenizer_config={"config": transformers.PretrainedConfig()})
     return mlx_lm.load(str(path))  # strict weights; the tokenizer via transformers, offline
 
 

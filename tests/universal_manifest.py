@@ -76,6 +76,7 @@ MANIFEST = {
         Entry("recurrent_gemma"),
         Entry("rwkv7"),
         Entry("llama4_text"),
+        Entry("gear"),
         Entry("seed_oss"),
         Entry("minicpm"),
         Entry("nemotron"),

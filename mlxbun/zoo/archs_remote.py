@@ -231,4 +231,13 @@ REMOTE_CODE_ROWS = (
         "intermediate_size_mlp": INTERMEDIATE, "no_rope_layers": [1, 0], "num_attention_heads": HEADS,
         "num_hidden_layers": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 500000.0,
         "tie_word_embeddings": False, "use_qk_norm": True, "vocab_size": VOCAB_SIZE}),
+    # Gear: mlx-lm's gear keys; conv mixer / sliding (window 16) / full layers, attention softcap 50
+    Arch("gear", "GearForCausalLM", base={
+        "model_type": "gear", "attention_bias": False, "attn_logit_softcapping": 50.0, "conv_L_cache": 3,
+        "final_logit_softcapping": 30.0, "head_dim": HEAD_DIM, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
+        "layer_types": ["conv_mixer", "sliding_attention", "full_attention"], "max_position_embeddings": MAX_POSITIONS,
+        "num_attention_heads": HEADS, "num_hidden_layers": 3, "num_key_value_heads": 2, "query_pre_attn_scalar": 16,
+        "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": None, "rope_theta": 1000000.0,
+        "sliding_window": SLIDING_WINDOW, "tie_word_embeddings": True, "vocab_size": VOCAB_SIZE}),
 )

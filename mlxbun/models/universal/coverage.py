@@ -233,7 +233,8 @@ def _check_layer_types(d, a: Mapping[str, Any], config: Mapping[str, Any], offen
         return
     recurrent = d.hybrid.layer_types if d.hybrid is not None else ()
     attend = ("attention",) if recurrent else ()  # granitemoehybrid's spelling
-    odd = sorted({t for t in lt if t not in ("full_attention", "sliding_attention", *attend, *recurrent)})
+    odd = sorted({t for t in lt if t not in ("full_attention", "sliding_attention", *attend, *recurrent,
+                                             *d.layers.other_types)})
     if odd:
         offending["layer_types"] = f"layer kind(s) {', '.join(map(repr, odd))} are not supported"
     elif d.hybrid is not None:  # the layers mlx-lm builds come from the rule's field

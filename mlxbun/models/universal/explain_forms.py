@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from mlxbun.models.universal.baichuan_m1 import BAICHUAN_M1_TYPES
 from mlxbun.models.universal.dbrx import DBRX_TYPES
+from mlxbun.models.universal.gear import GEAR_TYPES
 from mlxbun.models.universal.loop_gated import LOOP_GATED_TYPES
 from mlxbun.models.universal.looped import loop_count
 from mlxbun.models.universal.nas import NAS_TYPES, nas_shape
@@ -65,6 +66,12 @@ def own_forward(d: ArchDescriptor, a: UniversalArgs) -> str:
                 "a_lora / v_lora / g_lora, the WKV-7 state token by token, g_norm per head, the k_k / k_a / r_k "
                 "bonus, o_proj); x += ffn(ffn_norm(x)), the channel mixing (token shift, key, relu^2, value); "
                 "v_first (layer 0's values) through the layers; an ArraysCache(3) per layer")
+    if d.model_type in GEAR_TYPES:
+        return (f"; layers {list(f['layer_types'])}: attention (q / k (1 + w) norms, rope_theta or on sliding layers "
+                "rope_local_base_freq, scale query_pre_attn_scalar ** -0.5, attn_logit_softcapping when set) or the "
+                "conv mixer local_mixer (q_proj / k_proj / v_proj, q_norm / k_norm, key_conv / value_conv causal "
+                "depthwise convs with their states in an ArraysCache, sigmoid(q * k) * v, o_proj); sandwich norms "
+                "input / post_attention / pre_feedforward / post_feedforward; embeddings * sqrt(D)")
     if d.loops is not None:
         skip = f[d.loops.skip_final_norm]
         return (f"; the stack runs {loop_count(f, d.loops, d.model_type)} times, each with its own "

@@ -549,6 +549,8 @@ class PostInit(StrEnum):
     RECURRENT_GEMMA_BLOCKS = "recurrent_gemma_blocks"  # block_types None: _block_types; it must
     # hold an "attention" block (mlx-lm takes the mask from the first)
     NO_ROPE_LAYERS_LIST = "no_rope_layers_list"  # llama4_text: no_rope_layers must hold a flag per layer
+    GEAR_ARGS = "gear_args"  # num_key_value_heads None: the heads; query_pre_attn_scalar None: head_dim;
+    # layer_types None: all full, else one per layer; use_bidirectional_attention refused
     NANBEIGE_ARGS = "nanbeige_args"  # head_dim None: hidden // heads; enable_double_loop_split,
     # loop_share_kv and enable_depth_attention refused (mlx-lm raises NotImplementedError)
     QWEN_KV_CHANNELS = "qwen_kv_channels"  # kv_channels * num_attention_heads must be hidden_size

@@ -65,6 +65,7 @@ class ConvLayout(StrEnum):
 
     LAST_GT_MIDDLE = "last_gt_middle"  # lfm2: shape[-1] > shape[1] -> transpose(0, 2, 1)
     LAST_NE_ONE = "last_ne_one"  # qwen3_next, mamba2: shape[-1] != 1 -> moveaxis(2, 1)
+    MIDDLE_ONE = "middle_one"  # gear: shape[1] == 1 -> transpose(0, 2, 1)
 
 
 class GateUpLayout(StrEnum):

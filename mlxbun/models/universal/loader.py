@@ -29,6 +29,7 @@ from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.baichuan_m1 import BAICHUAN_M1_TYPES, BaichuanM1Dense
 from mlxbun.models.universal.dbrx import DBRX_TYPES, DbrxDense
 from mlxbun.models.universal.dense import UniversalDense
+from mlxbun.models.universal.gear import GEAR_TYPES, GearDense
 from mlxbun.models.universal.gemma4 import Gemma4Text
 from mlxbun.models.universal.gemma4_args import GEMMA4_MODEL_TYPES
 from mlxbun.models.universal.kinds import TieRule
@@ -77,7 +78,7 @@ _GRAPHS = {**dict.fromkeys(GEMMA4_MODEL_TYPES, Gemma4Text), **dict.fromkeys(LOOP
            **dict.fromkeys(NAS_TYPES, NasDense), **dict.fromkeys(TALKIE_TYPES, TalkieDense),
            **dict.fromkeys(DBRX_TYPES, DbrxDense), **dict.fromkeys(BAICHUAN_M1_TYPES, BaichuanM1Dense),
            **dict.fromkeys(PLAMO2_TYPES, Plamo2Dense), **dict.fromkeys(RECURRENT_GEMMA_TYPES, RecurrentGemmaDense),
-           **dict.fromkeys(RWKV7_TYPES, Rwkv7Dense)}
+           **dict.fromkeys(RWKV7_TYPES, Rwkv7Dense), **dict.fromkeys(GEAR_TYPES, GearDense)}
 
 
 # ----------------------------------------------------------------- loading

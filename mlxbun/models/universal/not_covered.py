@@ -28,7 +28,7 @@ NOT_COVERED: dict[str, str] = {
               "queries; top-1 sigmoid router that scales the expert input",
     **dict.fromkeys(
         ["bailing_hybrid", "bailing_moe_linear", "bailing_moe_v3",
-         "gear", "kimi_linear", "longcat_flash_ngram",
+         "kimi_linear", "longcat_flash_ngram",
          "kimi_k3"], _HYBRID),
     "longcat_flash": "multi-head latent attention (deepseek_v3's absorbed kind, with q / kv latents "
                      "scaled by sqrt(hidden / rank)) in a layer shape the block has no form for: two "

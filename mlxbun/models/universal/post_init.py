@@ -148,6 +148,19 @@ def _no_rope_layers_list(a: dict, mt: str) -> None:
         raise _fail(mt, f"no_rope_layers must hold a flag per layer ({a['num_hidden_layers']}), got {flags!r}")
 
 
+def _gear_args(a: dict, mt: str) -> None:
+    if a["num_key_value_heads"] is None:
+        a["num_key_value_heads"] = a["num_attention_heads"]
+    if a["query_pre_attn_scalar"] is None:
+        a["query_pre_attn_scalar"] = a["head_dim"]
+    if a["layer_types"] is None:
+        a["layer_types"] = ["full_attention"] * a["num_hidden_layers"]
+    if len(a["layer_types"]) != a["num_hidden_layers"]:
+        raise _fail(mt, f"expected {a['num_hidden_layers']} layer types, got {len(a['layer_types'])}")
+    if a["use_bidirectional_attention"]:
+        raise _fail(mt, "use_bidirectional_attention: not supported by mlx-lm's gear")
+
+
 def _nanbeige_args(a: dict, mt: str) -> None:
     if a["head_dim"] is None:
         a["head_dim"] = a["hidden_size"] // a["num_attention_heads"]
@@ -436,6 +449,7 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MULTI_QUERY_KV_HEADS: _multi_query_kv_heads,
     PostInit.QWEN_KV_CHANNELS: _qwen_kv_channels,
     PostInit.NANBEIGE_ARGS: _nanbeige_args,
+    PostInit.GEAR_ARGS: _gear_args,
     PostInit.NO_ROPE_LAYERS_LIST: _no_rope_layers_list,
     PostInit.RECURRENT_GEMMA_BLOCKS: _recurrent_gemma_blocks,
     PostInit.PLAMO2_ARGS: _plamo2_args,

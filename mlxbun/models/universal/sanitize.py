@@ -340,7 +340,7 @@ def _conv1d_layout(arg, w: dict) -> dict:
     for k, v in w.items():
         if contains in k and len(v.shape) == 3:
             torch_layout = (v.shape[-1] > v.shape[1] if layout is ConvLayout.LAST_GT_MIDDLE
-                            else v.shape[-1] != 1)
+                            else v.shape[1] == 1 if layout is ConvLayout.MIDDLE_ONE else v.shape[-1] != 1)
             if torch_layout:
                 v = v.swapaxes(1, 2)
         out[k] = v

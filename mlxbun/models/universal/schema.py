@@ -255,6 +255,8 @@ class LayerKnobs:
     # num_attention_groups replace the head counts on sliding layers (step3p5)
     sliding_attn: SlidingAttn | None = None  # sliding layers' own head counts and dims (mimo_v2_flash)
     heads_per_layer: str | None = None  # field: every layer's query head count, a list (laguna)
+    other_types: tuple[str, ...] = ()  # layer_types values a row's own forward runs besides the
+    # attention kinds (gear's conv_mixer: gear.py), accepted by coverage
     kv_heads_per_layer: str | None = None  # field: every layer's KV head count, a list (openelm; the
     # row's n_heads / n_kv_heads None: the model-wide counts are layer 0's)
 

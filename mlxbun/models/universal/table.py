@@ -773,6 +773,30 @@ _ROWS = [
               "MoE here (mlx-lm's llama4_text has neither).",
     ),
     ArchDescriptor(
+        "gear",
+        _fields("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "layer_types",
+                max_position_embeddings=None, hidden_activation="gelu_pytorch_tanh", attention_bias=False,
+                attention_dropout=0.0, query_pre_attn_scalar=None, sliding_window=512, conv_L_cache=3,
+                rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling=None, tie_word_embeddings=True,
+                final_logit_softcapping=None, attn_logit_softcapping=None, use_bidirectional_attention=False),
+        ("gear_args",), head_dim="field", norm=NormKnobs("gemma_rms"), rope=RopeKnobs(traditional=False),
+        names=Names(norms=NormNames(pre_attn="input_layernorm", post_attn="post_attention_layernorm",
+                                    pre_mlp="pre_feedforward_layernorm", post_mlp="post_feedforward_layernorm")),
+        block=BlockKnobs("sandwich"), embed_scale="sqrt_hidden", layers=LayerKnobs(other_types=("conv_mixer",)),
+        sanitize=(SanitizeRule("drop_containing", "rotary_emb.inv_freq", "precomputed rotary frequencies"),
+                  SanitizeRule("drop_suffixes", ("embed_scale",), "a buffer, not a weight"), _DROP_TIED,
+                  SanitizeRule("conv1d_layout", ("key_conv.weight", ConvLayout.MIDDLE_ONE), "torch's conv layout"),
+                  SanitizeRule("conv1d_layout", ("value_conv.weight", ConvLayout.MIDDLE_ONE), "torch's conv layout")),
+        accepted_values={"hidden_activation": ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu", "silu", "swish")},
+        notes="Gear (gear.py): sandwich-normed layers of three kinds by layer_types: full / sliding attention "
+              "(per-head (1 + w) q / k norms, scale query_pre_attn_scalar ** -0.5, an optional logit softcap "
+              "over repeated KV heads, rope_local_base_freq unscaled on sliding layers) and a conv mixer "
+              "(q / k / v projections, causal depthwise key / value convs with their states in an ArraysCache, "
+              "sigmoid(q * k) * v); a gated MLP (hidden_activation); embeddings * sqrt(D); an optional final "
+              "softcap; no tensor-parallel split.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
