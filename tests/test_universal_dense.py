@@ -168,6 +168,8 @@ KNOBS = {
                                           query_pre_attn_scalar=20)),
     "nanochat-theta": ("nanochat", dict(rope_theta=500.0)),
     "qwen-biases": ("qwen", dict(no_bias=False)),
+    "muse_glimmer-nested-tied": ("muse_glimmer", dict(text_config=dict(tie_word_embeddings=True, rope_parameters={
+        "rope_theta": 1000.0}, layer_types=["full_attention", "sliding_attention"] * 2, layer_rope_theta=[0, 1, 1, 0]))),
     "llama4_text-tied-no-qknorm": ("llama4_text", dict(tie_word_embeddings=True, use_qk_norm=False)),
     "nemotron-nas-llama3-biases": ("nemotron-nas", dict(attention_bias=True, mlp_bias=True, rope_scaling={
         "factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 64,

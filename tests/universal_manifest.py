@@ -76,6 +76,7 @@ MANIFEST = {
         Entry("recurrent_gemma"),
         Entry("rwkv7"),
         Entry("llama4_text"),
+        Entry("muse_glimmer"),
         Entry("gear"),
         Entry("seed_oss"),
         Entry("minicpm"),

@@ -240,4 +240,11 @@ REMOTE_CODE_ROWS = (
         "num_attention_heads": HEADS, "num_hidden_layers": 3, "num_key_value_heads": 2, "query_pre_attn_scalar": 16,
         "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": None, "rope_theta": 1000000.0,
         "sliding_window": SLIDING_WINDOW, "tie_word_embeddings": True, "vocab_size": VOCAB_SIZE}),
+    # Muse Glimmer's text tower: its ModelArgs keys; 4 layers (3 sliding in window 16, then 1 full NoPE)
+    Arch("muse_glimmer", "MuseGlimmerForConditionalGeneration", base={
+        "model_type": "muse_glimmer", "final_logit_softcapping": 20.0, "head_dim": HEAD_DIM, "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE, "max_position_embeddings": MAX_POSITIONS, "num_attention_heads": HEADS,
+        "num_hidden_layers": 4, "num_key_value_heads": 2, "output_multiplier": 0.5, "post_norm_eps": 1e-08,
+        "qk_scale_factor": 3.87, "rms_norm_eps": 1e-06, "rope_theta": 500000.0, "sliding_window": SLIDING_WINDOW,
+        "tie_word_embeddings": False, "vocab_size": VOCAB_SIZE}),
 )

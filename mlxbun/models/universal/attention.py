@@ -142,6 +142,7 @@ class Attention(nn.Module):
         self._qk_eps = a.eps  # a functional q/k norm's (nanochat's 1e-5; llama4_text's rms_norm_eps)
         self._softcap = a.attn_softcap
         self._value_scale = a.fields[d.value_scale] if d.value_scale else None
+        self._q_scale = a.fields[d.qk_norm.q_scale] if d.qk_norm and d.qk_norm.q_scale else None
         self._attend = _ATTENTION[d.attention]
         D, n = a.hidden, d.names
         # KVShare.CLA (hunyuan): takes (and returns) the key / value projections
@@ -256,9 +257,11 @@ class Attention(nn.Module):
 
     def _qk_norm(self, q, k):
         if self._qk.kind is QKNormKind.FUNCTIONAL_RMS:
-            return L.rms_norm_no_weight(q, self._qk_eps), L.rms_norm_no_weight(k, self._qk_eps)
-        qn, kn = self._qk.names
-        return self[qn](q), self[kn](k)
+            q, k = L.rms_norm_no_weight(q, self._qk_eps), L.rms_norm_no_weight(k, self._qk_eps)
+        else:
+            qn, kn = self._qk.names
+            q, k = self[qn](q), self[kn](k)
+        return (q, k) if self._q_scale is None else (q * self._q_scale, k)  # muse_glimmer's qk_scale_factor
 
     def __call__(self, x, mask=None, cache=None, attn_scale=None, kv_states=None):
         d, n = self._d, self._n

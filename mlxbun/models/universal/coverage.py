@@ -103,7 +103,9 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
     understood, harmless, unknown = [], [], []
     ignored: dict[str, str] = {}
     outer, config = config, text_config(d, config)
-    if config is not outer:  # a VLM wrapper: the rest is the vision model's, or bookkeeping
+    if config is not outer and d.text_config_merge:  # muse_glimmer: text_config over the top level
+        understood.append("text_config")
+    elif config is not outer:  # a VLM wrapper: the rest is the vision model's, or bookkeeping
         ignored.update({k: "outside text_config (mlx-lm's wrapper reads only text_config)"
                         for k in outer if k != "text_config" and k not in d.wrapper_fields})
         ignored.update({f"text_config.{k}": f"the wrapper writes its own {k} over it"
@@ -141,7 +143,7 @@ def check_coverage(model_type: str, config: Mapping[str, Any]) -> CoverageReport
             # a hybrid's layer_types against the layers its rule picks
         elif key in d.ignored_keys:
             ignored[key] = d.ignored_keys[key] or "not read by mlx-lm for this arch"
-        elif d.names.wrapper and key in VLM_KEYS:  # a config without text_config (qwen2_vl)
+        elif (d.names.wrapper or d.text_config_merge) and key in VLM_KEYS:  # qwen2_vl: no text_config
             ignored[key] = "the VLM's own (mlx-lm's wrapper builds no tower)"
         elif key in HARMLESS_KEYS:
             harmless.append(key)

@@ -80,8 +80,12 @@ _NORMS = exhaustive(NormKind, {
 
 
 def _norm_module(d: ArchDescriptor, a: UniversalArgs, where: str, eps: float | None = None):
-    """The row's norm for a block slot (a NormSlot value) or "final"; offset_rms takes its offset."""
-    norm = _NORMS[d.norm.kind](a.hidden, a.eps if eps is None else eps, a.norm_bias)
+    """The row's norm for a block slot (a NormSlot value) or "final"; offset_rms takes its offset,
+    a slot_eps slot its own eps, the final norm final_kind when set."""
+    kind = d.norm.final_kind if where == "final" and d.norm.final_kind else d.norm.kind
+    if eps is None:
+        eps = a.fields[d.norm.slot_eps[where]] if where in d.norm.slot_eps else a.eps
+    norm = _NORMS[kind](a.hidden, eps, a.norm_bias)
     if d.norm.kind is NormKind.OFFSET_RMS:
         norm.offset = d.norm.offsets.get(where, 1.0)
     return norm
@@ -462,8 +466,8 @@ class UniversalDense(nn.Module):
                 h = h * math.sqrt(a.fields["hidden_size"])
         elif es is not None:
             h = h * a.embed_scale
-        if d.embed_norm:
-            h = L.rms_norm_no_weight(h)
+        if d.embed_norm:  # True: nanochat's 1e-5; a field: its eps (muse_glimmer)
+            h = L.rms_norm_no_weight(h) if d.embed_norm is True else L.rms_norm_no_weight(h, a.fields[d.embed_norm])
 
         blocks = root[n.layers]
         attn_scale = None

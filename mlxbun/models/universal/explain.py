@@ -193,8 +193,8 @@ _NORM_TEXT = {
 }
 
 
-def _norm(d: ArchDescriptor, a: UniversalArgs, dims: str = "D") -> str:
-    return _NORM_TEXT[d.norm.kind].format(dims=dims, eps=a.eps, bias=a.norm_bias, offsets=", ".join(
+def _norm(d: ArchDescriptor, a: UniversalArgs, dims: str = "D", kind: NormKind | None = None) -> str:
+    return _NORM_TEXT[kind or d.norm.kind].format(dims=dims, eps=a.eps, bias=a.norm_bias, offsets=", ".join(
         f"{k} {v}" for k, v in d.norm.offsets.items()))
 
 
@@ -217,7 +217,7 @@ def _sections(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, tuple[Lin
         (f"block ({n.root}.{n.layers}[i], i < N): {_block_form(d, a)}", tuple(_block(d, a))),
         ("norms", (Line(_norm(d, a), "every block norm" + (
             f"; eps from {d.norm.eps}" if isinstance(d.norm.eps, str) and d.norm.kind is not NormKind.FUNCTIONAL_RMS
-            else "")),)),
+            else "") + "".join(f"; {k} at eps {a.fields[f]} ({f})" for k, f in d.norm.slot_eps.items())),)),
         *(((f"attention ({n.root}.{n.layers}[i].{n.attn})", tuple(_attention(d, a))),)
           if attends and d.mla is None else ()),
         *(((f"attention ({n.root}.{n.layers}[i].{n.attn}): multi-head latent",
@@ -398,7 +398,8 @@ def _attention(d: ArchDescriptor, a: UniversalArgs):
         width = "H*hd / KV*hd" if flat else "hd"
         code = ("q, k = rms_norm(q), rms_norm(k)" if qk.kind is QKNormKind.FUNCTIONAL_RMS
                 else f"q, k = {qk.names[0]}(q), {qk.names[1]}(k)")
-        qk_line = Line(code, f"{_QK_TEXT[qk.kind].format(w=width, eps=a.eps)}; {_QK_PLACE[qk.at]}")
+        scale = f"; q = q * {qk.q_scale} (= {a.fields[qk.q_scale]})" if qk.q_scale else ""
+        qk_line = Line(code, f"{_QK_TEXT[qk.kind].format(w=width, eps=a.eps)}; {_QK_PLACE[qk.at]}{scale}")
     elif d.qk_norm is not None:
         yield Line("(no q/k norm)", f"{d.qk_norm.enabled} = False")
     if qk_line and qk.at is QKNormAt.FLAT:
@@ -498,7 +499,7 @@ def _head(d: ArchDescriptor, a: UniversalArgs):
         yield Line("h = rms_norm(h)", f"no weight, eps {a.eps}")
     else:
         where = f"{n.head}.{n.final_norm}" if h.holds_norm else f"{n.root}.{n.final_norm}"  # (phixtral)
-        yield Line(f"h = {where}(h)", _norm(d, a))
+        yield Line(f"h = {where}(h)", _norm(d, a, kind=d.norm.final_kind))
     embed = f"{n.root}.{n.embed}"
     tied_code = (f"logits = {embed}.as_linear(h)" if h.tied_op is TiedOp.AS_LINEAR
                  else f"logits = h @ {embed}.weight.T")

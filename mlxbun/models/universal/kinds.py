@@ -112,6 +112,7 @@ class NopeRule(StrEnum):
     ALL = "all"  # no layer ropes (nemotron_h's attention); no rope field read
     NOPE_TYPE = "nope_type"  # no layer ropes when position_embedding_type is "nope"
     # (granitemoehybrid)
+    ZERO_THETA = "zero_theta"  # muse_glimmer: rope (at rope_theta) iff layer_rope_theta[i] is nonzero
 
 
 class MlpKind(StrEnum):
@@ -555,6 +556,8 @@ class PostInit(StrEnum):
     # loop_share_kv and enable_depth_attention refused (mlx-lm raises NotImplementedError)
     QWEN_KV_CHANNELS = "qwen_kv_channels"  # kv_channels * num_attention_heads must be hidden_size
     # (mlx-lm's c_proj is Linear(hidden_size, kv_channels * heads), fed the heads' kv_channels dims)
+    MUSE_GLIMMER_ARGS = "muse_glimmer_args"  # rope_parameters' rope_theta replaces rope_theta; layer_types
+    # None: 3 sliding then 1 full, repeated; layer_rope_theta None: 0 on full layers, else rope_theta
     MULTI_QUERY_KV_HEADS = "multi_query_kv_heads"  # gpt_bigcode: num_key_value_heads None: 1 if
     # multi_query else n_head; a value that disagrees is refused (mlx-lm's attention reads multi_query)
 

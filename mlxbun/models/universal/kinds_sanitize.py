@@ -38,6 +38,8 @@ class SanitizeOp(StrEnum):
     # (laguna's repacked "language_model.")
     RENAME_SUBSTRINGS = "rename_substrings"  # arg: ((old, new), ...): every key holding old gets
     # it replaced by new, in order (lfm2_moe: w1.weight -> gate_proj.weight, ...)
+    RENAME_PREFIXES = "rename_prefixes"  # arg: ((old, new), ...): a key starting with an old prefix
+    # (the first that matches) gets it replaced by new (muse_glimmer's language_model nesting)
     SHARED_MLP_DENSE = "shared_mlp_dense"  # granitemoehybrid without experts: when layer 0 holds
     # shared_mlp.input_linear, each layer's [2I, D] split in two -> mlp.gate_proj | mlp.up_proj,
     # shared_mlp.output_linear -> mlp.down_proj

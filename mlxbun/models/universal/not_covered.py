@@ -40,9 +40,6 @@ NOT_COVERED: dict[str, str] = {
                      "experts weighting x: needs a dedicated port",
     "minimax_m3_vl": f"{_OWN_TEXT}: MiniMax-M3's (sparse attention config, gemma-style q/k norms, "
                      "clamped SwiGLU experts with shared and dense MLPs per mlp_layer_types)",
-    "muse_glimmer": f"{_OWN_TEXT}: gated attention output, scaleless q/k RMSNorm times "
-                    "qk_scale_factor, local / global layers with NoPE on the global ones, centered "
-                    "(1 + w) block norms, a normed embedding",
     "muse_spark": f"{_OWN_TEXT}: input-scaled RMSNorms, precise SwiGLU MoE, its own kernels",
     "prism_hadamard_qwen35": "qwen3_5 (covered) whose linears / embedding are 2-bit packs with a "
                              "blockwise Hadamard rotation folded in (HadamardQuantizedLinear): "

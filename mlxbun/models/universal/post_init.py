@@ -56,6 +56,20 @@ def _spark2_5_args(a: dict, mt: str) -> None:
             raise _fail(mt, f"invalid rotary dimension {dims} for {kind} with head_dim={a['head_dim']}")
 
 
+def _muse_glimmer_args(a: dict, mt: str) -> None:
+    n, rp = a["num_hidden_layers"], a["rope_parameters"]
+    if rp and "rope_theta" in rp:
+        a["rope_theta"] = rp["rope_theta"]
+    if a["layer_types"] is None:
+        pattern = ["sliding_attention"] * 3 + ["full_attention"]
+        a["layer_types"] = [pattern[i % 4] for i in range(n)]
+    if a["layer_rope_theta"] is None:
+        a["layer_rope_theta"] = [0 if t == "full_attention" else a["rope_theta"] for t in a["layer_types"]]
+    for key in ("layer_types", "layer_rope_theta"):  # mlx-lm's layers index them
+        if not isinstance(a[key], list) or len(a[key]) < n:
+            raise _fail(mt, f"{key} must hold an entry per layer ({n}), got {a[key]!r}"[:200])
+
+
 def _mamba_args(a: dict, mt: str) -> None:  # mamba's __post_init__ (its hasattr fallbacks never fire)
     if a["time_step_rank"] == "auto":
         a["time_step_rank"] = math.ceil(a["hidden_size"] / 16)
@@ -459,5 +473,6 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.JAMBA_ARGS: _jamba_args,
     PostInit.MAMBA_ARGS: _mamba_args,
     PostInit.SPARK2_5_ARGS: _spark2_5_args,
+    PostInit.MUSE_GLIMMER_ARGS: _muse_glimmer_args,
     PostInit.SLIDING_WINDOW_SETS_WINDOW_SIZE: _sliding_window_sets_window_size,
 })

@@ -94,6 +94,10 @@ def text_config(d: ArchDescriptor, config: Mapping[str, Any]) -> Mapping[str, An
     require it), else the whole config (qwen3_5's `ModelArgs.from_dict`), with the wrapper's own fields written over it (gemma3's
     `__post_init__`: the top-level vocab_size, else its default) and the values it sets
     (pixtral's untied head); a row without a wrapper reads the whole config."""
+    if d.text_config_merge and config.get("text_config") is not None:  # muse_glimmer's from_dict
+        if not isinstance(config["text_config"], Mapping):
+            raise _fail(d.model_type, f"'text_config' must be an object, got {config['text_config']!r}"[:200])
+        return {**{k: v for k, v in config.items() if k != "text_config"}, **config["text_config"]}
     text = config.get("text_config") if d.names.wrapper else None
     if text is None and d.text_config_required:
         raise _fail(d.model_type, "missing required key 'text_config' (mlx-lm's wrapper ModelArgs "
@@ -216,6 +220,8 @@ def _rope_for(d: ArchDescriptor, a: dict, i: int, sliding: bool, head_dim: int,
     if r.nope is NopeRule.ALL or (r.nope is NopeRule.NO_ROPE_LAYERS and not a["no_rope_layers"][i]):
         return None
     if r.nope is NopeRule.NOPE_TYPE and a["position_embedding_type"] == "nope":
+        return None
+    if r.nope is NopeRule.ZERO_THETA and not a["layer_rope_theta"][i]:
         return None
     if r.nope is NopeRule.SLIDING_OR_ALL and any_sliding and not sliding:
         return None

@@ -485,6 +485,9 @@ def _apply_rule(rule: SanitizeRule, w: dict, tied: bool, d: ArchDescriptor,
                     k = k.replace(old, new)
             out[k] = v
         return out, {}
+    if op is SanitizeOp.RENAME_PREFIXES:  # muse_glimmer.sanitize's elif chain
+        return {next((new + k[len(old):] for old, new in rule.arg if k.startswith(old)), k): v
+                for k, v in w.items()}, {}
     if op is SanitizeOp.SHARED_MLP_DENSE:
         return _shared_mlp_dense(d, w, fields), {}
     if op is SanitizeOp.CONV1D_LAYOUT:

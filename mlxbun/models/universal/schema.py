@@ -132,6 +132,7 @@ class QKNormKnobs:
     at: QKNormAt = _kind(QKNormAt)
     enabled: bool | str = True  # literal, or the ModelArgs field that switches it
     names: tuple[str, str] = ("q_norm", "k_norm")
+    q_scale: str | None = None  # field: the normed queries times it (muse_glimmer's qk_scale_factor)
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,9 @@ class NormKnobs:
     # functional_rms: unused, eps is 1e-5
     bias: bool | str = True  # layernorm kinds only
     offsets: Mapping[str, float] = field(default_factory=dict)  # offset_rms: slot (or "final") -> offset
+    slot_eps: Mapping[str, str] = field(default_factory=dict)  # block slot -> the field holding its eps
+    # (muse_glimmer's post norms: post_norm_eps); the others read eps
+    final_kind: NormKind | None = _kind(NormKind, None)  # the final norm's kind when not kind's
 
 
 @dataclass(frozen=True)
@@ -318,7 +322,10 @@ class ArchDescriptor:
     norm: NormKnobs = NormKnobs()
     block: BlockKnobs = BlockKnobs()
     embed_scale: EmbedScale | str | None = _kind(EmbedScale, None, or_field=True)
-    embed_norm: bool = False  # nanochat: functional rms_norm after the embedding
+    embed_norm: bool | str = False  # functional rms_norm after the embedding: True at eps 1e-5
+    # (nanochat), or the field holding its eps (muse_glimmer: rms_norm_eps)
+    text_config_merge: bool = False  # ModelArgs.from_dict reads text_config's keys over the top level's
+    # (muse_glimmer); no wrapper module
     positions: LearnedPositions | None = None  # learned absolute positions added to the embedding
     loops: LoopKnobs | None = None  # the layer stack run several times (nanbeige: looped.py)
     head: HeadKnobs = HeadKnobs()
@@ -399,6 +406,11 @@ class ArchDescriptor:
             yield "embed_scale", self.embed_scale
         if self.positions is not None:
             yield "positions.size", self.positions.size
+        if isinstance(self.embed_norm, str):
+            yield "embed_norm", self.embed_norm
+        yield from (("norm.slot_eps", f) for f in self.norm.slot_eps.values())
+        if self.qk_norm is not None and self.qk_norm.q_scale:
+            yield "qk_norm.q_scale", self.qk_norm.q_scale
         if self.loops is not None:
             yield from ((f"loops.{k}", v) for k, v in dataclasses.asdict(self.loops).items())
         h = self.head

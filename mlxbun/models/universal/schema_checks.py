@@ -109,6 +109,12 @@ def check_combinations(d) -> None:
     slots = {s.value for s in NormSlot} | {"final"}
     if d.norm.offsets and (d.norm.kind is not NormKind.OFFSET_RMS or not set(d.norm.offsets) <= slots):
         raise d.error(f"norm.offsets go with norm.kind 'offset_rms', keyed by {', '.join(sorted(slots))}")
+    if not set(d.norm.slot_eps) <= slots - {"final"} or (d.norm.final_kind or d.norm.slot_eps) and (
+            NormKind.FUNCTIONAL_RMS in (d.norm.kind, d.norm.final_kind) or d.head.holds_norm):
+        raise d.error("norm.slot_eps (keyed by block slot) and norm.final_kind take module norms (not "
+                      "functional_rms) and a final norm in the root")
+    if d.text_config_merge and d.names.wrapper:
+        raise d.error("text_config_merge reads text_config's keys in a row without a wrapper module")
     if d.layers.mask_window_extra and not d.layers.sliding_window:
         raise d.error("layers.mask_window_extra widens the sliding mask: it needs layers.sliding_window")
     if d.head.holds_norm and (d.head.in_root or d.head.tie is not False or d.names.final_norm is None

@@ -797,6 +797,36 @@ _ROWS = [
               "softcap; no tensor-parallel split.",
     ),
     ArchDescriptor(
+        "muse_glimmer",
+        _fields(model_type="muse_glimmer", hidden_size=6656, num_hidden_layers=52, intermediate_size=19968,
+                num_attention_heads=32, num_key_value_heads=2, head_dim=128, vocab_size=202048, rms_norm_eps=1e-5,
+                post_norm_eps=1e-8, sliding_window=2048, qk_scale_factor=3.87, hidden_activation="silu",
+                max_position_embeddings=131072, rope_theta=500000.0, rope_parameters=None, layer_types=None,
+                layer_rope_theta=None, tie_word_embeddings=False, final_logit_softcapping=20.0,
+                output_multiplier=0.19611613513818404),
+        ("muse_glimmer_args",), head_dim="field", text_config_merge=True,
+        qk_norm=QKNormKnobs("functional_rms", "heads", q_scale="qk_scale_factor"), attn_gate="sigmoid",
+        rope=RopeKnobs(traditional=False, scaling=None, max_positions=None, nope="zero_theta", nope_child=False),
+        mlp=MlpKnobs(act="silu_eager"), embed_norm="rms_norm_eps",
+        norm=NormKnobs("gemma_rms", slot_eps={"post_attn": "post_norm_eps", "post_mlp": "post_norm_eps"},
+                       final_kind="rms"),
+        names=Names(norms=NormNames(pre_attn="input_layernorm", post_attn="post_attention_layernorm",
+                                    pre_mlp="pre_feedforward_layernorm", post_mlp="post_feedforward_layernorm")),
+        block=BlockKnobs("sandwich"),
+        layers=LayerKnobs("layer_types", sliding_window="sliding_window", make_cache="rotating_sliding"),
+        head=HeadKnobs(post=LogitScale("mul", "output_multiplier"), softcap="field"),
+        sanitize=tuple(SanitizeRule("drop_prefix", p, "the vision tower (a text-only port)")
+                       for p in ("vision_tower", "vision_adapter", "vision_projection")) + (
+            SanitizeRule("rename_prefixes", (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                                             ("model.language_model.", "model.")), "the text tower's nesting"),),
+        ignored_keys={"hidden_activation": "read by mlx-lm's muse_glimmer but unused (its MLP is SiLU)"},
+        notes="Muse Glimmer's text tower: sandwich (1 + w) norms, the post ones at post_norm_eps; an embedding "
+              "rms-normed without weight; attention with weightless q / k RMSNorm, q * qk_scale_factor, rope "
+              "only where layer_rope_theta is nonzero (the sliding layers by default), the output gated by "
+              "sigmoid(gate_proj(x)); a SiLU MLP; a plain RMSNorm final norm; logits * output_multiplier, "
+              "then softcapped; text_config read over the top level.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
