@@ -20,15 +20,16 @@ import mlx.core as mx
 import numpy as np
 
 from mlxbun.errors import GenerationError, UnsupportedModelError
-from mlxbun.towers.errors import ImageCountError, NoTowerError, TooManyImages
+from mlxbun.towers.errors import AudioCountError, ImageCountError, NoTowerError, TooManyClips, TooManyImages
 from mlxbun.towers.images import Pixels, load_image, preprocess_any
 from mlxbun.towers.knobs import TextPositions
 from mlxbun.towers.loader import VisionStack, open_vision
 from mlxbun.towers.mrope import MRopeText, rope_index
 from mlxbun.towers.splice import count_placeholders, expand_prompt, merge_embeddings
 
-__all__ = ["MAX_IMAGES", "EmbeddedPrompt", "MediaPrompt", "VisionLanguageModel", "open_vlm",
-           "refuse_images", "stream_generate"]
+__all__ = ["MAX_IMAGES", "AudioLanguageModel", "AudioPrompt", "EmbeddedPrompt", "MediaPrompt",
+           "VisionLanguageModel", "load_clip", "open_alm", "open_vlm", "refuse_audio", "refuse_images",
+           "stream_generate"]
 
 # a bound on the images of one prompt (each is a tower pass and its soft tokens in the context)
 MAX_IMAGES = 16
@@ -201,9 +202,11 @@ class EmbeddedPrompt:
     the cache offset plus `delta` on all three axes."""
 
     def __init__(self, model, embeddings: mx.array, mrope: Optional[MRopeText] = None,
-                 positions: Optional[mx.array] = None, delta: int = 0, prompt: Optional[MediaPrompt] = None):
+                 positions: Optional[mx.array] = None, delta: int = 0, prompt: Optional[MediaPrompt] = None,
+                 hidden_kw: Optional[dict] = None):
         self._model, self._embeddings, self._pos = model, embeddings, 0
         self._mrope, self._positions, self._delta, self._prompt = mrope, positions, delta, prompt
+        self._kw = dict(hidden_kw or {})  # forward_hidden's options on every cached call
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
@@ -211,6 +214,8 @@ class EmbeddedPrompt:
     def __call__(self, ids: mx.array, cache: Optional[list] = None, **kw) -> mx.array:
         total = self._embeddings.shape[1]
         if cache is None or (self._pos >= total and self._mrope is None):
+            if self._kw and cache is not None:
+                return self._model.logits_from_hidden(self._model.forward_hidden(ids, cache, **self._kw))
             return self._model(ids, cache=cache, **kw)
         n = ids.shape[1]
         if self._pos < total < self._pos + n:
@@ -227,7 +232,137 @@ class EmbeddedPrompt:
             p = self._prompt
             extra = () if p is None else (p.deepstack_rows(span.start, span.stop), p.visual_rows(span.start, span.stop))
             return self._mrope.logits(ids, cache, self._positions[..., span], rows, *extra)
-        return self._model.logits_from_hidden(self._model.forward_hidden(ids, cache, input_embeddings=rows))
+        return self._model.logits_from_hidden(self._model.forward_hidden(ids, cache, input_embeddings=rows,
+                                                                         **self._kw))
+
+
+@dataclasses.dataclass
+class AudioPrompt:
+    """A prompt with its audio clips, ready for the text model."""
+
+    text: str  # the expanded prompt text (the processor's)
+    ids: mx.array  # [L] token ids, each clip's audio tokens spliced in
+    features: mx.array  # [clips, frames, mel bins] the processor's log-mel frames (padded to the longest)
+    mask: mx.array  # [clips, frames] True where a frame holds audio
+    soft: mx.array  # [clips, soft tokens a clip, D] what lands at the audio tokens
+    embeddings: mx.array  # [1, L, D] the merged input rows
+    n_clips: int
+    soft_tokens: int  # audio tokens in all
+    positions: Optional[mx.array] = None  # (no mRoPE)
+    position_delta: int = 0
+
+
+def load_clip(clip, rate: int) -> np.ndarray:
+    """A clip as the processor takes it: a WAV file read (towers.audio.read_wav; AudioFormatError
+    at another sample rate: mlx-vlm resamples through mlx_audio), or samples (float32; a 2-D array's
+    channels averaged, as mlx-vlm's load_audio does) taken to be at `rate`."""
+    from mlxbun.towers.audio import read_wav
+    from mlxbun.towers.errors import AudioFormatError
+
+    if isinstance(clip, np.ndarray):
+        a = clip.astype(np.float32, copy=False)
+        return a.mean(axis=1) if a.ndim > 1 else a
+    samples, got = read_wav(clip)
+    if got != rate:
+        raise AudioFormatError(f"{clip}: {got} Hz; the feature extractor takes {rate} Hz (mlxbun does not resample)")
+    return samples
+
+
+class AudioLanguageModel:
+    """A checkpoint's text RuntimeModel, tokenizer and audio stack (gemma3n). Every text call with
+    audio runs mlx-vlm 0.7.10's gemma3n composition (`hidden_kw`: its KV-shared layers rope their
+    queries at the owner cache's offset after this forward's write), decoding included."""
+
+    hidden_kw = {"shared_offset_after": True}
+
+    def __init__(self, text_model, tokenizer, audio, path: Path):
+        self.text_model, self.tokenizer, self.audio, self.path = text_model, tokenizer, audio, path
+
+    def _token(self, token_id: int, what: str) -> str:
+        t = self.tokenizer.id_to_token(int(token_id))
+        if t is None:
+            raise GenerationError(f"{self.path}: the tokenizer has no {what} token (id {token_id})")
+        return t
+
+    def check_clips(self, clips: Sequence) -> None:
+        """TooManyClips past MAX_CLIPS (before any file is read)."""
+        from mlxbun.towers.usm import MAX_CLIPS
+
+        if len(clips) > MAX_CLIPS:
+            raise TooManyClips(f"{len(clips)} audio clips given; mlxbun takes at most {MAX_CLIPS} per prompt")
+        if not clips:
+            raise AudioCountError("no audio clips given")
+
+    def expand(self, prompt: str, n_clips: int) -> str:
+        """The processor's text: each audio placeholder (the audio token; a prompt without any gets
+        one per clip in front) as "\n\n<boa>" + the clip's audio tokens + "<eoa>\n\n"."""
+        a = self.audio
+        token = self._token(a.audio_token_id, "audio")
+        text, found = count_placeholders(prompt, token, n_clips, token)
+        if found != n_clips:
+            raise AudioCountError(f"the prompt holds {found} audio placeholder(s) ({token!r}) but {n_clips} clip(s) "
+                                  "were given")
+        block = (f"\n\n{self._token(a.boa_token_id, 'begin-of-audio')}{token * a.soft_tokens_per_clip}"
+                 f"{self._token(a.eoa_token_id, 'end-of-audio')}\n\n")
+        return text.replace(token, block)
+
+    def prepare(self, prompt: str, clips: Sequence, *, add_special_tokens: bool = True) -> AudioPrompt:
+        """Read the clips, compute their log-mel frames, splice their audio tokens into `prompt`, run
+        the tower and merge: every input checked (count, files, length, context) before the tower."""
+        from mlxbun.towers.audio import log_mel
+
+        a = self.audio
+        self.check_clips(clips)
+        text = self.expand(prompt, len(clips))  # AudioCountError before any file is read
+        samples = [load_clip(c, a.mel.sampling_rate) for c in clips]  # AudioUnreadable / Truncated / Format
+        mel = log_mel(samples, a.mel)
+        a.check_frames(mel.features.shape[1])  # AudioTooLong
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        limit = getattr(self.text_model.args, "max_position_embeddings", None)
+        if limit and len(ids) > limit:
+            raise TooManyClips(f"{len(clips)} clip(s) make the prompt {len(ids)} tokens, past the model's "
+                               f"{limit}-token context")
+        ids = mx.array(ids, dtype=mx.int32)
+        features, mask = mx.array(mel.features), mx.array(mel.mask)
+        soft = a.soft_tokens(features, mask)
+        embeddings = a.merge(self.text_model.embed_tokens, ids[None], features, mask)
+        return AudioPrompt(text, ids, features, mask, soft, embeddings, len(clips),
+                           int((np.array(ids) == a.audio_token_id).sum()))
+
+    def mrope(self) -> None:
+        return None
+
+    def check_generation(self) -> None:
+        return None
+
+    def logits(self, prompt: AudioPrompt, cache: Optional[list] = None) -> mx.array:
+        """The text model's logits [1, L, V] over the merged prompt in one call."""
+        m = self.text_model
+        return m.logits_from_hidden(m.forward_hidden(prompt.ids[None], cache, input_embeddings=prompt.embeddings,
+                                                     **self.hidden_kw))
+
+
+def open_alm(path) -> AudioLanguageModel:
+    """A checkpoint's text graph, tokenizer and audio tower (NoTowerError where it has none)."""
+    from mlxbun.factory import open_model
+    from mlxbun.tokenizer import load_tokenizer
+    from mlxbun.towers.usm import open_audio
+
+    path = Path(path)
+    audio = open_audio(path)
+    return AudioLanguageModel(open_model(path), load_tokenizer(path), audio, path)
+
+
+def refuse_audio(path, what: str = "audio") -> None:
+    """NoTowerError unless `path` holds an audio tower mlxbun builds (checked before any work)."""
+    from mlxbun.towers.loader import _read_config
+    from mlxbun.towers.usm import check_audio_tower
+
+    p = Path(path)
+    try:
+        check_audio_tower(p, _read_config(p))
+    except NoTowerError as e:
+        raise NoTowerError(f"{what} given, but {e}") from None
 
 
 def open_vlm(path) -> VisionLanguageModel:
@@ -254,19 +389,22 @@ def refuse_images(path, what: str = "images") -> None:
         raise NoTowerError(f"{what} given, but {e}") from None
 
 
-def stream_generate(vlm: VisionLanguageModel, prompt: MediaPrompt, **kwargs):
-    """mlxbun.generate.stream_generate over the merged prompt (same options; `fast` refused:
-    the compiled step knows no input embeddings)."""
+def stream_generate(vlm, prompt, **kwargs):
+    """mlxbun.generate.stream_generate over the merged prompt of a VisionLanguageModel's
+    MediaPrompt or an AudioLanguageModel's AudioPrompt (same options; `fast` refused: the
+    compiled step knows no input embeddings)."""
     from mlxbun.generate import stream_generate as text_stream
 
     if kwargs.get("fast"):
-        raise GenerationError("--fast does not take images (the compiled step runs token ids only)")
+        raise GenerationError("--fast does not take images or audio (the compiled step runs token ids only)")
     if kwargs.get("prompt_cache") is not None:
-        raise GenerationError("a prompt cache cannot be combined with images (its rows are the ids' embeddings)")
+        raise GenerationError("a prompt cache cannot be combined with images or audio (its rows are the ids' "
+                              "embeddings)")
     rope = vlm.mrope()
     if rope is not None and any(kwargs.get(k) is not None for k in ("kv_bits", "max_kv_size", "kv_key_bits",
                                                                      "kv_value_bits")):
         raise GenerationError("images through mRoPE run on plain KV caches only (no KV quantization, "
                               "no bounded cache)")
-    model = EmbeddedPrompt(vlm.text_model, prompt.embeddings, rope, prompt.positions, prompt.position_delta, prompt)
+    model = EmbeddedPrompt(vlm.text_model, prompt.embeddings, rope, prompt.positions, prompt.position_delta, prompt,
+                           getattr(vlm, "hidden_kw", None))
     return text_stream(model, vlm.tokenizer, prompt.ids, **kwargs)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from mlxbun.errors import MlxbunError, UnsupportedModelError
 
-__all__ = ["ImageCountError", "ImageTruncated", "ImageUnreadable", "MediaError", "NoTowerError",
+__all__ = ["AudioCountError", "AudioFormatError", "AudioTooLong", "AudioTruncated", "AudioUnreadable",
+           "ImageCountError", "ImageTruncated", "ImageUnreadable", "MediaError", "NoTowerError", "TooManyClips",
            "TooManyImages"]
 
 
@@ -26,6 +27,32 @@ class ImageCountError(MediaError):
 
 class TooManyImages(MediaError):
     """More images than the model's limit, or than its context holds once spliced."""
+
+
+class AudioUnreadable(MediaError):
+    """The file is missing, not a file, not a RIFF/WAVE file, or holds no frames."""
+
+
+class AudioTruncated(MediaError):
+    """The WAV header or its data ends before what the header declares."""
+
+
+class AudioFormatError(MediaError):
+    """A WAV mlxbun does not read as mlx-vlm would: not 16-bit PCM, or not at the processor's
+    sample rate (mlx-vlm resamples through mlx_audio)."""
+
+
+class AudioTooLong(MediaError):
+    """A clip past the processor's length, or longer than the model's audio soft tokens hold (or
+    shorter than one frame)."""
+
+
+class AudioCountError(MediaError):
+    """The prompt's audio placeholders and the clips given disagree."""
+
+
+class TooManyClips(MediaError):
+    """More audio clips than mlxbun takes in one prompt, or than the context holds once spliced."""
 
 
 class NoTowerError(UnsupportedModelError):

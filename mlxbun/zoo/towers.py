@@ -12,6 +12,7 @@ The text-only wrapper archs (`zoo:gemma3`, ...) stay as they were: these are oth
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from dataclasses import dataclass
@@ -44,6 +45,12 @@ class TowerArch:
     fix: Callable[[dict, dict[str, int]], None]  # edits the config given the media token ids
     preprocessor: dict
     processor: dict
+    # mlx-vlm's model class builds its vision tower at full size (gemma3n's MobileNetV5 block
+    # layout is hard-coded, ~300M parameters): the checkpoint is built and loaded without it
+    no_vision_tower: bool = False
+    # the checkpoint's tensors under HF's names (model.language_model.*, model.audio_tower.*), which
+    # mlx-lm's text model and mlx-vlm's sanitize both read
+    hf_names: bool = False
 
 
 # tiny SigLIP tower: 64x64 images in 16x16 patches (a 4x4 grid), two layers of width 64 (a quant
@@ -183,6 +190,56 @@ def _qwen2_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
                vision_start_token_id=ids["vision_start_token"], vision_end_token_id=ids["vision_end_token"])
 
 
+# tiny gemma3n audio (USM conformer): 32 mel bins, two conformer blocks of width 32 attending in
+# chunks of 4 frames with 4 frames of left context, 8 soft tokens a clip (about a second of 16 kHz
+# audio); the media vocabularies as the hub config lays them out (vision's after the per-layer
+# vocabulary, audio's after vision's), two ids each
+GEMMA3N_AUDIO = {"model_type": "gemma3n_audio", "input_feat_size": 32, "hidden_size": 32,
+                 "conf_num_attention_heads": 2, "conf_num_hidden_layers": 2, "conf_attention_chunk_size": 4,
+                 "conf_attention_context_left": 5, "conf_attention_context_right": 0,
+                 "conf_attention_logit_cap": 50.0, "conf_conv_kernel_size": 5, "conf_reduction_factor": 4,
+                 "conf_residual_weight": 0.5, "sscp_conv_channel_size": [8, 4], "sscp_conv_group_norm_eps": 1e-3,
+                 "sscp_conv_kernel_size": [[3, 3], [3, 3]], "sscp_conv_stride_size": [[2, 2], [2, 2]],
+                 "rms_norm_eps": 1e-6, "gradient_clipping": 1e10, "vocab_size": 2}
+GEMMA3N_AUDIO_TOKENS = 8
+GEMMA3N_MEDIA_TOKENS = (("boi_token", "<start_of_image>"), ("boa_token", "<start_of_audio>"),
+                        ("eoi_token", "<end_of_image>"), ("image_token", "<image_soft_token>"),
+                        ("eoa_token", "<end_of_audio>"), ("audio_token", "<audio_soft_token>"))
+
+
+def _gemma3n_audio_fix(cfg: dict, ids: dict[str, int]) -> None:
+    vocab = max(ids.values()) + 1
+    cfg["audio_config"] = {**GEMMA3N_AUDIO, "vocab_offset": ids["eoa_token"]}
+    cfg["vision_config"] = {**cfg["vision_config"], "vocab_offset": ids["eoi_token"], "vocab_size": 2,
+                            "hidden_size": 32}
+    cfg.update(audio_soft_tokens_per_image=GEMMA3N_AUDIO_TOKENS, audio_token_id=ids["audio_token"],
+               boa_token_id=ids["boa_token"], eoa_token_id=ids["eoa_token"], boi_token_id=ids["boi_token"],
+               eoi_token_id=ids["eoi_token"], image_token_id=ids["image_token"])
+    # mlx-vlm's gemma3n MLP takes intermediate_size[0] in every layer: one width (as the hub configs)
+    text = cfg["text_config"]
+    text.update(vocab_size=vocab, vocab_size_per_layer_input=ids["eoi_token"],
+                intermediate_size=[text["intermediate_size"][0]] * text["num_hidden_layers"])
+
+
+def _gemma3n_preprocessor() -> dict:
+    """google/gemma-3n-E2B-it's preprocessor_config.json (its feature extractor and image processor),
+    at 32 mel bins, with a per-bin mean and deviation."""
+    import numpy as np
+
+    bins = GEMMA3N_AUDIO["input_feat_size"]
+    return {"feature_extractor_type": "Gemma3nAudioFeatureExtractor", "feature_size": bins, "sampling_rate": 16000,
+            "frame_length_ms": 32.0, "hop_length_ms": 10.0, "min_frequency": 125.0, "max_frequency": 7600.0,
+            "preemphasis": 0.97, "preemphasis_htk_flavor": True, "fft_overdrive": True, "dither": 0.0,
+            "input_scale_factor": 1.0, "mel_floor": 1e-5, "padding_side": "right", "padding_value": 0.0,
+            "return_attention_mask": True,
+            "per_bin_mean": [round(float(x), 4) for x in np.linspace(-2.0, 1.0, bins)],
+            "per_bin_stddev": [round(float(x), 4) for x in np.linspace(0.5, 1.5, bins)],
+            "image_processor_type": "SiglipImageProcessor", "do_normalize": False, "do_rescale": True,
+            "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2,
+            "rescale_factor": 0.00392156862745098, "size": {"height": 64, "width": 64},
+            "processor_class": "Gemma3nProcessor"}
+
+
 TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
     TowerArch(
         "gemma3-vision", "gemma3",
@@ -226,6 +283,11 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
                             "max_num_patches": 16, "processor_class": "Lfm2VlProcessor", "resample": 3,
                             "rescale_factor": 0.00392156862745098, **LFM2_VL_TILING},
               processor={"processor_class": "Lfm2VlProcessor", "use_image_special_tokens": True}),
+    TowerArch("gemma3n-audio", "gemma3n", media_tokens=GEMMA3N_MEDIA_TOKENS, fix=_gemma3n_audio_fix,
+              preprocessor=_gemma3n_preprocessor(),
+              processor={"audio_seq_length": GEMMA3N_AUDIO_TOKENS, "image_seq_length": 256,
+                         "processor_class": "Gemma3nProcessor"},
+              no_vision_tower=True, hf_names=True),
     TowerArch("qwen2_5_vl-vision", "qwen2_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen2_5_vl_fix,
               preprocessor=_qwen_preprocessor("Qwen2_5_VLProcessor"),
               processor={"processor_class": "Qwen2_5_VLProcessor"}),
@@ -279,6 +341,41 @@ def _skip_multimodal(path: str) -> bool:
     return skip_multimodal_module(path)
 
 
+@contextlib.contextmanager
+def without_vision_tower(model_type: str):
+    """mlx-vlm's `model_type` model class built with an empty module for its vision tower (for a
+    checkpoint that carries none: its audio path never calls it)."""
+    import importlib
+
+    import mlx.nn as nn
+
+    package = importlib.import_module(f"mlx_vlm.models.{model_type}")
+    modules = (package, importlib.import_module(f"mlx_vlm.models.{model_type}.{model_type}"))
+
+    class NoVisionTower(nn.Module):
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+
+        def sanitize(self, weights):
+            return weights
+
+    saved = [m.VisionModel for m in modules]
+    for m in modules:
+        m.VisionModel = NoVisionTower
+    try:
+        yield
+    finally:
+        for m, cls in zip(modules, saved):
+            m.VisionModel = cls
+
+
+def hf_name(name: str) -> str:
+    """mlx-vlm's parameter name as HF writes it (language_model.model.X -> model.language_model.X)."""
+    if name.startswith("language_model.model."):
+        return "model.language_model." + name[len("language_model.model."):]
+    return "model." + name
+
+
 def build_model(config: dict, seed: int):
     """mlx-vlm's model of `config`, seeded and perturbed by name (zoo.weights.perturb); a tied
     head is the embedding's copy (what mlx-vlm's sanitize makes of a tied checkpoint)."""
@@ -306,7 +403,6 @@ def quantize(model, config: dict, quant) -> dict:
     """`mlx_vlm.convert -q`'s quantization (affine, group 64; towers and projectors skipped);
     "mixed": the zoo's mixed recipe (zoo.weights.mixed_predicate) on the text model alone, the
     embedding at the tied head's 8 bits (mlx-vlm copies the embedding over the head)."""
-    import contextlib
     import io
 
     from mlx_vlm.quant_utils import quantize_model
@@ -357,11 +453,12 @@ def build_files(v: Variant, out: Path) -> None:
     arch = _arch(v.arch)
     config = tower_config(v.arch)
     config["torch_dtype"] = v.dtype
-    model = build_model(config, v.seed)
+    with without_vision_tower(config["model_type"]) if arch.no_vision_tower else contextlib.nullcontext():
+        model = build_model(config, v.seed)
     cast(model, v.dtype)
     if v.quant is not None:
         config = quantize(model, config, v.quant)
-    weights = dict(tree_flatten(model.parameters()))
+    weights = {hf_name(k) if arch.hf_names else k: w for k, w in tree_flatten(model.parameters())}
     save_shards(weights, out, total_parameters=sum(w.size for w in weights.values()), fmt="mlx")
     (out / "config.json").write_text(json.dumps(dict(sorted(config.items())), indent=4), encoding="utf-8")
     write_media_tokenizer(arch, out)

@@ -76,10 +76,15 @@ class LanguageModel(nn.Module):
         per_layer_projection = self.per_layer_projection_norm(per_layer_projection)
         return (per_layer_projection + per_layer_inputs) * (2.0**-0.5)
 
-    def hidden(self, inputs: mx.array, cache: Optional[list] = None) -> mx.array:
-        """The final-normed hidden state (mlx-lm's `__call__` up to `self.norm`)."""
+    def hidden(self, inputs: mx.array, cache: Optional[list] = None,
+               input_embeddings: Optional[mx.array] = None, shared_offset_after: bool = False) -> mx.array:
+        """The final-normed hidden state (mlx-lm's `__call__` up to `self.norm`). `input_embeddings`
+        [B, L, D]: the rows to run instead of the ids' scaled embeddings (mlx-vlm's `inputs_embeds`:
+        the per-layer inputs still come from the ids). `shared_offset_after`: mlx-vlm 0.7.10's
+        gemma3n composition, where a KV-shared layer ropes its queries at its owner cache's offset
+        read after the owner wrote this forward's keys (mlx-lm: the offset before the forward)."""
         a = self.args
-        h = self.embed_tokens(inputs) * (a.hidden_size**0.5)
+        h = self.embed_tokens(inputs) * (a.hidden_size**0.5) if input_embeddings is None else input_embeddings
         per_layer_inputs = self.get_per_layer_inputs(inputs)
         per_layer_inputs = self.project_per_layer_inputs(h, per_layer_inputs)
         if cache is None:
@@ -98,7 +103,9 @@ class LanguageModel(nn.Module):
         offset = cache[0].offset if cache[0] is not None else 0
         for i, layer in enumerate(self.layers):
             mask = global_mask if a.layer_types[i] == FULL else sliding_window_mask
-            h = layer(h, mask, cache[a.cache_idx[i]], per_layer_inputs[:, :, i, :], offset=offset)
+            c = cache[a.cache_idx[i]]
+            at = c.offset if shared_offset_after and c is not None and i >= a.first_kv_shared else offset
+            h = layer(h, mask, c, per_layer_inputs[:, :, i, :], offset=at)
 
         target_magnitude = mx.mean(h[0] ** 2, axis=-1, keepdims=True) ** 0.5
         for i, proj in enumerate(self.altup_unembed_projections):
@@ -191,8 +198,13 @@ class Gemma3nModel(nn.Module):
     def layers_tap(self, paths: Any = None):
         return capture(self, paths)
 
-    def forward_hidden(self, ids: mx.array, cache: Optional[list] = None) -> mx.array:
-        return self.language_model.hidden(ids, cache)
+    def forward_hidden(self, ids: mx.array, cache: Optional[list] = None,
+                       input_embeddings: Optional[mx.array] = None, shared_offset_after: bool = False) -> mx.array:
+        return self.language_model.hidden(ids, cache, input_embeddings, shared_offset_after)
+
+    def embed_tokens(self, ids: mx.array) -> mx.array:
+        """The ids' rows of the embedding, unscaled (what mlx-vlm's gemma3n merges media into)."""
+        return self.language_model.embed_tokens(ids)
 
     def logits_from_hidden(self, h: mx.array) -> mx.array:
         return self.language_model.logits(h)
