@@ -105,7 +105,7 @@ def test_repack_is_what_mx_load_reads_from_smollm2():
 
 
 def _same_floats(ours, ref: np.ndarray) -> None:
-    """Bit for bit, but for the sign of zero: Q4_0 code 8 with a negative scale is d * (8 - 8) = -0
+    """Bit for bit, but for the sign of zero: Q4_0 code 8 (Q5_0 code 16) with a negative scale is d * (8 - 8) = -0
     in llama.cpp and d * 8 + (-8 d) = +0 in MLX's affine form (equal numbers)."""
     ours = np.array(ours)
     assert ours.dtype == ref.dtype == np.float32 and ours.shape == ref.shape

@@ -22,19 +22,10 @@ from mlxbun.gguf.reader import open_gguf
 from mlxbun.gguf.tensors import read_tensor
 from mlxbun.real_models import PARTED, Parted, join_parts
 from tests.conftest import real_gguf
+from tests.test_gguf_import import _same_floats  # bit for bit, but for the sign of zero (Q4_0 / Q5_0)
 
 REAL = ("smollm2", "gemma3", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 ROWS = 48  # of each tensor's first and last rows: every tensor of the four files in seconds
-
-
-def _same_floats(ours, ref: np.ndarray) -> None:
-    """Bit for bit, but for the sign of zero where llama.cpp's d * (q - mid) gives -0 under a
-    negative d (Q4_0 / Q5_0's middle code) and MLX's d * q + (-mid d) gives +0."""
-    ours = np.array(ours)
-    assert ours.dtype == ref.dtype == np.float32 and ours.shape == ref.shape
-    nonzero = ref != 0
-    assert np.array_equal(ours.view(np.uint32)[nonzero], ref.view(np.uint32)[nonzero])
-    assert not ours[~nonzero].any()
 
 
 def _dequantize(raw: np.ndarray, qtype: T, cols: int):
