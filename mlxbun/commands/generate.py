@@ -157,11 +157,11 @@ def _run(args, group) -> int:
     from mlxbun.tokenizer import load_tokenizer
 
     _apply_kv_setting(args)
-    if args.image is not None:  # a VLM's tower (commands/image_flags.py): refusals before any work
-        from mlxbun.commands.image_flags import check_image_flags, run_images
+    if args.image is not None or args.audio is not None:  # a tower (commands/image_flags.py): refusals first
+        from mlxbun.commands.image_flags import check_image_flags, run_audio, run_images
 
         check_image_flags(args)
-        return run_images(args, locate(args.model))
+        return (run_images if args.audio is None else run_audio)(args, locate(args.model))
     if args.prompt_ids is not None:
         _parse_ids(args.prompt_ids)  # before the model loads (build_prompt parses them again)
     if args.kv_config not in (None, NO_KV_CONFIG):

@@ -1,6 +1,7 @@
-"""`mlxbun generate --image FILE [--image FILE ...]`: images into a VLM checkpoint's tower
-(mlxbun.multimodal). Every refusal comes before the model loads: flags the image path does not
-take, a checkpoint without a tower mlxbun builds, too many images, unreadable / truncated files."""
+"""`mlxbun generate --image FILE [--image FILE ...]` / `--audio FILE.wav [--audio ...]`: images
+into a VLM checkpoint's vision tower, audio clips into its audio tower (mlxbun.multimodal). Every
+refusal comes before the model loads: flags the media path does not take, a checkpoint without
+such a tower mlxbun builds, too many images / clips, unreadable / truncated / unsupported files."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import sys
 
 from mlxbun.errors import MlxbunError
 
-# flags the image path does not combine with, and why
+# flags the media path does not combine with, and why
 _REFUSED = {
-    "prompt_ids": "the images are spliced into prompt text (give --prompt with the image placeholders)",
-    "chat": "the chat template's image items are not reproduced (write the placeholders into --prompt)",
-    "prompt_cache": "a saved cache holds token embeddings, not the merged image rows",
-    "save_prompt_cache": "a saved cache would hold the merged image rows under plain token ids",
+    "prompt_ids": "the media are spliced into prompt text (give --prompt with the placeholders)",
+    "chat": "the chat template's media items are not reproduced (write the placeholders into --prompt)",
+    "prompt_cache": "a saved cache holds token embeddings, not the merged media rows",
+    "save_prompt_cache": "a saved cache would hold the merged media rows under plain token ids",
     "fast": "the compiled decode step runs token ids only",
     "tp": "the tower is not split across ranks",
 }
@@ -24,29 +25,41 @@ def add_image_arguments(p) -> None:
     p.add_argument("--image", action="append", default=None, metavar="FILE",
                    help="an image for a VLM checkpoint's tower (repeat for several); the prompt's "
                         "image placeholders (e.g. <start_of_image>) take them in order, else they go first")
+    p.add_argument("--audio", action="append", default=None, metavar="FILE.wav",
+                   help="a 16-bit PCM WAV clip at the processor's sample rate for a checkpoint's audio tower "
+                        "(gemma3n; repeat for several); the prompt's audio placeholders (<audio_soft_token>) "
+                        "take them in order, else they go first")
 
 
 def check_image_flags(args) -> None:
+    """The refusals of --image / --audio that need no file and no model."""
     from mlxbun.multimodal import MAX_IMAGES
     from mlxbun.names import parse_engine
-    from mlxbun.towers.errors import TooManyImages
+    from mlxbun.towers.errors import TooManyClips, TooManyImages
+    from mlxbun.towers.usm import MAX_CLIPS
 
+    images, audio = getattr(args, "image", None), getattr(args, "audio", None)
+    if images is not None and audio is not None:
+        raise MlxbunError("--image with --audio: mlxbun builds no checkpoint's vision and audio towers together "
+                          "(gemma3n's vision tower is not built)")
+    flag = "--image" if images is not None else "--audio"
     if parse_engine(args.engine, what="--engine/--backend") != "mlxbun":
-        raise MlxbunError("--image runs on mlxbun's engine only (mlx-lm builds no tower)")
-    for flag, why in _REFUSED.items():
-        v = getattr(args, flag, None)
-        if v not in (None, False) and not (flag == "tp" and v == 1):
-            raise MlxbunError(f"--{flag.replace('_', '-')} with --image: {why}")
+        raise MlxbunError(f"{flag} runs on mlxbun's engine only (mlx-lm builds no tower)")
+    for name, why in _REFUSED.items():
+        v = getattr(args, name, None)
+        if v not in (None, False) and not (name == "tp" and v == 1):
+            raise MlxbunError(f"--{name.replace('_', '-')} with {flag}: {why}")
     if getattr(args, "draft", None) is not None:
-        raise MlxbunError("--image with speculative decoding: the drafters see token ids only")
-    if len(args.image) > MAX_IMAGES:
-        raise TooManyImages(f"{len(args.image)} --image files; mlxbun takes at most {MAX_IMAGES} per prompt")
+        raise MlxbunError(f"{flag} with speculative decoding: the drafters see token ids only")
+    if images is not None and len(images) > MAX_IMAGES:
+        raise TooManyImages(f"{len(images)} --image files; mlxbun takes at most {MAX_IMAGES} per prompt")
+    if audio is not None and len(audio) > MAX_CLIPS:
+        raise TooManyClips(f"{len(audio)} --audio files; mlxbun takes at most {MAX_CLIPS} per prompt")
 
 
 def run_images(args, path) -> int:
     """Generate from --prompt and the --image files of the checkpoint at `path`."""
-    from mlxbun.multimodal import open_vlm, refuse_images, stream_generate
-    from mlxbun.names import whole
+    from mlxbun.multimodal import open_vlm, refuse_images
     from mlxbun.towers.images import load_image
 
     check_image_flags(args)
@@ -56,8 +69,30 @@ def run_images(args, path) -> int:
     vlm = open_vlm(path)
     vlm.check_generation()  # a text model needing positions mlxbun does not build, before the tower
     prompt = vlm.prepare(text, images)
+    return _generate(args, vlm, prompt, "images", prompt.n_images)
+
+
+def run_audio(args, path) -> int:
+    """Generate from --prompt and the --audio WAV files of the checkpoint at `path`."""
+    from mlxbun.multimodal import load_clip, open_alm, refuse_audio
+    from mlxbun.towers.usm import read_mel_config
+
+    check_image_flags(args)
+    refuse_audio(path, "--audio")  # NoTowerError before anything loads
+    rate = read_mel_config(path).sampling_rate
+    clips = [load_clip(f, rate) for f in args.audio]  # AudioUnreadable / AudioTruncated / AudioFormatError
+    text = sys.stdin.read() if args.prompt == "-" else (args.prompt or "")
+    alm = open_alm(path)
+    prompt = alm.prepare(text, clips)
+    return _generate(args, alm, prompt, "audio_clips", prompt.n_clips)
+
+
+def _generate(args, model, prompt, what: str, count: int) -> int:
+    from mlxbun.multimodal import stream_generate
+    from mlxbun.names import whole
+
     stream = stream_generate(
-        vlm, prompt, max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
+        model, prompt, max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, top_k=args.top_k,
         min_p=args.min_p, min_tokens_to_keep=args.min_tokens_to_keep, seed=args.seed,
         repetition_penalty=args.repetition_penalty, repetition_context_size=args.repetition_context_size,
         max_kv_size=args.max_kv_size, stop=args.stop, prefill_step_size=args.prefill_step_size,
@@ -75,11 +110,11 @@ def run_images(args, path) -> int:
         print(json.dumps({"text": out, "tokens": tokens, "finish_reason": last.finish_reason,
                           "prompt_tokens": last.prompt_tokens, "prompt_tps": last.prompt_tps,
                           "generation_tokens": last.generation_tokens, "generation_tps": last.generation_tps,
-                          "peak_memory_gb": last.peak_memory, "images": prompt.n_images,
+                          "peak_memory_gb": last.peak_memory, what: count,
                           "soft_tokens": prompt.soft_tokens, "prompt_ids": prompt.ids.tolist()}))
     else:
         sys.stdout.write("\n")
-        print(f"Images: {prompt.n_images} ({prompt.soft_tokens} soft tokens)", file=sys.stderr)
+        print(f"{what.replace('_', ' ').capitalize()}: {count} ({prompt.soft_tokens} soft tokens)", file=sys.stderr)
         print(f"Prompt: {last.prompt_tokens} tokens, {last.prompt_tps:.3f} tokens-per-sec", file=sys.stderr)
         print(f"Generation: {last.generation_tokens} tokens, {last.generation_tps:.3f} tokens-per-sec",
               file=sys.stderr)

@@ -24,7 +24,7 @@ from mlxbun.towers.audio import MelConfig
 from mlxbun.towers.errors import AudioCountError, AudioTooLong, NoTowerError
 
 __all__ = ["AUDIO_TOWERS", "MAX_CLIPS", "AudioStack", "AudioTower", "MultimodalEmbedder", "RMSNorm32",
-           "check_audio_tower", "open_audio"]
+           "check_audio_tower", "open_audio", "read_mel_config"]
 
 
 class RMSNorm32(nn.Module):
@@ -440,7 +440,7 @@ def open_audio(path, config: Optional[Mapping] = None) -> AudioStack:
     for module, name in ((tower, "audio_tower"), (embed_audio, "embed_audio"), (embed_vision, "embed_vision")):
         _load(module, root + name, tensors, quantization, path)
     mx.eval(tower.parameters(), embed_audio.parameters(), embed_vision.parameters())
-    mel = MelConfig.from_config(_read_json(path / "preprocessor_config.json"))
+    mel = read_mel_config(path)
     if mel.feature_size != audio["input_feat_size"]:
         raise ConfigError(f"{path}: the feature extractor's {mel.feature_size} mel bins != the tower's "
                           f"input_feat_size {audio['input_feat_size']}")
@@ -463,6 +463,11 @@ _AUDIO_DEFAULTS = {"input_feat_size": 80, "hidden_size": 1536, "conf_attention_c
                    "sscp_conv_kernel_size": ((3, 3), (3, 3)), "sscp_conv_stride_size": ((2, 2), (2, 2)),
                    "vocab_size": 128, "sscp_conv_eps": 1e-3, "rms_norm_eps": 1e-6, "gradient_clipping": 1e10,
                    "vocab_offset": 262_144 + 128}
+
+
+def read_mel_config(path) -> MelConfig:
+    """The checkpoint's audio feature extractor settings (preprocessor_config.json)."""
+    return MelConfig.from_config(_read_json(Path(path) / "preprocessor_config.json"))
 
 
 def _read_json(f: Path, missing_ok: bool = False) -> dict:

@@ -1,0 +1,243 @@
+"""gemma3n's audio tower held bit-exact to mlx-vlm 0.7.10, run live: the WAV read, the processor's
+log-mel frames and mask, the spliced ids and soft-token counts, the tower stage by stage, the soft
+tokens, the merged rows, the prompt's logits and greedy generation (tokens and log-probabilities
+vs mlx-vlm's generate_step) on the tiny zoo checkpoint with its audio tower
+(mlxbun.zoo.towers "gemma3n-audio"), in every dtype / quantization; each bad input refused by
+name. Test audio: sine and noise written here with the standard library's wave module."""
+
+from __future__ import annotations
+
+import json
+import wave
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlxbun.cli as cli
+from mlxbun.multimodal import open_alm, stream_generate
+from mlxbun.towers.errors import (AudioCountError, AudioFormatError, AudioTooLong, AudioTruncated,
+                                  AudioUnreadable, NoTowerError, TooManyClips)
+from mlxbun.towers.usm import MAX_CLIPS
+
+ARCH = "gemma3n-audio"
+VARIANTS = [("float32", None), ("float16", None), ("bfloat16", None), ("float32", 4), ("bfloat16", 8),
+            ("float32", "mixed")]
+AUDIO = "<audio_soft_token>"
+PROMPT = f"hi {AUDIO} and {AUDIO} there"
+RATE = 16_000
+
+
+def _write_wav(path: Path, samples: np.ndarray, rate: int = RATE, width: int = 2) -> Path:
+    """Samples in [-1, 1) ([n] or [n, channels]) as PCM of `width` bytes."""
+    x = samples if samples.ndim == 2 else samples[:, None]
+    if width == 2:
+        data = np.clip(np.round(x * 32768), -32768, 32767).astype("<i2").tobytes()
+    else:
+        data = np.clip(np.round(x * 128 + 128), 0, 255).astype(np.uint8).tobytes()
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(x.shape[1])
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(data)
+    return path
+
+
+@pytest.fixture(scope="session")
+def wavs(run_tmp) -> list[Path]:
+    """A 0.75 s sine, 0.44 s of noise, and a 0.5 s stereo clip (the channels differ)."""
+    t = np.arange(12_000) / RATE
+    noise = np.random.default_rng(0).standard_normal(7_000) * 0.1
+    stereo = np.stack([0.2 * np.sin(2 * np.pi * 300 * t[:8000]), 0.1 * np.cos(2 * np.pi * 700 * t[:8000])], 1)
+    return [_write_wav(run_tmp / "audio-sine.wav", 0.3 * np.sin(2 * np.pi * 440 * t)),
+            _write_wav(run_tmp / "audio-noise.wav", noise), _write_wav(run_tmp / "audio-stereo.wav", stereo)]
+
+
+@pytest.fixture(scope="session")
+def audio_ckpt(zoo_root):
+    from mlxbun.zoo.towers import cached_tower_checkpoint
+
+    def get(dtype="float32", quant=None, arch=ARCH) -> Path:
+        return cached_tower_checkpoint(arch, dtype=dtype, quant=quant, root=zoo_root)
+
+    return get
+
+
+_LOADED: dict = {}
+
+
+def _both(path: Path):
+    """(mlxbun's AudioLanguageModel, mlx-vlm's model, processor), loaded once per checkpoint (mlx-vlm's
+    gemma3n without its vision tower, which the checkpoint does not carry: mlxbun.zoo.towers)."""
+    if path not in _LOADED:
+        from mlx_vlm.utils import load
+
+        from mlxbun.zoo.towers import without_vision_tower
+
+        with without_vision_tower("gemma3n"):
+            model, processor = load(str(path))
+        _LOADED[path] = (open_alm(path), model, processor)
+    return _LOADED[path]
+
+
+def _samples(path: Path) -> np.ndarray:
+    """What mlx-vlm's load_audio makes of the file (soundfile's float32 PCM scaling, channels averaged)."""
+    with wave.open(str(path), "rb") as w:
+        x = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32).reshape(-1, w.getnchannels())
+    x = x / np.float32(32768.0)
+    return x.mean(axis=1) if x.shape[1] > 1 else x[:, 0]
+
+
+def _oracle_inputs(processor, clips, prompt=PROMPT):
+    from mlx_vlm.utils import prepare_inputs
+
+    return prepare_inputs(processor, audio=[_samples(c) for c in clips], prompts=[prompt], add_special_tokens=True)
+
+
+@pytest.mark.parametrize("dtype,quant", VARIANTS, ids=[f"{d}-{q}" for d, q in VARIANTS])
+def test_audio_tower_splice_merge_and_logits_are_bit_exact(audio_ckpt, wavs, dtype, quant):
+    alm, model, processor = _both(audio_ckpt(dtype, quant))
+    ref = _oracle_inputs(processor, wavs[:2])
+    ours = alm.prepare(PROMPT, wavs[:2])
+    # the processor: spliced ids, log-mel frames and their mask; the soft-token count
+    assert ours.ids.tolist() == ref["input_ids"][0].tolist()
+    assert mx.array_equal(ours.features, ref["input_features"]) and mx.array_equal(ours.mask, ref["input_features_mask"])
+    assert ours.soft_tokens == int((ref["input_ids"] == model.config.audio_token_id).sum().item()) == 2 * 8
+    # the tower stage by stage (the subsampling stack, then each conformer block), then its output
+    padded = ~ref["input_features_mask"]
+    tower = model.audio_tower
+    x = tower.subsample_conv_projection(ref["input_features"])
+    mask = alm.audio.tower.subsampled_mask(padded, x.shape[1])
+    theirs = [x]
+    for block in tower.conformer:
+        theirs.append(x := block(x, mask))
+    taps: list = []
+    enc, _ = alm.audio.tower(ours.features, ~ours.mask, taps=taps)
+    assert len(taps) == len(theirs)
+    for i, (a, b) in enumerate(zip(taps, theirs)):
+        assert mx.array_equal(a, b), f"audio tower stage {i} differs"
+    want_enc, _ = tower(ref["input_features"], padded)
+    assert mx.array_equal(enc, want_enc)
+    # the soft tokens and the merged rows: mlx-vlm's get_input_embeddings
+    emb = model.get_input_embeddings(ref["input_ids"], None, input_features=ref["input_features"],
+                                     input_features_mask=ref["input_features_mask"])
+    assert mx.array_equal(ours.embeddings, emb.inputs_embeds)
+    # the prompt's logits over caches, in one call and as generate prefills (all but the last, then it)
+    lm, m = model.language_model, alm.text_model
+    n = ours.ids.shape[0]
+    for splits in ([n], [n - 1, 1]):
+        c1, c2, s = lm.make_cache(), m.make_cache(), 0
+        for k in splits:
+            want = lm(ref["input_ids"][:, s:s + k], inputs_embeds=emb.inputs_embeds[:, s:s + k], cache=c1,
+                      per_layer_inputs=emb.per_layer_inputs).logits
+            got = m.logits_from_hidden(m.forward_hidden(ours.ids[None, s:s + k], c2,
+                                                        input_embeddings=ours.embeddings[:, s:s + k],
+                                                        **alm.hidden_kw))
+            assert mx.array_equal(got, want), f"prompt logits differ ({splits}, from {s})"
+            s += k
+
+
+@pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 4)], ids=["float32", "bf16-q4"])
+def test_audio_greedy_generation_is_bit_exact(audio_ckpt, wavs, dtype, quant):
+    """mlx-vlm's generate_step and mlxbun's stream_generate, greedy: the same tokens and bit-equal
+    log-probabilities (decoding runs mlx-vlm's gemma3n composition too: AudioLanguageModel.hidden_kw)."""
+    from mlx_vlm.generate.ar import generate_step
+
+    alm, model, processor = _both(audio_ckpt(dtype, quant))
+    ref = _oracle_inputs(processor, wavs[:2])
+    theirs = list(generate_step(ref["input_ids"], model, None, ref["attention_mask"], max_tokens=6,
+                                temperature=0.0, input_features=ref["input_features"],
+                                input_features_mask=ref["input_features_mask"]))
+    ours = [(r.token, r.logprobs) for r in stream_generate(alm, alm.prepare(PROMPT, wavs[:2]), max_tokens=6)]
+    assert len(ours) >= 3 and [t for t, _ in ours] == [t for t, _ in theirs[:len(ours)]]
+    for (_, a), (_, b) in zip(ours, theirs):
+        assert mx.array_equal(a, b)
+
+
+def test_stereo_clip_and_a_prompt_without_placeholders_match_the_processor(audio_ckpt, wavs):
+    alm, model, processor = _both(audio_ckpt())
+    ref = _oracle_inputs(processor, wavs[2:], f"{AUDIO}what is this")
+    ours = alm.prepare("what is this", wavs[2:])  # the placeholder goes first (one a clip, as for an empty text)
+    assert ours.ids.tolist() == ref["input_ids"][0].tolist() and ours.n_clips == 1
+    assert mx.array_equal(ours.features, ref["input_features"])
+    emb = model.get_input_embeddings(ref["input_ids"], None, input_features=ref["input_features"],
+                                     input_features_mask=ref["input_features_mask"])
+    assert mx.array_equal(ours.embeddings, emb.inputs_embeds)
+
+
+# ------------------------------------------------------------------ bad input: one named error each
+
+
+def test_bad_wavs_are_refused_by_name(audio_ckpt, wavs, tmp_path):
+    alm, _, _ = _both(audio_ckpt())
+    good = wavs[0].read_bytes()
+    cut_data = tmp_path / "cut.wav"
+    cut_data.write_bytes(good[: len(good) // 2])
+    cut_head = tmp_path / "head.wav"
+    cut_head.write_bytes(good[:20])
+    text = tmp_path / "notes.wav"
+    text.write_text("not audio")
+    byte = _write_wav(tmp_path / "u8.wav", np.zeros(4000), width=1)
+    slow = _write_wav(tmp_path / "8k.wav", np.zeros(4000), rate=8000)
+    long = _write_wav(tmp_path / "long.wav", np.zeros(RATE * 2))
+    cases = [(tmp_path / "missing.wav", AudioUnreadable, "no such audio file"), (tmp_path, AudioUnreadable, "not a file"),
+             (text, AudioUnreadable, "not a RIFF/WAVE"), (cut_data, AudioTruncated, "declares"),
+             (cut_head, AudioTruncated, "ends early"), (byte, AudioFormatError, "8-bit"),
+             (slow, AudioFormatError, "8000 Hz"), (long, AudioTooLong, "holds 8 a clip")]
+    for path, error, message in cases:
+        with pytest.raises(error, match=message):
+            alm.prepare(AUDIO, [path])
+    with pytest.raises(AudioCountError, match="holds 2 audio placeholder"):
+        alm.prepare(PROMPT, wavs[:1])
+    with pytest.raises(TooManyClips, match=f"at most {MAX_CLIPS}"):
+        alm.prepare(AUDIO, [tmp_path / "missing.wav"] * (MAX_CLIPS + 1))  # before any file is read
+
+
+def test_audio_on_a_checkpoint_without_an_audio_tower_is_refused(audio_ckpt, zoo_root):
+    from mlxbun.multimodal import refuse_audio
+    from mlxbun.zoo import cached_checkpoint
+
+    with pytest.raises(NoTowerError, match="gemma3 is a model without an audio tower"):
+        refuse_audio(audio_ckpt("float32", None, "gemma3-vision"))
+    with pytest.raises(NoTowerError, match="llama is a model without an audio tower"):
+        open_alm(cached_checkpoint("llama", root=zoo_root))
+    with pytest.raises(NoTowerError, match="holds no audio_tower"):  # gemma3n's text-only build
+        refuse_audio(cached_checkpoint("gemma3n", root=zoo_root))
+
+
+# ------------------------------------------------------------------ the CLI
+
+
+def test_cli_generate_with_audio_equals_the_api(audio_ckpt, wavs, capsys):
+    path = audio_ckpt()
+    code = cli.main(["generate", "--model", str(path), "--audio", str(wavs[0]), "--audio", str(wavs[1]),
+                     "--prompt", PROMPT, "--max-tokens", "5", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    alm, _, _ = _both(path)
+    prompt = alm.prepare(PROMPT, wavs[:2])
+    assert out["prompt_ids"] == prompt.ids.tolist() and out["soft_tokens"] == 16 and out["audio_clips"] == 2
+    assert out["tokens"] == [r.token for r in stream_generate(alm, prompt, max_tokens=5)]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--model", "zoo:llama"], "llama is a model without an audio tower"),
+    (["--model", "zoo:gemma3n"], "holds no audio_tower"),
+    (["--audio", "/nonexistent.wav"], "no such audio file"),
+    (["--audio", "x.wav"] * MAX_CLIPS, f"at most {MAX_CLIPS}"),
+    (["--image", "x.png"], "--image with --audio"),
+    (["--fast"], "--fast with --audio"),
+    (["--engine", "mlx-lm"], "mlxbun's engine only"),
+])
+def test_cli_audio_refusals_are_one_line(audio_ckpt, wavs, capsys, monkeypatch, extra, message):
+    import mlxbun.multimodal as mm
+
+    def no_load(*a, **k):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(mm, "open_alm", no_load)
+    args = ["generate", "--model", str(audio_ckpt()), "--audio", str(wavs[0]), "--prompt", "x", "--max-tokens", "2"]
+    code = cli.main(args + extra)
+    err = capsys.readouterr().err
+    assert code == 1 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
