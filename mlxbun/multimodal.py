@@ -355,12 +355,18 @@ def open_alm(path) -> AudioLanguageModel:
 
 def refuse_audio(path, what: str = "audio") -> None:
     """NoTowerError unless `path` holds an audio tower mlxbun builds (checked before any work)."""
-    from mlxbun.towers.loader import _read_config
     from mlxbun.towers.usm import check_audio_tower
+
+    _refuse(check_audio_tower, path, what)
+
+
+def _refuse(check, path, what: str) -> None:
+    """`check(path, config)`'s NoTowerError, said as what was given."""
+    from mlxbun.towers.loader import _read_config
 
     p = Path(path)
     try:
-        check_audio_tower(p, _read_config(p))
+        check(p, _read_config(p))
     except NoTowerError as e:
         raise NoTowerError(f"{what} given, but {e}") from None
 
@@ -380,13 +386,9 @@ def open_vlm(path) -> VisionLanguageModel:
 
 def refuse_images(path, what: str = "images") -> None:
     """NoTowerError unless `path` holds a tower mlxbun builds (checked before any work)."""
-    from mlxbun.towers.loader import _check_tower, _read_config
+    from mlxbun.towers.loader import _check_tower
 
-    p = Path(path)
-    try:
-        _check_tower(p, _read_config(p))
-    except NoTowerError as e:
-        raise NoTowerError(f"{what} given, but {e}") from None
+    _refuse(_check_tower, path, what)
 
 
 def stream_generate(vlm, prompt, **kwargs):
