@@ -18,7 +18,7 @@ from mlxbun.errors import ConfigError
 # Canonical field -> accepted keys, in priority order (surveyed from mlx-lm ModelArgs).
 ALIASES = {
     "vocab_size": ("vocab_size", "n_vocab", "padded_vocab_size", "num_vocab"),
-    "hidden_size": ("hidden_size", "n_embd", "d_model", "model_dim"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model", "model_dim", "hidden_dim"),
     "num_hidden_layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers",
                           "num_transformer_layers"),
     "num_attention_heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),

@@ -38,6 +38,7 @@ REFUSED = {
     "llada2_moe": "has no tensor-parallel split; run it in one process (--tp 1)",
     "rwkv7": "has no tensor-parallel split in mlxbun; run it in one process (--tp 1)",
     "gear": "have no tensor-parallel split in mlxbun; run it in one process (--tp 1)",
+    "afm7": "have no tensor-parallel split in mlxbun; run it in one process (--tp 1)",
 }
 
 EXTRA_VARIANTS = [  # half precision and quantized splits (q4 / q8 / mixed need heads of 32: group 64)

@@ -14,6 +14,8 @@ ALL_VARIANTS = ("float32", "float16", "bfloat16", "q4", "q8", "mixed")
 # float16 / bfloat16 experts here at all; quantized experts (gather_qmm) run in every dtype.
 # tests/test_universal_dense.py holds this to `mlxbun.zoo.archs.runnable_variants`.
 EXPERT_VARIANTS = ("float32", "q4", "q8", "mixed")
+# afm7: mlx-lm cannot quantize its FusedLinear (zoo Arch.unquantizable)
+FLOAT_VARIANTS = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ MANIFEST = {
         Entry("rwkv7"),
         Entry("llama4_text"),
         Entry("muse_glimmer"),
+        Entry("afm7", FLOAT_VARIANTS),
         Entry("gear"),
         Entry("seed_oss"),
         Entry("minicpm"),

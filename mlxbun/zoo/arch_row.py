@@ -45,6 +45,7 @@ class Arch:
     rope_type_key: str = "rope_type"  # the key real hub rope_scaling dicts use ("type" for some)
     post: Callable[[dict], None] | None = None  # last fix-ups to match real hub configs
     extra_variants: tuple[str, ...] = ()  # names.OPT_IN_VARIANTS this arch's port / manifest run
+    unquantizable: bool = False  # the oracle cannot quantize it (afm7's FusedLinear): float variants only
     routed: bool = False  # the config routes through experts where its row has no MoE knobs
     # (gemma4's enable_moe_block): the variants of the MoE rows
     # the config's model_type when it is not `name`: a wrapper's second text model

@@ -505,8 +505,9 @@ def moe_archs() -> tuple[str, ...]:
 def runnable_variants(arch: str) -> tuple[str, ...]:
     """The weight variants (`mlxbun.names.ZOO_VARIANTS`) of `arch` that mlx can run on this
     device: all six, except unquantized float16 / bfloat16 experts where `gather_mm` takes
-    float32 only (mlx's CPU backend), plus the opt-in ones the arch's row lists (mxfp4 for
-    gpt_oss). `mlxbun port`'s default 'all' means these."""
+    float32 only (mlx's CPU backend) and the quantized ones of an unquantizable row (afm7), plus
+    the opt-in ones the arch's row lists (mxfp4 for gpt_oss). `mlxbun port`'s default 'all' means
+    these."""
     from mlxbun.models.switch_layers import gather_mm_supported
     from mlxbun.names import OPT_IN_VARIANTS, ZOO_VARIANTS
 
@@ -514,7 +515,8 @@ def runnable_variants(arch: str) -> tuple[str, ...]:
     experts = has_experts(arch)
     return tuple(v for v, opts in ZOO_VARIANTS.items()
                  if not (experts and "dtype" in opts and not gather_mm_supported(opts["dtype"]))
-                 and (v not in OPT_IN_VARIANTS or v in row.extra_variants))
+                 and (v not in OPT_IN_VARIANTS or v in row.extra_variants)
+                 and not (row.unquantizable and "quant" in opts))
 
 
 def _shrink_kwargs(row: Arch, defaults: dict) -> dict:

@@ -247,4 +247,10 @@ REMOTE_CODE_ROWS = (
         "num_hidden_layers": 4, "num_key_value_heads": 2, "output_multiplier": 0.5, "post_norm_eps": 1e-08,
         "qk_scale_factor": 3.87, "rms_norm_eps": 1e-06, "rope_theta": 500000.0, "sliding_window": SLIDING_WINDOW,
         "tie_word_embeddings": False, "vocab_size": VOCAB_SIZE}),
+    # AFM 7: its ModelArgs keys; 3 layers, the last a KV-reuse layer (float variants only: mlx-lm cannot
+    # quantize its FusedLinear)
+    Arch("afm7", "AFMForCausalLM", base={
+        "model_type": "afm7", "hidden_dim": HIDDEN, "hidden_dim_scale_factor": 3.25, "num_heads": HEADS,
+        "num_kv_heads": 2, "num_kv_reuse_layers": 1, "num_layers": 3, "rms_norm_eps": 1e-05, "rope_theta": 50000,
+        "vocab_size": VOCAB_SIZE}, unquantizable=True),
 )

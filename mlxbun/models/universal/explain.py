@@ -166,7 +166,8 @@ def _sizes(d: ArchDescriptor, a: UniversalArgs) -> tuple[tuple[str, str, Any], .
     inter = d.mlp.intermediate
     inter = {MlpSize.FOUR_X_HIDDEN: "4 * D",
              MlpSize.LILLE: "256 * round(int(8 * D / 3) / 256)",
-             MlpSize.HALF_INTERMEDIATE: "intermediate_size // 2"}.get(inter, inter)
+             MlpSize.HALF_INTERMEDIATE: "intermediate_size // 2",
+             MlpSize.SCALED_HIDDEN: "int(D * hidden_dim_scale_factor)"}.get(inter, inter)
     kv = (f"ceil(H / {d.kv_tile})" if d.kv_tile else d.n_kv_heads or d.layers.kv_heads_per_layer
           or "H (multi-head)")
     heads = (("KV", kv, a.n_kv_heads), ("hd", head_dim, a.head_dim))

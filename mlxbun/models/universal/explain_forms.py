@@ -1,9 +1,10 @@
 """The block-form tail `mlxbun explain` adds for the rows whose forward is not the universal block
 loop: nanbeige's repeated stack (looped.py), iquestloopcoder's gated second loop (loop_gated.py),
-nemotron-nas's per-layer shapes (nas.py), talkie's gains (talkie.py), dbrx's experts (dbrx.py)."""
+nemotron-nas's per-layer shapes (nas.py), talkie's gains (talkie.py), dbrx's experts (dbrx.py), afm7's KV-reuse layers (afm7.py)."""
 
 from __future__ import annotations
 
+from mlxbun.models.universal.afm7 import AFM7_TYPES
 from mlxbun.models.universal.baichuan_m1 import BAICHUAN_M1_TYPES
 from mlxbun.models.universal.dbrx import DBRX_TYPES
 from mlxbun.models.universal.gear import GEAR_TYPES
@@ -72,6 +73,12 @@ def own_forward(d: ArchDescriptor, a: UniversalArgs) -> str:
                 "conv mixer local_mixer (q_proj / k_proj / v_proj, q_norm / k_norm, key_conv / value_conv causal "
                 "depthwise convs with their states in an ArraysCache, sigmoid(q * k) * v, o_proj); sandwich norms "
                 "input / post_attention / pre_feedforward / post_feedforward; embeddings * sqrt(D)")
+    if d.model_type in AFM7_TYPES:
+        n, reuse = f["num_layers"], f["num_kv_reuse_layers"]
+        return (f"; layers 0-{n - reuse - 1} (model.layers): q, k, v = qkv_proj(x) split, k and v fake-8-bit "
+                f"quantized by quant_key_scale / quant_value_scale after q_norm / k_norm; the last {reuse} "
+                "(model.kv_reuse_layers): only q_proj, rope at offset S - L, q_norm, attending to the last "
+                "regular layer's cached keys / values, out_proj; caches only for the regular layers")
     if d.loops is not None:
         skip = f[d.loops.skip_final_norm]
         return (f"; the stack runs {loop_count(f, d.loops, d.model_type)} times, each with its own "

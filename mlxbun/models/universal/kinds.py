@@ -142,6 +142,7 @@ class MlpSize(StrEnum):
     # block_ffn_dim_multiplier (int) when set, rounded up to a multiple of block_multiple_of
     LILLE = "lille"  # 256 * round(int(8 * hidden / 3) / 256)
     HALF_INTERMEDIATE = "half_intermediate"  # qwen: intermediate_size // 2
+    SCALED_HIDDEN = "scaled_hidden"  # afm7: int(hidden_dim * hidden_dim_scale_factor)
     MAKE_DIVISIBLE = "make_divisible"  # openelm, per layer: int(make_divisible(ffn_multipliers[i] *
     # hidden, ffn_dim_divisor)) (LayerSpec.width; the model-wide width is layer 0's)
 
@@ -556,6 +557,8 @@ class PostInit(StrEnum):
     # loop_share_kv and enable_depth_attention refused (mlx-lm raises NotImplementedError)
     QWEN_KV_CHANNELS = "qwen_kv_channels"  # kv_channels * num_attention_heads must be hidden_size
     # (mlx-lm's c_proj is Linear(hidden_size, kv_channels * heads), fed the heads' kv_channels dims)
+    AFM7_ARGS = "afm7_args"  # 0 <= num_kv_reuse_layers < num_layers (the reuse layers read the last
+    # regular layer's cache); heads divisible by KV heads
     MUSE_GLIMMER_ARGS = "muse_glimmer_args"  # rope_parameters' rope_theta replaces rope_theta; layer_types
     # None: 3 sliding then 1 full, repeated; layer_rope_theta None: 0 on full layers, else rope_theta
     MULTI_QUERY_KV_HEADS = "multi_query_kv_heads"  # gpt_bigcode: num_key_value_heads None: 1 if

@@ -27,6 +27,7 @@ from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 from mlxbun.models.switch_layers import SwitchLinear, gather_mm_supported
 from mlxbun.models.universal.coverage import require_coverage
 from mlxbun.models.universal.baichuan_m1 import BAICHUAN_M1_TYPES, BaichuanM1Dense
+from mlxbun.models.universal.afm7 import AFM7_TYPES, Afm7Dense
 from mlxbun.models.universal.dbrx import DBRX_TYPES, DbrxDense
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.gear import GEAR_TYPES, GearDense
@@ -78,7 +79,8 @@ _GRAPHS = {**dict.fromkeys(GEMMA4_MODEL_TYPES, Gemma4Text), **dict.fromkeys(LOOP
            **dict.fromkeys(NAS_TYPES, NasDense), **dict.fromkeys(TALKIE_TYPES, TalkieDense),
            **dict.fromkeys(DBRX_TYPES, DbrxDense), **dict.fromkeys(BAICHUAN_M1_TYPES, BaichuanM1Dense),
            **dict.fromkeys(PLAMO2_TYPES, Plamo2Dense), **dict.fromkeys(RECURRENT_GEMMA_TYPES, RecurrentGemmaDense),
-           **dict.fromkeys(RWKV7_TYPES, Rwkv7Dense), **dict.fromkeys(GEAR_TYPES, GearDense)}
+           **dict.fromkeys(RWKV7_TYPES, Rwkv7Dense), **dict.fromkeys(GEAR_TYPES, GearDense),
+           **dict.fromkeys(AFM7_TYPES, Afm7Dense)}
 
 
 # ----------------------------------------------------------------- loading

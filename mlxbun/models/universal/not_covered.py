@@ -46,12 +46,6 @@ NOT_COVERED: dict[str, str] = {
                              "needs that quantized module kind",
     "deepseek_v41": "DeepSeek-V4.1 attention (compressed/indexed KV) with MoE: "
                     "needs a dedicated port",
-    "afm7": "needs a dedicated port (a fused qkv_proj split by accumulated widths, q / k RMSNorm after a "
-            "traditional rope, fake 8-bit key / value quantization by learned scales, and KV-reuse layers "
-            "attending to the last regular layer's cached keys / values, a ConcatenateKVCache without a "
-            "cache); its quantized variants have no oracle: mlx-lm's FusedLinear.to_quantized(group_size, "
-            "bits) takes no mode argument, which mlx's nn.quantize passes (TypeError), so mlx-lm cannot "
-            "quantize or load a quantized afm7",
     "bitnet": "ternary BitLinear weights (2-bit packed, a weight scale): mlx-lm's BitLinear computes "
               "only through a Metal kernel (mx.fast.metal_kernel), so no oracle runs on the CPU or CUDA "
               "backends this project gates on",

@@ -56,6 +56,14 @@ def _spark2_5_args(a: dict, mt: str) -> None:
             raise _fail(mt, f"invalid rotary dimension {dims} for {kind} with head_dim={a['head_dim']}")
 
 
+def _afm7_args(a: dict, mt: str) -> None:
+    if not 0 <= a["num_kv_reuse_layers"] < a["num_layers"]:
+        raise _fail(mt, f"num_kv_reuse_layers must be in [0, num_layers): the KV-reuse layers read the last "
+                        f"regular layer's cache, got {a['num_kv_reuse_layers']} of {a['num_layers']}")
+    if a["num_heads"] % a["num_kv_heads"]:
+        raise _fail(mt, "num_heads must be divisible by num_kv_heads")
+
+
 def _muse_glimmer_args(a: dict, mt: str) -> None:
     n, rp = a["num_hidden_layers"], a["rope_parameters"]
     if rp and "rope_theta" in rp:
@@ -474,5 +482,6 @@ POST_INIT: Mapping[PostInit, Callable[[dict, str], None]] = exhaustive(PostInit,
     PostInit.MAMBA_ARGS: _mamba_args,
     PostInit.SPARK2_5_ARGS: _spark2_5_args,
     PostInit.MUSE_GLIMMER_ARGS: _muse_glimmer_args,
+    PostInit.AFM7_ARGS: _afm7_args,
     PostInit.SLIDING_WINDOW_SETS_WINDOW_SIZE: _sliding_window_sets_window_size,
 })

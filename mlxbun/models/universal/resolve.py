@@ -371,6 +371,8 @@ def resolve_args(d: ArchDescriptor, config: Mapping[str, Any]) -> UniversalArgs:
         inter = 256 * round(int(8 * hidden / 3) / 256)
     elif d.mlp.intermediate is MlpSize.HALF_INTERMEDIATE:
         inter = _int_field(a, "intermediate_size", mt) // 2
+    elif d.mlp.intermediate is MlpSize.SCALED_HIDDEN:
+        inter = int(hidden * a["hidden_dim_scale_factor"])
     elif d.mlp.intermediate is MlpSize.MAKE_DIVISIBLE:
         inter = _make_divisible_width(a, hidden, 0, mt)
     elif d.mlp.intermediate is MlpSize.LFM2:

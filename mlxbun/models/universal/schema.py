@@ -388,6 +388,8 @@ class ArchDescriptor:
             yield "mlp.intermediate", self.mlp.intermediate
         elif self.mlp.intermediate is MlpSize.HALF_INTERMEDIATE:
             yield "mlp.intermediate", "intermediate_size"
+        elif self.mlp.intermediate is MlpSize.SCALED_HIDDEN:
+            yield "mlp.intermediate", "hidden_dim_scale_factor"
         elif self.mlp.intermediate is MlpSize.MAKE_DIVISIBLE:
             yield from (("mlp.intermediate", "ffn_multipliers"), ("mlp.intermediate", "ffn_dim_divisor"))
         if self.norm.kind is not NormKind.FUNCTIONAL_RMS and isinstance(self.norm.eps, str):

@@ -827,6 +827,21 @@ _ROWS = [
               "then softcapped; text_config read over the top level.",
     ),
     ArchDescriptor(
+        "afm7",
+        _fields("model_type", "vocab_size", "hidden_dim", "num_layers", "num_kv_reuse_layers", "num_heads",
+                "num_kv_heads", hidden_dim_scale_factor=3.25, rope_theta=50000, rms_norm_eps=1e-5),
+        ("afm7_args",), hidden="hidden_dim", n_layers="num_layers", n_heads="num_heads", n_kv_heads="num_kv_heads",
+        head_dim="split", qkv="fused", qk_norm=QKNormKnobs("rms", "after_rope"),
+        rope=RopeKnobs(traditional=True, scaling=None, max_positions=None),
+        mlp=MlpKnobs(intermediate="scaled_hidden"), head=HeadKnobs(tie=True),
+        names=Names(embed="embedding", final_norm="output_norm", o="out_proj"),
+        notes="AFM 7 (afm7.py): regular layers (a fused qkv_proj, traditional rope then q / k RMSNorm, keys and "
+              "values fake-8-bit quantized by learned scales) then num_kv_reuse_layers layers that project only "
+              "queries and attend to the last regular layer's cached keys / values; SwiGLU MLPs of "
+              "int(hidden_dim * hidden_dim_scale_factor); the tied head; a KVCache per regular layer; no "
+              "quantized variant (mlx-lm cannot quantize its FusedLinear) and no tensor-parallel split.",
+    ),
+    ArchDescriptor(
         "internlm3",
         _fields("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                 "num_attention_heads", "rms_norm_eps", "vocab_size", bias=False, qkv_bias=False,
