@@ -269,14 +269,13 @@ def load_clip(clip, rate: int) -> np.ndarray:
 
 
 class AudioLanguageModel:
-    """A checkpoint's text RuntimeModel, tokenizer and audio stack (gemma3n). Every text call with
-    audio runs mlx-vlm 0.7.10's gemma3n composition (`hidden_kw`: its KV-shared layers rope their
-    queries at the owner cache's offset after this forward's write), decoding included."""
-
-    hidden_kw = {"shared_offset_after": True}
+    """A checkpoint's text RuntimeModel, tokenizer and audio stack (gemma3n's towers.usm.AudioStack,
+    gemma4's towers.usm4.Gemma4Audio). Every text call with audio passes the stack's `hidden_kw`
+    (gemma3n: mlx-vlm's KV-shared offsets; gemma4: the media ids' per-layer inputs at id 0)."""
 
     def __init__(self, text_model, tokenizer, audio, path: Path):
         self.text_model, self.tokenizer, self.audio, self.path = text_model, tokenizer, audio, path
+        self.hidden_kw = dict(audio.hidden_kw)
 
     def _token(self, token_id: int, what: str) -> str:
         t = self.tokenizer.id_to_token(int(token_id))
@@ -293,39 +292,47 @@ class AudioLanguageModel:
         if not clips:
             raise AudioCountError("no audio clips given")
 
-    def expand(self, prompt: str, n_clips: int) -> str:
-        """The processor's text: each audio placeholder (the audio token; a prompt without any gets
-        one per clip in front) as "\n\n<boa>" + the clip's audio tokens + "<eoa>\n\n"."""
+    def _marks(self) -> dict:
         a = self.audio
-        token = self._token(a.audio_token_id, "audio")
+        return {"audio": self._token(a.audio_token_id, "audio"), "boa": self._token(a.boa_token_id, "begin-of-audio"),
+                "eoa": self._token(a.eoa_token_id, "end-of-audio")}
+
+    def placeholders(self, prompt: str, n_clips: int) -> str:
+        """`prompt` with its audio placeholders (the audio token) counted (AudioCountError where they
+        and the clips disagree); a prompt without any gets one per clip in front."""
+        token = self._marks()["audio"]
         text, found = count_placeholders(prompt, token, n_clips, token)
         if found != n_clips:
             raise AudioCountError(f"the prompt holds {found} audio placeholder(s) ({token!r}) but {n_clips} clip(s) "
                                   "were given")
-        block = (f"\n\n{self._token(a.boa_token_id, 'begin-of-audio')}{token * a.soft_tokens_per_clip}"
-                 f"{self._token(a.eoa_token_id, 'end-of-audio')}\n\n")
-        return text.replace(token, block)
+        return text
+
+    def expand(self, text: str, counts: Sequence[int]) -> str:
+        """Each placeholder in turn as the processor writes its clip (`counts`: each clip's tokens)."""
+        marks = self._marks()
+        return expand_prompt(text, marks["audio"], [self.audio.clip_text(marks, n) for n in counts])
 
     def prepare(self, prompt: str, clips: Sequence, *, add_special_tokens: bool = True) -> AudioPrompt:
         """Read the clips, compute their log-mel frames, splice their audio tokens into `prompt`, run
         the tower and merge: every input checked (count, files, length, context) before the tower."""
-        from mlxbun.towers.audio import log_mel
-
         a = self.audio
         self.check_clips(clips)
-        text = self.expand(prompt, len(clips))  # AudioCountError before any file is read
+        text = self.placeholders(prompt, len(clips))  # AudioCountError before any file is read
         samples = [load_clip(c, a.mel.sampling_rate) for c in clips]  # AudioUnreadable / Truncated / Format
-        mel = log_mel(samples, a.mel)
-        a.check_frames(mel.features.shape[1])  # AudioTooLong
+        counts = [a.clip_tokens(s) for s in samples]
+        features, mask = a.features(samples)
+        a.check_frames(features.shape[1], counts)  # AudioTooLong / AudioCountError
+        text = self.expand(text, counts)
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        limit = getattr(self.text_model.args, "max_position_embeddings", None)
+        args = getattr(self.text_model, "args", None)
+        limit = getattr(args, "max_position_embeddings", None) or getattr(args, "fields", {}).get("max_position_embeddings")
         if limit and len(ids) > limit:
             raise TooManyClips(f"{len(clips)} clip(s) make the prompt {len(ids)} tokens, past the model's "
                                f"{limit}-token context")
         ids = mx.array(ids, dtype=mx.int32)
-        features, mask = mx.array(mel.features), mx.array(mel.mask)
+        features, mask = mx.array(features), mx.array(mask)
         soft = a.soft_tokens(features, mask)
-        embeddings = a.merge(self.text_model.embed_tokens, ids[None], features, mask)
+        embeddings = a.merge(self.text_model.embed_tokens, ids[None], soft)
         return AudioPrompt(text, ids, features, mask, soft, embeddings, len(clips),
                            int((np.array(ids) == a.audio_token_id).sum()))
 

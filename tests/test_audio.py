@@ -241,3 +241,105 @@ def test_cli_audio_refusals_are_one_line(audio_ckpt, wavs, capsys, monkeypatch, 
     code = cli.main(args + extra)
     err = capsys.readouterr().err
     assert code == 1 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ gemma4's audio tower
+
+G4 = "gemma4-audio"
+G4_AUDIO = "<|audio|>"
+# gemma4 on this CPU: unquantized float16 / bfloat16 MoE experts do not run (mlx's gather_mm takes
+# float32 only), so its variants are float32 and the quantized ones
+G4_VARIANTS = [("float32", None), ("float32", 4), ("bfloat16", 8), ("float32", "mixed")]
+
+
+def _g4_clip(n: int) -> np.ndarray:
+    return (0.3 * np.sin(2 * np.pi * 440 * np.arange(n) / RATE)).astype(np.float32)
+
+
+def _g4(audio_ckpt, dtype="float32", quant=None):
+    from mlx_vlm.utils import load
+
+    path = audio_ckpt(dtype, quant, G4)
+    if path not in _LOADED:
+        model, processor = load(str(path))
+        _LOADED[path] = (open_alm(path), model, processor)
+    return _LOADED[path]
+
+
+@pytest.mark.parametrize("dtype,quant", G4_VARIANTS, ids=[f"{d}-{q}" for d, q in G4_VARIANTS])
+def test_gemma4_audio_tower_splice_merge_and_logits_are_bit_exact(audio_ckpt, dtype, quant):
+    from mlx_vlm.utils import prepare_inputs
+
+    alm, model, processor = _g4(audio_ckpt, dtype, quant)
+    clip, prompt = _g4_clip(9600), f"hi {G4_AUDIO} there"  # 600 ms: 15 tokens, 15 encodings
+    ref = prepare_inputs(processor, audio=[clip], prompts=[prompt], add_special_tokens=True)
+    ours = alm.prepare(prompt, [clip])
+    assert ours.ids.tolist() == ref["input_ids"][0].tolist() and ours.soft_tokens == 15
+    assert mx.array_equal(ours.features, ref["input_features"]) and mx.array_equal(ours.mask, ref["input_features_mask"])
+    tower, padded = model.audio_tower, ~ref["input_features_mask"]
+    x, mask = tower.subsample_conv_projection(ref["input_features"], padded)
+    local = tower._build_causal_valid_mask()
+    theirs = [x]
+    for block in tower.layers:
+        theirs.append(x := block(x, mask, local))
+    taps: list = []
+    enc, _ = alm.audio.tower(ours.features, ~ours.mask, taps=taps)
+    for i, (a, b) in enumerate(zip(taps, theirs)):
+        assert mx.array_equal(a, b), f"gemma4 audio tower stage {i} differs"
+    assert len(taps) == len(theirs) and mx.array_equal(enc, tower(ref["input_features"], padded)[0])
+    emb = model.get_input_embeddings(ref["input_ids"], None, input_features=ref["input_features"],
+                                     input_features_mask=ref["input_features_mask"])
+    assert mx.array_equal(ours.embeddings, emb.inputs_embeds)
+    lm, m, n = model.language_model, alm.text_model, ours.ids.shape[0]
+    for splits in ([n], [n - 1, 1]):
+        c1, c2, s = lm.make_cache(), m.make_cache(), 0
+        for k in splits:
+            want = lm(ref["input_ids"][:, s:s + k], inputs_embeds=emb.inputs_embeds[:, s:s + k], cache=c1,
+                      per_layer_inputs=emb.per_layer_inputs).logits
+            got = m.logits_from_hidden(m.forward_hidden(ours.ids[None, s:s + k], c2,
+                                                        input_embeddings=ours.embeddings[:, s:s + k],
+                                                        **alm.hidden_kw))
+            assert mx.array_equal(got, want), f"prompt logits differ ({splits}, from {s})"
+            s += k
+
+
+@pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 8)], ids=["float32", "bf16-q8"])
+def test_gemma4_audio_greedy_generation_is_bit_exact(audio_ckpt, dtype, quant):
+    from mlx_vlm.generate.ar import generate_step
+    from mlx_vlm.utils import prepare_inputs
+
+    alm, model, processor = _g4(audio_ckpt, dtype, quant)
+    clip, prompt = _g4_clip(9600), f"hi {G4_AUDIO} there"
+    ref = prepare_inputs(processor, audio=[clip], prompts=[prompt], add_special_tokens=True)
+    theirs = list(generate_step(ref["input_ids"], model, None, ref["attention_mask"], max_tokens=5,
+                                temperature=0.0, input_features=ref["input_features"],
+                                input_features_mask=ref["input_features_mask"]))
+    ours = [(r.token, r.logprobs) for r in stream_generate(alm, alm.prepare(prompt, [clip]), max_tokens=5)]
+    assert len(ours) >= 3 and [t for t, _ in ours] == [t for t, _ in theirs[:len(ours)]]
+    for (_, a), (_, b) in zip(ours, theirs):
+        assert mx.array_equal(a, b)
+
+
+def test_gemma4_clips_whose_tokens_and_encodings_disagree_are_refused(audio_ckpt):
+    """mlx-vlm's processor gives a clip ceil(ms / 40) tokens (at most audio_seq_length) and its merge
+    lays the tower's encodings over them in order, wrapping around where the counts differ."""
+    alm, _, _ = _g4(audio_ckpt)
+    with pytest.raises(AudioCountError, match=r"take \[11\] audio tokens but the tower gives 10"):
+        alm.prepare(G4_AUDIO, [_g4_clip(6500)])
+    with pytest.raises(AudioCountError, match="padded to the longest"):
+        alm.prepare(G4_AUDIO * 2, [_g4_clip(9600), _g4_clip(6400)])
+    with pytest.raises(AudioTooLong, match="past the 16 tokens a clip takes"):
+        alm.prepare(G4_AUDIO, [_g4_clip(2 * RATE)])
+
+
+def test_cli_generates_from_gemma4_audio(audio_ckpt, run_tmp, capsys):
+    wav = _write_wav(run_tmp / "audio-g4.wav", _g4_clip(9600).astype(np.float64))
+    path = audio_ckpt("float32", None, G4)
+    code = cli.main(["generate", "--model", str(path), "--audio", str(wav), "--prompt", f"hi {G4_AUDIO}",
+                     "--max-tokens", "4", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    alm, _, _ = _g4(audio_ckpt)
+    prompt = alm.prepare(f"hi {G4_AUDIO}", [wav])
+    assert out["prompt_ids"] == prompt.ids.tolist() and out["soft_tokens"] == 15 and out["audio_clips"] == 1
+    assert out["tokens"] == [r.token for r in stream_generate(alm, prompt, max_tokens=4)]

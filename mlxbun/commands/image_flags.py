@@ -27,8 +27,8 @@ def add_image_arguments(p) -> None:
                         "image placeholders (e.g. <start_of_image>) take them in order, else they go first")
     p.add_argument("--audio", action="append", default=None, metavar="FILE.wav",
                    help="a 16-bit PCM WAV clip at the processor's sample rate for a checkpoint's audio tower "
-                        "(gemma3n; repeat for several); the prompt's audio placeholders (<audio_soft_token>) "
-                        "take them in order, else they go first")
+                        "(gemma3n, gemma4; repeat for several); the prompt's audio placeholders (the audio "
+                        "token, e.g. <audio_soft_token>) take them in order, else they go first")
 
 
 def check_image_flags(args) -> None:
@@ -75,11 +75,11 @@ def run_images(args, path) -> int:
 def run_audio(args, path) -> int:
     """Generate from --prompt and the --audio WAV files of the checkpoint at `path`."""
     from mlxbun.multimodal import load_clip, open_alm, refuse_audio
-    from mlxbun.towers.usm import read_mel_config
+    from mlxbun.towers.usm import sampling_rate
 
     check_image_flags(args)
     refuse_audio(path, "--audio")  # NoTowerError before anything loads
-    rate = read_mel_config(path).sampling_rate
+    rate = sampling_rate(path)
     clips = [load_clip(f, rate) for f in args.audio]  # AudioUnreadable / AudioTruncated / AudioFormatError
     text = sys.stdin.read() if args.prompt == "-" else (args.prompt or "")
     alm = open_alm(path)

@@ -20,11 +20,11 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxbun.errors import ConfigError
-from mlxbun.towers.audio import MelConfig
+from mlxbun.towers.audio import MelConfig, log_mel
 from mlxbun.towers.errors import AudioCountError, AudioTooLong, NoTowerError
 
 __all__ = ["AUDIO_TOWERS", "MAX_CLIPS", "AudioStack", "AudioTower", "MultimodalEmbedder", "RMSNorm32",
-           "check_audio_tower", "open_audio", "read_mel_config"]
+           "check_audio_tower", "open_audio", "read_mel_config", "sampling_rate"]
 
 
 class RMSNorm32(nn.Module):
@@ -330,7 +330,7 @@ class MultimodalEmbedder(nn.Module):
 # a bound on the clips of one prompt (each is its own soft-token block in the context)
 MAX_CLIPS = 8
 # the wrappers whose audio tower this module builds (model_type -> audio_config.model_type)
-AUDIO_TOWERS = {"gemma3n": "gemma3n_audio"}
+AUDIO_TOWERS = {"gemma3n": "gemma3n_audio", "gemma4": "gemma4_audio"}
 
 
 @dataclasses.dataclass
@@ -347,8 +347,23 @@ class AudioStack:
     boa_token_id: int
     eoa_token_id: int
     text_vocab_size: int
+    # every text call with audio runs mlx-vlm 0.7.10's gemma3n composition: its KV-shared layers rope
+    # their queries at the owner cache's offset after this forward's write
+    hidden_kw: dict = dataclasses.field(default_factory=lambda: {"shared_offset_after": True})
 
-    def check_frames(self, frames: int) -> int:
+    def clip_tokens(self, samples) -> int:
+        """The audio tokens a clip takes in the prompt: the model's fixed count."""
+        return self.soft_tokens_per_clip
+
+    def clip_text(self, marks: dict, n: int) -> str:
+        """The processor's expansion of one audio placeholder."""
+        return f"\n\n{marks['boa']}{marks['audio'] * n}{marks['eoa']}\n\n"
+
+    def features(self, clips) -> tuple[np.ndarray, np.ndarray]:
+        f = log_mel(clips, self.mel)
+        return f.features, f.mask
+
+    def check_frames(self, frames: int, counts=()) -> int:
         """The encodings a clip padded to `frames` mel frames yields (AudioTooLong past the soft
         tokens a clip holds)."""
         n = self.tower.soft_token_count(frames)
@@ -357,11 +372,10 @@ class AudioStack:
                                f"{self.soft_tokens_per_clip} a clip")
         return n
 
-    def merge(self, embed_tokens, ids: mx.array, features: mx.array, mask: mx.array) -> mx.array:
-        """mlx-vlm's Gemma3n get_input_embeddings over ids [1, L] and the processor's mel frames
-        [clips, T, F] with their mask (True: audio): the ids' unscaled rows, the vision and audio
-        vocabularies' hard tokens through their embedders, the tower's soft tokens (padded frames
-        and the clip's tail to soft_tokens_per_clip as the padding id's row) at the audio tokens."""
+    def merge(self, embed_tokens, ids: mx.array, soft: mx.array) -> mx.array:
+        """mlx-vlm's Gemma3n get_input_embeddings over ids [1, L] and the clips' soft tokens
+        (`soft_tokens`): the ids' unscaled rows, the vision and audio vocabularies' hard tokens
+        through their embedders, the soft tokens at the audio tokens."""
         embeds = embed_tokens(ids)
         a_off, v_off = self.embed_audio.vocab_offset, self.embed_vision.vocab_offset
         vision = mx.logical_and(ids >= v_off, ids < a_off)
@@ -370,7 +384,6 @@ class AudioStack:
         audio = ids >= a_off
         rows = self.embed_audio.hard(mx.where(audio, ids, a_off + self.embed_audio.vocab_size - 1))
         embeds = mx.where(audio[..., None], rows, embeds)
-        soft = self.soft_tokens(features, mask)
         at = np.nonzero(np.array(ids[0]) == self.audio_token_id)[0]
         if len(at) != soft.shape[0] * soft.shape[1]:
             raise AudioCountError(f"the prompt holds {len(at)} audio tokens; the clips give {soft.shape[0] * soft.shape[1]}")
@@ -378,8 +391,9 @@ class AudioStack:
         return embeds
 
     def soft_tokens(self, features: mx.array, mask: mx.array) -> mx.array:
-        """[clips, soft_tokens_per_clip, text hidden]: the tower's encodings embedded, padding rows
-        the padding id's (the text vocabulary's last id through embed_audio)."""
+        """[clips, soft_tokens_per_clip, text hidden] from the mel frames [clips, T, F] and their mask
+        (True: audio): the tower's encodings embedded, padded frames and the clip's tail the padding
+        id's row (the text vocabulary's last id through embed_audio)."""
         enc, padded = self.tower(features, ~mask)
         soft = self.embed_audio.soft(enc)
         pad = self.embed_audio.hard(mx.array([[self.text_vocab_size - 1]]))
@@ -418,8 +432,9 @@ def check_audio_tower(path: Path, config: Mapping) -> tuple[str, Any]:
     return prefix, index
 
 
-def open_audio(path, config: Optional[Mapping] = None) -> AudioStack:
-    """The checkpoint's audio tower and embedders, loaded; NoTowerError where it has none."""
+def open_audio(path, config: Optional[Mapping] = None):
+    """The checkpoint's audio stack (gemma3n's AudioStack, gemma4's usm4.Gemma4Audio), loaded;
+    NoTowerError where it has none."""
     from mlxbun.quant import resolve_quantization
     from mlxbun.towers.loader import _load, _read_config
 
@@ -427,6 +442,10 @@ def open_audio(path, config: Optional[Mapping] = None) -> AudioStack:
     config = _read_config(path) if config is None else config
     prefix, index = check_audio_tower(path, config)
     root = prefix[: -len("audio_tower")]
+    if config.get("model_type") == "gemma4":
+        from mlxbun.towers.usm4 import open_gemma4_audio
+
+        return open_gemma4_audio(path, config, index, root)
     text = config["text_config"]
     audio = {**_AUDIO_DEFAULTS, **config["audio_config"]}
     vision = {"vocab_offset": 262_144, "vocab_size": 128, "hidden_size": 2048, **(config.get("vision_config") or {})}
@@ -468,6 +487,19 @@ _AUDIO_DEFAULTS = {"input_feat_size": 80, "hidden_size": 1536, "conf_attention_c
 def read_mel_config(path) -> MelConfig:
     """The checkpoint's audio feature extractor settings (preprocessor_config.json)."""
     return MelConfig.from_config(_read_json(Path(path) / "preprocessor_config.json"))
+
+
+def sampling_rate(path) -> int:
+    """The sample rate the checkpoint's audio feature extractor takes (read before any weight)."""
+    from mlxbun.towers.loader import _read_config
+
+    path = Path(path)
+    if _read_config(path).get("model_type") == "gemma4":
+        from mlxbun.towers.usm4 import Gemma4Mel
+
+        proc = _read_json(path / "processor_config.json", missing_ok=True)
+        return Gemma4Mel.from_config(proc.get("feature_extractor") or {}).sampling_rate
+    return read_mel_config(path).sampling_rate
 
 
 def _read_json(f: Path, missing_ok: bool = False) -> dict:

@@ -240,6 +240,30 @@ def _gemma3n_preprocessor() -> dict:
             "processor_class": "Gemma3nProcessor"}
 
 
+# tiny gemma4 audio (its own USM conformer): 128 mel bins (mlx-vlm's subsampling stack fixes them),
+# two blocks of width 32 in chunks of 4 frames with 4 of left context, clipped linears, a 32-wide
+# output projection; a token per 40 ms of audio, at most 16 a clip
+GEMMA4_AUDIO = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "hidden_act": "silu",
+                "subsampling_conv_channels": [8, 4], "conv_kernel_size": 5, "residual_weight": 0.5,
+                "attention_chunk_size": 4, "attention_context_left": 5, "attention_context_right": 0,
+                "attention_logit_cap": 50.0, "attention_invalid_logits_value": -1e9, "use_clipped_linears": True,
+                "rms_norm_eps": 1e-6, "gradient_clipping": 1e10, "output_proj_dims": 32, "model_type": "gemma4_audio"}
+GEMMA4_AUDIO_TOKENS = 16
+GEMMA4_MEDIA_TOKENS = (("boi_token", "<start_of_image>"), ("boa_token", "<start_of_audio>"),
+                       ("image_token", "<|image|>"), ("audio_token", "<|audio|>"), ("eoi_token", "<end_of_image>"),
+                       ("eoa_token", "<end_of_audio>"), ("video_token", "<|video|>"))
+
+
+def _gemma4_audio_fix(cfg: dict, ids: dict[str, int]) -> None:
+    vocab = max(ids.values()) + 1
+    cfg["audio_config"] = dict(GEMMA4_AUDIO)
+    cfg.update(vocab_size=vocab, audio_soft_tokens_per_image=GEMMA4_AUDIO_TOKENS, audio_ms_per_token=40,
+               image_token_id=ids["image_token"], audio_token_id=ids["audio_token"], boi_token_id=ids["boi_token"],
+               eoi_token_id=ids["eoi_token"], boa_token_id=ids["boa_token"], eoa_token_id=ids["eoa_token"],
+               eoa_token_index=ids["eoa_token"], video_token_id=ids["video_token"])
+    cfg["text_config"].update(vocab_size=vocab, vocab_size_per_layer_input=vocab)
+
+
 TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
     TowerArch(
         "gemma3-vision", "gemma3",
@@ -288,6 +312,11 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
               processor={"audio_seq_length": GEMMA3N_AUDIO_TOKENS, "image_seq_length": 256,
                          "processor_class": "Gemma3nProcessor"},
               no_vision_tower=True, hf_names=True),
+    TowerArch("gemma4-audio", "gemma4", media_tokens=GEMMA4_MEDIA_TOKENS, fix=_gemma4_audio_fix,
+              preprocessor={"processor_class": "Gemma4Processor"},
+              processor={"audio_seq_length": GEMMA4_AUDIO_TOKENS, "audio_ms_per_token": 40,
+                         "feature_extractor": {}, "processor_class": "Gemma4Processor"},
+              hf_names=False),
     TowerArch("qwen2_5_vl-vision", "qwen2_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen2_5_vl_fix,
               preprocessor=_qwen_preprocessor("Qwen2_5_VLProcessor"),
               processor={"processor_class": "Qwen2_5_VLProcessor"}),

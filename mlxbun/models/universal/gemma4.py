@@ -335,10 +335,19 @@ class Gemma4Text(UniversalDense):
         proj = root.per_layer_projection_norm(mx.unflatten(proj, -1, (n, P)))
         return (proj + per_layer) * input_scale
 
-    def forward_hidden(self, ids: mx.array, cache: Optional[list] = None) -> mx.array:
+    def forward_hidden(self, ids: mx.array, cache: Optional[list] = None, input_embeddings: Optional[mx.array] = None,
+                       media_ids: tuple = ()) -> mx.array:
+        """`input_embeddings` [B, L, H]: the rows to run as they are (mlx-vlm's gemma4 inputs_embeds:
+        the ids' scaled rows with the media's soft tokens in place); with them, the ids in `media_ids`
+        take their per-layer inputs at id 0 (mlx-vlm's get_input_embeddings)."""
         root, a = self.backbone, self.args.fields
-        h = root.embed_tokens(ids)
-        h = h * (a["hidden_size"] ** 0.5)
+        if input_embeddings is None:
+            h = root.embed_tokens(ids)
+            h = h * (a["hidden_size"] ** 0.5)
+        else:
+            h = input_embeddings
+            for m in media_ids:
+                ids = mx.where(ids == m, mx.zeros_like(ids), ids)
         blocks = root.layers
         if self._ple is not None:
             ple = self._per_layer_inputs(ids, h)
