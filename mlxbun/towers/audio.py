@@ -12,16 +12,19 @@ is refused (AudioFormatError) rather than resampled or rescaled differently.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import wave
 from pathlib import Path
 from typing import Optional, Sequence
 
+import mlx.core as mx
 import numpy as np
 
+from mlxbun.errors import ConfigError
 from mlxbun.towers.errors import AudioFormatError, AudioTooLong, AudioTruncated, AudioUnreadable
 
-__all__ = ["AudioFeatures", "MelConfig", "log_mel", "read_wav"]
+__all__ = ["AudioFeatures", "MelConfig", "conv_weight", "log_mel", "read_json", "read_wav"]
 
 
 def read_wav(path) -> tuple[np.ndarray, int]:
@@ -181,3 +184,24 @@ def log_mel(clips: Sequence[np.ndarray], cfg: MelConfig) -> AudioFeatures:
         features.append(spec.astype(np.float32))
         masks.append(attention[:: cfg.hop_length].astype(bool)[: spec.shape[0]])
     return AudioFeatures(np.stack(features), np.stack(masks), tuple(len(c) for c in clips))
+
+
+def conv_weight(name: str, w: mx.array) -> mx.array:
+    """mlx-vlm's audio sanitize: a PyTorch-layout conv weight transposed to mlx's (check_array_shape)."""
+    if name.endswith("conv1d.weight") and w.ndim == 3:
+        return w if w.shape[1] >= w.shape[2] else w.transpose(0, 2, 1)
+    if name.endswith("conv.weight") and w.ndim == 4:
+        out, kh, kw, _ = w.shape
+        return w if (out >= kh and out >= kw and kh == kw) else w.transpose(0, 2, 3, 1)
+    return w
+
+
+def read_json(f: Path, missing_ok: bool = False) -> dict:
+    try:
+        return json.loads(f.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if missing_ok:
+            return {}
+        raise ConfigError(f"{f}: missing (the audio feature extractor's settings)") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{f}: unreadable ({e})") from None

@@ -10,7 +10,6 @@ half-precision checkpoint's tower computes in float32 from its first clip on).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -20,7 +19,7 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxbun.errors import ConfigError
-from mlxbun.towers.audio import MelConfig, log_mel
+from mlxbun.towers.audio import MelConfig, conv_weight, log_mel, read_json
 from mlxbun.towers.errors import AudioCountError, AudioTooLong, NoTowerError
 
 __all__ = ["AUDIO_TOWERS", "MAX_CLIPS", "AudioStack", "AudioTower", "MultimodalEmbedder", "RMSNorm32",
@@ -402,16 +401,6 @@ class AudioStack:
         return mx.concatenate((soft, mx.broadcast_to(pad, (b, self.soft_tokens_per_clip - n, d))), axis=1)
 
 
-def _conv_weight(name: str, w: mx.array) -> mx.array:
-    """mlx-vlm's audio sanitize: a PyTorch-layout conv weight transposed to mlx's (check_array_shape)."""
-    if name.endswith("conv1d.weight") and w.ndim == 3:
-        return w if w.shape[1] >= w.shape[2] else w.transpose(0, 2, 1)
-    if name.endswith("conv.weight") and w.ndim == 4:
-        out, kh, kw, _ = w.shape
-        return w if (out >= kh and out >= kw and kh == kw) else w.transpose(0, 2, 3, 1)
-    return w
-
-
 def check_audio_tower(path: Path, config: Mapping) -> tuple[str, Any]:
     """(tensor prefix, weight index) of the checkpoint's audio tower, or NoTowerError saying why not."""
     from mlxbun.weights import read_index
@@ -454,7 +443,7 @@ def open_audio(path, config: Optional[Mapping] = None):
     embed_vision = MultimodalEmbedder(vision, int(text["hidden_size"]))
     names = [n for n in index.names() if n.startswith(tuple(root + p + "." for p in ("audio_tower", "embed_audio",
                                                                                          "embed_vision")))]
-    tensors = {n: _conv_weight(n, w) for n, w in index.load(names).items()}
+    tensors = {n: conv_weight(n, w) for n, w in index.load(names).items()}
     quantization = resolve_quantization(config)
     for module, name in ((tower, "audio_tower"), (embed_audio, "embed_audio"), (embed_vision, "embed_vision")):
         _load(module, root + name, tensors, quantization, path)
@@ -464,7 +453,7 @@ def open_audio(path, config: Optional[Mapping] = None):
         raise ConfigError(f"{path}: the feature extractor's {mel.feature_size} mel bins != the tower's "
                           f"input_feat_size {audio['input_feat_size']}")
     per_clip = int(config.get("audio_soft_tokens_per_image", 188))
-    seq = int(_read_json(path / "processor_config.json", missing_ok=True).get("audio_seq_length", 188))
+    seq = int(read_json(path / "processor_config.json", missing_ok=True).get("audio_seq_length", 188))
     if seq != per_clip:
         raise ConfigError(f"{path}: the processor's audio_seq_length {seq} != the model's audio_soft_tokens_per_image "
                           f"{per_clip} (mlx-vlm's merge would refuse the prompt)")
@@ -486,7 +475,7 @@ _AUDIO_DEFAULTS = {"input_feat_size": 80, "hidden_size": 1536, "conf_attention_c
 
 def read_mel_config(path) -> MelConfig:
     """The checkpoint's audio feature extractor settings (preprocessor_config.json)."""
-    return MelConfig.from_config(_read_json(Path(path) / "preprocessor_config.json"))
+    return MelConfig.from_config(read_json(Path(path) / "preprocessor_config.json"))
 
 
 def sampling_rate(path) -> int:
@@ -497,17 +486,6 @@ def sampling_rate(path) -> int:
     if _read_config(path).get("model_type") == "gemma4":
         from mlxbun.towers.usm4 import Gemma4Mel
 
-        proc = _read_json(path / "processor_config.json", missing_ok=True)
+        proc = read_json(path / "processor_config.json", missing_ok=True)
         return Gemma4Mel.from_config(proc.get("feature_extractor") or {}).sampling_rate
     return read_mel_config(path).sampling_rate
-
-
-def _read_json(f: Path, missing_ok: bool = False) -> dict:
-    try:
-        return json.loads(f.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        if missing_ok:
-            return {}
-        raise ConfigError(f"{f}: missing (the audio feature extractor's settings)") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{f}: unreadable ({e})") from None

@@ -403,7 +403,7 @@ class Gemma4Audio:
 def open_gemma4_audio(path: Path, config: Mapping, index, root: str) -> Gemma4Audio:
     from mlxbun.quant import resolve_quantization
     from mlxbun.towers.loader import _load
-    from mlxbun.towers.usm import _conv_weight, _read_json
+    from mlxbun.towers.audio import conv_weight, read_json
 
     a = {"hidden_act": "silu", "use_clipped_linears": True, "gradient_clipping": 1e10, "residual_weight": 0.5,
          "attention_invalid_logits_value": -1e9, "attention_logit_cap": 50.0, "rms_norm_eps": 1e-6,
@@ -414,12 +414,12 @@ def open_gemma4_audio(path: Path, config: Mapping, index, root: str) -> Gemma4Au
     tower = Gemma4AudioEncoder(a)
     embed = Embedder(a["output_proj_dims"] or a["hidden_size"], int(text["hidden_size"]), a["rms_norm_eps"])
     names = [n for n in index.names() if n.startswith((root + "audio_tower.", root + "embed_audio."))]
-    tensors = {n: _conv_weight(n, w) for n, w in index.load(names).items()}
+    tensors = {n: conv_weight(n, w) for n, w in index.load(names).items()}
     quantization = resolve_quantization(config)
     _load(tower, root + "audio_tower", tensors, quantization, path)
     _load(embed, root + "embed_audio", tensors, quantization, path)
     mx.eval(tower.parameters(), embed.parameters())
-    proc = _read_json(path / "processor_config.json", missing_ok=True)
+    proc = read_json(path / "processor_config.json", missing_ok=True)
     mel = Gemma4Mel.from_config(proc.get("feature_extractor") or {})
     if mel.feature_size != SubsampleConvProjection.FEATURES:
         raise ConfigError(f"{path}: {mel.feature_size} mel bins; mlx-vlm's gemma4 audio tower reads 128")
