@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from functools import partial
 from itertools import accumulate
-from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 import mlx.core as mx
@@ -156,14 +155,7 @@ class Afm7Dense(UniversalDense):
 
     def __init__(self, args: UniversalArgs, descriptor: ArchDescriptor,
                  config: Any = None, raw_config: Optional[Mapping] = None):
-        nn.Module.__init__(self)
-        self.descriptor, self.args, self.config = descriptor, args, config
-        self.raw_config = MappingProxyType(dict(raw_config or {}))
-        self.profile = None
-        self._tied = True
-        # the base class's cache bookkeeping: one KVCache per regular layer, full attention everywhere
-        self._cache_idx, self._full_idx, self._swa_idx, self._ssm_idx = None, 0, None, None
-        self._parallel_hybrid = self._indexed = False
+        self._own_tree(args, descriptor, config, raw_config, tied=True)
         reuse = args.fields["num_kv_reuse_layers"]
         root = nn.Module()
         root.embedding = nn.Embedding(args.vocab, args.hidden)

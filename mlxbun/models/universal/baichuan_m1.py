@@ -13,7 +13,6 @@ the MLP by hidden units."""
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 import mlx.core as mx
@@ -134,17 +133,12 @@ class BaichuanM1Dense(UniversalDense):
 
     def __init__(self, args: UniversalArgs, descriptor: ArchDescriptor,
                  config: Any = None, raw_config: Optional[Mapping] = None):
-        nn.Module.__init__(self)
+        self._own_tree(args, descriptor, config, raw_config, tied=False)
         d, n, f = descriptor, descriptor.names, args.fields
-        self.descriptor, self.args, self.config = d, args, config
-        self.raw_config = MappingProxyType(dict(raw_config or {}))
-        self.profile = None
-        self._tied = False
         self._swa = set(f["sliding_window_layers"])
         layers = range(args.n_layers)
         self._full_idx = next((i for i in layers if i not in self._swa), None)
         self._swa_idx = f["sliding_window_layers"][0] if f["sliding_window_layers"] else None
-        self._cache_idx, self._ssm_idx, self._parallel_hybrid, self._indexed = None, None, False, False
         root = nn.Module()
         setattr(root, n.embed, nn.Embedding(args.vocab, args.hidden))
         setattr(root, n.layers, [DecoderLayer(args, d, i) for i in layers])

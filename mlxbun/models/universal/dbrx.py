@@ -13,7 +13,6 @@ hidden units (w1 / v1 all-to-sharded, w2 sharded-to-all); the router and norms w
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 import mlx.core as mx
@@ -167,15 +166,8 @@ class DbrxDense(UniversalDense):
 
     def __init__(self, args: UniversalArgs, descriptor: ArchDescriptor,
                  config: Any = None, raw_config: Optional[Mapping] = None):
-        nn.Module.__init__(self)
+        self._own_tree(args, descriptor, config, raw_config, tied=False)
         d, n, f = descriptor, descriptor.names, args.fields
-        self.descriptor, self.args, self.config = d, args, config
-        self.raw_config = MappingProxyType(dict(raw_config or {}))
-        self.profile = None
-        self._tied = False
-        # the base class's cache bookkeeping: one KVCache per layer, full attention everywhere
-        self._cache_idx, self._full_idx, self._swa_idx, self._ssm_idx = None, 0, None, None
-        self._parallel_hybrid = self._indexed = False
         root = nn.Module()
         setattr(root, n.embed, nn.Embedding(args.vocab, args.hidden))
         setattr(root, n.layers, [DecoderLayer(f) for _ in range(args.n_layers)])

@@ -314,6 +314,20 @@ class UniversalDense(nn.Module):
         self._parallel_hybrid = d.hybrid is not None and d.hybrid.block is HybridBlock.PARALLEL
         self._indexed = d.mla is not None and d.mla.kind is MlaKind.ABSORBED_INDEXED
 
+    def _own_tree(self, args: UniversalArgs, descriptor: ArchDescriptor, config: Any,
+                  raw_config: Optional[Mapping], *, tied: bool, ssm_idx: Optional[int] = None) -> None:
+        """The start of a subclass that builds its own module tree (loader._GRAPHS): nn.Module's init
+        and this class's bookkeeping: one cache per layer, the full-attention mask from cache[0] (from
+        cache[ssm_idx] instead for an all-recurrent row), no wrapper; the subclass adjusts the rest."""
+        nn.Module.__init__(self)
+        self.descriptor, self.args, self.config = descriptor, args, config
+        self.raw_config = MappingProxyType(dict(raw_config or {}))
+        self.profile = None
+        self._tied = tied
+        self._cache_idx, self._swa_idx, self._ssm_idx = None, None, ssm_idx
+        self._full_idx = 0 if ssm_idx is None else None
+        self._parallel_hybrid = self._indexed = False
+
     # ------------------------------------------------------------- structure
 
     @property

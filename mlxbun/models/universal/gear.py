@@ -15,7 +15,6 @@ refused by name."""
 from __future__ import annotations
 
 import math
-from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 import mlx.core as mx
@@ -212,18 +211,13 @@ class GearDense(UniversalDense):
 
     def __init__(self, args: UniversalArgs, descriptor: ArchDescriptor,
                  config: Any = None, raw_config: Optional[Mapping] = None):
-        nn.Module.__init__(self)
+        self._own_tree(args, descriptor, config, raw_config, tied=bool(args.fields["tie_word_embeddings"]))
         d, f = descriptor, args.fields
-        self.descriptor, self.args, self.config = d, args, config
-        self.raw_config = MappingProxyType(dict(raw_config or {}))
-        self.profile = None
-        self._tied = bool(f["tie_word_embeddings"])
         types = list(f["layer_types"])
         self._first = {t: (types.index(t) if t in types else None)
                        for t in ("full_attention", "sliding_attention", "conv_mixer")}
-        self._cache_idx, self._full_idx = None, self._first["full_attention"]
+        self._full_idx = self._first["full_attention"]
         self._swa_idx, self._ssm_idx = self._first["sliding_attention"], self._first["conv_mixer"]
-        self._parallel_hybrid = self._indexed = False
         root = nn.Module()
         root.embed_tokens = nn.Embedding(args.vocab, args.hidden)
         root.layers = [DecoderLayer(f, i) for i in range(args.n_layers)]

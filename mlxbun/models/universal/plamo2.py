@@ -15,7 +15,6 @@ q_weight / k_weight sliced); the MLP by hidden units."""
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 import mlx.core as mx
@@ -236,16 +235,11 @@ class Plamo2Dense(UniversalDense):
 
     def __init__(self, args: UniversalArgs, descriptor: ArchDescriptor,
                  config: Any = None, raw_config: Optional[Mapping] = None):
-        nn.Module.__init__(self)
+        self._own_tree(args, descriptor, config, raw_config, tied=bool(args.fields["tie_word_embeddings"]))
         d, f = descriptor, args.fields
-        self.descriptor, self.args, self.config = d, args, config
-        self.raw_config = MappingProxyType(dict(raw_config or {}))
-        self.profile = None
-        self._tied = bool(f["tie_word_embeddings"])
         self._mamba = [plamo2_is_mamba(f, i) for i in range(args.n_layers)]
         self._ssm_idx = 0 if f["mamba_enabled"] else None
         self._full_idx = f["mamba_step"] // 2  # mlx-lm's fa_idx
-        self._cache_idx, self._swa_idx, self._parallel_hybrid, self._indexed = None, None, False, False
         root = nn.Module()
         root.embed_tokens = nn.Embedding(args.vocab, args.hidden)
         root.layers = nn.Module()

@@ -16,7 +16,6 @@ summed), the attention by query heads (its one KV head whole on every rank), the
 from __future__ import annotations
 
 import math
-from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 import mlx.core as mx
@@ -228,17 +227,11 @@ class RecurrentGemmaDense(UniversalDense):
 
     def __init__(self, args: UniversalArgs, descriptor: ArchDescriptor,
                  config: Any = None, raw_config: Optional[Mapping] = None):
-        nn.Module.__init__(self)
+        self._own_tree(args, descriptor, config, raw_config, tied=False)
         d, f = descriptor, args.fields
-        self.descriptor, self.args, self.config = d, args, config
-        self.raw_config = MappingProxyType(dict(raw_config or {}))
-        self.profile = None
-        self._tied = False
         kinds = f["block_types"]
         self._kinds = [kinds[i % len(kinds)] for i in range(args.n_layers)]
-        self._swa_idx = kinds.index("attention")
-        self._cache_idx, self._full_idx, self._ssm_idx, self._parallel_hybrid, self._indexed = (
-            None, None, None, False, False)
+        self._swa_idx, self._full_idx = kinds.index("attention"), None
         root = nn.Module()
         root.embed_tokens = nn.Embedding(args.vocab, args.hidden)
         root.layers = [ResidualBlock(f, k) for k in self._kinds]

@@ -15,7 +15,6 @@ split (mlx-lm's file has no shard(); the LoRA and per-head mixes have no split h
 from __future__ import annotations
 
 from functools import partial
-from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 import mlx.core as mx
@@ -190,14 +189,8 @@ class Rwkv7Dense(UniversalDense):
 
     def __init__(self, args: UniversalArgs, descriptor: ArchDescriptor,
                  config: Any = None, raw_config: Optional[Mapping] = None):
-        nn.Module.__init__(self)
+        self._own_tree(args, descriptor, config, raw_config, tied=bool(args.fields["tie_word_embeddings"]), ssm_idx=0)
         d, f = descriptor, args.fields
-        self.descriptor, self.args, self.config = d, args, config
-        self.raw_config = MappingProxyType(dict(raw_config or {}))
-        self.profile = None
-        self._tied = bool(f["tie_word_embeddings"])
-        self._cache_idx, self._full_idx, self._swa_idx, self._ssm_idx = None, None, None, 0
-        self._parallel_hybrid = self._indexed = False
         root = nn.Module()
         root.embeddings = nn.Embedding(args.vocab, args.hidden)
         root.layers = [Rwkv7Layer(f, i) for i in range(args.n_layers)]
