@@ -95,6 +95,22 @@ def _oracle_inputs(processor, clips, prompt=PROMPT):
     return prepare_inputs(processor, audio=[_samples(c) for c in clips], prompts=[prompt], add_special_tokens=True)
 
 
+def _prompt_logits_equal(alm, model, ref, emb, ours):
+    """The prompt's logits over caches, mlx-vlm's text model on its merged rows and per-layer
+    inputs vs mlxbun's, in one call and as generate prefills (all but the last, then it)."""
+    lm, m, n = model.language_model, alm.text_model, ours.ids.shape[0]
+    for splits in ([n], [n - 1, 1]):
+        c1, c2, s = lm.make_cache(), m.make_cache(), 0
+        for k in splits:
+            want = lm(ref["input_ids"][:, s:s + k], inputs_embeds=emb.inputs_embeds[:, s:s + k], cache=c1,
+                      per_layer_inputs=emb.per_layer_inputs).logits
+            got = m.logits_from_hidden(m.forward_hidden(ours.ids[None, s:s + k], c2,
+                                                        input_embeddings=ours.embeddings[:, s:s + k],
+                                                        **alm.hidden_kw))
+            assert mx.array_equal(got, want), f"prompt logits differ ({splits}, from {s})"
+            s += k
+
+
 @pytest.mark.parametrize("dtype,quant", VARIANTS, ids=[f"{d}-{q}" for d, q in VARIANTS])
 def test_audio_tower_splice_merge_and_logits_are_bit_exact(audio_ckpt, wavs, dtype, quant):
     alm, model, processor = _both(audio_ckpt(dtype, quant))
@@ -123,19 +139,7 @@ def test_audio_tower_splice_merge_and_logits_are_bit_exact(audio_ckpt, wavs, dty
     emb = model.get_input_embeddings(ref["input_ids"], None, input_features=ref["input_features"],
                                      input_features_mask=ref["input_features_mask"])
     assert mx.array_equal(ours.embeddings, emb.inputs_embeds)
-    # the prompt's logits over caches, in one call and as generate prefills (all but the last, then it)
-    lm, m = model.language_model, alm.text_model
-    n = ours.ids.shape[0]
-    for splits in ([n], [n - 1, 1]):
-        c1, c2, s = lm.make_cache(), m.make_cache(), 0
-        for k in splits:
-            want = lm(ref["input_ids"][:, s:s + k], inputs_embeds=emb.inputs_embeds[:, s:s + k], cache=c1,
-                      per_layer_inputs=emb.per_layer_inputs).logits
-            got = m.logits_from_hidden(m.forward_hidden(ours.ids[None, s:s + k], c2,
-                                                        input_embeddings=ours.embeddings[:, s:s + k],
-                                                        **alm.hidden_kw))
-            assert mx.array_equal(got, want), f"prompt logits differ ({splits}, from {s})"
-            s += k
+    _prompt_logits_equal(alm, model, ref, emb, ours)
 
 
 @pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 4)], ids=["float32", "bf16-q4"])
@@ -290,17 +294,7 @@ def test_gemma4_audio_tower_splice_merge_and_logits_are_bit_exact(audio_ckpt, dt
     emb = model.get_input_embeddings(ref["input_ids"], None, input_features=ref["input_features"],
                                      input_features_mask=ref["input_features_mask"])
     assert mx.array_equal(ours.embeddings, emb.inputs_embeds)
-    lm, m, n = model.language_model, alm.text_model, ours.ids.shape[0]
-    for splits in ([n], [n - 1, 1]):
-        c1, c2, s = lm.make_cache(), m.make_cache(), 0
-        for k in splits:
-            want = lm(ref["input_ids"][:, s:s + k], inputs_embeds=emb.inputs_embeds[:, s:s + k], cache=c1,
-                      per_layer_inputs=emb.per_layer_inputs).logits
-            got = m.logits_from_hidden(m.forward_hidden(ours.ids[None, s:s + k], c2,
-                                                        input_embeddings=ours.embeddings[:, s:s + k],
-                                                        **alm.hidden_kw))
-            assert mx.array_equal(got, want), f"prompt logits differ ({splits}, from {s})"
-            s += k
+    _prompt_logits_equal(alm, model, ref, emb, ours)
 
 
 @pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 8)], ids=["float32", "bf16-q8"])

@@ -20,47 +20,23 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxbun.errors import ConfigError
-from mlxbun.towers.errors import AudioCountError, AudioFormatError, AudioTooLong
+from mlxbun.towers.audio import MelConfig
+from mlxbun.towers.errors import AudioCountError, AudioTooLong
 
 __all__ = ["Gemma4Audio", "Gemma4AudioEncoder", "Gemma4Mel", "open_gemma4_audio"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Gemma4Mel:
-    """Gemma4AudioFeatureExtractor's settings (processor_config.json's feature_extractor)."""
+class Gemma4Mel(MelConfig):
+    """Gemma4AudioFeatureExtractor's settings (processor_config.json's feature_extractor): the
+    gemma3n extractor's fields at gemma4's defaults."""
 
-    feature_size: int = 128
-    sampling_rate: int = 16_000
-    padding_value: float = 0.0
     frame_length_ms: float = 20.0
-    hop_length_ms: float = 10.0
     min_frequency: float = 0.0
     max_frequency: float = 8000.0
     preemphasis: float = 0.0
-    preemphasis_htk_flavor: bool = True
     fft_overdrive: bool = False
-    dither: float = 0.0
-    input_scale_factor: float = 1.0
     mel_floor: float = 1e-3
-    per_bin_mean: Optional[tuple] = None
-    per_bin_stddev: Optional[tuple] = None
-    max_length: int = 480_000
-    pad_to_multiple_of: int = 128
-
-    @classmethod
-    def from_config(cls, cfg: Mapping) -> "Gemma4Mel":
-        if cfg.get("dither", 0.0):
-            raise AudioFormatError("a dithering feature extractor (random noise per call) is not reproducible")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in cfg.items() if k in fields})
-
-    @property
-    def frame_length(self) -> int:
-        return int(round(self.sampling_rate * self.frame_length_ms / 1000.0))
-
-    @property
-    def hop_length(self) -> int:
-        return int(round(self.sampling_rate * self.hop_length_ms / 1000.0))
 
     def features(self, clips: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """([clips, frames, bins] float32, [clips, frames] bool: True where a frame holds audio)."""
@@ -70,7 +46,7 @@ class Gemma4Mel:
             if len(c) > self.max_length:
                 raise AudioTooLong(f"clip {i + 1}: {len(c)} samples, past the processor's {self.max_length} "
                                    f"({self.max_length / self.sampling_rate:g} s; mlx-vlm would cut it)")
-        fft = 2 ** math.ceil(math.log2(self.frame_length)) * (2 if self.fft_overdrive else 1)
+        fft = self.fft_length
         window = 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(self.frame_length, dtype=np.float32) / self.frame_length)
         with warnings.catch_warnings():  # its all-zero lowest filters at 128 bins (mlx-vlm's warn too)
             warnings.simplefilter("ignore", UserWarning)
