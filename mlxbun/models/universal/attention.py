@@ -35,7 +35,17 @@ from mlxbun.models.universal.kinds import (
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import LayerSpec, RopeSpec, UniversalArgs
 
-__all__ = ["Attention"]
+__all__ = ["Attention", "rope_and_cache"]
+
+
+def rope_and_cache(rope, queries, keys, values, cache):
+    """mlx-lm's common step: queries and keys rotated at the cache's offset (0 without one), then the
+    keys and values through the cache; returns (queries, keys, values)."""
+    if cache is None:
+        return rope(queries), rope(keys), values
+    queries, keys = rope(queries, offset=cache.offset), rope(keys, offset=cache.offset)
+    keys, values = cache.update_and_fetch(keys, values)
+    return queries, keys, values
 
 
 def _phi3_rope(s: RopeSpec) -> nn.Module:

@@ -26,6 +26,7 @@ from mlxbun.errors import MlxbunError
 from mlxbun.models import rope as R
 from mlxbun.models.base import create_attention_mask, scaled_dot_product_attention
 from mlxbun.models.sharding import ShardingError
+from mlxbun.models.universal.attention import rope_and_cache
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import UniversalArgs
@@ -109,13 +110,7 @@ class Attention(nn.Module):
         queries = self.q_norm(queries).transpose(0, 2, 1, 3)
         keys = self.k_norm(keys).transpose(0, 2, 1, 3)
         values = values.transpose(0, 2, 1, 3)
-        if cache is not None:
-            queries = self.rope(queries, offset=cache.offset)
-            keys = self.rope(keys, offset=cache.offset)
-            keys, values = cache.update_and_fetch(keys, values)
-        else:
-            queries = self.rope(queries)
-            keys = self.rope(keys)
+        queries, keys, values = rope_and_cache(self.rope, queries, keys, values, cache)
         if self.attn_logit_softcapping:
             output = _softcap_attention(queries, keys, values, self.scale, self.attn_logit_softcapping, mask)
         else:

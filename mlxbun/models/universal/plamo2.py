@@ -34,7 +34,7 @@ from mlxbun.models.sharding import (
     shard_linear,
 )
 from mlxbun.models.universal.dense import UniversalDense
-from mlxbun.models.universal.mixers.ssm import ssm_update
+from mlxbun.models.universal.mixers.ssm import padded_conv_input, ssm_update
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import UniversalArgs
 
@@ -92,25 +92,7 @@ class Plamo2Mamba(nn.Module):
         self.intermediate_size = per * self.hidden_size_per_head
 
     def _conv(self, conv_input, cache, mask):
-        if mask is not None:
-            conv_input = mx.where(mask[..., None], conv_input, 0)
-        if cache is not None:
-            if cache[0] is None:
-                conv_state = mx.zeros((conv_input.shape[0], self.conv_kernel_size - 1, self.intermediate_size),
-                                      dtype=conv_input.dtype)
-            else:
-                conv_state = cache[0]
-            padded_input = mx.concatenate([conv_state, conv_input], axis=1)
-            n_keep = self.conv_kernel_size - 1
-            if cache.lengths is not None:
-                t = padded_input.shape[1]
-                ends = mx.clip(cache.lengths, 0, t - n_keep)
-                positions = (ends[:, None] + mx.arange(n_keep))[..., None]
-                cache[0] = mx.take_along_axis(padded_input, positions, axis=1)
-            else:
-                cache[0] = padded_input[:, -n_keep:, :]
-        else:
-            padded_input = mx.pad(conv_input, [(0, 0), (self.conv_kernel_size - 1, 0), (0, 0)])
+        padded_input = padded_conv_input(conv_input, cache, mask, self.conv_kernel_size, self.intermediate_size)
         return nn.silu(self.conv1d(padded_input))
 
     def _ssm(self, x, B, C, dt, cache, mask):

@@ -27,6 +27,7 @@ from mlxbun.errors import MlxbunError
 from mlxbun.models.base import create_attention_mask, scaled_dot_product_attention
 from mlxbun.models.layers import GemmaRMSNorm
 from mlxbun.models.sharding import ALL_TO_SHARDED, SHARDED_TO_ALL, check_heads, shard_linear
+from mlxbun.models.universal.attention import rope_and_cache
 from mlxbun.models.universal.dense import UniversalDense
 from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.specs import UniversalArgs
@@ -174,13 +175,7 @@ class LocalAttentionBlock(nn.Module):
         queries = queries.reshape(B, L, self.num_heads, -1).transpose(0, 2, 1, 3)
         keys = keys.reshape(B, L, 1, -1).transpose(0, 2, 1, 3)
         values = values.reshape(B, L, 1, -1).transpose(0, 2, 1, 3)
-        if cache is not None:
-            queries = self.rope(queries, offset=cache.offset)
-            keys = self.rope(keys, offset=cache.offset)
-            keys, values = cache.update_and_fetch(keys, values)
-        else:
-            queries = self.rope(queries)
-            keys = self.rope(keys)
+        queries, keys, values = rope_and_cache(self.rope, queries, keys, values, cache)
         output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
         return self.o_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1))
 

@@ -46,7 +46,7 @@ from mlxbun.models.sharding import (
 )
 from mlxbun.models.universal.fields import fail, int_field
 from mlxbun.models.universal.kinds import StrEnum
-from mlxbun.models.universal.mixers.ssm import ssm_update
+from mlxbun.models.universal.mixers.ssm import padded_conv_input, ssm_update
 
 __all__ = ["GatedNorm", "GatedRMSNorm", "Mamba2Knobs", "Mamba2KnobsError", "Mamba2Mixer"]
 
@@ -255,33 +255,8 @@ class Mamba2Mixer(nn.Module):
         self.conv_dim = self.intermediate_size + 2 * self.n_groups * S
 
     def _conv(self, conv_input: mx.array, cache, mask: Optional[mx.array]) -> mx.array:
-        if mask is not None:
-            conv_input = mx.where(mask[..., None], conv_input, 0)
-
-        if cache is not None:
-            if cache[0] is None:
-                conv_state = mx.zeros(
-                    (conv_input.shape[0], self.conv_kernel_size - 1, self.conv_dim),
-                    dtype=conv_input.dtype,
-                )
-            else:
-                conv_state = cache[0]
-            padded_input = mx.concatenate([conv_state, conv_input], axis=1)
-            n_keep = self.conv_kernel_size - 1
-            if cache.lengths is not None:
-                t = padded_input.shape[1]
-                ends = mx.clip(cache.lengths, 0, t - n_keep)
-                positions = (ends[:, None] + mx.arange(n_keep))[..., None]
-                cache[0] = mx.take_along_axis(padded_input, positions, axis=1)
-            else:
-                cache[0] = padded_input[:, -n_keep:, :]
-        else:
-            padded_input = mx.pad(
-                conv_input, [(0, 0), (self.conv_kernel_size - 1, 0), (0, 0)]
-            )
-
-        conv_output = self.conv1d(padded_input)
-        return nn.silu(conv_output)
+        padded_input = padded_conv_input(conv_input, cache, mask, self.conv_kernel_size, self.conv_dim)
+        return nn.silu(self.conv1d(padded_input))
 
     def _ssm(self, hidden_states: mx.array, B: mx.array, C: mx.array, dt: mx.array, cache,
              mask: Optional[mx.array]) -> mx.array:

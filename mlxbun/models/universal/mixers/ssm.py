@@ -15,7 +15,30 @@ from typing import Optional, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 
-__all__ = ["compute_dt", "segsum", "ssm_attn", "ssm_update", "ssm_update_kernel"]
+__all__ = ["compute_dt", "padded_conv_input", "segsum", "ssm_attn", "ssm_update", "ssm_update_kernel"]
+
+
+def padded_conv_input(conv_input, cache, mask, kernel_size: int, width: int):
+    """The causal conv's input as mlx-lm's mamba2 / plamo2 build it: masked positions zeroed, then the
+    cached kernel_size - 1 previous rows in front (zeros on a fresh cache; without a cache, zero
+    padding); the cache keeps the last kernel_size - 1 rows (per row's length when it has lengths)."""
+    if mask is not None:
+        conv_input = mx.where(mask[..., None], conv_input, 0)
+    n_keep = kernel_size - 1
+    if cache is None:
+        return mx.pad(conv_input, [(0, 0), (n_keep, 0), (0, 0)])
+    if cache[0] is None:
+        conv_state = mx.zeros((conv_input.shape[0], n_keep, width), dtype=conv_input.dtype)
+    else:
+        conv_state = cache[0]
+    padded_input = mx.concatenate([conv_state, conv_input], axis=1)
+    if cache.lengths is not None:
+        ends = mx.clip(cache.lengths, 0, padded_input.shape[1] - n_keep)
+        positions = (ends[:, None] + mx.arange(n_keep))[..., None]
+        cache[0] = mx.take_along_axis(padded_input, positions, axis=1)
+    else:
+        cache[0] = padded_input[:, -n_keep:, :]
+    return padded_input
 
 
 @mx.compile
