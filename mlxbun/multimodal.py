@@ -27,7 +27,7 @@ from mlxbun.towers.loader import VisionStack, open_vision
 from mlxbun.towers.mrope import MRopeText, rope_index
 from mlxbun.towers.splice import count_placeholders, expand_prompt, merge_embeddings
 
-__all__ = ["MAX_IMAGES", "AudioLanguageModel", "AudioPrompt", "EmbeddedPrompt", "MediaPrompt",
+__all__ = ["MAX_IMAGES", "AudioLanguageModel", "AudioPrompt", "EmbeddedPrompt", "Gemma4ImageModel", "MediaPrompt",
            "VisionLanguageModel", "load_clip", "open_alm", "open_vlm", "refuse_audio", "refuse_images",
            "stream_generate"]
 
@@ -268,20 +268,58 @@ def load_clip(clip, rate: int) -> np.ndarray:
     return samples
 
 
-class AudioLanguageModel:
-    """A checkpoint's text RuntimeModel, tokenizer and audio stack (gemma3n's towers.usm.AudioStack,
-    gemma4's towers.usm4.Gemma4Audio). Every text call with audio passes the stack's `hidden_kw`
-    (gemma3n: mlx-vlm's KV-shared offsets; gemma4: the media ids' per-layer inputs at id 0)."""
+class _SplicedModel:
+    """What the audio and gemma4 image paths share: a checkpoint's text RuntimeModel, tokenizer and
+    media stack (whose `hidden_kw` every text call with the media passes), the media tokens' texts,
+    the placeholder count, the tokenized prompt checked against the context, the prompt's logits."""
 
-    def __init__(self, text_model, tokenizer, audio, path: Path):
-        self.text_model, self.tokenizer, self.audio, self.path = text_model, tokenizer, audio, path
-        self.hidden_kw = dict(audio.hidden_kw)
+    def __init__(self, text_model, tokenizer, stack, path: Path):
+        self.text_model, self.tokenizer, self.path = text_model, tokenizer, path
+        self.hidden_kw = dict(stack.hidden_kw)
 
     def _token(self, token_id: int, what: str) -> str:
         t = self.tokenizer.id_to_token(int(token_id))
         if t is None:
             raise GenerationError(f"{self.path}: the tokenizer has no {what} token (id {token_id})")
         return t
+
+    def _placeholders(self, prompt: str, token: str, n: int, error, what: str) -> str:
+        """`prompt` with its placeholders (`token`) counted (`error` where they and the `n` items
+        disagree); a prompt without any gets one per item in front."""
+        text, found = count_placeholders(prompt, token, n, token)
+        if found != n:
+            raise error(f"the prompt holds {found} {what} placeholder(s) ({token!r}) but {n} {what}(s) were given")
+        return text
+
+    def _ids(self, text: str, add_special_tokens: bool, n: int, error, what: str) -> mx.array:
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        args = getattr(self.text_model, "args", None)
+        limit = getattr(args, "max_position_embeddings", None) or getattr(args, "fields", {}).get("max_position_embeddings")
+        if limit and len(ids) > limit:
+            raise error(f"{n} {what}(s) make the prompt {len(ids)} tokens, past the model's {limit}-token context")
+        return mx.array(ids, dtype=mx.int32)
+
+    def mrope(self) -> None:
+        return None
+
+    def check_generation(self) -> None:
+        return None
+
+    def logits(self, prompt, cache: Optional[list] = None) -> mx.array:
+        """The text model's logits [1, L, V] over the merged prompt in one call."""
+        m = self.text_model
+        return m.logits_from_hidden(m.forward_hidden(prompt.ids[None], cache, input_embeddings=prompt.embeddings,
+                                                     **self.hidden_kw))
+
+
+class AudioLanguageModel(_SplicedModel):
+    """A checkpoint's text RuntimeModel, tokenizer and audio stack (gemma3n's towers.usm.AudioStack,
+    gemma4's towers.usm4.Gemma4Audio). Every text call with audio passes the stack's `hidden_kw`
+    (gemma3n: mlx-vlm's KV-shared offsets; gemma4: the media ids' per-layer inputs at id 0)."""
+
+    def __init__(self, text_model, tokenizer, audio, path: Path):
+        super().__init__(text_model, tokenizer, audio, path)
+        self.audio = audio
 
     def check_clips(self, clips: Sequence) -> None:
         """TooManyClips past MAX_CLIPS (before any file is read)."""
@@ -300,12 +338,7 @@ class AudioLanguageModel:
     def placeholders(self, prompt: str, n_clips: int) -> str:
         """`prompt` with its audio placeholders (the audio token) counted (AudioCountError where they
         and the clips disagree); a prompt without any gets one per clip in front."""
-        token = self._marks()["audio"]
-        text, found = count_placeholders(prompt, token, n_clips, token)
-        if found != n_clips:
-            raise AudioCountError(f"the prompt holds {found} audio placeholder(s) ({token!r}) but {n_clips} clip(s) "
-                                  "were given")
-        return text
+        return self._placeholders(prompt, self._marks()["audio"], n_clips, AudioCountError, "audio clip")
 
     def expand(self, text: str, counts: Sequence[int]) -> str:
         """Each placeholder in turn as the processor writes its clip (`counts`: each clip's tokens)."""
@@ -323,30 +356,43 @@ class AudioLanguageModel:
         features, mask = a.features(samples)
         a.check_frames(features.shape[1], counts)  # AudioTooLong / AudioCountError
         text = self.expand(text, counts)
-        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        args = getattr(self.text_model, "args", None)
-        limit = getattr(args, "max_position_embeddings", None) or getattr(args, "fields", {}).get("max_position_embeddings")
-        if limit and len(ids) > limit:
-            raise TooManyClips(f"{len(clips)} clip(s) make the prompt {len(ids)} tokens, past the model's "
-                               f"{limit}-token context")
-        ids = mx.array(ids, dtype=mx.int32)
+        ids = self._ids(text, add_special_tokens, len(clips), TooManyClips, "clip")
         features, mask = mx.array(features), mx.array(mask)
         soft = a.soft_tokens(features, mask)
         embeddings = a.merge(self.text_model.embed_tokens, ids[None], soft)
         return AudioPrompt(text, ids, features, mask, soft, embeddings, len(clips),
                            int((np.array(ids) == a.audio_token_id).sum()))
 
-    def mrope(self) -> None:
-        return None
 
-    def check_generation(self) -> None:
-        return None
+class Gemma4ImageModel(_SplicedModel):
+    """gemma4's text RuntimeModel, tokenizer and vision side (towers.gemma4_vision): each image
+    placeholder (the image token) as <boi> + its soft tokens + <eoi>, the images' soft tokens over
+    the image tokens, the media ids' per-layer inputs at id 0 on every call with them."""
 
-    def logits(self, prompt: AudioPrompt, cache: Optional[list] = None) -> mx.array:
-        """The text model's logits [1, L, V] over the merged prompt in one call."""
-        m = self.text_model
-        return m.logits_from_hidden(m.forward_hidden(prompt.ids[None], cache, input_embeddings=prompt.embeddings,
-                                                     **self.hidden_kw))
+    def __init__(self, text_model, tokenizer, vision, path: Path):
+        super().__init__(text_model, tokenizer, vision, path)
+        self.vision = vision
+
+    def check_images(self, images: Sequence) -> None:
+        if len(images) > MAX_IMAGES:
+            raise TooManyImages(f"{len(images)} images given; mlxbun takes at most {MAX_IMAGES} per prompt")
+
+    def prepare(self, prompt: str, images: Sequence, *, add_special_tokens: bool = True) -> MediaPrompt:
+        """Read, preprocess and splice `images` into `prompt`, run the tower, merge: every input
+        checked (count, files, context) before the tower runs."""
+        v = self.vision
+        self.check_images(images)
+        image = self._token(v.image_token_id, "image")
+        text = self._placeholders(prompt, image, len(images), ImageCountError, "image")
+        pixels, counts = v.spec.preprocess([load_image(i) for i in images])  # ImageUnreadable / ImageTruncated
+        boi, eoi = self._token(v.boi_token_id, "begin-of-image"), self._token(v.eoi_token_id, "end-of-image")
+        text = expand_prompt(text, image, [f"{boi}{image * n}{eoi}" for n in counts])
+        ids = self._ids(text, add_special_tokens, len(images), TooManyImages, "image")
+        dtype = self.text_model.embed_tokens(ids[:1]).dtype
+        features = v.features(pixels, dtype)
+        embeddings = v.merge(self.text_model.embed_tokens, ids[None], features)
+        return MediaPrompt(text, ids, [mx.array(p) for p in pixels], None, features, embeddings, len(images),
+                           sum(counts), image_token_id=v.image_token_id)
 
 
 def open_alm(path) -> AudioLanguageModel:
@@ -378,12 +424,19 @@ def _refuse(check, path, what: str) -> None:
         raise NoTowerError(f"{what} given, but {e}") from None
 
 
-def open_vlm(path) -> VisionLanguageModel:
-    """A checkpoint's text graph, tokenizer and tower (NoTowerError where it has none)."""
+def open_vlm(path):
+    """A checkpoint's text graph, tokenizer and tower (NoTowerError where it has none): a
+    VisionLanguageModel, or for gemma4 a Gemma4ImageModel."""
     from mlxbun.factory import open_model
     from mlxbun.tokenizer import load_tokenizer
 
     path = Path(path)
+    if _gemma4(path):
+        from mlxbun.towers.gemma4_vision import open_gemma4_vision
+        from mlxbun.towers.loader import _read_config
+
+        vision = open_gemma4_vision(path, _read_config(path), _gemma4_vision_index(path))
+        return Gemma4ImageModel(open_model(path), load_tokenizer(path), vision, path)
     vision = open_vision(path)
     model = open_model(path)
     if not hasattr(model, "embed_tokens"):
@@ -395,7 +448,24 @@ def refuse_images(path, what: str = "images") -> None:
     """NoTowerError unless `path` holds a tower mlxbun builds (checked before any work)."""
     from mlxbun.towers.loader import _check_tower
 
-    _refuse(_check_tower, path, what)
+    _refuse((lambda p, config: _gemma4_vision_index(p)) if _gemma4(path) else _check_tower, path, what)
+
+
+def _gemma4(path) -> bool:
+    from mlxbun.towers.loader import _read_config
+
+    return _read_config(Path(path)).get("model_type") == "gemma4"
+
+
+def _gemma4_vision_index(path):
+    """The weight index of a gemma4 checkpoint that holds its vision tower (NoTowerError if not)."""
+    from mlxbun.weights import read_index
+
+    index = read_index(Path(path))
+    if not any(n.startswith(("vision_tower.", "model.vision_tower.")) for n in index.names()):
+        raise NoTowerError(f"{path}: gemma4 checkpoint holds no vision_tower.* tensors (a text-only build): "
+                           "it takes token ids only")
+    return index
 
 
 def stream_generate(vlm, prompt, **kwargs):

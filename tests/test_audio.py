@@ -192,7 +192,7 @@ def test_bad_wavs_are_refused_by_name(audio_ckpt, wavs, tmp_path):
     for path, error, message in cases:
         with pytest.raises(error, match=message):
             alm.prepare(AUDIO, [path])
-    with pytest.raises(AudioCountError, match="holds 2 audio placeholder"):
+    with pytest.raises(AudioCountError, match="holds 2 audio clip placeholder"):
         alm.prepare(PROMPT, wavs[:1])
     with pytest.raises(TooManyClips, match=f"at most {MAX_CLIPS}"):
         alm.prepare(AUDIO, [tmp_path / "missing.wav"] * (MAX_CLIPS + 1))  # before any file is read
@@ -249,7 +249,7 @@ def test_cli_audio_refusals_are_one_line(audio_ckpt, wavs, capsys, monkeypatch, 
 
 # ------------------------------------------------------------------ gemma4's audio tower
 
-G4 = "gemma4-audio"
+G4 = "gemma4-towers"
 G4_AUDIO = "<|audio|>"
 # gemma4 on this CPU: unquantized float16 / bfloat16 MoE experts do not run (mlx's gather_mm takes
 # float32 only), so its variants are float32 and the quantized ones

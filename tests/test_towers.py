@@ -15,7 +15,7 @@ import pytest
 
 import mlxbun.cli as cli
 from mlxbun.multimodal import MAX_IMAGES, EmbeddedPrompt, open_vlm, stream_generate
-from mlxbun.errors import GenerationError
+from mlxbun.errors import GenerationError, UnsupportedModelError
 from mlxbun.experiments.tower_bringup import oracle_stages, patch_order
 from mlxbun.towers.knobs import VitLayout
 from mlxbun.towers.errors import ImageCountError, ImageTruncated, ImageUnreadable, NoTowerError, TooManyImages
@@ -491,3 +491,82 @@ def test_patch_order_puts_qwen_patches_back_in_row_major_order(tower_ckpt, image
     corners = np.array(prompt.pixel_values)[:, 0]  # channel 0, frame 0, (0, 0) of each patch in sequence order
     assert sorted(order.tolist()) == list(range(h * w))
     assert np.array_equal(red[::14, ::14].reshape(-1)[order], corners)
+
+
+# ------------------------------------------------------------------ gemma4's vision tower (towers/gemma4_vision.py)
+
+G4 = "gemma4-towers"
+G4_PROMPT = "hi <|image|> and <|image|> there"
+# gemma4 on this CPU: unquantized float16 / bfloat16 MoE experts do not run (gather_mm: float32 only)
+G4_VARIANTS = [("float32", None), ("float32", 4), ("bfloat16", 8), ("float32", "mixed")]
+
+
+@pytest.mark.parametrize("dtype,quant", G4_VARIANTS, ids=[f"{d}-{q}" for d, q in G4_VARIANTS])
+def test_gemma4_vision_tower_splice_and_merge_are_bit_exact(tower_ckpt, images, dtype, quant):
+    vlm, model, processor = _both(tower_ckpt(dtype, quant, G4))
+    for sel in (images[:2], [images[0], images[0]]):  # two sizes (one by one), one size (a batch)
+        prompt = " ".join(["<|image|>"] * len(sel)) + " what"
+        ref = _oracle_inputs(processor, sel, prompt)
+        ours = vlm.prepare(prompt, sel)
+        assert ours.ids.tolist() == ref["input_ids"][0].tolist()
+        assert ours.soft_tokens == int((ref["input_ids"] == model.config.image_token_id).sum().item())
+        px = ref["pixel_values"] if isinstance(ref["pixel_values"], list) else list(ref["pixel_values"])
+        assert all(mx.array_equal(a, b) for a, b in zip(ours.pixel_values, px))
+        emb = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"])
+        assert mx.array_equal(ours.embeddings, emb.inputs_embeds)
+    # the tower block by block, on one image
+    tower, mine = model.vision_tower, vlm.vision.tower
+    pixels = ours.pixel_values[0][None]
+    positions, padding, _ = tower._patch_positions_single(pixels.shape[2], pixels.shape[3],
+                                                           max_patches=(pixels.shape[2] // 16) * (pixels.shape[3] // 16))
+    positions, padding = mx.array(positions[None]), mx.array(padding[None])
+    x = tower.patch_embedder(pixels, positions, padding)
+    mask = mx.expand_dims(mx.where(mx.ones((1, x.shape[1], x.shape[1]), dtype=mx.bool_), mx.array(0.0, dtype=x.dtype),
+                                   mx.array(-1e4, dtype=x.dtype)), 1)
+    theirs = [x]
+    for layer in tower.encoder.layers:
+        theirs.append(x := layer(x, positions, mask))
+    taps: list = []
+    mine(pixels, taps=taps)
+    assert len(taps) == len(theirs) and all(mx.array_equal(a, b) for a, b in zip(taps, theirs))
+
+
+@pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 8)], ids=["float32", "bf16-q8"])
+def test_gemma4_vision_greedy_generation_is_bit_exact(tower_ckpt, images, dtype, quant):
+    vlm, model, processor = _both(tower_ckpt(dtype, quant, G4))
+    _greedy_equal(vlm, model, _oracle_inputs(processor, images[:2], G4_PROMPT), G4_PROMPT, images[:2], 5)
+
+
+def test_gemma4_vision_refusals(tower_ckpt, images, zoo_root, tmp_path):
+    import shutil
+
+    from mlxbun.multimodal import refuse_images
+    from mlxbun.zoo import cached_checkpoint
+
+    with pytest.raises(NoTowerError, match="holds no vision_tower"):  # the zoo's text-only gemma4
+        refuse_images(cached_checkpoint("gemma4", root=zoo_root))
+    src = tower_ckpt("float32", None, G4)
+    dst = tmp_path / "bidirectional"
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["text_config"]["use_bidirectional_attention"] = "vision"
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="bidirectional attention over image tokens is not built"):
+        open_vlm(dst)
+    vlm, _, _ = _both(src)
+    with pytest.raises(ImageCountError, match="2 image placeholder"):
+        vlm.prepare(G4_PROMPT, images[:1])
+    with pytest.raises(TooManyImages):
+        vlm.prepare("x", images[:1] * (MAX_IMAGES + 1))
+
+
+def test_cli_generates_from_gemma4_images(tower_ckpt, images, capsys):
+    path = tower_ckpt("float32", None, G4)
+    code = cli.main(["generate", "--model", str(path), "--image", images[0], "--image", images[1],
+                     "--prompt", G4_PROMPT, "--max-tokens", "4", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    vlm, _, _ = _both(path)
+    prompt = vlm.prepare(G4_PROMPT, images[:2])
+    assert out["prompt_ids"] == prompt.ids.tolist() and out["soft_tokens"] == prompt.soft_tokens and out["images"] == 2
+    assert out["tokens"] == [r.token for r in stream_generate(vlm, prompt, max_tokens=4)]

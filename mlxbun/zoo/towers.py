@@ -240,9 +240,11 @@ def _gemma3n_preprocessor() -> dict:
             "processor_class": "Gemma3nProcessor"}
 
 
-# tiny gemma4 audio (its own USM conformer): 128 mel bins (mlx-vlm's subsampling stack fixes them),
-# two blocks of width 32 in chunks of 4 frames with 4 of left context, clipped linears, a 32-wide
-# output projection; a token per 40 ms of audio, at most 16 a clip
+# tiny gemma4 with both towers: the zoo's tiny vision tower (one block of width 32, 16-pixel patches,
+# 3x3 pooling; the processor at most 4 soft tokens an image) and a tiny audio conformer: 128 mel bins
+# (mlx-vlm's subsampling stack fixes them), two blocks of width 32 in chunks of 4 frames with 4 of
+# left context, clipped linears, a 32-wide output projection; a token per 40 ms of audio, at most
+# 16 a clip
 GEMMA4_AUDIO = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "hidden_act": "silu",
                 "subsampling_conv_channels": [8, 4], "conv_kernel_size": 5, "residual_weight": 0.5,
                 "attention_chunk_size": 4, "attention_context_left": 5, "attention_context_right": 0,
@@ -254,7 +256,7 @@ GEMMA4_MEDIA_TOKENS = (("boi_token", "<start_of_image>"), ("boa_token", "<start_
                        ("eoa_token", "<end_of_audio>"), ("video_token", "<|video|>"))
 
 
-def _gemma4_audio_fix(cfg: dict, ids: dict[str, int]) -> None:
+def _gemma4_towers_fix(cfg: dict, ids: dict[str, int]) -> None:
     vocab = max(ids.values()) + 1
     cfg["audio_config"] = dict(GEMMA4_AUDIO)
     cfg.update(vocab_size=vocab, audio_soft_tokens_per_image=GEMMA4_AUDIO_TOKENS, audio_ms_per_token=40,
@@ -312,10 +314,12 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
               processor={"audio_seq_length": GEMMA3N_AUDIO_TOKENS, "image_seq_length": 256,
                          "processor_class": "Gemma3nProcessor"},
               no_vision_tower=True, hf_names=True),
-    TowerArch("gemma4-audio", "gemma4", media_tokens=GEMMA4_MEDIA_TOKENS, fix=_gemma4_audio_fix,
+    TowerArch("gemma4-towers", "gemma4", media_tokens=GEMMA4_MEDIA_TOKENS, fix=_gemma4_towers_fix,
               preprocessor={"processor_class": "Gemma4Processor"},
               processor={"audio_seq_length": GEMMA4_AUDIO_TOKENS, "audio_ms_per_token": 40,
-                         "feature_extractor": {}, "processor_class": "Gemma4Processor"},
+                         "feature_extractor": {}, "processor_class": "Gemma4Processor",
+                         # 16-pixel patches, at most 4 soft tokens (36 patches) an image
+                         "image_processor": {"patch_size": 16, "max_soft_tokens": 4, "pooling_kernel_size": 3}},
               hf_names=False),
     TowerArch("qwen2_5_vl-vision", "qwen2_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen2_5_vl_fix,
               preprocessor=_qwen_preprocessor("Qwen2_5_VLProcessor"),
