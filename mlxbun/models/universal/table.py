@@ -314,7 +314,7 @@ _ROWS = [
         accepted_values=_GEMMA4_ACCEPTED, ignored_keys=_GEMMA4_IGNORED,
         notes="gemma4: gemma4_text behind the VLM wrapper (language_model.*; text_config's args, the "
               "top-level vocab_size (262144 by default) over text_config's; the vision and audio towers "
-              "and their embedders dropped; audio goes through mlxbun.multimodal.open_alm, images not ported).",
+              "and their embedders dropped; audio goes through mlxbun.multimodal.open_alm, images through open_vlm).",
     ),
     # gemma3.py: the VLM wrapper around gemma3_text (text_config's args, heads defaulting to 8 / 4,
     # the top-level vocab_size written over text_config's); the vision tower is not built
