@@ -16,7 +16,7 @@ import json
 import math
 import wave
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -24,7 +24,8 @@ import numpy as np
 from mlxbun.errors import ConfigError
 from mlxbun.towers.errors import AudioFormatError, AudioTooLong, AudioTruncated, AudioUnreadable
 
-__all__ = ["AudioFeatures", "MelConfig", "conv_weight", "log_mel", "read_json", "read_wav"]
+__all__ = ["AudioFeatures", "MelConfig", "conv_weight", "load_modules", "log_mel", "preemphasized_frames", "read_json",
+           "read_wav"]
 
 
 def read_wav(path) -> tuple[np.ndarray, int]:
@@ -119,6 +120,37 @@ def _mel_filters(n_freqs: int, f_min: float, f_max: float, n_mels: int, sample_r
     return np.maximum(zero, np.minimum(down_slopes, up_slopes))
 
 
+def preemphasized_frames(waveform: np.ndarray, cfg: MelConfig, samples: int) -> np.ndarray:
+    """[1, frames, frame_length]: the extractors' unfold of frame_length + 1 samples every hop,
+    then their preemphasis (HTK's: the first sample scaled by 1 - p) or the extra sample dropped."""
+    size = cfg.frame_length + 1
+    n = (waveform.shape[1] - size) // cfg.hop_length + 1
+    if n <= 0:
+        raise AudioTooLong(f"a clip of {samples} samples is shorter than one {size}-sample frame")
+    strides = (waveform.strides[0], waveform.strides[1] * cfg.hop_length, waveform.strides[1])
+    frames = np.lib.stride_tricks.as_strided(waveform, shape=(1, n, size), strides=strides)
+    p = cfg.preemphasis
+    if p <= 0.0:
+        return frames[..., :-1]
+    if cfg.preemphasis_htk_flavor:
+        return np.concatenate([frames[..., :1] * (1.0 - p), frames[..., 1:-1] - p * frames[..., :-2]], axis=-1)
+    return frames[..., 1:] - p * frames[..., :-1]
+
+
+def load_modules(path: Path, config: Mapping, index, modules: Mapping[str, Any]) -> None:
+    """Each module's tensors (its checkpoint prefix -> module), PyTorch-layout conv weights moved
+    (conv_weight), quantized as the config says, loaded strictly (towers.loader._load)."""
+    from mlxbun.quant import resolve_quantization
+    from mlxbun.towers.loader import _load
+
+    names = [n for n in index.names() if n.startswith(tuple(p + "." for p in modules))]
+    tensors = {n: conv_weight(n, w) for n, w in index.load(names).items()}
+    quantization = resolve_quantization(config)
+    for prefix, module in modules.items():
+        _load(module, prefix, tensors, quantization, path)
+    mx.eval([m.parameters() for m in modules.values()])
+
+
 @dataclasses.dataclass
 class AudioFeatures:
     """The processor's output for a prompt's clips."""
@@ -158,22 +190,7 @@ def log_mel(clips: Sequence[np.ndarray], cfg: MelConfig) -> AudioFeatures:
         waveform = speech.T
         if cfg.input_scale_factor != 1.0:
             waveform = waveform * cfg.input_scale_factor
-        size = cfg.frame_length + 1
-        n_frames = (waveform.shape[1] - size) // cfg.hop_length + 1
-        if n_frames <= 0:
-            raise AudioTooLong(f"a clip of {len(clip)} samples is shorter than one {size}-sample frame")
-        strides = (waveform.strides[0], waveform.strides[1] * cfg.hop_length, waveform.strides[1])
-        frames_in = np.lib.stride_tricks.as_strided(waveform, shape=(1, n_frames, size), strides=strides)
-        if cfg.preemphasis > 0.0:
-            if cfg.preemphasis_htk_flavor:
-                first = frames_in[..., :1] * (1.0 - cfg.preemphasis)
-                rest = frames_in[..., 1:-1] - cfg.preemphasis * frames_in[..., :-2]
-                frames = np.concatenate([first, rest], axis=-1)
-            else:
-                frames = frames_in[..., 1:] - cfg.preemphasis * frames_in[..., :-1]
-        else:
-            frames = frames_in[..., :-1]
-        frames = frames * window
+        frames = preemphasized_frames(waveform, cfg, len(clip)) * window
         magnitude = np.abs(np.fft.rfft(frames, n=cfg.fft_length, axis=-1))
         spec = np.log(np.maximum(np.matmul(magnitude, filters), floor))
         if mean is not None:

@@ -263,9 +263,7 @@ class Gemma4Vision:
 
 
 def open_gemma4_vision(path: Path, config: Mapping, index) -> Gemma4Vision:
-    from mlxbun.quant import resolve_quantization
-    from mlxbun.towers.audio import read_json
-    from mlxbun.towers.loader import _load
+    from mlxbun.towers.audio import load_modules, read_json
 
     text = config.get("text_config") or {}
     if text.get("use_bidirectional_attention") is not None:
@@ -284,12 +282,7 @@ def open_gemma4_vision(path: Path, config: Mapping, index) -> Gemma4Vision:
     tower = Gemma4VisionTower(v)
     embed = Embedder(v["hidden_size"], int(text["hidden_size"]), v["rms_norm_eps"])
     root = "model." if any(n.startswith("model.vision_tower.") for n in index.names()) else ""
-    names = [n for n in index.names() if n.startswith((root + "vision_tower.", root + "embed_vision."))]
-    tensors = index.load(names)
-    quantization = resolve_quantization(config)
-    _load(tower, root + "vision_tower", tensors, quantization, path)
-    _load(embed, root + "embed_vision", tensors, quantization, path)
-    mx.eval(tower.parameters(), embed.parameters())
+    load_modules(path, config, index, {root + "vision_tower": tower, root + "embed_vision": embed})
     proc = read_json(path / "processor_config.json", missing_ok=True)
     spec = Gemma4ImageSpec.from_config(proc.get("image_processor") or {})
     ids = tuple(int(config[k]) for k in ("image_token_id", "audio_token_id", "video_token_id")

@@ -19,7 +19,7 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxbun.errors import ConfigError
-from mlxbun.towers.audio import MelConfig, conv_weight, log_mel, read_json
+from mlxbun.towers.audio import MelConfig, load_modules, log_mel, read_json
 from mlxbun.towers.errors import AudioCountError, AudioTooLong, NoTowerError
 
 __all__ = ["AUDIO_TOWERS", "MAX_CLIPS", "AudioStack", "AudioTower", "MultimodalEmbedder", "RMSNorm32",
@@ -424,8 +424,7 @@ def check_audio_tower(path: Path, config: Mapping) -> tuple[str, Any]:
 def open_audio(path, config: Optional[Mapping] = None):
     """The checkpoint's audio stack (gemma3n's AudioStack, gemma4's usm4.Gemma4Audio), loaded;
     NoTowerError where it has none."""
-    from mlxbun.quant import resolve_quantization
-    from mlxbun.towers.loader import _load, _read_config
+    from mlxbun.towers.loader import _read_config
 
     path = Path(path)
     config = _read_config(path) if config is None else config
@@ -441,13 +440,8 @@ def open_audio(path, config: Optional[Mapping] = None):
     tower = AudioTower(audio)
     embed_audio = MultimodalEmbedder(audio, int(text["hidden_size"]))
     embed_vision = MultimodalEmbedder(vision, int(text["hidden_size"]))
-    names = [n for n in index.names() if n.startswith(tuple(root + p + "." for p in ("audio_tower", "embed_audio",
-                                                                                         "embed_vision")))]
-    tensors = {n: conv_weight(n, w) for n, w in index.load(names).items()}
-    quantization = resolve_quantization(config)
-    for module, name in ((tower, "audio_tower"), (embed_audio, "embed_audio"), (embed_vision, "embed_vision")):
-        _load(module, root + name, tensors, quantization, path)
-    mx.eval(tower.parameters(), embed_audio.parameters(), embed_vision.parameters())
+    load_modules(path, config, index, {root + "audio_tower": tower, root + "embed_audio": embed_audio,
+                                       root + "embed_vision": embed_vision})
     mel = read_mel_config(path)
     if mel.feature_size != audio["input_feat_size"]:
         raise ConfigError(f"{path}: the feature extractor's {mel.feature_size} mel bins != the tower's "

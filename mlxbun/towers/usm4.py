@@ -20,7 +20,7 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxbun.errors import ConfigError
-from mlxbun.towers.audio import MelConfig
+from mlxbun.towers.audio import MelConfig, preemphasized_frames
 from mlxbun.towers.errors import AudioCountError, AudioTooLong
 
 __all__ = ["Gemma4Audio", "Gemma4AudioEncoder", "Gemma4Mel", "open_gemma4_audio"]
@@ -73,27 +73,14 @@ class Gemma4Mel(MelConfig):
             left = self.frame_length // 2
             wave = np.pad(wave, ((0, 0), (left, 0)), mode="constant")
             attention = np.pad(attention, (left, 0), mode="constant", constant_values=0)
-            size = self.frame_length + 1
-            frames_n = (wave.shape[1] - size) // self.hop_length + 1
-            if frames_n <= 0:
-                raise AudioTooLong(f"a clip of {len(clip)} samples is shorter than one {size}-sample frame")
-            strides = (wave.strides[0], wave.strides[1] * self.hop_length, wave.strides[1])
-            frames_in = np.lib.stride_tricks.as_strided(wave, shape=(1, frames_n, size), strides=strides)
-            if self.preemphasis > 0.0:
-                if self.preemphasis_htk_flavor:
-                    frames = np.concatenate([frames_in[..., :1] * (1.0 - self.preemphasis),
-                                             frames_in[..., 1:-1] - self.preemphasis * frames_in[..., :-2]], axis=-1)
-                else:
-                    frames = frames_in[..., 1:] - self.preemphasis * frames_in[..., :-1]
-            else:
-                frames = frames_in[..., :-1]
+            frames = preemphasized_frames(wave, self, len(clip))
             spec = np.log(np.matmul(np.abs(np.fft.rfft(frames * window, n=fft, axis=-1)), filters) + floor)
             if mean is not None:
                 spec = spec - mean
             if std is not None:
                 spec = spec / std
             spec = spec.squeeze(0)
-            ends = np.arange(spec.shape[0]) * self.hop_length + size - 1
+            ends = np.arange(spec.shape[0]) * self.hop_length + self.frame_length
             m = attention[ends].astype(bool)
             out.append(spec.astype(np.float32) * m[..., None])
             masks.append(m)
@@ -377,9 +364,7 @@ class Gemma4Audio:
 
 
 def open_gemma4_audio(path: Path, config: Mapping, index, root: str) -> Gemma4Audio:
-    from mlxbun.quant import resolve_quantization
-    from mlxbun.towers.loader import _load
-    from mlxbun.towers.audio import conv_weight, read_json
+    from mlxbun.towers.audio import load_modules, read_json
 
     a = {"hidden_act": "silu", "use_clipped_linears": True, "gradient_clipping": 1e10, "residual_weight": 0.5,
          "attention_invalid_logits_value": -1e9, "attention_logit_cap": 50.0, "rms_norm_eps": 1e-6,
@@ -389,12 +374,7 @@ def open_gemma4_audio(path: Path, config: Mapping, index, root: str) -> Gemma4Au
     text = config.get("text_config") or {}
     tower = Gemma4AudioEncoder(a)
     embed = Embedder(a["output_proj_dims"] or a["hidden_size"], int(text["hidden_size"]), a["rms_norm_eps"])
-    names = [n for n in index.names() if n.startswith((root + "audio_tower.", root + "embed_audio."))]
-    tensors = {n: conv_weight(n, w) for n, w in index.load(names).items()}
-    quantization = resolve_quantization(config)
-    _load(tower, root + "audio_tower", tensors, quantization, path)
-    _load(embed, root + "embed_audio", tensors, quantization, path)
-    mx.eval(tower.parameters(), embed.parameters())
+    load_modules(path, config, index, {root + "audio_tower": tower, root + "embed_audio": embed})
     proc = read_json(path / "processor_config.json", missing_ok=True)
     mel = Gemma4Mel.from_config(proc.get("feature_extractor") or {})
     if mel.feature_size != SubsampleConvProjection.FEATURES:
