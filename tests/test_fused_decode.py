@@ -151,6 +151,31 @@ def test_the_decoders_buffers_are_its_own(zoo):
     assert all(c.keys is None and c.values is None for c in cache)
 
 
+def test_every_descriptor_knob_is_placed_by_what_the_fused_step_does_with_it():
+    from mlxbun.fast import fused_knobs as fk
+    paths = list(fk.knob_paths())
+    placed = [fk.AT_DEFAULT, fk.READ, fk.NOT_MATH]
+    assert len(paths) == len(set(paths)) > 60
+    assert not set(paths) - set().union(*placed), "a knob the fused step has not placed: fused_knobs.py"
+    assert not set().union(*placed) - set(paths), "fused_knobs.py places a knob the schema lacks"
+    assert sum(len(p) for p in placed) == len(set().union(*placed))  # each in one set only
+
+
+def test_a_row_setting_a_knob_the_kernels_do_not_do_is_refused_by_name(zoo):
+    from dataclasses import replace
+
+    from mlxbun.fast.fused_knobs import knob_gap
+    from mlxbun.models.universal.table import DESCRIPTORS
+    llama = DESCRIPTORS["llama"]
+    assert knob_gap(llama) is None and knob_gap(DESCRIPTORS["qwen3"]) is None
+    assert "head.bias" in knob_gap(replace(llama, head=replace(llama.head, bias=True)))
+    assert "v_head_dim" in knob_gap(replace(llama, v_head_dim="v_head_dim", fields={**llama.fields, "v_head_dim": 64}))
+    model = open_model(zoo("llama", dtype="bfloat16", head_dim=64))
+    object.__setattr__(model, "descriptor", replace(llama, head=replace(llama.head, bias=True)))
+    with pytest.raises(FusedGap, match="the head.bias knob"):
+        fused_plan(model)
+
+
 # ------------------------------------------------------------------ kernel accounting
 
 

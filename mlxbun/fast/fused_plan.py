@@ -16,6 +16,7 @@ from typing import Any, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxbun.fast.fused_knobs import knob_gap
 from mlxbun.fast.static_cache import CompileGap
 from mlxbun.kernels.common import Gap
 from mlxbun.kernels.fused_decode import MAX_HEAD_DIM, Weights, dtype_gap, rope_inv_freq, weights_gap
@@ -169,6 +170,9 @@ def fused_plan(model: Any) -> FusedPlan:
     if type(model) is not UniversalDense:
         raise FusedGap(f"a {type(model).__name__} graph (the fused step runs UniversalDense rows)")
     d, a = model.descriptor, model.args
+    reason = knob_gap(d)  # a knob the kernels do not do (fused_knobs places every knob)
+    if reason is not None:
+        raise FusedGap(reason)
     names = d.names.norms
     _check([(d.moe is not None or a.moe is not None, "an MoE row"), (d.hybrid is not None, "a hybrid row"),
             (d.mla is not None, "an MLA row"), (d.qkv is not QKV.SEPARATE, f"q/k/v projections {d.qkv}"),
