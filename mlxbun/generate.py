@@ -238,11 +238,14 @@ def generate_step(
     quantize_cache: Optional[Callable[[list], None]] = None,
     stream=None,
     fast: Optional[FastPath] = None,
+    prefill_whole: bool = False,
 ) -> Generator[tuple[int, mx.array], None, None]:
     """Yield (token, logprobs [V]) pairs: mlx-lm's `generate_step` (no input embeddings) over a
     RuntimeModel `model` and a ready cache list (updated in place). `max_tokens=None` is no limit.
     `fast`: the model's FastPath (`mlxbun.fast`): its kernels, and decode through the compiled
-    step where it applies (the cache list gets the decoded tokens back when the loop ends)."""
+    step where it applies (the cache list gets the decoded tokens back when the loop ends).
+    `prefill_whole`: the whole prompt in the first step's one call, no chunks (mlx-vlm's unchunked
+    prefill, which gemma4's bidirectional image attention takes: multimodal.Gemma4ImageModel)."""
     stream = generation_stream if stream is None else stream
     max_tokens = -1 if max_tokens is None else max_tokens
     hook = quantize_cache
@@ -283,7 +286,7 @@ def generate_step(
     with mx.stream(stream):
         total_prompt_tokens = len(prompt)
         prompt_processed_tokens = 0
-        while total_prompt_tokens - prompt_processed_tokens > 1:
+        while not prefill_whole and total_prompt_tokens - prompt_processed_tokens > 1:
             remaining = (total_prompt_tokens - prompt_processed_tokens) - 1
             n_to_process = min(prefill_step_size, remaining)
             processed = prompt[:n_to_process]
@@ -415,6 +418,7 @@ def stream_generate(
     fast: Union[bool, FastPath] = False,
     kv_key_bits: Optional[int] = None,
     kv_value_bits: Optional[int] = None,
+    prefill_whole: bool = False,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate from `prompt`, one `GenerationResponse` per token (see module docstring).
 
@@ -482,18 +486,20 @@ def stream_generate(
     return _responses(model, prompt_ids, cache, detokenizer, eos, stops, seed=seed, max_tokens=max_tokens,
                       sampler=sampler, logits_processors=processors, quantize=quantize,
                       prefill_step_size=prefill_step_size, turboquant=kv_scheme == "turboquant"
-                      or any(type(c).__name__ == "TurboQuantKVCache" for c in cache), fast=fast_path)
+                      or any(type(c).__name__ == "TurboQuantKVCache" for c in cache), fast=fast_path,
+                      prefill_whole=prefill_whole)
 
 
 def _responses(model, prompt, cache, detokenizer, eos, stops, *, seed, max_tokens, sampler,
-               logits_processors, quantize, prefill_step_size, turboquant=False, fast=None):
+               logits_processors, quantize, prefill_step_size, turboquant=False, fast=None,
+               prefill_whole=False):
     """mlx-lm's `stream_generate` loop, plus stop strings."""
     if seed is not None:
         mx.random.seed(seed)
     token_generator = generate_step(
         prompt, model, prompt_cache=cache, max_tokens=max_tokens, sampler=sampler,
         logits_processors=logits_processors, prefill_step_size=prefill_step_size,
-        quantize_cache=quantize, fast=fast,
+        quantize_cache=quantize, fast=fast, prefill_whole=prefill_whole,
     )
     cutter = StopText(stops)
 

@@ -52,6 +52,7 @@ class MediaPrompt:
     deepstack: tuple = ()  # Qwen3-VL: per early text layer, [soft tokens, D] added at the image rows
     image_token_id: int = -1
     mask: Optional[np.ndarray] = None  # LFM2-VL: each view's real patches
+    prompt_kw: dict = dataclasses.field(default_factory=dict)  # forward_hidden's options for the prompt's call
 
     @property
     def tower_grid(self):
@@ -232,8 +233,11 @@ class EmbeddedPrompt:
             p = self._prompt
             extra = () if p is None else (p.deepstack_rows(span.start, span.stop), p.visual_rows(span.start, span.stop))
             return self._mrope.logits(ids, cache, self._positions[..., span], rows, *extra)
+        extra = {} if self._prompt is None else getattr(self._prompt, "prompt_kw", {})
+        if extra and (span.start, span.stop) != (0, total):
+            raise GenerationError("a prompt whose image tokens attend both ways runs in one call")
         return self._model.logits_from_hidden(self._model.forward_hidden(ids, cache, input_embeddings=rows,
-                                                                         **self._kw))
+                                                                         **self._kw, **extra))
 
 
 @dataclasses.dataclass
@@ -308,8 +312,9 @@ class _SplicedModel:
     def logits(self, prompt, cache: Optional[list] = None) -> mx.array:
         """The text model's logits [1, L, V] over the merged prompt in one call."""
         m = self.text_model
+        kw = {k: v for k, v in getattr(prompt, "prompt_kw", {}).items() if k != "keep_last"}  # every row
         return m.logits_from_hidden(m.forward_hidden(prompt.ids[None], cache, input_embeddings=prompt.embeddings,
-                                                     **self.hidden_kw))
+                                                     **self.hidden_kw, **kw))
 
 
 class AudioLanguageModel(_SplicedModel):
@@ -391,8 +396,10 @@ class Gemma4ImageModel(_SplicedModel):
         dtype = self.text_model.embed_tokens(ids[:1]).dtype
         features = v.features(pixels, dtype)
         embeddings = v.merge(self.text_model.embed_tokens, ids[None], features)
+        # bidirectional image attention: the whole prompt in one call (mlx-vlm's unchunked prefill)
+        kw = {"vision_blocks": v.vision_blocks(np.array(ids)), "keep_last": True} if v.bidirectional and counts else {}
         return MediaPrompt(text, ids, [mx.array(p) for p in pixels], None, features, embeddings, len(images),
-                           sum(counts), image_token_id=v.image_token_id)
+                           sum(counts), image_token_id=v.image_token_id, prompt_kw=kw)
 
 
 def open_alm(path) -> AudioLanguageModel:
@@ -486,4 +493,6 @@ def stream_generate(vlm, prompt, **kwargs):
                               "no bounded cache)")
     model = EmbeddedPrompt(vlm.text_model, prompt.embeddings, rope, prompt.positions, prompt.position_delta, prompt,
                            getattr(vlm, "hidden_kw", None))
+    if getattr(prompt, "prompt_kw", None):  # gemma4's bidirectional image attention: mlx-vlm's unchunked prefill
+        kwargs["prefill_whole"] = True
     return text_stream(model, vlm.tokenizer, prompt.ids, **kwargs)

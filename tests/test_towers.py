@@ -537,22 +537,50 @@ def test_gemma4_vision_greedy_generation_is_bit_exact(tower_ckpt, images, dtype,
     _greedy_equal(vlm, model, _oracle_inputs(processor, images[:2], G4_PROMPT), G4_PROMPT, images[:2], 5)
 
 
-def test_gemma4_vision_refusals(tower_ckpt, images, zoo_root, tmp_path):
+def _g4_bidirectional(src: Path, dst: Path, how: str = "vision") -> Path:
+    """A copy of the checkpoint whose text config says use_bidirectional_attention `how`."""
     import shutil
 
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["text_config"]["use_bidirectional_attention"] = how
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 8)], ids=["float32", "bf16-q8"])
+def test_gemma4_bidirectional_image_attention_is_bit_exact(tower_ckpt, images, tmp_path, dtype, quant):
+    """use_bidirectional_attention "vision": mlx-vlm's generate, given the processor's token types,
+    runs the prompt in one call whose masks let an image's tokens see each other, its logits from
+    the last row cut before the KV-shared layers; the prompt's logits over every row likewise."""
+    from mlx_vlm.generate.ar import generate_step
+
+    path = _g4_bidirectional(tower_ckpt(dtype, quant, G4), tmp_path / "vision")
+    vlm, model, processor = _both(path)
+    ref = _oracle_inputs(processor, images[:2], G4_PROMPT)
+    ours = vlm.prepare(G4_PROMPT, images[:2])
+    emb = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"])
+    want = model.language_model(None, inputs_embeds=emb.inputs_embeds, per_layer_inputs=emb.per_layer_inputs,
+                                mm_token_type_ids=ref["mm_token_type_ids"]).logits
+    causal = model.language_model(None, inputs_embeds=emb.inputs_embeds, per_layer_inputs=emb.per_layer_inputs).logits
+    assert mx.array_equal(vlm.logits(ours), want) and not mx.array_equal(want, causal)
+    theirs = list(generate_step(ref["input_ids"], model, ref["pixel_values"], ref["attention_mask"], max_tokens=5,
+                                temperature=0.0, mm_token_type_ids=ref["mm_token_type_ids"]))
+    mine = [(r.token, r.logprobs) for r in stream_generate(vlm, ours, max_tokens=5)]
+    assert len(mine) >= 3 and [t for t, _ in mine] == [t for t, _ in theirs[:len(mine)]]
+    assert all(mx.array_equal(a, b) for (_, a), (_, b) in zip(mine, theirs))
+
+
+def test_gemma4_vision_refusals(tower_ckpt, images, zoo_root, tmp_path):
     from mlxbun.multimodal import refuse_images
     from mlxbun.zoo import cached_checkpoint
 
     with pytest.raises(NoTowerError, match="holds no vision_tower"):  # the zoo's text-only gemma4
         refuse_images(cached_checkpoint("gemma4", root=zoo_root))
-    src = tower_ckpt("float32", None, G4)
-    dst = tmp_path / "bidirectional"
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["text_config"]["use_bidirectional_attention"] = "vision"
-    (dst / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModelError, match="bidirectional attention over image tokens is not built"):
+    dst = _g4_bidirectional(tower_ckpt("float32", None, G4), tmp_path / "all", "all")
+    with pytest.raises(UnsupportedModelError, match="every token both ways is not built"):
         open_vlm(dst)
+    src = tower_ckpt("float32", None, G4)
     vlm, _, _ = _both(src)
     with pytest.raises(ImageCountError, match="2 image placeholder"):
         vlm.prepare(G4_PROMPT, images[:1])

@@ -5,9 +5,10 @@ linear patch embedding of 2 * (x - 0.5), a two-axis learned position table read 
 pre / post-normed blocks with q / k / v RMSNorms and two-axis rotary halves, gated-GELU MLPs,
 clippable linears, then the average pooler over pooling_kernel_size**2 patches scaled by
 sqrt(hidden)), `embed_vision` (an unscaled RMSNorm, a projection) and the merge (each image's soft
-tokens over its image tokens, the ids' rows scaled). The text side runs causal: a config asking
-for bidirectional attention over the image tokens (use_bidirectional_attention "vision") is
-refused by name.
+tokens over its image tokens, the ids' rows scaled). Where the text config asks for bidirectional
+attention over image tokens (use_bidirectional_attention "vision"), the prompt runs in one call
+whose masks let each image's tokens see each other (`vision_blocks`), as mlx-vlm's generate does
+once it gets the processor's token types.
 """
 
 from __future__ import annotations
@@ -242,6 +243,14 @@ class Gemma4Vision:
     eoi_token_id: int
     embed_scale: float
     hidden_kw: dict
+    bidirectional: bool  # use_bidirectional_attention "vision": an image's tokens see each other
+
+    def vision_blocks(self, ids: np.ndarray) -> mx.array:
+        """[1, L]: each position's image block (its run of image tokens, counted from 0), -1 elsewhere
+        (mlx-vlm's _block_sequence_ids_for_mask over the processor's token types)."""
+        vision = ids == self.image_token_id
+        starts = vision & ~np.concatenate([[False], vision[:-1]])
+        return mx.array(np.where(vision, np.cumsum(starts) - 1, -1).astype(np.int32))[None]
 
     def features(self, pixels: Sequence[np.ndarray], dtype: mx.Dtype) -> mx.array:
         """[soft tokens, text hidden]: images of one size through the tower as one batch (the
@@ -266,10 +275,10 @@ def open_gemma4_vision(path: Path, config: Mapping, index) -> Gemma4Vision:
     from mlxbun.towers.audio import load_modules, read_json
 
     text = config.get("text_config") or {}
-    if text.get("use_bidirectional_attention") is not None:
-        raise UnsupportedModelError(f"{path}: text_config.use_bidirectional_attention "
-                                    f"{text['use_bidirectional_attention']!r}: the text side's bidirectional "
-                                    "attention over image tokens is not built (mlxbun runs gemma4 images causal)")
+    bidirectional = text.get("use_bidirectional_attention")
+    if bidirectional not in (None, "vision"):
+        raise UnsupportedModelError(f"{path}: text_config.use_bidirectional_attention {bidirectional!r}: "
+                                    "attention over every token both ways is not built")
     v = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16, "num_attention_heads": 12,
          "num_key_value_heads": 12, "head_dim": 64, "rms_norm_eps": 1e-6, "patch_size": 16,
          "position_embedding_size": 10240, "pooling_kernel_size": 3, "use_clipped_linears": False,
@@ -289,4 +298,4 @@ def open_gemma4_vision(path: Path, config: Mapping, index) -> Gemma4Vision:
                 if config.get(k) is not None)
     return Gemma4Vision(tower, embed, spec, int(config.get("image_token_id", 258880)),
                         int(config.get("boi_token_id", 255999)), int(config.get("eoi_token_id", 258882)),
-                        int(text["hidden_size"]) ** 0.5, {"media_ids": ids})
+                        int(text["hidden_size"]) ** 0.5, {"media_ids": ids}, bidirectional == "vision")

@@ -43,7 +43,7 @@ import mlx.nn as nn
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.errors import MlxbunError
 from mlxbun.models import rope as R
-from mlxbun.models.base import create_attention_mask, scaled_dot_product_attention
+from mlxbun.models.base import create_attention_mask, create_causal_mask, scaled_dot_product_attention
 from mlxbun.models.kv_sharing import shared_attention_cache
 from mlxbun.models.sharding import (
     ALL_TO_SHARDED,
@@ -336,10 +336,16 @@ class Gemma4Text(UniversalDense):
         return (proj + per_layer) * input_scale
 
     def forward_hidden(self, ids: mx.array, cache: Optional[list] = None, input_embeddings: Optional[mx.array] = None,
-                       media_ids: tuple = ()) -> mx.array:
+                       media_ids: tuple = (), vision_blocks: Optional[mx.array] = None,
+                       keep_last: bool = False) -> mx.array:
         """`input_embeddings` [B, L, H]: the rows to run as they are (mlx-vlm's gemma4 inputs_embeds:
         the ids' scaled rows with the media's soft tokens in place); with them, the ids in `media_ids`
-        take their per-layer inputs at id 0 (mlx-vlm's get_input_embeddings)."""
+        take their per-layer inputs at id 0 (mlx-vlm's get_input_embeddings). `vision_blocks` [B, L]:
+        each position's image block (-1: none); a call over more than one position then runs
+        array masks in which an image's tokens also see each other (mlx-vlm's bidirectional vision
+        overlay, where its mask is square). `keep_last`: mlx-vlm's logits_to_keep=1, the hidden
+        state [B, 1, H] of the last position only, cut before the first KV-shared layer (those
+        layers then run its row alone, their masks and per-layer inputs cut to it)."""
         root, a = self.backbone, self.args.fields
         if input_embeddings is None:
             h = root.embed_tokens(ids)
@@ -356,15 +362,34 @@ class Gemma4Text(UniversalDense):
             per_layer = [None] * len(blocks)
         cache = [None] * len(blocks) if cache is None else list(cache) + [None] * (len(blocks) - len(cache))
         masks = {FULL: None, SLIDING: None}
+        overlay = vision_blocks is not None and h.shape[1] > 1
         if FULL in self._mask_idx:
-            masks[FULL] = create_attention_mask(h, cache[self._mask_idx[FULL]])
+            masks[FULL] = create_attention_mask(h, cache[self._mask_idx[FULL]], return_array=overlay)
         if SLIDING in self._mask_idx:
             masks[SLIDING] = create_attention_mask(h, cache[self._mask_idx[SLIDING]],
-                                                   window_size=a["sliding_window"])
+                                                   window_size=a["sliding_window"], return_array=overlay)
+        if overlay:
+            for kind in masks:
+                if isinstance(masks[kind], str):
+                    masks[kind] = create_causal_mask(h.shape[1], window_size=a["sliding_window"] if kind == SLIDING
+                                                     else None)
+                m = masks[kind]
+                if isinstance(m, mx.array) and m.shape[-1] == m.shape[-2] == vision_blocks.shape[1]:
+                    q, k = mx.expand_dims(vision_blocks, -1), mx.expand_dims(vision_blocks, -2)
+                    masks[kind] = m | mx.expand_dims((q != -1) & (q == k), 1)
         intermediates = [(None, None)] * len(blocks)
+        trimmed = 0
         for i, (layer, spec) in enumerate(zip(blocks, self._specs)):
+            if keep_last and i == self._first_shared and h.shape[1] > 1:
+                trimmed, h = h.shape[1] - 1, h[:, -1:, :]
+            pli, m = per_layer[i], masks[spec.layer_type]
+            if trimmed:
+                pli = None if pli is None else pli[:, -h.shape[1]:, :]
+                m = m[..., -h.shape[1]:, :] if isinstance(m, mx.array) and m.shape[-2] != h.shape[1] else m
             kvs, offset = intermediates[self._producer[i]]
-            out = layer(h, masks[spec.layer_type], cache[i], per_layer_input=per_layer[i], shared_kv=kvs,
+            if trimmed:
+                offset = offset + trimmed
+            out = layer(h, m, cache[i], per_layer_input=pli, shared_kv=kvs,
                         offset=offset, producer_cache=cache[self._producer[i]])
             if not isinstance(out, tuple):  # a block the layer-skip drafter skips: h alone
                 h = out
