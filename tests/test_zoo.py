@@ -226,10 +226,12 @@ def test_configs_keep_the_arch_knobs():
     c = {a: tiny_config(a) for a in ARCHS}
     c = {a: cfg.get("text_config", cfg) for a, cfg in c.items()}  # a VLM wrapper's text keys
     for arch, cfg in c.items():
-        hidden = cfg.get("hidden_size", cfg.get("n_embd", cfg.get("model_dim", cfg.get("d_model"))))
+        hidden = cfg.get("hidden_size", cfg.get("n_embd", cfg.get("model_dim", cfg.get("d_model", cfg.get("hidden_dim")))))
         heads = cfg.get("num_attention_heads", cfg.get("n_head", cfg.get("n_heads", (cfg.get("num_query_heads") or [None])[0])))
+        ssm = arch in ("mamba2", "mamba", "falcon_mamba", "rwkv7")  # num_heads there are SSM heads
+        heads = heads if heads is not None or ssm else cfg.get("num_heads")  # afm7's attention heads
         # (mamba2 has no attention; openelm lists heads per layer)
-        assert hidden == 64 and (heads == 4 or (arch in ("mamba2", "mamba", "falcon_mamba", "rwkv7") and heads is None)), arch
+        assert hidden == 64 and (heads == 4 or (ssm and heads is None)), arch
         assert cfg.get("max_position_embeddings", cfg.get("block_size", 512)) >= 512, arch
         if "head_dim" in cfg and cfg.get("qk_rope_head_dim") is None:  # MLA configs: head_dim is
             # transformers' bookkeeping (qk_rope_head_dim; mistral4: dn + dr), which mlx-lm's MLA never reads
@@ -350,10 +352,12 @@ def test_cached_checkpoint_builds_once_across_processes(tmp_path):
 
 
 def test_bad_arguments_are_clear_errors(tmp_path):
-    with pytest.raises(UnsupportedModelError, match=r"'mamba'.*llama.*nanochat"):
-        make_checkpoint("mamba", tmp_path)
-    with pytest.raises(UnsupportedModelError, match="'mamba'"):
-        tiny_config("mamba")
+    with pytest.raises(UnsupportedModelError, match=r"'kimi_linear'.*llama.*nanochat"):
+        make_checkpoint("kimi_linear", tmp_path)
+    with pytest.raises(UnsupportedModelError, match="'kimi_linear'"):
+        tiny_config("kimi_linear")
+    with pytest.raises(ZooArgumentError, match="'afm7' is built in float weights only"):
+        make_checkpoint("afm7", tmp_path, quant=4)
     for kw, pattern in [(dict(quant=3), "quant 3"), (dict(quant="q4"), "quant 'q4'"),
                         (dict(dtype="int8"), "dtype 'int8'"), (dict(seed=-1), "seed")]:
         with pytest.raises(ZooArgumentError, match=pattern) as e:
@@ -382,8 +386,11 @@ def test_cli_builds_lists_and_refuses(tmp_path, capsys):
     assert "/models--mlxbun--tiny-phi/snapshots/" in capsys.readouterr().out
 
     assert main(["zoo", "build", "all", "--out", str(tmp_path / "all"), "--quant", "mixed"]) == 0
-    built = [line.split("\t") for line in capsys.readouterr().out.strip().splitlines()]
-    assert [a for a, _ in built] == list(ARCHS)
+    out = capsys.readouterr()
+    built = [line.split("\t") for line in out.out.strip().splitlines()]
+    unquantizable = [a for a in ARCHS if get_arch(a).unquantizable]  # afm7: said, not built
+    assert unquantizable and [a for a, _ in built] == [a for a in ARCHS if a not in unquantizable]
+    assert all(f"{a}\tskipped: float weights only" in out.err for a in unquantizable)
     assert all((Path(p) / "model.safetensors.index.json").is_file() for _, p in built)
 
     before = sorted(tmp_path.iterdir())

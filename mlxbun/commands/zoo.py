@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(subparsers) -> None:
@@ -43,8 +44,14 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 def _build(args) -> int:
     from mlxbun.zoo import ARCHS, check_build, make_checkpoint
+    from mlxbun.zoo.archs import get_arch
 
     archs = list(ARCHS) if "all" in args.archs else list(dict.fromkeys(args.archs))
+    if "all" in args.archs and args.quant is not None:  # 'all': every arch the options can build
+        skipped = [a for a in archs if get_arch(a).unquantizable]
+        archs = [a for a in archs if a not in skipped]
+        for arch in skipped:
+            print(f"{arch}	skipped: float weights only (mlx-lm cannot quantize it)", file=sys.stderr)
     options = dict(quant=args.quant, dtype=args.dtype, seed=args.seed, hf_cache=args.hf_cache,
                    head_dim=args.head_dim)
     for arch in archs:  # refuse every bad argument and destination before building anything

@@ -13,7 +13,7 @@ from types import ModuleType
 
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.zoo import build, diffusion, llada
-from mlxbun.zoo.archs import ARCHS
+from mlxbun.zoo.archs import ARCHS, get_arch
 from mlxbun.zoo.common import (
     Variant,
     ZooArgumentError,
@@ -53,6 +53,9 @@ def check_build(arch: str, out_dir, *, quant=None, dtype: str = "float32", seed:
     """Everything `make_checkpoint` would refuse, refused before anything is built: the variant's
     arguments, an output directory that is a file, a destination the zoo may not replace."""
     b = builder(arch)
+    if quant is not None and arch in ARCHS and get_arch(arch).unquantizable:
+        raise ZooArgumentError(f"zoo arch {arch!r} is built in float weights only: mlx-lm cannot quantize it "
+                               f"(--quant {quant})")
     v = b.module.variant(arch, quant=quant, dtype=dtype, seed=seed, head_dim=head_dim)
     out_dir = Path(out_dir)
     check_out_dir(out_dir)
