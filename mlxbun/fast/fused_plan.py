@@ -187,7 +187,6 @@ def fused_plan(model: Any) -> FusedPlan:
             (d.mlp.kind is not MlpKind.GATED or d.mlp.act is not Act.SILU, f"a {d.mlp.kind} {d.mlp.act} MLP"),
             (a.mlp_bias or a.out_bias, "MLP or output-projection biases"),
             (d.embed_scale is not None or d.embed_norm, "a scaled or normed embedding"),
-            (a.llama4 is not None, "llama4's attention scale"),
             (d.head.in_root or a.head_pre_divide is not None or a.head_post is not None, "a scaled head"),
             (a.final_softcap is FinalSoftcap.COMPILED or a.final_softcap_value is not None, "a logit softcap"),
             (a.embed_scale not in (None, 1, 1.0), "an embedding multiplier")])
