@@ -121,6 +121,7 @@ def _check_layer(label: str, plan, dtype) -> list[dict]:
                            inplace_buffer_equal_scatter=bool(mx.array_equal(
                                buf1, _scatter(buffer, kv1, pos, attn))),
                            next_pos=int(np1.item())))
+        rows += _check_rope_attention(f"{label}: rope_attention {variant}", cuda, ref, x, layer, attn, buffer)
         q = ref_out[0]
         length = mx.array([cap - 3], mx.int32)
         o1, o2, orf = (cuda.attention(q, buffer, length, attn.at(buffer, pos)),
@@ -130,6 +131,35 @@ def _check_layer(label: str, plan, dtype) -> list[dict]:
         if variant == "plain":
             rows.append(record("check", f"{label}: attention", rel_max_diff=_diff(o1, orf),
                                deterministic=bool(mx.array_equal(o1, o2))))
+    return rows
+
+
+def _check_rope_attention(label: str, cuda, ref, x, layer, attn, buffer) -> list[dict]:
+    """The one-launch rope_attention against the three launches it replaces (their output, buffer and
+    next_pos bit for bit), against the reference, and run to run; at a position in the first split
+    and one in the last of several (the merge of splits by the last block)."""
+    rows, proj, knob = [], (layer.q, layer.k, layer.v), fused_decode.ROPE_ATTENTION
+    for p in (37, buffer.shape[2] - 56):
+        pos = mx.array([p], mx.int32)
+        got = []
+        for one_launch in (False, True, True):
+            mine = buffer + 0
+            mx.eval(mine)
+            fused_decode.ROPE_ATTENTION = one_launch
+            try:
+                out = cuda.qkv_attention(x, layer.attn_norm, proj, attn.at(mine, pos))
+                mx.eval(out)
+            finally:
+                fused_decode.ROPE_ATTENTION = knob
+            got.append(out)
+        (oc, bc, nc), (o1, b1, n1), (o2, b2, _) = got
+        orf = ref.qkv_attention(x, layer.attn_norm, proj, attn.at(buffer, pos))[0]
+        mx.eval(orf)
+        rows.append(record("check", f"{label} pos {p}", rel_max_diff=_diff(o1, orf), kv_rel_max_diff=_diff(b1, bc),
+                           deterministic=bool(mx.array_equal(o1, o2) and mx.array_equal(b1, b2)),
+                           equal_three_launches=bool(mx.array_equal(o1, oc) and mx.array_equal(b1, bc)
+                                                     and mx.array_equal(n1, nc)),
+                           next_pos=int(n1.item())))
     return rows
 
 
@@ -143,8 +173,8 @@ def _scatter(buffer, kv_new, pos, attn):
     return _write(buffer, kv_new, pos, attn)
 
 
-CHECK_COLS = ["what", "rel_max_diff", "kv_rel_max_diff", "deterministic", "inplace_buffer_equal_scatter", "next_pos",
-              "passed"]
+CHECK_COLS = ["what", "rel_max_diff", "kv_rel_max_diff", "deterministic", "inplace_buffer_equal_scatter",
+              "equal_three_launches", "next_pos", "passed"]
 
 
 def check_rows(smoke: bool = False, knobs=()) -> list[tuple[str, list[dict]]]:
@@ -166,7 +196,8 @@ def check_rows(smoke: bool = False, knobs=()) -> list[tuple[str, list[dict]]]:
                 rows = _check_layer(label, plan, plan.dtype)
             for r in rows:
                 r["passed"] = (r["rel_max_diff"] <= CHECK_BOUND and r.get("kv_rel_max_diff", 0.0) <= CHECK_BOUND
-                               and r["deterministic"] and r.get("inplace_buffer_equal_scatter", True))
+                               and r["deterministic"] and r.get("inplace_buffer_equal_scatter", True)
+                               and r.get("equal_three_launches", True))
             out.append((label, rows))
         del mut, fast, plan, model
         mx.clear_cache()
@@ -211,7 +242,7 @@ def parse_knobs(items) -> list[tuple[str, dict]]:
     return out
 
 
-KNOBS = ("RW", "QKV_RW", "NW", "MAX_SPLIT", "TARGET_WARPS", "ATTN_MIN_CHUNK", "ATTN_TARGET_BLOCKS")
+KNOBS = ("RW", "QKV_RW", "NW", "MAX_SPLIT", "TARGET_WARPS", "ROPE_ATTENTION", "ATTN_MIN_CHUNK", "ATTN_TARGET_BLOCKS")
 # The decode attention's knobs (sdpa_decode's module-level launch knobs), by --knobs name
 _ATTN = {"ATTN_MIN_CHUNK": "CHUNKS", "ATTN_TARGET_BLOCKS": "TARGET_BLOCKS"}
 ATTN_CHUNKS = (16, 32, 64, 128, 256, 512)

@@ -204,9 +204,10 @@ def test_a_fused_step_makes_seven_launches_per_layer_and_one_for_the_head(zoo):
     from mlxbun.fast.fused_decoder import fused_step
     fused_step(plan, ops, mx.array([[7]]), mx.array([7], mx.int32),
                *[mx.zeros((2, layer.attn.hkv, 256, layer.attn.head_dim), mx.bfloat16) for layer in plan.layers])
-    assert plan.kernels_per_layer == 7
+    assert plan.kernels_per_layer() == 7 and plan.kernels_per_layer(rope_attention=True) == 5
     assert ops.launches == plan.kernels_per_step() == len(plan.layers) * 7 + 1
     assert plan.kernels_per_step(scatter=True) == len(plan.layers) * 8 + 1
+    assert plan.kernels_per_step(rope_attention=True) == len(plan.layers) * 5 + 1
 
 
 def test_step_kernels_counts_primitives_and_sets_views_apart():

@@ -35,8 +35,7 @@ def fused_step(plan: FusedPlan, ops, ids: mx.array, position: mx.array, *buffers
     out, next_pos = [], position
     for layer, buffer in zip(plan.layers, buffers):
         attn = layer.attn.at(buffer, position)
-        q, buffer, next_pos, _ = ops.qkv_rope(h, layer.attn_norm, (layer.q, layer.k, layer.v), attn)
-        o = ops.attention(q, buffer, next_pos, attn)
+        o, buffer, next_pos = ops.qkv_attention(h, layer.attn_norm, (layer.q, layer.k, layer.v), attn)
         h = ops.gemv(o, layer.o, residual=h)
         act = ops.gemv_swiglu(h, layer.mlp_norm, layer.gate, layer.up)
         h = ops.gemv(act, layer.down, residual=h)

@@ -80,15 +80,16 @@ class FusedPlan:
     dtype: Any
     hidden: int
 
-    @property
-    def kernels_per_layer(self) -> int:
-        """Launches per layer: qkv_rope's two (the q / k / v projection, then bias / norms / RoPE / the K/V
-        rows), attention's two, o + residual, norm + gate/up, down + residual."""
-        return 7
+    @staticmethod
+    def kernels_per_layer(rope_attention: bool = False) -> int:
+        """Launches per layer: the q / k / v projection; its bias / norms / RoPE / K/V rows and the
+        attention's two (`rope_attention`: those three as one); o + residual, norm + gate/up, down +
+        residual."""
+        return 5 if rope_attention else 7
 
-    def kernels_per_step(self, scatter: bool = False) -> int:
+    def kernels_per_step(self, scatter: bool = False, rope_attention: bool = False) -> int:
         """Launches the step's fused part makes (the embedding gather and any sampling come on top)."""
-        return len(self.layers) * (self.kernels_per_layer + int(scatter)) + 1
+        return len(self.layers) * (self.kernels_per_layer(rope_attention) + int(scatter)) + 1
 
 
 def _weights(module: Any, where: str) -> Weights:

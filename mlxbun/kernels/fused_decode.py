@@ -30,10 +30,11 @@ import numpy as np
 
 from mlxbun.kernels.common import HALF, Gap, cuda_available, float_bits
 from mlxbun.kernels.fused_decode_source import GEMV, GEMV_SWIGLU, HEADER, QKV_PROJ, ROPE_KV
+from mlxbun.kernels.rope_attention import Counters, rope_attention, rope_attention_gap
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
-__all__ = ["FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "MAX_HEAD_DIM", "CudaFusedOps", "ReferenceFusedOps", "Weights",
-           "backend_gap", "dtype_gap", "kernel_signature", "rope_inv_freq", "split_for", "weights_gap"]
+__all__ = ["FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "MAX_HEAD_DIM", "ROPE_ATTENTION", "CudaFusedOps",
+           "ReferenceFusedOps", "Weights", "backend_gap", "composed_qkv_attention", "dtype_gap", "kernel_signature", "rope_inv_freq", "split_for", "weights_gap"]
 
 FUSED_BITS = (16, 4, 8)  # 16: bfloat16 / float16 weights; 4, 8: affine codes
 FUSED_GROUPS = (32, 64, 128)
@@ -50,6 +51,10 @@ MAX_HEAD_DIM = 1024  # rope_kv: a thread per element of a head
 TARGET_WARPS = 4096
 MAX_SPLIT = NW
 KV_WRITE = "inplace"  # or "scatter" (see the module docstring)
+# Whether a layer's q / k norm, RoPE, K/V append, attention and merge run as one launch
+# (`rope_attention`: ROPE_KV and the attention's two launches in one, the same arithmetic) where
+# the K/V rows are written in place; else three launches. A knob of benchmarks/gpu_fused.py.
+ROPE_ATTENTION = False
 # Whether the kernels have passed `benchmarks/gpu_fused.py --sections check` on a CUDA GPU (each
 # within its bound of the MLX-op reference, bit-equal run to run, the in-place write equal to the
 # scatter). These kernels (QKV_PROJ + ROPE_KV, RW rows per warp, the conversion-free code loop) have,
@@ -192,6 +197,7 @@ class CudaFusedOps:
 
     def __init__(self, inplace: Optional[bool] = None):
         self.inplace = (KV_WRITE == "inplace") if inplace is None else inplace
+        self.counters = Counters()  # rope_attention's merge counters (zero between launches)
 
     @staticmethod
     def gemv(x, w: Weights, *, norm: Optional[tuple] = None, residual: Optional[mx.array] = None) -> mx.array:
@@ -214,22 +220,36 @@ class CudaFusedOps:
             inputs=[x, norm[0], *_operands(gate), *_operands(up)], template=template,
             grid=_grid(N, split, RW), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)], output_dtypes=[dtype])[0]
 
-    def qkv_rope(self, x, norm: tuple, proj: tuple, attn) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-        """(queries [HQ * D], the buffer holding the new rows, next_pos [1], kv_new [2 * HKV * D]).
-        `proj`: the q, k, v Weights; `attn`: the layer's `FusedAttention` facts and arrays."""
+    def qkv_attention(self, x, norm: tuple, proj: tuple, attn) -> tuple[mx.array, mx.array, mx.array]:
+        """(attention output [HQ * D], the buffer holding the new rows, next_pos [1]): `qkv_rope` then
+        `attention`, or, with ROPE_ATTENTION and the rows written in place, QKV_PROJ then one
+        `rope_attention` launch (the same arithmetic)."""
+        if not (ROPE_ATTENTION and self.inplace) or rope_attention_gap(attn) is not None:
+            return composed_qkv_attention(self, x, norm, proj, attn)
+        out, next_pos = rope_attention(self.qkv_sums(x, norm, proj), attn, x.dtype, self.counters)
+        return out, attn.buffer, next_pos
+
+    @staticmethod
+    def qkv_sums(x, norm: tuple, proj: tuple) -> mx.array:
+        """QKV_PROJ: rms_norm(x) through the q, k and v projections, float32 sums [NQ + 2 NKV]."""
         q, k, v = proj
         dtype, K = x.dtype, q.width
-        a = attn
-        buffer, pos = a.buffer, a.pos
         rows = q.rows + k.rows + v.rows
         split = split_for(q, rows, rw=QKV_RW)
         template = [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), ("BITS", q.bits), ("GS", q.group_size or 32),
                     ("NW", NW), ("SPLIT", split), ("RW", QKV_RW), ("NQ", q.rows), ("NKV", k.rows),
                     ("EPS_BITS", float_bits(norm[1]))]
-        sums = _kernel("qkv", dtype, q.bits)(
+        return _kernel("qkv", dtype, q.bits)(
             inputs=[x, norm[0], *_operands(q), *_operands(k), *_operands(v)], template=template,
             grid=_grid(rows, split, QKV_RW), threadgroup=(NW * 32, 1, 1), output_shapes=[(rows,)],
             output_dtypes=[mx.float32])[0]
+
+    def qkv_rope(self, x, norm: tuple, proj: tuple, attn) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+        """(queries [HQ * D], the buffer holding the new rows, next_pos [1], kv_new [2 * HKV * D]).
+        `proj`: the q, k, v Weights; `attn`: the layer's `FusedAttention` facts and arrays."""
+        dtype, a = x.dtype, attn
+        buffer, pos = a.buffer, a.pos
+        sums = self.qkv_sums(x, norm, proj)
         warps = -(-a.head_dim // 32)
         template = [("T", dtype), ("NW", warps), ("HQ", a.hq), ("HKV", a.hkv), ("D", a.head_dim),
                     ("QK_NORM", a.q_norm is not None), ("QK_EPS_BITS", float_bits(a.qk_eps)),
@@ -257,6 +277,12 @@ class CudaFusedOps:
         queries = mx.zeros((1, attn.hq, 1, attn.head_dim), dtype)
         return decode_gap(queries, (1, attn.hkv, attn.capacity, attn.head_dim), dtype,
                           values_shape=(1, attn.hkv, attn.capacity, attn.head_dim))
+
+
+def composed_qkv_attention(ops, x, norm: tuple, proj: tuple, attn) -> tuple[mx.array, mx.array, mx.array]:
+    """`qkv_attention` as `ops.qkv_rope` then `ops.attention`: (output [HQ * D], buffer, next_pos)."""
+    q, buffer, next_pos, _ = ops.qkv_rope(x, norm, proj, attn)
+    return ops.attention(q, buffer, next_pos, attn), buffer, next_pos
 
 
 def _write(buffer: mx.array, kv_new: mx.array, pos: mx.array, attn) -> mx.array:
@@ -322,6 +348,9 @@ class ReferenceFusedOps:
         kv_new = mx.concatenate([k.reshape(-1), v.reshape(-1)]).astype(dtype)
         next_pos = (a.pos + 1).astype(mx.int32).reshape(1)
         return q.reshape(-1).astype(dtype), _write(a.buffer, kv_new, a.pos, a), next_pos, kv_new
+
+    def qkv_attention(self, x, norm: tuple, proj: tuple, attn) -> tuple[mx.array, mx.array, mx.array]:
+        return composed_qkv_attention(self, x, norm, proj, attn)
 
     @staticmethod
     def attention(q, buffer, length, attn) -> mx.array:

@@ -32,9 +32,11 @@ QK_EPS_BITS, BIAS, ROPE_TRAD, ROPE_SCALE_BITS, CAP (buffer positions), INPLACE.
 
 from mlxbun.kernels.qmv_source import HEADER as HALF_HEADER
 
-__all__ = ["GEMV", "GEMV_SWIGLU", "HEADER", "QKV_PROJ", "ROPE_KV"]
+__all__ = ["GEMV", "GEMV_SWIGLU", "HEADER", "HELPERS", "QKV_PROJ", "ROPE_KV"]
 
-HEADER = HALF_HEADER + r"""
+# The fused kernels' device helpers (after the 16-bit unpacking of `qmv_source`): ROPE_ATTENTION
+# puts them behind the decode attention's header.
+HELPERS = r"""
 // This lane's shares of R weight rows' dot products with one x: `w[r]` is row r (BITS 16: its K
 // 16-bit values; BITS 4 / 8: its packed uint32 codes, with the per-group scales `s[r]` and biases
 // `b[r]`, affine: w = s * q + b). A lane takes the 16-byte chunks start, start + STRIDE, ... (a
@@ -189,6 +191,7 @@ __device__ __forceinline__ float mlxbun_round(float v) {
   return static_cast<float>(static_cast<T>(v));
 }
 """
+HEADER = HALF_HEADER + HELPERS
 
 # out[n] = (residual[n] +) w[n] . (rms_norm(x) or x); RW rows per warp (SPLIT warps per RW rows).
 GEMV = r"""

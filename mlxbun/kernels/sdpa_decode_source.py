@@ -126,7 +126,7 @@ struct MlxbunCodeRows {
 };
 """
 
-_BODY = r"""
+_BODY_TEMPLATE = r"""
   constexpr int LPK = D / 8;          // lanes per key row
   constexpr int KPW = 32 / LPK;       // key rows per warp at a time
   constexpr int KPB = NWARPS * KPW;   // key rows per block at a time
@@ -147,7 +147,7 @@ _BODY = r"""
   const int n = min(CHUNK, len - start);
   const size_t row0 = static_cast<size_t>(bk) * CAP + start;
   const int head0 = b * H + kvh * G;  // first query head of this KV head
-
+MLXBUN_PROLOGUE
   __shared__ float sc[G][CHUNK];
   __shared__ float red[NWARPS][G][D];
 
@@ -157,8 +157,7 @@ _BODY = r"""
     float qf[G][8];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      mlxbun_load_q8<QF32, BF16>(q + static_cast<size_t>(head0 + g) * D, slot, qf[g]);
-#pragma unroll
+MLXBUN_LOAD_Q#pragma unroll
       for (int j = 0; j < 8; ++j) {
         qf[g][j] *= qs;
       }
@@ -279,6 +278,19 @@ _BODY = r"""
     o_part[(static_cast<size_t>(head0 + g) * gridDim.x + split) * D + d] = o;
   }
 """
+
+
+
+def partial_body(load_q: str = "", prologue: str = "") -> str:
+    """The partial kernel's body with its query load (`load_q`: code that fills `qf[g][0..8)` with
+    head g's eight values at `slot`; default: from the `q` input) and `prologue` (code run by every
+    active block after the setup, before the scores) put in."""
+    return (_BODY_TEMPLATE.replace("MLXBUN_LOAD_Q", load_q or _LOAD_Q)
+            .replace("MLXBUN_PROLOGUE", prologue))
+
+
+_LOAD_Q = "      mlxbun_load_q8<QF32, BF16>(q + static_cast<size_t>(head0 + g) * D, slot, qf[g]);\n"
+_BODY = partial_body()
 
 # inputs: q, k, v, length; outputs: o_part, ml
 PARTIAL_PLAIN = r"""
