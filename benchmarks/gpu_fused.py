@@ -242,7 +242,7 @@ def parse_knobs(items) -> list[tuple[str, dict]]:
     return out
 
 
-KNOBS = ("RW", "QKV_RW", "NW", "MAX_SPLIT", "TARGET_WARPS", "ROPE_ATTENTION", "ATTN_MIN_CHUNK", "ATTN_TARGET_BLOCKS")
+KNOBS = ("RW", "QKV_RW", "NW", "MAX_SPLIT", "TARGET_WARPS", "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS", "ATTN_MIN_CHUNK", "ATTN_TARGET_BLOCKS")
 # The decode attention's knobs (sdpa_decode's module-level launch knobs), by --knobs name
 _ATTN = {"ATTN_MIN_CHUNK": "CHUNKS", "ATTN_TARGET_BLOCKS": "TARGET_BLOCKS"}
 ATTN_CHUNKS = (16, 32, 64, 128, 256, 512)
@@ -277,13 +277,22 @@ class _knobs:
         forget_fused_steps(self.model)
 
 
+def _engines(spec: str, smoke: bool):
+    """mlx-lm and mlxbun on `spec`: a shape of `bench.shapes` with random weights (`NAME[@BITS]`,
+    bfloat16), or a checkpoint directory (`dir:PATH`: its own weights and dtype, e.g. a real model's
+    GGUF import)."""
+    if spec.startswith("dir:"):
+        return load_engines(spec[4:])
+    name, _, bits = spec.partition("@")
+    return load_engines(f"random:{name}", dtype="bfloat16", quant=int(bits) if bits else None,
+                        scale_down=16 if smoke else None)
+
+
 def section_bench(specs, context: int, smoke: bool, no_split: bool = True, scatter: bool = False,
                   knobs=()) -> str:
     out = [f"## bench: decode steps, context {context}\n"]
     for spec in specs:
-        name, _, bits = spec.partition("@")
-        mut = load_engines(f"random:{name}", dtype="bfloat16", quant=int(bits) if bits else None,
-                           scale_down=16 if smoke else None)
+        mut = _engines(spec, smoke)
         prompt = mx.random.randint(16, mut.vocab_size, (1, context), key=mx.random.key(1))
         tok = prompt[:, -1:]
         lm, mb = mut.engines["mlx-lm"], mut.engines["mlxbun"]

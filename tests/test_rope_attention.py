@@ -30,7 +30,7 @@ def _attn(hq=32, hkv=8, d=64, cap=768, **kw):
 def test_the_partial_body_is_the_attention_kernels_own():
     # the attention kernel's source is unchanged by the hooks rope_attention fills in
     assert partial_body() in PARTIAL_PLAIN and "MLXBUN_" + "LOAD_Q" not in PARTIAL_PLAIN
-    assert "qsh[g][slot * 8 + j]" in ROPE_ATTENTION and "mlxbun_load_q8" not in ROPE_ATTENTION.split("MLXBUN_NEG_INF")[0]
+    assert "qsh[g][slot * 8 + j]" in ROPE_ATTENTION and "mlxbun_load_q8" not in ROPE_ATTENTION
 
 
 def test_the_signature_names_every_operand_the_source_reads():
@@ -68,6 +68,10 @@ def test_the_cuda_executor_takes_one_launch_only_where_the_knob_the_write_and_th
     assert _routes(monkeypatch, _attn(), knob=False) == ["three"]
     assert _routes(monkeypatch, _attn(), knob=True, inplace=False) == ["three"]  # rows by a scatter
     assert _routes(monkeypatch, _attn(hq=64, hkv=8, d=256), knob=True) == ["three"]  # shared memory
+    # a 16k buffer: 65 splits, more than the one launch's merge is measured to pay for
+    assert _routes(monkeypatch, _attn(cap=16640), knob=True) == ["three"]
+    assert "65 splits" in ra.rope_attention_gap(_attn(cap=16640), fd.ROPE_ATTENTION_MAX_SPLITS).reason
+    assert fd.ROPE_ATTENTION and ra.rope_attention_gap(_attn(cap=1024), fd.ROPE_ATTENTION_MAX_SPLITS) is None
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")

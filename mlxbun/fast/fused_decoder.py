@@ -1,4 +1,5 @@
-"""The fused decode step: a dense model's one-token forward in seven kernel launches per layer.
+"""The fused decode step: a dense model's one-token forward in five kernel launches per layer (seven
+where the attention takes three).
 
 `FusedDecoder` runs a `FusedPlan` (`fast.fused_plan`) over static K/V buffers of its own, one
 [2, KV, capacity, D] buffer per layer (keys, then values: the prefix copied in, the exact caches'
@@ -7,9 +8,9 @@ arrays let go while it decodes, `write_back` hands the tokens back), through an 
 ops: the CPU tests run the decoder's plumbing with it). The step is `mx.compile`d once per model,
 executor and layout, so a token costs the kernels' encode and nothing built in Python.
 
-Per layer: `qkv_rope` (two launches: norm + the q/k/v GEMV; q/k norm, RoPE, the new K/V rows written in place), decode
-attention (two launches), o_proj + residual, norm + gate/up + SiLU, down + residual; then the
-final norm + head. One token at a time, batch 1, plain KVCaches: anything else is a `FusedGap`
+Per layer: norm + the q/k/v GEMV; q/k norm, RoPE, the new K/V rows written in place and decode
+attention (one `rope_attention` launch, or three where its gap says: `ops.qkv_attention`); o_proj +
+residual, norm + gate/up + SiLU, down + residual; then the final norm + head. One token at a time, batch 1, plain KVCaches: anything else is a `FusedGap`
 and the caller runs the compiled step (`fast.decode.CompiledDecoder`).
 """
 

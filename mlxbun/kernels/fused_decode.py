@@ -1,9 +1,11 @@
 """The fused decode kernels' launchers (`fused_decode_source`), their MLX-op references, and gaps.
 
-A dense layer's one-token step runs as `qkv_rope` (norm + q/k/v GEMVs + q/k norm + RoPE + the new
-K/V rows), decode attention (`sdpa_decode`, two launches), `gemv` (output projection + residual),
-`gemv_swiglu` (norm + gate/up GEMVs + silu * up) and `gemv` (down projection + residual); the step
-ends with `gemv` (final norm + head). Two executors run that plan with one interface:
+A dense layer's one-token step runs as `qkv_attention`: `qkv_rope` (norm + q/k/v GEMVs + q/k norm +
+RoPE + the new K/V rows) and decode attention (`sdpa_decode`, two launches), or, with the rows
+written in place, the q/k/v GEMV and one `rope_attention` launch for the rest; then `gemv` (output
+projection + residual), `gemv_swiglu` (norm + gate/up GEMVs + silu * up) and `gemv` (down projection
++ residual); the step ends with `gemv` (final norm + head). Two executors run that plan with one
+interface:
 
 - `CudaFusedOps`: the CUDA kernels through `mx.fast.cuda_kernel` (CUDA only);
 - `ReferenceFusedOps`: the same math as MLX ops (float32 sums, the same roundings to T): what
@@ -52,9 +54,14 @@ TARGET_WARPS = 4096
 MAX_SPLIT = NW
 KV_WRITE = "inplace"  # or "scatter" (see the module docstring)
 # Whether a layer's q / k norm, RoPE, K/V append, attention and merge run as one launch
-# (`rope_attention`: ROPE_KV and the attention's two launches in one, the same arithmetic) where
-# the K/V rows are written in place; else three launches. A knob of benchmarks/gpu_fused.py.
-ROPE_ATTENTION = False
+# (`rope_attention`: ROPE_KV and the attention's two launches in one, the same arithmetic: bit-equal
+# to them in benchmarks/gpu_fused.py's check, 136 of 136 on an H100, raw 24) where the K/V rows are
+# written in place and the buffer has at most ROPE_ATTENTION_MAX_SPLITS splits; else three launches.
+# On the H100 at 12 splits (context 512) it decoded 1.04x (1B bf16) to 1.32x (1B 4-bit) the three
+# launches' speed, 8B 4-bit even; at 65 splits (16k) 0.88-0.95x: its merge runs in one block per KV
+# head. Knobs of benchmarks/gpu_fused.py.
+ROPE_ATTENTION = True
+ROPE_ATTENTION_MAX_SPLITS = 16
 # Whether the kernels have passed `benchmarks/gpu_fused.py --sections check` on a CUDA GPU (each
 # within its bound of the MLX-op reference, bit-equal run to run, the in-place write equal to the
 # scatter). These kernels (QKV_PROJ + ROPE_KV, RW rows per warp, the conversion-free code loop) have,
@@ -224,7 +231,7 @@ class CudaFusedOps:
         """(attention output [HQ * D], the buffer holding the new rows, next_pos [1]): `qkv_rope` then
         `attention`, or, with ROPE_ATTENTION and the rows written in place, QKV_PROJ then one
         `rope_attention` launch (the same arithmetic)."""
-        if not (ROPE_ATTENTION and self.inplace) or rope_attention_gap(attn) is not None:
+        if not (ROPE_ATTENTION and self.inplace) or rope_attention_gap(attn, ROPE_ATTENTION_MAX_SPLITS) is not None:
             return composed_qkv_attention(self, x, norm, proj, attn)
         out, next_pos = rope_attention(self.qkv_sums(x, norm, proj), attn, x.dtype, self.counters)
         return out, attn.buffer, next_pos

@@ -47,13 +47,17 @@ def _split(attn) -> tuple[int, int]:
     return decode_split(attn.capacity, attn.hkv, G, attn.head_dim, book_floats=_extra_floats(attn))
 
 
-def rope_attention_gap(attn) -> Optional[Gap]:
+def rope_attention_gap(attn, max_splits: Optional[int] = None) -> Optional[Gap]:
     """Why the one-launch path does not fit this layer (the caller has checked the attention's and
-    ROPE_KV's own gaps): its shared memory or its counter."""
+    ROPE_KV's own gaps): its shared memory, its counter, or more than `max_splits` splits of the
+    buffer (where the last block's merge of many splits costs more than the launches it saves)."""
     if attn.hkv > MAX_KV_HEADS:
         return Gap(f"{attn.hkv} KV heads (the merge counter has {MAX_KV_HEADS} slots)")
     G = attn.hq // attn.hkv
-    chunk, _ = _split(attn)
+    chunk, splits = _split(attn)
+    if max_splits is not None and splits > max_splits:
+        return Gap(f"{splits} splits of {chunk} positions over a {attn.capacity}-position buffer (the one "
+                   f"launch merges up to {max_splits})")
     need = shared_bytes(chunk, G, attn.head_dim, book_floats=_extra_floats(attn))
     if need > SHARED_LIMIT:
         return Gap(f"{G} query heads of dim {attn.head_dim} need {need} bytes of shared memory "
