@@ -190,6 +190,29 @@ template <typename T>
 __device__ __forceinline__ float mlxbun_round(float v) {
   return static_cast<float>(static_cast<T>(v));
 }
+
+// Element t of a head after RoPE at position `pos`: y (its value) rotated with its partner in
+// `head` (the whole head's values: the traditional layout pairs neighbours, the other the halves),
+// rounded to T.
+template <typename T, bool TRAD, int D>
+__device__ __forceinline__ float mlxbun_rope(float y, const float* head, int t, int pos, float scale,
+                                             const float* inv_freq) {
+  int i, partner;
+  float sign;
+  if constexpr (TRAD) {
+    i = t / 2;
+    partner = t ^ 1;
+    sign = (t & 1) ? 1.0f : -1.0f;
+  } else {
+    i = t % (D / 2);
+    partner = t < D / 2 ? t + D / 2 : t - D / 2;
+    sign = t < D / 2 ? -1.0f : 1.0f;
+  }
+  const float theta = static_cast<float>(pos) * scale * inv_freq[i];
+  float sn, cs;
+  sincosf(theta, &sn, &cs);
+  return mlxbun_round<T>(y * cs + sign * head[partner] * sn);
+}
 """
 HEADER = HALF_HEADER + HELPERS
 
@@ -355,21 +378,7 @@ ROPE_KV = r"""
     }
     __syncthreads();
     if (t < D) {
-      int i, partner;
-      float sign;
-      if constexpr (ROPE_TRAD) {
-        i = t / 2;
-        partner = t ^ 1;
-        sign = (t & 1) ? 1.0f : -1.0f;
-      } else {
-        i = t % (D / 2);
-        partner = t < D / 2 ? t + D / 2 : t - D / 2;
-        sign = t < D / 2 ? -1.0f : 1.0f;
-      }
-      const float theta = static_cast<float>(pos[0]) * __int_as_float(ROPE_SCALE_BITS) * inv_freq[i];
-      float sn, cs;
-      sincosf(theta, &sn, &cs);
-      y = mlxbun_round<T>(y * cs + sign * head[partner] * sn);
+      y = mlxbun_rope<T, ROPE_TRAD, D>(y, head, t, pos[0], __int_as_float(ROPE_SCALE_BITS), inv_freq);
     }
   }
   if (t < D) {

@@ -92,21 +92,8 @@ _PROLOGUE = r"""
     for (int e = threadIdx.x; e < nh * D; e += blockDim.x) {
       const int g = e / D;
       const int t = e % D;
-      int i, partner;
-      float sign;
-      if constexpr (ROPE_TRAD) {
-        i = t / 2;
-        partner = t ^ 1;
-        sign = (t & 1) ? 1.0f : -1.0f;
-      } else {
-        i = t % (D / 2);
-        partner = t < D / 2 ? t + D / 2 : t - D / 2;
-        sign = t < D / 2 ? -1.0f : 1.0f;
-      }
-      const float theta = static_cast<float>(p) * __int_as_float(ROPE_SCALE_BITS) * inv_freq[i];
-      float sn, cs;
-      sincosf(theta, &sn, &cs);
-      const float y = mlxbun_round<T>(heads[g][t] * cs + sign * heads[g][partner] * sn);
+      const float y = mlxbun_rope<T, ROPE_TRAD, D>(heads[g][t], heads[g], t, p, __int_as_float(ROPE_SCALE_BITS),
+                                                    inv_freq);
       if (g < G) {
         qsh[g][t] = y;
       } else {
