@@ -16,7 +16,7 @@ import json
 import math
 import wave
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -137,14 +137,17 @@ def preemphasized_frames(waveform: np.ndarray, cfg: MelConfig, samples: int) -> 
     return frames[..., 1:] - p * frames[..., :-1]
 
 
-def load_modules(path: Path, config: Mapping, index, modules: Mapping[str, Any]) -> None:
-    """Each module's tensors (its checkpoint prefix -> module), PyTorch-layout conv weights moved
-    (conv_weight), quantized as the config says, loaded strictly (towers.loader._load)."""
+def load_modules(path: Path, config: Mapping, index, modules: Mapping[str, Any],
+                 prepare: Optional[Callable[[dict], dict]] = None) -> None:
+    """Each module's tensors (its checkpoint prefix -> module), first through `prepare` (a tower's
+    own sanitize) where given, PyTorch-layout conv weights moved (conv_weight), quantized as the
+    config says, loaded strictly (towers.loader._load)."""
     from mlxbun.quant import resolve_quantization
     from mlxbun.towers.loader import _load
 
     names = [n for n in index.names() if n.startswith(tuple(p + "." for p in modules))]
-    tensors = {n: conv_weight(n, w) for n, w in index.load(names).items()}
+    loaded = index.load(names)
+    tensors = {n: conv_weight(n, w) for n, w in (loaded if prepare is None else prepare(loaded)).items()}
     quantization = resolve_quantization(config)
     for prefix, module in modules.items():
         _load(module, prefix, tensors, quantization, path)

@@ -23,7 +23,8 @@ from mlxbun.towers.audio import MelConfig, load_modules, log_mel, read_json
 from mlxbun.towers.errors import AudioCountError, AudioTooLong, NoTowerError
 
 __all__ = ["AUDIO_TOWERS", "MAX_CLIPS", "AudioStack", "AudioTower", "MultimodalEmbedder", "RMSNorm32",
-           "check_audio_tower", "open_audio", "read_mel_config", "sampling_rate"]
+           "check_audio_tower", "embedders", "hard_rows", "open_audio", "read_mel_config", "sampling_rate",
+           "scatter_soft"]
 
 
 class RMSNorm32(nn.Module):
@@ -326,6 +327,31 @@ class MultimodalEmbedder(nn.Module):
         return self.embedding_post_projection_norm(self.embedding_projection(h))
 
 
+def hard_rows(embed_tokens, ids: mx.array, embed_vision: MultimodalEmbedder,
+              embed_audio: MultimodalEmbedder) -> mx.array:
+    """The start of mlx-vlm's Gemma3n get_input_embeddings over ids [1, L]: the ids' unscaled rows,
+    the vision and audio vocabularies' hard tokens through their embedders."""
+    embeds = embed_tokens(ids)
+    a_off, v_off = embed_audio.vocab_offset, embed_vision.vocab_offset
+    vision = mx.logical_and(ids >= v_off, ids < a_off)
+    rows = embed_vision.hard(mx.where(vision, ids, v_off + embed_vision.vocab_size - 1))
+    embeds = mx.where(vision[..., None], rows, embeds)
+    audio = ids >= a_off
+    rows = embed_audio.hard(mx.where(audio, ids, a_off + embed_audio.vocab_size - 1))
+    return mx.where(audio[..., None], rows, embeds)
+
+
+def scatter_soft(embeds: mx.array, ids: mx.array, token_id: int, soft: mx.array, error, what: str,
+                 items: str) -> mx.array:
+    """`embeds` [1, L, D] with the rows of `token_id` the soft tokens [n, T, D] in order, cast to its
+    dtype (mlx-vlm's masked_scatter); `error` where the counts differ."""
+    at = np.nonzero(np.array(ids[0]) == token_id)[0]
+    if len(at) != soft.shape[0] * soft.shape[1]:
+        raise error(f"the prompt holds {len(at)} {what} tokens; the {items} give {soft.shape[0] * soft.shape[1]}")
+    embeds[0, mx.array(at.astype(np.uint32))] = soft.reshape(-1, soft.shape[-1]).astype(embeds.dtype)
+    return embeds
+
+
 # a bound on the clips of one prompt (each is its own soft-token block in the context)
 MAX_CLIPS = 8
 # the wrappers whose audio tower this module builds (model_type -> audio_config.model_type)
@@ -373,21 +399,10 @@ class AudioStack:
 
     def merge(self, embed_tokens, ids: mx.array, soft: mx.array) -> mx.array:
         """mlx-vlm's Gemma3n get_input_embeddings over ids [1, L] and the clips' soft tokens
-        (`soft_tokens`): the ids' unscaled rows, the vision and audio vocabularies' hard tokens
-        through their embedders, the soft tokens at the audio tokens."""
-        embeds = embed_tokens(ids)
-        a_off, v_off = self.embed_audio.vocab_offset, self.embed_vision.vocab_offset
-        vision = mx.logical_and(ids >= v_off, ids < a_off)
-        rows = self.embed_vision.hard(mx.where(vision, ids, v_off + self.embed_vision.vocab_size - 1))
-        embeds = mx.where(vision[..., None], rows, embeds)
-        audio = ids >= a_off
-        rows = self.embed_audio.hard(mx.where(audio, ids, a_off + self.embed_audio.vocab_size - 1))
-        embeds = mx.where(audio[..., None], rows, embeds)
-        at = np.nonzero(np.array(ids[0]) == self.audio_token_id)[0]
-        if len(at) != soft.shape[0] * soft.shape[1]:
-            raise AudioCountError(f"the prompt holds {len(at)} audio tokens; the clips give {soft.shape[0] * soft.shape[1]}")
-        embeds[0, mx.array(at.astype(np.uint32))] = soft.reshape(-1, soft.shape[-1]).astype(embeds.dtype)
-        return embeds
+        (`soft_tokens`): the ids' rows with the media vocabularies' hard tokens (hard_rows), the
+        soft tokens at the audio tokens."""
+        embeds = hard_rows(embed_tokens, ids, self.embed_vision, self.embed_audio)
+        return scatter_soft(embeds, ids, self.audio_token_id, soft, AudioCountError, "audio", "clips")
 
     def soft_tokens(self, features: mx.array, mask: mx.array) -> mx.array:
         """[clips, soft_tokens_per_clip, text hidden] from the mel frames [clips, T, F] and their mask
@@ -436,10 +451,8 @@ def open_audio(path, config: Optional[Mapping] = None):
         return open_gemma4_audio(path, config, index, root)
     text = config["text_config"]
     audio = {**_AUDIO_DEFAULTS, **config["audio_config"]}
-    vision = {"vocab_offset": 262_144, "vocab_size": 128, "hidden_size": 2048, **(config.get("vision_config") or {})}
     tower = AudioTower(audio)
-    embed_audio = MultimodalEmbedder(audio, int(text["hidden_size"]))
-    embed_vision = MultimodalEmbedder(vision, int(text["hidden_size"]))
+    embed_vision, embed_audio = embedders(config)
     load_modules(path, config, index, {root + "audio_tower": tower, root + "embed_audio": embed_audio,
                                        root + "embed_vision": embed_vision})
     mel = read_mel_config(path)
@@ -454,6 +467,15 @@ def open_audio(path, config: Optional[Mapping] = None):
     return AudioStack(tower, embed_audio, embed_vision, mel, per_clip, int(config.get("audio_token_id", 262273)),
                       int(config.get("boa_token_id", 256000)), int(config.get("eoa_token_id", 262272)),
                       int(text.get("vocab_size", 262400)))
+
+
+def embedders(config: Mapping) -> tuple[MultimodalEmbedder, MultimodalEmbedder]:
+    """gemma3n's (embed_vision, embed_audio), unloaded: each media vocabulary's embedder into the
+    text width, at mlx-vlm's VisionConfig / AudioConfig defaults where config.json is silent."""
+    width = int(config["text_config"]["hidden_size"])
+    vision = {"vocab_offset": 262_144, "vocab_size": 128, "hidden_size": 2048, **(config.get("vision_config") or {})}
+    audio = {**_AUDIO_DEFAULTS, **(config.get("audio_config") or {})}
+    return MultimodalEmbedder(vision, width), MultimodalEmbedder(audio, width)
 
 
 # mlx-vlm's AudioConfig defaults for keys a config.json may leave out
