@@ -403,12 +403,14 @@ class Gemma4ImageModel(_SplicedModel):
 
 
 def open_alm(path) -> AudioLanguageModel:
-    """A checkpoint's text graph, tokenizer and audio tower (NoTowerError where it has none)."""
+    """A checkpoint's text graph, tokenizer and audio tower (NoTowerError where it has none); `path`
+    a directory or any model name (mlxbun.locate: `zoo:gemma3n-audio`, ORG/REPO, ...)."""
     from mlxbun.factory import open_model
+    from mlxbun.locate import locate
     from mlxbun.tokenizer import load_tokenizer
     from mlxbun.towers.usm import open_audio
 
-    path = Path(path)
+    path = locate(path)
     audio = open_audio(path)
     return AudioLanguageModel(open_model(path), load_tokenizer(path), audio, path)
 
@@ -433,11 +435,13 @@ def _refuse(check, path, what: str) -> None:
 
 def open_vlm(path):
     """A checkpoint's text graph, tokenizer and tower (NoTowerError where it has none): a
-    VisionLanguageModel, or for gemma4 a Gemma4ImageModel."""
+    VisionLanguageModel, or for gemma4 a Gemma4ImageModel; `path` a directory or any model name
+    (mlxbun.locate: `zoo:gemma3-vision@q8`, ORG/REPO, ...)."""
     from mlxbun.factory import open_model
+    from mlxbun.locate import locate
     from mlxbun.tokenizer import load_tokenizer
 
-    path = Path(path)
+    path = locate(path)
     if _gemma4(path):
         from mlxbun.towers.gemma4_vision import open_gemma4_vision
         from mlxbun.towers.loader import _read_config

@@ -13,7 +13,8 @@ Model names (`parse_model`):
                                           a tiny zoo checkpoint, built once in the zoo cache;
                                           VARIANT: float32 float16 bfloat16 q4 q8 mixed
                                           (aliases fp32 fp16 bf16 4 8); `@seedN` is accepted
-                                          for seed=N
+                                          for seed=N; ARCH: `mlxbun zoo list`'s names, the tower
+                                          zoo's VLM checkpoints included (zoo:gemma3-vision)
     random:SHAPE                          real shapes, random weights (`mlxbun bench` only)
     FILE.gguf                             a GGUF file, imported once into the GGUF cache
                                           (`mlxbun.gguf.importer.cached_import`)

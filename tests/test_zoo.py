@@ -19,6 +19,7 @@ from mlxbun.zoo import (
     ARCHS,
     BUILDERS,
     ORACLE_VLM_ARCHS,
+    TOWER_ZOO_ARCHS,
     ZooArgumentError,
     cached_checkpoint,
     make_checkpoint,
@@ -83,13 +84,20 @@ def _digest(path: Path) -> dict:
 
 def test_registry_has_one_builder_per_arch():
     """Every arch is built through the registry: the dense table's rows (held to mlx-lm), then
-    the graphs held to mlx-vlm. (That the registry, the universal descriptor table and the
-    golden manifests agree is checked with the universal graph and in test_port.)"""
-    assert tuple(BUILDERS) == ARCHS + ORACLE_VLM_ARCHS
+    the graphs held to mlx-vlm, then the tower zoo's VLM checkpoints (zoo.towers), whose names
+    no text arch can take: each ends in a tower suffix no text arch name has. (That the registry,
+    the universal descriptor table and the golden manifests agree is checked with the universal
+    graph and in test_port.)"""
+    from mlxbun.zoo.towers import TOWER_ARCHS, TOWER_SUFFIXES
+
+    assert tuple(BUILDERS) == ARCHS + ORACLE_VLM_ARCHS + TOWER_ZOO_ARCHS  # a name taken twice would shrink it
     assert ARCHS and ORACLE_VLM_ARCHS == ("diffusion_gemma", "llada2_moe")
+    assert TOWER_ZOO_ARCHS == tuple(TOWER_ARCHS) and "gemma3-vision" in TOWER_ZOO_ARCHS
     assert {BUILDERS[a].oracle for a in ARCHS} == {"mlx-lm"}
-    assert {BUILDERS[a].oracle for a in ORACLE_VLM_ARCHS} == {"mlx-vlm"}
+    assert {BUILDERS[a].oracle for a in ORACLE_VLM_ARCHS + TOWER_ZOO_ARCHS} == {"mlx-vlm"}
     assert len(set(ARCHS)) == len(ARCHS)
+    assert all(name.endswith(TOWER_SUFFIXES) for name in TOWER_ZOO_ARCHS)
+    assert not [a for a in ARCHS + ORACLE_VLM_ARCHS if a.endswith(TOWER_SUFFIXES)]
 
 
 @pytest.mark.parametrize("arch", ORACLE_VLM_ARCHS)
@@ -372,7 +380,10 @@ def test_cli_builds_lists_and_refuses(tmp_path, capsys):
     assert main(["zoo", "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[: len(ARCHS)] == list(ARCHS)
-    assert [line.split("\t")[0] for line in lines[len(ARCHS):]] == list(ORACLE_VLM_ARCHS)
+    assert [line.split("\t")[0] for line in lines[len(ARCHS):]] == list(ORACLE_VLM_ARCHS + TOWER_ZOO_ARCHS)
+    assert "gemma3-vision\t(gemma3 with its vision tower; oracle: mlx-vlm)" in lines
+    assert "gemma4-towers\t(gemma4 with its vision and audio towers; oracle: mlx-vlm)" in lines
+    assert main(["zoo", "ls"]) == 0 and capsys.readouterr().out.splitlines() == lines
 
     assert main(["zoo", "build", "qwen2", "nanochat", "--out", str(tmp_path), "--quant", "4",
                  "--dtype", "bfloat16", "--seed", "1"]) == 0

@@ -1,4 +1,6 @@
-"""`mlxbun zoo`: build tiny checkpoints (`zoo build ARCH... --out DIR`) and list the archs."""
+"""`mlxbun zoo`: build tiny checkpoints (`zoo build ARCH... --out DIR`) and list the archs (`zoo list`,
+`zoo ls`): the text archs, the graphs held to mlx-vlm, then the VLM checkpoints with their towers
+(`gemma3-vision`, ...: the names `zoo:NAME` takes)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ def register(subparsers) -> None:
                                 parser_class=type(parser))
 
     build = sub.add_parser("build", help="build checkpoints (one line per checkpoint: arch, the directory written)")
-    build.add_argument("archs", nargs="+", metavar="ARCH", help="arch names, or `all`")
+    build.add_argument("archs", nargs="+", metavar="ARCH",
+                       help="arch names (`zoo list`; a tower checkpoint's name, e.g. gemma3-vision), or `all` "
+                            "(every text arch)")
     build.add_argument("--out", required=True, metavar="DIR", help="output directory")
     build.add_argument("--quant", default=None, metavar="{4,8,mixed,mxfp4}",
                        help="quantize like mlx_lm.convert (affine, group 64; mxfp4: --q-mode mxfp4, "
@@ -31,7 +35,7 @@ def register(subparsers) -> None:
                        help="lay out as a hub cache: DIR/models--mlxbun--tiny-ARCH/snapshots/REV")
     build.set_defaults(func=_build)
 
-    listing = sub.add_parser("list", help="list the zoo's archs")
+    listing = sub.add_parser("list", aliases=["ls"], help="list the zoo's archs (and tower checkpoints)")
     listing.set_defaults(func=_list)
 
     parser.set_defaults(func=lambda args: _help(parser))
@@ -63,10 +67,13 @@ def _build(args) -> int:
 
 
 def _list(args) -> int:
-    from mlxbun.zoo import ARCHS, ORACLE_VLM_ARCHS
+    from mlxbun.zoo import ARCHS, ORACLE_VLM_ARCHS, TOWER_ZOO_ARCHS
+    from mlxbun.zoo.towers import describe
 
     for arch in ARCHS:
         print(arch)
     for arch in ORACLE_VLM_ARCHS:
         print(f"{arch}\t(float weights only; oracle: mlx-vlm)")
+    for name in TOWER_ZOO_ARCHS:
+        print(f"{name}\t({describe(name)}; oracle: mlx-vlm)")
     return 0

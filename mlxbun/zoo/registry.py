@@ -2,7 +2,9 @@
 `make_checkpoint` (a directory, or a hub-cache snapshot) and `cached_checkpoint` (built once
 per cache root). A builder is a module with `variant` (validate the arguments, name the
 checkpoint), `build_files` (write it into an empty directory) and `cache_key` (its directory in
-the cache); adding a graph to the zoo is one `BUILDERS` entry.
+the cache); adding a graph to the zoo is one `BUILDERS` entry. The tower zoo's rows
+(`zoo.towers.TOWER_ARCHS`: VLM checkpoints carrying their towers) are builders too, under their
+own names (`gemma3-vision`, ...: suffixes no text arch has), so `zoo:NAME` reaches them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from mlxbun.errors import UnsupportedModelError
-from mlxbun.zoo import build, diffusion, llada
+from mlxbun.zoo import build, diffusion, llada, towers
 from mlxbun.zoo.archs import ARCHS, get_arch
 from mlxbun.zoo.common import (
     Variant,
@@ -30,15 +32,19 @@ class Builder:
     module: ModuleType  # variant / build_files / cache_key
     oracle: str  # the library the arch's graph is held bit-exact to
     hub_layout: bool = True  # can be laid out as a hub cache repo (`hf_cache=True`)
+    towers: bool = False  # a VLM checkpoint with its towers (zoo.towers), held to mlx-vlm
 
 
 BUILDERS: dict[str, Builder] = {
     **{arch: Builder(build, "mlx-lm") for arch in ARCHS},
     diffusion.ARCH: Builder(diffusion, "mlx-vlm", hub_layout=False),
     llada.ARCH: Builder(llada, "mlx-vlm", hub_layout=False),
+    **{name: Builder(towers, "mlx-vlm", hub_layout=False, towers=True) for name in towers.TOWER_ARCHS},
 }
 # graphs held to mlx-vlm rather than mlx-lm: float weights only, plain directories
-ORACLE_VLM_ARCHS: tuple[str, ...] = tuple(a for a, b in BUILDERS.items() if b.oracle == "mlx-vlm")
+ORACLE_VLM_ARCHS: tuple[str, ...] = tuple(a for a, b in BUILDERS.items() if b.oracle == "mlx-vlm" and not b.towers)
+# VLM checkpoints with their towers: float or quantized text weights (mlx_vlm.convert's), plain directories
+TOWER_ZOO_ARCHS: tuple[str, ...] = tuple(a for a, b in BUILDERS.items() if b.towers)
 
 
 def builder(arch: str) -> Builder:

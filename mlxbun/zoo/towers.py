@@ -5,9 +5,12 @@ cast and quantized the way `mlx_vlm.convert` does it (the towers and projectors 
 checkpoint's dtype: convert's `skip_multimodal_module`); the tokenizer is the zoo's with the
 VLM's media tokens added, plus the processor's preprocessor_config.json / processor_config.json.
 
-    cached_tower_checkpoint("gemma3", dtype="bfloat16", quant=4)  # -> .../tiny-gemma3-vision-bf16-q4
+    cached_tower_checkpoint("gemma3-vision", dtype="bfloat16", quant=4)  # -> .../tiny-gemma3-vision-bf16-q4
 
-The text-only wrapper archs (`zoo:gemma3`, ...) stay as they were: these are other checkpoints.
+Each row is also a zoo name (`zoo:gemma3-vision@q8`, `mlxbun zoo build gemma3-vision`: the
+registry's builders): NAME is the text arch and what the checkpoint carries beyond the text
+model (`-vision`, `-audio`, `-towers`: both), a suffix no text arch name has, so `zoo:gemma3`
+stays the text-only wrapper and `zoo:gemma3-vision` is this other checkpoint.
 """
 
 from __future__ import annotations
@@ -31,7 +34,13 @@ from mlxbun.zoo.common import (
 )
 from mlxbun.zoo.tokenizer import tokenizer_config, tokenizer_json, write_tokenizer_files
 
-__all__ = ["TOWER_ARCHS", "cached_tower_checkpoint", "make_tower_checkpoint", "tower_config", "variant"]
+__all__ = ["TOWER_ARCHS", "TOWER_SUFFIXES", "cached_tower_checkpoint", "carries", "describe", "make_tower_checkpoint",
+           "tower_config", "variant"]
+
+
+# what a tower row's name ends with: what the checkpoint carries beyond the text model (no text arch
+# name ends so: tests/test_zoo.py)
+TOWER_SUFFIXES = ("-vision", "-audio", "-towers")
 
 
 @dataclass(frozen=True)
@@ -39,7 +48,7 @@ class TowerArch:
     """A VLM the zoo builds with its towers: the zoo text arch whose tiny config becomes
     text_config, what is written over it, and the processor's files."""
 
-    name: str  # the zoo name: <text arch>-vision
+    name: str  # the zoo name: <text arch>-vision / -audio / -towers (TOWER_SUFFIXES)
     text_arch: str  # the zoo arch whose config is the starting point (text_config inside)
     media_tokens: tuple[tuple[str, str], ...]  # (tokenizer attribute, token) added after the vocab
     fix: Callable[[dict, dict[str, int]], None]  # edits the config given the media token ids
@@ -351,11 +360,32 @@ def tower_config(name: str) -> dict:
     return dict(sorted(cfg.items()))
 
 
-def variant(name: str, *, quant=None, dtype: str = "float32", seed: int = 0) -> Variant:
+def carries(name: str) -> tuple[str, ...]:
+    """The towers the checkpoint carries: ("vision",), ("audio",) or ("vision", "audio")."""
+    arch, cfg = _arch(name), tower_config(name)
+    return tuple(t for t, key in (("vision", "vision_config"), ("audio", "audio_config"))
+                 if key in cfg and not (t == "vision" and arch.no_vision_tower))
+
+
+def describe(name: str) -> str:
+    """What the checkpoint is, in words (`mlxbun zoo list`): "qwen2_5_vl with its vision tower"."""
+    towers = carries(name)
+    return f"{tower_config(name)['model_type']} with its {' and '.join(towers)} tower{'s' * (len(towers) > 1)}"
+
+
+def variant(name: str, *, quant=None, dtype: str = "float32", seed: int = 0, head_dim=None) -> Variant:
+    """The checkpoint's variant (the registry's builder interface): float32 / float16 / bfloat16 weights,
+    4, 8 or mixed text weights (mlx_vlm.convert's, the towers kept in the dtype); no mxfp4, no head_dim."""
     _arch(name)
     _mlx_vlm()
     check_dtype_and_seed(dtype, seed)
-    return Variant(name, parse_quant(quant), dtype, seed)
+    if head_dim is not None:
+        raise ZooArgumentError(f"tower checkpoint {name!r} is built at its own sizes (head_dim widens the text "
+                               "zoo's heads only)")
+    quant = parse_quant(quant)
+    if quant == "mxfp4":
+        raise ZooArgumentError(f"tower checkpoint {name!r} is built float, 4, 8 or mixed (no mxfp4)")
+    return Variant(name, quant, dtype, seed)
 
 
 def _mlx_vlm():
@@ -442,8 +472,6 @@ def quantize(model, config: dict, quant) -> dict:
 
     from mlxbun.zoo.weights import GROUP_SIZE, MIXED_BITS, MIXED_HIGH_BITS, mixed_predicate
 
-    if quant == "mxfp4":
-        raise ZooArgumentError("tower checkpoints are built float, 4, 8 or mixed (no mxfp4)")
     inner = mixed_predicate(model) if quant == "mixed" else (lambda p, m: True)
     bits = MIXED_BITS if quant == "mixed" else int(quant)
 
