@@ -433,13 +433,13 @@ def test_tower_rows_check_their_knobs():
 # ------------------------------------------------------------------ the bring-up notebook's driver
 
 
-def test_tower_bringup_driver_holds_every_stage_and_records_rows(zoo_root, tmp_path):
+def test_tower_bringup_driver_holds_every_stage_and_records_rows(tower_ckpt, tmp_path):
     from mlxbun.experiments.tower_bringup import tower_bringup
     from mlxbun.lab import tower_plots
     from mlxbun.results import open_results
 
     db = tmp_path / "results.sqlite"
-    run = tower_bringup(variant="bfloat16-q4", zoo_root=zoo_root, results_path=db)
+    run = tower_bringup(tower_ckpt("bfloat16", 4), results_path=db)
     assert run.bit_exact and run.verdict().startswith("PASS"), run.verdict()
     assert run.stages == ["embeddings", "layers.0", "layers.1", "post_layernorm", "projector"]
     assert run.grids["layers.0"].shape == (4, 4) and run.grids["projector"].shape == (2, 2)
@@ -450,7 +450,7 @@ def test_tower_bringup_driver_holds_every_stage_and_records_rows(zoo_root, tmp_p
     assert set(rows.metric) == {"max_abs_diff", "bit_exact", "soft_tokens"}
     assert (rows[rows.metric == "max_abs_diff"].value == 0).all()
     for fig in (tower_plots.patch_grid_plot(run.image, run.patch_size), tower_plots.stage_diff_grids(run.grids),
-                tower_plots.soft_tokens_plot(run.soft_tokens, run.prompt_ids, run.image_token_id),
+                tower_plots.soft_tokens_plot(run.soft_tokens, run.prompt_ids, run.token_id),
                 tower_plots.attention_plot(run.attention)):
         assert fig.axes
     run.stage_max["layers.1"] = 1.0  # a stage that differs is named by the verdict and fails the run
@@ -463,7 +463,7 @@ def test_tower_bringup_driver_holds_every_stage_and_records_rows(zoo_root, tmp_p
 def test_tower_bringup_driver_on_dynamic_towers(zoo_root, arch):
     from mlxbun.experiments.tower_bringup import tower_bringup
 
-    run = tower_bringup(tower_arch=arch, zoo_root=zoo_root, record=False)
+    run = tower_bringup(f"zoo:{arch}", zoo_root=zoo_root, record=False)
     assert run.bit_exact, run.verdict()
     rows, cols = run.grid_shape
     patch, merge = {"pixtral-vision": (16, 1), "mistral3-vision": (16, 2), "qwen3_vl-vision": (16, 2),

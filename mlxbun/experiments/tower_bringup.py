@@ -1,5 +1,5 @@
-"""tower_bringup.ipynb: a VLM's vision tower held to mlx-vlm over the patch grid (experiment
-"tower_bringup").
+"""tower_bringup.ipynb: a checkpoint's tower held to mlx-vlm, stage by stage (experiment
+"tower_bringup"): an image tower over the patch grid, an audio tower over the frames.
 
 One image goes through the processor (mlxbun's preprocessing, checked equal to mlx-vlm's), then
 through mlxbun's tower (`mlxbun.towers`) and mlx-vlm's, stage by stage: the patch embeddings,
@@ -8,21 +8,29 @@ every encoder block, the final norm, the projector's soft tokens. Per stage, the
 where it starts and which patches it touches; 0 everywhere is bit-exact. Beside it: the image with
 its patches, the soft tokens merged into the prompt's rows, and the attention maps of a block
 (softmax(q k^T) recomputed in float32 for the picture; the forward runs the fused SDPA).
+gemma4's vision tower: tower_bringup_gemma4; audio towers (gemma3n's, gemma4's): over the audio
+frames, tower_bringup_audio. The result: tower_bringup_result.TowerBringup.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+import os
 from typing import Optional
 
 import mlx.core as mx
 import numpy as np
 
-from mlxbun.errors import MlxbunError
+from mlxbun.errors import UnsupportedModelError
+from mlxbun.experiments.common import model_path
+from mlxbun.experiments.tower_bringup_audio import audio_bringup
+from mlxbun.experiments.tower_bringup_gemma4 import gemma4_bringup
+from mlxbun.experiments.tower_bringup_result import MEDIA, TowerBringup, load_oracle
+from mlxbun.multimodal import Gemma4ImageModel, VisionLanguageModel, open_alm, open_vlm, refuse_audio, refuse_images
+from mlxbun.names import NamingError
+from mlxbun.towers.errors import NoTowerError
 from mlxbun.towers.knobs import ProjectorKind, SpliceKind, VitLayout
 
-__all__ = ["TowerBringup", "default_image", "oracle_stages", "patch_order", "tower_bringup"]
+__all__ = ["TowerBringup", "default_image", "oracle_stages", "patch_order", "pick_media", "tower_bringup"]
 
 
 def default_image() -> str:
@@ -30,51 +38,6 @@ def default_image() -> str:
     import matplotlib.cbook as cbook
 
     return str(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
-
-
-@dataclass
-class TowerBringup:
-    """The bring-up of one tower on one image against mlx-vlm."""
-
-    path: Path
-    stages: list[str]  # embeddings, layers.i, post_layernorm, projector
-    grids: dict[str, np.ndarray]  # stage -> [side, side] max |diff| per patch (per soft token: projector)
-    stage_max: dict[str, float]
-    pixels_equal: bool  # mlxbun's preprocessing == mlx-vlm's processor
-    ids_equal: bool  # the spliced prompt ids == mlx-vlm's
-    embeddings_equal: bool  # the merged rows == mlx-vlm's get_input_embeddings
-    image: np.ndarray  # the resized image the tower sees [H, W, 3] uint8
-    patch_size: int
-    soft_tokens: np.ndarray  # [T, D] the image's soft tokens (float32)
-    prompt_ids: list[int]
-    image_token_id: int
-    attention: np.ndarray  # [heads, P, P] of block `attention_layer`
-    attention_layer: int
-    grid_shape: tuple[int, int] = (0, 0)  # patches (rows, columns) of the image
-    run_id: Optional[str] = None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def bit_exact(self) -> bool:
-        return (all(v == 0.0 for v in self.stage_max.values()) and self.pixels_equal and self.ids_equal
-                and self.embeddings_equal)
-
-    def verdict(self) -> str:
-        if self.bit_exact:
-            return f"PASS: {len(self.stages)} stages bit-exact vs mlx-vlm, pixels, ids and merged rows equal"
-        first = next((s for s in self.stages if self.stage_max[s] != 0.0), None)
-        return (f"FAIL: first stage that differs: {first}; pixels equal: {self.pixels_equal}, ids equal: "
-                f"{self.ids_equal}, merged rows equal: {self.embeddings_equal}")
-
-    def require_pass(self) -> None:
-        if not self.bit_exact:
-            raise MlxbunError(self.verdict())
-
-    def table(self):
-        import pandas as pd
-
-        return pd.DataFrame({"stage": self.stages, "max_abs_diff": [self.stage_max[s] for s in self.stages],
-                             "patches_differing": [int((self.grids[s] > 0).sum()) for s in self.stages]})
 
 
 def oracle_stages(model, layout: VitLayout, pixel_values: mx.array, grid: Optional[mx.array], dtype,
@@ -158,30 +121,72 @@ def _patch_grid(diff: mx.array, order: Optional[np.ndarray], shape: tuple[int, i
     return grid.reshape(shape)
 
 
-def tower_bringup(checkpoint=None, *, tower_arch: str = "gemma3-vision", variant: str = "float32",
-                  image=None, prompt: Optional[str] = None, attention_layer: Optional[int] = None,
+def pick_media(path, media: Optional[str] = None) -> str:
+    """`media` checked ("image" | "audio"), or for None: "image" where the checkpoint holds a vision
+    tower mlxbun builds, else "audio" where it holds an audio tower (NoTowerError naming both
+    reasons where it holds neither)."""
+    if media is not None:
+        if media not in MEDIA:
+            raise NamingError(f"media {media!r}: the bring-up feeds a tower {' or '.join(MEDIA)}")
+        return media
+    try:
+        refuse_images(path)
+        return "image"
+    except NoTowerError as no_vision:
+        try:
+            refuse_audio(path)
+        except NoTowerError as no_audio:
+            raise NoTowerError(f"{path}: no tower to bring up ({no_vision}; {no_audio})") from None
+        return "audio"
+
+
+def tower_bringup(model="zoo:gemma3-vision", *, variant: str = "float32", media: Optional[str] = None,
+                  image=None, audio=None, prompt: Optional[str] = None, attention_layer: Optional[int] = None,
                   results_path=None, record: bool = True, zoo_root=None) -> TowerBringup:
-    """Hold `checkpoint`'s tower (default: the zoo's `tower_arch` in `variant`, a dtype name or
-    dtype-q4 / q8 / mixed) to mlx-vlm on `image` (default: matplotlib's sample photograph);
-    `prompt` None: the image alone, then "describe"."""
-    from mlx_vlm.utils import load, prepare_inputs
-
+    """Hold `model`'s tower (a model name, `mlxbun.names`: the tower zoo's `zoo:gemma3-vision`,
+    `zoo:gemma3n-audio`, `zoo:gemma4-towers`, ..., a checkpoint directory; `variant` fills in a zoo
+    name's weights) to mlx-vlm: its vision tower on `image` (default: matplotlib's sample
+    photograph) or its audio tower on `audio` (a WAV file or samples; default: a drawn chirp), as
+    `media` says (None: `pick_media`); `prompt` None: the media's placeholder, then a word."""
     from mlxbun.lab.recording import recording
-    from mlxbun.multimodal import open_vlm
-    from mlxbun.towers.images import load_image
-    from mlxbun.zoo.towers import cached_tower_checkpoint
 
-    if checkpoint is None:
-        dtype, _, quant = variant.partition("-q")
-        path = cached_tower_checkpoint(tower_arch, dtype=dtype, quant=quant or None, root=zoo_root)
+    path = model_path(model, variant=variant, zoo_root=zoo_root)
+    media = pick_media(path, media)
+    image = default_image() if image is None and media == "image" else image
+    if media == "audio":
+        alm = open_alm(path)  # NoTowerError before mlx-vlm loads anything
+        out = audio_bringup(alm, load_oracle(path), audio, prompt)
     else:
-        path = Path(checkpoint)
-    image = default_image() if image is None else image
-    vlm = open_vlm(path)
+        vlm = open_vlm(path)
+        bringup = {Gemma4ImageModel: gemma4_bringup, VisionLanguageModel: _vit_bringup}.get(type(vlm))
+        if bringup is None:  # the exact classes: a subclass's tower is another tower
+            raise UnsupportedModelError(f"{path}: the bring-up does not stage {type(vlm).__name__}'s tower")
+        out = bringup(vlm, load_oracle(path), image, prompt, attention_layer)
+    given = image if media == "image" else audio
+    params = {"model": str(model), "variant": variant, "media": media,
+              media: None if given is None else str(given) if isinstance(given, (str, os.PathLike)) else "in memory"}
+    with recording("tower_bringup", model=path, params=params, results_path=results_path, record=record) as run:
+        if run is not None:
+            out.run_id = run.run_id
+            for s in out.stages:
+                run.record("max_abs_diff", out.stage_max[s], unit="", stage=s)
+            run.record("bit_exact", float(out.bit_exact), unit="bool")
+            run.record("soft_tokens", float(out.prompt_ids.count(out.token_id)), unit="tokens")
+    return out
+
+
+def _vit_bringup(vlm: VisionLanguageModel, oracle, image, prompt: Optional[str] = None,
+                 attention_layer: Optional[int] = None) -> TowerBringup:
+    """Hold a ViT-shaped tower (towers/vit.py: SigLIP, Qwen-VL, Pixtral, LFM2-VL) to mlx-vlm's
+    (`oracle`: its model and processor) on `image`; `prompt` None: the image alone, then "describe"."""
+    from mlx_vlm.utils import prepare_inputs
+
+    from mlxbun.towers.images import load_image
+
+    model, processor = oracle
     v = vlm.vision
     pil = load_image(image)
     text = vlm.placeholders("describe" if prompt is None else prompt, 1)  # the image's placeholders written out
-    model, processor = load(str(path))
     ref = prepare_inputs(processor, images=[pil], prompts=[text], add_special_tokens=True)
     ours = vlm.prepare(text, [pil])
     dtype = vlm.text_model.embed_tokens(ours.ids[:1][None]).dtype
@@ -236,22 +241,12 @@ def tower_bringup(checkpoint=None, *, tower_arch: str = "gemma3-vision", variant
         attn = attn[:, :n, :n][:, inv][:, :, inv]
     features = ours.features[0] if ours.features.ndim == 3 else ours.features
     features = features[: token_shape[0] * token_shape[1]]
-    out = TowerBringup(
-        path=path, stages=stages, grids=grids, stage_max={s: float(g.max()) for s, g in grids.items()},
-        pixels_equal=bool(mx.array_equal(ours.pixel_values, ref["pixel_values"])),
+    return TowerBringup(
+        path=vlm.path, media="image", stages=stages, grids=grids,
+        stage_max={s: float(g.max()) for s, g in grids.items()},
+        inputs_equal=bool(mx.array_equal(ours.pixel_values, ref["pixel_values"])),
         ids_equal=ours.ids.tolist() == ref["input_ids"][0].tolist(),
         embeddings_equal=bool(mx.array_equal(ours.embeddings, merged.inputs_embeds)),
-        image=resized, patch_size=v.tower.config.patch_size,
-        soft_tokens=np.array(features.astype(mx.float32)), prompt_ids=ours.ids.tolist(),
-        image_token_id=v.image_token_id, attention=attn, attention_layer=layer, grid_shape=shape)
-    params = {"tower_arch": tower_arch, "variant": variant, "image": str(image) if not hasattr(image, "size") else "PIL",
-              "checkpoint": None if checkpoint is None else str(checkpoint)}
-    with recording("tower_bringup", model=path, params=params, results_path=results_path, record=record) as run:
-        if run is not None:
-            out.run_id = run.run_id
-            for s in stages:
-                run.record("max_abs_diff", out.stage_max[s], unit="", stage=s)
-            run.record("bit_exact", float(out.bit_exact), unit="bool")
-            run.record("soft_tokens", float(ours.soft_tokens), unit="tokens")
-    return out
+        soft_tokens=np.array(features.astype(mx.float32)), prompt_ids=ours.ids.tolist(), token_id=v.image_token_id,
+        image=resized, patch_size=v.tower.config.patch_size, attention=attn, attention_layer=layer, grid_shape=shape)
 

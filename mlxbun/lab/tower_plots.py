@@ -1,6 +1,7 @@
 """The tower bring-up's figures (experiments/tower_bringup.py): the image with its patch grid,
 per-stage diffs over the patch grid, the soft tokens and where they sit in the prompt, attention
-maps. Each returns a matplotlib Figure (lab.plots.show displays it)."""
+maps; for an audio tower, the clip's log-mel frames and per-stage diffs over the frames. Each
+returns a matplotlib Figure (lab.plots.show displays it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 
 from mlxbun.lab.plots import cmap, figure
 
-__all__ = ["attention_plot", "patch_grid_plot", "soft_tokens_plot", "stage_diff_grids"]
+__all__ = ["attention_plot", "frame_diff_plot", "mel_plot", "patch_grid_plot", "soft_tokens_plot",
+           "stage_diff_grids"]
 
 
 def patch_grid_plot(image: np.ndarray, patch: int, title: str = "the image as the tower sees it"):
@@ -94,5 +96,41 @@ def attention_plot(attention: np.ndarray, query: int | None = None, title: str =
         for ax in axes[:, h]:
             ax.set_xticks([])
             ax.set_yticks([])
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def mel_plot(mel: np.ndarray, mask: np.ndarray | None = None, title: str = "the clip's log-mel frames"):
+    """The log-mel features [frames, bins] (time across, mel bins up), padded frames hatched."""
+    fig = figure(8, 3.2)
+    ax = fig.subplots()
+    im = ax.imshow(mel.T, aspect="auto", origin="lower", cmap=cmap("magma"), interpolation="nearest")
+    if mask is not None and not mask.all():
+        first = int(np.argmin(mask)) if mask[0] else 0
+        ax.axvspan(first - 0.5, len(mask) - 0.5, color="white", alpha=0.35, hatch="//", label="padding")
+        ax.legend(loc="upper right", fontsize=7)
+    ax.set_xlabel("frame")
+    ax.set_ylabel("mel bin")
+    fig.colorbar(im, ax=ax, label="log-mel")
+    ax.set_title(title)
+    return fig
+
+
+def frame_diff_plot(grids: dict, title: str = "max |mlxbun - mlx-vlm| per frame, stage by stage"):
+    """One strip per stage over its frames ([1, T] each: the subsampled frames, the tower's output,
+    the embedder's soft tokens); an all-zero stage is annotated 'bit-exact'."""
+    names = list(grids)
+    fig = figure(8, 0.75 * len(names) + 1.2)
+    axes = np.atleast_1d(fig.subplots(len(names), 1))
+    vmax = max(float(g.max()) for g in grids.values()) or 1.0
+    for ax, name in zip(axes, names):
+        g = np.atleast_2d(grids[name])
+        im = ax.imshow(g, aspect="auto", cmap=cmap("magma"), vmin=0, vmax=vmax, interpolation="nearest")
+        ax.set_yticks([])
+        ax.set_ylabel(name, rotation=0, ha="right", va="center", fontsize=8)
+        ax.text(1.01, 0.5, "bit-exact" if g.max() == 0 else f"max {g.max():.3g}", transform=ax.transAxes,
+                fontsize=7, va="center")
+    axes[-1].set_xlabel("frame (each stage's own rate)")
+    fig.colorbar(im, ax=list(axes), shrink=0.8, label="max |diff|", pad=0.12)
     fig.suptitle(title, fontsize=10)
     return fig

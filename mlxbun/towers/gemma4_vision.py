@@ -131,14 +131,26 @@ class Attention(nn.Module):
         self.o_proj = ClippableLinear(self.heads * self.head_dim, d, clip)
         self.q_norm, self.k_norm = HeadNorm(self.head_dim), HeadNorm(self.head_dim)
 
-    def __call__(self, x: mx.array, positions: mx.array, mask: mx.array) -> mx.array:
+    def queries_keys(self, x: mx.array, positions: mx.array) -> tuple[mx.array, mx.array]:
+        """q [B, L, heads, D] and k [B, L, kv heads, D], normed and rotated."""
         b, n, _ = x.shape
         q = self.q_norm(self.q_proj(x).reshape(b, n, self.heads, self.head_dim))
         k = self.k_norm(self.k_proj(x).reshape(b, n, self.kv_heads, self.head_dim))
+        return _rope_2d(q, positions, self.base), _rope_2d(k, positions, self.base)
+
+    def __call__(self, x: mx.array, positions: mx.array, mask: mx.array) -> mx.array:
+        b, n, _ = x.shape
+        q, k = self.queries_keys(x, positions)
         v = _norm32(self.v_proj(x).reshape(b, n, self.kv_heads, self.head_dim), 1e-6)
-        q, k = _rope_2d(q, positions, self.base), _rope_2d(k, positions, self.base)
         out = _sdpa(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), 1.0, mask, pad=True)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+
+    def probabilities(self, x: mx.array, positions: mx.array) -> mx.array:
+        """softmax(q k^T) [B, heads, L, L] in float32 (scale 1.0, every patch seen: the tower's one-size
+        images have no padding), for pictures; the forward runs the fused SDPA."""
+        q, k = (a.astype(mx.float32).transpose(0, 2, 1, 3) for a in self.queries_keys(x, positions))
+        k = mx.repeat(k, self.heads // self.kv_heads, axis=1)
+        return mx.softmax(q @ k.transpose(0, 1, 3, 2), axis=-1)
 
 
 class Mlp(nn.Module):
@@ -200,16 +212,34 @@ class Gemma4VisionTower(nn.Module):
         if c.get("standardize"):
             self.std_bias, self.std_scale = mx.zeros((c["hidden_size"],)), mx.ones((c["hidden_size"],))
 
-    def __call__(self, pixels: mx.array, taps: Optional[list] = None) -> mx.array:
-        c = self.config
+    def _start(self, pixels: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """(the patch embeddings, the patches' (x, y) positions, the all-visible mask)."""
         b, _, h, w = pixels.shape
-        p, k = c["patch_size"], c["pooling_kernel_size"]
+        p = self.config["patch_size"]
         gx, gy = np.meshgrid(np.arange(w // p), np.arange(h // p), indexing="xy")
         positions = mx.array(np.tile(np.stack([gx.flatten(), gy.flatten()], -1).astype(np.int32)[None], (b, 1, 1)))
         n = positions.shape[1]
         x = self.patch_embedder(pixels, positions)
         zero = mx.array(0.0, dtype=x.dtype)
         mask = mx.expand_dims(mx.where(mx.ones((b, n, n), dtype=mx.bool_), zero, mx.array(-1e4, dtype=x.dtype)), 1)
+        return x, positions, mask
+
+    def attention_maps(self, pixels: mx.array, layer: Optional[int] = None) -> mx.array:
+        """Attention weights [B, heads, patches, patches] of block `layer` (default: the last)."""
+        layers = self.encoder.layers
+        layer = len(layers) - 1 if layer is None else layer
+        if not 0 <= layer < len(layers):
+            raise IndexError(f"layer {layer} outside the tower's {len(layers)} blocks")
+        x, positions, mask = self._start(pixels)
+        for block in layers[:layer]:
+            x = block(x, positions, mask)
+        return layers[layer].self_attn.probabilities(layers[layer].input_layernorm(x), positions)
+
+    def __call__(self, pixels: mx.array, taps: Optional[list] = None) -> mx.array:
+        c = self.config
+        k = c["pooling_kernel_size"]
+        x, positions, mask = self._start(pixels)
+        n = positions.shape[1]
         if taps is not None:
             taps.append(x)
         for layer in self.encoder.layers:
