@@ -98,6 +98,17 @@ def zoo(zoo_root):
     return get
 
 
+@pytest.fixture(scope="session")
+def tower_ckpt(zoo):
+    """`tower_ckpt(dtype="float32", quant=None, arch="gemma3-vision") -> Path`: a tower zoo checkpoint
+    (mlxbun.zoo.towers: a VLM with its towers, which the zoo builds under its name, `zoo:ARCH`)."""
+
+    def get(dtype: str = "float32", quant=None, arch: str = "gemma3-vision") -> Path:
+        return zoo(arch, quant=quant, dtype=dtype)
+
+    return get
+
+
 def nan_weight_copy(src: Path, dst: Path, param: str) -> Path:
     """A copy of checkpoint `src` with the first element of tensor `param` overwritten by NaN
     (single-file or sharded: the shard that holds it is rewritten)."""

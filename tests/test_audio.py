@@ -54,16 +54,6 @@ def wavs(run_tmp) -> list[Path]:
             _write_wav(run_tmp / "audio-noise.wav", noise), _write_wav(run_tmp / "audio-stereo.wav", stereo)]
 
 
-@pytest.fixture(scope="session")
-def audio_ckpt(zoo_root):
-    from mlxbun.zoo.towers import cached_tower_checkpoint
-
-    def get(dtype="float32", quant=None, arch=ARCH) -> Path:
-        return cached_tower_checkpoint(arch, dtype=dtype, quant=quant, root=zoo_root)
-
-    return get
-
-
 _LOADED: dict = {}
 
 
@@ -112,8 +102,8 @@ def _prompt_logits_equal(alm, model, ref, emb, ours):
 
 
 @pytest.mark.parametrize("dtype,quant", VARIANTS, ids=[f"{d}-{q}" for d, q in VARIANTS])
-def test_audio_tower_splice_merge_and_logits_are_bit_exact(audio_ckpt, wavs, dtype, quant):
-    alm, model, processor = _both(audio_ckpt(dtype, quant))
+def test_audio_tower_splice_merge_and_logits_are_bit_exact(tower_ckpt, wavs, dtype, quant):
+    alm, model, processor = _both(tower_ckpt(dtype, quant, ARCH))
     ref = _oracle_inputs(processor, wavs[:2])
     ours = alm.prepare(PROMPT, wavs[:2])
     # the processor: spliced ids, log-mel frames and their mask; the soft-token count
@@ -143,12 +133,12 @@ def test_audio_tower_splice_merge_and_logits_are_bit_exact(audio_ckpt, wavs, dty
 
 
 @pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 4)], ids=["float32", "bf16-q4"])
-def test_audio_greedy_generation_is_bit_exact(audio_ckpt, wavs, dtype, quant):
+def test_audio_greedy_generation_is_bit_exact(tower_ckpt, wavs, dtype, quant):
     """mlx-vlm's generate_step and mlxbun's stream_generate, greedy: the same tokens and bit-equal
     log-probabilities (decoding runs mlx-vlm's gemma3n composition too: AudioLanguageModel.hidden_kw)."""
     from mlx_vlm.generate.ar import generate_step
 
-    alm, model, processor = _both(audio_ckpt(dtype, quant))
+    alm, model, processor = _both(tower_ckpt(dtype, quant, ARCH))
     ref = _oracle_inputs(processor, wavs[:2])
     theirs = list(generate_step(ref["input_ids"], model, None, ref["attention_mask"], max_tokens=6,
                                 temperature=0.0, input_features=ref["input_features"],
@@ -159,8 +149,8 @@ def test_audio_greedy_generation_is_bit_exact(audio_ckpt, wavs, dtype, quant):
         assert mx.array_equal(a, b)
 
 
-def test_stereo_clip_and_a_prompt_without_placeholders_match_the_processor(audio_ckpt, wavs):
-    alm, model, processor = _both(audio_ckpt())
+def test_stereo_clip_and_a_prompt_without_placeholders_match_the_processor(tower_ckpt, wavs):
+    alm, model, processor = _both(tower_ckpt(arch=ARCH))
     ref = _oracle_inputs(processor, wavs[2:], f"{AUDIO}what is this")
     ours = alm.prepare("what is this", wavs[2:])  # the placeholder goes first (one a clip, as for an empty text)
     assert ours.ids.tolist() == ref["input_ids"][0].tolist() and ours.n_clips == 1
@@ -173,8 +163,8 @@ def test_stereo_clip_and_a_prompt_without_placeholders_match_the_processor(audio
 # ------------------------------------------------------------------ bad input: one named error each
 
 
-def test_bad_wavs_are_refused_by_name(audio_ckpt, wavs, tmp_path):
-    alm, _, _ = _both(audio_ckpt())
+def test_bad_wavs_are_refused_by_name(tower_ckpt, wavs, tmp_path):
+    alm, _, _ = _both(tower_ckpt(arch=ARCH))
     good = wavs[0].read_bytes()
     cut_data = tmp_path / "cut.wav"
     cut_data.write_bytes(good[: len(good) // 2])
@@ -198,12 +188,12 @@ def test_bad_wavs_are_refused_by_name(audio_ckpt, wavs, tmp_path):
         alm.prepare(AUDIO, [tmp_path / "missing.wav"] * (MAX_CLIPS + 1))  # before any file is read
 
 
-def test_audio_on_a_checkpoint_without_an_audio_tower_is_refused(audio_ckpt, zoo_root):
+def test_audio_on_a_checkpoint_without_an_audio_tower_is_refused(tower_ckpt, zoo_root):
     from mlxbun.multimodal import refuse_audio
     from mlxbun.zoo import cached_checkpoint
 
     with pytest.raises(NoTowerError, match="gemma3 is a model without an audio tower"):
-        refuse_audio(audio_ckpt("float32", None, "gemma3-vision"))
+        refuse_audio(tower_ckpt("float32", None, "gemma3-vision"))
     with pytest.raises(NoTowerError, match="llama is a model without an audio tower"):
         open_alm(cached_checkpoint("llama", root=zoo_root))
     with pytest.raises(NoTowerError, match="holds no audio_tower"):  # gemma3n's text-only build
@@ -213,8 +203,8 @@ def test_audio_on_a_checkpoint_without_an_audio_tower_is_refused(audio_ckpt, zoo
 # ------------------------------------------------------------------ the CLI
 
 
-def test_cli_generate_with_audio_equals_the_api(audio_ckpt, wavs, capsys):
-    path = audio_ckpt()
+def test_cli_generate_with_audio_equals_the_api(tower_ckpt, wavs, capsys):
+    path = tower_ckpt(arch=ARCH)
     code = cli.main(["generate", "--model", str(path), "--audio", str(wavs[0]), "--audio", str(wavs[1]),
                      "--prompt", PROMPT, "--max-tokens", "5", "--json"])
     out = json.loads(capsys.readouterr().out)
@@ -234,14 +224,15 @@ def test_cli_generate_with_audio_equals_the_api(audio_ckpt, wavs, capsys):
     (["--fast"], "--fast with --audio"),
     (["--engine", "mlx-lm"], "mlxbun's engine only"),
 ])
-def test_cli_audio_refusals_are_one_line(audio_ckpt, wavs, capsys, monkeypatch, extra, message):
+def test_cli_audio_refusals_are_one_line(tower_ckpt, wavs, capsys, monkeypatch, extra, message):
     import mlxbun.multimodal as mm
 
     def no_load(*a, **k):
         raise AssertionError("the model loaded")
 
     monkeypatch.setattr(mm, "open_alm", no_load)
-    args = ["generate", "--model", str(audio_ckpt()), "--audio", str(wavs[0]), "--prompt", "x", "--max-tokens", "2"]
+    args = ["generate", "--model", str(tower_ckpt(arch=ARCH)), "--audio", str(wavs[0]), "--prompt", "x",
+            "--max-tokens", "2"]
     code = cli.main(args + extra)
     err = capsys.readouterr().err
     assert code == 1 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -260,10 +251,10 @@ def _g4_clip(n: int) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * 440 * np.arange(n) / RATE)).astype(np.float32)
 
 
-def _g4(audio_ckpt, dtype="float32", quant=None):
+def _g4(tower_ckpt, dtype="float32", quant=None):
     from mlx_vlm.utils import load
 
-    path = audio_ckpt(dtype, quant, G4)
+    path = tower_ckpt(dtype, quant, G4)
     if path not in _LOADED:
         model, processor = load(str(path))
         _LOADED[path] = (open_alm(path), model, processor)
@@ -271,10 +262,10 @@ def _g4(audio_ckpt, dtype="float32", quant=None):
 
 
 @pytest.mark.parametrize("dtype,quant", G4_VARIANTS, ids=[f"{d}-{q}" for d, q in G4_VARIANTS])
-def test_gemma4_audio_tower_splice_merge_and_logits_are_bit_exact(audio_ckpt, dtype, quant):
+def test_gemma4_audio_tower_splice_merge_and_logits_are_bit_exact(tower_ckpt, dtype, quant):
     from mlx_vlm.utils import prepare_inputs
 
-    alm, model, processor = _g4(audio_ckpt, dtype, quant)
+    alm, model, processor = _g4(tower_ckpt, dtype, quant)
     clip, prompt = _g4_clip(9600), f"hi {G4_AUDIO} there"  # 600 ms: 15 tokens, 15 encodings
     ref = prepare_inputs(processor, audio=[clip], prompts=[prompt], add_special_tokens=True)
     ours = alm.prepare(prompt, [clip])
@@ -298,11 +289,11 @@ def test_gemma4_audio_tower_splice_merge_and_logits_are_bit_exact(audio_ckpt, dt
 
 
 @pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 8)], ids=["float32", "bf16-q8"])
-def test_gemma4_audio_greedy_generation_is_bit_exact(audio_ckpt, dtype, quant):
+def test_gemma4_audio_greedy_generation_is_bit_exact(tower_ckpt, dtype, quant):
     from mlx_vlm.generate.ar import generate_step
     from mlx_vlm.utils import prepare_inputs
 
-    alm, model, processor = _g4(audio_ckpt, dtype, quant)
+    alm, model, processor = _g4(tower_ckpt, dtype, quant)
     clip, prompt = _g4_clip(9600), f"hi {G4_AUDIO} there"
     ref = prepare_inputs(processor, audio=[clip], prompts=[prompt], add_special_tokens=True)
     theirs = list(generate_step(ref["input_ids"], model, None, ref["attention_mask"], max_tokens=5,
@@ -314,10 +305,10 @@ def test_gemma4_audio_greedy_generation_is_bit_exact(audio_ckpt, dtype, quant):
         assert mx.array_equal(a, b)
 
 
-def test_gemma4_clips_whose_tokens_and_encodings_disagree_are_refused(audio_ckpt):
+def test_gemma4_clips_whose_tokens_and_encodings_disagree_are_refused(tower_ckpt):
     """mlx-vlm's processor gives a clip ceil(ms / 40) tokens (at most audio_seq_length) and its merge
     lays the tower's encodings over them in order, wrapping around where the counts differ."""
-    alm, _, _ = _g4(audio_ckpt)
+    alm, _, _ = _g4(tower_ckpt)
     with pytest.raises(AudioCountError, match=r"take \[11\] audio tokens but the tower gives 10"):
         alm.prepare(G4_AUDIO, [_g4_clip(6500)])
     with pytest.raises(AudioCountError, match="padded to the longest"):
@@ -326,14 +317,14 @@ def test_gemma4_clips_whose_tokens_and_encodings_disagree_are_refused(audio_ckpt
         alm.prepare(G4_AUDIO, [_g4_clip(2 * RATE)])
 
 
-def test_cli_generates_from_gemma4_audio(audio_ckpt, run_tmp, capsys):
+def test_cli_generates_from_gemma4_audio(tower_ckpt, run_tmp, capsys):
     wav = _write_wav(run_tmp / "audio-g4.wav", _g4_clip(9600).astype(np.float64))
-    path = audio_ckpt("float32", None, G4)
+    path = tower_ckpt("float32", None, G4)
     code = cli.main(["generate", "--model", str(path), "--audio", str(wav), "--prompt", f"hi {G4_AUDIO}",
                      "--max-tokens", "4", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
-    alm, _, _ = _g4(audio_ckpt)
+    alm, _, _ = _g4(tower_ckpt)
     prompt = alm.prepare(f"hi {G4_AUDIO}", [wav])
     assert out["prompt_ids"] == prompt.ids.tolist() and out["soft_tokens"] == 15 and out["audio_clips"] == 1
     assert out["tokens"] == [r.token for r in stream_generate(alm, prompt, max_tokens=4)]

@@ -20,7 +20,6 @@ from mlxbun.experiments.tower_bringup import oracle_stages, patch_order
 from mlxbun.towers.knobs import VitLayout
 from mlxbun.towers.errors import ImageCountError, ImageTruncated, ImageUnreadable, NoTowerError, TooManyImages
 
-ARCH = "gemma3-vision"
 # (dtype, quant): every variant mlx_vlm.convert writes for the tiny checkpoint (towers in the dtype)
 VARIANTS = [("float32", None), ("float16", None), ("bfloat16", None), ("float32", 4), ("bfloat16", 8),
             ("float32", "mixed")]
@@ -45,16 +44,6 @@ def images(run_tmp) -> list[str]:
         y, x = np.mgrid[0:37, 0:90]
         Image.fromarray(((x * 3 + y * 5) % 256).astype(np.uint8), mode="L").save(drawn)
     return [_sample("grace_hopper.jpg"), _sample("logo2.png"), str(drawn)]
-
-
-@pytest.fixture(scope="session")
-def tower_ckpt(zoo_root):
-    from mlxbun.zoo.towers import cached_tower_checkpoint
-
-    def get(dtype="float32", quant=None, arch=ARCH) -> Path:
-        return cached_tower_checkpoint(arch, dtype=dtype, quant=quant, root=zoo_root)
-
-    return get
 
 
 _LOADED: dict = {}
