@@ -449,7 +449,12 @@ def open_vlm(path):
         vision = open_gemma4_vision(path, _read_config(path), _gemma4_vision_index(path))
         return Gemma4ImageModel(open_model(path), load_tokenizer(path), vision, path)
     vision = open_vision(path)
-    model = open_model(path)
+    if vision.descriptor.model_type == "kimi_vl":  # mlx-vlm's own text model beside its tower
+        from mlxbun.towers.kimi_vl_text import open_kimi_vl_text
+
+        model = open_kimi_vl_text(path)
+    else:
+        model = open_model(path)
     if not hasattr(model, "embed_tokens"):
         raise NoTowerError(f"{path}: its text graph ({type(model).__name__}) takes no input embeddings")
     return VisionLanguageModel(model, load_tokenizer(path), vision, path)

@@ -134,6 +134,19 @@ class ClampedSwiGLU(nn.Module):
         return clamped_swiglu(x, gate, self.limit)
 
 
+@partial(mx.compile, shapeless=True)
+def clipped_silu(x, gate):
+    """mlx-vlm's kimi_vl clipped_silu (compiled, shapeless): silu(gate) clipped to +-100, times x."""
+    return mx.clip(gate * mx.sigmoid(gate), a_min=-100, a_max=100) * x
+
+
+class ClippedSiLU(nn.Module):
+    """mlx-vlm's kimi_vl experts' activation (`activation(x_up, x_gate)` in SwitchGLU's tree)."""
+
+    def __call__(self, x, gate):
+        return clipped_silu(x, gate)
+
+
 # mlx-lm's SwitchGLU default `activation=SwiGLU()` is one instance shared by every SwitchGLU;
 # mlxbun shares one too, so taps record its calls under the same paths on both sides.
 _SHARED_SWIGLU = SwiGLU()

@@ -15,8 +15,8 @@ import numpy as np
 
 from mlxbun.towers.errors import ImageTruncated, ImageUnreadable
 
-__all__ = ["ImageProcessorSpec", "Pixels", "load_image", "preprocess", "preprocess_any", "preprocess_lfm2",
-           "preprocess_pixtral", "preprocess_qwen", "read_processor_spec", "smart_resize"]
+__all__ = ["ImageProcessorSpec", "Pixels", "load_image", "preprocess", "preprocess_any", "preprocess_kimi",
+           "preprocess_lfm2", "preprocess_pixtral", "preprocess_qwen", "read_processor_spec", "smart_resize"]
 
 ImageSource = Union[str, Path, "PIL.Image.Image"]  # noqa: F821
 
@@ -28,6 +28,9 @@ QWEN_TYPES = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImag
 PIXTRAL_TYPES = ("PixtralImageProcessor", "PixtralImageProcessorFast")
 LFM2_TYPES = ("Lfm2VlImageProcessor", "Lfm2VlImageProcessorFast", "Siglip2ImageProcessor",
               "Siglip2ImageProcessorFast")
+KIMI_TYPES = ("KimiVLImageProcessor",)
+# OpenAI CLIP's mean and deviation (the Pixtral and Kimi-VL processors' defaults)
+_CLIP_MEAN, _CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 # mlx-vlm applies the official LFM2-VL tiling whatever the checkpoint's files say
 _LFM2_SPLITTING = {"do_image_splitting": True, "min_tiles": 2, "max_tiles": 10, "use_thumbnail": True}
 
@@ -58,6 +61,7 @@ class ImageProcessorSpec:
     tiling: tuple = ()  # (tile_size, min_image_tokens, max_image_tokens, max_pixels_tolerance, min_tiles,
     #                      max_tiles, use_thumbnail, do_image_splitting)
     max_num_patches: int = 0
+    in_token_limit: int = 0  # Kimi-VL (kind "kimi_vl"): patches past which an image is scaled down
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,8 @@ def read_processor_spec(path: Path) -> ImageProcessorSpec:
         return _pixtral_spec(path, cfg)
     if kind in LFM2_TYPES:
         return _lfm2_spec(path)
+    if kind in KIMI_TYPES:
+        return _kimi_spec(path)
     if kind not in _PROCESSOR_TYPES:
         raise ConfigError(f"{f}: image_processor_type {kind!r}; mlxbun reproduces "
                           f"{', '.join(_PROCESSOR_TYPES + QWEN_TYPES)}")
@@ -158,8 +164,7 @@ def _pixtral_spec(path: Path, raw: dict) -> ImageProcessorSpec:
     return ImageProcessorSpec(
         cfg.get("image_processor_type", "PixtralImageProcessor"), height, width, int(cfg.get("resample", 3)),
         float(cfg.get("rescale_factor", 1 / 255)),
-        tuple(cfg.get("image_mean") or (0.48145466, 0.4578275, 0.40821073)),
-        tuple(cfg.get("image_std") or (0.26862954, 0.26130258, 0.27577711)),
+        tuple(cfg.get("image_mean") or _CLIP_MEAN), tuple(cfg.get("image_std") or _CLIP_STD),
         bool(cfg.get("do_resize", True)), bool(cfg.get("do_rescale", True)), bool(cfg.get("do_normalize", True)),
         bool(cfg.get("do_convert_rgb", True)), kind="pixtral", patch_size=patch * merge, merge_size=merge)
 
@@ -311,15 +316,69 @@ def preprocess_lfm2(images: Sequence, spec: ImageProcessorSpec) -> Pixels:
     return Pixels(np.stack(values), np.array(shapes, dtype=np.int32), np.stack(masks), tuple(layouts))
 
 
+def _kimi_spec(path: Path) -> ImageProcessorSpec:
+    """mlx-vlm's KimiVLProcessor.from_pretrained: patch_size and merge_kernel_size from config.json's
+    vision_config (mlx-vlm's defaults 14, [2, 2]), the rest its class defaults whatever
+    preprocessor_config.json says (CLIP's mean and deviation, 4096 patches, no padding)."""
+    from mlxbun.errors import ConfigError
+
+    f = Path(path) / "config.json"
+    vision = json.loads(f.read_text(encoding="utf-8")).get("vision_config") or {}
+    kernel = list(vision.get("merge_kernel_size") or [vision.get("spatial_merge_size", 2)] * 2)
+    if len(kernel) != 2 or kernel[0] != kernel[1]:
+        raise ConfigError(f"{f}: merge_kernel_size {kernel}: mlxbun takes square merge windows")
+    return ImageProcessorSpec("KimiVLImageProcessor", 0, 0, 3, 1 / 255, _CLIP_MEAN, _CLIP_STD,
+                              kind="kimi_vl", patch_size=int(vision.get("patch_size", 14)),
+                              merge_size=int(kernel[0]), in_token_limit=4096)
+
+
+def _kimi_one(image, spec: ImageProcessorSpec) -> tuple[np.ndarray, tuple[int, int]]:
+    """KimiVLImageProcessor._preprocess: bicubic shrink past the patch limit, centre crop to whole
+    merge windows, /255 and normalize in float32, cut into [patches, 3, P, P] row-major."""
+    from PIL import Image
+
+    from mlxbun.towers.errors import MediaError
+
+    p, side = spec.patch_size, spec.patch_size * spec.merge_size
+    w, h = image.size
+    if (w // p) * (h // p) > spec.in_token_limit:
+        scale = math.sqrt(spec.in_token_limit / ((w // p) * (h // p)))
+        image = image.resize((int(w * scale), int(h * scale)), Image.Resampling.BICUBIC)
+    w, h = image.size
+    cw, ch = w - w % side, h - h % side
+    if cw == 0 or ch == 0:
+        raise MediaError(f"an image of {w}x{h}: smaller than one {side}x{side} merge window, which Kimi-VL's "
+                         "processor crops every image to")
+    if cw // p >= 512 or ch // p >= 512:
+        raise MediaError(f"an image of {w}x{h}: {cw // p}x{ch // p} patches, past the 512 a side of Kimi-VL's "
+                         "rotary table")
+    left, top = (w - cw) // 2, (h - ch) // 2
+    x = np.asarray(image.crop((left, top, left + cw, top + ch)).convert("RGB"), dtype=np.float32) / np.float32(255.0)
+    x = x.transpose(2, 0, 1)
+    x = (x - np.array(spec.image_mean, dtype=np.float32).reshape(3, 1, 1)) / \
+        np.array(spec.image_std, dtype=np.float32).reshape(3, 1, 1)
+    patches = x.reshape(3, ch // p, p, cw // p, p).transpose(1, 3, 0, 2, 4).reshape(-1, 3, p, p)
+    return patches, (ch // p, cw // p)
+
+
+def preprocess_kimi(images: Sequence, spec: ImageProcessorSpec) -> Pixels:
+    """mlx-vlm's KimiVLImageProcessor: every image's patches [patches, 3, P, P] float32 in one
+    array, image_grid_hws [N, 2] (rows, columns of patches)."""
+    done = [_kimi_one(i, spec) for i in images]
+    return Pixels(np.concatenate([p for p, _ in done], axis=0), np.array([g for _, g in done], dtype=np.int32))
+
+
 def preprocess_any(images: Sequence, spec: ImageProcessorSpec) -> Pixels:
     """The processor's output for `images`, by its kind: fixed-size, Qwen2-VL (image_grid_thw),
-    Pixtral (image sizes) or LFM2-VL (views, masks, layouts)."""
+    Pixtral (image sizes), LFM2-VL (views, masks, layouts) or Kimi-VL (patches, image_grid_hws)."""
     if spec.kind == "qwen_vl":
         return Pixels(*preprocess_qwen(images, spec))
     if spec.kind == "pixtral":
         return Pixels(*preprocess_pixtral(images, spec))
     if spec.kind == "lfm2":
         return preprocess_lfm2(images, spec)
+    if spec.kind == "kimi_vl":
+        return preprocess_kimi(images, spec)
     return Pixels(preprocess(images, spec))
 
 

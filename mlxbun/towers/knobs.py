@@ -22,6 +22,10 @@ class VitLayout(Enum):
     # ffn_norm, feed_forward}; each image's patch grid (its own size) cropped and concatenated into one
     # sequence [1, patches, D], a block-diagonal additive mask keeping each image to itself
     PIXTRAL = "pixtral"
+    # mlx-vlm's Kimi-VL MoonViT, its own module (towers/moonvit.py): patch_embed.{proj, pos_emb},
+    # blocks.i.{norm0, attn.{wqkv, wo}, norm1, mlp.{fc0, fc1}}, final_layernorm; every image's
+    # patches in one sequence [patches, D], each image attending within itself
+    MOONVIT = "moonvit"
 
 
 class PatchEmbed(Enum):
@@ -50,6 +54,10 @@ class Positions(Enum):
     # each view's patch grid, its padding rows the first position's, added to the patches; the
     # padding rows masked out of the attention
     LEARNED_RESIZED = "learned_resized"
+    # Kimi-VL's MoonViT: a learned square table bicubically resized to each image's grid (as is at
+    # its own size), added to the patches; a 2-D rotary on q / k in complex float32 (column and
+    # row frequencies interleaved)
+    MOONVIT = "moonvit"
 
 
 class VitAct(Enum):
@@ -96,6 +104,10 @@ class VisionKeys(Enum):
     QWEN3_VL = "qwen3_vl"
     # Siglip2 (lfm2-vl): SigLIP's keys, num_patches the position table's rows, no image_size
     SIGLIP2 = "siglip2"
+    # mlx-vlm's MoonViT config: depth, embed_dim (= hidden_size), num_heads, intermediate_size,
+    # patch_size, init_pos_emb_height (the table's side), merge_kernel_size (HF's
+    # num_hidden_layers / num_attention_heads are not its keys)
+    MOONVIT = "moonvit"
 
 
 class ProjectorKind(Enum):
@@ -116,6 +128,9 @@ class ProjectorKind(Enum):
     # qwen3_vl: LayerNorm per patch, 2x2 windows concatenated, linear_fc1 -> erf GELU -> linear_fc2
     # (the deepstack mergers beside it, in the tower, norm after the concatenation)
     QWEN3_MERGER = "qwen3_merger"
+    # kimi_vl: LayerNorm (1e-5) per patch, each 2x2 window's patches concatenated, linear_1 -> erf
+    # GELU -> linear_2
+    KIMI_VL = "kimi_vl"
 
 
 class MergeKind(Enum):

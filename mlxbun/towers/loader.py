@@ -17,6 +17,7 @@ from mlxbun.errors import ConfigError, LoadError
 from mlxbun.towers.errors import NoTowerError
 from mlxbun.towers.images import ImageProcessorSpec, read_processor_spec
 from mlxbun.towers.knobs import PatchEmbed, ProjectorKind, SpliceKind, TowerDescriptor, VisionKeys, VitAct, VitLayout
+from mlxbun.towers.moonvit import MoonVit, moonvit_names
 from mlxbun.towers.splice import image_sequence, tiles_sequence
 from mlxbun.towers.projectors import make_projector
 from mlxbun.towers.table import TOWERS, tower_for
@@ -33,7 +34,7 @@ class VisionStack:
     """A checkpoint's tower and projector with the numbers the splice and merge need."""
 
     descriptor: TowerDescriptor
-    tower: VitTower
+    tower: VitTower | MoonVit
     projector: nn.Module
     processor: ImageProcessorSpec
     tokens_per_image: int  # soft tokens per image (a fixed-size tower; 0: per image, from its grid)
@@ -72,10 +73,14 @@ class VisionStack:
 
     def token_shapes(self, grid) -> list[tuple[int, int]]:
         """Each image's soft tokens as rows x columns (a fixed-size tower: one row of
-        tokens_per_image; Qwen2-VL: its grid over the merge window; Pixtral: its size in patches)."""
+        tokens_per_image; Qwen2-VL: its grid over the merge window; Pixtral: its size in patches;
+        Kimi-VL: its (rows, columns) of patches over the merge window)."""
         layout = self.descriptor.vit.layout
         if layout is VitLayout.SIGLIP:
             return [(1, self.tokens_per_image)] * len(grid)
+        if layout is VitLayout.MOONVIT:
+            m = self.tower.config.spatial_merge_size
+            return [(int(h) // m, int(w) // m) for h, w in np.asarray(grid).tolist()]
         if layout is VitLayout.PIXTRAL:  # the processor's patch: the tower's x the projector's merge
             p = self.processor.patch_size
             return [(int(h) // p, int(w) // p) for h, w in np.asarray(grid).tolist()]
@@ -95,6 +100,8 @@ class VisionStack:
         layout = self.descriptor.vit.layout
         if layout is VitLayout.QWEN_VL:  # mlx-vlm casts to the patch embedding's dtype
             return pixels.astype(self.tower.patch_embed.proj.weight.dtype)
+        if layout is VitLayout.MOONVIT:  # channels last, not cast: mlx-vlm hands the conv its float32 patches
+            return pixels.transpose(0, 2, 3, 1)
         if layout is VitLayout.PIXTRAL:  # channels last, then the patch conv's dtype
             return pixels.transpose(0, 2, 3, 1).astype(self.tower.patch_conv.weight.dtype)
         if self.descriptor.vit.patch is PatchEmbed.LINEAR:  # packed patch rows, as the processor gives them
@@ -196,6 +203,8 @@ def _vit_config(d: TowerDescriptor, vision: Mapping) -> tuple[VitConfig, int | N
                              num_hidden_layers=v["num_hidden_layers"], num_attention_heads=v["num_attention_heads"],
                              patch_size=v["patch_size"], image_size=v["image_size"], num_channels=v["num_channels"],
                              layer_norm_eps=v["rms_norm_eps"], rope_theta=v["rope_theta"], head_dim=v["head_dim"]), None
+        if d.vision_keys is VisionKeys.MOONVIT:
+            return _moonvit_config(v), None
         if d.vision_keys is VisionKeys.QWEN3_VL:  # LayerNorm eps 1e-6 in its blocks
             return VitConfig(hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
                              num_hidden_layers=v["depth"], num_attention_heads=v["num_heads"],
@@ -218,6 +227,22 @@ def _vit_config(d: TowerDescriptor, vision: Mapping) -> tuple[VitConfig, int | N
         return c, int(v["hidden_size"] if qwen2 else v["out_hidden_size"])
     except KeyError as e:
         raise ConfigError(f"vision_config lacks {e.args[0]!r}") from None
+
+
+def _moonvit_config(v: Mapping) -> VitConfig:
+    """MoonViT's numbers under mlx-vlm's VisionConfig keys; HF's num_hidden_layers /
+    num_attention_heads (which mlx-vlm does not read) must agree with them."""
+    for hf, key in (("num_hidden_layers", "depth"), ("num_attention_heads", "num_heads")):
+        if hf in v and v[hf] != v[key]:
+            raise ConfigError(f"vision_config {hf} {v[hf]} but {key} {v[key]}: mlx-vlm's MoonViT reads {key}")
+    kernel = list(v.get("merge_kernel_size") or [v["spatial_merge_size"]] * 2)
+    if len(kernel) != 2 or kernel[0] != kernel[1] or v["embed_dim"] != v["hidden_size"]:
+        raise ConfigError(f"vision_config merge_kernel_size {kernel}, embed_dim {v['embed_dim']}, hidden_size "
+                          f"{v['hidden_size']}: mlxbun builds MoonViT with square merge windows and one width")
+    return VitConfig(hidden_size=v["embed_dim"], intermediate_size=v["intermediate_size"], num_hidden_layers=v["depth"],
+                     num_attention_heads=v["num_heads"], patch_size=v["patch_size"], image_size=v["image_size"],
+                     num_channels=v["num_channels"], layer_norm_eps=1e-6, spatial_merge_size=int(kernel[0]),
+                     num_position_embeddings=int(v["init_pos_emb_height"]))
 
 
 def _load(module: nn.Module, prefix: str, tensors: dict[str, mx.array], quantization, where: Path,
@@ -269,9 +294,10 @@ def open_vision(path, config: Mapping | None = None) -> VisionStack:
     vision = config["vision_config"]
     text = config.get("text_config") or config  # qwen2_vl's hub configs: the text keys at the top
     vc, out_width = _vit_config(d, vision)
-    tower = VitTower(vc, d.vit)
+    moonvit = d.vit.layout is VitLayout.MOONVIT
+    tower = MoonVit(vc) if moonvit else VitTower(vc, d.vit)
     top = {**_MLX_VLM_TOP_DEFAULTS, **d.top_defaults, **config}
-    tokens = 0 if d.vit.layout is VitLayout.QWEN_VL else int(text.get("mm_tokens_per_image", 256))
+    tokens = 0 if d.vit.layout in (VitLayout.QWEN_VL, VitLayout.MOONVIT) else int(text.get("mm_tokens_per_image", 256))
     mistral3 = d.projector is ProjectorKind.MISTRAL3  # its own eps (text's), merge and bias
     if d.projector is ProjectorKind.LFM2:
         if not top.get("projector_use_layernorm", True) or top.get("vision_feature_layer", -1) != -1:
@@ -292,6 +318,8 @@ def open_vision(path, config: Mapping | None = None) -> VisionStack:
                                hidden=int(top.get("projector_hidden_size", 2560)))
     names = [n for n in index.names() if n.startswith((d.tower_prefix + ".", d.projector_prefix + "."))]
     tensors = index.load(names)
+    if moonvit:  # HF's vision_tower.encoder.* and bare wqkv / wo, as mlx-vlm's sanitize moves them
+        tensors = {moonvit_names(k): w for k, w in tensors.items()}
     for conv in (f"{d.tower_prefix}.embeddings.patch_embedding.weight", f"{d.tower_prefix}.patch_embed.proj.weight",
                  f"{d.tower_prefix}.patch_conv.weight"):
         if conv in tensors:

@@ -9,8 +9,8 @@ import numpy as np
 
 from mlxbun.towers.knobs import ProjectorKind
 
-__all__ = ["Gemma3Projector", "LlavaProjector", "Lfm2Projector", "Mistral3Projector", "PatchMerger", "Qwen3Merger",
-           "make_projector"]
+__all__ = ["Gemma3Projector", "KimiProjector", "LlavaProjector", "Lfm2Projector", "Mistral3Projector", "PatchMerger",
+           "Qwen3Merger", "make_projector"]
 
 
 class Gemma3Projector(nn.Module):
@@ -176,6 +176,21 @@ class Lfm2Projector(nn.Module):
         return mx.concatenate(out, axis=0)
 
 
+class KimiProjector(nn.Module):
+    """mlx-vlm's KimiVLMultiModalProjector over the tower's [windows, merge**2, D]."""
+
+    def __init__(self, vision_hidden: int, text_hidden: int, merge: int):
+        super().__init__()
+        self.hidden_size = vision_hidden * merge ** 2
+        self.pre_norm = nn.LayerNorm(vision_hidden, eps=1e-5)
+        self.linear_1 = nn.Linear(self.hidden_size, self.hidden_size, bias=True)
+        self.linear_2 = nn.Linear(self.hidden_size, text_hidden, bias=True)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        h = self.pre_norm(x).reshape(-1, self.hidden_size)
+        return self.linear_2(nn.gelu(self.linear_1(h)))
+
+
 def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int, grid: int = 0,
                    tokens_per_image: int = 0, eps: float = 1e-6, merge: int = 1, patch: int = 0,
                    bias: bool = True, tanh: bool = False, hidden: int = 0) -> nn.Module:
@@ -191,4 +206,6 @@ def make_projector(kind: ProjectorKind, *, vision_hidden: int, text_hidden: int,
         return Qwen3Merger(vision_hidden, text_hidden, merge, tanh=tanh)
     if kind is ProjectorKind.MISTRAL3:
         return Mistral3Projector(vision_hidden, text_hidden, merge, patch, eps, bias)
+    if kind is ProjectorKind.KIMI_VL:
+        return KimiProjector(vision_hidden, text_hidden, merge)
     raise ValueError(f"no projector for {kind!r}")

@@ -127,6 +127,23 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
         placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}", text_positions=TextPositions.MROPE,
         notes="Qwen2.5-VL's windowed ViT + RMSNorm PatchMerger; the text side at mRoPE positions",
     ),
+    # mlx-vlm's kimi_vl: MoonViT (towers/moonvit.py: per-patch conv, a learned table bicubically
+    # resized to each image's grid, a complex 2-D rotary, each image attending within itself, 2x2
+    # windows gathered) and its LayerNorm -> linear -> GELU -> linear projector; the processor
+    # crops each image to whole 2x2 windows and the prompt's <|media_pad|> becomes one per window
+    TowerDescriptor(
+        "kimi_vl", vision_types=("moonvit",), tower_prefix="vision_tower", projector_prefix="multi_modal_projector",
+        vit=VitKnobs(layout=VitLayout.MOONVIT, positions=Positions.MOONVIT, act=VitAct.GELU),
+        projector=ProjectorKind.KIMI_VL, merge=MergeKind.IN_ORDER, splice=SpliceKind.REPEAT,
+        vision_keys=VisionKeys.MOONVIT,
+        vision_defaults={"depth": 27, "embed_dim": 1152, "hidden_size": 1152, "num_heads": 16,
+                         "intermediate_size": 4304, "image_size": 384, "patch_size": 14, "num_channels": 3,
+                         "init_pos_emb_height": 64, "spatial_merge_size": 2},
+        top_defaults={"media_placeholder_token_id": 163606},
+        image_token_key="media_placeholder_token_id", placeholder_key="media_placeholder_token_id",
+        lead="<|media_start|>image<|media_content|>{placeholder}<|media_end|>",
+        notes="Kimi-VL's MoonViT + its patch-window projector",
+    ),
 )}
 
 

@@ -181,6 +181,23 @@ def _lfm2_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
     cfg["text_config"]["vocab_size"] = vocab
 
 
+# tiny Kimi-VL MoonViT: 14-pixel patches, a 4x4 position table (a 56x56 image's grid, bicubically
+# resized to any other), two blocks of width 32 (head width 16 for its 2-D rotary) under mlx-vlm's
+# VisionConfig keys (depth, embed_dim, num_heads) and HF's beside them; 2x2 merge windows
+KIMI_VL_VISION = {"model_type": "moonvit", "depth": 2, "num_hidden_layers": 2, "embed_dim": 32, "hidden_size": 32,
+                  "num_heads": 2, "num_attention_heads": 2, "intermediate_size": 64, "patch_size": 14,
+                  "init_pos_emb_height": 4, "init_pos_emb_width": 4, "merge_kernel_size": [2, 2]}
+KIMI_VL_TOKENS = (("media_start", "<|media_start|>"), ("media_content", "<|media_content|>"),
+                  ("image_token", "<|media_pad|>"), ("media_end", "<|media_end|>"))
+
+
+def _kimi_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
+    vocab = max(ids.values()) + 1
+    cfg["vision_config"] = dict(KIMI_VL_VISION)
+    cfg.update(media_placeholder_token_id=ids["image_token"])
+    cfg["text_config"]["vocab_size"] = vocab
+
+
 def _qwen2_5_vl_fix(cfg: dict, ids: dict[str, int]) -> None:
     _qwen2_vl_fix(cfg, ids)
     cfg["model_type"] = "qwen2_5_vl"
@@ -333,6 +350,14 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
     TowerArch("qwen2_5_vl-vision", "qwen2_vl", media_tokens=QWEN_MEDIA_TOKENS, fix=_qwen2_5_vl_fix,
               preprocessor=_qwen_preprocessor("Qwen2_5_VLProcessor"),
               processor={"processor_class": "Qwen2_5_VLProcessor"}),
+    # kimi_vl: MoonViT over deepseek_v3's MLA / MoE text model (mlx-vlm's own kimi_vl copy of it);
+    # moonshotai/Kimi-VL-A3B-Instruct's preprocessor_config.json, which mlx-vlm's processor does not
+    # read (patch and merge from vision_config, CLIP's mean / deviation, 4096 patches)
+    TowerArch("kimi_vl-vision", "kimi_vl", media_tokens=KIMI_VL_TOKENS, fix=_kimi_vl_fix,
+              preprocessor={"image_processor_type": "KimiVLImageProcessor", "in_token_limit": 4096,
+                            "patch_size": 14, "pad_input": False, "image_mean": [0.5, 0.5, 0.5],
+                            "image_std": [0.5, 0.5, 0.5], "merge_kernel_size": [2, 2]},
+              processor={"processor_class": "KimiVLProcessor"}),
 )}
 
 

@@ -52,6 +52,7 @@ _GLU = exhaustive(ExpertKind, {
     ExpertKind.MLP_RELU2: "{d}(relu2({u}(x)))",
     ExpertKind.MLP_GELU_APPROX: "{d}(gelu_approx({u}(x)))",
     ExpertKind.GLU_OAI: "{d}((clip({u}(x), -7, 7) + 1) * g * sigmoid(1.702 * g)), g = min({g}(x), 7)",
+    ExpertKind.GLU_CLIPPED: "{d}(clip(silu({g}(x)), -100, 100) * {u}(x))",
 })
 
 _LAYER_RULE = exhaustive(MoeLayers, {
@@ -228,7 +229,7 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
                    "the bias steers the choice, not the weights")
         yield Line("w = take_along_axis(s, experts) / sum", "always renormalized; not compiled")
     else:  # RouterKind.NOAUX_TC
-        guard = {GroupGuard.N_GROUP_GT_1: "n_group > 1",
+        guard = {GroupGuard.N_GROUP_GT_1: "n_group > 1", GroupGuard.N_GROUP_GT_1_ARGSORT: "n_group > 1",
                  GroupGuard.K_NONZERO: "n_group != topk_group"}[r.group_guard]
         yield Line("s = sigmoid(logits.astype(float32))",
                    f"compiled with the rest of the selection; {n.correction_bias} [E] on {n.gate}")
@@ -236,7 +237,8 @@ def _router_lines(d: ArchDescriptor, a: UniversalArgs):
         p = spec.params
         yield Line("sel: zero all but the topk_group best groups", f"if {guard}: n_group = {p['n_group']}, "
                    f"topk_group = {p['topk_group']}, a group's score = its top-2 sum")
-        yield Line("experts = argpartition(-sel, kth=k - 1)[..., :k]")
+        yield Line("experts = argpartition(-sel, kth=k - 1)[..., :k]",
+                   "ungrouped: argsort(sel)[..., -k:]" if r.group_guard is GroupGuard.N_GROUP_GT_1_ARGSORT else "")
         yield Line("w = take_along_axis(s, experts)"
                    + (_RENORM[r.renorm] if spec.norm_topk and spec.top_k > 1 else ""),
                    f"sigmoid scores{renorm if spec.top_k > 1 else ''}")

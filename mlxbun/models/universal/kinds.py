@@ -397,6 +397,9 @@ class GroupGuard(StrEnum):
 
     N_GROUP_GT_1 = "n_group_gt_1"  # if n_group > 1 (glm4_moe)
     K_NONZERO = "k_nonzero"  # if n_group - topk_group != 0 (dots1)
+    # as N_GROUP_GT_1; ungrouped, the top k by argsort(s)[..., -k:] (mlx-vlm's deepseek_v3 copy in
+    # kimi_vl: the experts summed in ascending score order)
+    N_GROUP_GT_1_ARGSORT = "n_group_gt_1_argsort"
 
 
 class Combine(StrEnum):
@@ -418,6 +421,8 @@ class ExpertKind(StrEnum):
     # SwitchMLP default activation nn.GELU(approx="precise") (phixtral)
     GLU_OAI = "glu_oai"  # gpt_oss: SwitchGLU with SwigluOAI, (clip(up, -l, l) + 1) * g * sigmoid(a * g),
     # g = min(gate, l); mlx-lm's constants a = 1.702, l = 7.0 (config swiglu_* not read)
+    GLU_CLIPPED = "glu_clipped"  # SwitchGLU with mlx-vlm's clipped_silu: clip(g * sigmoid(g), -100, 100)
+    # * up (its deepseek_v3 copy in kimi_vl, towers/kimi_vl_text.py)
 
 
 class SharedKind(StrEnum):

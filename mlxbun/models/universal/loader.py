@@ -42,6 +42,7 @@ from mlxbun.models.universal.recurrent_gemma import RECURRENT_GEMMA_TYPES, Recur
 from mlxbun.models.universal.rwkv7 import RWKV7_TYPES, Rwkv7Dense
 from mlxbun.models.universal.talkie import TALKIE_TYPES, TalkieDense
 from mlxbun.models.universal.resolve import descriptor_for, resolve_args
+from mlxbun.models.universal.schema import ArchDescriptor
 from mlxbun.models.universal.sanitize import Meta, sanitize_weights
 from mlxbun.quant import quantize_model, resolve_quantization
 from mlxbun.weight_audit import AuditReport, DropRule, WeightAudit
@@ -51,12 +52,13 @@ __all__ = ["audit_checkpoint", "build_model", "load_universal"]
 
 
 def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
-                text_config: Any = None) -> UniversalDense:
+                text_config: Any = None, descriptor: Optional[ArchDescriptor] = None) -> UniversalDense:
     """An unquantized UniversalDense for a config.json dict (as mlx-lm's ModelArgs reads it).
 
     `model_type` overrides the dict's; either is remapped as mlx-lm does.
     `model.config` is `text_config` (an `mlxbun.config.TextConfig`) when given,
-    else the raw dict; `model.raw_config` is always the raw dict.
+    else the raw dict; `model.raw_config` is always the raw dict. `descriptor`: the row to build
+    instead of the model_type's (towers/kimi_vl_text.py: kimi_vl's text model as mlx-vlm runs it).
     """
     if not isinstance(config, Mapping):
         raise ConfigError(f"config must be a JSON object, got {type(config).__name__}")
@@ -65,7 +67,7 @@ def build_model(config: Mapping[str, Any], model_type: Optional[str] = None, *,
     if not isinstance(mt, str):
         raise ConfigError("config.json: required key 'model_type' is missing or not a string")
     raw.setdefault("model_type", mt)
-    d = descriptor_for(mt, raw)
+    d = descriptor if descriptor is not None else descriptor_for(mt, raw)
     args = resolve_args(d, raw)
     # a plain dict attribute would join the module tree: hand over a read-only view
     config_view = text_config if text_config is not None else MappingProxyType(raw)
@@ -110,11 +112,11 @@ def _audit(model: UniversalDense, weights: Mapping[str, Any], dropped: Mapping[s
     return report
 
 
-def _prepare(path: Path, config, *, headers_only: bool):
+def _prepare(path: Path, config, *, headers_only: bool, descriptor: Optional[ArchDescriptor] = None):
     if config is None:
         config = load_model_config(path)
     raw = thaw(config.raw_full)
-    model = build_model(raw, config.model_type, text_config=config)
+    model = build_model(raw, config.model_type, text_config=config, descriptor=descriptor)
     index = read_index(path)
     if headers_only:
         originals = {n: Meta(t.shape, t.mx_dtype) for n, t in index.tensors.items()}
@@ -156,7 +158,7 @@ def audit_checkpoint(path, config=None) -> AuditReport:
 
 
 def load_universal(path, config=None, *, check_coverage: bool = True,
-                   tensor_group=None) -> UniversalDense:
+                   tensor_group=None, descriptor: Optional[ArchDescriptor] = None) -> UniversalDense:
     """Load a checkpoint directory as a UniversalDense (parameters evaluated).
 
     `config` is an `mlxbun.config.TextConfig` (read from `path` when None).
@@ -164,13 +166,14 @@ def load_universal(path, config=None, *, check_coverage: bool = True,
     descriptor does not understand refuses the load (`UnsupportedModelError`).
     `tensor_group`: an `mx.distributed` group to split the graph across (`UniversalDense.shard`)
     before the weights are evaluated, so each rank reads its own part (as mlx-lm's sharded_load).
+    `descriptor`: build that row instead of the config's (build_model).
     """
     path = Path(path)
     if config is None:
         config = load_model_config(path)
     if check_coverage:
         require_coverage(config.model_type, thaw(config.raw_full))
-    model, weights, report = _prepare(path, config, headers_only=False)
+    model, weights, report = _prepare(path, config, headers_only=False, descriptor=descriptor)
     model.eval()
     model.load_weights(list(weights.items()), strict=True)
     if tensor_group is not None:

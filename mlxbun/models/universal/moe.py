@@ -33,7 +33,7 @@ import mlx.nn as nn
 
 from mlxbun.models.layers import SwigluOAI
 from mlxbun.models.sharding import shard_inplace_all
-from mlxbun.models.switch_layers import ClampedSwiGLU, SwitchGLU, SwitchMLP
+from mlxbun.models.switch_layers import ClampedSwiGLU, ClippedSiLU, SwitchGLU, SwitchMLP
 from mlxbun.models.universal.kinds import (
     CORRECTED_ROUTERS,
     BiasAt,
@@ -118,21 +118,26 @@ def _topk_softmax_f32(r: "Router", logits, bias):  # granitemoe
 
 @mx.compile
 def _group_select(gates, e_score_correction_bias, top_k, n_group, topk_group, routed_scaling_factor,
-                  norm_topk_prob, k_nonzero_guard, eps_renorm):
+                  norm_topk_prob, k_nonzero_guard, eps_renorm, argsort_ungrouped=False):
     # mlx-lm's group_expert_select, op for op (compiled there too), in its three spellings: glm4_moe
     # groups when n_group > 1, dots1 when n_group - topk_group != 0 (`k_nonzero_guard`), exaone_moe
-    # and mimo_v2_flash are glm4_moe's with 1e-20 added to the renormalizing sum (`eps_renorm`)
+    # and mimo_v2_flash are glm4_moe's with 1e-20 added to the renormalizing sum (`eps_renorm`);
+    # mlx-vlm's kimi_vl copy takes an ungrouped top k by argsort (`argsort_ungrouped`)
     scores = mx.sigmoid(gates.astype(mx.float32))
     orig_scores = scores
     scores = scores + e_score_correction_bias
     k = n_group - topk_group
-    if (k != 0) if k_nonzero_guard else (n_group > 1):
+    grouped = (k != 0) if k_nonzero_guard else (n_group > 1)
+    if grouped:
         scores = mx.unflatten(scores, axis=-1, shape=(n_group, -1))
         group_scores = mx.topk(scores, 2, axis=-1).sum(axis=-1, keepdims=True)
         group_idx = mx.argpartition(group_scores, kth=k - 1, axis=-2)[..., :k, :]
         scores = mx.put_along_axis(scores, mx.stop_gradient(group_idx), mx.array(0.0), axis=-2)
         scores = mx.flatten(scores, -2, -1)
-    inds = mx.argpartition(-scores, kth=top_k - 1, axis=-1)[..., :top_k]
+    if argsort_ungrouped and not grouped:
+        inds = mx.argsort(scores, axis=-1)[..., -top_k:]
+    else:
+        inds = mx.argpartition(-scores, kth=top_k - 1, axis=-1)[..., :top_k]
     inds = mx.stop_gradient(inds)
     scores = mx.take_along_axis(orig_scores, inds, axis=-1)
     if top_k > 1 and norm_topk_prob:
@@ -171,13 +176,15 @@ def _softmax_grouped(r: "Router", logits, bias):  # mistral4
 
 
 # the guard as _group_select's k_nonzero_guard flag
-_K_NONZERO_GUARD = exhaustive(GroupGuard, {GroupGuard.N_GROUP_GT_1: False, GroupGuard.K_NONZERO: True})
+_K_NONZERO_GUARD = exhaustive(GroupGuard, {GroupGuard.N_GROUP_GT_1: False, GroupGuard.K_NONZERO: True,
+                                           GroupGuard.N_GROUP_GT_1_ARGSORT: False})
 
 
 def _noaux_tc(r: "Router", logits, bias):  # glm4_moe, dots1, exaone_moe, mimo_v2_flash (deepseek-v3 style)
     p = r.params
     return _group_select(logits, bias, r.top_k, p["n_group"], p["topk_group"], p["scaling"], r.norm_topk,
-                         _K_NONZERO_GUARD[r.group_guard], r.renorm is TopKRenorm.SUM_EPS)
+                         _K_NONZERO_GUARD[r.group_guard], r.renorm is TopKRenorm.SUM_EPS,
+                         r.group_guard is GroupGuard.N_GROUP_GT_1_ARGSORT)
 
 
 @mx.compile
@@ -374,6 +381,7 @@ _ACTIVATION = exhaustive(ExpertKind, {
     ExpertKind.MLP_RELU2: lambda limit: nn.ReLU2(),  # nemotron_h's SwitchMLP
     ExpertKind.MLP_GELU_APPROX: lambda limit: nn.GELU(approx="precise"),  # phixtral's SwitchMLP
     ExpertKind.GLU_OAI: lambda limit: SwigluOAI(),  # gpt_oss: one instance per block, as its MLPBlock
+    ExpertKind.GLU_CLIPPED: lambda limit: ClippedSiLU(),  # mlx-vlm's kimi_vl
 })
 
 _COMBINE = exhaustive(Combine, {
