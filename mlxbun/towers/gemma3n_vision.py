@@ -116,7 +116,8 @@ def read_image_spec(path: Path) -> ImageProcessorSpec:
     # SiglipImageProcessorPil's defaults where the file is silent (bicubic, 224 x 224, mean / std 0.5)
     return ImageProcessorSpec("SiglipImageProcessor", int(size["height"]), int(size["width"]),
                               int(cfg.get("resample", 3)), float(cfg.get("rescale_factor", 1 / 255)),
-                              tuple(cfg.get("image_mean", (0.5, 0.5, 0.5))), tuple(cfg.get("image_std", (0.5, 0.5, 0.5))),
+                              tuple(cfg.get("image_mean", (0.5, 0.5, 0.5))),
+                              tuple(cfg.get("image_std", (0.5, 0.5, 0.5))),
                               flag("do_resize"), flag("do_rescale"), flag("do_normalize"), flag("do_convert_rgb"))
 
 

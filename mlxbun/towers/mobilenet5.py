@@ -386,7 +386,8 @@ class MobileNetV5(nn.Module):
                     group.append(EdgeResidual(c, b))
                 elif isinstance(b, UirBlock):
                     if b.strides > 1 and not (b.start_dw_kernel_size or b.mid_dw_kernel_size):
-                        raise ConfigError(f"MobileNetV5 layout: a strided inverted residual without a depthwise conv ({b})")
+                        raise ConfigError(f"MobileNetV5 layout: a strided inverted residual without a depthwise "
+                                          f"conv ({b})")
                     group.append(InvertedResidual(c, b.filters, b.start_dw_kernel_size, b.mid_dw_kernel_size,
                                                   b.strides, b.expand_ratio))
                 else:

@@ -32,6 +32,7 @@ from mlxbun.zoo.common import (
     parse_quant,
     zoo_fingerprint,
 )
+from mlxbun.zoo.mobilenet import TINY_LAYOUT, mobilenet_patch
 from mlxbun.zoo.tokenizer import tokenizer_config, tokenizer_json, write_tokenizer_files
 
 __all__ = ["TOWER_ARCHS", "TOWER_SUFFIXES", "cached_tower_checkpoint", "carries", "describe", "make_tower_checkpoint",
@@ -247,6 +248,14 @@ def _gemma3n_audio_fix(cfg: dict, ids: dict[str, int]) -> None:
                 intermediate_size=[text["intermediate_size"][0]] * text["num_hidden_layers"])
 
 
+def _gemma3n_towers_fix(cfg: dict, ids: dict[str, int]) -> None:
+    _gemma3n_audio_fix(cfg, ids)
+    # not timm's mobilenetv5_300m_enc: the zoo's own layout, which mlxbun reads from mobilenet_layout
+    cfg["vision_config"].update(architecture="mlxbun_zoo_tiny_mobilenetv5", hidden_size=TINY_LAYOUT.msfa_out,
+                                mobilenet_layout=TINY_LAYOUT.as_config())
+    cfg.update(vision_soft_tokens_per_image=TINY_LAYOUT.tokens)
+
+
 def _gemma3n_preprocessor() -> dict:
     """google/gemma-3n-E2B-it's preprocessor_config.json (its feature extractor and image processor),
     at 32 mel bins, with a per-bin mean and deviation."""
@@ -340,6 +349,14 @@ TOWER_ARCHS: dict[str, TowerArch] = {a.name: a for a in (
               processor={"audio_seq_length": GEMMA3N_AUDIO_TOKENS, "image_seq_length": 256,
                          "processor_class": "Gemma3nProcessor"},
               no_vision_tower=True, hf_names=True),
+    # gemma3n with both towers: gemma3n-audio's audio tower and a tiny MobileNetV5 (zoo/mobilenet.py's
+    # layout, which mlx-vlm builds with its stage list and widths patched: mobilenet_patch); the
+    # processor's 64 x 64 images, 4 soft tokens an image
+    TowerArch("gemma3n-towers", "gemma3n", media_tokens=GEMMA3N_MEDIA_TOKENS, fix=_gemma3n_towers_fix,
+              preprocessor=_gemma3n_preprocessor(),
+              processor={"audio_seq_length": GEMMA3N_AUDIO_TOKENS, "image_seq_length": TINY_LAYOUT.tokens,
+                         "processor_class": "Gemma3nProcessor"},
+              hf_names=True),
     TowerArch("gemma4-towers", "gemma4", media_tokens=GEMMA4_MEDIA_TOKENS, fix=_gemma4_towers_fix,
               preprocessor={"processor_class": "Gemma4Processor"},
               processor={"audio_seq_length": GEMMA4_AUDIO_TOKENS, "audio_ms_per_token": 40,
@@ -539,7 +556,7 @@ def build_files(v: Variant, out: Path) -> None:
     arch = _arch(v.arch)
     config = tower_config(v.arch)
     config["torch_dtype"] = v.dtype
-    with without_vision_tower(config["model_type"]) if arch.no_vision_tower else contextlib.nullcontext():
+    with without_vision_tower(config["model_type"]) if arch.no_vision_tower else mobilenet_patch(config):
         model = build_model(config, v.seed)
     cast(model, v.dtype)
     if v.quant is not None:
