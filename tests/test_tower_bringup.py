@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import mlxbun.cli as cli
+from mlxbun.errors import UnsupportedModelError
 from mlxbun.experiments.tower_bringup import pick_media, tower_bringup
 from mlxbun.locate import locate
 from mlxbun.names import NamingError
@@ -72,6 +73,8 @@ def test_bringup_picks_the_tower_and_refuses_by_name(zoo_root):
         pick_media(None, "video")
     with pytest.raises(NoTowerError, match="without an audio tower"):
         tower_bringup("zoo:gemma3-vision", media="audio", zoo_root=zoo_root, record=False)
+    with pytest.raises(UnsupportedModelError, match="does not stage a moonvit tower"):  # before mlx-vlm loads
+        tower_bringup("zoo:kimi_vl-vision", zoo_root=zoo_root, record=False)
 
 
 def test_the_notebook_runs_headless_on_an_audio_tower(zoo_root, tmp_path, monkeypatch, capfd):

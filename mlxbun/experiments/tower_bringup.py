@@ -158,10 +158,7 @@ def tower_bringup(model="zoo:gemma3-vision", *, variant: str = "float32", media:
         out = audio_bringup(alm, load_oracle(path), audio, prompt)
     else:
         vlm = open_vlm(path)
-        bringup = {Gemma4ImageModel: gemma4_bringup, VisionLanguageModel: _vit_bringup}.get(type(vlm))
-        if bringup is None:  # the exact classes: a subclass's tower is another tower
-            raise UnsupportedModelError(f"{path}: the bring-up does not stage {type(vlm).__name__}'s tower")
-        out = bringup(vlm, load_oracle(path), image, prompt, attention_layer)
+        out = _image_bringup(vlm)(vlm, load_oracle(path), image, prompt, attention_layer)
     given = image if media == "image" else audio
     params = {"model": str(model), "variant": variant, "media": media,
               media: None if given is None else str(given) if isinstance(given, (str, os.PathLike)) else "in memory"}
@@ -173,6 +170,23 @@ def tower_bringup(model="zoo:gemma3-vision", *, variant: str = "float32", media:
             run.record("bit_exact", float(out.bit_exact), unit="bool")
             run.record("soft_tokens", float(out.prompt_ids.count(out.token_id)), unit="tokens")
     return out
+
+
+# the ViT layouts `oracle_stages` stages with mlx-vlm's modules
+STAGED_LAYOUTS = (VitLayout.SIGLIP, VitLayout.QWEN_VL, VitLayout.PIXTRAL)
+
+
+def _image_bringup(vlm):
+    """The bring-up that stages `vlm`'s vision tower: gemma4's, or a ViT of STAGED_LAYOUTS (the exact
+    classes: a subclass's tower is another tower); UnsupportedModelError naming it where none does."""
+    if type(vlm) is Gemma4ImageModel:
+        return gemma4_bringup
+    if type(vlm) is VisionLanguageModel and vlm.vision.descriptor.vit.layout in STAGED_LAYOUTS:
+        return _vit_bringup
+    what = (f"a {vlm.vision.descriptor.vit.layout.value} tower" if type(vlm) is VisionLanguageModel
+            else f"{type(vlm).__name__}'s tower")
+    raise UnsupportedModelError(f"{vlm.path}: the bring-up does not stage {what} (it stages gemma4's and the "
+                                f"{', '.join(x.value for x in STAGED_LAYOUTS)} ViTs)")
 
 
 def _vit_bringup(vlm: VisionLanguageModel, oracle, image, prompt: Optional[str] = None,

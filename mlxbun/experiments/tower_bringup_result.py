@@ -8,7 +8,6 @@ Also what the bring-ups share: mlx-vlm's model for a checkpoint, the per-row dif
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,13 +119,16 @@ def row_diffs(a: mx.array, b: mx.array) -> np.ndarray:
 
 def load_oracle(path: Path):
     """(mlx-vlm's model, processor) of the checkpoint; a gemma3n checkpoint that carries no vision
-    tower (the zoo's gemma3n-audio) is built without one, as its audio path never calls it."""
+    tower (the zoo's gemma3n-audio) is built without one, as its audio path never calls it, and one
+    whose config gives its own MobileNetV5 layout (the zoo's gemma3n-towers) under that layout."""
     from mlx_vlm.utils import load
 
     from mlxbun.weights import read_index
+    from mlxbun.zoo.mobilenet import mobilenet_patch
     from mlxbun.zoo.towers import without_vision_tower
 
-    model_type = json.loads((Path(path) / "config.json").read_text()).get("model_type")
+    config = json.loads((Path(path) / "config.json").read_text())
+    model_type = config.get("model_type")
     bare = model_type == "gemma3n" and not any("vision_tower." in n for n in read_index(Path(path)).names())
-    with without_vision_tower(model_type) if bare else contextlib.nullcontext():
+    with without_vision_tower(model_type) if bare else mobilenet_patch(config):
         return load(str(path))
