@@ -7,6 +7,9 @@ any tower or text work (mlxbun.towers.errors).
     vlm = open_vlm("path/to/checkpoint")
     prompt = vlm.prepare("<start_of_image> what is this?", ["photo.png"])
     for r in stream_generate(vlm, prompt, max_tokens=32): ...
+
+A Qwen-VL row takes a video instead (its frames: towers/video.py):
+`vlm.prepare("what happens?", videos=["frames/"])`.
 """
 
 from __future__ import annotations
@@ -20,16 +23,20 @@ import mlx.core as mx
 import numpy as np
 
 from mlxbun.errors import GenerationError, UnsupportedModelError
-from mlxbun.towers.errors import AudioCountError, ImageCountError, NoTowerError, TooManyClips, TooManyImages
+from mlxbun.towers.errors import (AudioCountError, ImageCountError, NoTowerError, TooManyClips, TooManyFrames,
+                                  TooManyImages)
 from mlxbun.towers.images import Pixels, load_image, preprocess_any
-from mlxbun.towers.knobs import TextPositions
+from mlxbun.towers.knobs import TextPositions, VideoKind
 from mlxbun.towers.loader import VisionStack, open_vision
 from mlxbun.towers.mrope import MRopeText, rope_index
 from mlxbun.towers.splice import count_placeholders, expand_prompt, merge_embeddings
+from mlxbun.towers.table import tower_for
+from mlxbun.towers.video import (VideoSpec, check_videos, count_videos, expand_videos, load_video, preprocess_videos,
+                                 read_video_spec, rope_grids, video_timestamps)
 
 __all__ = ["MAX_IMAGES", "AudioLanguageModel", "AudioPrompt", "EmbeddedPrompt", "Gemma4ImageModel", "MediaPrompt",
            "VisionLanguageModel", "load_clip", "open_alm", "open_vlm", "refuse_audio", "refuse_images",
-           "stream_generate"]
+           "refuse_video", "stream_generate"]
 
 # a bound on the images of one prompt (each is a tower pass and its soft tokens in the context)
 MAX_IMAGES = 16
@@ -50,9 +57,10 @@ class MediaPrompt:
     positions: Optional[mx.array] = None  # [3, 1, L] mRoPE position ids (Qwen2-VL), else None
     position_delta: int = 0  # decoding continues at the cache offset + this (mRoPE)
     deepstack: tuple = ()  # Qwen3-VL: per early text layer, [soft tokens, D] added at the image rows
-    image_token_id: int = -1
+    image_token_id: int = -1  # the soft tokens' token id (a video prompt's: the video token)
     mask: Optional[np.ndarray] = None  # LFM2-VL: each view's real patches
     prompt_kw: dict = dataclasses.field(default_factory=dict)  # forward_hidden's options for the prompt's call
+    n_videos: int = 0  # a video prompt's videos (pixel_values / grid: pixel_values_videos / video_grid_thw)
 
     @property
     def tower_grid(self):
@@ -104,6 +112,9 @@ class VisionLanguageModel:
         if d.eoi_key is not None:
             marks["eoi"] = self._token(v.eoi_token_id, "end-of-image")
         marks["placeholder"] = image if d.placeholder_key == d.image_token_key else marks["boi"]
+        video = None if v.video_token_id is None else self.tokenizer.id_to_token(int(v.video_token_id))
+        if d.video is not VideoKind.NONE and video is not None:
+            marks["video"] = video
         return marks
 
     def placeholders(self, prompt: str, n_images: int) -> str:
@@ -124,37 +135,67 @@ class VisionLanguageModel:
         texts = self.vision.image_texts(marks, pixels)
         return expand_prompt(self.placeholders(prompt, len(texts)), marks["placeholder"], texts)
 
-    def prepare(self, prompt: str, images: Sequence, *, add_special_tokens: bool = True) -> MediaPrompt:
-        """Read, preprocess and splice `images` into `prompt`, run the tower, merge: every input
-        checked (count, files, context) before the tower runs."""
+    def prepare(self, prompt: str, images: Sequence = (), *, videos: Sequence = (), fps: Optional[float] = None,
+                add_special_tokens: bool = True) -> MediaPrompt:
+        """Read, preprocess and splice `images` (or `videos`: each a frame directory, .npy file,
+        frame list or array; `fps` their frame rate, default the processor's) into `prompt`, run
+        the tower, merge: every input checked (count, files, context) before the tower runs."""
+        if videos:
+            return self._prepare_videos(prompt, videos, images, fps, add_special_tokens)
         self.check_images(images)
         self.placeholders(prompt, len(images))  # ImageCountError before any file is read
+        count_videos(prompt, self._marks(), self.vision.descriptor, 0, self.path)  # VideoCountError
         pil = [load_image(i) for i in images]  # ImageUnreadable / ImageTruncated
         pixels = preprocess_any(pil, self.vision.processor)
         text = self.expand(prompt, pixels)
+        ids = self._encode(text, add_special_tokens, TooManyImages, f"{len(images)} image(s)")
+        return self.merge(text, ids, pixels, len(images))
+
+    def _encode(self, text: str, add_special_tokens: bool, error, what: str) -> mx.array:
+        """The expanded prompt's ids [L]; `error` past the model's context."""
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens and self.vision.descriptor.special_tokens)
         limit = getattr(getattr(self.text_model, "args", None), "fields", {}).get("max_position_embeddings")
         if limit and len(ids) > limit:
-            raise TooManyImages(f"{len(images)} image(s) make the prompt {len(ids)} tokens, past the model's "
-                                f"{limit}-token context")
-        return self.merge(text, mx.array(ids, dtype=mx.int32), pixels, len(images))
+            raise error(f"{what} make the prompt {len(ids)} tokens, past the model's {limit}-token context")
+        return mx.array(ids, dtype=mx.int32)
 
-    def merge(self, text: str, ids: mx.array, pixels: Pixels, n_images: int) -> MediaPrompt:
-        """Tower, projector and merge over ready ids [L] and the processor's output."""
+    def _prepare_videos(self, prompt: str, videos: Sequence, images: Sequence, fps: Optional[float],
+                        add_special_tokens: bool) -> MediaPrompt:
+        """mlx-vlm's video path: the frames through the video processor, each placeholder
+        expanded (Qwen3-VL: timestamped per temporal patch), the tower over the frames, the merge
+        at the video tokens, mRoPE over the video grids."""
+        d, marks = self.vision.descriptor, self._marks()
+        check_videos(d, len(videos), len(images), str(self.path))  # NoVideoTower / VideoCountError / TooManyFrames
+        text = count_videos(prompt, marks, d, len(videos), self.path)  # VideoCountError before any frame is read
+        self.placeholders(text, 0)  # image placeholders without images: ImageCountError
+        spec = read_video_spec(self.path, d.model_type)
+        frames = [load_video(x, spec.max_frames) for x in videos]  # VideoUnreadable / Format / TooManyFrames
+        values, grid = preprocess_videos(frames, spec)
+        stamps = [video_timestamps(len(f), spec.temporal_patch_size, spec.fps if fps is None else fps) for f in frames]
+        text = expand_videos(d.video, text, marks, grid, stamps, spec.merge_size)
+        ids = self._encode(text, add_special_tokens, TooManyFrames, f"{len(videos)} video(s)")
+        return self.merge(text, ids, Pixels(values, grid), 0, token_id=self.vision.video_token_id,
+                          rope_grid=rope_grids(d.video, grid), n_videos=len(videos))
+
+    def merge(self, text: str, ids: mx.array, pixels: Pixels, n_images: int, *, token_id: Optional[int] = None,
+              rope_grid=None, n_videos: int = 0) -> MediaPrompt:
+        """Tower, projector and merge over ready ids [L] and the processor's output (a video's:
+        `token_id` the video token, `rope_grid` the grids mRoPE walks)."""
         v = self.vision
+        token_id = v.image_token_id if token_id is None else token_id
         values = mx.array(pixels.values)
         grid = None if pixels.grid is None else mx.array(pixels.grid)
         tower_grid = grid if pixels.mask is None else (pixels.grid, pixels.mask)
         embeds = self.text_model.embed_tokens(ids[None])
         features, deepstack = v.features_and_deepstack(values, embeds.dtype, tower_grid)
         merged = merge_embeddings(v.descriptor.merge, ids[None], embeds, features,
-                                  image_token_id=v.image_token_id, pad_token_id=v.pad_token_id,
+                                  image_token_id=token_id, pad_token_id=v.pad_token_id,
                                   hidden_size=v.merge_hidden)
         out = MediaPrompt(text, ids, values, grid, features, merged, n_images, v.soft_token_count(pixels),
-                          deepstack=tuple(deepstack), image_token_id=v.image_token_id, mask=pixels.mask)
+                          deepstack=tuple(deepstack), image_token_id=token_id, mask=pixels.mask, n_videos=n_videos)
         if v.descriptor.text_positions is not TextPositions.PLAIN:
-            positions, out.position_delta = rope_index(ids.tolist(), np.asarray(grid).tolist(),
-                                                       image_token_id=v.image_token_id,
+            rope_grid = np.asarray(grid).tolist() if rope_grid is None else rope_grid
+            positions, out.position_delta = rope_index(ids.tolist(), rope_grid, image_token_id=token_id,
                                                        vision_start_token_id=v.boi_token_id,
                                                        merge=v.tower.config.spatial_merge_size)
             out.positions = mx.array(positions)[:, None, :]
@@ -382,9 +423,12 @@ class Gemma4ImageModel(_SplicedModel):
         if len(images) > MAX_IMAGES:
             raise TooManyImages(f"{len(images)} images given; mlxbun takes at most {MAX_IMAGES} per prompt")
 
-    def prepare(self, prompt: str, images: Sequence, *, add_special_tokens: bool = True) -> MediaPrompt:
+    def prepare(self, prompt: str, images: Sequence = (), *, videos: Sequence = (), fps: Optional[float] = None,
+                add_special_tokens: bool = True) -> MediaPrompt:
         """Read, preprocess and splice `images` into `prompt`, run the tower, merge: every input
-        checked (count, files, context) before the tower runs."""
+        checked (count, files, context) before the tower runs. No video (NoVideoTower)."""
+        if videos:
+            check_videos(None, len(videos), len(images), f"{self.path}: gemma4")
         v = self.vision
         self.check_images(images)
         image = self._token(v.image_token_id, "image")
@@ -400,6 +444,17 @@ class Gemma4ImageModel(_SplicedModel):
         kw = {"vision_blocks": v.vision_blocks(np.array(ids)), "keep_last": True} if v.bidirectional and counts else {}
         return MediaPrompt(text, ids, [mx.array(p) for p in pixels], None, features, embeddings, len(images),
                            sum(counts), image_token_id=v.image_token_id, prompt_kw=kw)
+
+
+def refuse_video(path, what: str = "a video") -> VideoSpec:
+    """The video processor's settings of `path`; NoTowerError where it has no tower mlxbun
+    builds, NoVideoTower where its tower takes no video (checked before any work)."""
+    from mlxbun.towers.loader import _read_config
+
+    refuse_images(path, what)
+    model_type = _read_config(Path(path)).get("model_type")
+    check_videos(tower_for(model_type), 1, 0, f"{what} given, but {path}: {model_type}")
+    return read_video_spec(Path(path), model_type)
 
 
 def open_alm(path) -> AudioLanguageModel:

@@ -19,6 +19,7 @@ from mlxbun.errors import GenerationError, UnsupportedModelError
 from mlxbun.experiments.tower_bringup import oracle_stages, patch_order
 from mlxbun.towers.knobs import VitLayout
 from mlxbun.towers.errors import ImageCountError, ImageTruncated, ImageUnreadable, NoTowerError, TooManyImages
+from tests.tower_oracle import load_both, qwen_text_side_equal, qwen_tower_equal
 
 # (dtype, quant): every variant mlx_vlm.convert writes for the tiny checkpoint (towers in the dtype)
 VARIANTS = [("float32", None), ("float16", None), ("bfloat16", None), ("float32", 4), ("bfloat16", 8),
@@ -46,17 +47,7 @@ def images(run_tmp) -> list[str]:
     return [_sample("grace_hopper.jpg"), _sample("logo2.png"), str(drawn)]
 
 
-_LOADED: dict = {}
-
-
-def _both(path: Path):
-    """(mlxbun's VisionLanguageModel, mlx-vlm's model, processor), loaded once per checkpoint."""
-    if path not in _LOADED:
-        from mlx_vlm.utils import load
-
-        model, processor = load(str(path))
-        _LOADED[path] = (open_vlm(path), model, processor)
-    return _LOADED[path]
+_both = load_both  # (mlxbun's VisionLanguageModel, mlx-vlm's model, processor), loaded once per checkpoint
 
 
 def _greedy_equal(vlm, model, ref, prompt, images, steps: int, **oracle_kwargs):
@@ -131,27 +122,10 @@ def test_qwen_vl_tower_merger_splice_and_merge_are_bit_exact(tower_ckpt, images,
     assert ours.grid.tolist()[0] != ours.grid.tolist()[1]
     assert ours.soft_tokens == sum(int(t * h * w) // 4 for t, h, w in ours.grid.tolist())
     grid = ref["image_grid_thw"]
-    theirs = oracle_stages(model, VitLayout.QWEN_VL, ref["pixel_values"], grid, None, windows)
-    mine = vlm.vision.blocks(ours.pixel_values, None, ours.grid)
-    assert len(mine) == len(theirs) and mine[-1][0] == "projector"
-    for (name, a), b in zip(mine, theirs):
-        assert a.dtype == b.dtype and mx.array_equal(a, b), f"first mismatch at {name}"
-    merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], image_grid_thw=grid,
-                                        mask=ref["attention_mask"])
-    assert mx.array_equal(ours.embeddings, merged.inputs_embeds)
-    # Qwen3-VL's deepstack rows (the mergers after the listed blocks)
-    deepstack = getattr(merged, "deepstack_visual_embeds", None)
-    assert len(ours.deepstack) == (0 if deepstack is None else len(deepstack)) == arch.startswith("qwen3")
-    for a, b in zip(ours.deepstack, [] if deepstack is None else deepstack):
-        assert mx.array_equal(a, b)
-    # the mRoPE positions (get_rope_index) and the prompt's logits through them
-    assert mx.array_equal(ours.positions, merged.position_ids)
-    assert ours.position_delta == int(merged.rope_deltas.item())
-    extra = {k: getattr(merged, k, None) for k in ("visual_pos_masks", "deepstack_visual_embeds")}
-    logits = model.language_model(ref["input_ids"], inputs_embeds=merged.inputs_embeds,
-                                  position_ids=merged.position_ids, rope_deltas=merged.rope_deltas,
-                                  **{k: v for k, v in extra.items() if v is not None}).logits
-    assert mx.array_equal(vlm.logits(ours), logits)
+    qwen_tower_equal(vlm, model, ours, ref["pixel_values"], grid, windows)
+    # the merged rows, Qwen3-VL's deepstack rows (the mergers after the listed blocks), the mRoPE
+    # positions (get_rope_index) and the prompt's logits through them
+    qwen_text_side_equal(vlm, model, ours, ref, ref["pixel_values"], arch.startswith("qwen3"), image_grid_thw=grid)
 
 
 GEN_CASES = ([(a, d, q) for a, _ in QWEN_ARCHS for d, q in (("float32", None), ("bfloat16", 4))]

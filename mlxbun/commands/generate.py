@@ -157,7 +157,8 @@ def _run(args, group) -> int:
     from mlxbun.tokenizer import load_tokenizer
 
     _apply_kv_setting(args)
-    if args.image is not None or args.audio is not None:  # a tower (commands/image_flags.py): refusals first
+    media = (args.image, args.audio, getattr(args, "video", None))
+    if any(m is not None for m in media):  # a tower (commands/image_flags.py): refusals first
         from mlxbun.commands.image_flags import check_image_flags, run_audio, run_images
 
         check_image_flags(args)

@@ -1,7 +1,8 @@
-"""`mlxbun generate --image FILE [--image FILE ...]` / `--audio FILE.wav [--audio ...]`: images
-into a VLM checkpoint's vision tower, audio clips into its audio tower (mlxbun.multimodal). Every
-refusal comes before the model loads: flags the media path does not take, a checkpoint without
-such a tower mlxbun builds, too many images / clips, unreadable / truncated / unsupported files."""
+"""`mlxbun generate --image FILE [--image FILE ...]` / `--video DIR|FILE.npy` / `--audio FILE.wav
+[--audio ...]`: images or a video's frames into a VLM checkpoint's vision tower, audio clips into
+its audio tower (mlxbun.multimodal). Every refusal comes before the model loads: flags the media
+path does not take, a checkpoint without such a tower mlxbun builds, too many images / videos /
+frames / clips, unreadable / truncated / unsupported files."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ def add_image_arguments(p) -> None:
     p.add_argument("--image", action="append", default=None, metavar="FILE",
                    help="an image for a VLM checkpoint's tower (repeat for several); the prompt's "
                         "image placeholders (e.g. <start_of_image>) take them in order, else they go first")
+    p.add_argument("--video", action="append", default=None, metavar="DIR|FILE.npy",
+                   help="a video for a Qwen-VL checkpoint's tower (qwen2_vl, qwen2_5_vl, qwen3_vl): a directory "
+                        "of its frames as images (name order) or a .npy uint8 array [T, H, W, C], all frames "
+                        "taken (mlxbun decodes no .mp4: mlx-vlm does through OpenCV); repeat for several; the "
+                        "prompt's video placeholders (<|video_pad|>) take them in order, else they go first")
     p.add_argument("--audio", action="append", default=None, metavar="FILE.wav",
                    help="a 16-bit PCM WAV clip at the processor's sample rate for a checkpoint's audio tower "
                         "(gemma3n, gemma4; repeat for several); the prompt's audio placeholders (the audio "
@@ -35,14 +41,18 @@ def check_image_flags(args) -> None:
     """The refusals of --image / --audio that need no file and no model."""
     from mlxbun.multimodal import MAX_IMAGES
     from mlxbun.names import parse_engine
-    from mlxbun.towers.errors import TooManyClips, TooManyImages
+    from mlxbun.towers.errors import TooManyClips, TooManyFrames, TooManyImages, VideoCountError
     from mlxbun.towers.usm import MAX_CLIPS
+    from mlxbun.towers.video import MAX_VIDEOS
 
-    images, audio = getattr(args, "image", None), getattr(args, "audio", None)
-    if images is not None and audio is not None:
-        raise MlxbunError("--image with --audio: mlxbun builds no checkpoint's vision and audio towers together "
-                          "(gemma3n's vision tower is not built)")
-    flag = "--image" if images is not None else "--audio"
+    images, audio, videos = getattr(args, "image", None), getattr(args, "audio", None), getattr(args, "video", None)
+    if (images is not None or videos is not None) and audio is not None:
+        raise MlxbunError(f"{'--image' if images is not None else '--video'} with --audio: mlxbun builds no "
+                          "checkpoint's vision and audio towers together (gemma3n's vision tower is not built)")
+    if images is not None and videos is not None:
+        raise VideoCountError("--image with --video: mlxbun takes images or videos in one prompt, not both "
+                              "(mlx-vlm's qwen2_vl / qwen2_5_vl run the images alone when both come)")
+    flag = "--image" if images is not None else "--video" if videos is not None else "--audio"
     if parse_engine(args.engine, what="--engine/--backend") != "mlxbun":
         raise MlxbunError(f"{flag} runs on mlxbun's engine only (mlx-lm builds no tower)")
     for name, why in _REFUSED.items():
@@ -53,22 +63,32 @@ def check_image_flags(args) -> None:
         raise MlxbunError(f"{flag} with speculative decoding: the drafters see token ids only")
     if images is not None and len(images) > MAX_IMAGES:
         raise TooManyImages(f"{len(images)} --image files; mlxbun takes at most {MAX_IMAGES} per prompt")
+    if videos is not None and len(videos) > MAX_VIDEOS:
+        raise TooManyFrames(f"{len(videos)} --video given; mlxbun takes at most {MAX_VIDEOS} per prompt")
     if audio is not None and len(audio) > MAX_CLIPS:
         raise TooManyClips(f"{len(audio)} --audio files; mlxbun takes at most {MAX_CLIPS} per prompt")
 
 
 def run_images(args, path) -> int:
-    """Generate from --prompt and the --image files of the checkpoint at `path`."""
-    from mlxbun.multimodal import open_vlm, refuse_images
+    """Generate from --prompt and the --image files (or --video frames) of the checkpoint at `path`."""
+    from mlxbun.multimodal import open_vlm, refuse_images, refuse_video
     from mlxbun.towers.images import load_image
+    from mlxbun.towers.video import load_video
 
     check_image_flags(args)
-    refuse_images(path, "--image")  # NoTowerError before anything loads
-    images = [load_image(f) for f in args.image]  # ImageUnreadable / ImageTruncated
+    videos = getattr(args, "video", None)
+    if videos is not None:
+        spec = refuse_video(path, "--video")  # NoTowerError / NoVideoTower before anything loads
+        videos = [load_video(f, spec.max_frames) for f in videos]  # VideoUnreadable / Format / TooManyFrames
+    else:
+        refuse_images(path, "--image")  # NoTowerError before anything loads
+    images = [load_image(f) for f in args.image or ()]  # ImageUnreadable / ImageTruncated
     text = sys.stdin.read() if args.prompt == "-" else (args.prompt or "")
     vlm = open_vlm(path)
     vlm.check_generation()  # a text model needing positions mlxbun does not build, before the tower
-    prompt = vlm.prepare(text, images)
+    prompt = vlm.prepare(text, images, videos=videos or ())
+    if videos:
+        return _generate(args, vlm, prompt, "videos", prompt.n_videos)
     return _generate(args, vlm, prompt, "images", prompt.n_images)
 
 

@@ -80,7 +80,9 @@ def oracle_stages(model, layout: VitLayout, pixel_values: mx.array, grid: Option
     h, rope = vt.patch_embed(x), vt.rot_pos_emb(grid)
     if hasattr(vt, "fast_pos_embed_interpolate"):  # Qwen3-VL's learned positions
         h = h + vt.fast_pos_embed_interpolate(grid)
-    cu = mx.pad(mx.cumsum(mx.array([int(g[1] * g[2]) for g in grid.tolist()]).astype(mx.int32)), (1, 0))
+    # each frame (temporal patch) of each image / video attends within itself, as its tower's cu_seqlens
+    cu = mx.pad(mx.cumsum(mx.array([int(g[1] * g[2]) for g in grid.tolist() for _ in range(int(g[0]))])
+                          .astype(mx.int32)), (1, 0))
     cus = [cu] * len(vt.blocks)
     if windows:
         index, cu_windows = vt.get_window_index(grid)

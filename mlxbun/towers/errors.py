@@ -5,8 +5,8 @@ from __future__ import annotations
 from mlxbun.errors import MlxbunError, UnsupportedModelError
 
 __all__ = ["AudioCountError", "AudioFormatError", "AudioTooLong", "AudioTruncated", "AudioUnreadable",
-           "ImageCountError", "ImageTruncated", "ImageUnreadable", "MediaError", "NoTowerError", "TooManyClips",
-           "TooManyImages"]
+           "ImageCountError", "ImageTruncated", "ImageUnreadable", "MediaError", "NoTowerError", "NoVideoTower",
+           "TooManyClips", "TooManyFrames", "TooManyImages", "VideoCountError", "VideoFormatError", "VideoUnreadable"]
 
 
 class MediaError(MlxbunError, ValueError):
@@ -55,6 +55,31 @@ class TooManyClips(MediaError):
     """More audio clips than mlxbun takes in one prompt, or than the context holds once spliced."""
 
 
+class VideoUnreadable(MediaError):
+    """The video is missing, a container mlxbun does not decode (.mp4, ...: mlx-vlm reads those
+    through OpenCV), a directory without frames, or a frame / .npy file that cannot be read."""
+
+
+class VideoFormatError(MediaError):
+    """Frames mlxbun does not take as mlx-vlm's video processor would: not uint8, not RGB /
+    grayscale / RGBA, of different sizes, or smaller than the processor's resize factor."""
+
+
+class VideoCountError(MediaError):
+    """The prompt's video placeholders and the videos given disagree (or images and videos were
+    given together)."""
+
+
+class TooManyFrames(MediaError):
+    """More frames than the video processor takes (its max_frames), more videos than mlxbun takes
+    in one prompt, or a prompt past the model's context once the video tokens are spliced."""
+
+
 class NoTowerError(UnsupportedModelError):
     """A tower input (an image, audio) given to a checkpoint that has no such tower, or whose
     tower mlxbun does not build."""
+
+
+class NoVideoTower(NoTowerError):
+    """A video given to a checkpoint whose tower mlxbun builds takes no video (mlxbun's video path
+    is the Qwen-VL rows')."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["MergeKind", "PatchEmbed", "Positions", "ProjectorKind", "SpliceKind", "TextPositions", "TowerDescriptor", "VitAct", "VitKnobs",
-           "VisionKeys", "VitLayout", "VitMlp", "VitNorm"]
+__all__ = ["MergeKind", "PatchEmbed", "Positions", "ProjectorKind", "SpliceKind", "TextPositions", "TowerDescriptor",
+           "VideoKind", "VitAct", "VitKnobs", "VisionKeys", "VitLayout", "VitMlp", "VitNorm"]
 
 
 class VitLayout(Enum):
@@ -157,6 +157,20 @@ class SpliceKind(Enum):
     TILES = "tiles"
 
 
+class VideoKind(Enum):
+    """Whether a row takes video, and how its processor writes a video into the prompt
+    (towers/video.py: the frames through the image tower's Conv3d, temporal_patch_size a patch)."""
+
+    NONE = "none"  # no video: a video given is refused (NoVideoTower)
+    # qwen2_vl / qwen2_5_vl: the video token repeated t * h * w / merge^2 times (the prompt's vision
+    # start / end kept); mRoPE at the video's grid, t counting temporal patches
+    REPEAT = "repeat"
+    # qwen3_vl: a placeholder wrapped in vision start / end becomes, per temporal patch, "<T.T seconds>"
+    # + start + its h * w / merge^2 tokens + end (a bare one: the tokens repeated); mRoPE per
+    # temporal patch, each a grid of one frame
+    TIMESTAMPS = "timestamps"
+
+
 def _check(row: str, name: str, value, enum) -> None:
     if not isinstance(value, enum):
         raise TypeError(f"tower row {row!r}: {name}={value!r}; accepted: "
@@ -220,6 +234,8 @@ class TowerDescriptor:
     # what a prompt without placeholders gets in front per image: "{placeholder}" / "{boi}" / "{eoi}" filled
     lead: str = "{placeholder} "
     text_positions: TextPositions = TextPositions.PLAIN
+    video: VideoKind = VideoKind.NONE
+    video_token_key: str | None = None  # the config key of the video token (mlx-vlm's video_token_id)
     notes: str = ""
 
     def __post_init__(self):
@@ -234,3 +250,4 @@ class TowerDescriptor:
         _check(self.model_type, "merge", self.merge, MergeKind)
         _check(self.model_type, "splice", self.splice, SpliceKind)
         _check(self.model_type, "text_positions", self.text_positions, TextPositions)
+        _check(self.model_type, "video", self.video, VideoKind)

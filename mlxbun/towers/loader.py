@@ -44,6 +44,7 @@ class VisionStack:
     merge_hidden: int  # the wrapper's hidden_size the merge divides by (mlx-vlm's config)
     pad_token_id: int | None
     feature_layer: int = -1  # the stage the projector reads (vision_feature_layer: -1 the last)
+    video_token_id: int | None = None  # the video token (a row that takes video: towers/video.py)
 
     @property
     def dynamic(self) -> bool:
@@ -335,5 +336,6 @@ def open_vision(path, config: Mapping | None = None) -> VisionStack:
 
     return VisionStack(d, tower, projector, read_processor_spec(path), tokens, int(top[d.image_token_key]),
                        token(d.boi_key), token(d.eoi_key), int(top["hidden_size"]), top.get("pad_token_id"),
-                       int(top.get("vision_feature_layer", -1)) if d.vit.layout is VitLayout.PIXTRAL else -1)
+                       int(top.get("vision_feature_layer", -1)) if d.vit.layout is VitLayout.PIXTRAL else -1,
+                       token(d.video_token_key))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mlxbun.towers.knobs import (MergeKind, PatchEmbed, Positions, ProjectorKind, SpliceKind, TextPositions,
-                                 TowerDescriptor,
+                                 TowerDescriptor, VideoKind,
                                  VisionKeys, VitAct, VitKnobs, VitLayout, VitMlp, VitNorm)
 
 __all__ = ["TOWERS", "tower_for"]
@@ -37,10 +37,11 @@ def _qwen3_vl_family(model_type: str, vision_types: tuple[str, ...], act: VitAct
                          "num_heads": 16, "image_size": 384, "patch_size": 14, "in_channels": 3,
                          "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 2304,
                          "deepstack_visual_indexes": []},
-        top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653},
+        top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+                      "video_token_id": 151656},
         image_token_key="image_token_id", boi_key="vision_start_token_id", eoi_key="vision_end_token_id",
         placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}",
-        text_positions=TextPositions.MROPE_INTERLEAVED,
+        text_positions=TextPositions.MROPE_INTERLEAVED, video=VideoKind.TIMESTAMPS, video_token_key="video_token_id",
         notes="Qwen3-VL's ViT (interpolated learned positions, deepstack mergers) + its merger",
     )
 
@@ -77,9 +78,11 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
         projector=ProjectorKind.PATCH_MERGER, merge=MergeKind.IN_ORDER, splice=SpliceKind.REPEAT, vision_keys=VisionKeys.QWEN2_VL,
         vision_defaults={"depth": 32, "embed_dim": 1280, "num_heads": 16, "image_size": 384, "patch_size": 14,
                          "mlp_ratio": 4.0, "in_channels": 3, "spatial_merge_size": 2, "temporal_patch_size": 2},
-        top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653},
+        top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+                      "video_token_id": 151656},
         image_token_key="image_token_id", boi_key="vision_start_token_id", eoi_key="vision_end_token_id",
         placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}", text_positions=TextPositions.MROPE,
+        video=VideoKind.REPEAT, video_token_key="video_token_id",
         notes="Qwen2-VL's ViT + PatchMerger; the text side at mRoPE positions (towers/mrope.py)",
     ),
     # mlx-vlm's qwen3_vl: biased Conv3d patches plus a learned position table interpolated to each
@@ -122,9 +125,11 @@ TOWERS: dict[str, TowerDescriptor] = {d.model_type: d for d in (
                          "num_heads": 16, "image_size": 384, "patch_size": 14, "in_channels": 3,
                          "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
                          "fullatt_block_indexes": [7, 15, 23, 31]},
-        top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653},
+        top_defaults={"image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+                      "video_token_id": 151656},
         image_token_key="image_token_id", boi_key="vision_start_token_id", eoi_key="vision_end_token_id",
         placeholder_key="image_token_id", lead="{boi}{placeholder}{eoi}", text_positions=TextPositions.MROPE,
+        video=VideoKind.REPEAT, video_token_key="video_token_id",
         notes="Qwen2.5-VL's windowed ViT + RMSNorm PatchMerger; the text side at mRoPE positions",
     ),
     # mlx-vlm's kimi_vl: MoonViT (towers/moonvit.py: per-patch conv, a learned table bicubically
