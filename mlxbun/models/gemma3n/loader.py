@@ -2,7 +2,8 @@
 
 As mlx-lm's `load_model` does for gemma3n: read config.json, build the graph from text_config,
 sanitize (the vision and audio towers and their embedders under `model.` are dropped: mlxbun
-runs the text model alone; the audio tower loads apart, through mlxbun.towers.usm), quantize the modules whose
+runs the text model alone; the towers load apart, through mlxbun.towers.usm (audio) and
+mlxbun.towers.gemma3n_vision (images)), quantize the modules whose
 `.scales` are present, load strictly. The audit compares the tensors present with the
 parameters the graph needs before any tensor is loaded; it runs from safetensors headers alone
 for `mlxbun port`'s dry run.
@@ -31,7 +32,8 @@ __all__ = ["DROPPED_TOWERS", "audit_gemma3n", "build_gemma3n", "load_gemma3n", "
 
 # mlx-lm's Model.sanitize pops these from weights["model"]
 DROPPED_TOWERS = ("vision_tower", "audio_tower", "embed_audio", "embed_vision")
-_WHY = "the {} (mlx-lm's gemma3n runs the text model alone; audio goes through mlxbun.towers.usm)"
+_WHY = ("the {} (mlx-lm's gemma3n runs the text model alone; audio goes through mlxbun.towers.usm, images "
+        "through mlxbun.towers.gemma3n_vision)")
 # AltUp's coefficient layers: mlx-lm casts their weight to float32 on every call, which a packed
 # (quantized) weight cannot take
 _COEFS = ("altup.prediction_coefs", "altup.correction_coefs")

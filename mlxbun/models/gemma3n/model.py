@@ -210,6 +210,6 @@ class Gemma3nModel(nn.Module):
         return self.language_model.logits(h)
 
     def __call__(self, ids: mx.array, cache: Optional[list] = None, **media: Any) -> mx.array:
-        if media:  # the vision / audio towers are not built: their inputs are refused by name
+        if media:  # the towers are not this graph's (mlxbun.multimodal runs them): their inputs are refused by name
             refuse_media(MODEL_TYPE, "language_model", media)
         return self.logits_from_hidden(self.forward_hidden(ids, cache))
