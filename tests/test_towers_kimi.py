@@ -17,6 +17,7 @@ import pytest
 import mlxbun.cli as cli
 from mlxbun.multimodal import open_vlm, stream_generate
 from mlxbun.towers.errors import ImageCountError, MediaError
+from tests.tower_oracle import load_both
 
 ARCH = "kimi_vl-vision"
 PROMPT = "hi <|media_pad|> and <|media_pad|> there"
@@ -40,19 +41,6 @@ def kimi_images(run_tmp) -> list[str]:
             Image.fromarray(a.astype(np.uint8), mode=mode).save(f)
         out.append(str(f))
     return out
-
-
-_LOADED: dict = {}
-
-
-def _both(path: Path):
-    """(mlxbun's VisionLanguageModel, mlx-vlm's model, processor), loaded once per checkpoint."""
-    if path not in _LOADED:
-        from mlx_vlm.utils import load
-
-        model, processor = load(str(path))
-        _LOADED[path] = (open_vlm(path), model, processor)
-    return _LOADED[path]
 
 
 def _ckpt(zoo_root, dtype="float32", quant=None) -> Path:
@@ -88,7 +76,7 @@ def _oracle_stages(model, pixel_values, grid) -> list[mx.array]:
 def test_kimi_vl_tower_projector_splice_merge_and_logits_are_bit_exact(zoo_root, kimi_images, dtype, quant):
     """Two images: one at the position table's own grid, one whose table is resized; each image
     attending within itself; 2x2 windows per soft token."""
-    vlm, model, processor = _both(_ckpt(zoo_root, dtype, quant))
+    vlm, model, processor = load_both(_ckpt(zoo_root, dtype, quant))
     pair = kimi_images[:2]
     ref = _oracle_inputs(processor, pair, PROMPT)
     ours = vlm.prepare(PROMPT, pair)
@@ -114,7 +102,7 @@ def test_kimi_vl_tower_projector_splice_merge_and_logits_are_bit_exact(zoo_root,
 def test_kimi_vl_greedy_generation_is_bit_exact_vs_mlx_vlm(zoo_root, kimi_images, dtype, quant):
     from mlx_vlm.generate.ar import generate_step
 
-    vlm, model, processor = _both(_ckpt(zoo_root, dtype, quant))
+    vlm, model, processor = load_both(_ckpt(zoo_root, dtype, quant))
     pair = kimi_images[:2]
     ref = _oracle_inputs(processor, pair, PROMPT)
     theirs = list(generate_step(ref["input_ids"], model, ref["pixel_values"], ref["attention_mask"], max_tokens=8,
@@ -130,7 +118,7 @@ def test_kimi_vl_processor_scales_a_large_image_down_and_prompts_without_placeho
 
     from mlxbun.towers.images import preprocess_kimi
 
-    vlm, _, processor = _both(_ckpt(zoo_root))
+    vlm, _, processor = load_both(_ckpt(zoo_root))
     big = Image.open(kimi_images[2]).convert("RGB")
     want = processor.image_processor([big])
     pixels = preprocess_kimi([big], vlm.vision.processor)
@@ -167,7 +155,7 @@ def test_kimi_vl_one_expert_group_and_no_rope_scaling_as_mlx_vlm(zoo_root, kimi_
 def test_kimi_vl_refusals(zoo_root, kimi_images, tmp_path):
     from PIL import Image
 
-    vlm, _, _ = _both(_ckpt(zoo_root))
+    vlm, _, _ = load_both(_ckpt(zoo_root))
     tiny = tmp_path / "tiny.png"
     Image.new("RGB", (20, 60)).save(tiny)
     with pytest.raises(MediaError, match="smaller than one 28x28 merge window"):
@@ -176,13 +164,48 @@ def test_kimi_vl_refusals(zoo_root, kimi_images, tmp_path):
         vlm.prepare("<|media_pad|> <|media_pad|>", kimi_images[:1])
 
 
+def _hf_tower_name(name: str) -> str:
+    """A tower tensor's name as the hub's Kimi-VL writes it (vision_tower.encoder.blocks.i.wqkv, ...)."""
+    for part in ("blocks.", "final_layernorm."):
+        name = name.replace(f"vision_tower.{part}", f"vision_tower.encoder.{part}")
+    return name.replace(".attn.", ".")
+
+
+def test_kimi_vl_loads_the_hub_tower_layout(zoo_root, kimi_images, tmp_path):
+    """HF's names (vision_tower.encoder.*, bare wqkv / wo) and PyTorch's conv layout load as mlx-vlm's
+    sanitize moves them; HF's head count disagreeing with mlx-vlm's num_heads is refused."""
+    from mlxbun.errors import ConfigError
+    from mlxbun.towers.loader import open_vision
+
+    src, dst = _ckpt(zoo_root), tmp_path / "hub"
+    shutil.copytree(src, dst)
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    for shard in set(index["weight_map"].values()):
+        w = mx.load(str(dst / shard))
+        conv = "vision_tower.patch_embed.proj.weight"
+        if conv in w:
+            w[conv] = w[conv].transpose(0, 3, 1, 2)
+        mx.save_safetensors(str(dst / shard), {_hf_tower_name(k): v for k, v in w.items()}, metadata={"format": "mlx"})
+    index["weight_map"] = {_hf_tower_name(k): v for k, v in index["weight_map"].items()}
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert "vision_tower.encoder.blocks.0.wqkv.weight" in index["weight_map"]
+    pixels = mx.array(np.random.default_rng(0).standard_normal((16, 3, 14, 14)).astype(np.float32))
+    assert mx.array_equal(open_vision(dst).features(pixels, None, [[4, 4]]),
+                          load_both(src)[0].vision.features(pixels, None, [[4, 4]]))
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["vision_config"]["num_attention_heads"] = 4
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="num_attention_heads 4 but num_heads 2"):
+        open_vision(dst)
+
+
 def test_cli_generates_from_kimi_vl_images(zoo_root, kimi_images, capsys):
     path = _ckpt(zoo_root)
     code = cli.main(["generate", "--model", str(path), "--image", kimi_images[0], "--image", kimi_images[1],
                      "--prompt", PROMPT, "--max-tokens", "4", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
-    vlm, _, _ = _both(path)
+    vlm, _, _ = load_both(path)
     prompt = vlm.prepare(PROMPT, kimi_images[:2])
     assert out["prompt_ids"] == prompt.ids.tolist() and out["soft_tokens"] == 7 and out["images"] == 2
     assert out["tokens"] == [r.token for r in stream_generate(vlm, prompt, max_tokens=4)]
