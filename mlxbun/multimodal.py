@@ -34,9 +34,9 @@ from mlxbun.towers.table import tower_for
 from mlxbun.towers.video import (VideoSpec, check_videos, count_videos, expand_videos, load_video, preprocess_videos,
                                  read_video_spec, rope_grids, video_timestamps)
 
-__all__ = ["MAX_IMAGES", "AudioLanguageModel", "AudioPrompt", "EmbeddedPrompt", "Gemma4ImageModel", "MediaPrompt",
-           "VisionLanguageModel", "load_clip", "open_alm", "open_vlm", "refuse_audio", "refuse_images",
-           "refuse_video", "stream_generate"]
+__all__ = ["MAX_IMAGES", "AudioLanguageModel", "AudioPrompt", "EmbeddedPrompt", "Gemma3nImageModel",
+           "Gemma4ImageModel", "MediaPrompt", "VisionLanguageModel", "load_clip", "open_alm", "open_vlm",
+           "refuse_audio", "refuse_images", "refuse_video", "stream_generate"]
 
 # a bound on the images of one prompt (each is a tower pass and its soft tokens in the context)
 MAX_IMAGES = 16
@@ -61,6 +61,7 @@ class MediaPrompt:
     mask: Optional[np.ndarray] = None  # LFM2-VL: each view's real patches
     prompt_kw: dict = dataclasses.field(default_factory=dict)  # forward_hidden's options for the prompt's call
     n_videos: int = 0  # a video prompt's videos (pixel_values / grid: pixel_values_videos / video_grid_thw)
+    n_clips: int = 0  # gemma3n: audio clips beside the images (their tokens counted in soft_tokens)
 
     @property
     def tower_grid(self):
@@ -397,17 +398,22 @@ class AudioLanguageModel(_SplicedModel):
         a = self.audio
         self.check_clips(clips)
         text = self.placeholders(prompt, len(clips))  # AudioCountError before any file is read
-        samples = [load_clip(c, a.mel.sampling_rate) for c in clips]  # AudioUnreadable / Truncated / Format
-        counts = [a.clip_tokens(s) for s in samples]
-        features, mask = a.features(samples)
-        a.check_frames(features.shape[1], counts)  # AudioTooLong / AudioCountError
-        text = self.expand(text, counts)
+        text, features, mask = self.read_clips(text, clips)
         ids = self._ids(text, add_special_tokens, len(clips), TooManyClips, "clip")
-        features, mask = mx.array(features), mx.array(mask)
         soft = a.soft_tokens(features, mask)
         embeddings = a.merge(self.text_model.embed_tokens, ids[None], soft)
         return AudioPrompt(text, ids, features, mask, soft, embeddings, len(clips),
                            int((np.array(ids) == a.audio_token_id).sum()))
+
+    def read_clips(self, text: str, clips: Sequence) -> tuple[str, mx.array, mx.array]:
+        """(`text` with its placeholders expanded, the clips' log-mel frames, their mask): the files
+        read (AudioUnreadable / Truncated / Format), the lengths checked (AudioTooLong)."""
+        a = self.audio
+        samples = [load_clip(c, a.mel.sampling_rate) for c in clips]
+        counts = [a.clip_tokens(s) for s in samples]
+        features, mask = a.features(samples)
+        a.check_frames(features.shape[1], counts)  # AudioTooLong / AudioCountError
+        return self.expand(text, counts), mx.array(features), mx.array(mask)
 
 
 class Gemma4ImageModel(_SplicedModel):
@@ -444,6 +450,52 @@ class Gemma4ImageModel(_SplicedModel):
         kw = {"vision_blocks": v.vision_blocks(np.array(ids)), "keep_last": True} if v.bidirectional and counts else {}
         return MediaPrompt(text, ids, [mx.array(p) for p in pixels], None, features, embeddings, len(images),
                            sum(counts), image_token_id=v.image_token_id, prompt_kw=kw)
+
+
+class Gemma3nImageModel(Gemma4ImageModel):
+    """gemma3n's text RuntimeModel, tokenizer and vision side (towers.gemma3n_vision: MobileNetV5):
+    each image placeholder (the image token) as the processor writes it, and audio clips beside
+    the images through the checkpoint's audio tower (opened on first use), merged as mlx-vlm's
+    get_input_embeddings; mlx-vlm's KV-shared composition on every call with them."""
+
+    _alm: Optional[AudioLanguageModel] = None
+
+    def audio_model(self) -> AudioLanguageModel:
+        """The checkpoint's audio side over the same text model (NoTowerError where it has none)."""
+        from mlxbun.towers.usm import open_audio
+
+        if self._alm is None:
+            self._alm = AudioLanguageModel(self.text_model, self.tokenizer, open_audio(self.path), self.path)
+        return self._alm
+
+    def prepare(self, prompt: str, images: Sequence = (), *, clips: Sequence = (), videos: Sequence = (),
+                fps: Optional[float] = None, add_special_tokens: bool = True) -> MediaPrompt:
+        """Read, preprocess and splice `images` and `clips` into `prompt`, run the towers, merge:
+        every input checked (counts, files, lengths, context) before a tower runs."""
+        if videos:
+            check_videos(None, len(videos), len(images), f"{self.path}: gemma3n")
+        v = self.vision
+        self.check_images(images)
+        alm = self.audio_model() if clips else None
+        if alm is not None:
+            alm.check_clips(clips)
+        image = self._token(v.image_token_id, "image")
+        text = self._placeholders(prompt, image, len(images), ImageCountError, "image")
+        text = text if alm is None else alm.placeholders(text, len(clips))  # before any file is read
+        pil = [load_image(i) for i in images]  # ImageUnreadable / ImageTruncated
+        if alm is not None:
+            text, mel, mel_mask = alm.read_clips(text, clips)
+        boi, eoi = self._token(v.boi_token_id, "begin-of-image"), self._token(v.eoi_token_id, "end-of-image")
+        text = expand_prompt(text, image, [v.image_text(boi, image, eoi)] * len(images))
+        ids = self._ids(text, add_special_tokens, len(images) or len(clips), TooManyImages if images else TooManyClips,
+                        "image" if images else "clip")
+        pixels = mx.array(v.preprocess(pil)) if pil else None
+        features = None if pixels is None else v.soft_tokens(pixels)
+        audio = None if alm is None else (alm.audio.audio_token_id, alm.audio.soft_tokens(mel, mel_mask))
+        embeddings = v.merge(self.text_model.embed_tokens, ids[None], features, audio)
+        soft = len(images) * v.tokens_per_image + (0 if alm is None else int(audio[1].shape[0] * audio[1].shape[1]))
+        return MediaPrompt(text, ids, pixels, None, features, embeddings, len(images), soft,
+                           image_token_id=v.image_token_id, n_clips=len(clips))
 
 
 def refuse_video(path, what: str = "a video") -> VideoSpec:
@@ -490,8 +542,8 @@ def _refuse(check, path, what: str) -> None:
 
 def open_vlm(path):
     """A checkpoint's text graph, tokenizer and tower (NoTowerError where it has none): a
-    VisionLanguageModel, or for gemma4 a Gemma4ImageModel; `path` a directory or any model name
-    (mlxbun.locate: `zoo:gemma3-vision@q8`, ORG/REPO, ...)."""
+    VisionLanguageModel, or for gemma4 / gemma3n a Gemma4ImageModel / Gemma3nImageModel; `path` a
+    directory or any model name (mlxbun.locate: `zoo:gemma3-vision@q8`, ORG/REPO, ...)."""
     from mlxbun.factory import open_model
     from mlxbun.locate import locate
     from mlxbun.tokenizer import load_tokenizer
@@ -503,6 +555,12 @@ def open_vlm(path):
 
         vision = open_gemma4_vision(path, _read_config(path), _gemma4_vision_index(path))
         return Gemma4ImageModel(open_model(path), load_tokenizer(path), vision, path)
+    if _gemma3n(path):
+        from mlxbun.towers.gemma3n_vision import open_gemma3n_vision
+        from mlxbun.towers.loader import _read_config
+
+        vision = open_gemma3n_vision(path, _read_config(path))
+        return Gemma3nImageModel(open_model(path), load_tokenizer(path), vision, path)
     vision = open_vision(path)
     if vision.descriptor.model_type == "kimi_vl":  # mlx-vlm's own text model beside its tower
         from mlxbun.towers.kimi_vl_text import open_kimi_vl_text
@@ -517,15 +575,24 @@ def open_vlm(path):
 
 def refuse_images(path, what: str = "images") -> None:
     """NoTowerError unless `path` holds a tower mlxbun builds (checked before any work)."""
+    from mlxbun.towers.gemma3n_vision import check_vision_tower
     from mlxbun.towers.loader import _check_tower
 
-    _refuse((lambda p, config: _gemma4_vision_index(p)) if _gemma4(path) else _check_tower, path, what)
+    check = (lambda p, config: _gemma4_vision_index(p)) if _gemma4(path) else \
+        check_vision_tower if _gemma3n(path) else _check_tower
+    _refuse(check, path, what)
 
 
 def _gemma4(path) -> bool:
     from mlxbun.towers.loader import _read_config
 
     return _read_config(Path(path)).get("model_type") == "gemma4"
+
+
+def _gemma3n(path) -> bool:
+    from mlxbun.towers.loader import _read_config
+
+    return _read_config(Path(path)).get("model_type") == "gemma3n"
 
 
 def _gemma4_vision_index(path):

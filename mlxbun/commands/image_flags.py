@@ -46,9 +46,9 @@ def check_image_flags(args) -> None:
     from mlxbun.towers.video import MAX_VIDEOS
 
     images, audio, videos = getattr(args, "image", None), getattr(args, "audio", None), getattr(args, "video", None)
-    if (images is not None or videos is not None) and audio is not None:
-        raise MlxbunError(f"{'--image' if images is not None else '--video'} with --audio: mlxbun builds no "
-                          "checkpoint's vision and audio towers together (gemma3n's vision tower is not built)")
+    if videos is not None and audio is not None:
+        raise MlxbunError("--video with --audio: mlxbun takes video without audio (images and audio together go "
+                          "to gemma3n's towers)")
     if images is not None and videos is not None:
         raise VideoCountError("--image with --video: mlxbun takes images or videos in one prompt, not both "
                               "(mlx-vlm's qwen2_vl / qwen2_5_vl run the images alone when both come)")
@@ -80,23 +80,45 @@ def run_images(args, path) -> int:
     if videos is not None:
         spec = refuse_video(path, "--video")  # NoTowerError / NoVideoTower before anything loads
         videos = [load_video(f, spec.max_frames) for f in videos]  # VideoUnreadable / Format / TooManyFrames
-    else:
-        refuse_images(path, "--image")  # NoTowerError before anything loads
+    else:  # NoTowerError before anything loads
+        refuse_images(path, "--image" if getattr(args, "audio", None) is None else "--image with --audio")
+    clips = _clips_beside_images(args, path)
     images = [load_image(f) for f in args.image or ()]  # ImageUnreadable / ImageTruncated
     text = sys.stdin.read() if args.prompt == "-" else (args.prompt or "")
     vlm = open_vlm(path)
     vlm.check_generation()  # a text model needing positions mlxbun does not build, before the tower
-    prompt = vlm.prepare(text, images, videos=videos or ())
+    prompt = vlm.prepare(text, images, videos=videos or (), **({"clips": clips} if clips else {}))
     if videos:
         return _generate(args, vlm, prompt, "videos", prompt.n_videos)
-    return _generate(args, vlm, prompt, "images", prompt.n_images)
+    return _generate(args, vlm, prompt, "images", prompt.n_images, {"audio_clips": len(clips)} if clips else None)
+
+
+def _clips_beside_images(args, path) -> list:
+    """--audio's clips beside --image (gemma3n's towers take both in one prompt), read and checked
+    before anything loads; refused by name for any other checkpoint."""
+    from mlxbun.multimodal import load_clip, refuse_audio
+    from mlxbun.towers.loader import _read_config
+    from mlxbun.towers.usm import sampling_rate
+
+    if getattr(args, "audio", None) is None:
+        return []
+    model_type = _read_config(path).get("model_type")
+    if model_type != "gemma3n":
+        raise MlxbunError(f"--image with --audio: {path}: {model_type}; mlxbun takes images and audio in one prompt "
+                          "on gemma3n only")
+    refuse_audio(path, "--image with --audio")
+    rate = sampling_rate(path)
+    return [load_clip(f, rate) for f in args.audio]  # AudioUnreadable / AudioTruncated / AudioFormatError
 
 
 def run_audio(args, path) -> int:
-    """Generate from --prompt and the --audio WAV files of the checkpoint at `path`."""
+    """Generate from --prompt and the --audio WAV files of the checkpoint at `path` (with --image:
+    run_images, gemma3n's towers together)."""
     from mlxbun.multimodal import load_clip, open_alm, refuse_audio
     from mlxbun.towers.usm import sampling_rate
 
+    if getattr(args, "image", None) is not None:
+        return run_images(args, path)
     check_image_flags(args)
     refuse_audio(path, "--audio")  # NoTowerError before anything loads
     rate = sampling_rate(path)
@@ -107,7 +129,7 @@ def run_audio(args, path) -> int:
     return _generate(args, alm, prompt, "audio_clips", prompt.n_clips)
 
 
-def _generate(args, model, prompt, what: str, count: int) -> int:
+def _generate(args, model, prompt, what: str, count: int, extra: dict | None = None) -> int:
     from mlxbun.multimodal import stream_generate
     from mlxbun.names import whole
 
@@ -130,11 +152,13 @@ def _generate(args, model, prompt, what: str, count: int) -> int:
         print(json.dumps({"text": out, "tokens": tokens, "finish_reason": last.finish_reason,
                           "prompt_tokens": last.prompt_tokens, "prompt_tps": last.prompt_tps,
                           "generation_tokens": last.generation_tokens, "generation_tps": last.generation_tps,
-                          "peak_memory_gb": last.peak_memory, what: count,
+                          "peak_memory_gb": last.peak_memory, what: count, **(extra or {}),
                           "soft_tokens": prompt.soft_tokens, "prompt_ids": prompt.ids.tolist()}))
     else:
         sys.stdout.write("\n")
-        print(f"{what.replace('_', ' ').capitalize()}: {count} ({prompt.soft_tokens} soft tokens)", file=sys.stderr)
+        also = "".join(f", {k.replace('_', ' ')}: {v}" for k, v in (extra or {}).items())
+        print(f"{what.replace('_', ' ').capitalize()}: {count}{also} ({prompt.soft_tokens} soft tokens)",
+              file=sys.stderr)
         print(f"Prompt: {last.prompt_tokens} tokens, {last.prompt_tps:.3f} tokens-per-sec", file=sys.stderr)
         print(f"Generation: {last.generation_tokens} tokens, {last.generation_tps:.3f} tokens-per-sec",
               file=sys.stderr)
