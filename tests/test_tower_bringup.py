@@ -40,6 +40,7 @@ def test_bringup_holds_gemma4_s_vision_tower_patch_by_patch(zoo_root):
 
 
 @pytest.mark.parametrize("model,blocks,tokens", [("zoo:gemma3n-audio", "conformer", 8),
+                                                  ("zoo:gemma3n-towers", "conformer", 8),  # mlx-vlm: its layout
                                                   ("zoo:gemma4-towers", "layers", 15)])
 def test_bringup_holds_audio_towers_frame_by_frame(zoo_root, tmp_path, model, blocks, tokens):
     from mlxbun.results import open_results
@@ -75,6 +76,8 @@ def test_bringup_picks_the_tower_and_refuses_by_name(zoo_root):
         tower_bringup("zoo:gemma3-vision", media="audio", zoo_root=zoo_root, record=False)
     with pytest.raises(UnsupportedModelError, match="does not stage a moonvit tower"):  # before mlx-vlm loads
         tower_bringup("zoo:kimi_vl-vision", zoo_root=zoo_root, record=False)
+    with pytest.raises(UnsupportedModelError, match="does not stage Gemma3nImageModel's tower"):  # MobileNetV5
+        tower_bringup("zoo:gemma3n-towers", zoo_root=zoo_root, record=False)
 
 
 def test_the_notebook_runs_headless_on_an_audio_tower(zoo_root, tmp_path, monkeypatch, capfd):
