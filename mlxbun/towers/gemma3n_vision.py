@@ -12,7 +12,6 @@ image token becomes "\\n\\n" <start_of_image> + the image token x soft tokens + 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -22,7 +21,7 @@ import numpy as np
 from mlxbun.errors import ConfigError, UnsupportedModelError
 from mlxbun.towers.audio import load_modules, read_json
 from mlxbun.towers.errors import AudioCountError, ImageCountError, NoTowerError
-from mlxbun.towers.images import ImageProcessorSpec, preprocess
+from mlxbun.towers.images import ImageProcessorSpec, preprocess, read_preprocessor_config
 from mlxbun.towers.mobilenet5 import FULL_LAYOUT, MobileNetLayout, MobileNetV5
 from mlxbun.towers.usm import MultimodalEmbedder, embedders, hard_rows, scatter_soft
 
@@ -95,13 +94,7 @@ def read_layout(vision: Mapping[str, Any]) -> MobileNetLayout:
 def read_image_spec(path: Path) -> ImageProcessorSpec:
     """mlx-vlm's Gemma3nProcessor.from_pretrained's image processor: preprocessor_config.json's
     SigLIP settings, processor_config.json's image_processor size over them."""
-    f = path / "preprocessor_config.json"
-    try:
-        cfg = json.loads(f.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{f}: missing (the image processor's settings)") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{f}: unreadable ({e})") from None
+    f, cfg = read_preprocessor_config(path)
     kind = cfg.get("image_processor_type", "")
     if kind not in _SIGLIP:
         raise ConfigError(f"{f}: image_processor_type {kind!r}; gemma3n's processor is one of {', '.join(_SIGLIP)}")

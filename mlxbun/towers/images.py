@@ -16,7 +16,8 @@ import numpy as np
 from mlxbun.towers.errors import ImageTruncated, ImageUnreadable
 
 __all__ = ["ImageProcessorSpec", "Pixels", "load_image", "preprocess", "preprocess_any", "preprocess_kimi",
-           "preprocess_lfm2", "preprocess_pixtral", "preprocess_qwen", "read_processor_spec", "smart_resize"]
+           "preprocess_lfm2", "preprocess_pixtral", "preprocess_qwen", "read_preprocessor_config", "read_processor_spec",
+           "smart_resize"]
 
 ImageSource = Union[str, Path, "PIL.Image.Image"]  # noqa: F821
 
@@ -74,18 +75,26 @@ class Pixels:
     layouts: tuple = ()  # LFM2-VL: per image (tile rows, tile columns, (resized height, width))
 
 
+def read_preprocessor_config(path) -> tuple[Path, dict]:
+    """(the file, its settings) of the checkpoint's preprocessor_config.json; ConfigError naming it
+    where it is missing or unreadable."""
+    from mlxbun.errors import ConfigError
+
+    f = Path(path) / "preprocessor_config.json"
+    try:
+        return f, json.loads(f.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{f}: missing (the image processor's settings)") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{f}: unreadable ({e})") from None
+
+
 def read_processor_spec(path: Path) -> ImageProcessorSpec:
     """The checkpoint's image preprocessing; ImageUnreadable-free: a missing or unsupported
     processor is a ConfigError naming the file."""
     from mlxbun.errors import ConfigError
 
-    f = Path(path) / "preprocessor_config.json"
-    try:
-        cfg = json.loads(f.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{f}: missing (the image processor's settings)") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{f}: unreadable ({e})") from None
+    f, cfg = read_preprocessor_config(path)
     kind = cfg.get("image_processor_type", "")
     if kind in QWEN_TYPES:
         return _qwen_spec(path, cfg)
