@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--lookup", default="ngram:3")
     p.add_argument("--self-depth", type=int, default=14)
     p.add_argument("--tasks", nargs="+", default=["code_edit", "chat"])
+    p.add_argument("--fast", action="store_true", help="plain and speculative decoding on the fast path (static caches)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     prompts, prompt_format = spec_tasks.task_prompts(args.target, PROMPTS, args.tasks)
     sweep = spec_acceptance.spec_sweep(args.target, drafters, args.ks, prompts=prompts,
                                        prompt_set=spec_tasks.PROMPT_SET, max_tokens=args.max_tokens,
-                                       results_path=out / "results.sqlite", experiment="draft_model",
+                                       results_path=out / "results.sqlite", experiment="draft_model", fast=args.fast,
                                        extra_params={"prompt_format": prompt_format, "draft": args.draft})
     table = sweep.table()
     table.to_csv(out / "spec_gpu.csv", index=False)
