@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import mlxbun.cli as cli
+from mlxbun.experiments.tower_bringup_kimi import oracle_moonvit_stages
 from mlxbun.multimodal import open_vlm, stream_generate
 from mlxbun.towers.errors import ImageCountError, MediaError
 from tests.tower_oracle import load_both
@@ -55,23 +56,6 @@ def _oracle_inputs(processor, images, prompt):
     return prepare_inputs(processor, images=list(images), prompts=[prompt], add_special_tokens=True)
 
 
-def _oracle_stages(model, pixel_values, grid) -> list[mx.array]:
-    """mlx-vlm's VisionModel.__call__ stage by stage, then its projector."""
-    from mlx_vlm.models.kimi_vl.vision import make_block_attention_mask, patch_merger
-
-    tower = model.vision_tower
-    h = tower.patch_embed(pixel_values.transpose(0, 2, 3, 1), grid)
-    rope = tower.rope_pos_emb.get_freqs_cis(grid)
-    cu = mx.cumsum(mx.concatenate((mx.zeros((1,), dtype=grid.dtype), grid[:, 0] * grid[:, 1])).astype(mx.int32))
-    mask = make_block_attention_mask(cu, h.shape[0])
-    out = [h]
-    for blk in tower.blocks:
-        out.append(h := blk(h, cu_seqlens=cu, rotary_pos_emb=rope, attention_mask=mask))
-    out.append(h := tower.final_layernorm(h))
-    merged = patch_merger(h, grid, merge_kernel_size=tower.merge_kernel_size)
-    return out + [mx.concatenate(merged, axis=0), model.multi_modal_projector(merged)]
-
-
 @pytest.mark.parametrize("dtype,quant", VARIANTS, ids=[f"{d}-{q}" for d, q in VARIANTS])
 def test_kimi_vl_tower_projector_splice_merge_and_logits_are_bit_exact(zoo_root, kimi_images, dtype, quant):
     """Two images: one at the position table's own grid, one whose table is resized; each image
@@ -85,7 +69,7 @@ def test_kimi_vl_tower_projector_splice_merge_and_logits_are_bit_exact(zoo_root,
     assert ours.grid.tolist() == ref["image_grid_hws"].tolist() == [[4, 4], [2, 6]]
     assert ours.soft_tokens == int((ref["input_ids"] == model.config.media_placeholder_token_id).sum()) == 4 + 3
     grid = ref["image_grid_hws"]
-    theirs = _oracle_stages(model, ref["pixel_values"], grid)
+    theirs = oracle_moonvit_stages(model, ref["pixel_values"], grid)
     mine = vlm.vision.blocks(ours.pixel_values, None, ours.grid)
     assert [n for n, _ in mine] == ["embeddings", "layers.0", "layers.1", "post_layernorm", "merged", "projector"]
     for (name, a), b in zip(mine, theirs):

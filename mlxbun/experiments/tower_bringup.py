@@ -8,8 +8,9 @@ every encoder block, the final norm, the projector's soft tokens. Per stage, the
 where it starts and which patches it touches; 0 everywhere is bit-exact. Beside it: the image with
 its patches, the soft tokens merged into the prompt's rows, and the attention maps of a block
 (softmax(q k^T) recomputed in float32 for the picture; the forward runs the fused SDPA).
-gemma4's vision tower: tower_bringup_gemma4; audio towers (gemma3n's, gemma4's): over the audio
-frames, tower_bringup_audio. The result: tower_bringup_result.TowerBringup.
+gemma4's vision tower: tower_bringup_gemma4; gemma3n's MobileNetV5 (over its feature maps):
+tower_bringup_gemma3n; kimi_vl's MoonViT: tower_bringup_kimi; audio towers (gemma3n's, gemma4's):
+over the audio frames, tower_bringup_audio. The result: tower_bringup_result.TowerBringup.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ import numpy as np
 from mlxbun.errors import UnsupportedModelError
 from mlxbun.experiments.common import model_path
 from mlxbun.experiments.tower_bringup_audio import audio_bringup
+from mlxbun.experiments.tower_bringup_gemma3n import gemma3n_bringup
 from mlxbun.experiments.tower_bringup_gemma4 import gemma4_bringup
-from mlxbun.experiments.tower_bringup_result import MEDIA, TowerBringup, load_oracle
-from mlxbun.multimodal import Gemma4ImageModel, VisionLanguageModel, open_alm, open_vlm, refuse_audio, refuse_images
+from mlxbun.experiments.tower_bringup_kimi import kimi_bringup
+from mlxbun.experiments.tower_bringup_result import MEDIA, TowerBringup, load_oracle, seen_image
+from mlxbun.multimodal import (Gemma3nImageModel, Gemma4ImageModel, VisionLanguageModel, open_alm, open_vlm,
+                                refuse_audio, refuse_images)
 from mlxbun.names import NamingError
 from mlxbun.towers.errors import NoTowerError
 from mlxbun.towers.knobs import ProjectorKind, SpliceKind, VitLayout
@@ -146,10 +150,11 @@ def tower_bringup(model="zoo:gemma3-vision", *, variant: str = "float32", media:
                   image=None, audio=None, prompt: Optional[str] = None, attention_layer: Optional[int] = None,
                   results_path=None, record: bool = True, zoo_root=None) -> TowerBringup:
     """Hold `model`'s tower (a model name, `mlxbun.names`: the tower zoo's `zoo:gemma3-vision`,
-    `zoo:gemma3n-audio`, `zoo:gemma4-towers`, ..., a checkpoint directory; `variant` fills in a zoo
-    name's weights) to mlx-vlm: its vision tower on `image` (default: matplotlib's sample
-    photograph) or its audio tower on `audio` (a WAV file or samples; default: a drawn chirp), as
-    `media` says (None: `pick_media`); `prompt` None: the media's placeholder, then a word."""
+    `zoo:gemma3n-audio`, `zoo:gemma4-towers`, `zoo:gemma3n-towers`, `zoo:kimi_vl-vision`, ..., a
+    checkpoint directory; `variant` fills in a zoo name's weights) to mlx-vlm: its vision tower on
+    `image` (default: matplotlib's sample photograph) or its audio tower on `audio` (a WAV file or
+    samples; default: a drawn chirp), as `media` says (None: `pick_media`); `prompt` None: the
+    media's placeholder, then a word."""
     from mlxbun.lab.recording import recording
 
     path = model_path(model, variant=variant, zoo_root=zoo_root)
@@ -179,15 +184,21 @@ STAGED_LAYOUTS = (VitLayout.SIGLIP, VitLayout.QWEN_VL, VitLayout.PIXTRAL)
 
 
 def _image_bringup(vlm):
-    """The bring-up that stages `vlm`'s vision tower: gemma4's, or a ViT of STAGED_LAYOUTS (the exact
-    classes: a subclass's tower is another tower); UnsupportedModelError naming it where none does."""
+    """The bring-up that stages `vlm`'s vision tower: gemma4's, gemma3n's MobileNetV5, kimi_vl's
+    MoonViT or a ViT of STAGED_LAYOUTS (the exact classes: a subclass's tower is another tower);
+    UnsupportedModelError naming it where none does."""
     if type(vlm) is Gemma4ImageModel:
         return gemma4_bringup
+    if type(vlm) is Gemma3nImageModel:
+        return gemma3n_bringup
+    if type(vlm) is VisionLanguageModel and vlm.vision.descriptor.vit.layout is VitLayout.MOONVIT:
+        return kimi_bringup
     if type(vlm) is VisionLanguageModel and vlm.vision.descriptor.vit.layout in STAGED_LAYOUTS:
         return _vit_bringup
     what = (f"a {vlm.vision.descriptor.vit.layout.value} tower" if type(vlm) is VisionLanguageModel
             else f"{type(vlm).__name__}'s tower")
-    raise UnsupportedModelError(f"{vlm.path}: the bring-up does not stage {what} (it stages gemma4's and the "
+    raise UnsupportedModelError(f"{vlm.path}: the bring-up does not stage {what} (it stages "
+                                "gemma4's, gemma3n's MobileNetV5, kimi_vl's MoonViT and the "
                                 f"{', '.join(x.value for x in STAGED_LAYOUTS)} ViTs)")
 
 
@@ -244,8 +255,7 @@ def _vit_bringup(vlm: VisionLanguageModel, oracle, image, prompt: Optional[str] 
         p, spec = v.processor.patch_size, v.processor
         view = np.array(ours.pixel_values[0])[: shape[0] * shape[1]].reshape(shape[0], shape[1], p, p, 3)
         view = view.transpose(0, 2, 1, 3, 4).reshape(shape[0] * p, shape[1] * p, 3)
-        view = view * np.array(spec.image_std) + np.array(spec.image_mean)
-        resized = np.clip(view / spec.rescale_factor, 0, 255).round().astype(np.uint8)
+        resized = seen_image(view, spec)
     else:
         resized = np.array(pil.resize((resized_hw[1], resized_hw[0]), resample=v.processor.resample, reducing_gap=None))
     layer = len(v.tower.layers) - 1 if attention_layer is None else attention_layer

@@ -16,12 +16,12 @@ from typing import Optional
 import mlx.core as mx
 import numpy as np
 
-from mlxbun.experiments.tower_bringup_result import TowerBringup, row_diffs
+from mlxbun.experiments.tower_bringup_result import TowerBringup, row_diffs, seen_image
 from mlxbun.multimodal import Gemma4ImageModel
 from mlxbun.towers.images import load_image
 from mlxbun.towers.splice import count_placeholders
 
-__all__ = ["gemma4_bringup", "oracle_gemma4_stages"]
+__all__ = ["gemma4_bringup", "image_prompt", "oracle_gemma4_stages"]
 
 
 def oracle_gemma4_stages(model, pixels: mx.array) -> list[mx.array]:
@@ -44,19 +44,24 @@ def oracle_gemma4_stages(model, pixels: mx.array) -> list[mx.array]:
     return out + [pooled, model.embed_vision(pooled)]
 
 
+def image_prompt(vlm: Gemma4ImageModel, processor, image, prompt: Optional[str] = None):
+    """(mlx-vlm's prepare_inputs, mlxbun's prepared prompt) of one image spliced into `prompt`
+    (None: the image's placeholder, then "describe"): gemma4's and gemma3n's image token."""
+    from mlx_vlm.utils import prepare_inputs
+
+    pil = load_image(image)
+    token = vlm.tokenizer.id_to_token(vlm.vision.image_token_id)
+    text, _ = count_placeholders("describe" if prompt is None else prompt, token, 1, token)
+    return prepare_inputs(processor, images=[pil], prompts=[text], add_special_tokens=True), vlm.prepare(text, [pil])
+
+
 def gemma4_bringup(vlm: Gemma4ImageModel, oracle, image, prompt: Optional[str] = None,
                    attention_layer: Optional[int] = None) -> TowerBringup:
     """Hold gemma4's vision tower to mlx-vlm's (`oracle`: its model and processor) on `image`;
     `prompt` None: the image's placeholder, then "describe"."""
-    from mlx_vlm.utils import prepare_inputs
-
     model, processor = oracle
     v = vlm.vision
-    pil = load_image(image)
-    token = vlm.tokenizer.id_to_token(v.image_token_id)
-    text, _ = count_placeholders("describe" if prompt is None else prompt, token, 1, token)
-    ref = prepare_inputs(processor, images=[pil], prompts=[text], add_special_tokens=True)
-    ours = vlm.prepare(text, [pil])
+    ref, ours = image_prompt(vlm, processor, image, prompt)
     pixels = ours.pixel_values[0][None]
     taps: list = []
     pooled = v.tower(pixels, taps=taps)
@@ -70,9 +75,6 @@ def gemma4_bringup(vlm: Gemma4ImageModel, oracle, image, prompt: Optional[str] =
         pooled_shape if name in ("pooler", "projector") else shape) for (name, a), b in zip(mine, theirs)}
     px = ref["pixel_values"] if isinstance(ref["pixel_values"], list) else list(ref["pixel_values"])
     merged = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"])
-    seen = np.array(ours.pixel_values[0]).transpose(1, 2, 0)  # the image as the tower sees it, de-normalized
-    if spec.do_normalize:
-        seen = seen * np.array(spec.image_std) + np.array(spec.image_mean)
     layer = len(v.tower.encoder.layers) - 1 if attention_layer is None else attention_layer
     return TowerBringup(
         path=vlm.path, media="image", stages=[n for n, _ in mine], grids=grids,
@@ -81,6 +83,7 @@ def gemma4_bringup(vlm: Gemma4ImageModel, oracle, image, prompt: Optional[str] =
         ids_equal=ours.ids.tolist() == ref["input_ids"][0].tolist(),
         embeddings_equal=bool(mx.array_equal(ours.embeddings, merged.inputs_embeds)),
         soft_tokens=np.array(ours.features.astype(mx.float32)), prompt_ids=ours.ids.tolist(),
-        token_id=v.image_token_id, image=np.clip(seen / spec.rescale_factor, 0, 255).round().astype(np.uint8),
+        token_id=v.image_token_id, image=seen_image(np.array(ours.pixel_values[0]).transpose(1, 2, 0), spec,
+                                                      spec.do_normalize),
         patch_size=spec.patch_size, attention=np.array(v.tower.attention_maps(pixels, layer)[0]),
         attention_layer=layer, grid_shape=shape)

@@ -18,7 +18,7 @@ import numpy as np
 
 from mlxbun.errors import MlxbunError
 
-__all__ = ["MEDIA", "TowerBringup", "load_oracle", "row_diffs"]
+__all__ = ["MEDIA", "TowerBringup", "load_oracle", "row_diffs", "seen_image"]
 
 MEDIA = ("image", "audio")  # the inputs a bring-up feeds a tower
 
@@ -30,7 +30,9 @@ class TowerBringup:
     path: Path
     media: str  # "image" | "audio"
     stages: list[str]  # image: embeddings, layers.i, .., projector; audio: subsample, blocks, output, embedder
-    grids: dict[str, np.ndarray]  # stage -> max |diff| per patch [rows, cols] (per soft token: projector) / frame [1, T]
+    # stage -> max |diff| per patch [rows, cols] (per soft token: projector), per cell of a feature map
+    # [rows, cols] (MobileNetV5) / per frame [1, T]
+    grids: dict[str, np.ndarray]
     stage_max: dict[str, float]
     inputs_equal: bool  # mlxbun's preprocessing (pixels; log-mel frames and mask) == mlx-vlm's processor
     ids_equal: bool  # the spliced prompt ids == mlx-vlm's
@@ -40,13 +42,15 @@ class TowerBringup:
     token_id: int  # the media token whose rows the soft tokens take
     # image towers
     image: Optional[np.ndarray] = None  # the resized image the tower sees [H, W, 3] uint8
-    patch_size: int = 0
+    patch_size: int | tuple[int, int] = 0  # (MobileNetV5: the pixels a soft token pools, rows x columns)
+    patch_numbers: Optional[np.ndarray] = None  # [rows, cols] each patch's index in the tokens (None: row-major)
     attention: Optional[np.ndarray] = None  # [heads, P, P] of block `attention_layer`
     attention_layer: Optional[int] = None
     grid_shape: tuple[int, int] = (0, 0)  # patches (rows, columns) of the image
     # audio towers
     mel: Optional[np.ndarray] = None  # [frames, mel bins] the clip's log-mel features
     mel_mask: Optional[np.ndarray] = None  # [frames] True where a frame holds audio
+    cell: Optional[str] = None  # what a grid's cell is (None: "patch" for an image, "frame" for audio)
     run_id: Optional[str] = None
     notes: list[str] = field(default_factory=list)
 
@@ -57,6 +61,9 @@ class TowerBringup:
 
     def _inputs(self) -> str:
         return "pixels" if self.media == "image" else "log-mel frames"
+
+    def _cell(self) -> str:
+        return self.cell or ("patch" if self.media == "image" else "frame")
 
     def verdict(self) -> str:
         if self.bit_exact:
@@ -73,7 +80,7 @@ class TowerBringup:
     def table(self):
         import pandas as pd
 
-        unit = "patches_differing" if self.media == "image" else "frames_differing"
+        unit = {"patch": "patches"}.get(self._cell(), self._cell() + "s") + "_differing"
         return pd.DataFrame({"stage": self.stages, "max_abs_diff": [self.stage_max[s] for s in self.stages],
                              unit: [int((self.grids[s] > 0).sum()) for s in self.stages]})
 
@@ -85,15 +92,15 @@ class TowerBringup:
 
         if self.media == "audio":
             return tower_plots.mel_plot(self.mel, self.mel_mask)
-        return tower_plots.patch_grid_plot(self.image, self.patch_size)
+        return tower_plots.patch_grid_plot(self.image, self.patch_size, numbers=self.patch_numbers)
 
     def diff_figure(self):
-        """Per-stage max |diff| over the patch grid, or over the frames."""
+        """Per-stage max |diff| over the patch grid (the feature maps), or over the frames."""
         from mlxbun.lab import tower_plots
 
         if self.media == "audio":
             return tower_plots.frame_diff_plot(self.grids)
-        return tower_plots.stage_diff_grids(self.grids)
+        return tower_plots.stage_diff_grids(self.grids, f"max |mlxbun - mlx-vlm| per {self._cell()}, stage by stage")
 
     def soft_tokens_figure(self):
         from mlxbun.lab import tower_plots
@@ -107,7 +114,7 @@ class TowerBringup:
         from mlxbun.lab import tower_plots
 
         if self.attention is None:
-            raise MlxbunError(f"no attention maps: the {self.media} bring-up draws none")
+            raise MlxbunError(f"no attention maps: this {self.media} tower's bring-up draws none")
         return tower_plots.attention_plot(self.attention, title=f"block {self.attention_layer}'s attention",
                                           shape=self.grid_shape)
 
@@ -115,6 +122,14 @@ class TowerBringup:
 def row_diffs(a: mx.array, b: mx.array) -> np.ndarray:
     """max |a - b| over the last axis (in float32), the leading axes kept."""
     return np.array(mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max(axis=-1))
+
+
+def seen_image(pixels: np.ndarray, spec, normalized: bool = True) -> np.ndarray:
+    """The image as a tower sees it, [H, W, 3] uint8: the processor's pixels [H, W, 3]
+    (`normalized`: by spec's image_mean / std) taken back to 0..255."""
+    if normalized:
+        pixels = pixels * np.array(spec.image_std) + np.array(spec.image_mean)
+    return np.clip(pixels / spec.rescale_factor, 0, 255).round().astype(np.uint8)
 
 
 def load_oracle(path: Path):

@@ -13,22 +13,26 @@ __all__ = ["attention_plot", "frame_diff_plot", "mel_plot", "patch_grid_plot", "
            "stage_diff_grids"]
 
 
-def patch_grid_plot(image: np.ndarray, patch: int, title: str = "the image as the tower sees it"):
-    """The resized image with its patch boundaries and patch numbers (row-major, as flattened)."""
+def patch_grid_plot(image: np.ndarray, patch, title: str = "the image as the tower sees it",
+                    numbers: np.ndarray | None = None):
+    """The resized image with its patch boundaries (`patch`: pixels a side, or (rows, columns)) and
+    each patch's number: `numbers` [rows, cols] (its soft token's index), default row-major."""
+    ph, pw = (patch, patch) if np.isscalar(patch) else patch
     fig = figure(4.5, 4.5)
     ax = fig.subplots()
     ax.imshow(image)
     h, w = image.shape[:2]
-    for x in range(0, w + 1, patch):
+    for x in range(0, w + 1, pw):
         ax.axvline(x - 0.5, color="white", lw=0.8)
-    for y in range(0, h + 1, patch):
+    for y in range(0, h + 1, ph):
         ax.axhline(y - 0.5, color="white", lw=0.8)
-    side = w // patch
-    if side <= 16 and h // patch <= 16:
-        for i in range(side * (h // patch)):
-            r, c = divmod(i, side)
-            ax.text(c * patch + patch / 2, r * patch + patch / 2, str(i), ha="center", va="center",
-                    color="yellow", fontsize=7)
+    rows, cols = h // ph, w // pw
+    if rows <= 16 and cols <= 16:
+        numbers = np.arange(rows * cols).reshape(rows, cols) if numbers is None else numbers
+        for r in range(rows):
+            for c in range(cols):
+                ax.text(c * pw + pw / 2, r * ph + ph / 2, str(numbers[r, c]), ha="center", va="center",
+                        color="yellow", fontsize=7)
     ax.set_title(title)
     ax.set_axis_off()
     return fig

@@ -60,12 +60,17 @@ class Gemma3nVision:
         """pixel_values [N, 3, H, W] float32 of RGB PIL images."""
         return preprocess(images, self.spec)
 
+    def image_rows(self, msfa: mx.array) -> mx.array:
+        """get_image_features up to its embed_vision: the MSFA's map [images, W', H', hidden] read
+        into [images, tokens_per_image, hidden] (column by column), times sqrt(hidden)."""
+        out = msfa.transpose(0, 3, 1, 2)
+        out = out.reshape(out.shape[0], self.hidden, self.tokens_per_image).transpose(0, 2, 1)
+        return out * self.hidden**0.5
+
     def soft_tokens(self, pixels: mx.array, taps: Optional[list] = None) -> mx.array:
         """[images, tokens_per_image, text hidden]: mlx-vlm's get_image_features (the processor's
         pixels as they come, in float32)."""
-        out = self.tower(pixels, taps).transpose(0, 3, 1, 2)
-        out = out.reshape(out.shape[0], self.hidden, self.tokens_per_image).transpose(0, 2, 1)
-        return self.embed_vision.soft(out * self.hidden**0.5)
+        return self.embed_vision.soft(self.image_rows(self.tower(pixels, taps)))
 
     def merge(self, embed_tokens, ids: mx.array, images: Optional[mx.array],
               audio: Optional[tuple[int, mx.array]] = None) -> mx.array:
