@@ -161,3 +161,23 @@ def real(tmp_path_factory, gguf_cache):
         return path, cached_import(path, root=gguf_cache, **options)
 
     return get
+
+
+def sample_image(name: str) -> str:
+    """A sample file matplotlib ships (no download)."""
+    import matplotlib.cbook as cbook
+
+    return str(cbook.get_sample_data(name, asfileobj=False))
+
+
+@pytest.fixture(scope="session")
+def images(run_tmp) -> list[str]:
+    """A JPEG photo, an RGBA PNG (matplotlib's), and a drawn grayscale, non-square PNG."""
+    import numpy as np
+    from PIL import Image
+
+    drawn = run_tmp / "towers-drawn.png"
+    if not drawn.exists():
+        y, x = np.mgrid[0:37, 0:90]
+        Image.fromarray(((x * 3 + y * 5) % 256).astype(np.uint8), mode="L").save(drawn)
+    return [sample_image("grace_hopper.jpg"), sample_image("logo2.png"), str(drawn)]

@@ -8,7 +8,6 @@ name. Test audio: sine and noise written here with the standard library's wave m
 from __future__ import annotations
 
 import json
-import wave
 from pathlib import Path
 
 import mlx.core as mx
@@ -20,28 +19,13 @@ from mlxbun.multimodal import open_alm, stream_generate
 from mlxbun.towers.errors import (AudioCountError, AudioFormatError, AudioTooLong, AudioTruncated,
                                   AudioUnreadable, NoTowerError, TooManyClips)
 from mlxbun.towers.usm import MAX_CLIPS
+from tests.audio_oracle import RATE, prompt_logits_equal, samples_of, write_wav
 
 ARCH = "gemma3n-audio"
 VARIANTS = [("float32", None), ("float16", None), ("bfloat16", None), ("float32", 4), ("bfloat16", 8),
             ("float32", "mixed")]
 AUDIO = "<audio_soft_token>"
 PROMPT = f"hi {AUDIO} and {AUDIO} there"
-RATE = 16_000
-
-
-def _write_wav(path: Path, samples: np.ndarray, rate: int = RATE, width: int = 2) -> Path:
-    """Samples in [-1, 1) ([n] or [n, channels]) as PCM of `width` bytes."""
-    x = samples if samples.ndim == 2 else samples[:, None]
-    if width == 2:
-        data = np.clip(np.round(x * 32768), -32768, 32767).astype("<i2").tobytes()
-    else:
-        data = np.clip(np.round(x * 128 + 128), 0, 255).astype(np.uint8).tobytes()
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(x.shape[1])
-        w.setsampwidth(width)
-        w.setframerate(rate)
-        w.writeframes(data)
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +34,8 @@ def wavs(run_tmp) -> list[Path]:
     t = np.arange(12_000) / RATE
     noise = np.random.default_rng(0).standard_normal(7_000) * 0.1
     stereo = np.stack([0.2 * np.sin(2 * np.pi * 300 * t[:8000]), 0.1 * np.cos(2 * np.pi * 700 * t[:8000])], 1)
-    return [_write_wav(run_tmp / "audio-sine.wav", 0.3 * np.sin(2 * np.pi * 440 * t)),
-            _write_wav(run_tmp / "audio-noise.wav", noise), _write_wav(run_tmp / "audio-stereo.wav", stereo)]
+    return [write_wav(run_tmp / "audio-sine.wav", 0.3 * np.sin(2 * np.pi * 440 * t)),
+            write_wav(run_tmp / "audio-noise.wav", noise), write_wav(run_tmp / "audio-stereo.wav", stereo)]
 
 
 _LOADED: dict = {}
@@ -71,34 +55,10 @@ def _both(path: Path):
     return _LOADED[path]
 
 
-def _samples(path: Path) -> np.ndarray:
-    """What mlx-vlm's load_audio makes of the file (soundfile's float32 PCM scaling, channels averaged)."""
-    with wave.open(str(path), "rb") as w:
-        x = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32).reshape(-1, w.getnchannels())
-    x = x / np.float32(32768.0)
-    return x.mean(axis=1) if x.shape[1] > 1 else x[:, 0]
-
-
 def _oracle_inputs(processor, clips, prompt=PROMPT):
     from mlx_vlm.utils import prepare_inputs
 
-    return prepare_inputs(processor, audio=[_samples(c) for c in clips], prompts=[prompt], add_special_tokens=True)
-
-
-def _prompt_logits_equal(alm, model, ref, emb, ours):
-    """The prompt's logits over caches, mlx-vlm's text model on its merged rows and per-layer
-    inputs vs mlxbun's, in one call and as generate prefills (all but the last, then it)."""
-    lm, m, n = model.language_model, alm.text_model, ours.ids.shape[0]
-    for splits in ([n], [n - 1, 1]):
-        c1, c2, s = lm.make_cache(), m.make_cache(), 0
-        for k in splits:
-            want = lm(ref["input_ids"][:, s:s + k], inputs_embeds=emb.inputs_embeds[:, s:s + k], cache=c1,
-                      per_layer_inputs=emb.per_layer_inputs).logits
-            got = m.logits_from_hidden(m.forward_hidden(ours.ids[None, s:s + k], c2,
-                                                        input_embeddings=ours.embeddings[:, s:s + k],
-                                                        **alm.hidden_kw))
-            assert mx.array_equal(got, want), f"prompt logits differ ({splits}, from {s})"
-            s += k
+    return prepare_inputs(processor, audio=[samples_of(c) for c in clips], prompts=[prompt], add_special_tokens=True)
 
 
 @pytest.mark.parametrize("dtype,quant", VARIANTS, ids=[f"{d}-{q}" for d, q in VARIANTS])
@@ -129,7 +89,7 @@ def test_audio_tower_splice_merge_and_logits_are_bit_exact(tower_ckpt, wavs, dty
     emb = model.get_input_embeddings(ref["input_ids"], None, input_features=ref["input_features"],
                                      input_features_mask=ref["input_features_mask"])
     assert mx.array_equal(ours.embeddings, emb.inputs_embeds)
-    _prompt_logits_equal(alm, model, ref, emb, ours)
+    prompt_logits_equal(alm, model, ref, emb, ours)
 
 
 @pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 4)], ids=["float32", "bf16-q4"])
@@ -172,9 +132,9 @@ def test_bad_wavs_are_refused_by_name(tower_ckpt, wavs, tmp_path):
     cut_head.write_bytes(good[:20])
     text = tmp_path / "notes.wav"
     text.write_text("not audio")
-    byte = _write_wav(tmp_path / "u8.wav", np.zeros(4000), width=1)
-    slow = _write_wav(tmp_path / "8k.wav", np.zeros(4000), rate=8000)
-    long = _write_wav(tmp_path / "long.wav", np.zeros(RATE * 2))
+    byte = write_wav(tmp_path / "u8.wav", np.zeros(4000), width=1)
+    slow = write_wav(tmp_path / "8k.wav", np.zeros(4000), rate=8000)
+    long = write_wav(tmp_path / "long.wav", np.zeros(RATE * 2))
     cases = [(tmp_path / "missing.wav", AudioUnreadable, "no such audio file"), (tmp_path, AudioUnreadable, "not a file"),
              (text, AudioUnreadable, "not a RIFF/WAVE"), (cut_data, AudioTruncated, "declares"),
              (cut_head, AudioTruncated, "ends early"), (byte, AudioFormatError, "8-bit"),
@@ -285,7 +245,7 @@ def test_gemma4_audio_tower_splice_merge_and_logits_are_bit_exact(tower_ckpt, dt
     emb = model.get_input_embeddings(ref["input_ids"], None, input_features=ref["input_features"],
                                      input_features_mask=ref["input_features_mask"])
     assert mx.array_equal(ours.embeddings, emb.inputs_embeds)
-    _prompt_logits_equal(alm, model, ref, emb, ours)
+    prompt_logits_equal(alm, model, ref, emb, ours)
 
 
 @pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", 8)], ids=["float32", "bf16-q8"])
@@ -318,7 +278,7 @@ def test_gemma4_clips_whose_tokens_and_encodings_disagree_are_refused(tower_ckpt
 
 
 def test_cli_generates_from_gemma4_audio(tower_ckpt, run_tmp, capsys):
-    wav = _write_wav(run_tmp / "audio-g4.wav", _g4_clip(9600).astype(np.float64))
+    wav = write_wav(run_tmp / "audio-g4.wav", _g4_clip(9600).astype(np.float64))
     path = tower_ckpt("float32", None, G4)
     code = cli.main(["generate", "--model", str(path), "--audio", str(wav), "--prompt", f"hi {G4_AUDIO}",
                      "--max-tokens", "4", "--json"])

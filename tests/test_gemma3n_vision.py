@@ -31,8 +31,7 @@ from mlxbun.multimodal import MAX_IMAGES, open_vlm, refuse_images, stream_genera
 from mlxbun.towers.errors import ImageCountError, ImageTruncated, ImageUnreadable, NoTowerError, TooManyImages
 from mlxbun.towers.mobilenet5 import FULL_LAYOUT, MobileNetLayout, MobileNetV5
 from mlxbun.zoo.mobilenet import TINY_LAYOUT, mobilenet_patch, vlm_stages
-from tests.test_audio import _prompt_logits_equal, _samples, _write_wav
-from tests.test_towers import images  # noqa: F401  (the session fixture)
+from tests.audio_oracle import prompt_logits_equal, samples_of, write_wav
 
 ARCH = "gemma3n-towers"
 IMAGE = "<image_soft_token>"
@@ -53,7 +52,7 @@ def pictures(images) -> list[str]:
 @pytest.fixture(scope="session")
 def clip(run_tmp) -> Path:
     t = np.arange(9000) / 16_000
-    return _write_wav(run_tmp / "gemma3n-vision-sine.wav", 0.3 * np.sin(2 * np.pi * 440 * t))
+    return write_wav(run_tmp / "gemma3n-vision-sine.wav", 0.3 * np.sin(2 * np.pi * 440 * t))
 
 
 _LOADED: dict = {}
@@ -74,7 +73,7 @@ def _both(path: Path):
 def _oracle_inputs(processor, images, prompt=PROMPT, clips=()):
     from mlx_vlm.utils import prepare_inputs
 
-    return prepare_inputs(processor, images=list(images) or None, audio=[_samples(c) for c in clips] or None,
+    return prepare_inputs(processor, images=list(images) or None, audio=[samples_of(c) for c in clips] or None,
                           prompts=[prompt], add_special_tokens=True)
 
 
@@ -126,7 +125,7 @@ def test_mobilenet_tower_splice_merge_and_logits_are_bit_exact(tower_ckpt, pictu
     assert mx.array_equal(ours.features, want)
     emb = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"])
     assert mx.array_equal(ours.embeddings, emb.inputs_embeds)
-    _prompt_logits_equal(vlm, model, ref, emb, ours)
+    prompt_logits_equal(vlm, model, ref, emb, ours)
 
 
 def _greedy_equal(vlm, model, ref, prompt, images, clips=(), steps=6):
@@ -162,7 +161,7 @@ def test_images_and_audio_in_one_prompt_are_bit_exact(tower_ckpt, pictures, clip
     emb = model.get_input_embeddings(ref["input_ids"], ref["pixel_values"], input_features=ref["input_features"],
                                      input_features_mask=ref["input_features_mask"])
     assert mx.array_equal(ours.embeddings, emb.inputs_embeds)
-    _prompt_logits_equal(vlm, model, ref, emb, ours)
+    prompt_logits_equal(vlm, model, ref, emb, ours)
     _greedy_equal(vlm, model, ref, prompt, pictures[:1], [clip], steps=4)
 
 

@@ -16,12 +16,7 @@ from mlxbun.multimodal import open_alm, open_vlm, stream_generate
 from mlxbun.towers.errors import NoTowerError
 from mlxbun.zoo import ZooArgumentError, check_build
 from mlxbun.zoo.towers import cached_tower_checkpoint
-
-
-def _sample(name: str) -> str:
-    import matplotlib.cbook as cbook
-
-    return str(cbook.get_sample_data(name, asfileobj=False))
+from tests.conftest import sample_image
 
 
 def test_tower_zoo_names_resolve_to_the_tower_checkpoints(zoo_root, tmp_path):
@@ -54,7 +49,7 @@ def test_open_vlm_and_open_alm_take_zoo_names(zoo_root, monkeypatch):
 
 def test_cli_generates_from_a_tower_zoo_name_with_an_image(zoo_root, monkeypatch, capsys):
     monkeypatch.setenv("MLXBUN_ZOO_CACHE", str(zoo_root))
-    prompt, image = "<start_of_image> what", _sample("grace_hopper.jpg")
+    prompt, image = "<start_of_image> what", sample_image("grace_hopper.jpg")
     code = cli.main(["generate", "--model", "zoo:gemma3-vision", "--image", image, "--prompt", prompt,
                      "--max-tokens", "4", "--json"])
     out = json.loads(capsys.readouterr().out)

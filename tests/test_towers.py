@@ -29,24 +29,6 @@ PIXTRAL_PROMPT = "hi [IMG] and [IMG] there"
 QWEN_PROMPT = "hi <|vision_start|><|image_pad|><|vision_end|> and <|vision_start|><|image_pad|><|vision_end|> there"
 
 
-def _sample(name: str) -> str:
-    import matplotlib.cbook as cbook
-
-    return str(cbook.get_sample_data(name, asfileobj=False))
-
-
-@pytest.fixture(scope="session")
-def images(run_tmp) -> list[str]:
-    """A JPEG photo, an RGBA PNG (matplotlib's), and a drawn grayscale, non-square PNG."""
-    from PIL import Image
-
-    drawn = run_tmp / "towers-drawn.png"
-    if not drawn.exists():
-        y, x = np.mgrid[0:37, 0:90]
-        Image.fromarray(((x * 3 + y * 5) % 256).astype(np.uint8), mode="L").save(drawn)
-    return [_sample("grace_hopper.jpg"), _sample("logo2.png"), str(drawn)]
-
-
 _both = load_both  # (mlxbun's VisionLanguageModel, mlx-vlm's model, processor), loaded once per checkpoint
 
 
