@@ -1,6 +1,6 @@
 """Which decode step a fast run takes: the fused kernels, else the compiled step, else eager.
 
-`fast_decoder(fast, cache, room)` tries the fused step (`fast.fused_decoder`: seven launches per
+`fast_decoder(fast, cache, room)` tries the fused step (`fast.fused_decoder`: five launches per
 layer, dense rows, plain KVCaches, CUDA) and, where it does not apply, the compiled step
 (`fast.decode.CompiledDecoder`); each reason it passes over is said once in the FastPath's notes.
 """

@@ -1,4 +1,5 @@
-"""CUDA source of the fused decode kernels: a dense layer's one-token step in six launches.
+"""CUDA source of the fused decode kernels: a dense layer's one-token step in seven launches, five
+where `rope_attention_source`'s one launch takes steps 2 and 3 (its device helpers come from here).
 
 Per layer of a standard pre-norm dense row (llama, qwen2, qwen3, mistral, ...), one token:
 
