@@ -242,7 +242,8 @@ def parse_knobs(items) -> list[tuple[str, dict]]:
     return out
 
 
-KNOBS = ("RW", "QKV_RW", "NW", "MAX_SPLIT", "TARGET_WARPS", "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS", "ATTN_MIN_CHUNK", "ATTN_TARGET_BLOCKS")
+KNOBS = ("RW", "QKV_RW", "NW", "MAX_SPLIT", "TARGET_WARPS", "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS",
+         "ATTN_MIN_CHUNK", "ATTN_TARGET_BLOCKS")
 # The decode attention's knobs (sdpa_decode's module-level launch knobs), by --knobs name
 _ATTN = {"ATTN_MIN_CHUNK": "CHUNKS", "ATTN_TARGET_BLOCKS": "TARGET_BLOCKS"}
 ATTN_CHUNKS = (16, 32, 64, 128, 256, 512)

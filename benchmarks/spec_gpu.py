@@ -37,7 +37,8 @@ def main(argv=None) -> int:
     p.add_argument("--lookup", default="ngram:3")
     p.add_argument("--self-depth", type=int, default=14)
     p.add_argument("--tasks", nargs="+", default=["code_edit", "chat"])
-    p.add_argument("--fast", action="store_true", help="plain and speculative decoding on the fast path (static caches)")
+    p.add_argument("--fast", action="store_true",
+                   help="plain and speculative decoding on the fast path (static caches)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -58,8 +58,8 @@ def _routes(monkeypatch, attn, *, knob, inplace=True):
     monkeypatch.setattr(fd, "composed_qkv_attention", lambda *a: taken.append("three") or (None, None, None))
     ops = fd.CudaFusedOps(inplace=inplace)
     monkeypatch.setattr(ops, "qkv_sums", lambda *a: None)
-    ops.qkv_attention(mx.zeros((4,), mx.bfloat16), None, None, attn.at(mx.zeros((2, attn.hkv, attn.capacity, attn.head_dim)),
-                                                 mx.array([5], mx.int32)))
+    buffer = mx.zeros((2, attn.hkv, attn.capacity, attn.head_dim))
+    ops.qkv_attention(mx.zeros((4,), mx.bfloat16), None, None, attn.at(buffer, mx.array([5], mx.int32)))
     return taken
 
 

@@ -10,8 +10,9 @@ executor and layout, so a token costs the kernels' encode and nothing built in P
 
 Per layer: norm + the q/k/v GEMV; q/k norm, RoPE, the new K/V rows written in place and decode
 attention (one `rope_attention` launch, or three where its gap says: `ops.qkv_attention`); o_proj +
-residual, norm + gate/up + SiLU, down + residual; then the final norm + head. One token at a time, batch 1, plain KVCaches: anything else is a `FusedGap`
-and the caller runs the compiled step (`fast.decode.CompiledDecoder`).
+residual, norm + gate/up + SiLU, down + residual; then the final norm + head. One token at a time,
+batch 1, plain KVCaches: anything else is a `FusedGap` and the caller runs the compiled step
+(`fast.decode.CompiledDecoder`).
 """
 
 from __future__ import annotations

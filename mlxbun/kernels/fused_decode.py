@@ -35,8 +35,9 @@ from mlxbun.kernels.fused_decode_source import GEMV, GEMV_SWIGLU, HEADER, QKV_PR
 from mlxbun.kernels.rope_attention import Counters, rope_attention, rope_attention_gap
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
-__all__ = ["FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "MAX_HEAD_DIM", "ROPE_ATTENTION", "CudaFusedOps",
-           "ReferenceFusedOps", "Weights", "backend_gap", "composed_qkv_attention", "dtype_gap", "kernel_signature", "rope_inv_freq", "split_for", "weights_gap"]
+__all__ = ["FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "MAX_HEAD_DIM", "ROPE_ATTENTION",
+           "ROPE_ATTENTION_MAX_SPLITS", "CudaFusedOps", "ReferenceFusedOps", "Weights", "backend_gap",
+           "composed_qkv_attention", "dtype_gap", "kernel_signature", "rope_inv_freq", "split_for", "weights_gap"]
 
 FUSED_BITS = (16, 4, 8)  # 16: bfloat16 / float16 weights; 4, 8: affine codes
 FUSED_GROUPS = (32, 64, 128)
@@ -231,10 +232,10 @@ class CudaFusedOps:
         """(attention output [HQ * D], the buffer holding the new rows, next_pos [1]): `qkv_rope` then
         `attention`, or, with ROPE_ATTENTION and the rows written in place, QKV_PROJ then one
         `rope_attention` launch (the same arithmetic)."""
-        if not (ROPE_ATTENTION and self.inplace) or rope_attention_gap(attn, ROPE_ATTENTION_MAX_SPLITS) is not None:
-            return composed_qkv_attention(self, x, norm, proj, attn)
-        out, next_pos = rope_attention(self.qkv_sums(x, norm, proj), attn, x.dtype, self.counters)
-        return out, attn.buffer, next_pos
+        if ROPE_ATTENTION and self.inplace and rope_attention_gap(attn, ROPE_ATTENTION_MAX_SPLITS) is None:
+            out, next_pos = rope_attention(self.qkv_sums(x, norm, proj), attn, x.dtype, self.counters)
+            return out, attn.buffer, next_pos
+        return composed_qkv_attention(self, x, norm, proj, attn)
 
     @staticmethod
     def qkv_sums(x, norm: tuple, proj: tuple) -> mx.array:

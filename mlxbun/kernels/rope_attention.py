@@ -17,7 +17,7 @@ import numpy as np
 from mlxbun.kernels.common import Gap, float_bits
 from mlxbun.kernels.fused_decode_source import HELPERS
 from mlxbun.kernels.rope_attention_source import ROPE_ATTENTION
-from mlxbun.kernels.sdpa_decode import NWARPS, SHARED_LIMIT, decode_split, shared_bytes
+from mlxbun.kernels.sdpa_decode import NWARPS, SHARED_LIMIT, decode_split, partial_template, shared_bytes
 from mlxbun.kernels.sdpa_decode_source import HEADER as ATTENTION_HEADER
 
 __all__ = ["HEADER", "MAX_KV_HEADS", "Counters", "rope_attention", "rope_attention_gap", "rope_attention_signature",
@@ -72,11 +72,11 @@ def rope_attention_signature(dtype) -> tuple[list, list]:
             [("out", dtype), ("next_pos", mx.int32), ("o_part", mx.float32), ("ml", mx.float32)])
 
 
-def rope_attention_template(attn, dtype) -> list:
-    chunk, _ = _split(attn)
-    return [("T", dtype), ("BF16", dtype == mx.bfloat16), ("D", attn.head_dim), ("G", attn.hq // attn.hkv),
-            ("KV", attn.hkv), ("H", attn.hq), ("CAP", attn.capacity), ("CHUNK", chunk), ("NWARPS", NWARPS),
-            ("QBITS", 0), ("GS", 64), ("QF32", False), ("SCALE_BITS", float_bits(attn.scale)),
+def rope_attention_template(attn, dtype, chunk: Optional[int] = None) -> list:
+    """The partial body's constants (16-bit K/V) and ROPE_KV's (`chunk`: the split's, default `_split`'s)."""
+    chunk = chunk or _split(attn)[0]
+    return [*partial_template(dtype, attn.head_dim, attn.hq // attn.hkv, attn.hkv, attn.hq, attn.capacity, chunk,
+                              attn.scale),
             ("QK_NORM", attn.q_norm is not None), ("QK_EPS_BITS", float_bits(attn.qk_eps)),
             ("BIAS", attn.bias is not None), ("ROPE_TRAD", attn.traditional),
             ("ROPE_SCALE_BITS", float_bits(attn.rope_scale))]
@@ -94,13 +94,13 @@ def rope_attention(sums: mx.array, attn, dtype, counters: Counters) -> tuple[mx.
             name="mlxbun_rope_attention", input_names=[n for n, _ in inputs], output_names=[n for n, _ in outputs],
             source=ROPE_ATTENTION, header=HEADER, ensure_row_contiguous=True)
     a = attn
-    _, splits = _split(a)
+    chunk, splits = _split(a)
     x = a.buffer  # a dtype operand the kernel never reads where its knob is off
     bias = a.bias or (x, x, x)
     qn, kn = (a.q_norm, a.k_norm) if a.q_norm is not None else (x, x)
     out, next_pos, _, _ = _kernels[dtype](
         inputs=[sums, *bias, qn, kn, a.inv_freq, a.pos, a.buffer, counters.array],
-        template=rope_attention_template(a, dtype), grid=(splits * 32 * NWARPS, a.hkv, 1),
+        template=rope_attention_template(a, dtype, chunk), grid=(splits * 32 * NWARPS, a.hkv, 1),
         threadgroup=(32 * NWARPS, 1, 1),
         output_shapes=[(a.hq * a.head_dim,), (1,), (a.hq * splits * a.head_dim,), (a.hq * splits * 2,)],
         output_dtypes=[dtype, mx.int32, mx.float32, mx.float32])

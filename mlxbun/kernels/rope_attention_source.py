@@ -107,12 +107,10 @@ _PROLOGUE = r"""
   }
 """
 
-_LOAD_Q = r"""
-#pragma unroll
+_LOAD_Q = r"""#pragma unroll
       for (int j = 0; j < 8; ++j) {
         qf[g][j] = qsh[g][slot * 8 + j];
-      }
-"""
+      }"""
 
 _EPILOGUE = r"""
   // publish this split, count it; the last of the KV head's active splits merges them in order

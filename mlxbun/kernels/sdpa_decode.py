@@ -40,7 +40,7 @@ from mlxbun.kernels.sdpa_decode_source import (COMBINE, COMBINE_SINKS, HEADER, P
 
 __all__ = ["CHUNKS", "HEAD_DIMS", "MAX_GROUP", "METAL_TURBOQUANT_CHECKED", "QUANT_BITS", "QUANT_GROUPS",
            "TURBOQUANT_BITS", "TURBOQUANT_CHECKED", "KernelCall", "decode_attention", "decode_gap", "decode_split",
-           "plan", "quantized_decode_attention", "shared_bytes", "turboquant_decode_attention",
+           "partial_template", "plan", "quantized_decode_attention", "shared_bytes", "turboquant_decode_attention",
            "turboquant_decode_gap"]
 
 HEAD_DIMS = (32, 64, 128, 256)  # D / 8 lanes per key row: a power of two up to a warp
@@ -195,6 +195,14 @@ class KernelCall:
     backend: str = "cuda"
 
 
+def partial_template(dtype, D: int, G: int, kv_heads: int, H: int, capacity: int, chunk: int, scale: float,
+                     bits: int = 0, group_size: int = 64) -> tuple:
+    """The partial body's template constants (also `rope_attention`'s, which runs the same body)."""
+    return (("T", dtype), ("BF16", dtype == mx.bfloat16), ("D", D), ("G", G), ("KV", kv_heads), ("H", H),
+            ("CAP", capacity), ("CHUNK", chunk), ("NWARPS", NWARPS), ("QBITS", bits), ("GS", group_size),
+            ("QF32", dtype == mx.float32), ("SCALE_BITS", float_bits(scale)))
+
+
 def plan(queries_shape: Sequence[int], dtype, kv_heads: int, capacity: int, scale: float, *, bits: int = 0,
          group_size: int = 64, sinks: bool = False, turboquant: Optional[tuple[int, int]] = None,
          backend: str = "cuda") -> tuple[KernelCall, KernelCall]:
@@ -211,9 +219,7 @@ def plan(queries_shape: Sequence[int], dtype, kv_heads: int, capacity: int, scal
     chunk, splits = decode_split(capacity, B * kv_heads, G, D, book_floats=books)
     if turboquant:
         dtype = mx.float32
-    template = (("T", dtype), ("BF16", dtype == mx.bfloat16), ("D", D), ("G", G), ("KV", kv_heads), ("H", H),
-                ("CAP", capacity), ("CHUNK", chunk), ("NWARPS", NWARPS), ("QBITS", bits), ("GS", group_size),
-                ("QF32", dtype == mx.float32), ("SCALE_BITS", float_bits(scale)))
+    template = partial_template(dtype, D, G, kv_heads, H, capacity, chunk, scale, bits, group_size)
     if turboquant:
         kv = _TURBOQUANT_KV
         template += (("KBITS", turboquant[0]), ("VBITS", turboquant[1]))

@@ -157,7 +157,8 @@ MLXBUN_PROLOGUE
     float qf[G][8];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-MLXBUN_LOAD_Q#pragma unroll
+MLXBUN_LOAD_Q
+#pragma unroll
       for (int j = 0; j < 8; ++j) {
         qf[g][j] *= qs;
       }
@@ -280,7 +281,6 @@ MLXBUN_LOAD_Q#pragma unroll
 """
 
 
-
 def partial_body(load_q: str = "", prologue: str = "") -> str:
     """The partial kernel's body with its query load (`load_q`: code that fills `qf[g][0..8)` with
     head g's eight values at `slot`; default: from the `q` input) and `prologue` (code run by every
@@ -289,7 +289,7 @@ def partial_body(load_q: str = "", prologue: str = "") -> str:
             .replace("MLXBUN_PROLOGUE", prologue))
 
 
-_LOAD_Q = "      mlxbun_load_q8<QF32, BF16>(q + static_cast<size_t>(head0 + g) * D, slot, qf[g]);\n"
+_LOAD_Q = "      mlxbun_load_q8<QF32, BF16>(q + static_cast<size_t>(head0 + g) * D, slot, qf[g]);"
 _BODY = partial_body()
 
 # inputs: q, k, v, length; outputs: o_part, ml
