@@ -34,7 +34,7 @@ from mlxbun.towers.splice import count_placeholders, expand_prompt, merge_embedd
 from mlxbun.towers.table import tower_for
 from mlxbun.towers.video import (VideoSpec, check_videos, count_videos, expand_videos, load_video, preprocess_videos,
                                  read_video_spec, rope_grids, video_timestamps)
-from mlxbun.multimodal.prompt import MAX_IMAGES, EmbeddedPrompt, MediaPrompt
+from mlxbun.multimodal.prompt import MAX_IMAGES, EmbeddedPrompt, MediaPrompt, check_image_count
 from mlxbun.multimodal.spliced import (AudioLanguageModel, AudioPrompt, Gemma3nImageModel, Gemma4ImageModel,
                                       load_clip)
 
@@ -56,9 +56,7 @@ class VisionLanguageModel:
         return t
 
     def check_images(self, images: Sequence) -> None:
-        """TooManyImages past MAX_IMAGES (before any image is read)."""
-        if len(images) > MAX_IMAGES:
-            raise TooManyImages(f"{len(images)} images given; mlxbun takes at most {MAX_IMAGES} per prompt")
+        check_image_count(images)
 
     def _marks(self) -> dict[str, str]:
         """The media tokens' texts: placeholder (what the prompt holds per image), boi, image, eoi,

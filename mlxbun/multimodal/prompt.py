@@ -11,13 +11,20 @@ import mlx.core as mx
 import numpy as np
 
 from mlxbun.errors import GenerationError
+from mlxbun.towers.errors import TooManyImages
 from mlxbun.towers.mrope import MRopeText
 
 
-__all__ = ["MAX_IMAGES", "EmbeddedPrompt", "MediaPrompt"]
+__all__ = ["MAX_IMAGES", "EmbeddedPrompt", "MediaPrompt", "check_image_count"]
 
 # a bound on the images of one prompt (each is a tower pass and its soft tokens in the context)
 MAX_IMAGES = 16
+
+
+def check_image_count(images) -> None:
+    """TooManyImages past MAX_IMAGES (before any image is read)."""
+    if len(images) > MAX_IMAGES:
+        raise TooManyImages(f"{len(images)} images given; mlxbun takes at most {MAX_IMAGES} per prompt")
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ from mlxbun.towers.errors import AudioCountError, ImageCountError, TooManyClips,
 from mlxbun.towers.images import load_image
 from mlxbun.towers.splice import count_placeholders, expand_prompt
 from mlxbun.towers.video import check_videos
-from mlxbun.multimodal.prompt import MAX_IMAGES, MediaPrompt
+from mlxbun.multimodal.prompt import MediaPrompt, check_image_count
 
 __all__ = ["AudioLanguageModel", "AudioPrompt", "Gemma3nImageModel", "Gemma4ImageModel", "load_clip"]
 
@@ -166,8 +166,7 @@ class Gemma4ImageModel(_SplicedModel):
         self.vision = vision
 
     def check_images(self, images: Sequence) -> None:
-        if len(images) > MAX_IMAGES:
-            raise TooManyImages(f"{len(images)} images given; mlxbun takes at most {MAX_IMAGES} per prompt")
+        check_image_count(images)
 
     def prepare(self, prompt: str, images: Sequence = (), *, videos: Sequence = (), fps: Optional[float] = None,
                 add_special_tokens: bool = True) -> MediaPrompt:
