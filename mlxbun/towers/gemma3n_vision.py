@@ -21,7 +21,7 @@ import numpy as np
 from mlxbun.errors import ConfigError, UnsupportedModelError
 from mlxbun.towers.audio import load_modules, read_json
 from mlxbun.towers.errors import AudioCountError, ImageCountError, NoTowerError
-from mlxbun.towers.images import ImageProcessorSpec, preprocess, read_preprocessor_config
+from mlxbun.towers.images import ImageProcessorSpec, fixed_size_spec, preprocess, read_preprocessor_config
 from mlxbun.towers.mobilenet5 import FULL_LAYOUT, MobileNetLayout, MobileNetV5
 from mlxbun.towers.usm import MultimodalEmbedder, embedders, hard_rows, scatter_soft
 
@@ -107,16 +107,8 @@ def read_image_spec(path: Path) -> ImageProcessorSpec:
         or cfg.get("size") or {"height": 224, "width": 224}
     if "height" not in size or "width" not in size:
         raise ConfigError(f"{f}: size must give height and width, got {size!r}")
-
-    def flag(key):
-        return True if cfg.get(key) is None else bool(cfg[key])
-
     # SiglipImageProcessorPil's defaults where the file is silent (bicubic, 224 x 224, mean / std 0.5)
-    return ImageProcessorSpec("SiglipImageProcessor", int(size["height"]), int(size["width"]),
-                              int(cfg.get("resample", 3)), float(cfg.get("rescale_factor", 1 / 255)),
-                              tuple(cfg.get("image_mean", (0.5, 0.5, 0.5))),
-                              tuple(cfg.get("image_std", (0.5, 0.5, 0.5))),
-                              flag("do_resize"), flag("do_rescale"), flag("do_normalize"), flag("do_convert_rgb"))
+    return fixed_size_spec("SiglipImageProcessor", cfg, size, resample=3)
 
 
 def check_vision_tower(path: Path, config: Mapping) -> tuple[str, Any]:

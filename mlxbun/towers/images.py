@@ -15,9 +15,9 @@ import numpy as np
 
 from mlxbun.towers.errors import ImageTruncated, ImageUnreadable
 
-__all__ = ["ImageProcessorSpec", "Pixels", "load_image", "preprocess", "preprocess_any", "preprocess_kimi",
-           "preprocess_lfm2", "preprocess_pixtral", "preprocess_qwen", "read_preprocessor_config", "read_processor_spec",
-           "smart_resize"]
+__all__ = ["ImageProcessorSpec", "Pixels", "fixed_size_spec", "load_image", "preprocess", "preprocess_any",
+           "preprocess_kimi", "preprocess_lfm2", "preprocess_pixtral", "preprocess_qwen", "qwen_normalized",
+           "qwen_patches", "read_preprocessor_config", "read_processor_spec", "smart_resize"]
 
 ImageSource = Union[str, Path, "PIL.Image.Image"]  # noqa: F821
 
@@ -112,12 +112,18 @@ def read_processor_spec(path: Path) -> ImageProcessorSpec:
     size = cfg.get("size") or {}
     if "height" not in size or "width" not in size:
         raise ConfigError(f"{f}: size must give height and width, got {size!r}")
+    return fixed_size_spec(kind, cfg, size, resample=2)
+
+
+def fixed_size_spec(kind: str, cfg: dict, size: dict, resample: int) -> ImageProcessorSpec:
+    """A fixed-size processor's settings: preprocessor_config.json's `cfg` over its defaults (the
+    `resample` filter, 1/255, mean and std 0.5, every flag on), at `size` (height and width)."""
 
     def flag(key):
         v = cfg.get(key)
         return True if v is None else bool(v)
 
-    return ImageProcessorSpec(kind, int(size["height"]), int(size["width"]), int(cfg.get("resample", 2)),
+    return ImageProcessorSpec(kind, int(size["height"]), int(size["width"]), int(cfg.get("resample", resample)),
                               float(cfg.get("rescale_factor", 1 / 255)),
                               tuple(cfg.get("image_mean", (0.5, 0.5, 0.5))),
                               tuple(cfg.get("image_std", (0.5, 0.5, 0.5))),
@@ -413,17 +419,28 @@ def _qwen_one(image, spec: ImageProcessorSpec) -> tuple[np.ndarray, list[int]]:
     if (rh, rw) != (H, W):
         pil = Image.fromarray(np.transpose(arr, (1, 2, 0))).resize((rw, rh), resample=Image.BICUBIC)
         arr = np.transpose(np.array(pil), (2, 0, 1))
-    img = arr.astype(np.float32)
+    return qwen_patches(np.repeat(qwen_normalized(arr, spec)[None], tps, axis=0), ps, tps, ms)
+
+
+def qwen_normalized(x: np.ndarray, spec) -> np.ndarray:
+    """The Qwen-VL processors' float32 rescale and normalize of [..., C, H, W] (images and video frames)."""
+    x = x.astype(np.float32)
     if spec.do_rescale:
-        img = img * spec.rescale_factor
+        x = x * spec.rescale_factor
     if spec.do_normalize:
-        img = (img - np.array(spec.image_mean, dtype=np.float32)[:, None, None]) / \
-            np.array(spec.image_std, dtype=np.float32)[:, None, None]
-    patches = np.repeat(img[None, None, ...], tps, axis=1)
-    gh, gw = rh // ps, rw // ps
-    patches = patches.reshape(1, 1, tps, C, gh // ms, ms, ps, gw // ms, ms, ps)
+        x = (x - np.array(spec.image_mean, dtype=np.float32).reshape(-1, 1, 1)) / \
+            np.array(spec.image_std, dtype=np.float32).reshape(-1, 1, 1)
+    return x
+
+
+def qwen_patches(x: np.ndarray, ps: int, tps: int, ms: int) -> tuple[np.ndarray, list[int]]:
+    """Frames [T, C, H, W] (T whole temporal patches) as the Qwen-VL processors flatten them, merge
+    window by merge window: ([t * h * w patches, C * tps * ps * ps], the grid [t, h, w])."""
+    T, C, H, W = x.shape
+    gt, gh, gw = T // tps, H // ps, W // ps
+    patches = x[None].reshape(1, gt, tps, C, gh // ms, ms, ps, gw // ms, ms, ps)
     patches = patches.transpose(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
-    return patches.reshape(gh * gw, C * tps * ps * ps), [1, gh, gw]
+    return patches.reshape(gt * gh * gw, C * tps * ps * ps), [gt, gh, gw]
 
 
 def preprocess_qwen(images: Sequence, spec: ImageProcessorSpec) -> tuple[np.ndarray, np.ndarray]:

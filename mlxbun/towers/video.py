@@ -11,7 +11,6 @@ fps), and so does mlxbun."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from mlxbun.towers.audio import read_json
 from mlxbun.towers.errors import NoVideoTower, TooManyFrames, VideoCountError, VideoFormatError, VideoUnreadable
+from mlxbun.towers.images import qwen_normalized, qwen_patches
 from mlxbun.towers.knobs import TowerDescriptor, VideoKind
 from mlxbun.towers.splice import count_placeholders
 from mlxbun.towers.table import TOWERS
@@ -58,17 +59,8 @@ def read_video_spec(path: Path, model_type: str) -> VideoSpec:
     """video_preprocessor_config.json, else preprocessor_config.json (older checkpoints keep the
     video settings beside the image ones), as mlx-vlm's _qwen_vl_video_kwargs reads them; the
     default patch 14 for qwen2_vl / qwen2_5_vl, 16 for qwen3_vl."""
-    from mlxbun.errors import ConfigError
-
-    raw = {}
-    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
-        f = Path(path) / name
-        if f.is_file():
-            try:
-                raw = json.loads(f.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"{f}: unreadable ({e})") from None
-            break
+    files = [Path(path) / name for name in ("video_preprocessor_config.json", "preprocessor_config.json")]
+    raw = next((read_json(f) for f in files if f.is_file()), {})
     kw = {"patch_size": 14 if model_type in ("qwen2_vl", "qwen2_5_vl") else 16}
     for k in ("patch_size", "temporal_patch_size", "merge_size", "fps", "max_frames", "image_mean", "image_std",
               "rescale_factor", "do_rescale", "do_normalize", "do_convert_rgb"):
@@ -216,20 +208,11 @@ def _process_one(frames: np.ndarray, spec: VideoSpec) -> tuple[np.ndarray, list[
             pil = Image.fromarray(np.transpose(frame, (1, 2, 0))).resize((rw, rh), resample=Image.BICUBIC)
             out[i] = np.transpose(np.array(pil), (2, 0, 1))
         video = out
-    x = video.astype(np.float32)
-    if spec.do_rescale:
-        x = x * spec.rescale_factor
-    if spec.do_normalize:
-        x = (x - np.array(spec.image_mean, dtype=np.float32)[None, :, None, None]) / \
-            np.array(spec.image_std, dtype=np.float32)[None, :, None, None]
+    x = qwen_normalized(video, spec)
     pad = (-x.shape[0]) % spec.temporal_patch_size
     if pad:
         x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)], axis=0)
-    ps, tps, ms = spec.patch_size, spec.temporal_patch_size, spec.merge_size
-    gt, gh, gw = x.shape[0] // tps, rh // ps, rw // ps
-    patches = x[None].reshape(1, gt, tps, C, gh // ms, ms, ps, gw // ms, ms, ps)
-    patches = patches.transpose(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
-    return patches.reshape(gt * gh * gw, C * tps * ps * ps), [gt, gh, gw]
+    return qwen_patches(x, spec.patch_size, spec.temporal_patch_size, spec.merge_size)
 
 
 def preprocess_videos(videos: Sequence[np.ndarray], spec: VideoSpec) -> tuple[np.ndarray, np.ndarray]:
