@@ -4,15 +4,17 @@
         [--knobs LABEL:NAME=VALUE,... ...] [--smoke]
 
 `--knobs` adds fused variants to `check`, `bench` and `profile`: `fused_decode`'s module knobs (RW, QKV_RW,
-NW, MAX_SPLIT, TARGET_WARPS) and the decode attention's (ATTN_MIN_CHUNK: the smallest split of
-positions; ATTN_TARGET_BLOCKS) set for that variant only.
+NW, MAX_SPLIT, TARGET_WARPS, CODES, QUNROLL, ROPE_ATTENTION, ROPE_ATTENTION_MAX_SPLITS) and the decode
+attention's (ATTN_MIN_CHUNK: the smallest split of positions; ATTN_TARGET_BLOCKS; ATTN_PREFETCH; ATTN_NWARPS) set for
+that variant only.
 
 Sections:
 - `check`: each fused kernel (qkv_rope with and without q/k norm and biases, traditional RoPE;
   gemv with norm / residual; gemv_swiglu) on a real shape's random weights, bf16 / fp16 and
   16-bit / 4-bit / 8-bit weights: the CUDA kernel against `ReferenceFusedOps` (max |diff|, in units
   of the reference's max |value|), twice (bit-equal run to run), and the in-place K/V write against
-  the reference's scatter (the buffers bit-equal).
+  the reference's scatter (the buffers bit-equal); for 4 / 8-bit weights, each GEMV's CODES 1 (subnormal
+  floats) against CODES 0 (the 2^23 offset), bit for bit.
 - `bench`: per model (random weights, real shapes, context 512): mlx-lm's decode step, mlxbun's
   compiled step (fused off), the fused step with the K/V rows written in place and by a scatter;
   each split into host build / encode / GPU-after / pipelined microseconds (gpu_profile's `split`),
@@ -94,6 +96,16 @@ def _check_layer(label: str, plan, dtype) -> list[dict]:
         mx.eval(a, b, r)
         rows.append(record("check", f"{label}: {name}", rel_max_diff=_diff(a, r),
                            deterministic=bool(mx.array_equal(a, b))))
+    if layer.o.bits != 16 and isinstance(cuda, CudaFusedOps):  # the two code conversions: the same bits
+        cases["qkv sums"] = lambda ops: ops.qkv_sums(x, layer.attn_norm, (layer.q, layer.k, layer.v))
+        for name, run in cases.items():
+            by_codes = []
+            for codes in (0, 1):
+                with _set(fused_decode, "CODES", codes):
+                    by_codes.append(run(cuda))
+                    mx.eval(by_codes[-1])
+            rows.append(record("check", f"{label}: {name}, CODES 1 against 0", rel_max_diff=_diff(*by_codes),
+                               deterministic=True, equal_codes_0=bool(mx.array_equal(*by_codes))))
     a = layer.attn
     cap = 256
     for variant, attn in (("plain", a), ("traditional rope", _replace(a, traditional=True)),
@@ -163,6 +175,20 @@ def _check_rope_attention(label: str, cuda, ref, x, layer, attn, buffer) -> list
     return rows
 
 
+class _set:
+    """module.name = value for a `with` block."""
+
+    def __init__(self, module, name: str, value):
+        self.module, self.name, self.value = module, name, value
+
+    def __enter__(self):
+        self.saved = getattr(self.module, self.name)
+        setattr(self.module, self.name, self.value)
+
+    def __exit__(self, *exc):
+        setattr(self.module, self.name, self.saved)
+
+
 def _replace(attn, **kw):
     from dataclasses import replace
     return replace(attn, **kw)
@@ -174,7 +200,7 @@ def _scatter(buffer, kv_new, pos, attn):
 
 
 CHECK_COLS = ["what", "rel_max_diff", "kv_rel_max_diff", "deterministic", "inplace_buffer_equal_scatter",
-              "equal_three_launches", "next_pos", "passed"]
+              "equal_three_launches", "equal_codes_0", "next_pos", "passed"]
 
 
 def check_rows(smoke: bool = False, knobs=()) -> list[tuple[str, list[dict]]]:
@@ -197,7 +223,7 @@ def check_rows(smoke: bool = False, knobs=()) -> list[tuple[str, list[dict]]]:
             for r in rows:
                 r["passed"] = (r["rel_max_diff"] <= CHECK_BOUND and r.get("kv_rel_max_diff", 0.0) <= CHECK_BOUND
                                and r["deterministic"] and r.get("inplace_buffer_equal_scatter", True)
-                               and r.get("equal_three_launches", True))
+                               and r.get("equal_three_launches", True) and r.get("equal_codes_0", True))
             out.append((label, rows))
         del mut, fast, plan, model
         mx.clear_cache()
@@ -242,10 +268,11 @@ def parse_knobs(items) -> list[tuple[str, dict]]:
     return out
 
 
-KNOBS = ("RW", "QKV_RW", "NW", "MAX_SPLIT", "TARGET_WARPS", "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS",
-         "ATTN_MIN_CHUNK", "ATTN_TARGET_BLOCKS")
+KNOBS = ("RW", "QKV_RW", "NW", "MAX_SPLIT", "TARGET_WARPS", "CODES", "QUNROLL", "ROPE_ATTENTION",
+         "ROPE_ATTENTION_MAX_SPLITS", "ATTN_MIN_CHUNK", "ATTN_TARGET_BLOCKS", "ATTN_PREFETCH", "ATTN_NWARPS")
 # The decode attention's knobs (sdpa_decode's module-level launch knobs), by --knobs name
-_ATTN = {"ATTN_MIN_CHUNK": "CHUNKS", "ATTN_TARGET_BLOCKS": "TARGET_BLOCKS"}
+_ATTN = {"ATTN_MIN_CHUNK": "CHUNKS", "ATTN_TARGET_BLOCKS": "TARGET_BLOCKS", "ATTN_PREFETCH": "PREFETCH",
+         "ATTN_NWARPS": "NWARPS"}
 ATTN_CHUNKS = (16, 32, 64, 128, 256, 512)
 
 

@@ -9,6 +9,7 @@ import re
 import shutil
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from mlxbun.factory import open_model
@@ -19,6 +20,7 @@ from mlxbun.fast.fused_plan import FusedGap, fused_plan
 from mlxbun.fast.kernel_count import step_kernels
 from mlxbun.generate import stream_generate
 from mlxbun.kernels import fused_decode as fd
+from mlxbun.kernels import fused_decode_source as fd_source
 from mlxbun.kernels.common import float_bits
 from mlxbun.kernels.fused_decode import ReferenceFusedOps, Weights, kernel_signature, weights_gap
 from mlxbun.kernels.render import ptxas_report, render
@@ -244,7 +246,8 @@ def _template(kind, dtype, bits, **kw):
     rows = [("NQ", 32 * D), ("NKV", 8 * D)] if kind == "qkv" else [("N", 2048)]
     t = [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", kw.get("K", 2048)), *rows, ("BITS", bits),
          ("GS", kw.get("GS", 64)), ("NW", fd.NW), ("SPLIT", kw.get("split", 1)),
-         ("RW", kw.get("rw", fd.QKV_RW if kind == "qkv" else fd.RW)), ("EPS_BITS", float_bits(1e-5))]
+         ("RW", kw.get("rw", fd.QKV_RW if kind == "qkv" else fd.RW)), ("CODES", kw.get("codes", fd.CODES)),
+         ("QUNROLL", kw.get("qunroll", fd.QUNROLL)), ("EPS_BITS", float_bits(1e-5))]
     if kind == "gemv":
         t += [("NORM", kw.get("norm", True)), ("RESIDUAL", kw.get("residual", True))]
     return t
@@ -265,7 +268,8 @@ def test_the_fused_sources_compile_without_spills(kind, dtype, bits, group):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("variant", [dict(qk=False, bias=False, trad=True, inplace=False, D=128),
                                      dict(norm=False, residual=False, D=256), dict(split=2, D=128),
-                                     dict(split=8, K=8192), dict(rw=4, split=2), dict(rw=1)])
+                                     dict(split=8, K=8192), dict(rw=4, split=2), dict(rw=1),
+                                     dict(codes=0), dict(codes=1, GS=32, qunroll=2)])
 def test_the_fused_sources_compile_in_their_other_variants(variant):
     for kind in ("gemv", "swiglu", "qkv", "rope"):
         inputs, outputs = kernel_signature(kind, mx.bfloat16, 4)
@@ -356,3 +360,30 @@ def test_a_model_the_plan_refuses_decodes_compiled_with_the_reason(zoo):
     decoder = fast_decoder(fast, cache, 4)
     assert isinstance(decoder, CompiledDecoder)
     assert any("fused decode off" in n and "sandwich block" in n for n in fast.notes), fast.notes
+
+
+def test_codes_as_subnormal_floats_sum_to_the_bits_of_the_offset_codes():
+    """CODES 1 (`q << 4i` read as the subnormal q 16^i 2^-149, x scaled by 2^(149 - SHIFT) / 16^i) and
+    CODES 0 (`(q << 4i) | 0x4b000000` less 2^23, x / 16^i) run the same float32 roundings: every
+    product is exact and the partial sums differ by the power of two 2^-SHIFT. numpy float32 keeps
+    subnormals (as MLX's NVRTC does, without -ftz); both products are exact, so mul + add is the FFMA."""
+    shift = int(re.search(r"SHIFT = (\d+);", fd_source.HELPERS).group(1))
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    for bits in (4, 8):
+        per_half, mask = 16 // bits, (1 << bits) - 1
+        words = rng.integers(0, 2**32, size=(64, 4), dtype=np.uint64).astype(np.uint32)
+        x = (rng.standard_normal((64, 128 // bits)) * rng.choice([1e-3, 1.0, 300.0], (64, 1))).astype(f32)
+        for row, xrow in zip(words, x):
+            offset_sum, subnormal_sum = f32(0), f32(0)
+            for j, xj in enumerate(xrow):
+                word = int(row[j // (2 * per_half)])
+                half = word >> 16 if (j // per_half) % 2 else word & 0xFFFF
+                code_bits = half & (mask << (bits * (j % per_half)))
+                i = j % per_half
+                offset = np.array([code_bits | 0x4B000000], np.uint32).view(f32)[0] - f32(2**23)
+                offset_sum = f32(offset_sum + offset * f32(xj * f32(2.0 ** (-bits * i))))
+                sub = np.array([code_bits], np.uint32).view(f32)[0]
+                subnormal_sum = f32(subnormal_sum + sub * f32(xj * f32(2.0 ** (149 - shift - bits * i))))
+            unscaled = f32(subnormal_sum * f32(2.0**shift))
+            assert np.array([offset_sum]).view(np.uint32) == np.array([unscaled]).view(np.uint32)

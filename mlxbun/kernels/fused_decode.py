@@ -35,9 +35,9 @@ from mlxbun.kernels.fused_decode_source import GEMV, GEMV_SWIGLU, HEADER, QKV_PR
 from mlxbun.kernels.rope_attention import Counters, rope_attention, rope_attention_gap
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
-__all__ = ["FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "MAX_HEAD_DIM", "ROPE_ATTENTION",
-           "ROPE_ATTENTION_MAX_SPLITS", "CudaFusedOps", "ReferenceFusedOps", "Weights", "backend_gap",
-           "composed_qkv_attention", "dtype_gap", "kernel_signature", "rope_inv_freq", "split_for", "weights_gap"]
+__all__ = ["CODES", "FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "MAX_HEAD_DIM", "QUNROLL",
+           "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS", "CudaFusedOps", "ReferenceFusedOps", "Weights", "backend_gap", "composed_qkv_attention", "dtype_gap", "kernel_signature", "rope_inv_freq", "split_for",
+           "weights_gap"]
 
 FUSED_BITS = (16, 4, 8)  # 16: bfloat16 / float16 weights; 4, 8: affine codes
 FUSED_GROUPS = (32, 64, 128)
@@ -46,6 +46,13 @@ NW = 8  # warps per block of the GEMVs
 # chunk of x is read and converted once for all of them, and their loads are in flight together.
 RW = 2
 QKV_RW = 2
+# How a lane turns 4 / 8-bit codes into floats (fused_decode_source's mlxbun_rows_dot): 0 the 2^23
+# offset (three instructions a code), 1 subnormal floats (two; the same bits: 30 of 30 GEMVs bit-equal
+# to CODES 0 on an H100, raw 26). Llama-3-8B 4-bit decoded 298 tok/s against CODES 0's 272 there.
+CODES = 1
+# The code loop's unrolling (0: two chunks per lane for one row per warp, else one; 2 measured 0.96x
+# on the 8B 4-bit step, raw 26).
+QUNROLL = 0
 MAX_HEAD_DIM = 1024  # rope_kv: a thread per element of a head
 # Split-K across warps: a GEMV of few rows gives each row SPLIT warps (each takes every SPLIT-th run
 # of 32 chunks; their sums added in warp order), so the GPU has enough loads in flight. The GEMVs
@@ -67,7 +74,8 @@ ROPE_ATTENTION_MAX_SPLITS = 16
 # within its bound of the MLX-op reference, bit-equal run to run, the in-place write equal to the
 # scatter). These kernels (QKV_PROJ + ROPE_KV, RW rows per warp, the conversion-free code loop) have,
 # on an H100: 180 of 180 in five knob variants (benchmarks/gpu-h200-fast-raw/22-fused-h100-qkv-split;
-# raw 21 before the q / k / v split). Set it False to take the kernels out while a change to them
+# raw 21 before the q / k / v split); with CODES, the attention's prefetch and batched merge, 166 of
+# 166 in two variants (raw 26). Set it False to take the kernels out while a change to them
 # awaits that check: a fast run then takes the compiled step and says why (the check script turns
 # them on for its run).
 FUSED_CHECKED = True
@@ -186,7 +194,8 @@ def split_for(w: Weights, rows: int, target: Optional[int] = None, rw: int = 1) 
 
 def _common(dtype, w: Weights, K: int, N: int, nw: int = NW, split: int = 1, rw: int = 1) -> list:
     return [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), ("N", N), ("BITS", w.bits),
-            ("GS", w.group_size or 32), ("NW", nw), ("SPLIT", split), ("RW", rw)]
+            ("GS", w.group_size or 32), ("NW", nw), ("SPLIT", split), ("RW", rw), ("CODES", CODES),
+            ("QUNROLL", QUNROLL)]
 
 
 def _grid(N: int, split: int, rw: int) -> tuple:
@@ -245,7 +254,8 @@ class CudaFusedOps:
         rows = q.rows + k.rows + v.rows
         split = split_for(q, rows, rw=QKV_RW)
         template = [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), ("BITS", q.bits), ("GS", q.group_size or 32),
-                    ("NW", NW), ("SPLIT", split), ("RW", QKV_RW), ("NQ", q.rows), ("NKV", k.rows),
+                    ("NW", NW), ("SPLIT", split), ("RW", QKV_RW), ("CODES", CODES), ("QUNROLL", QUNROLL),
+                    ("NQ", q.rows), ("NKV", k.rows),
                     ("EPS_BITS", float_bits(norm[1]))]
         return _kernel("qkv", dtype, q.bits)(
             inputs=[x, norm[0], *_operands(q), *_operands(k), *_operands(v)], template=template,

@@ -26,9 +26,10 @@ measures its drift, it never claims bit-exactness.
 Template constants (written in front of the body by `mx.fast.cuda_kernel`): T, BF16, K (input
 width), N (output rows), BITS (16: 16-bit weights; 4 or 8: affine codes), GS (quantization group),
 NW (warps per block), SPLIT (warps per RW rows: each takes every SPLIT-th 32 chunks, their sums
-added in warp order), RW (rows per warp), NORM, RESIDUAL, EPS_BITS (the norm's eps as float32
-bits); QKV_PROJ NQ and NKV (its q and k / v rows) instead of N; ROPE_KV T, NW, HQ, HKV, D, QK_NORM,
-QK_EPS_BITS, BIAS, ROPE_TRAD, ROPE_SCALE_BITS, CAP (buffer positions), INPLACE.
+added in warp order), RW (rows per warp), CODES (how `mlxbun_rows_dot` turns codes into floats),
+QUNROLL (its code loop's unrolling, 0: its own choice), NORM, RESIDUAL, EPS_BITS (the norm's eps as
+float32 bits); QKV_PROJ NQ and NKV (its q and k / v rows) instead of N; ROPE_KV T, NW, HQ, HKV, D,
+QK_NORM, QK_EPS_BITS, BIAS, ROPE_TRAD, ROPE_SCALE_BITS, CAP (buffer positions), INPLACE.
 """
 
 from mlxbun.kernels.qmv_source import HEADER as HALF_HEADER
@@ -43,11 +44,19 @@ HELPERS = r"""
 // `b[r]`, affine: w = s * q + b). A lane takes the 16-byte chunks start, start + STRIDE, ... (a
 // warp's 32 lanes start at consecutive chunks; SPLIT warps of a row interleave theirs). Each chunk
 // of x is read and converted once for all R rows, and the R rows' loads are in flight together.
-// Codes become floats without an int-to-float conversion: (q << 4i) | 0x4b000000 is the float
-// 2^23 + q * 16^i, exact for the 16 low bits of a word (the high half is shifted down first), and
-// x comes pre-divided by 16^i (a power of two: exact), so (that - 2^23) * x' is q * x exactly and
-// each row's sums are the plain loop's: `scale * sum(q x) + bias * sum(x)` per chunk in float32.
-template <int BITS, int K, int GS, bool BF16, int STRIDE, int R, typename X, typename W, typename S>
+// Codes become floats without an int-to-float conversion, from the 16 low bits of a word (the high
+// half is shifted down first), in one of two ways (CODES):
+// - 0: (q << 4i) | 0x4b000000 is the float 2^23 + q * 16^i; x comes pre-divided by 16^i (a power of
+//   two: exact), so (that - 2^23) * x' is q * x exactly: three instructions per code (LOP3, FADD, FFMA).
+// - 1: q << 4i alone is the subnormal float q * 16^i * 2^-149 (MLX's NVRTC keeps subnormals: no
+//   -ftz); x comes multiplied by 2^(149 - SHIFT) / 16^i, so the FFMA's product is q * x * 2^-SHIFT
+//   exactly and the sum runs scaled by 2^-SHIFT (a power of two: the same roundings), undone in the
+//   scale: two instructions per code (LOP3, FFMA), the same bits as CODES 0 while |x| < 2^(SHIFT - 21)
+//   and no product q * x is below 2^(SHIFT - 126) (there the scaled product would be subnormal).
+// Either way each row's sums are the plain loop's: `scale * sum(q x) + bias * sum(x)` per chunk in
+// float32.
+template <int BITS, int K, int GS, bool BF16, int STRIDE, int R, int CODES, int QUNROLL, typename X, typename W,
+          typename S>
 __device__ __forceinline__ void mlxbun_rows_dot(const X* x, const W* const* w, const S* const* s, const S* const* b,
                                                 int start, float* acc) {
   const uint4* xv = reinterpret_cast<const uint4*>(x);
@@ -80,8 +89,10 @@ __device__ __forceinline__ void mlxbun_rows_dot(const X* x, const W* const* w, c
     constexpr int VALS = 128 / BITS;        // codes in one 16-byte chunk
     constexpr int PER_HALF = 16 / BITS;     // codes in 16 bits of a word
     constexpr unsigned int MASK = (1u << BITS) - 1u;
-    constexpr unsigned int MAGIC = 0x4b000000u;  // the float 2^23
-    constexpr int UNROLL = R >= 2 ? 1 : 2;
+    constexpr unsigned int MAGIC = CODES == 0 ? 0x4b000000u : 0u;  // the float 2^23, or none (subnormal)
+    constexpr unsigned int SHIFT = 80;  // CODES 1: the sums' scale 2^-SHIFT
+    constexpr unsigned int X_EXP = CODES == 0 ? 127u : 127u + 149u - SHIFT;  // x's factor before / 16^i
+    constexpr int UNROLL = QUNROLL > 0 ? QUNROLL : (R >= 2 ? 1 : 2);
 #pragma unroll(UNROLL)
     for (int c = start; c < K / VALS; c += STRIDE) {
       const int k0 = c * VALS;
@@ -99,7 +110,7 @@ __device__ __forceinline__ void mlxbun_rows_dot(const X* x, const W* const* w, c
 #pragma unroll
       for (int j = 0; j < VALS; ++j) {
         sx += xf[j];
-        xf[j] *= __uint_as_float((127u - BITS * (j % PER_HALF)) << 23);  // 2^-(BITS * i): exact
+        xf[j] *= __uint_as_float((X_EXP - BITS * (j % PER_HALF)) << 23);  // a power of two: exact
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -110,7 +121,14 @@ __device__ __forceinline__ void mlxbun_rows_dot(const X* x, const W* const* w, c
           const unsigned int word = words[j / (2 * PER_HALF)];
           const unsigned int half = (j / PER_HALF) % 2 ? word >> 16 : word;
           const unsigned int bits = (half & (MASK << (BITS * (j % PER_HALF)))) | MAGIC;
-          qx += (__uint_as_float(bits) - 8388608.0f) * xf[j];
+          if constexpr (CODES == 0) {
+            qx += (__uint_as_float(bits) - 8388608.0f) * xf[j];
+          } else {
+            qx += __uint_as_float(bits) * xf[j];
+          }
+        }
+        if constexpr (CODES != 0) {
+          qx *= __uint_as_float((127u + SHIFT) << 23);  // 2^SHIFT: back to the plain sum, exactly
         }
         acc[r] += static_cast<float>(s[r][k0 / GS]) * qx + static_cast<float>(b[r][k0 / GS]) * sx;
       }
@@ -245,7 +263,8 @@ GEMV = r"""
     br[i] = biases + r * GROUPS;
   }
   float acc[RW];
-  mlxbun_rows_dot<BITS, K, GS, BF16, 32 * SPLIT, RW>(xin, wr, sr, br, (warp % SPLIT) * 32 + lane, acc);
+  mlxbun_rows_dot<BITS, K, GS, BF16, 32 * SPLIT, RW, CODES, QUNROLL>(xin, wr, sr, br, (warp % SPLIT) * 32 + lane,
+                                                                    acc);
 #pragma unroll
   for (int i = 0; i < RW; ++i) {
     acc[i] = mlxbun_warp_sum(acc[i]);
@@ -288,7 +307,8 @@ GEMV_SWIGLU = r"""
     br[RW + i] = bu + r * GROUPS;
   }
   float acc[2 * RW];
-  mlxbun_rows_dot<BITS, K, GS, BF16, 32 * SPLIT, 2 * RW>(xs, wr, sr, br, (warp % SPLIT) * 32 + lane, acc);
+  mlxbun_rows_dot<BITS, K, GS, BF16, 32 * SPLIT, 2 * RW, CODES, QUNROLL>(xs, wr, sr, br, (warp % SPLIT) * 32 + lane,
+                                                                       acc);
 #pragma unroll
   for (int i = 0; i < 2 * RW; ++i) {
     acc[i] = mlxbun_warp_sum(acc[i]);
@@ -332,7 +352,8 @@ QKV_PROJ = r"""
     br[i] = (kind == 0 ? bq : (kind == 1 ? bk : bv)) + r * GROUPS;
   }
   float acc[RW];
-  mlxbun_rows_dot<BITS, K, GS, BF16, 32 * SPLIT, RW>(xs, wr, sr, br, (warp % SPLIT) * 32 + lane, acc);
+  mlxbun_rows_dot<BITS, K, GS, BF16, 32 * SPLIT, RW, CODES, QUNROLL>(xs, wr, sr, br, (warp % SPLIT) * 32 + lane,
+                                                                   acc);
 #pragma unroll
   for (int i = 0; i < RW; ++i) {
     acc[i] = mlxbun_warp_sum(acc[i]);

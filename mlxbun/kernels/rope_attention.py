@@ -17,7 +17,8 @@ import numpy as np
 from mlxbun.kernels.common import Gap, float_bits
 from mlxbun.kernels.fused_decode_source import HELPERS
 from mlxbun.kernels.rope_attention_source import ROPE_ATTENTION
-from mlxbun.kernels.sdpa_decode import NWARPS, SHARED_LIMIT, decode_split, partial_template, shared_bytes
+from mlxbun.kernels import sdpa_decode
+from mlxbun.kernels.sdpa_decode import SHARED_LIMIT, decode_split, partial_template, shared_bytes
 from mlxbun.kernels.sdpa_decode_source import HEADER as ATTENTION_HEADER
 
 __all__ = ["HEADER", "MAX_KV_HEADS", "Counters", "rope_attention", "rope_attention_gap", "rope_attention_signature",
@@ -100,8 +101,8 @@ def rope_attention(sums: mx.array, attn, dtype, counters: Counters) -> tuple[mx.
     qn, kn = (a.q_norm, a.k_norm) if a.q_norm is not None else (x, x)
     out, next_pos, _, _ = _kernels[dtype](
         inputs=[sums, *bias, qn, kn, a.inv_freq, a.pos, a.buffer, counters.array],
-        template=rope_attention_template(a, dtype, chunk), grid=(splits * 32 * NWARPS, a.hkv, 1),
-        threadgroup=(32 * NWARPS, 1, 1),
+        template=rope_attention_template(a, dtype, chunk), grid=(splits * 32 * sdpa_decode.NWARPS, a.hkv, 1),
+        threadgroup=(32 * sdpa_decode.NWARPS, 1, 1),
         output_shapes=[(a.hq * a.head_dim,), (1,), (a.hq * splits * a.head_dim,), (a.hq * splits * 2,)],
         output_dtypes=[dtype, mx.int32, mx.float32, mx.float32])
     return out, next_pos

@@ -12,9 +12,10 @@ warps per KV head and split of CHUNK positions, over the static buffer [2, HKV, 
   it end earlier.
 - an epilogue: each block publishes its split (o_part, ml), then counts itself in its KV head's
   slot of `counter` (an int per KV head, zero between launches); the block that counts last merges
-  the head's splits in split order, exactly as `sdpa_decode`'s combine does, writes the output
-  rows and sets the slot back to zero. Which block is last depends on timing; what it computes
-  does not (the splits' values and the merge order are fixed): the same inputs give the same bits.
+  the head's splits in split order, exactly as `sdpa_decode`'s combine does (its MERGE helpers; the
+  other blocks' splits read through the L2, `MlxbunLoadL2`), writes the output rows and sets the
+  slot back to zero. Which block is last depends on timing; what it computes does not (the splits'
+  values and the merge order are fixed): the same inputs give the same bits.
 
 Every step repeats ROPE_KV's and the two attention launches' arithmetic in the same order, so the
 output and the buffer equal theirs bit for bit (`benchmarks/gpu_fused.py --sections check` holds
@@ -134,17 +135,10 @@ _EPILOGUE = r"""
     const int bh = head0 + t / D;
     const int d = t % D;
     const float* mls = ml + static_cast<size_t>(bh) * gridDim.x * 2;
-    float m = MLXBUN_NEG_INF;
-    for (int s = 0; s < ns; ++s) {
-      m = fmaxf(m, __ldcg(mls + 2 * s));
-    }
-    float l = 0.0f;
-    float o = 0.0f;
-    for (int s = 0; s < ns; ++s) {
-      const float w = exp2f(__ldcg(mls + 2 * s) - m);
-      l += __ldcg(mls + 2 * s + 1) * w;
-      o += __ldcg(o_part + (static_cast<size_t>(bh) * gridDim.x + s) * D + d) * w;
-    }
+    const float m = mlxbun_splits_max(mls, ns, MlxbunLoadL2{});
+    float l;
+    const float o = mlxbun_splits_sum<D>(mls, o_part + static_cast<size_t>(bh) * gridDim.x * D + d, ns, m, &l,
+                                         MlxbunLoadL2{});
     out[static_cast<size_t>(bh) * D + d] = static_cast<T>(o / l);
   }
 """

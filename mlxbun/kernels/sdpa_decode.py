@@ -38,7 +38,7 @@ from mlxbun.kernels.sdpa_decode_metal import (METAL_COMBINE, METAL_HEADER, METAL
 from mlxbun.kernels.sdpa_decode_source import (COMBINE, COMBINE_SINKS, HEADER, PARTIAL_PLAIN, PARTIAL_QUANTIZED,
                                                 PARTIAL_TURBOQUANT)
 
-__all__ = ["CHUNKS", "HEAD_DIMS", "MAX_GROUP", "METAL_TURBOQUANT_CHECKED", "QUANT_BITS", "QUANT_GROUPS",
+__all__ = ["CHUNKS", "HEAD_DIMS", "MAX_GROUP", "METAL_TURBOQUANT_CHECKED", "PREFETCH", "QUANT_BITS", "QUANT_GROUPS",
            "TURBOQUANT_BITS", "TURBOQUANT_CHECKED", "KernelCall", "decode_attention", "decode_gap", "decode_split",
            "partial_template", "plan", "quantized_decode_attention", "shared_bytes", "turboquant_decode_attention",
            "turboquant_decode_gap"]
@@ -60,6 +60,11 @@ CHUNKS = (64, 128, 256, 512)  # positions per split
 # Launch knobs, module-level so benchmarks/gpu_check.py can sweep them (not for users):
 TARGET_BLOCKS = 528  # splits x batch x KV heads to aim for: 4 blocks on each of the H200's 132 SMs
 NWARPS = 4  # warps per partial block
+# Whether a partial block asks the L2 for its split's key and value rows before anything else (its
+# value loads then wait on the L2, not on memory; a prefetch changes no value). On an H100 (raw 26 of
+# benchmarks/gpu-fused.md) the one-launch attention of Llama-3-8B 4-bit took 17.4 us a layer with it,
+# 22.2 without it and without the batched merge; the step decoded 1.07x faster with it.
+PREFETCH = True
 SHARED_LIMIT = 40 * 1024  # static shared memory per block (the hardware's static limit is 48 KiB)
 
 _kernels: dict[str, object] = {}
@@ -200,7 +205,7 @@ def partial_template(dtype, D: int, G: int, kv_heads: int, H: int, capacity: int
     """The partial body's template constants (also `rope_attention`'s, which runs the same body)."""
     return (("T", dtype), ("BF16", dtype == mx.bfloat16), ("D", D), ("G", G), ("KV", kv_heads), ("H", H),
             ("CAP", capacity), ("CHUNK", chunk), ("NWARPS", NWARPS), ("QBITS", bits), ("GS", group_size),
-            ("QF32", dtype == mx.float32), ("SCALE_BITS", float_bits(scale)))
+            ("QF32", dtype == mx.float32), ("SCALE_BITS", float_bits(scale)), ("PREFETCH", PREFETCH))
 
 
 def plan(queries_shape: Sequence[int], dtype, kv_heads: int, capacity: int, scale: float, *, bits: int = 0,

@@ -22,17 +22,22 @@ Nothing is atomic and no sum's order depends on timing. Template constants (writ
 the body by `mx.fast.cuda_kernel`): T, BF16, D, G (query heads per KV head), KV, H, CAP
 (buffer positions), CHUNK, NWARPS (warps per block), QBITS (0: 16-bit K/V; 4 or 8: affine codes),
 GS (quantization group), QF32 (float32 queries), KBITS / VBITS (TurboQuant's index widths),
-SCALE_BITS (the softmax scale's float32 bits), and in `combine` SPLITS (`COMBINE_SINKS` also
+SCALE_BITS (the softmax scale's float32 bits), PREFETCH (the split's rows asked of the L2 first),
+and in `combine` SPLITS (`COMBINE_SINKS` also
 reads one float32 sink logit per query head).
 """
 
 from mlxbun.kernels.qmv_source import HEADER as HALF_HEADER
 
-__all__ = ["COMBINE", "COMBINE_SINKS", "HEADER", "PARTIAL_PLAIN", "PARTIAL_QUANTIZED", "PARTIAL_TURBOQUANT"]
+__all__ = ["COMBINE", "COMBINE_SINKS", "HEADER", "MERGE", "PARTIAL_PLAIN", "PARTIAL_QUANTIZED", "PARTIAL_TURBOQUANT"]
 
 HEADER = HALF_HEADER + r"""
 #define MLXBUN_NEG_INF __int_as_float(0xff800000)
 #define MLXBUN_LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ void mlxbun_prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
 
 // Eight consecutive values (8 * slot ...) of one K or V row as floats.
 template <typename T, int QBITS, int D, int GS, bool BF16>
@@ -43,6 +48,19 @@ struct MlxbunRows {
 
   __device__ __forceinline__ float row_scale(size_t) const {
     return 1.0f;
+  }
+
+  // Asks the L2 for what `load(row, slot)` reads.
+  __device__ __forceinline__ void prefetch(size_t row, int slot) const {
+    if constexpr (QBITS == 0) {
+      mlxbun_prefetch_l2(static_cast<const T*>(codes) + row * D + slot * 8);
+    } else {
+      mlxbun_prefetch_l2(static_cast<const uint32_t*>(codes) + row * (D * QBITS / 32) + slot * (QBITS / 4));
+      if ((slot * 8) % GS == 0) {
+        mlxbun_prefetch_l2(scales + row * (D / GS) + (slot * 8) / GS);
+        mlxbun_prefetch_l2(biases + row * (D / GS) + (slot * 8) / GS);
+      }
+    }
   }
 
   __device__ __forceinline__ void load(size_t row, int slot, float* f) const {
@@ -103,6 +121,13 @@ struct MlxbunCodeRows {
     return __half2float(norms[row]);
   }
 
+  __device__ __forceinline__ void prefetch(size_t row, int slot) const {
+    mlxbun_prefetch_l2(codes + row * (D * BITS / 8) + slot * BITS);
+    if (slot == 0) {
+      mlxbun_prefetch_l2(norms + row);
+    }
+  }
+
   __device__ __forceinline__ void load(size_t row, int slot, float* f) const {
     constexpr int BYTES = D * BITS / 8;
     const uint8_t* p = codes + row * BYTES + slot * BITS;
@@ -147,6 +172,12 @@ _BODY_TEMPLATE = r"""
   const int n = min(CHUNK, len - start);
   const size_t row0 = static_cast<size_t>(bk) * CAP + start;
   const int head0 = b * H + kvh * G;  // first query head of this KV head
+  if constexpr (PREFETCH) {  // the split's key and value rows stream into the L2 from here on
+    for (int i = warp * KPW + kw; i < n; i += KPB) {
+      keys.prefetch(row0 + i, slot);
+      values.prefetch(row0 + i, slot);
+    }
+  }
 MLXBUN_PROLOGUE
   __shared__ float sc[G][CHUNK];
   __shared__ float red[NWARPS][G][D];
@@ -320,6 +351,73 @@ PARTIAL_TURBOQUANT = r"""
   const MlxbunCodeRows<VBITS, D> values{reinterpret_cast<const uint8_t*>(v_codes), v_norms, vbook};
 """ + _BODY
 
+# The merge of `ns` splits (their (max, sum) pairs at `mls`, their rows of D floats at `parts`) in split
+# order, for element d of one head: the largest max m, then l and o. The loads come MLXBUN_BATCH splits
+# at a time, all in flight together (the plain loops waited on each load in turn); the arithmetic is
+# the plain loops', in their order.
+MERGE = r"""
+#define MLXBUN_BATCH 16
+template <typename LOAD>
+__device__ __forceinline__ float mlxbun_splits_max(const float* mls, int ns, LOAD ld) {
+  float m = MLXBUN_NEG_INF;
+  for (int s0 = 0; s0 < ns; s0 += MLXBUN_BATCH) {
+    float mv[MLXBUN_BATCH];
+#pragma unroll
+    for (int j = 0; j < MLXBUN_BATCH; ++j) {
+      mv[j] = s0 + j < ns ? ld(mls + 2 * (s0 + j)) : MLXBUN_NEG_INF;
+    }
+#pragma unroll
+    for (int j = 0; j < MLXBUN_BATCH; ++j) {
+      m = fmaxf(m, mv[j]);
+    }
+  }
+  return m;
+}
+
+// sum over the splits of parts[s * D] * 2^(mls[2 s] - m), and (`l`) of mls[2 s + 1] * the same weight
+template <int D, typename LOAD>
+__device__ __forceinline__ float mlxbun_splits_sum(const float* mls, const float* parts, int ns, float m, float* l,
+                                                   LOAD ld) {
+  float o = 0.0f;
+  float lsum = 0.0f;
+  for (int s0 = 0; s0 < ns; s0 += MLXBUN_BATCH) {
+    float mv[MLXBUN_BATCH], lv[MLXBUN_BATCH], ov[MLXBUN_BATCH];
+#pragma unroll
+    for (int j = 0; j < MLXBUN_BATCH; ++j) {
+      if (s0 + j < ns) {
+        mv[j] = ld(mls + 2 * (s0 + j));
+        lv[j] = ld(mls + 2 * (s0 + j) + 1);
+        ov[j] = ld(parts + static_cast<size_t>(s0 + j) * D);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < MLXBUN_BATCH; ++j) {
+      if (s0 + j < ns) {
+        const float w = exp2f(mv[j] - m);
+        lsum += lv[j] * w;
+        o += ov[j] * w;
+      }
+    }
+  }
+  *l = lsum;
+  return o;
+}
+
+struct MlxbunLoad {
+  __device__ __forceinline__ float operator()(const float* p) const {
+    return *p;
+  }
+};
+
+// for splits other blocks of the same launch wrote (past the L1, which is not coherent across SMs)
+struct MlxbunLoadL2 {
+  __device__ __forceinline__ float operator()(const float* p) const {
+    return __ldcg(p);
+  }
+};
+"""
+HEADER += MERGE
+
 # inputs: o_part, ml, length[, sinks]; output: out [B * H, D]
 _COMBINE = r"""
   const int bh = blockIdx.x;
@@ -327,18 +425,10 @@ _COMBINE = r"""
   const int len = length[0];
   const int ns = min(SPLITS, (len + CHUNK - 1) / CHUNK);
   const float* mls = ml + static_cast<size_t>(bh) * SPLITS * 2;
-  float m = MLXBUN_NEG_INF;
-  for (int s = 0; s < ns; ++s) {
-    m = fmaxf(m, mls[2 * s]);
-  }
+  float m = mlxbun_splits_max(mls, ns, MlxbunLoad{});
 %(sink_max)s
-  float l = 0.0f;
-  float o = 0.0f;
-  for (int s = 0; s < ns; ++s) {
-    const float w = exp2f(mls[2 * s] - m);
-    l += mls[2 * s + 1] * w;
-    o += o_part[(static_cast<size_t>(bh) * SPLITS + s) * D + d] * w;
-  }
+  float l;
+  float o = mlxbun_splits_sum<D>(mls, o_part + static_cast<size_t>(bh) * SPLITS * D + d, ns, m, &l, MlxbunLoad{});
 %(sink_sum)s
   out[static_cast<size_t>(bh) * D + d] = static_cast<T>(o / l);
 """
