@@ -36,7 +36,8 @@ from mlxbun.kernels.rope_attention import Counters, rope_attention, rope_attenti
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
 __all__ = ["CODES", "FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "MAX_HEAD_DIM", "QUNROLL",
-           "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS", "CudaFusedOps", "ReferenceFusedOps", "Weights", "backend_gap", "composed_qkv_attention", "dtype_gap", "kernel_signature", "rope_inv_freq", "split_for",
+           "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS", "CudaFusedOps", "ReferenceFusedOps", "Weights",
+           "backend_gap", "composed_qkv_attention", "dtype_gap", "kernel_signature", "rope_inv_freq", "split_for",
            "weights_gap"]
 
 FUSED_BITS = (16, 4, 8)  # 16: bfloat16 / float16 weights; 4, 8: affine codes
