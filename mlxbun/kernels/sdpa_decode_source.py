@@ -23,8 +23,7 @@ the body by `mx.fast.cuda_kernel`): T, BF16, D, G (query heads per KV head), KV,
 (buffer positions), CHUNK, NWARPS (warps per block), QBITS (0: 16-bit K/V; 4 or 8: affine codes),
 GS (quantization group), QF32 (float32 queries), KBITS / VBITS (TurboQuant's index widths),
 SCALE_BITS (the softmax scale's float32 bits), PREFETCH (the split's rows asked of the L2 first),
-and in `combine` SPLITS (`COMBINE_SINKS` also
-reads one float32 sink logit per query head).
+and in `combine` SPLITS (`COMBINE_SINKS` also reads one float32 sink logit per query head).
 """
 
 from mlxbun.kernels.qmv_source import HEADER as HALF_HEADER
