@@ -33,7 +33,7 @@ class TowerBringup:
     # stage -> max |diff| per patch [rows, cols] (per soft token: projector), per cell of a feature map
     # [rows, cols] (MobileNetV5) / per frame [1, T]
     grids: dict[str, np.ndarray]
-    stage_max: dict[str, float]
+    stage_max: dict[str, float] = field(init=False)  # stage -> the largest of its grid (set from `grids`)
     inputs_equal: bool  # mlxbun's preprocessing (pixels; log-mel frames and mask) == mlx-vlm's processor
     ids_equal: bool  # the spliced prompt ids == mlx-vlm's
     embeddings_equal: bool  # the merged rows == mlx-vlm's get_input_embeddings
@@ -53,6 +53,9 @@ class TowerBringup:
     cell: Optional[str] = None  # what a grid's cell is (None: "patch" for an image, "frame" for audio)
     run_id: Optional[str] = None
     notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.stage_max = {s: float(g.max()) for s, g in self.grids.items()}
 
     @property
     def bit_exact(self) -> bool:
