@@ -150,19 +150,16 @@ def _check_rope_attention(label: str, cuda, ref, x, layer, attn, buffer) -> list
     """The one-launch rope_attention against the three launches it replaces (their output, buffer and
     next_pos bit for bit), against the reference, and run to run; at a position in the first split
     and one in the last of several (the merge of splits by the last block)."""
-    rows, proj, knob = [], (layer.q, layer.k, layer.v), fused_decode.ROPE_ATTENTION
+    rows, proj = [], (layer.q, layer.k, layer.v)
     for p in (37, buffer.shape[2] - 56):
         pos = mx.array([p], mx.int32)
         got = []
         for one_launch in (False, True, True):
             mine = buffer + 0
             mx.eval(mine)
-            fused_decode.ROPE_ATTENTION = one_launch
-            try:
+            with _set(fused_decode, "ROPE_ATTENTION", one_launch):
                 out = cuda.qkv_attention(x, layer.attn_norm, proj, attn.at(mine, pos))
                 mx.eval(out)
-            finally:
-                fused_decode.ROPE_ATTENTION = knob
             got.append(out)
         (oc, bc, nc), (o1, b1, n1), (o2, b2, _) = got
         orf = ref.qkv_attention(x, layer.attn_norm, proj, attn.at(buffer, pos))[0]
