@@ -193,8 +193,10 @@ def split_for(w: Weights, rows: int, target: Optional[int] = None, rw: int = 1) 
     return split
 
 
-def _common(dtype, w: Weights, K: int, N: int, nw: int = NW, split: int = 1, rw: int = 1) -> list:
-    return [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), ("N", N), ("BITS", w.bits),
+def _common(dtype, w: Weights, K: int, N: Optional[int], nw: int = NW, split: int = 1, rw: int = 1) -> list:
+    """The GEMV kernels' shared template constants (N None: QKV_PROJ, which counts its rows itself)."""
+    rows = [] if N is None else [("N", N)]
+    return [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), *rows, ("BITS", w.bits),
             ("GS", w.group_size or 32), ("NW", nw), ("SPLIT", split), ("RW", rw), ("CODES", CODES),
             ("QUNROLL", QUNROLL)]
 
@@ -254,10 +256,8 @@ class CudaFusedOps:
         dtype, K = x.dtype, q.width
         rows = q.rows + k.rows + v.rows
         split = split_for(q, rows, rw=QKV_RW)
-        template = [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), ("BITS", q.bits), ("GS", q.group_size or 32),
-                    ("NW", NW), ("SPLIT", split), ("RW", QKV_RW), ("CODES", CODES), ("QUNROLL", QUNROLL),
-                    ("NQ", q.rows), ("NKV", k.rows),
-                    ("EPS_BITS", float_bits(norm[1]))]
+        template = _common(dtype, q, K, None, split=split, rw=QKV_RW) + [
+            ("NQ", q.rows), ("NKV", k.rows), ("EPS_BITS", float_bits(norm[1]))]
         return _kernel("qkv", dtype, q.bits)(
             inputs=[x, norm[0], *_operands(q), *_operands(k), *_operands(v)], template=template,
             grid=_grid(rows, split, QKV_RW), threadgroup=(NW * 32, 1, 1), output_shapes=[(rows,)],
