@@ -163,6 +163,23 @@ def real(tmp_path_factory, gguf_cache):
     return get
 
 
+@pytest.fixture(scope="session")
+def real_float32(real):
+    """`real_float32(name) -> model`: a real model's packed import opened with every packed tensor
+    dequantized in memory (mlx-lm's `dequantize_model`): the float32 import's values (blocks.py:
+    one rounding either way; test_real_models.py holds the logits bit-equal) and its fast dense
+    matmuls, without writing the float32 copy (the Qwen-1.5B's is 6.7 GB, the 0.5B's 2.4 GB: the
+    run's disk)."""
+    from mlx_lm.utils import dequantize_model
+
+    from mlxbun.factory import open_model
+
+    def get(name):
+        return dequantize_model(open_model(real(name)[1]))
+
+    return get
+
+
 def sample_image(name: str) -> str:
     """A sample file matplotlib ships (no download)."""
     import matplotlib.cbook as cbook

@@ -115,7 +115,7 @@ def test_the_rebuilt_tokenizer_is_llama_cpps(real, name):
 
 
 @pytest.mark.parametrize("name", sorted(LLAMA_CPP))
-def test_the_import_predicts_what_llama_cpp_predicts(real, name):
+def test_the_import_predicts_what_llama_cpp_predicts(real_float32, name):
     """Teacher-forced over the 1024-token text, mlxbun's top-1 next token is llama.cpp's at 95 %
     of the positions (measured 95.4 % for SmolLM2, 95.3 % for Gemma-3, 97.9 % for Qwen2.5-Coder-0.5B,
     97.0 % for -1.5B: benchmarks/real-models.md section 5; llama.cpp quantizes the
@@ -126,15 +126,13 @@ def test_the_import_predicts_what_llama_cpp_predicts(real, name):
     which parts after " Paris." at a margin of 0.068).
     A wrong import (e.g. Q/K rows left permuted) agrees far less.
 
-    It runs the float32 import (`--quant none`): the same values as the packed import (whose repack
+    It runs the packed import dequantized in memory: the float32 import's values (whose repack
     test_gguf_import.py holds bit-equal to llama.cpp's dequantization), through OpenBLAS's dense
     matmuls instead of MLX's CPU quantized ones, which are 30x slower on this machine."""
     import mlx.core as mx
 
-    from mlxbun.factory import open_model
-
     golden = LLAMA_CPP[name]
-    model = open_model(real(name, quant="none")[1])
+    model = real_float32(name)
     top1 = mx.argmax(model(mx.array([golden["text_ids"]]))[0], axis=-1).tolist()
     agree = sum(a == b for a, b in zip(top1, golden["top1"])) / len(top1)
     assert agree >= 0.95, agree
@@ -149,6 +147,22 @@ def test_the_import_predicts_what_llama_cpp_predicts(real, name):
                 assert len(out) > 2 and margin < 0.25, (p["text"], out, p["greedy"][:4], margin)
                 break
             logits = model(mx.array([[out[-1]]]), cache=cache)
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])  # Q4_1; Q4_K, Q5_0, Q8_0 and Q6_K (the Qwens' types)
+def test_the_packed_import_dequantized_in_memory_is_the_float32_import(real, real_float32, name):
+    """`real_float32` (the packed import, dequantized as it loads) gives the float32 import's
+    logits bit for bit, so the tests that use it in place of the Qwens' 2.4 / 6.7 GB float32
+    imports run the same model."""
+    import mlx.core as mx
+
+    from mlxbun.factory import open_model
+
+    ids = mx.array([LLAMA_CPP[name]["text_ids"][:48]])
+    written = open_model(real(name, quant="none")[1])(ids)
+    in_memory = real_float32(name)(ids)
+    assert written.dtype == in_memory.dtype == mx.float32
+    assert mx.array_equal(written, in_memory), float(mx.abs(written - in_memory).max())
 
 
 def test_the_readme_real_model_example(real, capsys):

@@ -9,9 +9,10 @@ test_real_models.py's llama.cpp agreement): on this 2-core CPU its float32 decod
 one token a second and its quantized (Q4_K as shipped) prefill at about one token a second, so
 each one costs tens of seconds; everything that the 0.5B can show runs on the 0.5B.
 
-Imports: the 0.5B as shipped (Q5_0 / Q8_0 / Q4_K packed with their bits, Q6_K float32: the
-packed path through MLX's quantized matmuls) for its port; the float32 import (`quant="none"`:
-the same values, dense matmuls, the fast path on this CPU) wherever tokens are generated.
+Imports: the models as shipped (Q5_0 / Q8_0 / Q4_K packed with their bits, Q6_K float32: the
+packed path through MLX's quantized matmuls) for their ports; wherever tokens are generated, that
+import dequantized in memory (`real_float32`: the float32 import's values, dense matmuls, the fast
+path on this CPU, without a 2.4 / 6.7 GB float32 copy on disk).
 """
 
 import mlx.core as mx
@@ -52,12 +53,10 @@ def test_1_5b_as_shipped_ports_bit_exact(real):  # 1.5B
     assert res.verdict == "pass" and res.max_abs_diff == 0.0, res.steps
 
 
-def test_0_5b_answers_code_prompts(real):
-    from mlxbun.factory import open_model
+def test_0_5b_answers_code_prompts(real, real_float32):
     from mlxbun.tokenizer import load_tokenizer
 
-    _, out = real(SMALL, quant="none")
-    model, tok = open_model(out), load_tokenizer(out)
+    model, tok = real_float32(SMALL), load_tokenizer(real(SMALL)[1])
     even = _answer(model, tok, "Write a Python function is_even(n) that returns True when n is even. "
                                "Reply with only the code.", 24)
     assert "def is_even(n):" in even.text and "n % 2 == 0" in even.text, even.text
@@ -66,17 +65,15 @@ def test_0_5b_answers_code_prompts(real):
     assert "count(*)" in sql.text.lower() and "from users" in sql.text.lower(), sql.text
 
 
-def test_0_5b_speculative_ngram_and_self_draft_are_plain_decoding(real):
+def test_0_5b_speculative_ngram_and_self_draft_are_plain_decoding(real, real_float32):
     """Greedy speculative decoding on the 0.5B (n-gram lookup, self-draft from half its blocks)
     emits plain decoding's tokens, on a code-edit prompt whose answer repeats the prompt."""
-    from mlxbun.factory import open_model
     from mlxbun.speculative.compare import plain_run
     from mlxbun.speculative.drafters import make_drafter
     from mlxbun.speculative.engine import speculative_text
     from mlxbun.tokenizer import load_tokenizer
 
-    _, out = real(SMALL, quant="none")
-    model, tok = open_model(out), load_tokenizer(out)
+    model, tok = real_float32(SMALL), load_tokenizer(real(SMALL)[1])
     prompt = _chat(tok, "Add type hints to this function and return only the code:\n\n"
                         "def scale(values, factor):\n    return [v * factor for v in values]\n")
     plain = plain_run(model, tok, prompt, max_tokens=20, temperature=0.0)
@@ -89,21 +86,18 @@ def test_0_5b_speculative_ngram_and_self_draft_are_plain_decoding(real):
     assert accepted["ngram:3"] > 0, accepted  # the answer copies the prompt's code: lookup finds it
 
 
-def test_1_5b_answers_with_the_0_5b_drafting(real):  # 1.5B
+def test_1_5b_answers_with_the_0_5b_drafting(real, real_float32):  # 1.5B
     """The 1.5B reverses a string with a slice, and speculative decoding with the 0.5B as its draft
     model gives the same tokens, accepting most of the drafts."""
-    from mlxbun.factory import open_model
     from mlxbun.speculative.drafters import make_drafter
     from mlxbun.speculative.engine import speculative_text
     from mlxbun.tokenizer import load_tokenizer
 
-    _, target_dir = real(LARGE, quant="none")
-    _, draft_dir = real(SMALL, quant="none")
-    target, tok = open_model(target_dir), load_tokenizer(target_dir)
+    target, tok = real_float32(LARGE), load_tokenizer(real(LARGE)[1])
     question = "Write a Python expression that reverses the string s. Reply with only the code."
     plain = _answer(target, tok, question, 16)
     assert "s[::-1]" in plain.text, plain.text
-    _, ids, stats = speculative_text(target, tok, _chat(tok, question), drafter=make_drafter(open_model(draft_dir)),
+    _, ids, stats = speculative_text(target, tok, _chat(tok, question), drafter=make_drafter(real_float32(SMALL)),
                                      num_draft=4, max_tokens=16, temperature=0.0)
     assert ids == plain.tokens
     assert stats.draft_acceptance_rate > 0.5, stats
