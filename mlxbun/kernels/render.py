@@ -52,7 +52,8 @@ def render(name: str, header: str, source: str, inputs: Sequence[tuple[str, obje
 
 
 def ptxas_report(unit: str, arch: str = "sm_90", nvcc: Optional[str] = None) -> str:
-    """Compile `unit` with nvcc for `arch` and return ptxas's resource lines (raises with the
+    """Compile `unit` with nvcc for `arch` and return ptxas's resource lines, each function's
+    "N bytes stack frame, N bytes spill stores, N bytes spill loads" among them (raises with the
     compiler's messages when it does not compile; FileNotFoundError without nvcc)."""
     nvcc = nvcc or shutil.which("nvcc")
     if nvcc is None:
@@ -64,4 +65,6 @@ def ptxas_report(unit: str, arch: str = "sm_90", nvcc: Optional[str] = None) -> 
                               str(Path(tmp) / "unit.cubin"), str(src)], capture_output=True, text=True)
     if run.returncode:
         raise RuntimeError(f"nvcc failed:\n{run.stderr[-4000:]}")
-    return "\n".join(line for line in run.stderr.splitlines() if "ptxas" in line)
+    # the stack and spill line of each function is indented under "Function properties", without
+    # the "ptxas" prefix: keep it, or a test for spills reads nothing
+    return "\n".join(line for line in run.stderr.splitlines() if "ptxas" in line or "bytes spill" in line)
