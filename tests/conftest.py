@@ -180,6 +180,21 @@ def real_float32(real):
     return get
 
 
+def assert_broken_images_refused(prepare, photo: str, where: Path) -> None:
+    """`prepare(path)` refuses, each by the file's name, a JPEG cut short (`photo`'s first 3000 bytes),
+    a text file named .png and a missing file (the checks every image path makes before its tower)."""
+    from mlxbun.towers.errors import ImageTruncated, ImageUnreadable
+
+    cut = where / "cut.jpg"
+    cut.write_bytes(Path(photo).read_bytes()[:3000])
+    text = where / "notes.png"
+    text.write_text("not an image")
+    for path, error, message in ((cut, ImageTruncated, "cut.jpg"), (text, ImageUnreadable, "notes.png"),
+                                 (where / "missing.png", ImageUnreadable, "no such image file")):
+        with pytest.raises(error, match=message):
+            prepare(path)
+
+
 def sample_image(name: str) -> str:
     """A sample file matplotlib ships (no download)."""
     import matplotlib.cbook as cbook

@@ -28,10 +28,11 @@ import pytest
 import mlxbun.cli as cli
 from mlxbun.errors import ConfigError, UnsupportedModelError
 from mlxbun.multimodal import MAX_IMAGES, open_vlm, refuse_images, stream_generate
-from mlxbun.towers.errors import ImageCountError, ImageTruncated, ImageUnreadable, NoTowerError, TooManyImages
+from mlxbun.towers.errors import ImageCountError, NoTowerError, TooManyImages
 from mlxbun.towers.mobilenet5 import FULL_LAYOUT, MobileNetLayout, MobileNetV5
 from mlxbun.zoo.mobilenet import TINY_LAYOUT, mobilenet_patch, vlm_stages
 from tests.audio_oracle import prompt_logits_equal, samples_of, write_wav
+from tests.conftest import assert_broken_images_refused
 
 ARCH = "gemma3n-towers"
 IMAGE = "<image_soft_token>"
@@ -203,14 +204,7 @@ def test_bad_images_and_checkpoints_are_refused_by_name(tower_ckpt, pictures, zo
         raise AssertionError("the tower ran")
 
     monkeypatch.setattr(type(vlm.vision), "soft_tokens", no_tower)
-    cut = tmp_path / "cut.jpg"
-    cut.write_bytes(Path(pictures[0]).read_bytes()[:3000])
-    text = tmp_path / "notes.png"
-    text.write_text("not an image")
-    for path, error, message in ((cut, ImageTruncated, "cut.jpg"), (text, ImageUnreadable, "notes.png"),
-                                 (tmp_path / "missing.png", ImageUnreadable, "no such image file")):
-        with pytest.raises(error, match=message):
-            vlm.prepare(IMAGE, [path])
+    assert_broken_images_refused(lambda path: vlm.prepare(IMAGE, [path]), pictures[0], tmp_path)
     with pytest.raises(ImageCountError, match="2 image placeholder"):
         vlm.prepare(PROMPT, pictures[:1])
     with pytest.raises(TooManyImages, match=f"at most {MAX_IMAGES}"):

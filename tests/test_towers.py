@@ -18,7 +18,8 @@ from mlxbun.multimodal import MAX_IMAGES, EmbeddedPrompt, open_vlm, stream_gener
 from mlxbun.errors import GenerationError, UnsupportedModelError
 from mlxbun.experiments.tower_bringup import oracle_stages, patch_order
 from mlxbun.towers.knobs import VitLayout
-from mlxbun.towers.errors import ImageCountError, ImageTruncated, ImageUnreadable, NoTowerError, TooManyImages
+from mlxbun.towers.errors import ImageCountError, ImageUnreadable, NoTowerError, TooManyImages
+from tests.conftest import assert_broken_images_refused
 from tests.tower_oracle import load_both, qwen_text_side_equal, qwen_tower_equal
 
 # (dtype, quant): every variant mlx_vlm.convert writes for the tiny checkpoint (towers in the dtype)
@@ -266,16 +267,7 @@ def test_bad_images_are_named_errors_before_the_tower(tower_ckpt, images, tmp_pa
         raise AssertionError("the tower ran")
 
     monkeypatch.setattr(type(vlm.vision), "features", no_tower)
-    truncated = tmp_path / "cut.jpg"
-    truncated.write_bytes(Path(images[0]).read_bytes()[:3000])
-    not_image = tmp_path / "notes.png"
-    not_image.write_text("not an image")
-    with pytest.raises(ImageTruncated, match="cut.jpg"):
-        vlm.prepare("<start_of_image>", [truncated])
-    with pytest.raises(ImageUnreadable, match="notes.png"):
-        vlm.prepare("<start_of_image>", [not_image])
-    with pytest.raises(ImageUnreadable, match="no such image file"):
-        vlm.prepare("<start_of_image>", [tmp_path / "missing.png"])
+    assert_broken_images_refused(lambda path: vlm.prepare("<start_of_image>", [path]), images[0], tmp_path)
     with pytest.raises(ImageUnreadable, match="not a file"):
         vlm.prepare("<start_of_image>", [tmp_path])
     with pytest.raises(ImageCountError, match="2 image placeholder"):
