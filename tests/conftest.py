@@ -99,6 +99,26 @@ def zoo(zoo_root):
 
 
 @pytest.fixture(scope="session")
+def wide_qwen3(zoo_root):
+    """A tiny qwen3 with head_dim 32: mx.quantize needs a group size of 32+ dividing head_dim,
+    and the zoo's head_dim is 16."""
+    from mlxbun.zoo import cached_checkpoint
+
+    return cached_checkpoint("qwen3", head_dim=32, root=zoo_root)
+
+
+@pytest.fixture
+def lab_dirs(tmp_path, monkeypatch):
+    """An empty notebooks/ and lab/ pair the catalog looks in."""
+    nbs, lab = tmp_path / "notebooks", tmp_path / "lab"
+    nbs.mkdir()
+    lab.mkdir()
+    monkeypatch.setenv("MLXBUN_NOTEBOOKS", str(nbs))
+    monkeypatch.setenv("MLXBUN_LAB", str(lab))
+    return nbs, lab
+
+
+@pytest.fixture(scope="session")
 def tower_ckpt(zoo):
     """`tower_ckpt(dtype="float32", quant=None, arch="gemma3-vision") -> Path`: a tower zoo checkpoint
     (mlxbun.zoo.towers: a VLM with its towers, which the zoo builds under its name, `zoo:ARCH`)."""

@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 
 from mlxbun.errors import ConfigError, MlxbunError
 from mlxbun.models.universal.loader import build_model, load_universal
-from tests.test_universal_dense import _assert_parity, _oracle, _random_checkpoint
+from tests.dense_oracle import assert_parity, oracle, random_checkpoint
 
 _S, _F = "sliding_attention", "full_attention"
 _MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=64)
@@ -45,7 +45,7 @@ def _config(**overrides) -> dict:
 @pytest.mark.parametrize("case,variant", _VARIANTS, ids=[f"{c}-{v}" for c, v in _VARIANTS])
 def test_switches_bit_exact(tmp_path, case, variant):
     dtype = "float32" if variant == "q4" else variant
-    _assert_parity(_random_checkpoint(tmp_path / case, _config(**CASES[case]), dtype,
+    assert_parity(random_checkpoint(tmp_path / case, _config(**CASES[case]), dtype,
                                       4 if variant == "q4" else None))
 
 
@@ -91,9 +91,9 @@ def _hf_layout(src, dst, cfg):
 
 def test_hf_layout_checkpoint_loads_like_mlx_lm(tmp_path):
     cfg = _config(**_MOE)
-    src = _random_checkpoint(tmp_path / "mlx", cfg, "float32", None)
+    src = random_checkpoint(tmp_path / "mlx", cfg, "float32", None)
     path = _hf_layout(src, tmp_path / "hf", cfg)
-    _assert_parity(path)
+    assert_parity(path)
     dropped = load_universal(path).audit.dropped
     assert {n for n in dropped if "k_proj" in n} == {f"model.layers.{i}.self_attn.k_proj.weight" for i in (3, 4, 5)}
     assert "model.layers.0.self_attn.rotary_emb.inv_freq" in dropped and "model.layers.0.mlp.input_max" in dropped
@@ -106,7 +106,7 @@ def test_taps_and_the_localizer(zoo, tmp_path):
     from mlxbun.parity.localize import first_divergence
 
     path = zoo("gemma4_text")
-    ours, ref = load_universal(path), _oracle(path)
+    ours, ref = load_universal(path), oracle(path)
     prompt, decode = list(range(3, 43)), [5, 6, 7]
     assert first_divergence(ours, ref, prompt, decode) is None  # (paths="all": the root module
     # `model` is never called by the universal graphs, as for every row)
@@ -158,7 +158,7 @@ def test_a_hub_layout_wrapper_checkpoint_runs_as_mlx_lm_s_text_path(zoo, tmp_pat
               "model.embed_audio.embedding_projection.weight": mx.ones((4, 4))}
     mx.save_safetensors(str(hf / "model.safetensors"), {**weights, **towers}, metadata={"format": "pt"})
     (hf / "config.json").write_text(json.dumps(cfg))
-    _assert_parity(hf)
+    assert_parity(hf)
     dropped = load_universal(hf).audit.dropped
     assert set(towers) <= set(dropped) and "audio towers" in dropped["model.audio_tower.conv.weight"]
     assert "model.language_model.layers.5.self_attn.k_proj.weight" in dropped

@@ -60,15 +60,6 @@ def loaded(zoo):
     return get
 
 
-@pytest.fixture(scope="session")
-def wide_qwen3(zoo_root):
-    """A tiny qwen3 with head_dim 32: mx.quantize needs a group size of 32+ dividing head_dim,
-    and the zoo's head_dim is 16."""
-    from mlxbun.zoo import cached_checkpoint
-
-    return cached_checkpoint("qwen3", head_dim=32, root=zoo_root)
-
-
 def _oracle(model, tokenizer, prompt, *, seed=None, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0,
             min_tokens_to_keep=1, repetition_penalty=None, **kwargs):
     from mlx_lm import stream_generate as mlx_stream

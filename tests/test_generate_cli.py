@@ -9,7 +9,6 @@ import pytest
 
 from mlxbun import cli
 from mlxbun.generate import stream_generate
-from tests.test_generate import wide_qwen3  # noqa: F401 (a fixture: head_dim 32 for --kv-bits)
 
 PROMPT = "Once upon a time"
 

@@ -30,6 +30,7 @@ from mlxbun import cli
 from mlxbun.gguf.blocks import repack
 from mlxbun.gguf.importer import MARKER, import_gguf
 from mlxbun.gguf.reader import GGUFError, open_gguf
+from tests.gguf_floats import same_floats
 from tests.conftest import real_gguf
 from tests.gguf_export import _permute, export_gguf
 
@@ -104,20 +105,10 @@ def test_repack_is_what_mx_load_reads_from_smollm2():
     assert seen == {"Q4_1", "Q8_0"}
 
 
-def _same_floats(ours, ref: np.ndarray) -> None:
-    """Bit for bit, but for the sign of zero: Q4_0 code 8 (Q5_0 code 16) with a negative scale is d * (8 - 8) = -0
-    in llama.cpp and d * 8 + (-8 d) = +0 in MLX's affine form (equal numbers)."""
-    ours = np.array(ours)
-    assert ours.dtype == ref.dtype == np.float32 and ours.shape == ref.shape
-    nonzero = ref != 0
-    assert np.array_equal(ours.view(np.uint32)[nonzero], ref.view(np.uint32)[nonzero])
-    assert not ours[~nonzero].any()
-
-
 def _dequantizes_as_gguf(raw: np.ndarray, qtype: T, cols: int):
     p = repack(raw, qtype.name, cols)
     ours = mx.dequantize(mx.array(p.weight), mx.array(p.scales), mx.array(p.biases), group_size=32, bits=p.bits)
-    _same_floats(ours, quants.dequantize(raw, qtype))
+    same_floats(ours, quants.dequantize(raw, qtype))
 
 
 def test_repack_dequantizes_as_llama_cpp_on_real_tensors(tmp_path_factory):
@@ -311,7 +302,7 @@ def test_zoo_round_trip_packed_types_stay_packed(qtype, tiny_gguf, tmp_path):
     got = mx.dequantize(w["model.layers.1.mlp.down_proj.weight"], w["model.layers.1.mlp.down_proj.scales"].astype(mx.float32),
                         w["model.layers.1.mlp.down_proj.biases"].astype(mx.float32), group_size=32,
                         bits={"Q8_0": 8, "Q5_0": 5, "Q5_1": 5}.get(qtype, 4))
-    _same_floats(got, quants.dequantize(t.data, T[qtype]))
+    same_floats(got, quants.dequantize(t.data, T[qtype]))
     _port(res.out)
 
 

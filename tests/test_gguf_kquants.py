@@ -22,7 +22,7 @@ from mlxbun.gguf.reader import open_gguf
 from mlxbun.gguf.tensors import read_tensor
 from mlxbun.real_models import PARTED, Parted, join_parts
 from tests.conftest import real_gguf
-from tests.test_gguf_import import _same_floats  # bit for bit, but for the sign of zero (Q4_0 / Q5_0)
+from tests.gguf_floats import same_floats  # bit for bit, but for the sign of zero (Q4_0 / Q5_0)
 
 REAL = ("smollm2", "gemma3", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 ROWS = 48  # of each tensor's first and last rows: every tensor of the four files in seconds
@@ -44,7 +44,7 @@ def test_every_tensor_type_of_the_real_files_is_gguf_pys_dequantization(name, tm
             _, ours = _dequantize(rows, t.tensor_type, cols)
             ref = quants.dequantize(rows, t.tensor_type)
             if kind in ("Q4_0", "Q5_0"):
-                _same_floats(ours, ref)
+                same_floats(ours, ref)
             else:  # no zero-sign difference: d*sc*q - dmin*m and d*q + m round once, as MLX does
                 assert np.array_equal(np.array(ours).view(np.uint32), ref.view(np.uint32)), t.name
         else:  # F32 / Q6_K: the import's read of the same rows
@@ -85,7 +85,7 @@ def test_q5_from_real_weights(qtype):
     t = next(t for t in open_gguf(real_gguf("smollm2", None)).tensors if t.name == "blk.3.ffn_gate.weight")
     raw = quants.quantize(quants.dequantize(t.data, T.Q4_1), qtype)
     _, ours = _dequantize(raw, qtype, int(t.shape[0]))
-    _same_floats(ours, quants.dequantize(raw, qtype))
+    same_floats(ours, quants.dequantize(raw, qtype))
 
 
 def test_which_scale_dtypes_hold_which_types(tmp_path_factory):

@@ -6,43 +6,19 @@ import sys
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell
 
 import mlxbun.cli as cli
 from mlxbun.errors import MlxbunError
 from mlxbun.lab.catalog import list_notebooks, resolve_notebook
 from mlxbun.lab.runner import KERNEL, kernel_for_this_python, parse_parameters, parse_value
 from mlxbun.results import open_results
+from tests.notebook_files import write_nb
 
 
 def main(argv):
     """`mlxbun ARGV` through the real entry point (the lab command as cli.py registers it)."""
     return cli.main(argv)
-
-
-def write_nb(path, *cells, params="x = 1\ny = 'text'", kernelspec=True):
-    cs = [new_markdown_cell("# test notebook")]
-    if params is not None:
-        p = new_code_cell(params)
-        p.metadata["tags"] = ["parameters"]
-        cs.append(p)
-    cs += [new_code_cell(c) for c in cells]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    metadata = {"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}} if kernelspec \
-        else {}
-    nbformat.write(new_notebook(cells=cs, metadata=metadata), path)
-    return path
-
-
-@pytest.fixture
-def dirs(tmp_path, monkeypatch):
-    """An empty notebooks/ and lab/ pair the catalog looks in."""
-    nbs, lab = tmp_path / "notebooks", tmp_path / "lab"
-    nbs.mkdir()
-    lab.mkdir()
-    monkeypatch.setenv("MLXBUN_NOTEBOOKS", str(nbs))
-    monkeypatch.setenv("MLXBUN_LAB", str(lab))
-    return nbs, lab
 
 
 # ---------------------------------------------------------------- -p values
@@ -87,8 +63,8 @@ def test_cli_collects_repeated_p_options():
 # ---------------------------------------------------------------- discovery and list
 
 
-def test_list_and_resolve(dirs, tmp_path):
-    nbs, lab = dirs
+def test_list_and_resolve(lab_dirs, tmp_path):
+    nbs, lab = lab_dirs
     write_nb(nbs / "alpha.ipynb", "print(x)")
     write_nb(nbs / ".ipynb_checkpoints" / "alpha-checkpoint.ipynb")
     write_nb(lab / "idea" / "idea.ipynb", params="speed = 2.5  # how fast")
@@ -110,8 +86,8 @@ def test_list_and_resolve(dirs, tmp_path):
         resolve_notebook(str(tmp_path / "notes.txt"))
 
 
-def test_lab_list_cli(dirs, capsys):
-    nbs, lab = dirs
+def test_lab_list_cli(lab_dirs, capsys):
+    nbs, lab = lab_dirs
     write_nb(nbs / "alpha.ipynb", params="x = 1  # the x")
     write_nb(lab / "idea" / "idea.ipynb", params="speed = 2.5")
     assert main(["lab", "list", "--json"]) == 0
@@ -176,8 +152,8 @@ def _lab_rows(db):
         return store.load(experiment="lab", expand_params=True)
 
 
-def test_a_failing_notebook_exits_non_zero_and_records_the_failure(dirs, tmp_path, capsys):
-    nbs, _ = dirs
+def test_a_failing_notebook_exits_non_zero_and_records_the_failure(lab_dirs, tmp_path, capsys):
+    nbs, _ = lab_dirs
     nb = write_nb(tmp_path / "elsewhere" / "broken.ipynb", "print('before')", "x / 0", "print('never')")
     db, out = tmp_path / "r.sqlite", tmp_path / "out"
     code = main(["lab", "run", str(nb), "--out", str(out), "--results", str(db), "--no-progress"])
@@ -197,8 +173,8 @@ def test_a_failing_notebook_exits_non_zero_and_records_the_failure(dirs, tmp_pat
     assert "ZeroDivisionError" in (out / "broken.html").read_text()
 
 
-def test_a_good_run_injects_parameters_and_records_its_duration(dirs, tmp_path, capsys, monkeypatch):
-    nbs, _ = dirs
+def test_a_good_run_injects_parameters_and_records_its_duration(lab_dirs, tmp_path, capsys, monkeypatch):
+    nbs, _ = lab_dirs
     write_nb(nbs / "hello.ipynb",
              "import os\nprint(f'x={x!r} y={y!r} results={results_path}')\n"
              "print('headless', os.environ['MLXBUN_HEADLESS'], os.environ['MLXBUN_LAB_RUN'])",
@@ -219,8 +195,8 @@ def test_a_good_run_injects_parameters_and_records_its_duration(dirs, tmp_path, 
     assert (out / "hello.html").read_text().count("<html") == 1
 
 
-def test_lab_run_refuses_mistakes_before_running(dirs, tmp_path, capsys):
-    nbs, _ = dirs
+def test_lab_run_refuses_mistakes_before_running(lab_dirs, tmp_path, capsys):
+    nbs, _ = lab_dirs
     write_nb(nbs / "hello.ipynb", "print(x)")
     db = tmp_path / "r.sqlite"
     assert main(["lab", "run", "hello", "-p", "nope", "1", "--results", str(db), "--out", str(tmp_path)]) == 1
@@ -234,7 +210,7 @@ def test_lab_run_refuses_mistakes_before_running(dirs, tmp_path, capsys):
     assert not db.exists() and not (tmp_path / "hello.ipynb").exists()
 
 
-def test_a_failing_cell_is_numbered_in_the_notebook_as_written(dirs, tmp_path, capsys):
+def test_a_failing_cell_is_numbered_in_the_notebook_as_written(lab_dirs, tmp_path, capsys):
     """papermill injects a cell of parameters after the `parameters` cell: the number is the one of
     the notebook file (1-based, every cell), not of the executed copy."""
     nb = write_nb(tmp_path / "broken.ipynb", "print(x)", "1 / 0", params="x = 1")
@@ -275,8 +251,8 @@ def test_a_notebook_without_kernelspec_runs_in_the_kernel_asked_for(kernel, tmp_
     assert f"x is 7 {sys.executable}" in text
 
 
-def test_lab_list_reads_a_notebook_without_kernelspec_as_python(dirs):
-    nbs, _ = dirs
+def test_lab_list_reads_a_notebook_without_kernelspec_as_python(lab_dirs):
+    nbs, _ = lab_dirs
     write_nb(nbs / "bare.ipynb", params="speed = 2.5  # how fast", kernelspec=False)
     assert list_notebooks(with_parameters=True)[0].parameters["speed"]["default"] == "2.5"
 

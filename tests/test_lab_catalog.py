@@ -11,7 +11,7 @@ from mlxbun.errors import MlxbunError
 from mlxbun.lab.catalog import experiment_headers, lab_dir, resolve_notebook
 from mlxbun.lab.summary import TABLE_BEGIN, TABLE_END, read_header, render_readme, summary_table
 from mlxbun.results import open_results
-from tests.test_lab import dirs, write_nb  # noqa: F401 - the fixture
+from tests.notebook_files import write_nb
 
 GOOD = "# KV idea\n\nStatus: answered\nQuestion: Does q4 hold?\nAnswer: yes, KLD 0.01 | 4x fewer bytes\n\n## Method\n"
 
@@ -36,8 +36,8 @@ def test_read_header_good_and_bad(tmp_path):
     assert h.status == "?" and "lab/idea" in h.warning
 
 
-def test_lab_list_shows_headers_and_warns_on_a_bad_readme(dirs, capsys):  # noqa: F811
-    _, lab = dirs
+def test_lab_list_shows_headers_and_warns_on_a_bad_readme(lab_dirs, capsys):
+    _, lab = lab_dirs
     write_nb(lab / "good" / "good.ipynb")
     (lab / "good" / "README.md").write_text(GOOD)
     write_nb(lab / "bad" / "bad.ipynb")
@@ -53,8 +53,8 @@ def test_lab_list_shows_headers_and_warns_on_a_bad_readme(dirs, capsys):  # noqa
     assert "answered" in out and "Does q4 hold?" in out
 
 
-def test_summary_table_and_readme_rendering(dirs, capsys):  # noqa: F811
-    _, lab = dirs
+def test_summary_table_and_readme_rendering(lab_dirs, capsys):
+    _, lab = lab_dirs
     write_nb(lab / "zeta" / "zeta.ipynb")
     (lab / "zeta" / "README.md").write_text(GOOD)
     write_nb(lab / "alpha" / "alpha.ipynb")  # no README: listed with status "?"
@@ -85,8 +85,8 @@ def test_the_committed_lab_readme_table_matches_the_experiments(monkeypatch):
     assert render_readme(text, headers) == text, "lab/README.md is stale: run `mlxbun lab table --write`"
 
 
-def test_lab_run_of_a_directory_records_rows_under_its_name(dirs, tmp_path, monkeypatch, capsys):  # noqa: F811
-    nbs, lab = dirs
+def test_lab_run_of_a_directory_records_rows_under_its_name(lab_dirs, tmp_path, monkeypatch, capsys):
+    nbs, lab = lab_dirs
     code = ("from mlxbun.lab.recording import recording\n"
             "with recording('some_driver', params={'k': 1}, results_path=results_path) as run:\n"
             "    run.record('answer', 42.0)")
@@ -109,11 +109,11 @@ def test_lab_run_of_a_directory_records_rows_under_its_name(dirs, tmp_path, monk
     assert list(rows["params.lab_run"]) == list(lab_rows.run_id)
 
 
-def test_a_graduated_experiment_is_its_workflow_with_the_readme_header(dirs, tmp_path, monkeypatch, capsys):  # noqa: F811
+def test_a_graduated_experiment_is_its_workflow_with_the_readme_header(lab_dirs, tmp_path, monkeypatch, capsys):
     """lab/<name>/ keeps the README (and results) of an experiment whose notebook moved to notebooks/:
     listed once, as the workflow, with the experiment's header; in the summary table; `lab run lab/<name>`
     runs the moved notebook. A directory elsewhere of the same name does not."""
-    nbs, lab = dirs
+    nbs, lab = lab_dirs
     write_nb(nbs / "plan.ipynb", "print('moved')", params="results_path = None")
     (lab / "plan").mkdir()
     (lab / "plan" / "README.md").write_text(GOOD.replace("answered", "graduated"))

@@ -38,7 +38,7 @@ from mlxbun.models.universal.schema_moe import (
 )
 from mlxbun.models.universal.table import DESCRIPTORS
 from mlxbun.zoo import tiny_config
-from tests.test_universal_dense import _oracle, _prompt, _rewrite
+from tests.dense_oracle import oracle, prompt_ids, rewrite_checkpoint
 from tests.universal_manifest import MANIFEST
 
 MOE_ARCHS = sorted(a for a in MANIFEST if a in DESCRIPTORS and DESCRIPTORS[a].moe is not None)
@@ -224,7 +224,7 @@ def test_ernie4_5_moe_gate_layers_and_shared_experts_match_mlx_lm(changes):
     ref, ours = _pair(cfg)
     assert [s.moe for s in ours.args.layers] == [isinstance(layer.mlp, Ernie4_5_MoeMLP) for layer in ref.layers]
     assert any(s.moe for s in ours.args.layers) and not all(s.moe for s in ours.args.layers)
-    ids = _prompt(40)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
     for dtype in ("bfloat16", "float16"):
         _blocks_match_in("ernie4_5_moe", cfg, dtype)
@@ -292,20 +292,20 @@ _W123 = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
     ("mellum", None, "mlp", "switch_mlp", _SAME, ("weight",)),
 ])
 def test_per_expert_hf_tensors_are_stacked_like_mlx_lm(zoo, tmp_path, arch, quant, block, switch, rename, keys):
-    path = _rewrite(zoo(arch, quant=quant), tmp_path / arch,
-                    lambda w: _unstack(w, block, switch, rename, keys))
+    path = rewrite_checkpoint(zoo(arch, quant=quant), tmp_path / arch,
+                              lambda w: _unstack(w, block, switch, rename, keys))
     names = mx.load(str(path / "model.safetensors"))
     assert any(".experts.3." in k for k in names)
     assert not any(f".{switch}.{n}." in k for k in names for n in rename)
     report = audit_checkpoint(path)
     assert report.ok and not report.dropped
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(40)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
 
 
 def test_a_missing_expert_is_a_load_error_naming_it(zoo, tmp_path):
-    path = _rewrite(zoo("qwen3_moe"), tmp_path / "gap", lambda w: {
+    path = rewrite_checkpoint(zoo("qwen3_moe"), tmp_path / "gap", lambda w: {
         k: v for k, v in _unstack(w, "mlp", "switch_mlp", _SAME).items()
         if k != "model.layers.1.mlp.experts.2.up_proj.weight"})
     with pytest.raises(LoadError, match=r"model\.layers\.1\.mlp\.experts\.2\.up_proj\.weight"):
@@ -323,20 +323,20 @@ def test_granitemoe_input_linear_is_split_like_mlx_lm(zoo, tmp_path):
             out[f"{p}.output_linear.weight"] = out.pop(f"{p}.switch_mlp.down_proj.weight")
         return out
 
-    path = _rewrite(zoo("granitemoe"), tmp_path / "granitemoe", to_hf)
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(40)
+    path = rewrite_checkpoint(zoo("granitemoe"), tmp_path / "granitemoe", to_hf)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
 
 
 def test_glm4_moe_drops_the_mtp_layer_and_stacks_experts(zoo, tmp_path):
     mtp = {"model.layers.2.eh_proj.weight": mx.ones((64, 128)), "model.layers.2.enorm.weight": mx.ones((64,))}
-    path = _rewrite(zoo("glm4_moe"), tmp_path / "glm", lambda w: {
+    path = rewrite_checkpoint(zoo("glm4_moe"), tmp_path / "glm", lambda w: {
         **_unstack(w, "mlp", "switch_mlp", _SAME), **mtp})
     report = audit_checkpoint(path)
     assert report.ok and set(report.dropped) == set(mtp)
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(40)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
 
 
@@ -345,12 +345,12 @@ def test_ernie4_5_moe_drops_mtp_weights_and_the_correction_bias(zoo, tmp_path):
              "model.mtp_linear_proj.0.weight": mx.ones((64, 128)),
              "model.mtp_hidden_norm.0.weight": mx.ones((64,)), "model.mtp_emb_norm.0.weight": mx.ones((64,)),
              "model.layers.1.mlp.moe_statics.e_score_correction_bias": mx.zeros((1, 4))}
-    path = _rewrite(zoo("ernie4_5_moe"), tmp_path / "ernie", lambda w: {
+    path = rewrite_checkpoint(zoo("ernie4_5_moe"), tmp_path / "ernie", lambda w: {
         **_unstack(w, "mlp", "switch_mlp", _SAME), **extra})
     report = audit_checkpoint(path)
     assert report.ok and set(report.dropped) == set(extra)
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(40)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
 
 
@@ -384,12 +384,12 @@ def test_minimax_fp8_block_weights_dequantize_like_mlx_lm(zoo, tmp_path):
                 out[k] = v
         return out
 
-    path = _rewrite(zoo("minimax_m2"), tmp_path / "fp8", to_fp8)
+    path = rewrite_checkpoint(zoo("minimax_m2"), tmp_path / "fp8", to_fp8)
     report = audit_checkpoint(path)
     assert report.ok and all(k.endswith("weight_scale_inv") for k in report.dropped)
-    ref, ours = _oracle(path), load_universal(path)
+    ref, ours = oracle(path), load_universal(path)
     assert ours.layers[0]["self_attn"]["q_proj"].weight.dtype == mx.bfloat16
-    ids = _prompt(40)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
 
 
@@ -402,7 +402,7 @@ def test_half_precision_experts_refuse_where_gather_mm_takes_float32_only(zoo):
     with pytest.raises(UnsupportedModelError, match="float16 experts.*gather_mm in float32 only"):
         load_universal(zoo("mixtral", dtype="float16"))
     with pytest.raises(RuntimeError, match="GatherMM"):  # mlx-lm cannot run them either
-        mx.eval(_oracle(zoo("mixtral", dtype="float16"))(_prompt(4)))
+        mx.eval(oracle(zoo("mixtral", dtype="float16"))(prompt_ids(4)))
     # the manifest gates exactly what this device runs
     for arch in MANIFEST:
         assert MANIFEST[arch].variants == runnable_variants(arch), arch
@@ -418,8 +418,8 @@ def test_routing_is_tappable_per_layer_and_localization_skips_mlxbun_only_router
     from mlxbun.parity.localize import first_divergence
 
     path = zoo("qwen3_moe")
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(40)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(40)
     with ours.layers_tap(lambda p, m: isinstance(m, Router)) as taps:
         ours(ids)
     assert sorted(taps) == ["model.layers.0.mlp.router", "model.layers.1.mlp.router"]
@@ -537,8 +537,8 @@ def test_layer_diff_against_mlx_lm_is_all_equal_on_an_moe_model(zoo):
     from mlxbun.parity.layer_diff import layer_diff
 
     path = zoo("mixtral", quant=4)
-    ref, ours = _oracle(path), load_universal(path)
-    diff = layer_diff(ours, ref, _prompt(40)[0].tolist(), [7, 3], paths=lambda p, m: "layers" in p)
+    ref, ours = oracle(path), load_universal(path)
+    diff = layer_diff(ours, ref, prompt_ids(40)[0].tolist(), [7, 3], paths=lambda p, m: "layers" in p)
     assert diff.first_difference() is None
     assert any(r["path"].endswith("block_sparse_moe.switch_mlp") for r in diff.records)
     assert not any(r["path"].endswith(".router") for r in diff.records)
@@ -615,7 +615,7 @@ def test_exaone_moe_config_branches_match_mlx_lm(edit):
     ref, ours = _pair(cfg, seed=2)
     assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
         sorted(k for k, _ in tree_flatten(ours.parameters()))
-    ids = _prompt(40)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
     if edit == "all_global":
         assert all(s.rope is not None for s in ours.args.layers)
@@ -632,11 +632,11 @@ def test_exaone_moe_hf_layout_is_sanitized_like_mlx_lm(zoo, tmp_path):
         out["mtp.fc.weight"] = mx.ones((64, 128))
         return out
 
-    path = _rewrite(zoo("exaone_moe"), tmp_path / "exaone_moe", to_hf)
+    path = rewrite_checkpoint(zoo("exaone_moe"), tmp_path / "exaone_moe", to_hf)
     report = audit_checkpoint(path)
     assert report.ok and set(report.dropped) == {"mtp.fc.weight"}
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(40)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
 
 
@@ -677,7 +677,7 @@ def test_bailing_moe_config_branches_match_mlx_lm(edit):
     ref, ours = _pair({**tiny_config("bailing_moe"), **edit}, seed=5)
     assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
         sorted(k for k, _ in tree_flatten(ours.parameters()))
-    ids = _prompt(40)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
     for i, ref_block, our_block in _moe_blocks(ref, ours, "bailing_moe"):
         x = mx.random.normal((2, 9, 64), key=mx.random.key(i)).astype(mx.bfloat16)
@@ -694,17 +694,17 @@ def test_bailing_moe_hf_layout_and_norm_head_are_sanitized_like_mlx_lm(zoo, tmp_
         out["model.layers.1.mlp.gate.weight"] = out.pop("model.layers.1.mlp.gate.gate_proj.weight")
         return out
 
-    path = _rewrite(zoo("bailing_moe"), tmp_path / "bailing_moe", to_hf,
-                    config=lambda c: {**c, "norm_head": True})
+    path = rewrite_checkpoint(zoo("bailing_moe"), tmp_path / "bailing_moe", to_hf,
+                              config=lambda c: {**c, "norm_head": True})
     report = audit_checkpoint(path)
     assert report.ok and not report.dropped
-    ref, ours = _oracle(path), load_universal(path)
+    ref, ours = oracle(path), load_universal(path)
     norms = mx.linalg.norm(ours["lm_head"].weight, axis=0)
     assert mx.allclose(norms, mx.ones_like(norms), atol=1e-5)
-    ids = _prompt(40)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
-    tied = _rewrite(zoo("bailing_moe"), tmp_path / "tied", lambda w: w,
-                    config=lambda c: {**c, "norm_head": True, "tie_word_embeddings": True})
+    tied = rewrite_checkpoint(zoo("bailing_moe"), tmp_path / "tied", lambda w: w,
+                              config=lambda c: {**c, "norm_head": True, "tie_word_embeddings": True})
     with pytest.raises(LoadError, match="norm_head is set but the checkpoint has no lm_head.weight"):
         load_universal(tied)
 
@@ -732,7 +732,7 @@ def test_hunyuan_config_branches_match_mlx_lm(edit):
     factor = cfg["cla_share_factor"] if cfg["use_cla"] else 1
     assert [s.kv_proj for s in ours.args.layers] == [i % factor == 0 for i in range(4)]
     assert [("k_proj" in layer["self_attn"]) for layer in ours.layers] == [s.kv_proj for s in ours.args.layers]
-    ids = _prompt(40)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
     for i, ref_block, our_block in _moe_blocks(ref, ours, "hunyuan"):
         x = mx.random.normal((2, 9, 64), key=mx.random.key(i))
@@ -753,7 +753,7 @@ def test_hunyuan_decode_through_caches_matches_mlx_lm_layer_by_layer():
     ref, ours = _pair(tiny_config("hunyuan"), seed=8)
     ref_cache, our_cache = make_prompt_cache(ref), ours.make_cache()
     pick = lambda p, m: p.startswith("model.layers.") and p.count(".") in (2, 3) and "mlp" not in p  # noqa: E731
-    ids = _prompt(20)
+    ids = prompt_ids(20)
     for step in range(4):
         with capture(ours, pick) as got, capture(ref, pick) as want:
             ours(ids, cache=our_cache)
@@ -804,14 +804,14 @@ def test_hunyuan_fused_qkv_and_gate_up_layout_is_split_like_mlx_lm(zoo, tmp_path
                 [w.pop(f"{m}.up_proj.weight"), w.pop(f"{m}.gate_proj.weight")])
         return w
 
-    path = _rewrite(zoo("hunyuan"), tmp_path / "hunyuan_fused", fused,
-                    config=lambda c: {**c, "num_experts": 1})
+    path = rewrite_checkpoint(zoo("hunyuan"), tmp_path / "hunyuan_fused", fused,
+                              config=lambda c: {**c, "num_experts": 1})
     assert groups == 2 and "model.layers.0.self_attn.qkv_proj.weight" in mx.load(str(path / "model.safetensors"))
     report = audit_checkpoint(path)
     assert report.ok and not report.dropped
-    oracle, ours = _oracle(path), load_universal(path)
-    ids = _prompt(40)
-    want = oracle(ids)
+    mlxlm, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(40)
+    want = mlxlm(ids)
     assert mx.array_equal(want, ours(ids)) and mx.array_equal(want, ref(ids))
 
 
@@ -913,7 +913,7 @@ def test_gpt_oss_hf_mxfp4_checkpoint_is_sanitized_and_runs_like_mlx_lm(zoo, tmp_
 
     from mlxbun.models.universal.sanitize import sanitize_weights
 
-    path = _rewrite(zoo("gpt_oss"), tmp_path / "gpt_oss_hf", _to_hf_mxfp4, config=lambda cfg: {
+    path = rewrite_checkpoint(zoo("gpt_oss"), tmp_path / "gpt_oss_hf", _to_hf_mxfp4, config=lambda cfg: {
         **cfg, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
             "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}})
     raw = mx.load(str(path / "model.safetensors"))
@@ -924,9 +924,9 @@ def test_gpt_oss_hf_mxfp4_checkpoint_is_sanitized_and_runs_like_mlx_lm(zoo, tmp_
     assert all(mx.array_equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
     report = audit_checkpoint(path)
     assert report.ok and not report.dropped
-    ref, ours = _oracle(path), load_universal(path)
+    ref, ours = oracle(path), load_universal(path)
     assert ours.layers[0]["mlp"]["experts"]["gate_proj"].mode == "mxfp4"
-    ids = _prompt(40)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
 
 
@@ -946,11 +946,11 @@ def test_gpt_oss_hf_unquantized_layout_refuses_as_mlx_lm_does(zoo, tmp_path):
             out[f"{p}.down_proj_bias"] = out.pop(f"{p}.down_proj.bias")
         return out
 
-    path = _rewrite(zoo("gpt_oss"), tmp_path / "gpt_oss_hf_bf16", to_hf)
+    path = rewrite_checkpoint(zoo("gpt_oss"), tmp_path / "gpt_oss_hf_bf16", to_hf)
     with pytest.raises(LoadError, match=r"unconsumed: .*model\.layers\.0\.mlp\.experts\.down_proj"):
         load_universal(path)
     with pytest.raises(ValueError):
-        _oracle(path)
+        oracle(path)
 
 
 def test_gpt_oss_layer_types_default_and_refusals():
@@ -977,11 +977,11 @@ def test_gpt_oss_layer_types_default_and_refusals():
 def test_attention_sinks_reach_the_softmax(zoo, tmp_path):
     """Sinks are parameters of every attention layer; changing them changes mlxbun's logits exactly
     as mlx-lm's (a graph that dropped them would not move)."""
-    path = _rewrite(zoo("gpt_oss"), tmp_path / "sinks", lambda w: {
+    path = rewrite_checkpoint(zoo("gpt_oss"), tmp_path / "sinks", lambda w: {
         k: (v + 3.0 if k.endswith(".sinks") else v) for k, v in w.items()})
-    ref, ours = _oracle(path), load_universal(path)
+    ref, ours = oracle(path), load_universal(path)
     base = load_universal(zoo("gpt_oss"))
-    ids = _prompt(40)
+    ids = prompt_ids(40)
     assert ours.attention_sinks and ours.layers[0]["self_attn"]["sinks"].shape == (4,)
     assert mx.array_equal(ref(ids), ours(ids))
     assert not mx.allclose(ours(ids), base(ids), atol=1e-3)
@@ -1182,7 +1182,7 @@ def test_step3p5_per_layer_knobs_match_mlx_lm_through_the_caches(changes):
     from mlx_lm.models.cache import make_prompt_cache
 
     ref, ours = _pair({**tiny_config("step3p5"), **changes}, seed=6)
-    ids = _prompt(24)
+    ids = prompt_ids(24)
     ref_cache, our_cache = make_prompt_cache(ref), ours.make_cache()
     assert mx.array_equal(ref(ids, cache=ref_cache), ours(ids, cache=our_cache))
     for t in range(6):
@@ -1205,13 +1205,13 @@ def test_step3p5_hf_checkpoint_is_renamed_and_its_norms_shifted_like_mlx_lm(zoo,
         extra = {"model.layers.4.eh_proj.weight": mx.ones((64, 128)), "model.mtp.norm.weight": mx.ones((64,))}
         return {**out, **extra}
 
-    path = _rewrite(zoo("step3p5"), tmp_path / "step3p5", to_hf)
+    path = rewrite_checkpoint(zoo("step3p5"), tmp_path / "step3p5", to_hf)
     names = mx.load(str(path / "model.safetensors"))
     assert "model.layers.1.moe.gate_proj.weight" in names and "model.layers.1.moe.router_bias" in names
     report = audit_checkpoint(path)
     assert report.ok and set(report.dropped) == {"model.layers.4.eh_proj.weight", "model.mtp.norm.weight"}
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(40)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
 
 
@@ -1274,7 +1274,7 @@ def test_mimo_v2_flash_per_layer_attention_matches_mlx_lm_through_the_caches(cha
     ref, ours = _pair({**tiny_config("mimo_v2_flash"), **changes}, seed=8)
     assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
         sorted(k for k, _ in tree_flatten(ours.parameters()))
-    ids = _prompt(24)
+    ids = prompt_ids(24)
     ref_cache, our_cache = ref.make_cache(), ours.make_cache()
     assert [type(c).__name__ for c in ref_cache] == [type(c).__name__ for c in our_cache]
     assert mx.array_equal(ref(ids, cache=ref_cache), ours(ids, cache=our_cache))
@@ -1364,7 +1364,7 @@ def test_laguna_per_layer_knobs_match_mlx_lm_through_the_caches(changes):
     ref, ours = _pair({**tiny_config("laguna"), **changes}, seed=9)
     assert sorted(k for k, _ in tree_flatten(ref.parameters())) == \
         sorted(k for k, _ in tree_flatten(ours.parameters()))
-    ids = _prompt(24)
+    ids = prompt_ids(24)
     ref_cache, our_cache = ref.make_cache(), ours.make_cache()
     assert mx.array_equal(ref(ids, cache=ref_cache), ours(ids, cache=our_cache))
     for t in range(6):
@@ -1383,13 +1383,13 @@ def test_laguna_original_layout_is_sanitized_like_mlx_lm(zoo, tmp_path):
             out[f"language_model.{k}"] = v
         return out
 
-    path = _rewrite(zoo("laguna"), tmp_path / "laguna", to_original)
+    path = rewrite_checkpoint(zoo("laguna"), tmp_path / "laguna", to_original)
     names = mx.load(str(path / "model.safetensors"))
     assert "language_model.model.layers.1.mlp.gate.weight" in names
     assert "language_model.model.layers.1.mlp.experts.0.up_proj.weight" in names
     assert audit_checkpoint(path).ok
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(40)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(40)
     assert mx.array_equal(ref(ids), ours(ids))
 
 

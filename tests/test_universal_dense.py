@@ -7,13 +7,11 @@ mlx-lm is the oracle and is imported only here. Checkpoints come from the zoo
 import dataclasses
 import importlib
 import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import pytest
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
 from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 from mlxbun.models.universal.coverage import check_coverage, require_coverage
@@ -33,6 +31,15 @@ from mlxbun.models.universal.schema import (
 )
 from mlxbun.models.universal.table import DESCRIPTORS
 from mlxbun.zoo.archs import get_arch, tiny_config
+from tests.dense_oracle import (
+    PROMPT_LEN,
+    assert_parity,
+    oracle,
+    oracle_cache,
+    prompt_ids,
+    random_checkpoint,
+    rewrite_checkpoint,
+)
 from tests.universal_manifest import MANIFEST, universal_archs
 
 ARCHS = universal_archs()  # every row's arch (+ mistral, which mlx-lm remaps to llama); the
@@ -46,66 +53,6 @@ VARIANTS = {
     "mixed": dict(quant="mixed"),
     "mxfp4": dict(quant="mxfp4"),  # opt-in (gpt_oss)
 }
-PROMPT_LEN, DECODE_STEPS = 40, 8
-
-
-def _oracle(path):
-    from mlx_lm.utils import load_model
-
-    model, _ = load_model(Path(path))
-    return model
-
-
-def _oracle_cache(model):
-    from mlx_lm.models.cache import make_prompt_cache
-
-    return make_prompt_cache(model)
-
-
-def _first_divergence(ref, ours, ids) -> str:
-    """Localize a mismatch: the first module (in execution order) whose output differs."""
-    from mlxbun.models.taps import capture
-
-    with capture(ref) as a:
-        ref(ids)
-    with capture(ours) as b:
-        ours(ids)
-    for path, i in a.order:
-        x, y = a[path][i], b.get(path, [None] * (i + 1))[i]
-        if y is None or x.shape != y.shape or not mx.array_equal(x, y):
-            return path
-    return "none (only the head differs)"
-
-
-def _prompt(n, batch=1, seed=7):
-    return mx.random.randint(1, 512, (batch, n), key=mx.random.key(seed))
-
-
-def _assert_parity(path):
-    """40-token prefill, 8 greedy decode steps through each side's own caches, batch-2 forward."""
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(PROMPT_LEN)
-    ref_cache, our_cache = _oracle_cache(ref), ours.make_cache()
-    expected, got = ref(ids, cache=ref_cache), ours(ids, cache=our_cache)
-    assert got.shape == expected.shape == (1, PROMPT_LEN, 512)
-    assert mx.array_equal(expected, got), f"prefill differs first at {_first_divergence(ref, ours, ids)}"
-    token = mx.argmax(expected[:, -1], axis=-1)[:, None]
-    for step in range(DECODE_STEPS):
-        expected, got = ref(token, cache=ref_cache), ours(token, cache=our_cache)
-        assert mx.array_equal(expected, got), f"decode step {step} differs"
-        token = mx.argmax(expected[:, -1], axis=-1)[:, None]
-    def children(caches):  # falcon_h1: each layer's CacheList, child by child
-        return [x for c in caches for x in getattr(c, "caches", (c,))]
-
-    for c, r in zip(children(our_cache), children(ref_cache), strict=True):  # a recurrent layer's
-        # state, bit for bit; a KV cache's offset
-        if hasattr(r, "offset"):
-            assert c.offset == r.offset
-        else:
-            assert all(mx.array_equal(x, y) for x, y in zip(c.cache, r.cache, strict=True))
-
-    batch = _prompt(24, batch=2, seed=11)
-    assert mx.array_equal(ref(batch), ours(batch)), f"batch-2 differs first at {_first_divergence(ref, ours, batch)}"
 
 
 _CASES = [(a, v) for a in ARCHS for v in MANIFEST[a].variants]
@@ -113,7 +60,7 @@ _CASES = [(a, v) for a in ARCHS for v in MANIFEST[a].variants]
 
 @pytest.mark.parametrize("arch,variant", _CASES, ids=[f"{a}-{v}" for a, v in _CASES])
 def test_logits_bit_exact_prefill_decode_and_batch(zoo, arch, variant):
-    _assert_parity(zoo(arch, **VARIANTS[variant]))
+    assert_parity(zoo(arch, **VARIANTS[variant]))
 
 
 # Knob settings the zoo's configs leave at one value: each row flips some (arch, overrides).
@@ -215,31 +162,6 @@ KNOBS = {
 _ORACLE_BROKEN = {("seed_oss-tied-biases", "q4"), ("llama4_text-tied-no-qknorm", "q4")}  # (llama4_text's too)
 
 
-def _random_checkpoint(out: Path, cfg: dict, dtype: str, quant, seed: int = 0) -> Path:
-    """A checkpoint built from the arch's mlx-lm Model: random weights, norms not ones."""
-    from mlx_lm.utils import _get_classes
-
-    model_cls, args_cls = _get_classes(cfg)
-    model = model_cls(args_cls.from_dict(cfg))
-    mx.random.seed(seed)
-    params = []
-    for name, v in tree_flatten(model.parameters()):
-        noise = mx.random.normal(v.shape)
-        params.append((name, (1.0 + 0.1 * noise if "norm" in name else 0.08 * noise).astype(v.dtype)))
-    model.update(tree_unflatten(params))
-    if quant is not None:
-        nn.quantize(model, group_size=32, bits=quant)
-        cfg = {**cfg, "quantization": {"group_size": 32, "bits": quant}}
-    weights = dict(tree_flatten(model.parameters()))
-    if dtype != "float32":
-        weights = {k: v.astype(getattr(mx, dtype)) if mx.issubdtype(v.dtype, mx.floating) else v
-                   for k, v in weights.items()}
-    out.mkdir(parents=True)
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
-
-
 def _remap(model_type: str) -> str:
     from mlxbun.config import MODEL_REMAPPING
 
@@ -263,14 +185,14 @@ def test_knob_variants_bit_exact(tmp_path, case, variant):
         cfg.pop("rope_parameters", None)  # keep the overridden legacy rope keys authoritative
     require_coverage(cfg["model_type"], cfg)
     dtype = "float32" if variant == "q4" else variant
-    path = _random_checkpoint(tmp_path / case, cfg, dtype, 4 if variant == "q4" else None)
-    _assert_parity(path)
+    path = random_checkpoint(tmp_path / case, cfg, dtype, 4 if variant == "q4" else None)
+    assert_parity(path)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tree_caches_and_surface_match_mlx_lm(zoo, arch):
     path = zoo(arch) if get_arch(arch).unquantizable else zoo(arch, quant=4)  # (afm7: mlx-lm cannot quantize)
-    ref, ours = _oracle(path), load_universal(path)
+    ref, ours = oracle(path), load_universal(path)
     # same parameter names/shapes/dtypes (quantized modules included) and same module paths
     ref_params = {k: (v.shape, v.dtype) for k, v in tree_flatten(ref.parameters())}
     assert {k: (v.shape, v.dtype) for k, v in tree_flatten(ours.parameters())} == ref_params
@@ -283,8 +205,8 @@ def test_tree_caches_and_surface_match_mlx_lm(zoo, arch):
     # the cache kinds of the mlx-lm file (its make_cache, else make_prompt_cache's default)
     kinds = lambda caches: [(type(c).__name__, getattr(c, "max_size", None), getattr(c, "keep", None))
                             for c in caches]
-    assert kinds(ours.make_cache()) == kinds(_oracle_cache(ref))
-    ids = _prompt(20)
+    assert kinds(ours.make_cache()) == kinds(oracle_cache(ref))
+    ids = prompt_ids(20)
     h = ours.forward_hidden(ids)
     assert h.shape == (1, 20, ours.args.hidden)
     assert mx.array_equal(ours.logits_from_hidden(h), ours(ids))
@@ -391,10 +313,10 @@ def test_rows_hold_enums_after_construction():
 
 def test_gemma3_text_ties_when_the_checkpoint_has_no_head(zoo, tmp_path):
     src = zoo("gemma3_text")
-    path = _rewrite(src, tmp_path / "tied", lambda w: {k: v for k, v in w.items() if k != "lm_head.weight"})
-    ref, ours = _oracle(path), load_universal(path)
+    path = rewrite_checkpoint(src, tmp_path / "tied", lambda w: {k: v for k, v in w.items() if k != "lm_head.weight"})
+    ref, ours = oracle(path), load_universal(path)
     assert ours.tied and "lm_head" not in ours and "lm_head" not in ref
-    ids = _prompt(PROMPT_LEN)
+    ids = prompt_ids(PROMPT_LEN)
     assert mx.array_equal(ref(ids), ours(ids))
     assert not load_universal(src).tied
 
@@ -442,8 +364,8 @@ def test_unknown_numerics_key_refuses_naming_it(zoo, tmp_path):
     report = check_coverage("llama", {**cfg, "attention_temperature": None, "use_magic": False})
     assert report.ok and set(report.unknown) == {"attention_temperature", "use_magic"}
     # and the loader refuses too, before any weight is read
-    path = _rewrite(zoo("llama"), tmp_path / "temp", lambda w: w,
-                    config=lambda c: {**c, "attention_temperature": 2.0})
+    path = rewrite_checkpoint(zoo("llama"), tmp_path / "temp", lambda w: w,
+                              config=lambda c: {**c, "attention_temperature": 2.0})
     with pytest.raises(UnsupportedModelError, match="attention_temperature"):
         load_universal(path)
 
@@ -476,22 +398,6 @@ def test_alias_and_pattern_disagreements_refuse(zoo):
 # ----------------------------------------------------------------- weight audit
 
 
-def _rewrite(src, dst, edit, config=None) -> Path:
-    """Copy a checkpoint with its tensors (one file) and config edited."""
-    src, dst = Path(src), Path(dst)
-    shutil.copytree(src, dst)
-    tensors = {}
-    for f in sorted(dst.glob("*.safetensors")):
-        tensors.update(mx.load(str(f)))
-        f.unlink()
-    (dst / "model.safetensors.index.json").unlink(missing_ok=True)
-    mx.save_safetensors(str(dst / "model.safetensors"), edit(tensors), metadata={"format": "mlx"})
-    if config is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        (dst / "config.json").write_text(json.dumps(config(cfg)))
-    return dst
-
-
 def test_clean_audit_and_dry_run_agree(zoo):
     path = zoo("llama", quant=4)
     report = audit_checkpoint(path)
@@ -512,7 +418,7 @@ def test_clean_audit_and_dry_run_agree(zoo):
 ])
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_bad_checkpoints_are_load_errors_naming_the_tensor(zoo, tmp_path, edit, name, what, dry_run):
-    path = _rewrite(zoo("llama"), tmp_path / "bad", edit)
+    path = rewrite_checkpoint(zoo("llama"), tmp_path / "bad", edit)
     with pytest.raises(LoadError) as e:
         audit_checkpoint(path) if dry_run else load_universal(path)
     assert name in str(e.value) and what in str(e.value) and str(path) in str(e.value)
@@ -520,16 +426,16 @@ def test_bad_checkpoints_are_load_errors_naming_the_tensor(zoo, tmp_path, edit, 
 
 def test_drop_rules_follow_the_mlx_lm_sanitize(zoo, tmp_path):
     inv = {"model.layers.0.self_attn.rotary_emb.inv_freq": mx.ones((8,))}
-    llama = _rewrite(zoo("llama"), tmp_path / "llama", lambda w: {**w, **inv})
+    llama = rewrite_checkpoint(zoo("llama"), tmp_path / "llama", lambda w: {**w, **inv})
     report = audit_checkpoint(llama)
     assert report.ok and set(report.dropped) == set(inv)
     load_universal(llama)
     # qwen3's sanitize keeps inv_freq, so mlx-lm's strict load refuses it: so do we
-    qwen3 = _rewrite(zoo("qwen3"), tmp_path / "qwen3", lambda w: {**w, **inv})
+    qwen3 = rewrite_checkpoint(zoo("qwen3"), tmp_path / "qwen3", lambda w: {**w, **inv})
     with pytest.raises(LoadError, match="inv_freq"):
         load_universal(qwen3)
     with pytest.raises(ValueError):
-        _oracle(qwen3)
+        oracle(qwen3)
 
 
 def test_gpt_neox_hub_names_are_renamed_like_mlx_lm(zoo, tmp_path):
@@ -542,11 +448,11 @@ def test_gpt_neox_hub_names_are_renamed_like_mlx_lm(zoo, tmp_path):
         out["gpt_neox.layers.0.attention.masked_bias"] = mx.array(0.0)
         return out
 
-    path = _rewrite(zoo("gpt_neox"), tmp_path / "neox", to_hub)
+    path = rewrite_checkpoint(zoo("gpt_neox"), tmp_path / "neox", to_hub)
     report = audit_checkpoint(path)
     assert report.ok and list(report.dropped) == ["gpt_neox.layers.0.attention.masked_bias"]
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(PROMPT_LEN)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(PROMPT_LEN)
     assert mx.array_equal(ref(ids), ours(ids))
 
 
@@ -560,23 +466,23 @@ def test_gpt2_hub_conv1d_layout_is_sanitized_like_mlx_lm(zoo, tmp_path):
         out["h.0.attn.bias"] = mx.ones((1, 1, 8, 8))
         return out
 
-    path = _rewrite(zoo("gpt2"), tmp_path / "gpt2", to_hub)
+    path = rewrite_checkpoint(zoo("gpt2"), tmp_path / "gpt2", to_hub)
     report = audit_checkpoint(path)
     assert report.ok and list(report.dropped) == ["h.0.attn.bias"]
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(PROMPT_LEN)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(PROMPT_LEN)
     assert mx.array_equal(ref(ids), ours(ids))
 
 
 def test_gptj_hub_names_are_renamed_like_mlx_lm(zoo, tmp_path):
     """A transformers-named gptj checkpoint (transformer.*, the attention buffers) loads."""
     buffers = {"transformer.h.1.attn.bias": mx.ones((1, 1, 8, 8)), "transformer.h.0.attn.masked_bias": mx.array(0.0)}
-    path = _rewrite(zoo("gptj"), tmp_path / "gptj",
-                    lambda w: {**{k.replace("model.", "transformer."): v for k, v in w.items()}, **buffers})
+    path = rewrite_checkpoint(zoo("gptj"), tmp_path / "gptj",
+                              lambda w: {**{k.replace("model.", "transformer."): v for k, v in w.items()}, **buffers})
     report = audit_checkpoint(path)
     assert report.ok and set(report.dropped) == set(buffers)
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(PROMPT_LEN)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(PROMPT_LEN)
     assert mx.array_equal(ref(ids), ours(ids))
 
 
@@ -592,10 +498,10 @@ def test_phixtral_per_expert_tensors_are_stacked_like_mlx_lm(zoo, tmp_path):
                 out[k] = v
         return out
 
-    path = _rewrite(zoo("phixtral"), tmp_path / "phixtral", unstack)
+    path = rewrite_checkpoint(zoo("phixtral"), tmp_path / "phixtral", unstack)
     assert audit_checkpoint(path).ok
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(PROMPT_LEN)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(PROMPT_LEN)
     assert mx.array_equal(ref(ids), ours(ids))
 
 
@@ -615,10 +521,10 @@ def test_dbrx_fused_expert_matrices_are_split_like_mlx_lm(zoo, tmp_path):
             out[f"{head}.ffn.experts.mlp.{name}"] = mx.concatenate([parts[e] for e in sorted(parts)], axis=0)
         return out
 
-    path = _rewrite(zoo("dbrx"), tmp_path / "dbrx", fuse)
+    path = rewrite_checkpoint(zoo("dbrx"), tmp_path / "dbrx", fuse)
     assert audit_checkpoint(path).ok
-    ref, ours = _oracle(path), load_universal(path)
-    ids = _prompt(PROMPT_LEN)
+    ref, ours = oracle(path), load_universal(path)
+    ids = prompt_ids(PROMPT_LEN)
     assert mx.array_equal(ref(ids), ours(ids))
 
 

@@ -7,7 +7,6 @@ logits of every zoo variant against mlx-lm are tests/test_universal_dense.py's (
 
 import dataclasses
 import json
-import shutil
 
 import mlx.core as mx
 import pytest
@@ -19,36 +18,15 @@ from mlxbun.models.universal.resolve import model_args
 from mlxbun.models.universal.schema import DescriptorError, Names
 from mlxbun.models.universal.table import DESCRIPTORS
 from mlxbun.zoo.archs import tiny_config
+from tests.dense_oracle import oracle
+from tests.wrapper_checkpoints import IDS, rewrite_hub
 
-IDS = mx.array([[5, 9, 2, 77, 31, 8, 100, 4, 17, 250, 3, 42]])
 _VISION = {  # what a Gemma 3 hub checkpoint holds beside language_model.*
     "vision_tower.vision_model.embeddings.patch_embedding.weight": (8, 3, 4, 4),
     "vision_tower.vision_model.post_layernorm.weight": (8,),
     "multi_modal_projector.mm_input_projection_weight": (8, 64),
     "multi_modal_projector.mm_soft_emb_norm.weight": (8,),
 }
-
-
-def _oracle(path):
-    from mlx_lm.utils import load_model
-
-    return load_model(path)[0]
-
-
-def _rewrite(src, dst, edit, config_edit=None):
-    """A copy of checkpoint `src` as one safetensors file, its weights (and config) edited."""
-    shutil.copytree(src, dst)
-    weights = {}
-    for shard in sorted(dst.glob("*.safetensors")):
-        weights.update(mx.load(str(shard)))
-        shard.unlink()
-    (dst / "model.safetensors.index.json").unlink()
-    mx.save_safetensors(str(dst / "model.safetensors"), edit(weights), metadata={"format": "pt"})
-    if config_edit is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        config_edit(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
 
 
 def _hub(weights: dict) -> dict:
@@ -64,8 +42,8 @@ def gemma3(zoo):
 
 
 def test_a_hub_checkpoint_with_the_vision_tower_runs_as_mlx_lms_text_path(gemma3, tmp_path):
-    hub = _rewrite(gemma3, tmp_path / "hub", _hub)
-    ours, ref = load_universal(hub), _oracle(hub)
+    hub = rewrite_hub(gemma3, tmp_path / "hub", _hub)
+    ours, ref = load_universal(hub), oracle(hub)
     assert set(_VISION) <= set(ours.audit.dropped)
     assert ours.tied and ref.language_model.tie_word_embeddings  # no head: the embedding
     assert "lm_head" not in ours.text_model
@@ -89,7 +67,7 @@ def test_the_wrappers_defaults_run_as_mlx_lm(tmp_path):
     out.mkdir()
     save_weights(build_model(cfg, seed=3), out)
     save_config(cfg, out / "config.json")
-    ours, ref = load_universal(out), _oracle(out)
+    ours, ref = load_universal(out), oracle(out)
     assert (ours.args.n_heads, ours.args.n_kv_heads, ours.args.vocab) == (8, 4, 512)
     assert mx.array_equal(ours(IDS), ref(IDS))
 
@@ -122,10 +100,10 @@ def test_coverage_reads_text_config_and_the_wrappers_vocab_size():
 def test_a_transformers_5_layout_is_refused_as_mlx_lm_refuses_it(gemma3, tmp_path):
     """model.language_model.* (transformers 5's module paths): mlx-lm's sanitize leaves them
     where they are and its strict load refuses them; the weight audit names them."""
-    moved = _rewrite(gemma3, tmp_path / "t5", lambda w: {
+    moved = rewrite_hub(gemma3, tmp_path / "t5", lambda w: {
         k.replace("language_model.model.", "model.language_model."): v for k, v in w.items()})
     with pytest.raises(ValueError, match="model.language_model.layers"):
-        _oracle(moved)
+        oracle(moved)
     with pytest.raises(LoadError, match="model.language_model.layers"):
         load_universal(moved)
 
@@ -156,8 +134,8 @@ def mistral3(zoo):
 
 
 def test_a_transformers_mistral3_checkpoint_runs_as_mlx_lms_text_path(mistral3, tmp_path):
-    hf = _rewrite(mistral3, tmp_path / "hf", _mistral3_hf)
-    ours, ref = load_universal(hf), _oracle(hf)
+    hf = rewrite_hub(mistral3, tmp_path / "hf", _mistral3_hf)
+    ours, ref = load_universal(hf), oracle(hf)
     assert {f"model.{k}" for k in _VISION} <= set(ours.audit.dropped)
     assert not ours.tied and mx.array_equal(ours(IDS), ref(IDS))
     assert mx.array_equal(ours(IDS), load_universal(mistral3)(IDS))  # the same tensors, moved
@@ -167,8 +145,8 @@ def test_a_tied_text_config_drops_the_head_under_the_wrapper(mistral3, tmp_path)
     def tie(cfg):
         cfg["text_config"]["tie_word_embeddings"] = True
 
-    tied = _rewrite(mistral3, tmp_path / "tied", lambda w: w, tie)
-    ours, ref = load_universal(tied), _oracle(tied)
+    tied = rewrite_hub(mistral3, tmp_path / "tied", lambda w: w, tie)
+    ours, ref = load_universal(tied), oracle(tied)
     assert ours.tied and "language_model.lm_head.weight" in ours.audit.dropped
     assert mx.array_equal(ours(IDS), ref(IDS))
     assert not mx.array_equal(ours(IDS), load_universal(mistral3)(IDS))

@@ -16,7 +16,8 @@ from mlxbun.models.universal.loader import load_universal
 from mlxbun.models.universal.resolve import model_args
 from mlxbun.models.universal.table import DESCRIPTORS
 from mlxbun.zoo.archs import get_arch, tiny_config
-from tests.test_wrappers import IDS, _oracle, _rewrite
+from tests.dense_oracle import oracle
+from tests.wrapper_checkpoints import IDS, rewrite_hub
 
 
 def _with(weights: dict, extra: dict) -> dict:
@@ -109,8 +110,8 @@ _ARCHS = sorted({k.partition("@")[0] for k in _HUB})
 def test_a_hub_checkpoint_with_the_towers_runs_as_mlx_lms_text_path(layout, zoo, tmp_path):
     move, towers = _HUB[layout]
     src = zoo(layout.partition("@")[0])
-    hub = _rewrite(src, tmp_path / "hub", lambda w: _with(move(w), towers))
-    ours, ref = load_universal(hub), _oracle(hub)
+    hub = rewrite_hub(src, tmp_path / "hub", lambda w: _with(move(w), towers))
+    ours, ref = load_universal(hub), oracle(hub)
     assert set(towers) <= set(ours.audit.dropped)
     assert mx.array_equal(ours(IDS), ref(IDS))
     same = load_universal(src)(IDS)  # the same tensors, moved (qwen3_vl_moe's split experts are
@@ -143,13 +144,13 @@ def test_pixtral_is_untied_whatever_text_config_says(zoo, tmp_path):
     def tie(cfg):
         cfg["text_config"]["tie_word_embeddings"] = True
 
-    tied = _rewrite(zoo("pixtral"), tmp_path / "tied", lambda w: w, tie)
-    ours, ref = load_universal(tied), _oracle(tied)
+    tied = rewrite_hub(zoo("pixtral"), tmp_path / "tied", lambda w: w, tie)
+    ours, ref = load_universal(tied), oracle(tied)
     assert not ours.tied and mx.array_equal(ours(IDS), ref(IDS))
     report = check_coverage("pixtral", json.loads((tied / "config.json").read_text()))
     assert report.ok and "sets tie_word_embeddings=False" in report.ignored["text_config.tie_word_embeddings"]
-    headless = _rewrite(zoo("pixtral"), tmp_path / "headless",
-                        lambda w: {k: v for k, v in w.items() if "lm_head" not in k}, tie)
+    headless = rewrite_hub(zoo("pixtral"), tmp_path / "headless",
+                           lambda w: {k: v for k, v in w.items() if "lm_head" not in k}, tie)
     with pytest.raises(LoadError, match="language_model.lm_head.weight"):
         load_universal(headless)  # mlx-lm: a missing parameter (strict load)
 
@@ -158,7 +159,7 @@ def test_pixtral_heads_default_to_32(tmp_path):
     cfg = tiny_config("pixtral")
     del cfg["text_config"]["num_attention_heads"]
     out = _build(cfg, tmp_path / "heads")
-    ours, ref = load_universal(out), _oracle(out)
+    ours, ref = load_universal(out), oracle(out)
     assert ours.args.n_heads == ref.language_model.args.num_attention_heads == 32
     assert mx.array_equal(ours(IDS), ref(IDS))
 
@@ -167,9 +168,9 @@ def test_pixtral_keeps_what_its_sanitize_keeps(zoo, tmp_path):
     """pixtral's sanitize pops the towers only (llama's rotary buffers and transformers 5's
     model.language_model stay): mlx-lm's strict load refuses them, so does the audit."""
     buffer = "language_model.model.layers.0.self_attn.rotary_emb.inv_freq"
-    extra = _rewrite(zoo("pixtral"), tmp_path / "buffer", lambda w: _with(w, {buffer: (8,)}))
+    extra = rewrite_hub(zoo("pixtral"), tmp_path / "buffer", lambda w: _with(w, {buffer: (8,)}))
     with pytest.raises(ValueError, match="rotary_emb"):
-        _oracle(extra)
+        oracle(extra)
     with pytest.raises(LoadError, match="rotary_emb"):
         load_universal(extra)
 
@@ -201,8 +202,8 @@ def test_qwen2_vl_reads_a_config_without_text_config_as_mlx_lm(zoo, tmp_path):
         cfg.update(text, model_type="qwen2_vl",  # the hub's, which mlx-lm's save_config drops
                    vision_config=tiny_config("qwen2_vl")["vision_config"])
 
-    flat = _rewrite(zoo("qwen2_vl"), tmp_path / "flat", _unprefixed, flatten)
-    ours, ref = load_universal(flat), _oracle(flat)
+    flat = rewrite_hub(zoo("qwen2_vl"), tmp_path / "flat", _unprefixed, flatten)
+    ours, ref = load_universal(flat), oracle(flat)
     assert mx.array_equal(ours(IDS), ref(IDS))
     report = check_coverage("qwen2_vl", json.loads((flat / "config.json").read_text()))
     assert report.ok and "the VLM's own" in report.ignored["vision_config"]
@@ -216,14 +217,14 @@ def test_qwen_vl_refuses_what_the_text_models_sanitize_would_drop(arch, zoo, tmp
     def tie(cfg):
         cfg["text_config"]["tie_word_embeddings"] = True
 
-    tied = _rewrite(zoo(arch), tmp_path / "tied", lambda w: w, tie)
+    tied = rewrite_hub(zoo(arch), tmp_path / "tied", lambda w: w, tie)
     with pytest.raises(ValueError, match="lm_head"):
-        _oracle(tied)
+        oracle(tied)
     with pytest.raises(LoadError, match="language_model.lm_head.weight"):
         load_universal(tied)
-    headless = _rewrite(zoo(arch), tmp_path / "headless",
-                        lambda w: {k: v for k, v in w.items() if "lm_head" not in k}, tie)
-    ours, ref = load_universal(headless), _oracle(headless)
+    headless = rewrite_hub(zoo(arch), tmp_path / "headless",
+                           lambda w: {k: v for k, v in w.items() if "lm_head" not in k}, tie)
+    ours, ref = load_universal(headless), oracle(headless)
     assert ours.tied and mx.array_equal(ours(IDS), ref(IDS))
 
 
@@ -240,7 +241,7 @@ def test_an_mrope_section_list_of_another_length_is_refused_as_mlx_lm_asserts():
 
 
 def test_lfm2_vl_ties_and_keeps_lfm2s_caches(zoo):
-    ours, ref = load_universal(zoo("lfm2-vl")), _oracle(zoo("lfm2-vl"))
+    ours, ref = load_universal(zoo("lfm2-vl")), oracle(zoo("lfm2-vl"))
     assert ours.tied and "lm_head" not in ours.text_model
     assert [type(c).__name__ for c in ours.make_cache()] == [type(c).__name__ for c in ref.make_cache()]
     cache, ref_cache = ours.make_cache(), ref.make_cache()
@@ -254,9 +255,9 @@ def test_lfm2_vl_refuses_a_torch_layout_conv_as_mlx_lm(zoo, tmp_path):
     def torch_conv(w):
         return {k: (v.swapaxes(1, 2) if k.endswith("conv.conv.weight") else v) for k, v in w.items()}
 
-    moved = _rewrite(zoo("lfm2-vl"), tmp_path / "torch", torch_conv)
+    moved = rewrite_hub(zoo("lfm2-vl"), tmp_path / "torch", torch_conv)
     with pytest.raises(ValueError, match="conv"):
-        _oracle(moved)
+        oracle(moved)
     with pytest.raises(LoadError, match="conv.conv.weight"):
         load_universal(moved)
 
@@ -336,8 +337,8 @@ def test_explain_shows_the_text_row_a_zoo_arch_picks():
 def test_qwen3_vl_moe_splits_hfs_fused_experts_from_the_headers_too(zoo, tmp_path):
     from mlxbun.models.universal.loader import audit_checkpoint
 
-    hub = _rewrite(zoo("qwen3_vl_moe"), tmp_path / "hub",
-                   lambda w: _with(_fused_experts(w), {"model.visual.merger.mlp.0.weight": (64, 128)}))
+    hub = rewrite_hub(zoo("qwen3_vl_moe"), tmp_path / "hub",
+                      lambda w: _with(_fused_experts(w), {"model.visual.merger.mlp.0.weight": (64, 128)}))
     report = audit_checkpoint(hub)
     assert report.ok and "model.visual.merger.mlp.0.weight" in report.dropped
     assert "language_model.model.layers.1.mlp.switch_mlp.up_proj.weight" in load_universal(hub).audit.consumed
@@ -372,8 +373,8 @@ def _kv_b(w: dict, cfg: dict) -> dict:
 def test_kimi_k25_splits_kv_b_proj_under_the_wrapper_as_mlx_lm(zoo, tmp_path):
     """kimi_k25's sanitize runs deepseek_v3's on language_model's keys: kv_b_proj split."""
     cfg = tiny_config("kimi_k25")
-    hf = _rewrite(zoo("kimi_k25"), tmp_path / "kv_b", lambda w: _kv_b(_per_expert(w), cfg))
-    ours, ref = load_universal(hf), _oracle(hf)
+    hf = rewrite_hub(zoo("kimi_k25"), tmp_path / "kv_b", lambda w: _kv_b(_per_expert(w), cfg))
+    ours, ref = load_universal(hf), oracle(hf)
     assert "language_model.model.layers.0.self_attn.embed_q.weight" in ours.audit.consumed
     assert mx.array_equal(ours(IDS), ref(IDS))
 
@@ -381,9 +382,9 @@ def test_kimi_k25_splits_kv_b_proj_under_the_wrapper_as_mlx_lm(zoo, tmp_path):
 def test_kimi_vl_refuses_kv_b_proj_as_mlx_lms_strict_load(zoo, tmp_path):
     """kimi_vl's sanitize does not run deepseek_v3's: a kv_b_proj checkpoint does not load."""
     cfg = tiny_config("kimi_vl")
-    hf = _rewrite(zoo("kimi_vl"), tmp_path / "kv_b", lambda w: _kv_b(w, cfg))
+    hf = rewrite_hub(zoo("kimi_vl"), tmp_path / "kv_b", lambda w: _kv_b(w, cfg))
     with pytest.raises(ValueError, match="kv_b_proj|embed_q"):
-        _oracle(hf)
+        oracle(hf)
     with pytest.raises(LoadError, match="kv_b_proj"):
         load_universal(hf)
 
@@ -430,8 +431,8 @@ def test_a_tied_qwen3_vl_moe_is_refused_as_mlx_lm_cannot_load_one(keep_head, zoo
         cfg["text_config"]["tie_word_embeddings"] = True
 
     drop = (lambda w: w) if keep_head else (lambda w: {k: v for k, v in w.items() if "lm_head" not in k})
-    tied = _rewrite(zoo("qwen3_vl_moe"), tmp_path / "tied", drop, tie)
+    tied = rewrite_hub(zoo("qwen3_vl_moe"), tmp_path / "tied", drop, tie)
     with pytest.raises((ValueError, KeyError), match="lm_head"):
-        _oracle(tied)
+        oracle(tied)
     with pytest.raises(Refused, match="tie_word_embeddings"):
         load_universal(tied)

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 from tests.bad_input.helpers import subprocess_mlxbun, tree
-from tests.test_lab import write_nb
+from tests.notebook_files import write_nb
 
 
 def mlxbun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
