@@ -1,9 +1,8 @@
 """mlx-lm as the oracle of the universal graphs (the dense, MoE and Gemma-4 tests): its model of a
 checkpoint, the parity check they share (prefill, greedy decode through each side's own caches,
-a batch of two), and the checkpoints they build or edit."""
+a batch of two), and the random checkpoints they build."""
 
 import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -97,19 +96,3 @@ def random_checkpoint(out: Path, cfg: dict, dtype: str, quant, seed: int = 0) ->
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(cfg))
     return out
-
-
-def rewrite_checkpoint(src, dst, edit, config=None) -> Path:
-    """Copy a checkpoint with its tensors (one file) and config edited."""
-    src, dst = Path(src), Path(dst)
-    shutil.copytree(src, dst)
-    tensors = {}
-    for f in sorted(dst.glob("*.safetensors")):
-        tensors.update(mx.load(str(f)))
-        f.unlink()
-    (dst / "model.safetensors.index.json").unlink(missing_ok=True)
-    mx.save_safetensors(str(dst / "model.safetensors"), edit(tensors), metadata={"format": "mlx"})
-    if config is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        (dst / "config.json").write_text(json.dumps(config(cfg)))
-    return dst

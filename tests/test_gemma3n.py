@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -18,6 +17,7 @@ import mlxbun
 from mlxbun.errors import ConfigError, LoadError, UnsupportedModelError
 from mlxbun.models.gemma3n.config import check_coverage, gemma3n_args, require_coverage
 from mlxbun.zoo import tiny_config
+from tests.checkpoint_edits import rewrite_checkpoint
 
 
 def _oracle(path):
@@ -109,31 +109,19 @@ def test_coverage_sorts_wrapper_and_text_keys():
         gemma3n_args({"model_type": "gemma3n"})
 
 
-def _rewrite(src: Path, dst: Path, edit) -> Path:
-    """A single-file copy of checkpoint `src` with its tensors edited."""
-    shutil.copytree(src, dst)
-    tensors = {}
-    for f in sorted(dst.glob("*.safetensors")):
-        tensors.update(mx.load(str(f)))
-        f.unlink()
-    (dst / "model.safetensors.index.json").unlink(missing_ok=True)
-    mx.save_safetensors(str(dst / "model.safetensors"), edit(tensors), metadata={"format": "mlx"})
-    return dst
-
-
 def test_the_towers_are_dropped_by_name_and_stray_tensors_refused(zoo, tmp_path):
     towers = {"model.vision_tower.timm_model.conv_stem.weight": mx.zeros((4, 3)),
               "model.audio_tower.subsample_conv_projection.weight": mx.zeros((2,)),
               "model.embed_vision.embedding.weight": mx.zeros((2, 2))}
-    path = _rewrite(zoo("gemma3n"), tmp_path / "towers", lambda w: {**w, **towers})
+    path = rewrite_checkpoint(zoo("gemma3n"), tmp_path / "towers", lambda w: {**w, **towers})
     model = mlxbun.open_model(path)
     assert set(model.audit.dropped) == set(towers)
     assert "vision tower" in model.audit.dropped["model.vision_tower.timm_model.conv_stem.weight"]
-    stray = _rewrite(zoo("gemma3n"), tmp_path / "stray",
+    stray = rewrite_checkpoint(zoo("gemma3n"), tmp_path / "stray",
                      lambda w: {**w, "model.language_model.layers.0.extra.weight": mx.zeros((2,))})
     with pytest.raises(LoadError, match="layers.0.extra.weight"):
         mlxbun.open_model(stray)
-    missing = _rewrite(zoo("gemma3n"), tmp_path / "missing",
+    missing = rewrite_checkpoint(zoo("gemma3n"), tmp_path / "missing",
                        lambda w: {k: v for k, v in w.items() if "laurel.linear_left" not in k})
     with pytest.raises(LoadError, match="laurel.linear_left"):
         mlxbun.open_model(missing)
@@ -145,7 +133,7 @@ def test_quantized_altup_coefficients_refuse(zoo, tmp_path):
         name = "model.language_model.layers.0.altup.prediction_coefs"
         return {**w, f"{name}.scales": mx.ones((16, 1)), f"{name}.biases": mx.zeros((16, 1))}
 
-    path = _rewrite(zoo("gemma3n", quant=4), tmp_path / "packed", pack)
+    path = rewrite_checkpoint(zoo("gemma3n", quant=4), tmp_path / "packed", pack)
     with pytest.raises(UnsupportedModelError, match="altup.prediction_coefs.scales"):
         mlxbun.open_model(path)
 

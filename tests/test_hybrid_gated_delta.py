@@ -3,7 +3,6 @@ checkpoints load as mlx-lm loads them, each layer gets its mixer's cache, genera
 recurrent state match mlx-lm, the layer rule's refusals. The logits of every variant against
 mlx-lm are tests/test_universal_dense.py's (manifest); the mixer alone is test_mixer_gated_delta.py's."""
 
-import shutil
 
 import mlx.core as mx
 import pytest
@@ -17,6 +16,7 @@ from mlxbun.models.universal.kinds_hybrid import (
 )
 from mlxbun.models.universal.loader import build_model, load_universal
 from mlxbun.zoo.archs import tiny_config
+from tests.checkpoint_edits import rewrite_checkpoint
 
 _NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
           ".q_norm.weight", ".k_norm.weight")
@@ -34,15 +34,8 @@ def qwen3_next(zoo):
 
 
 def _rewrite(src, dst, edit):
-    """A copy of checkpoint `src` as one safetensors file, its weights passed through `edit`."""
-    shutil.copytree(src, dst)
-    weights = {}
-    for shard in sorted(dst.glob("*.safetensors")):
-        weights.update(mx.load(str(shard)))
-        shard.unlink()
-    (dst / "model.safetensors.index.json").unlink()
-    mx.save_safetensors(str(dst / "model.safetensors"), edit(weights), metadata={"format": "pt"})
-    return dst
+    """A copy of checkpoint `src` as one safetensors file (the hub's metadata), its weights passed through `edit`."""
+    return rewrite_checkpoint(src, dst, edit, fmt="pt")
 
 
 def _qwen3_next_hf(weights: dict) -> dict:

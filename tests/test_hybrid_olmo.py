@@ -5,8 +5,6 @@ default, rope_parameters) and the refusals of bad values. The logits of every va
 mlx-lm are tests/test_universal_dense.py's (manifest)."""
 
 import dataclasses
-import json
-import shutil
 
 import mlx.core as mx
 import pytest
@@ -22,6 +20,7 @@ from mlxbun.models.universal.loader import build_model, load_universal
 from mlxbun.models.universal.schema import DescriptorError, NormNames
 from mlxbun.models.universal.table import DESCRIPTORS
 from mlxbun.zoo.archs import tiny_config
+from tests.checkpoint_edits import rewrite_checkpoint
 
 G, A = MixerKind.GATED_DELTA_SPLIT_CONV, MixerKind.ATTENTION
 IDS = mx.array([[5, 9, 2, 77, 31, 8, 100, 4]])
@@ -39,19 +38,9 @@ def olmo(zoo):
 
 
 def _rewrite(src, dst, edit, config=None):
-    """A copy of checkpoint `src` as one safetensors file, its weights passed through `edit`,
-    its config.json updated with `config`."""
-    shutil.copytree(src, dst)
-    weights = {}
-    for shard in sorted(dst.glob("*.safetensors")):
-        weights.update(mx.load(str(shard)))
-        shard.unlink()
-    (dst / "model.safetensors.index.json").unlink()
-    mx.save_safetensors(str(dst / "model.safetensors"), edit(weights), metadata={"format": "pt"})
-    if config:
-        path = dst / "config.json"
-        path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
-    return dst
+    """A copy of checkpoint `src` as one safetensors file (the hub's metadata), its weights passed
+    through `edit`, its config.json updated with `config`."""
+    return rewrite_checkpoint(src, dst, edit, config or None, fmt="pt")
 
 
 def _torch_convs(weights: dict) -> dict:

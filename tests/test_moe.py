@@ -38,7 +38,8 @@ from mlxbun.models.universal.schema_moe import (
 )
 from mlxbun.models.universal.table import DESCRIPTORS
 from mlxbun.zoo import tiny_config
-from tests.dense_oracle import oracle, prompt_ids, rewrite_checkpoint
+from tests.checkpoint_edits import rewrite_checkpoint
+from tests.dense_oracle import oracle, prompt_ids
 from tests.universal_manifest import MANIFEST
 
 MOE_ARCHS = sorted(a for a in MANIFEST if a in DESCRIPTORS and DESCRIPTORS[a].moe is not None)

@@ -15,8 +15,6 @@ inside a sharing group) equals plain greedy.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -25,6 +23,7 @@ import pytest
 from mlxbun.cache.kv import KVCache, RotatingKVCache
 from mlxbun.generate import stream_generate
 from mlxbun.generation_caches import make_generation_cache
+from tests.checkpoint_edits import rewrite_checkpoint
 from tests.kv_sharing import PROMPT, N, changed, oracle_stream, same_stream
 
 
@@ -33,19 +32,11 @@ def wide_hunyuan(zoo, tmp_path_factory) -> Path:
     """The zoo's hunyuan (CLA, share factor 2) with 2 heads of 32 (quantized KV needs a group of
     32 dividing head_dim; mlx-lm's hunyuan has no head_dim key): the same tensors, the q/k norm
     weights widened."""
-    src, dst = zoo("hunyuan"), tmp_path_factory.mktemp("kv") / "hunyuan_wide"
-    shutil.copytree(src, dst)
-    tensors = {}
-    for f in sorted(dst.glob("*.safetensors")):
-        tensors.update(mx.load(str(f)))
-        f.unlink()
-    (dst / "model.safetensors.index.json").unlink(missing_ok=True)
-    tensors = {k: mx.concatenate([v, v]) if k.endswith(("query_layernorm.weight", "key_layernorm.weight"))
-               else v for k, v in tensors.items()}
-    mx.save_safetensors(str(dst / "model.safetensors"), tensors, metadata={"format": "mlx"})
-    cfg = json.loads((dst / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps({**cfg, "num_attention_heads": 2, "num_key_value_heads": 1}))
-    return dst
+    widened = lambda tensors: {k: mx.concatenate([v, v])  # noqa: E731
+                               if k.endswith(("query_layernorm.weight", "key_layernorm.weight")) else v
+                               for k, v in tensors.items()}
+    return rewrite_checkpoint(zoo("hunyuan"), tmp_path_factory.mktemp("kv") / "hunyuan_wide", widened,
+                              {"num_attention_heads": 2, "num_key_value_heads": 1})
 
 
 @pytest.fixture(scope="module")

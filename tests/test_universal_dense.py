@@ -31,6 +31,7 @@ from mlxbun.models.universal.schema import (
 )
 from mlxbun.models.universal.table import DESCRIPTORS
 from mlxbun.zoo.archs import get_arch, tiny_config
+from tests.checkpoint_edits import rewrite_checkpoint
 from tests.dense_oracle import (
     PROMPT_LEN,
     assert_parity,
@@ -38,7 +39,6 @@ from tests.dense_oracle import (
     oracle_cache,
     prompt_ids,
     random_checkpoint,
-    rewrite_checkpoint,
 )
 from tests.universal_manifest import MANIFEST, universal_archs
 
