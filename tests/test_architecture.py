@@ -1,5 +1,6 @@
 """The house as docs/ARCHITECTURE.md draws it: no import cycle anywhere in mlxbun/ (imports inside
-functions count), imports point down the layers, modules stay small, notebooks stay thin.
+functions count), imports point down the layers, modules stay small, notebooks stay thin, and no
+test module imports another.
 
 Read from the source with `ast` (nothing is imported), so a violation names the file and line.
 """
@@ -184,6 +185,28 @@ def test_features_import_no_experiment_lab_or_command(feature):
     bad = [f"{m} -> {t}" for m, ts in IMPORTS.items() if _unit(m) == feature
            for t, _ in ts if _unit(t) in ("experiments", "lab", "commands", "cli")]
     assert not bad, bad
+
+
+def _imported_modules(path: Path) -> list[tuple[str, int]]:
+    """(module, line) of every import in `path`, inside functions too."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.append((node.module, node.lineno))
+    return out
+
+
+def test_no_test_module_imports_another():
+    """Shared test code lives in helper modules (tests/dense_oracle.py, tests/checkpoint_edits.py,
+    ...) and fixtures in conftest.py: a test module imported by another runs its module-level setup
+    twice and ties the two files' fates together."""
+    tests = ROOT / "tests"
+    found = [f"{path.relative_to(ROOT)}:{line} imports {mod}" for path in sorted(tests.rglob("*.py"))
+             for mod, line in _imported_modules(path)
+             if mod.startswith("tests.") and mod.rsplit(".", 1)[-1].startswith("test_")]
+    assert not found, "\n".join(found)
 
 
 def test_modules_stay_small():
