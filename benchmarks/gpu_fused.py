@@ -30,6 +30,10 @@ Sections:
 
 Writes `gpu_fused.md` and `gpu_fused.json` under --out (default $OUT or .). `--smoke` shrinks the
 shapes (a CPU check of the script: the reference executor stands in for the kernels there).
+`--emulate` (with `--sections check` only) runs the CUDA kernels themselves on this CPU
+(`mlxbun.kernels.emulator`: g++, each block's threads as fibers; the C library's exp2f / rsqrtf, so
+the bits are the emulator's, not the device's): every check row but run-to-run determinism means
+what it means on the device. `--smoke --emulate` takes several minutes on one core.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from mlxbun.fast.fused_decoder import FusedDecoder, forget_fused_steps  # noqa: 
 from mlxbun.fast.kernel_count import step_kernels  # noqa: E402
 from mlxbun.kernels import cuda_available  # noqa: E402
 from mlxbun.kernels import fused_decode, sdpa_decode  # noqa: E402
+from mlxbun.kernels.emulator import emulating  # noqa: E402
 from mlxbun.kernels.fused_decode import CudaFusedOps, ReferenceFusedOps  # noqa: E402
 
 # A kernel passes where its output is within CHECK_BOUND of the reference's (in units of the
@@ -65,8 +70,11 @@ CHECK_BOUND = 2.0 ** -6
 SPECS = ["llama-3.2-1b", "llama-3.2-1b@4", "llama-3-8b@4", "llama-3-8b", "qwen3-4b@4"]
 
 
+EMULATE = False  # --emulate: the check's CUDA kernels run on this CPU (mlxbun.kernels.emulator)
+
+
 def _ops(inplace: bool):
-    return CudaFusedOps(inplace=inplace) if cuda_available() else ReferenceFusedOps()
+    return CudaFusedOps(inplace=inplace) if cuda_available() or EMULATE else ReferenceFusedOps()
 
 
 def _diff(got: mx.array, ref: mx.array) -> float:
@@ -558,7 +566,23 @@ def main(argv=None) -> int:
     p.add_argument("--scatter", action="store_true", help="bench: also the K/V rows written by a scatter")
     p.add_argument("--no-split-variant", action="store_true", help="bench: also the kernels without split-K")
     p.add_argument("--knobs", nargs="*", default=[], help="check / bench / profile: more fused variants, LABEL:NAME=INT,...")
+    p.add_argument("--emulate", action="store_true",
+                   help="check only: the CUDA kernels emulated on this CPU (g++; mlxbun.kernels.emulator)")
     args = p.parse_args(argv)
+    if args.emulate and args.sections != ["check"]:
+        p.error("--emulate runs the check section only (--sections check): the others time the device")
+    if not args.emulate:
+        return _run(args)
+    global EMULATE
+    EMULATE = True
+    try:
+        with emulating():
+            return _run(args)
+    finally:
+        EMULATE = False
+
+
+def _run(args) -> int:
     knobs = parse_knobs(args.knobs)
     parts = [f"# gpu_fused ({mx.__version__}, {mx.default_device()}, cuda={cuda_available()})\n"]
     fused_decode.FUSED_CHECKED = True  # this run is the check (its rows say whether it passed)

@@ -26,24 +26,7 @@ from mlxbun.kernels.fused_decode import ReferenceFusedOps, Weights, kernel_signa
 from mlxbun.kernels.render import ptxas_report, render
 from mlxbun.models.mlxlm import load_mlxlm
 from mlxbun.tokenizer import load_tokenizer
-
-PROMPT = (3, 1, 4, 1, 5, 9, 2)
-
-
-def _decode_both(model, steps=6, ops=None, room=None):
-    ids = mx.array([list(PROMPT)])
-    exact, static = model.make_cache(), model.make_cache()
-    model(ids, cache=exact)
-    model(ids, cache=static)
-    dec = FusedDecoder(model, fused_plan(model), static, room or steps, ops or ReferenceFusedOps())
-    y = mx.array([[7]])
-    pairs = []
-    for _ in range(steps):
-        e = model(y, cache=exact)[:, -1, :]
-        pairs.append((e, dec(y)))
-        y = mx.argmax(e, axis=-1)[:, None]
-    return exact, static, dec, pairs
-
+from tests.fused_steps import PROMPT, decode_both
 
 # ------------------------------------------------------------------ what the plan takes
 
@@ -57,7 +40,7 @@ def test_the_reference_executor_decodes_what_the_exact_path_does(zoo, arch, quan
     # buffers and their positions) run by the kernels' MLX-op twin: greedy tokens as the exact
     # path's, logits within the half-precision rounding of another summation order.
     model = open_model(zoo(arch, quant=quant, dtype=dtype, head_dim=head_dim))
-    exact, static, dec, pairs = _decode_both(model)
+    exact, static, dec, pairs = decode_both(model)
     for e, f in pairs:
         assert mx.argmax(e).item() == mx.argmax(f).item()
         assert mx.abs(e.astype(mx.float32) - f.astype(mx.float32)).max().item() < 0.1

@@ -49,3 +49,26 @@ def test_a_kernel_outside_its_bound_fails_the_check(gpu_fused, monkeypatch):
     monkeypatch.setitem(gpu_fused["section_check"].__globals__, "CHECK_BOUND", -1.0)
     text = gpu_fused["section_check"](smoke=True)
     assert "SOME CHECKS FAILED" in text
+
+
+def test_emulate_runs_the_check_with_the_cuda_kernels_emulated_and_nothing_else(gpu_fused, tmp_path, monkeypatch):
+    """--emulate: the check's ops are the CUDA kernels (not the MLX-op reference), made by the
+    emulator; bench / profile / torch time the device and are refused with it."""
+    import mlx.core as mx
+
+    from mlxbun.kernels.emulator import EmulatedKernel
+    from mlxbun.kernels.fused_decode import CudaFusedOps
+
+    seen = {}
+
+    def fake_check(smoke, knobs=()):  # the real check, emulated, is tests/test_kernels_emulated.py's
+        ops = gpu_fused["_ops"](True)
+        seen.update(ops=type(ops), kernel=mx.fast.cuda_kernel, smoke=smoke)
+        return "## check\n"
+
+    monkeypatch.setitem(gpu_fused["_run"].__globals__, "section_check", fake_check)
+    assert gpu_fused["main"](["--smoke", "--emulate", "--sections", "check", "--out", str(tmp_path)]) == 0
+    assert seen == {"ops": CudaFusedOps, "kernel": EmulatedKernel, "smoke": True}
+    assert mx.fast.cuda_kernel is not EmulatedKernel and not gpu_fused["_run"].__globals__["EMULATE"]  # restored
+    with pytest.raises(SystemExit):
+        gpu_fused["main"](["--emulate", "--sections", "check", "bench"])
