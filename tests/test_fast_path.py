@@ -29,6 +29,7 @@ from mlxbun.kernels.qmv import MAX_ROWS, input_gap, weight_gap
 from mlxbun.models.mlxlm import load_mlxlm
 from mlxbun.results import open_results
 from mlxbun.tokenizer import load_tokenizer
+from tests.decode_steps import PROMPT, step_beside_exact
 
 
 def _weights(n=256, k=256, bits=4, group=64, dtype=mx.bfloat16):
@@ -138,20 +139,9 @@ def test_the_fast_path_refuses_mlx_lm_models(zoo):
 # ------------------------------------------------------------------ the compiled decode step
 
 
-def _decode_both(path, steps=6, prompt=(3, 1, 4, 1, 5, 9, 2)):
+def _decode_both(path, steps=6, prompt=PROMPT):
     model = open_model(path)
-    ids = mx.array([list(prompt)])
-    exact, static = model.make_cache(), model.make_cache()
-    model(ids, cache=exact)
-    model(ids, cache=static)
-    dec = CompiledDecoder(model, static, room=steps)
-    y = mx.array([[7]])
-    pairs = []
-    for _ in range(steps):
-        e = model(y, cache=exact)[:, -1, :]
-        pairs.append((e, dec(y)))
-        y = mx.argmax(e, axis=-1)[:, None]
-    return model, exact, static, dec, pairs
+    return (model, *step_beside_exact(model, lambda static: CompiledDecoder(model, static, room=steps), steps, prompt))
 
 
 @pytest.mark.parametrize("arch,quant,dtype,scatter", [

@@ -26,7 +26,7 @@ from mlxbun.kernels.fused_decode import ReferenceFusedOps, Weights, kernel_signa
 from mlxbun.kernels.render import ptxas_report, render
 from mlxbun.models.mlxlm import load_mlxlm
 from mlxbun.tokenizer import load_tokenizer
-from tests.fused_steps import PROMPT, decode_both
+from tests.decode_steps import PROMPT, decode_both
 
 # ------------------------------------------------------------------ what the plan takes
 

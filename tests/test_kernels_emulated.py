@@ -19,7 +19,7 @@ from mlxbun.fast.fused_plan import fused_plan
 from mlxbun.kernels import fused_decode as fd
 from mlxbun.kernels.emulator import EmulatedKernel, emulating
 from mlxbun.kernels.fused_decode import CudaFusedOps, ReferenceFusedOps, _write
-from tests.fused_steps import decode_both
+from tests.decode_steps import decode_both
 
 
 def _cpu_has(*flags) -> bool:
