@@ -1,7 +1,8 @@
-"""The fused decode's CUDA kernels, run on the CPU by mlxbun/kernels/emulator.py (g++ and fibers, no
-GPU): each against its MLX-op reference within the device check's bound, the pairs that are
-claimed to give the same bits (the two code conversions, one launch against three, the in-place
-K/V write against a scatter) bit for bit, and a whole fused decode against the exact path. The
+"""mlxbun's CUDA kernels, run on the CPU by mlxbun/kernels/emulator.py (g++ and fibers, no GPU):
+each fused decode kernel against its MLX-op reference within the device check's bound, the pairs
+that are claimed to give the same bits (the two code conversions, one launch against three, the
+in-place K/V write against a scatter) bit for bit, a whole fused decode against the exact path,
+and the decode attention (16-bit and quantized K/V, sinks) and the quantized GEMV against MLX's ops. The
 device's own bits stay benchmarks/gpu_fused.py's check; this runs in CI, on every change to a
 kernel, where no device is."""
 
@@ -126,6 +127,57 @@ def test_a_fused_decode_on_the_kernels_is_the_exact_paths(emulated, zoo, arch, q
     for exact, fused in pairs:
         assert mx.argmax(exact).item() == mx.argmax(fused).item()
         assert mx.abs(exact.astype(mx.float32) - fused.astype(mx.float32)).max().item() < 0.1
+
+
+# ------------------------------------------------------------------ the decode attention and the GEMV
+
+
+def _attention_reference(q, k, v, length: int, scale: float, sinks=None):
+    f32 = lambda a: a.astype(mx.float32)  # noqa: E731
+    return mx.fast.scaled_dot_product_attention(f32(q), f32(k[:, :, :length]), f32(v[:, :, :length]), scale=scale,
+                                                sinks=None if sinks is None else f32(sinks))
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,sinks", [(8, 2, 128, False), (8, 8, 64, True), (4, 1, 256, False),
+                                                             (16, 2, 32, False)])
+def test_the_decode_attention_is_softmax_attention(emulated, heads, kv_heads, head_dim, sinks):
+    """Over a buffer longer than its length (the rows past it are never read: NaN there), in several
+    splits, with and without sink logits."""
+    from mlxbun.kernels.sdpa_decode import decode_attention
+
+    q, k, v = (mx.random.normal(shape, key=mx.random.key(11 + 7 * i)).astype(mx.bfloat16)
+               for i, shape in enumerate([(1, heads, 1, head_dim)] + [(1, kv_heads, 640, head_dim)] * 2))
+    k, v = (mx.concatenate([a[:, :, :600], mx.full(a[:, :, 600:].shape, float("nan"), a.dtype)], axis=2)
+            for a in (k, v))
+    s = mx.random.normal((heads,), key=mx.random.key(99)) if sinks else None
+    got = decode_attention(q, k, v, mx.array([600], mx.int32), head_dim ** -0.5, s)
+    assert _rel(got, _attention_reference(q, k, v, 600, head_dim ** -0.5, s)) <= BOUND
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (8, 64), (4, 128)])
+def test_the_quantized_decode_attention_is_attention_over_the_dequantized_rows(emulated, bits, group):
+    from mlxbun.kernels.sdpa_decode import quantized_decode_attention
+
+    q, k, v = (mx.random.normal(shape, key=mx.random.key(12 + 7 * i)).astype(mx.float16)
+               for i, shape in enumerate([(1, 8, 1, 128)] + [(1, 2, 512, 128)] * 2))
+    qk, qv = (mx.quantize(a, group_size=group, bits=bits) for a in (k, v))
+    got = quantized_decode_attention(q, qk, qv, mx.array([500], mx.int32), 128 ** -0.5, group, bits)
+    dk, dv = (mx.dequantize(*t, group_size=group, bits=bits) for t in (qk, qv))
+    assert _rel(got, _attention_reference(q, dk, dv, 500, 128 ** -0.5)) <= BOUND
+
+
+@pytest.mark.parametrize("bits,group,rows", [(4, 64, 1), (8, 32, 1), (4, 128, 4)])
+def test_the_quantized_gemv_is_quantized_matmul(emulated, bits, group, rows):
+    from mlxbun.kernels.qmv import launch_qmv
+
+    key = mx.random.key(13)
+    w = mx.random.normal((384, 1024), key=key) * 0.05
+    wq, scales, biases = mx.quantize(w.astype(mx.bfloat16), group_size=group, bits=bits)
+    x = mx.random.normal((rows, 1024), key=mx.random.key(14)).astype(mx.bfloat16)
+    got = launch_qmv(x, wq, scales, biases, group, bits)
+    want = mx.quantized_matmul(x.astype(mx.float32), wq, scales.astype(mx.float32), biases.astype(mx.float32),
+                               transpose=True, group_size=group, bits=bits)
+    assert got.shape == (rows, 384) and _rel(got, want) <= BOUND
 
 
 # ------------------------------------------------------------------ the emulator itself

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 import numpy as np
 
-from mlxbun.kernels import fused_decode, rope_attention, sdpa_decode
+from mlxbun.kernels import fused_decode, qmv, rope_attention, sdpa_decode, turboquant_quantize
 from mlxbun.kernels.render import PRELUDE, _ctype, render
 
 __all__ = ["EmulatedKernel", "emulating"]
@@ -341,14 +341,16 @@ def _write_back(target: mx.array, value: mx.array) -> None:
 def emulating():
     """`mx.fast.cuda_kernel` is `EmulatedKernel` inside the block (the kernels made before it, and in
     it, are forgotten on the way in and out: none crosses between the device and the emulator)."""
-    caches = (fused_decode._kernels, rope_attention._kernels, sdpa_decode._kernels)
+    def forget():
+        for cache in (fused_decode._kernels, rope_attention._kernels, sdpa_decode._kernels):
+            cache.clear()
+        qmv._kernel = turboquant_quantize._kernel = None
+
     saved = mx.fast.cuda_kernel
-    for c in caches:
-        c.clear()
+    forget()
     mx.fast.cuda_kernel = EmulatedKernel
     try:
         yield
     finally:
         mx.fast.cuda_kernel = saved
-        for c in caches:
-            c.clear()
+        forget()
