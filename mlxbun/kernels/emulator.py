@@ -35,9 +35,8 @@ import os
 import re
 import subprocess
 import tempfile
-from pathlib import Path
-
 from contextlib import contextmanager
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -319,7 +318,9 @@ class EmulatedKernel:
         code = lib.mlxbun_emu_launch(ptrs, *[ctypes.c_uint(v) for v in (*blocks, *threadgroup)])
         if code:
             raise RuntimeError(f"{self.name}: {lib.mlxbun_emu_error().decode()}")
-        for a, h, b in zip(inputs, hosts, before):  # writes through a const_cast: into the caller's array
+        # writes through a const_cast go into the caller's array (the kernels write only into
+        # row-contiguous buffers; on the device a copy made for a strided one would take them)
+        for a, h, b in zip(inputs, hosts, before):
             if not np.array_equal(h.view(np.uint8), b.view(np.uint8)):
                 _write_back(a, _device(h, a.dtype))
         return [_device(h, d) for h, d in zip(results, output_dtypes)]
