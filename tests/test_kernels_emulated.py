@@ -18,6 +18,7 @@ import pytest
 from mlxbun.factory import open_model
 from mlxbun.fast.fused_plan import fused_plan
 from mlxbun.kernels import fused_decode as fd
+from mlxbun.kernels import rope_attention as ra
 from mlxbun.kernels.emulator import EmulatedKernel, emulating
 from mlxbun.kernels.fused_decode import CudaFusedOps, ReferenceFusedOps, _write
 from tests.decode_steps import decode_both
@@ -91,13 +92,19 @@ def test_each_kernel_is_its_reference(emulated, zoo, arch, quant, dtype):
 
 
 @pytest.mark.parametrize("arch,quant,dtype", [CASES[1], CASES[3]])
-@pytest.mark.parametrize("capacity,position", [(256, 37), (1024, 37), (1024, 1000)])
+@pytest.mark.parametrize("capacity,position", [(256, 37), (1024, 37), (1024, 1000), (4096, 4000)])
 def test_one_launch_is_the_three_it_replaces(emulated, zoo, arch, quant, dtype, capacity, position, monkeypatch):
     """rope_attention (q/k norm, RoPE, the K/V write, the attention and the last block's merge of
     its splits in one launch) gives the three launches' output, buffer and next position bit for
-    bit: in one split, and in the last of several."""
+    bit: in one split, in the last of several, and past the 16 splits it takes by default (its
+    merge batches: what ROPE_ATTENTION_MAX_SPLITS=4096 measures on the device)."""
+    monkeypatch.setattr(fd, "ROPE_ATTENTION_MAX_SPLITS", 4096)
     plan = fused_plan(_model(zoo, arch, quant, dtype))
     layer, dt, cuda = plan.layers[0], plan.dtype, CudaFusedOps(inplace=True)
+    probe = layer.attn.at(mx.zeros((2, layer.attn.hkv, capacity, 1)), None)  # a buffer of `capacity`'s facts
+    chunk = dict(ra.rope_attention_template(probe, dt))["CHUNK"]
+    assert ra.rope_attention_gap(probe, 4096) is None  # the one launch runs
+    assert (capacity > 1024) == (-(-capacity // chunk) > 16)  # the last case merges more than 16 splits
     x = mx.random.normal((plan.hidden,), key=mx.random.key(3)).astype(dt)
     buffer = (mx.random.normal((2, layer.attn.hkv, capacity, layer.attn.head_dim), key=mx.random.key(7))
               * 0.3).astype(dt)
