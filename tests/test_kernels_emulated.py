@@ -2,7 +2,8 @@
 each fused decode kernel against its MLX-op reference within the device check's bound, the pairs
 that are claimed to give the same bits (the two code conversions, one launch against three, the
 in-place K/V write against a scatter) bit for bit, a whole fused decode against the exact path,
-and the decode attention (16-bit and quantized K/V, sinks) and the quantized GEMV against MLX's ops. The
+the decode attention (16-bit, quantized and TurboQuant K/V, sinks) and the quantized GEMV against
+MLX's ops, and the TurboQuant quantize kernel against its codec. The
 device's own bits stay benchmarks/gpu_fused.py's check; this runs in CI, on every change to a
 kernel, where no device is."""
 
@@ -185,6 +186,48 @@ def test_the_quantized_gemv_is_quantized_matmul(emulated, bits, group, rows):
     want = mx.quantized_matmul(x.astype(mx.float32), wq, scales.astype(mx.float32), biases.astype(mx.float32),
                                transpose=True, group_size=group, bits=bits)
     assert got.shape == (rows, 384) and _rel(got, want) <= BOUND
+
+
+@pytest.mark.parametrize("widths,head_dim,kv_heads", [((3, 4), 128, 2), ((4, 3), 64, 4), ((1, 8), 128, 1)])
+def test_the_turboquant_decode_is_rotated_attention_over_the_codes(emulated, widths, head_dim, kv_heads):
+    """The TurboQuant kernel with the rotations around it (as the static cache runs it) against the
+    codes' attention in float32; the positions past the length hold large vectors (a read shows)."""
+    from mlxbun.cache.turboquant_codec import TurboQuantCodec, TurboQuantState
+    from mlxbun.kernels.sdpa_decode import turboquant_decode_attention
+
+    cap, n, heads = 640, 600, 8
+    kc, vc = TurboQuantCodec(head_dim, widths[0], 1).prepare(), TurboQuantCodec(head_dim, widths[1], 2).prepare()
+    q = mx.random.normal((1, heads, 1, head_dim), key=mx.random.key(21)).astype(mx.float16)
+    tail = mx.arange(cap)[None, None, :, None] >= n
+    k, v = (codec.quantize(mx.where(tail, 100.0, mx.random.normal((1, kv_heads, cap, head_dim),
+                                                                  key=mx.random.key(22 + i))).astype(mx.float16))
+            for i, codec in enumerate((kc, vc)))
+    scale = head_dim ** -0.5
+    got = vc.unrotate(turboquant_decode_attention(kc.rotate(q * scale), k, v, kc.codebook, vc.codebook,
+                                                  mx.array([n], mx.int32)))
+    kn, vn = (TurboQuantState(s.norms[..., :n], s.indices[..., :n, :]) for s in (k, v))
+    q_rot = kc.rotate(q * scale).reshape(1, kv_heads, heads // kv_heads, 1, head_dim)
+    w = mx.softmax(mx.einsum("bhmld,bhtd->bhmlt", q_rot, kc.codewords(kn))
+                   * kn.norms.astype(mx.float32)[:, :, None, None, :], axis=-1)
+    want = vc.unrotate(mx.einsum("bhmlt,bht,bhtd->bhmld", w, vn.norms.astype(mx.float32), vc.codewords(vn)))
+    assert _rel(got, want.reshape(1, heads, 1, head_dim)) <= 2 ** -14  # float32 sums in another order
+
+
+@pytest.mark.parametrize("bits,head_dim,dtype", [(3, 128, mx.float16), (4, 64, mx.bfloat16), (8, 256, mx.float16)])
+def test_the_turboquant_quantize_kernel_is_the_codecs_quantize(emulated, bits, head_dim, dtype):
+    """Norms within a float16 step, indices the codec's but for coordinates a rounding from a
+    midpoint (at most 1 in 1000, one codeword off): the device check's bound."""
+    from mlxbun.cache.turboquant_codec import EPS, TurboQuantCodec, unpack_indices
+    from mlxbun.kernels.turboquant_quantize import turboquant_quantize
+
+    codec = TurboQuantCodec(head_dim, bits, seed=1)
+    x = mx.random.normal((1, 4, 33, head_dim), key=mx.random.key(bits)).astype(dtype)
+    norms, codes = turboquant_quantize(x, codec.signs, codec.midpoints, bits, EPS)
+    want = codec.quantize(x)
+    rel = mx.abs(norms.astype(mx.float32) - want.norms.astype(mx.float32)) / mx.abs(want.norms.astype(mx.float32))
+    assert rel.max().item() <= 2 ** -10
+    ids, ref = (unpack_indices(c, bits, head_dim).astype(mx.int32) for c in (codes, want.indices))
+    assert (ids != ref).astype(mx.float32).mean().item() <= 1e-3 and mx.abs(ids - ref).max().item() <= 1
 
 
 # ------------------------------------------------------------------ the emulator itself
