@@ -59,7 +59,7 @@ from mlxbun.fast.fused_decoder import FusedDecoder, forget_fused_steps  # noqa: 
 from mlxbun.fast.kernel_count import step_kernels  # noqa: E402
 from mlxbun.kernels import cuda_available  # noqa: E402
 from mlxbun.kernels import fused_decode, sdpa_decode  # noqa: E402
-from mlxbun.kernels.emulator import emulating  # noqa: E402
+from mlxbun.kernels.emulator import emulating, emulator_gap  # noqa: E402
 from mlxbun.kernels.fused_decode import CudaFusedOps, ReferenceFusedOps  # noqa: E402
 
 # A kernel passes where its output is within CHECK_BOUND of the reference's (in units of the
@@ -571,6 +571,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.emulate and args.sections != ["check"]:
         p.error("--emulate runs the check section only (--sections check): the others time the device")
+    if args.emulate and (gap := emulator_gap()) is not None:
+        p.error(f"--emulate: {gap}")
     if not args.emulate:
         return _run(args)
     global EMULATE

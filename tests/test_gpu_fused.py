@@ -51,9 +51,11 @@ def test_a_kernel_outside_its_bound_fails_the_check(gpu_fused, monkeypatch):
     assert "SOME CHECKS FAILED" in text
 
 
-def test_emulate_runs_the_check_with_the_cuda_kernels_emulated_and_nothing_else(gpu_fused, tmp_path, monkeypatch):
+def test_emulate_runs_the_check_with_the_cuda_kernels_emulated_and_nothing_else(gpu_fused, tmp_path, monkeypatch,
+                                                                                capsys):
     """--emulate: the check's ops are the CUDA kernels (not the MLX-op reference), made by the
-    emulator; bench / profile / torch time the device and are refused with it."""
+    emulator; bench / profile / torch time the device and are refused with it, as is a machine the
+    emulator cannot run on."""
     import mlx.core as mx
 
     from mlxbun.kernels.emulator import EmulatedKernel
@@ -72,3 +74,8 @@ def test_emulate_runs_the_check_with_the_cuda_kernels_emulated_and_nothing_else(
     assert mx.fast.cuda_kernel is not EmulatedKernel and not gpu_fused["_run"].__globals__["EMULATE"]  # restored
     with pytest.raises(SystemExit):
         gpu_fused["main"](["--emulate", "--sections", "check", "bench"])
+    seen.clear()
+    monkeypatch.setitem(gpu_fused["main"].__globals__, "emulator_gap", lambda: "g++ is not on PATH")
+    with pytest.raises(SystemExit):
+        gpu_fused["main"](["--emulate", "--sections", "check"])
+    assert "--emulate: g++ is not on PATH" in capsys.readouterr().err and not seen  # refused before the check

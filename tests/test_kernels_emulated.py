@@ -9,9 +9,6 @@ kernel, where no device is."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -20,19 +17,12 @@ from mlxbun.factory import open_model
 from mlxbun.fast.fused_plan import fused_plan
 from mlxbun.kernels import fused_decode as fd
 from mlxbun.kernels import rope_attention as ra
-from mlxbun.kernels.emulator import EmulatedKernel, emulating
+from mlxbun.kernels.emulator import EmulatedKernel, emulating, emulator_gap
 from mlxbun.kernels.fused_decode import CudaFusedOps, ReferenceFusedOps, _write
 from tests.decode_steps import decode_both
 
 
-def _cpu_has(*flags) -> bool:
-    cpuinfo = Path("/proc/cpuinfo")
-    words = set(cpuinfo.read_text().split()) if cpuinfo.exists() else set()
-    return all(f in words for f in flags)
-
-
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None or not _cpu_has("fma", "f16c"),
-                                reason="the emulator compiles with g++ for an x86 CPU with FMA and F16C")
+pytestmark = pytest.mark.skipif(emulator_gap() is not None, reason=f"the emulator cannot run here: {emulator_gap()}")
 
 BOUND = 2.0 ** -6  # benchmarks/gpu_fused.py's CHECK_BOUND, in units of the reference's max |value|
 CASES = [("llama", None, "bfloat16"), ("llama", 4, "bfloat16"), ("llama", 8, "float16"), ("qwen3", 4, "bfloat16"),

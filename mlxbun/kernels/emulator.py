@@ -33,6 +33,7 @@ import ctypes
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from contextlib import contextmanager
@@ -44,7 +45,7 @@ import numpy as np
 from mlxbun.kernels import fused_decode, qmv, rope_attention, sdpa_decode, turboquant_quantize
 from mlxbun.kernels.render import PRELUDE, _ctype, render
 
-__all__ = ["EmulatedKernel", "emulating"]
+__all__ = ["EmulatedKernel", "emulating", "emulator_gap"]
 
 SHIM = r"""
 #include <cstdint>
@@ -249,6 +250,17 @@ _NP = {mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16, m
 _CACHE = Path(os.environ.get("MLXBUN_EMU_CACHE", Path(tempfile.gettempdir()) / "mlxbun-cuda-emulator"))
 
 
+def emulator_gap() -> str | None:
+    """Why the emulator cannot run here (None where it can): it compiles with g++ for an x86 CPU
+    with FMA and F16C (the half conversions and the contracted FMAs)."""
+    if shutil.which("g++") is None:
+        return "g++ is not on PATH"
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = set(cpuinfo.read_text().split()) if cpuinfo.exists() else set()
+    missing = [f for f in ("fma", "f16c") if f not in flags]
+    return f"the CPU lacks {', '.join(missing)} (/proc/cpuinfo)" if missing else None
+
+
 def _compile(unit: str) -> ctypes.CDLL:
     digest = hashlib.sha256(unit.encode()).hexdigest()[:24]
     lib = _CACHE / f"{digest}.so"
@@ -285,6 +297,8 @@ class EmulatedKernel:
                  atomic_outputs=False):
         if not ensure_row_contiguous:
             raise NotImplementedError("the emulator takes row-contiguous kernels only")
+        if (gap := emulator_gap()) is not None:
+            raise RuntimeError(f"the CUDA kernel emulator cannot run here: {gap}")
         self.name, self.inputs, self.outputs = name, list(input_names), list(output_names)
         self.source, self.header = source, header
         self._libs: dict[str, ctypes.CDLL] = {}
