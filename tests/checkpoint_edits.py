@@ -5,14 +5,14 @@ import json
 import shutil
 from pathlib import Path
 
+import mlx.core as mx
+
 
 def rewrite_checkpoint(src, dst, edit, config=None, *, fmt: str = "mlx") -> Path:
     """Copy checkpoint `src` to `dst` as one safetensors file (metadata format `fmt`: "pt" as the
     hub's files say) with its tensors passed through `edit`; `config`, where given, edits
     config.json: a dict is merged into it, a callable gets the dict and returns the new one or
     changes it in place (returning None)."""
-    import mlx.core as mx
-
     src, dst = Path(src), Path(dst)
     shutil.copytree(src, dst)
     tensors = {}
