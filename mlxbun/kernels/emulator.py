@@ -275,7 +275,10 @@ def _compile(unit: str) -> ctypes.CDLL:
         if run.returncode:
             raise RuntimeError(f"g++ failed on the emulated kernel:\n{run.stderr[-4000:]}")
         os.replace(tmp, lib)  # atomic: another xdist worker may compile the same unit
-    return ctypes.CDLL(str(lib))
+    dll = ctypes.CDLL(str(lib))
+    dll.mlxbun_emu_launch.restype = ctypes.c_int
+    dll.mlxbun_emu_error.restype = ctypes.c_char_p
+    return dll
 
 
 def _host(a: mx.array) -> np.ndarray:
@@ -327,8 +330,6 @@ class EmulatedKernel:
         blocks = [g // t for g, t in zip(grid, threadgroup)]
         if any(g % t for g, t in zip(grid, threadgroup)):
             raise ValueError(f"{self.name}: grid {grid} is not a multiple of the threadgroup {threadgroup}")
-        lib.mlxbun_emu_launch.restype = ctypes.c_int
-        lib.mlxbun_emu_error.restype = ctypes.c_char_p
         code = lib.mlxbun_emu_launch(ptrs, *[ctypes.c_uint(v) for v in (*blocks, *threadgroup)])
         if code:
             raise RuntimeError(f"{self.name}: {lib.mlxbun_emu_error().decode()}")
