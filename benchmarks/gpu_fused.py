@@ -44,6 +44,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -109,7 +110,7 @@ def _check_layer(label: str, plan, dtype) -> list[dict]:
         for name, run in cases.items():
             by_codes = []
             for codes in (0, 1):
-                with _set(fused_decode, "CODES", codes):
+                with patch.object(fused_decode, "CODES", codes):
                     by_codes.append(run(cuda))
                     mx.eval(by_codes[-1])
             rows.append(record("check", f"{label}: {name}, CODES 1 against 0", rel_max_diff=_diff(*by_codes),
@@ -165,7 +166,7 @@ def _check_rope_attention(label: str, cuda, ref, x, layer, attn, buffer) -> list
         for one_launch in (False, True, True):
             mine = buffer + 0
             mx.eval(mine)
-            with _set(fused_decode, "ROPE_ATTENTION", one_launch):
+            with patch.object(fused_decode, "ROPE_ATTENTION", one_launch):
                 out = cuda.qkv_attention(x, layer.attn_norm, proj, attn.at(mine, pos))
                 mx.eval(out)
             got.append(out)
@@ -178,20 +179,6 @@ def _check_rope_attention(label: str, cuda, ref, x, layer, attn, buffer) -> list
                                                      and mx.array_equal(n1, nc)),
                            next_pos=int(n1.item())))
     return rows
-
-
-class _set:
-    """module.name = value for a `with` block."""
-
-    def __init__(self, module, name: str, value):
-        self.module, self.name, self.value = module, name, value
-
-    def __enter__(self):
-        self.saved = getattr(self.module, self.name)
-        setattr(self.module, self.name, self.value)
-
-    def __exit__(self, *exc):
-        setattr(self.module, self.name, self.saved)
 
 
 def _replace(attn, **kw):
