@@ -260,6 +260,37 @@ def test_the_fused_sources_compile_in_their_other_variants(variant):
                                              _template(kind, mx.bfloat16, 4, **variant)))
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("mma", [1, 2])
+@pytest.mark.parametrize("kind,K,split,group", [("swiglu", 4096, 4, 64), ("gemv", 14336, 8, 64), ("qkv", 4096, 8, 64),
+                                                ("gemv", 4096, 8, 32), ("swiglu", 2048, 1, 128)])
+def test_the_tensor_core_sources_compile_without_spills(dtype, mma, kind, K, split, group):
+    """The MMA GEMVs at the Llama-3-8B's shapes (and the other group sizes) for sm_90."""
+    inputs, outputs = kernel_signature(kind, dtype, 4)
+    template = _template(kind, dtype, 4, K=K, split=split, GS=group) + [("MMA", mma)]
+    report = ptxas_report(render(f"mlxbun_fused_{kind}_mma", fd.MMA_HEADER, fd._MMA_SOURCES[kind], inputs, outputs,
+                                 template))
+    assert "Used" in report and not re.search(r"[1-9]\d* bytes spill", report), report
+
+
+def test_the_tensor_core_gemvs_take_4_bit_codes_that_fit_shared_memory(monkeypatch):
+    w = lambda n, k, bits=4, group=64: Weights(mx.zeros((n, k * bits // 32), mx.uint32), mx.zeros((1,)),  # noqa: E731
+                                               mx.zeros((1,)), bits, group)
+    assert not fd.uses_mma(w(4096, 4096))  # off by default
+    monkeypatch.setattr(fd, "MMA", 1)
+    assert fd.uses_mma(w(4096, 4096)) and fd.uses_mma(w(4096, 16384))
+    assert not fd.uses_mma(w(4096, 16384 + 64))  # x would not fit shared memory: the FFMA loop
+    assert not fd.uses_mma(w(4096, 4096, bits=8))
+    assert not fd.uses_mma(Weights.dense(mx.zeros((64, 64), mx.bfloat16)))
+    # warps per 16-row tile: toward TARGET_WARPS, each an equal run of at least 4 groups
+    assert fd.mma_split(w(14336, 4096), 14336) == 8  # 896 tiles: 3584 warps short of 4096, so 8 groups each
+    assert fd.mma_split(w(4096, 14336), 4096) == 8  # 224 groups: 28 a warp
+    assert fd.mma_split(w(4096, 4096, group=128), 4096) == 8  # 32 groups: 4 a warp
+    assert fd.mma_split(w(128256, 4096), 128256) == 1
+    assert fd.mma_split(w(64, 192, group=32), 64) == 1  # 6 groups: no equal runs of 4
+
+
 def test_split_k_gives_few_rows_more_warps_and_every_lane_a_chunk():
     w = lambda n, k, bits=16: Weights(mx.zeros((n, k if bits == 16 else k * bits // 32),  # noqa: E731
                                                mx.bfloat16 if bits == 16 else mx.uint32), mx.zeros((1,)), mx.zeros((1,)),
@@ -274,7 +305,7 @@ def test_split_k_gives_few_rows_more_warps_and_every_lane_a_chunk():
 
 
 def test_the_signature_names_every_operand_the_sources_read():
-    for kind, source in fd._SOURCES.items():
+    for kind, source in [*fd._SOURCES.items(), *fd._MMA_SOURCES.items()]:
         inputs, outputs = kernel_signature(kind, mx.bfloat16, 4)
         for name, _ in inputs + outputs:
             assert re.search(rf"\b{name}\b", source), (kind, name)

@@ -108,10 +108,12 @@ def test_one_launch_is_the_three_it_replaces(emulated, zoo, arch, quant, dtype, 
     assert mx.array_equal(o1, o3) and mx.array_equal(b1, b3) and n1.item() == n3.item() == position + 1
 
 
-@pytest.mark.parametrize("arch,quant,dtype", [CASES[0], CASES[3]])
-def test_a_fused_decode_on_the_kernels_is_the_exact_paths(emulated, zoo, arch, quant, dtype):
+@pytest.mark.parametrize("arch,quant,dtype,mma", [(*CASES[0], 0), (*CASES[3], 0), (*CASES[3], 1), (*CASES[3], 2)])
+def test_a_fused_decode_on_the_kernels_is_the_exact_paths(emulated, zoo, arch, quant, dtype, mma, monkeypatch):
     """Six greedy steps of the fused step on the emulated kernels: the exact path's tokens, logits
-    within the half-precision rounding of other summation orders."""
+    within the half-precision rounding of other summation orders (with the 4-bit GEMVs on the FFMA
+    loop, and on the tensor cores: MMA 1 and 2)."""
+    monkeypatch.setattr(fd, "MMA", mma)
     class Emulated(CudaFusedOps):  # the attention's gap is "no CUDA device" here; the zoo's shapes are the kernels'
         attention_gap = staticmethod(lambda attn, dtype: None)
 
@@ -121,9 +123,80 @@ def test_a_fused_decode_on_the_kernels_is_the_exact_paths(emulated, zoo, arch, q
         _, _, _, pairs = decode_both(model, ops=Emulated(inplace=True))
     finally:
         mx.enable_compile()
+    assert any(mma_kernel for *_, mma_kernel in fd._kernels) == bool(mma)  # the tensor-core GEMVs ran
     for exact, fused in pairs:
         assert mx.argmax(exact).item() == mx.argmax(fused).item()
         assert mx.abs(exact.astype(mx.float32) - fused.astype(mx.float32)).max().item() < 0.1
+
+
+def _affine4(rows, width, group, dtype, seed):
+    q, s, b = mx.quantize(mx.random.normal((rows, width), key=mx.random.key(seed)) * 0.05, group_size=group, bits=4)
+    return fd.Weights(q, s.astype(dtype), b.astype(dtype), 4, group)
+
+
+@pytest.mark.parametrize("dtype,group,mma,split", [(mx.bfloat16, 32, 1, 4), (mx.bfloat16, 64, 2, 2),
+                                                   (mx.float16, 128, 1, 1), (mx.float16, 32, 2, 4)])
+def test_the_tensor_core_gemvs_are_their_references(emulated, dtype, group, mma, split, monkeypatch):
+    """MMA 1 / 2 (fused_decode.MMA: the 4-bit GEMVs on mma.sync) within the device check's bound of
+    the MLX-op reference: with a norm or without, the residual, the swiglu; 72 rows (the last tile
+    half past the end), 1 to 4 warps a tile. Their q/k/v sums are the FFMA loop's within 2^-16 (MMA 2
+    on bf16 takes the codes' 2^7 out in the scale term; half ignores it)."""
+    monkeypatch.setattr(fd, "MMA", mma)
+    K, N = 512, 72
+    gate, up = _affine4(N, K, group, dtype, 1), _affine4(N, K, group, dtype, 2)
+    assert fd.uses_mma(gate) and fd.mma_split(gate, N) == split
+    x = mx.random.normal((K,), key=mx.random.key(3)).astype(dtype)
+    norm = ((mx.random.normal((K,), key=mx.random.key(4)) * 0.2 + 1).astype(dtype), 1e-5)
+    res = mx.random.normal((N,), key=mx.random.key(5)).astype(dtype)
+    cuda, ref = CudaFusedOps(inplace=True), ReferenceFusedOps()
+    cases = {"plain + residual": lambda ops: ops.gemv(x, gate, residual=res),
+             "norm": lambda ops: ops.gemv(x, gate, norm=norm),
+             "norm + gate/up": lambda ops: ops.gemv_swiglu(x, norm, gate, up)}
+    for name, run in cases.items():
+        assert _rel(run(cuda), run(ref)) <= BOUND, name
+    proj = (gate, _affine4(24, K, group, dtype, 6), _affine4(24, K, group, dtype, 7))
+    sums = cuda.qkv_sums(x, norm, proj)
+    monkeypatch.setattr(fd, "MMA", 0)
+    ffma = cuda.qkv_sums(x, norm, proj)
+    assert sums.shape == (120,) and 0 < _rel(sums, ffma) <= 2.0 ** -16  # another order than the FFMA loop's
+
+
+_MMA_PROBE = r"""
+  // lane (g, t) loads its fragments from A [16, 16] and B [16, 8] (row-major, 16-bit) by the PTX ISA's
+  // formulas for mma.m16n8k16 (9.7.14.5.8), and writes its D elements into d [16, 8]
+  const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+  const unsigned short* A = reinterpret_cast<const unsigned short*>(a);
+  const unsigned short* B = reinterpret_cast<const unsigned short*>(b);
+  auto pair = [](unsigned short lo, unsigned short hi) { return static_cast<unsigned>(lo) | (static_cast<unsigned>(hi) << 16); };
+  unsigned af[4], bf[2];
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i & 1), col = 2 * t + 8 * (i >> 1);
+    af[i] = pair(A[row * 16 + col], A[row * 16 + col + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    const int k = 2 * t + 8 * i;
+    bf[i] = pair(B[k * 8 + g], B[(k + 1) * 8 + g]);
+  }
+  float c[4], out[4];
+  for (int i = 0; i < 4; ++i) c[i] = cin[(g + 8 * (i >> 1)) * 8 + 2 * t + (i & 1)];
+  mlxbun_mma_m16n8k16<true>(out, af, bf, c);
+  for (int i = 0; i < 4; ++i) d[(g + 8 * (i >> 1)) * 8 + 2 * t + (i & 1)] = out[i];
+"""
+
+
+def test_the_emulators_mma_is_the_matrix_product():
+    """The emulator's warp-wide mma.m16n8k16, fed fragments laid out by the PTX ISA's formulas, is
+    C + A B (exact sums rounded once: within float32's rounding of numpy's float64 product)."""
+    rng = np.random.default_rng(0)
+    a, b = (mx.array(rng.standard_normal(shape).astype(np.float32)).astype(mx.bfloat16) for shape in ((16, 16), (16, 8)))
+    c = mx.array(rng.standard_normal((16, 8)).astype(np.float32))
+    kernel = EmulatedKernel("mma_probe", ["a", "b", "cin"], ["d"], _MMA_PROBE)
+    (d,) = kernel(inputs=[a, b, c], grid=(32, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(16, 8)],
+                  output_dtypes=[mx.float32])
+    want = np.array(c, np.float64) + np.array(a.astype(mx.float32), np.float64) @ np.array(b.astype(mx.float32),
+                                                                                             np.float64)
+    assert np.abs(np.array(d) - want).max() <= 2.0 ** -20 * np.abs(want).max()
+    assert np.abs(np.array(d) - want[:, ::-1]).max() > 0.1  # a swapped column would show
 
 
 # ------------------------------------------------------------------ the decode attention and the GEMV

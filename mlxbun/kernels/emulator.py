@@ -187,6 +187,52 @@ inline T shfl_xor(int site, T v, int lane_mask, int = 32) {
   return out;
 }
 }  // namespace mlxbun_emu
+
+// ---------------------------------------------------------------- the tensor-core GEMVs' helpers
+// (mma_gemv_source: its inline PTX stands behind #ifndef MLXBUN_EMULATED)
+#define MLXBUN_EMULATED 1
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+namespace mlxbun_emu {
+inline unsigned mma_a[1024][4], mma_b[1024][2];
+inline double half_value(unsigned bits, bool bf16) {
+  return bf16 ? static_cast<double>(__uint_as_float(bits << 16)) : static_cast<double>(_cvtsh_ss(bits));
+}
+}  // namespace mlxbun_emu
+// mma.sync m16n8k16 (row.col, f32 accumulate) over the warp, with the PTX ISA's fragment layout: each
+// lane's D elements are C plus the exact sum of its 16 products, rounded to float32 once (the tensor
+// core's own accumulation order and rounding are not modelled: the device check holds those).
+template <bool BF16>
+inline void mlxbun_mma_m16n8k16(float* d, const unsigned* a, const unsigned* b, const float* c) {
+  using namespace mlxbun_emu;
+  const int me = current, base = me & ~31, g = (me & 31) >> 2, t = me & 3;
+  for (int i = 0; i < 4; ++i) mma_a[me][i] = a[i];
+  for (int i = 0; i < 2; ++i) mma_b[me][i] = b[i];
+  wait(AT_WARP, -1000);
+  auto half16 = [](unsigned word, int k) { return (k & 1) ? word >> 16 : word & 0xffffu; };
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+    double sum = c[e];
+    for (int k = 0; k < 16; ++k) {
+      const unsigned aw = mma_a[base + (row & 7) * 4 + ((k & 7) >> 1)][(row >= 8) + 2 * (k >= 8)];
+      const unsigned bw = mma_b[base + col * 4 + ((k & 7) >> 1)][k >= 8];
+      sum += half_value(half16(aw, k), BF16) * half_value(half16(bw, k), BF16);
+    }
+    out[e] = static_cast<float>(sum);
+  }
+  wait(AT_WARP, -1001);  // all have read the fragments before any lane writes its next ones
+  for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+// Codes i and i + 4 of `word` as a pair of 16-bit floats: q, or with KEEP 2^7 + q (bf16).
+template <bool BF16, bool KEEP>
+inline unsigned mlxbun_codes_pair(unsigned word, int i) {
+  unsigned bits[2];
+  for (int h = 0; h < 2; ++h) {
+    const float q = static_cast<float>((word >> (4 * i + 16 * h)) & 0xfu) + (KEEP ? 128.0f : 0.0f);
+    bits[h] = BF16 ? __nv_bfloat16(q).x : __half(q).x;
+  }
+  return bits[0] | (bits[1] << 16);
+}
 """
 
 _LAUNCH = r"""
@@ -243,7 +289,8 @@ extern "C" int mlxbun_emu_launch(void** args, unsigned gx, unsigned gy, unsigned
 }
 """
 
-# the one inline PTX the kernels hold (sdpa_decode_source.MlxbunPrefetchL2); any other asm fails to compile
+# the one inline PTX the kernels hold outside `#ifndef MLXBUN_EMULATED` (sdpa_decode_source.MlxbunPrefetchL2;
+# mma_gemv_source's stands behind it, SHIM defines it); any other asm fails to compile
 _PREFETCH = re.compile(r'asm volatile\("prefetch\.global\.L2 \[%0\];" ::"l"\(\w+\)\);')
 _NP = {mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16, mx.int32: np.int32,
        mx.uint32: np.uint32, mx.uint8: np.uint8, mx.int64: np.int64, mx.uint16: np.uint16}

@@ -4,8 +4,9 @@ A dense layer's one-token step runs as `qkv_attention`: `qkv_rope` (norm + q/k/v
 RoPE + the new K/V rows) and decode attention (`sdpa_decode`, two launches), or, with the rows
 written in place, the q/k/v GEMV and one `rope_attention` launch for the rest; then `gemv` (output
 projection + residual), `gemv_swiglu` (norm + gate/up GEMVs + silu * up) and `gemv` (down projection
-+ residual); the step ends with `gemv` (final norm + head). Two executors run that plan with one
-interface:
++ residual); the step ends with `gemv` (final norm + head). With `MMA` (off by default) the 4-bit
+GEMVs run on the tensor cores instead (`mma_gemv_source`: the same three kernels, mma.sync products).
+Two executors run that plan with one interface:
 
 - `CudaFusedOps`: the CUDA kernels through `mx.fast.cuda_kernel` (CUDA only);
 - `ReferenceFusedOps`: the same math as MLX ops (float32 sums, the same roundings to T): what
@@ -32,13 +33,16 @@ import numpy as np
 
 from mlxbun.kernels.common import HALF, Gap, cuda_available, float_bits
 from mlxbun.kernels.fused_decode_source import GEMV, GEMV_SWIGLU, HEADER, QKV_PROJ, ROPE_KV
+from mlxbun.kernels.mma_gemv_source import GEMV_MMA, GEMV_SWIGLU_MMA, QKV_PROJ_MMA
+from mlxbun.kernels.mma_gemv_source import HEADER as MMA_HEADER
 from mlxbun.kernels.rope_attention import Counters, rope_attention, rope_attention_gap
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
-__all__ = ["CODES", "FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "NW", "MAX_HEAD_DIM", "QUNROLL",
+__all__ = ["CODES", "FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "MMA", "MMA_MAX_K", "NW",
+           "MAX_HEAD_DIM", "QUNROLL",
            "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS", "CudaFusedOps", "ReferenceFusedOps", "Weights",
-           "backend_gap", "composed_qkv_attention", "dtype_gap", "kernel_signature", "rope_inv_freq", "split_for",
-           "weights_gap"]
+           "backend_gap", "composed_qkv_attention", "dtype_gap", "kernel_signature", "mma_split", "rope_inv_freq",
+           "split_for", "uses_mma", "weights_gap"]
 
 FUSED_BITS = (16, 4, 8)  # 16: bfloat16 / float16 weights; 4, 8: affine codes
 FUSED_GROUPS = (32, 64, 128)
@@ -54,6 +58,12 @@ CODES = 1
 # The code loop's unrolling (0: two chunks per lane for one row per warp, else one; 2 measured 0.96x
 # on the 8B 4-bit step, raw 26).
 QUNROLL = 0
+# The 4-bit GEMVs on the tensor cores (`mma_gemv_source`): 0 off (the FFMA loop), 1 (codes as exact
+# 16-bit pairs), 2 (bf16 only: the codes' 2^7 taken out in the scale term; half runs MMA 1's pairs).
+# Off: no GPU has run these kernels yet (the emulator has: tests/test_kernels_emulated.py). A knob
+# of benchmarks/gpu_fused.py until its check and bench say where it is faster.
+MMA = 0
+MMA_MAX_K = 16384  # inputs wider than this keep the FFMA loop (x lives in shared memory)
 MAX_HEAD_DIM = 1024  # rope_kv: a thread per element of a head
 # Split-K across warps: a GEMV of few rows gives each row SPLIT warps (each takes every SPLIT-th run
 # of 32 chunks; their sums added in warp order), so the GPU has enough loads in flight. The GEMVs
@@ -169,18 +179,45 @@ def kernel_signature(kind: str, dtype, bits: int) -> tuple[list, list]:
 
 
 _SOURCES = {"gemv": GEMV, "swiglu": GEMV_SWIGLU, "qkv": QKV_PROJ, "rope": ROPE_KV}
+_MMA_SOURCES = {"gemv": GEMV_MMA, "swiglu": GEMV_SWIGLU_MMA, "qkv": QKV_PROJ_MMA}
 _kernels: dict[tuple, object] = {}
 
 
-def _kernel(kind: str, dtype, bits: int):
-    key = (kind, dtype, bits)
+def _kernel(kind: str, dtype, bits: int, mma: bool = False):
+    key = (kind, dtype, bits, mma)
     if key not in _kernels:
         inputs, outputs = kernel_signature(kind, dtype, bits)
         _kernels[key] = mx.fast.cuda_kernel(
-            name=f"mlxbun_fused_{kind}_{'q' if bits != 16 else 'h'}", input_names=[n for n, _ in inputs],
-            output_names=[n for n, _ in outputs], source=_SOURCES[kind], header=HEADER,
+            name=f"mlxbun_fused_{kind}_{'mma' if mma else ('q' if bits != 16 else 'h')}",
+            input_names=[n for n, _ in inputs], output_names=[n for n, _ in outputs],
+            source=(_MMA_SOURCES if mma else _SOURCES)[kind], header=MMA_HEADER if mma else HEADER,
             ensure_row_contiguous=True)
     return _kernels[key]
+
+
+def uses_mma(w: Weights) -> bool:
+    """Whether the GEMVs over `w` run on the tensor cores (MMA on, 4-bit codes, x fits shared memory)."""
+    return MMA != 0 and w.bits == 4 and w.width <= MMA_MAX_K
+
+
+def mma_split(w: Weights, rows: int, target: Optional[int] = None) -> int:
+    """Warps per 16-row tile of the tensor-core GEMVs: the smallest power of two up to MAX_SPLIT that
+    gives `target` (TARGET_WARPS) warps in all, each taking an equal run of at least 4 groups."""
+    groups = w.width // w.group_size
+    split = 1
+    while (split < MAX_SPLIT and -(-rows // 16) * split < (target or TARGET_WARPS)
+           and groups % (2 * split) == 0 and groups // (2 * split) >= 4):
+        split *= 2
+    return split
+
+
+def _layout(w: Weights, rows: int, rw: int, pair: bool = False) -> tuple[bool, int, int]:
+    """(tensor cores?, split, rows a warp takes of each matrix) of a GEMV over `rows` rows of `w`
+    (`pair`: the swiglu, whose warps take rows of gate and of up)."""
+    if uses_mma(w):
+        return True, mma_split(w, rows), 16
+    matrices = 2 if pair else 1
+    return False, split_for(w, matrices * rows, rw=matrices * rw), rw
 
 
 def split_for(w: Weights, rows: int, target: Optional[int] = None, rw: int = 1) -> int:
@@ -198,7 +235,7 @@ def _common(dtype, w: Weights, K: int, N: Optional[int], nw: int = NW, split: in
     rows = [] if N is None else [("N", N)]
     return [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), *rows, ("BITS", w.bits),
             ("GS", w.group_size or 32), ("NW", nw), ("SPLIT", split), ("RW", rw), ("CODES", CODES),
-            ("QUNROLL", QUNROLL)]
+            ("QUNROLL", QUNROLL), ("MMA", MMA)]
 
 
 def _grid(N: int, split: int, rw: int) -> tuple:
@@ -224,21 +261,21 @@ class CudaFusedOps:
         """(residual +) w . (rms_norm(x, *norm) or x) -> [N]; `norm`: (weight, eps)."""
         dtype, K, N = x.dtype, w.width, w.rows
         norm_w, eps = norm if norm is not None else (x, 0.0)
-        split = split_for(w, N, rw=RW)
-        template = _common(dtype, w, K, N, split=split, rw=RW) + [
+        mma, split, rw = _layout(w, N, RW)
+        template = _common(dtype, w, K, N, split=split, rw=rw) + [
             ("NORM", norm is not None), ("RESIDUAL", residual is not None), ("EPS_BITS", float_bits(eps))]
-        return _kernel("gemv", dtype, w.bits)(
+        return _kernel("gemv", dtype, w.bits, mma)(
             inputs=[x, norm_w, *_operands(w), x if residual is None else residual], template=template,
-            grid=_grid(N, split, RW), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)], output_dtypes=[dtype])[0]
+            grid=_grid(N, split, rw), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)], output_dtypes=[dtype])[0]
 
     @staticmethod
     def gemv_swiglu(x, norm: tuple, gate: Weights, up: Weights) -> mx.array:
         dtype, K, N = x.dtype, gate.width, gate.rows
-        split = split_for(gate, 2 * N, rw=2 * RW)  # RW rows of gate and RW of up per warp
-        template = _common(dtype, gate, K, N, split=split, rw=RW) + [("EPS_BITS", float_bits(norm[1]))]
-        return _kernel("swiglu", dtype, gate.bits)(
+        mma, split, rw = _layout(gate, N, RW, pair=True)
+        template = _common(dtype, gate, K, N, split=split, rw=rw) + [("EPS_BITS", float_bits(norm[1]))]
+        return _kernel("swiglu", dtype, gate.bits, mma)(
             inputs=[x, norm[0], *_operands(gate), *_operands(up)], template=template,
-            grid=_grid(N, split, RW), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)], output_dtypes=[dtype])[0]
+            grid=_grid(N, split, rw), threadgroup=(NW * 32, 1, 1), output_shapes=[(N,)], output_dtypes=[dtype])[0]
 
     def qkv_attention(self, x, norm: tuple, proj: tuple, attn) -> tuple[mx.array, mx.array, mx.array]:
         """(attention output [HQ * D], the buffer holding the new rows, next_pos [1]): `qkv_rope` then
@@ -255,12 +292,12 @@ class CudaFusedOps:
         q, k, v = proj
         dtype, K = x.dtype, q.width
         rows = q.rows + k.rows + v.rows
-        split = split_for(q, rows, rw=QKV_RW)
-        template = _common(dtype, q, K, None, split=split, rw=QKV_RW) + [
+        mma, split, rw = _layout(q, rows, QKV_RW)
+        template = _common(dtype, q, K, None, split=split, rw=rw) + [
             ("NQ", q.rows), ("NKV", k.rows), ("EPS_BITS", float_bits(norm[1]))]
-        return _kernel("qkv", dtype, q.bits)(
+        return _kernel("qkv", dtype, q.bits, mma)(
             inputs=[x, norm[0], *_operands(q), *_operands(k), *_operands(v)], template=template,
-            grid=_grid(rows, split, QKV_RW), threadgroup=(NW * 32, 1, 1), output_shapes=[(rows,)],
+            grid=_grid(rows, split, rw), threadgroup=(NW * 32, 1, 1), output_shapes=[(rows,)],
             output_dtypes=[mx.float32])[0]
 
     def qkv_rope(self, x, norm: tuple, proj: tuple, attn) -> tuple[mx.array, mx.array, mx.array, mx.array]:

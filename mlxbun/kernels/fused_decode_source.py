@@ -144,6 +144,31 @@ __device__ __forceinline__ float mlxbun_warp_sum(float v) {
   return v;
 }
 
+// Where each run of 8 values of x sits in shared memory for the tensor-core GEMVs (mma_gemv_source):
+// x0 x4 x1 x5 x2 x6 x3 x7, so that one 16-byte load gives the mma's B pairs of a code word.
+__device__ __forceinline__ int mlxbun_pair_index(int i) {
+  return (i & ~7) | ((i & 3) << 1) | ((i >> 2) & 1);
+}
+
+// After every warp's sums are in `parts` (NW * R floats, warp-major): the SPLIT warps of each row
+// group (warps g * SPLIT .. g * SPLIT + SPLIT - 1) added in warp order into `row_sums[g * R + r]`.
+// Every thread must call it.
+template <int NW, int SPLIT, int R>
+__device__ __forceinline__ void mlxbun_add_splits(const float* parts, float* row_sums) {
+  if constexpr (SPLIT > 1) {
+    if (threadIdx.x < NW / SPLIT * R) {
+      const int g = threadIdx.x / R, r = threadIdx.x % R;
+      float total = parts[g * SPLIT * R + r];
+#pragma unroll
+      for (int i = 1; i < SPLIT; ++i) {
+        total += parts[(g * SPLIT + i) * R + r];
+      }
+      row_sums[threadIdx.x] = total;
+    }
+    __syncthreads();
+  }
+}
+
 // The SPLIT warps of each row group (warps g * SPLIT .. g * SPLIT + SPLIT - 1, R rows each) add their
 // sums, in warp order, into `row_sums[g * R + r]` (lane 0 of each warp brings its warp's R sums `v`).
 // `parts` holds NW * R floats. Every thread must call it.
@@ -157,18 +182,7 @@ __device__ __forceinline__ void mlxbun_split_sums(const float* v, float* parts, 
     }
   }
   __syncthreads();
-  if constexpr (SPLIT > 1) {
-    if (threadIdx.x < NW / SPLIT * R) {
-      const int g = threadIdx.x / R, r = threadIdx.x % R;
-      float total = parts[g * SPLIT * R + r];
-#pragma unroll
-      for (int i = 1; i < SPLIT; ++i) {
-        total += parts[(g * SPLIT + i) * R + r];
-      }
-      row_sums[threadIdx.x] = total;
-    }
-    __syncthreads();
-  }
+  mlxbun_add_splits<NW, SPLIT, R>(parts, row_sums);
 }
 
 // The block's sum of `v`, the same bits in every thread: each warp's xor tree, then the NW warp
@@ -189,8 +203,9 @@ __device__ __forceinline__ float mlxbun_block_sum(float v, float* red) {
   return total;
 }
 
-// xs = rms_norm(x) * w over K values, into shared memory, rounded to T where MLX's RMSNorm rounds.
-template <typename T, int K, int NW>
+// xs = rms_norm(x) * w over K values, into shared memory, rounded to T where MLX's RMSNorm rounds
+// (PERM: each value at its `mlxbun_pair_index`, the tensor-core GEMVs' order).
+template <typename T, int K, int NW, bool PERM = false>
 __device__ __forceinline__ void mlxbun_rms_to_shared(const T* x, const T* w, float eps, T* xs, float* red) {
   float ss = 0.0f;
   for (int i = threadIdx.x; i < K; i += NW * 32) {
@@ -200,7 +215,7 @@ __device__ __forceinline__ void mlxbun_rms_to_shared(const T* x, const T* w, flo
   const float inv = rsqrtf(mlxbun_block_sum<NW>(ss, red) / K + eps);
   for (int i = threadIdx.x; i < K; i += NW * 32) {
     const float n = static_cast<float>(static_cast<T>(static_cast<float>(x[i]) * inv));
-    xs[i] = static_cast<T>(n * static_cast<float>(w[i]));
+    xs[PERM ? mlxbun_pair_index(i) : i] = static_cast<T>(n * static_cast<float>(w[i]));
   }
   __syncthreads();
 }
