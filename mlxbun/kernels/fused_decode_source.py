@@ -203,9 +203,8 @@ __device__ __forceinline__ float mlxbun_block_sum(float v, float* red) {
   return total;
 }
 
-// xs = rms_norm(x) * w over K values, into shared memory, rounded to T where MLX's RMSNorm rounds
-// (PERM: each value at its `mlxbun_pair_index`, the tensor-core GEMVs' order).
-template <typename T, int K, int NW, bool PERM = false>
+// xs = rms_norm(x) * w over K values, into shared memory, rounded to T where MLX's RMSNorm rounds.
+template <typename T, int K, int NW>
 __device__ __forceinline__ void mlxbun_rms_to_shared(const T* x, const T* w, float eps, T* xs, float* red) {
   float ss = 0.0f;
   for (int i = threadIdx.x; i < K; i += NW * 32) {
@@ -215,7 +214,7 @@ __device__ __forceinline__ void mlxbun_rms_to_shared(const T* x, const T* w, flo
   const float inv = rsqrtf(mlxbun_block_sum<NW>(ss, red) / K + eps);
   for (int i = threadIdx.x; i < K; i += NW * 32) {
     const float n = static_cast<float>(static_cast<T>(static_cast<float>(x[i]) * inv));
-    xs[PERM ? mlxbun_pair_index(i) : i] = static_cast<T>(n * static_cast<float>(w[i]));
+    xs[i] = static_cast<T>(n * static_cast<float>(w[i]));
   }
   __syncthreads();
 }

@@ -103,35 +103,71 @@ __device__ __forceinline__ void mlxbun_load_words(const uint32_t* p, unsigned* o
   }
 }
 
-// x [K] into shared memory in the pairs' order (the GEMVs without a norm), 16 bytes a thread.
-template <typename T, int K, int NW>
-__device__ __forceinline__ void mlxbun_mma_stage(const T* x, T* xs) {
-  const uint4* in = reinterpret_cast<const uint4*>(x);
-  uint4* out = reinterpret_cast<uint4*>(xs);
-  for (int c = threadIdx.x; c < K / 8; c += NW * 32) {
-    const uint4 v = in[c];  // (x0, x1), (x2, x3), (x4, x5), (x6, x7)
-    out[c] = make_uint4((v.x & 0xffffu) | (v.z << 16), (v.x >> 16) | (v.z & 0xffff0000u),
-                        (v.y & 0xffffu) | (v.w << 16), (v.y >> 16) | (v.w & 0xffff0000u));
-  }
-  __syncthreads();
-}
-
-// gsum[G] = the sum of x over quantization group G (float32, one thread a group, in shared order).
-template <typename T, bool BF16, int K, int GS, int NW>
-__device__ __forceinline__ void mlxbun_group_sums(const T* xs, float* gsum) {
-  const uint4* xv = reinterpret_cast<const uint4*>(xs);
-  for (int g = threadIdx.x; g < K / GS; g += NW * 32) {
-    float total = 0.0f;
+// x [K] into shared memory in the pairs' order (`mlxbun_pair_index`), 16 bytes a thread at a time, and
+// gsum[G] = its sum over quantization group G. NORMED: rms_norm(x) * w instead, rounded to T where
+// MLX's RMSNorm rounds (x and w read once, in one round of loads; the sum of squares in another
+// order than `mlxbun_rms_to_shared`'s). A group's chunks are consecutive lanes': their sums add by
+// an xor tree of GS / 8 lanes.
+template <typename T, bool BF16, int K, int GS, int NW, bool NORMED>
+__device__ __forceinline__ void mlxbun_mma_stage(const T* x, const T* w, float eps, T* xs, float* gsum, float* red) {
+  constexpr int CHUNKS = K / 8, PER = (CHUNKS + NW * 32 - 1) / (NW * 32);  // 16-byte chunks a thread
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const uint4* wv = reinterpret_cast<const uint4*>(w);
+  uint4 xr[PER], wr[PER];
 #pragma unroll
-    for (int c = 0; c < GS / 8; ++c) {
+  for (int p = 0; p < PER; ++p) {
+    const int c = threadIdx.x + p * NW * 32;
+    if (c < CHUNKS) {
+      xr[p] = xv[c];
+      if constexpr (NORMED) {
+        wr[p] = wv[c];
+      }
+    }
+  }
+  float inv = 1.0f;
+  if constexpr (NORMED) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      if (threadIdx.x + p * NW * 32 < CHUNKS) {
+        float v[8];
+        unpack8<BF16>(xr[p], v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          ss += v[j] * v[j];
+        }
+      }
+    }
+    inv = rsqrtf(mlxbun_block_sum<NW>(ss, red) / K + eps);
+  }
+#pragma unroll
+  for (int p = 0; p < PER; ++p) {
+    const int c = threadIdx.x + p * NW * 32;
+    float total = 0.0f;
+    if (c < CHUNKS) {
       float v[8];
-      unpack8<BF16>(xv[g * GS / 8 + c], v);
+      unpack8<BF16>(xr[p], v);
+      if constexpr (NORMED) {
+        float g[8];
+        unpack8<BF16>(wr[p], g);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          v[j] = mlxbun_round<T>(mlxbun_round<T>(v[j] * inv) * g[j]);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
+        xs[mlxbun_pair_index(c * 8 + j)] = static_cast<T>(v[j]);
         total += v[j];
       }
     }
-    gsum[g] = total;
+#pragma unroll
+    for (int o = GS / 16; o > 0; o >>= 1) {  // every lane: a warp's chunks are whole groups' or none
+      total += __shfl_xor_sync(0xffffffffu, total, o);
+    }
+    if (c < CHUNKS && c % (GS / 8) == 0) {
+      gsum[c / (GS / 8)] = total;
+    }
   }
   __syncthreads();
 }
@@ -227,7 +263,8 @@ __device__ __forceinline__ void mlxbun_mma_split_sums(const float* acc, float* p
 HEADER = FUSED_HEADER + MMA_HELPERS
 
 # The shared front of the three bodies: x (normed or not) in shared memory in the pairs' order, its
-# group sums, and this lane's first row (rows past the last read the last row: unused).
+# group sums, and this lane's first row (rows past the last read the last row: unused). GEMV without
+# NORM gets no norm weight and no eps: `norm_w` is x again (fused_decode.CudaFusedOps.gemv), unread.
 _FRONT = r"""
   constexpr int ROW_W = K / 8;
   constexpr int GROUPS = K / GS;
@@ -238,12 +275,7 @@ _FRONT = r"""
   __shared__ float red[32];
   __shared__ float parts[NW * 16 * MATRICES];
   __shared__ float tile_sums[RPB * MATRICES];
-  if constexpr (NORMED) {
-    mlxbun_rms_to_shared<T, K, NW, true>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
-  } else {
-    mlxbun_mma_stage<T, K, NW>(x, xs);
-  }
-  mlxbun_group_sums<T, BF16, K, GS, NW>(xs, gsum);
+  mlxbun_mma_stage<T, BF16, K, GS, NW, NORMED>(x, norm_w, __int_as_float(EPS_BITS), xs, gsum, red);
   const int warp = threadIdx.x >> 5;
   const int first = (warp % SPLIT) * RUN;
   const int row0 = blockIdx.x * RPB + warp / SPLIT * 16 + (threadIdx.x & 31) / 4;
