@@ -277,12 +277,15 @@ def test_the_tensor_core_sources_compile_without_spills(dtype, mma, kind, K, spl
 def test_the_tensor_core_gemvs_take_4_bit_codes_that_fit_shared_memory(monkeypatch):
     w = lambda n, k, bits=4, group=64: Weights(mx.zeros((n, k * bits // 32), mx.uint32), mx.zeros((1,)),  # noqa: E731
                                                mx.zeros((1,)), bits, group)
-    assert not fd.uses_mma(w(4096, 4096))  # off by default
+    qkv = fd.MMA_QKV
+    assert not fd.uses_mma(w(4096, 4096), qkv)  # off by default
     monkeypatch.setattr(fd, "MMA", 1)
-    assert fd.uses_mma(w(4096, 4096)) and fd.uses_mma(w(4096, 16384))
-    assert not fd.uses_mma(w(4096, 16384 + 64))  # x would not fit shared memory: the FFMA loop
-    assert not fd.uses_mma(w(4096, 4096, bits=8))
-    assert not fd.uses_mma(Weights.dense(mx.zeros((64, 64), mx.bfloat16)))
+    assert fd.uses_mma(w(4096, 4096), qkv) and fd.uses_mma(w(4096, 16384), qkv)
+    assert not fd.uses_mma(w(4096, 16384 + 64), qkv)  # x would not fit shared memory: the FFMA loop
+    assert not fd.uses_mma(w(4096, 4096, bits=8), qkv)
+    assert not fd.uses_mma(Weights.dense(mx.zeros((64, 64), mx.bfloat16)), qkv)
+    monkeypatch.setattr(fd, "MMA_KINDS", fd.MMA_QKV | fd.MMA_HEAD)
+    assert fd.uses_mma(w(4096, 4096), fd.MMA_HEAD) and not fd.uses_mma(w(4096, 4096), fd.MMA_SWIGLU)
     # warps per 16-row tile: toward TARGET_WARPS, each an equal run of at least 4 groups
     assert fd.mma_split(w(14336, 4096), 14336) == 8  # 896 tiles: 3584 warps short of 4096, so 8 groups each
     assert fd.mma_split(w(4096, 14336), 4096) == 8  # 224 groups: 28 a warp

@@ -144,7 +144,7 @@ def test_the_tensor_core_gemvs_are_their_references(emulated, dtype, group, mma,
     monkeypatch.setattr(fd, "MMA", mma)
     K, N = 512, 72
     gate, up = _affine4(N, K, group, dtype, 1), _affine4(N, K, group, dtype, 2)
-    assert fd.uses_mma(gate) and fd.mma_split(gate, N) == split
+    assert fd.uses_mma(gate, fd.MMA_SWIGLU) and fd.mma_split(gate, N) == split
     x = mx.random.normal((K,), key=mx.random.key(3)).astype(dtype)
     norm = ((mx.random.normal((K,), key=mx.random.key(4)) * 0.2 + 1).astype(dtype), 1e-5)
     res = mx.random.normal((N,), key=mx.random.key(5)).astype(dtype)

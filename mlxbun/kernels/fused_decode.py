@@ -38,7 +38,8 @@ from mlxbun.kernels.mma_gemv_source import HEADER as MMA_HEADER
 from mlxbun.kernels.rope_attention import Counters, rope_attention, rope_attention_gap
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
-__all__ = ["CODES", "FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "MMA", "MMA_MAX_K", "NW",
+__all__ = ["CODES", "FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "MMA", "MMA_HEAD", "MMA_KINDS",
+           "MMA_MAX_K", "MMA_PLAIN", "MMA_QKV", "MMA_SWIGLU", "NW",
            "MAX_HEAD_DIM", "QUNROLL",
            "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS", "CudaFusedOps", "ReferenceFusedOps", "Weights",
            "backend_gap", "composed_qkv_attention", "dtype_gap", "kernel_signature", "mma_split", "rope_inv_freq",
@@ -63,6 +64,10 @@ QUNROLL = 0
 # Off: no GPU has run these kernels yet (the emulator has: tests/test_kernels_emulated.py). A knob
 # of benchmarks/gpu_fused.py until its check and bench say where it is faster.
 MMA = 0
+# Which GEMVs MMA takes, a bit each: MMA_QKV (the q/k/v projection), MMA_SWIGLU (norm + gate/up),
+# MMA_PLAIN (o_proj and down_proj, no norm), MMA_HEAD (norm + the head).
+MMA_QKV, MMA_SWIGLU, MMA_PLAIN, MMA_HEAD = 1, 2, 4, 8
+MMA_KINDS = MMA_QKV | MMA_SWIGLU | MMA_PLAIN | MMA_HEAD
 MMA_MAX_K = 16384  # inputs wider than this keep the FFMA loop (x lives in shared memory)
 MAX_HEAD_DIM = 1024  # rope_kv: a thread per element of a head
 # Split-K across warps: a GEMV of few rows gives each row SPLIT warps (each takes every SPLIT-th run
@@ -195,9 +200,10 @@ def _kernel(kind: str, dtype, bits: int, mma: bool = False):
     return _kernels[key]
 
 
-def uses_mma(w: Weights) -> bool:
-    """Whether the GEMVs over `w` run on the tensor cores (MMA on, 4-bit codes, x fits shared memory)."""
-    return MMA != 0 and w.bits == 4 and w.width <= MMA_MAX_K
+def uses_mma(w: Weights, kind: int) -> bool:
+    """Whether the GEMV of `kind` (an MMA_* bit) over `w` runs on the tensor cores (MMA on for that
+    kind, 4-bit codes, x fits shared memory)."""
+    return MMA != 0 and bool(MMA_KINDS & kind) and w.bits == 4 and w.width <= MMA_MAX_K
 
 
 def mma_split(w: Weights, rows: int, target: Optional[int] = None) -> int:
@@ -211,12 +217,12 @@ def mma_split(w: Weights, rows: int, target: Optional[int] = None) -> int:
     return split
 
 
-def _layout(w: Weights, rows: int, rw: int, pair: bool = False) -> tuple[bool, int, int]:
-    """(tensor cores?, split, rows a warp takes of each matrix) of a GEMV over `rows` rows of `w`
-    (`pair`: the swiglu, whose warps take rows of gate and of up)."""
-    if uses_mma(w):
+def _layout(w: Weights, rows: int, rw: int, kind: int) -> tuple[bool, int, int]:
+    """(tensor cores?, split, rows a warp takes of each matrix) of the GEMV of `kind` (an MMA_* bit)
+    over `rows` rows of `w` (the swiglu's warps take rows of gate and of up)."""
+    if uses_mma(w, kind):
         return True, mma_split(w, rows), 16
-    matrices = 2 if pair else 1
+    matrices = 2 if kind == MMA_SWIGLU else 1
     return False, split_for(w, matrices * rows, rw=matrices * rw), rw
 
 
@@ -261,7 +267,7 @@ class CudaFusedOps:
         """(residual +) w . (rms_norm(x, *norm) or x) -> [N]; `norm`: (weight, eps)."""
         dtype, K, N = x.dtype, w.width, w.rows
         norm_w, eps = norm if norm is not None else (x, 0.0)
-        mma, split, rw = _layout(w, N, RW)
+        mma, split, rw = _layout(w, N, RW, MMA_HEAD if norm is not None else MMA_PLAIN)
         template = _common(dtype, w, K, N, split=split, rw=rw) + [
             ("NORM", norm is not None), ("RESIDUAL", residual is not None), ("EPS_BITS", float_bits(eps))]
         return _kernel("gemv", dtype, w.bits, mma)(
@@ -271,7 +277,7 @@ class CudaFusedOps:
     @staticmethod
     def gemv_swiglu(x, norm: tuple, gate: Weights, up: Weights) -> mx.array:
         dtype, K, N = x.dtype, gate.width, gate.rows
-        mma, split, rw = _layout(gate, N, RW, pair=True)
+        mma, split, rw = _layout(gate, N, RW, MMA_SWIGLU)
         template = _common(dtype, gate, K, N, split=split, rw=rw) + [("EPS_BITS", float_bits(norm[1]))]
         return _kernel("swiglu", dtype, gate.bits, mma)(
             inputs=[x, norm[0], *_operands(gate), *_operands(up)], template=template,
@@ -292,7 +298,7 @@ class CudaFusedOps:
         q, k, v = proj
         dtype, K = x.dtype, q.width
         rows = q.rows + k.rows + v.rows
-        mma, split, rw = _layout(q, rows, QKV_RW)
+        mma, split, rw = _layout(q, rows, QKV_RW, MMA_QKV)
         template = _common(dtype, q, K, None, split=split, rw=rw) + [
             ("NQ", q.rows), ("NKV", k.rows), ("EPS_BITS", float_bits(norm[1]))]
         return _kernel("qkv", dtype, q.bits, mma)(
