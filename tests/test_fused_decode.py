@@ -268,7 +268,7 @@ def test_the_fused_sources_compile_in_their_other_variants(variant):
 def test_the_tensor_core_sources_compile_without_spills(dtype, mma, kind, K, split, group):
     """The MMA GEMVs at the Llama-3-8B's shapes (and the other group sizes) for sm_90."""
     inputs, outputs = kernel_signature(kind, dtype, 4)
-    template = _template(kind, dtype, 4, K=K, split=split, GS=group) + [("MMA", mma)]
+    template = _template(kind, dtype, 4, K=K, split=split, GS=group) + [("MMA", mma), ("MMA_EARLY", mma == 2)]
     report = ptxas_report(render(f"mlxbun_fused_{kind}_mma", fd.MMA_HEADER, fd._MMA_SOURCES[kind], inputs, outputs,
                                  template))
     assert "Used" in report and not re.search(r"[1-9]\d* bytes spill", report), report

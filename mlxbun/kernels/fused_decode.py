@@ -38,7 +38,7 @@ from mlxbun.kernels.mma_gemv_source import HEADER as MMA_HEADER
 from mlxbun.kernels.rope_attention import Counters, rope_attention, rope_attention_gap
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
-__all__ = ["CODES", "FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "MMA", "MMA_HEAD", "MMA_KINDS",
+__all__ = ["CODES", "FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "MMA", "MMA_EARLY", "MMA_HEAD", "MMA_KINDS",
            "MMA_MAX_K", "MMA_PLAIN", "MMA_QKV", "MMA_SWIGLU", "NW",
            "MAX_HEAD_DIM", "QUNROLL",
            "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS", "CudaFusedOps", "ReferenceFusedOps", "Weights",
@@ -69,6 +69,9 @@ MMA = 0
 MMA_QKV, MMA_SWIGLU, MMA_PLAIN, MMA_HEAD = 1, 2, 4, 8
 MMA_KINDS = MMA_QKV | MMA_SWIGLU | MMA_PLAIN | MMA_HEAD
 MMA_MAX_K = 16384  # inputs wider than this keep the FFMA loop (x lives in shared memory)
+# Whether a warp's first loads of codes go out before the block stages x (they do not need it): the
+# staging's latency hidden behind them, at the price of more registers live at once.
+MMA_EARLY = 0
 MAX_HEAD_DIM = 1024  # rope_kv: a thread per element of a head
 # Split-K across warps: a GEMV of few rows gives each row SPLIT warps (each takes every SPLIT-th run
 # of 32 chunks; their sums added in warp order), so the GPU has enough loads in flight. The GEMVs
@@ -207,11 +210,12 @@ def uses_mma(w: Weights, kind: int) -> bool:
 
 
 def mma_split(w: Weights, rows: int, target: Optional[int] = None) -> int:
-    """Warps per 16-row tile of the tensor-core GEMVs: the smallest power of two up to MAX_SPLIT that
-    gives `target` (TARGET_WARPS) warps in all, each taking an equal run of at least 4 groups."""
+    """Warps per 16-row tile of the tensor-core GEMVs: the smallest power of two up to MAX_SPLIT (and
+    NW: a block holds whole tiles) that gives `target` (TARGET_WARPS) warps in all, each taking an
+    equal run of at least 4 groups."""
     groups = w.width // w.group_size
     split = 1
-    while (split < MAX_SPLIT and -(-rows // 16) * split < (target or TARGET_WARPS)
+    while (split < min(MAX_SPLIT, NW) and -(-rows // 16) * split < (target or TARGET_WARPS)
            and groups % (2 * split) == 0 and groups // (2 * split) >= 4):
         split *= 2
     return split
@@ -241,7 +245,7 @@ def _common(dtype, w: Weights, K: int, N: Optional[int], nw: int = NW, split: in
     rows = [] if N is None else [("N", N)]
     return [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), *rows, ("BITS", w.bits),
             ("GS", w.group_size or 32), ("NW", nw), ("SPLIT", split), ("RW", rw), ("CODES", CODES),
-            ("QUNROLL", QUNROLL), ("MMA", MMA)]
+            ("QUNROLL", QUNROLL), ("MMA", MMA), ("MMA_EARLY", bool(MMA_EARLY))]
 
 
 def _grid(N: int, split: int, rw: int) -> tuple:

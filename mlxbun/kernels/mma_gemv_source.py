@@ -25,8 +25,8 @@ kernels have their own drift: `benchmarks/gpu_fused.py --sections check` holds t
 bound of the MLX-op reference. On the CPU emulator the mma sums exactly and rounds once
 (`mlxbun.kernels.emulator`): its bits are not the device's.
 
-Template constants: those of `fused_decode_source`'s GEMVs (RW, CODES, QUNROLL unused) and MMA (1 or
-2).
+Template constants: those of `fused_decode_source`'s GEMVs (RW, CODES, QUNROLL unused), MMA (1 or 2)
+and MMA_EARLY (the first trip's loads before the stage of x).
 """
 
 from mlxbun.kernels.fused_decode_source import HEADER as FUSED_HEADER
@@ -174,10 +174,12 @@ __device__ __forceinline__ void mlxbun_mma_stage(const T* x, const T* w, float e
 
 // This lane's sums of rows g and g + 8 (g = lane / 4) of M matrices' 16-row tiles over the RUN
 // groups from `first`: acc[2 m] row g, acc[2 m + 1] row g + 8 of matrix m (w / s / b: the rows'
-// codes, scales and biases, in that order). xs: x in the pairs' order; gsum: its group sums.
-template <int K, int GS, bool BF16, int MMA, int M, int RUN, typename T, typename S>
+// codes, scales and biases, in that order). xs: x in the pairs' order; gsum: its group sums, both
+// written by `stage()` (every thread calls it); EARLY: it runs while the first trip's loads are in
+// flight (they do not depend on x).
+template <int K, int GS, bool BF16, int MMA, int M, int RUN, bool EARLY, typename T, typename S, typename Stage>
 __device__ __forceinline__ void mlxbun_mma_rows(const uint32_t* const* w, const S* const* s, const S* const* b,
-                                                const T* xs, const float* gsum, int first, float* acc) {
+                                                const T* xs, const float* gsum, int first, float* acc, Stage stage) {
   constexpr int WPL = GS / 32;  // code words a lane takes of a group (its quarter)
   constexpr int U = RUN % 4 == 0 ? 4 : (RUN % 2 == 0 ? 2 : 1);  // groups a trip
   constexpr int SU = (K / GS) % U == 0 ? U : 1;  // scales / biases a load (aligned runs only)
@@ -188,10 +190,9 @@ __device__ __forceinline__ void mlxbun_mma_rows(const uint32_t* const* w, const 
   for (int i = 0; i < 2 * M; ++i) {
     acc[i] = 0.0f;
   }
-#pragma unroll 1
-  for (int g0 = first; g0 < first + RUN; g0 += U) {
-    unsigned q[2 * M][U][WPL];
-    unsigned sc[2 * M][U], bi[2 * M][U];  // 16-bit scales / biases
+  unsigned q[2 * M][U][WPL];
+  unsigned sc[2 * M][U], bi[2 * M][U];  // 16-bit scales / biases
+  const auto load = [&](int g0) {
 #pragma unroll
     for (int i = 0; i < 2 * M; ++i) {
 #pragma unroll
@@ -203,6 +204,16 @@ __device__ __forceinline__ void mlxbun_mma_rows(const uint32_t* const* w, const 
         mlxbun_load_n<SU>(s[i] + g0 + u, sc[i] + u);
         mlxbun_load_n<SU>(b[i] + g0 + u, bi[i] + u);
       }
+    }
+  };
+  if constexpr (EARLY) {  // the first trip's loads in flight during the stage (more registers live)
+    load(first);
+  }
+  stage();
+#pragma unroll 1
+  for (int g0 = first; g0 < first + RUN; g0 += U) {
+    if (!EARLY || g0 != first) {
+      load(g0);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -262,8 +273,9 @@ __device__ __forceinline__ void mlxbun_mma_split_sums(const float* acc, float* p
 """
 HEADER = FUSED_HEADER + MMA_HELPERS
 
-# The shared front of the three bodies: x (normed or not) in shared memory in the pairs' order, its
-# group sums, and this lane's first row (rows past the last read the last row: unused). GEMV without
+# The shared front of the three bodies: `stage` (x, normed or not, into shared memory in the pairs'
+# order, and its group sums: mlxbun_mma_rows runs it after its first loads) and this lane's first row
+# (rows past the last read the last row: unused). GEMV without
 # NORM gets no norm weight and no eps: `norm_w` is x again (fused_decode.CudaFusedOps.gemv), unread.
 _FRONT = r"""
   constexpr int ROW_W = K / 8;
@@ -275,7 +287,9 @@ _FRONT = r"""
   __shared__ float red[32];
   __shared__ float parts[NW * 16 * MATRICES];
   __shared__ float tile_sums[RPB * MATRICES];
-  mlxbun_mma_stage<T, BF16, K, GS, NW, NORMED>(x, norm_w, __int_as_float(EPS_BITS), xs, gsum, red);
+  const auto stage = [&] {
+    mlxbun_mma_stage<T, BF16, K, GS, NW, NORMED>(x, norm_w, __int_as_float(EPS_BITS), xs, gsum, red);
+  };
   const int warp = threadIdx.x >> 5;
   const int first = (warp % SPLIT) * RUN;
   const int row0 = blockIdx.x * RPB + warp / SPLIT * 16 + (threadIdx.x & 31) / 4;
@@ -294,7 +308,7 @@ GEMV_MMA = "  constexpr int MATRICES = 1;\n  constexpr bool NORMED = NORM;\n" + 
     br[h] = biases + r * GROUPS;
   }
   float acc[2];
-  mlxbun_mma_rows<K, GS, BF16, MMA, 1, RUN>(wr, sr, br, xs, gsum, first, acc);
+  mlxbun_mma_rows<K, GS, BF16, MMA, 1, RUN, MMA_EARLY>(wr, sr, br, xs, gsum, first, acc, stage);
   mlxbun_mma_split_sums<NW, SPLIT, 1>(acc, parts, tile_sums);
   const int out_row = blockIdx.x * RPB + threadIdx.x;
   if (threadIdx.x < RPB && out_row < N) {
@@ -322,7 +336,7 @@ GEMV_SWIGLU_MMA = "  constexpr int MATRICES = 2;\n  constexpr bool NORMED = true
     br[2 + h] = bu + r * GROUPS;
   }
   float acc[4];
-  mlxbun_mma_rows<K, GS, BF16, MMA, 2, RUN>(wr, sr, br, xs, gsum, first, acc);
+  mlxbun_mma_rows<K, GS, BF16, MMA, 2, RUN, MMA_EARLY>(wr, sr, br, xs, gsum, first, acc, stage);
   mlxbun_mma_split_sums<NW, SPLIT, 2>(acc, parts, tile_sums);
   const int out_row = blockIdx.x * RPB + threadIdx.x;
   if (threadIdx.x < RPB && out_row < N) {
@@ -349,7 +363,7 @@ QKV_PROJ_MMA = ("  constexpr int N = NQ + 2 * NKV;\n  constexpr int MATRICES = 1
     br[h] = (kind == 0 ? bq : (kind == 1 ? bk : bv)) + r * GROUPS;
   }
   float acc[2];
-  mlxbun_mma_rows<K, GS, BF16, MMA, 1, RUN>(wr, sr, br, xs, gsum, first, acc);
+  mlxbun_mma_rows<K, GS, BF16, MMA, 1, RUN, MMA_EARLY>(wr, sr, br, xs, gsum, first, acc, stage);
   mlxbun_mma_split_sums<NW, SPLIT, 1>(acc, parts, tile_sums);
   const int out_row = blockIdx.x * RPB + threadIdx.x;
   if (threadIdx.x < RPB && out_row < N) {
