@@ -4,7 +4,7 @@
         [--knobs LABEL:NAME=VALUE,... ...] [--smoke]
 
 `--knobs` adds fused variants to `check`, `bench` and `profile`: `fused_decode`'s module knobs (RW, QKV_RW,
-NW, MAX_SPLIT, TARGET_WARPS, CODES, QUNROLL, MMA, MMA_KINDS, MMA_EARLY,
+NW, MAX_SPLIT, TARGET_WARPS, CODES, QUNROLL, NORM_VEC, MMA, MMA_KINDS, MMA_EARLY,
 ROPE_ATTENTION,
 ROPE_ATTENTION_MAX_SPLITS) and the decode
 attention's (ATTN_MIN_CHUNK: the smallest split of positions; ATTN_TARGET_BLOCKS; ATTN_PREFETCH; ATTN_NWARPS) set for
@@ -262,9 +262,9 @@ def parse_knobs(items) -> list[tuple[str, dict]]:
     return out
 
 
-KNOBS = ("RW", "QKV_RW", "NW", "MAX_SPLIT", "TARGET_WARPS", "CODES", "QUNROLL", "MMA", "MMA_KINDS", "MMA_EARLY",
-         "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS", "ATTN_MIN_CHUNK", "ATTN_TARGET_BLOCKS", "ATTN_PREFETCH",
-         "ATTN_NWARPS")
+KNOBS = ("RW", "QKV_RW", "NW", "MAX_SPLIT", "TARGET_WARPS", "CODES", "QUNROLL", "NORM_VEC", "MMA", "MMA_KINDS",
+         "MMA_EARLY", "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS", "ATTN_MIN_CHUNK", "ATTN_TARGET_BLOCKS",
+         "ATTN_PREFETCH", "ATTN_NWARPS")
 # The decode attention's knobs (sdpa_decode's module-level launch knobs), by --knobs name
 _ATTN = {"ATTN_MIN_CHUNK": "CHUNKS", "ATTN_TARGET_BLOCKS": "TARGET_BLOCKS", "ATTN_PREFETCH": "PREFETCH",
          "ATTN_NWARPS": "NWARPS"}

@@ -230,7 +230,8 @@ def _template(kind, dtype, bits, **kw):
     t = [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", kw.get("K", 2048)), *rows, ("BITS", bits),
          ("GS", kw.get("GS", 64)), ("NW", fd.NW), ("SPLIT", kw.get("split", 1)),
          ("RW", kw.get("rw", fd.QKV_RW if kind == "qkv" else fd.RW)), ("CODES", kw.get("codes", fd.CODES)),
-         ("QUNROLL", kw.get("qunroll", fd.QUNROLL)), ("EPS_BITS", float_bits(1e-5))]
+         ("QUNROLL", kw.get("qunroll", fd.QUNROLL)), ("NORM_VEC", kw.get("norm_vec", False)),
+         ("EPS_BITS", float_bits(1e-5))]
     if kind == "gemv":
         t += [("NORM", kw.get("norm", True)), ("RESIDUAL", kw.get("residual", True))]
     return t
@@ -252,7 +253,8 @@ def test_the_fused_sources_compile_without_spills(kind, dtype, bits, group):
 @pytest.mark.parametrize("variant", [dict(qk=False, bias=False, trad=True, inplace=False, D=128),
                                      dict(norm=False, residual=False, D=256), dict(split=2, D=128),
                                      dict(split=8, K=8192), dict(rw=4, split=2), dict(rw=1),
-                                     dict(codes=0), dict(codes=1, GS=32, qunroll=2)])
+                                     dict(codes=0), dict(codes=1, GS=32, qunroll=2), dict(norm_vec=True),
+                                     dict(norm_vec=True, K=14336)])
 def test_the_fused_sources_compile_in_their_other_variants(variant):
     for kind in ("gemv", "swiglu", "qkv", "rope"):
         inputs, outputs = kernel_signature(kind, mx.bfloat16, 4)

@@ -44,8 +44,10 @@ def _model(zoo, arch, quant, dtype):
     return open_model(zoo(arch, quant=quant, dtype=dtype, head_dim=64 if arch != "qwen2" else None))
 
 
-@pytest.mark.parametrize("arch,quant,dtype", CASES)
-def test_each_kernel_is_its_reference(emulated, zoo, arch, quant, dtype, monkeypatch):
+@pytest.mark.parametrize("arch,quant,dtype,norm_vec", [(*case, 0) for case in CASES] + [(*CASES[2], 1), (*CASES[3], 1)])
+def test_each_kernel_is_its_reference(emulated, zoo, arch, quant, dtype, norm_vec, monkeypatch):
+    """(NORM_VEC 1: the GEMVs' norm staged in one pass of 16-byte loads.)"""
+    monkeypatch.setattr(fd, "NORM_VEC", norm_vec)
     plan = fused_plan(_model(zoo, arch, quant, dtype))
     layer, dt, cuda, ref = plan.layers[0], plan.dtype, CudaFusedOps(inplace=True), ReferenceFusedOps()
     x = mx.random.normal((plan.hidden,), key=mx.random.key(3)).astype(dt)

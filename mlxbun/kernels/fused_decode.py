@@ -39,7 +39,7 @@ from mlxbun.kernels.rope_attention import Counters, rope_attention, rope_attenti
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
 __all__ = ["CODES", "FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "MMA", "MMA_EARLY", "MMA_HEAD", "MMA_KINDS",
-           "MMA_MAX_K", "MMA_PLAIN", "MMA_QKV", "MMA_SWIGLU", "NW",
+           "MMA_MAX_K", "MMA_PLAIN", "MMA_QKV", "MMA_SWIGLU", "NORM_VEC", "NW",
            "MAX_HEAD_DIM", "QUNROLL",
            "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS", "CudaFusedOps", "ReferenceFusedOps", "Weights",
            "backend_gap", "composed_qkv_attention", "dtype_gap", "kernel_signature", "mma_split", "rope_inv_freq",
@@ -72,6 +72,11 @@ MMA_MAX_K = 16384  # inputs wider than this keep the FFMA loop (x lives in share
 # Whether a warp's first loads of codes go out before the block stages x (they do not need it): the
 # staging's latency hidden behind them, at the price of more registers live at once.
 MMA_EARLY = 0
+# How the FFMA GEMVs with a norm stage rms_norm(x) in shared memory: 0 two passes of 2-byte loads
+# (`mlxbun_rms_to_shared`, device-checked), 1 x and the norm weight read once in 16-byte loads
+# (`mlxbun_stage_x`, as the MMA kernels do; its sum of squares adds in another order). A knob of
+# benchmarks/gpu_fused.py: raw 27 saw the q/k/v GEMV a third faster on the MMA kernels, which stage so.
+NORM_VEC = 0
 MAX_HEAD_DIM = 1024  # rope_kv: a thread per element of a head
 # Split-K across warps: a GEMV of few rows gives each row SPLIT warps (each takes every SPLIT-th run
 # of 32 chunks; their sums added in warp order), so the GPU has enough loads in flight. The GEMVs
@@ -245,7 +250,7 @@ def _common(dtype, w: Weights, K: int, N: Optional[int], nw: int = NW, split: in
     rows = [] if N is None else [("N", N)]
     return [("T", dtype), ("BF16", dtype == mx.bfloat16), ("K", K), *rows, ("BITS", w.bits),
             ("GS", w.group_size or 32), ("NW", nw), ("SPLIT", split), ("RW", rw), ("CODES", CODES),
-            ("QUNROLL", QUNROLL), ("MMA", MMA), ("MMA_EARLY", bool(MMA_EARLY))]
+            ("QUNROLL", QUNROLL), ("NORM_VEC", bool(NORM_VEC)), ("MMA", MMA), ("MMA_EARLY", bool(MMA_EARLY))]
 
 
 def _grid(N: int, split: int, rw: int) -> tuple:

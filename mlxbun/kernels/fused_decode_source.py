@@ -27,8 +27,8 @@ Template constants (written in front of the body by `mx.fast.cuda_kernel`): T, B
 width), N (output rows), BITS (16: 16-bit weights; 4 or 8: affine codes), GS (quantization group),
 NW (warps per block), SPLIT (warps per RW rows: each takes every SPLIT-th 32 chunks, their sums
 added in warp order), RW (rows per warp), CODES (how `mlxbun_rows_dot` turns codes into floats),
-QUNROLL (its code loop's unrolling, 0: its own choice), NORM, RESIDUAL, EPS_BITS (the norm's eps as
-float32 bits); QKV_PROJ NQ and NKV (its q and k / v rows) instead of N; ROPE_KV T, NW, HQ, HKV, D,
+QUNROLL (its code loop's unrolling, 0: its own choice), NORM_VEC (the norm's x and weight read once in
+16-byte loads: `mlxbun_stage_x`), NORM, RESIDUAL, EPS_BITS (the norm's eps as float32 bits); QKV_PROJ NQ and NKV (its q and k / v rows) instead of N; ROPE_KV T, NW, HQ, HKV, D,
 QK_NORM, QK_EPS_BITS, BIAS, ROPE_TRAD, ROPE_SCALE_BITS, CAP (buffer positions), INPLACE.
 """
 
@@ -224,6 +224,77 @@ __device__ __forceinline__ float mlxbun_round(float v) {
   return static_cast<float>(static_cast<T>(v));
 }
 
+// x [K] into shared memory, 16 bytes a thread at a time; NORMED: rms_norm(x) * w instead, rounded to
+// T where MLX's RMSNorm rounds (x and w read once, in one round of loads: `mlxbun_rms_to_shared`
+// makes two passes of 2-byte loads, and adds the squares in another order). PAIRS (the tensor-core
+// GEMVs, mma_gemv_source): each value at its `mlxbun_pair_index`, and gsum[G] = the sum over
+// quantization group G (a group's chunks are consecutive lanes': an xor tree of GS / 8 lanes).
+template <typename T, bool BF16, int K, int GS, int NW, bool NORMED, bool PAIRS>
+__device__ __forceinline__ void mlxbun_stage_x(const T* x, const T* w, float eps, T* xs, float* gsum, float* red) {
+  constexpr int CHUNKS = K / 8, PER = (CHUNKS + NW * 32 - 1) / (NW * 32);  // 16-byte chunks a thread
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const uint4* wv = reinterpret_cast<const uint4*>(w);
+  uint4 xr[PER], wr[PER];
+#pragma unroll
+  for (int p = 0; p < PER; ++p) {
+    const int c = threadIdx.x + p * NW * 32;
+    if (c < CHUNKS) {
+      xr[p] = xv[c];
+      if constexpr (NORMED) {
+        wr[p] = wv[c];
+      }
+    }
+  }
+  float inv = 1.0f;
+  if constexpr (NORMED) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int p = 0; p < PER; ++p) {
+      if (threadIdx.x + p * NW * 32 < CHUNKS) {
+        float v[8];
+        unpack8<BF16>(xr[p], v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          ss += v[j] * v[j];
+        }
+      }
+    }
+    inv = rsqrtf(mlxbun_block_sum<NW>(ss, red) / K + eps);
+  }
+#pragma unroll
+  for (int p = 0; p < PER; ++p) {
+    const int c = threadIdx.x + p * NW * 32;
+    float total = 0.0f;
+    if (c < CHUNKS) {
+      float v[8];
+      unpack8<BF16>(xr[p], v);
+      if constexpr (NORMED) {
+        float g[8];
+        unpack8<BF16>(wr[p], g);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          v[j] = mlxbun_round<T>(mlxbun_round<T>(v[j] * inv) * g[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        xs[PAIRS ? mlxbun_pair_index(c * 8 + j) : c * 8 + j] = static_cast<T>(v[j]);
+        total += v[j];
+      }
+    }
+    if constexpr (PAIRS) {
+#pragma unroll
+      for (int o = GS / 16; o > 0; o >>= 1) {  // every lane: a warp's chunks are whole groups' or none
+        total += __shfl_xor_sync(0xffffffffu, total, o);
+      }
+      if (c < CHUNKS && c % (GS / 8) == 0) {
+        gsum[c / (GS / 8)] = total;
+      }
+    }
+  }
+  __syncthreads();
+}
+
 // Element t of a head after RoPE at position `pos`: y (its value) rotated with its partner in
 // `head` (the whole head's values: the traditional layout pairs neighbours, the other the halves),
 // rounded to T.
@@ -260,7 +331,11 @@ GEMV = r"""
   __shared__ float sums[RPB];
   const T* xin = x;
   if constexpr (NORM) {
-    mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
+    if constexpr (NORM_VEC) {
+      mlxbun_stage_x<T, BF16, K, GS, NW, true, false>(x, norm_w, __int_as_float(EPS_BITS), xs, nullptr, red);
+    } else {
+      mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
+    }
     xin = xs;
   }
   const int lane = threadIdx.x & 31;
@@ -303,7 +378,11 @@ GEMV_SWIGLU = r"""
   __shared__ float red[32];
   __shared__ float parts[NW * 2 * RW];
   __shared__ float sums[2 * RPB];  // per row group: RW gate sums, then RW up sums
-  mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
+  if constexpr (NORM_VEC) {
+    mlxbun_stage_x<T, BF16, K, GS, NW, true, false>(x, norm_w, __int_as_float(EPS_BITS), xs, nullptr, red);
+  } else {
+    mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
+  }
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int row0 = blockIdx.x * RPB + warp / SPLIT * RW;
@@ -349,7 +428,11 @@ QKV_PROJ = r"""
   __shared__ float red[32];
   __shared__ float parts[NW * RW];
   __shared__ float rows[RPB];
-  mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
+  if constexpr (NORM_VEC) {
+    mlxbun_stage_x<T, BF16, K, GS, NW, true, false>(x, norm_w, __int_as_float(EPS_BITS), xs, nullptr, red);
+  } else {
+    mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
+  }
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int row0 = blockIdx.x * RPB + warp / SPLIT * RW;

@@ -103,75 +103,6 @@ __device__ __forceinline__ void mlxbun_load_words(const uint32_t* p, unsigned* o
   }
 }
 
-// x [K] into shared memory in the pairs' order (`mlxbun_pair_index`), 16 bytes a thread at a time, and
-// gsum[G] = its sum over quantization group G. NORMED: rms_norm(x) * w instead, rounded to T where
-// MLX's RMSNorm rounds (x and w read once, in one round of loads; the sum of squares in another
-// order than `mlxbun_rms_to_shared`'s). A group's chunks are consecutive lanes': their sums add by
-// an xor tree of GS / 8 lanes.
-template <typename T, bool BF16, int K, int GS, int NW, bool NORMED>
-__device__ __forceinline__ void mlxbun_mma_stage(const T* x, const T* w, float eps, T* xs, float* gsum, float* red) {
-  constexpr int CHUNKS = K / 8, PER = (CHUNKS + NW * 32 - 1) / (NW * 32);  // 16-byte chunks a thread
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
-  const uint4* wv = reinterpret_cast<const uint4*>(w);
-  uint4 xr[PER], wr[PER];
-#pragma unroll
-  for (int p = 0; p < PER; ++p) {
-    const int c = threadIdx.x + p * NW * 32;
-    if (c < CHUNKS) {
-      xr[p] = xv[c];
-      if constexpr (NORMED) {
-        wr[p] = wv[c];
-      }
-    }
-  }
-  float inv = 1.0f;
-  if constexpr (NORMED) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int p = 0; p < PER; ++p) {
-      if (threadIdx.x + p * NW * 32 < CHUNKS) {
-        float v[8];
-        unpack8<BF16>(xr[p], v);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          ss += v[j] * v[j];
-        }
-      }
-    }
-    inv = rsqrtf(mlxbun_block_sum<NW>(ss, red) / K + eps);
-  }
-#pragma unroll
-  for (int p = 0; p < PER; ++p) {
-    const int c = threadIdx.x + p * NW * 32;
-    float total = 0.0f;
-    if (c < CHUNKS) {
-      float v[8];
-      unpack8<BF16>(xr[p], v);
-      if constexpr (NORMED) {
-        float g[8];
-        unpack8<BF16>(wr[p], g);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          v[j] = mlxbun_round<T>(mlxbun_round<T>(v[j] * inv) * g[j]);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        xs[mlxbun_pair_index(c * 8 + j)] = static_cast<T>(v[j]);
-        total += v[j];
-      }
-    }
-#pragma unroll
-    for (int o = GS / 16; o > 0; o >>= 1) {  // every lane: a warp's chunks are whole groups' or none
-      total += __shfl_xor_sync(0xffffffffu, total, o);
-    }
-    if (c < CHUNKS && c % (GS / 8) == 0) {
-      gsum[c / (GS / 8)] = total;
-    }
-  }
-  __syncthreads();
-}
-
 // This lane's sums of rows g and g + 8 (g = lane / 4) of M matrices' 16-row tiles over the RUN
 // groups from `first`: acc[2 m] row g, acc[2 m + 1] row g + 8 of matrix m (w / s / b: the rows'
 // codes, scales and biases, in that order). xs: x in the pairs' order; gsum: its group sums, both
@@ -288,7 +219,7 @@ _FRONT = r"""
   __shared__ float parts[NW * 16 * MATRICES];
   __shared__ float tile_sums[RPB * MATRICES];
   const auto stage = [&] {
-    mlxbun_mma_stage<T, BF16, K, GS, NW, NORMED>(x, norm_w, __int_as_float(EPS_BITS), xs, gsum, red);
+    mlxbun_stage_x<T, BF16, K, GS, NW, NORMED, true>(x, norm_w, __int_as_float(EPS_BITS), xs, gsum, red);
   };
   const int warp = threadIdx.x >> 5;
   const int first = (warp % SPLIT) * RUN;
