@@ -38,9 +38,8 @@ from mlxbun.kernels.mma_gemv_source import HEADER as MMA_HEADER
 from mlxbun.kernels.rope_attention import Counters, rope_attention, rope_attention_gap
 from mlxbun.kernels.sdpa_decode import decode_attention, decode_gap
 
-__all__ = ["CODES", "FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "MMA", "MMA_EARLY", "MMA_HEAD", "MMA_KINDS",
-           "MMA_MAX_K", "MMA_PLAIN", "MMA_QKV", "MMA_SWIGLU", "NORM_VEC", "NW",
-           "MAX_HEAD_DIM", "QUNROLL",
+__all__ = ["CODES", "FUSED_BITS", "FUSED_CHECKED", "FUSED_GROUPS", "KV_WRITE", "MAX_HEAD_DIM", "MMA", "MMA_EARLY",
+           "MMA_HEAD", "MMA_KINDS", "MMA_MAX_K", "MMA_PLAIN", "MMA_QKV", "MMA_SWIGLU", "NORM_VEC", "NW", "QUNROLL",
            "ROPE_ATTENTION", "ROPE_ATTENTION_MAX_SPLITS", "CudaFusedOps", "ReferenceFusedOps", "Weights",
            "backend_gap", "composed_qkv_attention", "dtype_gap", "kernel_signature", "mma_split", "rope_inv_freq",
            "split_for", "uses_mma", "weights_gap"]
@@ -61,8 +60,9 @@ CODES = 1
 QUNROLL = 0
 # The 4-bit GEMVs on the tensor cores (`mma_gemv_source`): 0 off (the FFMA loop), 1 (codes as exact
 # 16-bit pairs), 2 (bf16 only: the codes' 2^7 taken out in the scale term; half runs MMA 1's pairs).
-# Off: no GPU has run these kernels yet (the emulator has: tests/test_kernels_emulated.py). A knob
-# of benchmarks/gpu_fused.py until its check and bench say where it is faster.
+# Off: on an H100 (benchmarks/gpu-fused.md, raw 27) they passed the device check (MMA 1 and 2, every
+# kind, MMA_EARLY 0) and decoded the 8B 4-bit step no faster (the q/k/v GEMV a third faster, the down
+# projection a quarter slower). A knob of benchmarks/gpu_fused.py until a bench says where it is faster.
 MMA = 0
 # Which GEMVs MMA takes, a bit each: MMA_QKV (the q/k/v projection), MMA_SWIGLU (norm + gate/up),
 # MMA_PLAIN (o_proj and down_proj, no norm), MMA_HEAD (norm + the head).
@@ -70,12 +70,14 @@ MMA_QKV, MMA_SWIGLU, MMA_PLAIN, MMA_HEAD = 1, 2, 4, 8
 MMA_KINDS = MMA_QKV | MMA_SWIGLU | MMA_PLAIN | MMA_HEAD
 MMA_MAX_K = 16384  # inputs wider than this keep the FFMA loop (x lives in shared memory)
 # Whether a warp's first loads of codes go out before the block stages x (they do not need it): the
-# staging's latency hidden behind them, at the price of more registers live at once.
+# staging's latency hidden behind them, at the price of more registers live at once (swiglu 106 -> 132
+# at the 8B's shape, ptxas). Not yet run on a GPU.
 MMA_EARLY = 0
 # How the FFMA GEMVs with a norm stage rms_norm(x) in shared memory: 0 two passes of 2-byte loads
 # (`mlxbun_rms_to_shared`, device-checked), 1 x and the norm weight read once in 16-byte loads
 # (`mlxbun_stage_x`, as the MMA kernels do; its sum of squares adds in another order). A knob of
-# benchmarks/gpu_fused.py: raw 27 saw the q/k/v GEMV a third faster on the MMA kernels, which stage so.
+# benchmarks/gpu_fused.py, not yet run on a GPU: raw 27 saw the q/k/v GEMV a third faster on the MMA
+# kernels, which stage so.
 NORM_VEC = 0
 MAX_HEAD_DIM = 1024  # rope_kv: a thread per element of a head
 # Split-K across warps: a GEMV of few rows gives each row SPLIT warps (each takes every SPLIT-th run
