@@ -61,8 +61,10 @@ QUNROLL = 0
 # The 4-bit GEMVs on the tensor cores (`mma_gemv_source`): 0 off (the FFMA loop), 1 (codes as exact
 # 16-bit pairs), 2 (bf16 only: the codes' 2^7 taken out in the scale term; half runs MMA 1's pairs).
 # Off: on an H100 (benchmarks/gpu-fused.md, raw 27) they passed the device check (MMA 1 and 2, every
-# kind, MMA_EARLY 0) and decoded the 8B 4-bit step no faster (the q/k/v GEMV a third faster, the down
-# projection a quarter slower). A knob of benchmarks/gpu_fused.py until a bench says where it is faster.
+# kind) and decoded the 8B 4-bit step no faster (the q/k/v GEMV a third faster, the down projection a
+# quarter slower). Since then their source was reshaped (the staging shared with NORM_VEC, the loads a
+# lambda for MMA_EARLY): other sm_90 code, the same bits on the emulator (48 of 48 outputs compared).
+# A knob of benchmarks/gpu_fused.py until a bench says where it is faster.
 MMA = 0
 # Which GEMVs MMA takes, a bit each: MMA_QKV (the q/k/v projection), MMA_SWIGLU (norm + gate/up),
 # MMA_PLAIN (o_proj and down_proj, no norm), MMA_HEAD (norm + the head).
