@@ -4,10 +4,8 @@
         [--knobs LABEL:NAME=VALUE,... ...] [--smoke]
 
 `--knobs` adds fused variants to `check`, `bench` and `profile`: `fused_decode`'s module knobs (RW, QKV_RW,
-NW, MAX_SPLIT, TARGET_WARPS, CODES, QUNROLL, NORM_VEC, MMA, MMA_KINDS, MMA_EARLY,
-ROPE_ATTENTION,
-ROPE_ATTENTION_MAX_SPLITS) and the decode
-attention's (ATTN_MIN_CHUNK: the smallest split of positions; ATTN_TARGET_BLOCKS; ATTN_PREFETCH; ATTN_NWARPS) set for
+NW, MAX_SPLIT, TARGET_WARPS, CODES, QUNROLL, NORM_VEC, MMA, MMA_KINDS, MMA_EARLY, ROPE_ATTENTION,
+ROPE_ATTENTION_MAX_SPLITS) and the decode attention's (ATTN_MIN_CHUNK: the smallest split of positions; ATTN_TARGET_BLOCKS; ATTN_PREFETCH; ATTN_NWARPS) set for
 that variant only.
 
 Sections:

@@ -28,8 +28,9 @@ width), N (output rows), BITS (16: 16-bit weights; 4 or 8: affine codes), GS (qu
 NW (warps per block), SPLIT (warps per RW rows: each takes every SPLIT-th 32 chunks, their sums
 added in warp order), RW (rows per warp), CODES (how `mlxbun_rows_dot` turns codes into floats),
 QUNROLL (its code loop's unrolling, 0: its own choice), NORM_VEC (the norm's x and weight read once in
-16-byte loads: `mlxbun_stage_x`), NORM, RESIDUAL, EPS_BITS (the norm's eps as float32 bits); QKV_PROJ NQ and NKV (its q and k / v rows) instead of N; ROPE_KV T, NW, HQ, HKV, D,
-QK_NORM, QK_EPS_BITS, BIAS, ROPE_TRAD, ROPE_SCALE_BITS, CAP (buffer positions), INPLACE.
+16-byte loads: `mlxbun_stage_x`), NORM, RESIDUAL, EPS_BITS (the norm's eps as float32 bits); QKV_PROJ
+NQ and NKV (its q and k / v rows) instead of N; ROPE_KV T, NW, HQ, HKV, D, QK_NORM, QK_EPS_BITS, BIAS,
+ROPE_TRAD, ROPE_SCALE_BITS, CAP (buffer positions), INPLACE.
 """
 
 from mlxbun.kernels.qmv_source import HEADER as HALF_HEADER
@@ -295,6 +296,17 @@ __device__ __forceinline__ void mlxbun_stage_x(const T* x, const T* w, float eps
   __syncthreads();
 }
 
+// The FFMA GEMVs' norm prologue: rms_norm(x) * w into shared memory in x's order, by
+// `mlxbun_stage_x` (VEC: one pass of 16-byte loads) or `mlxbun_rms_to_shared` (two passes).
+template <typename T, bool BF16, int K, int GS, int NW, bool VEC>
+__device__ __forceinline__ void mlxbun_norm_to_shared(const T* x, const T* w, float eps, T* xs, float* red) {
+  if constexpr (VEC) {
+    mlxbun_stage_x<T, BF16, K, GS, NW, true, false>(x, w, eps, xs, nullptr, red);
+  } else {
+    mlxbun_rms_to_shared<T, K, NW>(x, w, eps, xs, red);
+  }
+}
+
 // Element t of a head after RoPE at position `pos`: y (its value) rotated with its partner in
 // `head` (the whole head's values: the traditional layout pairs neighbours, the other the halves),
 // rounded to T.
@@ -331,11 +343,7 @@ GEMV = r"""
   __shared__ float sums[RPB];
   const T* xin = x;
   if constexpr (NORM) {
-    if constexpr (NORM_VEC) {
-      mlxbun_stage_x<T, BF16, K, GS, NW, true, false>(x, norm_w, __int_as_float(EPS_BITS), xs, nullptr, red);
-    } else {
-      mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
-    }
+    mlxbun_norm_to_shared<T, BF16, K, GS, NW, NORM_VEC>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
     xin = xs;
   }
   const int lane = threadIdx.x & 31;
@@ -378,11 +386,7 @@ GEMV_SWIGLU = r"""
   __shared__ float red[32];
   __shared__ float parts[NW * 2 * RW];
   __shared__ float sums[2 * RPB];  // per row group: RW gate sums, then RW up sums
-  if constexpr (NORM_VEC) {
-    mlxbun_stage_x<T, BF16, K, GS, NW, true, false>(x, norm_w, __int_as_float(EPS_BITS), xs, nullptr, red);
-  } else {
-    mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
-  }
+  mlxbun_norm_to_shared<T, BF16, K, GS, NW, NORM_VEC>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int row0 = blockIdx.x * RPB + warp / SPLIT * RW;
@@ -428,11 +432,7 @@ QKV_PROJ = r"""
   __shared__ float red[32];
   __shared__ float parts[NW * RW];
   __shared__ float rows[RPB];
-  if constexpr (NORM_VEC) {
-    mlxbun_stage_x<T, BF16, K, GS, NW, true, false>(x, norm_w, __int_as_float(EPS_BITS), xs, nullptr, red);
-  } else {
-    mlxbun_rms_to_shared<T, K, NW>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
-  }
+  mlxbun_norm_to_shared<T, BF16, K, GS, NW, NORM_VEC>(x, norm_w, __int_as_float(EPS_BITS), xs, red);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int row0 = blockIdx.x * RPB + warp / SPLIT * RW;

@@ -3,7 +3,9 @@ default): the same three kernels as `fused_decode_source`'s GEMV, GEMV_SWIGLU an
 products on `mma.sync.m16n8k16` (bf16 or half operands, float32 sums) instead of FFMAs.
 
 Why: the FFMA loop spends about two instructions per code (one on the integer pipe, one FFMA) and
-the 4-bit GEMVs of a Llama-3-8B step ran 1.7-1.8 TB/s on an H100 (raw 26), about half its HBM's.
+the 4-bit GEMVs of a Llama-3-8B step ran 1.7-1.8 TB/s on an H100 (raw 26), about half its HBM's. (On
+that H100 these kernels then decoded no faster: the products were not the bound. benchmarks/
+gpu-fused.md, raw 27.)
 Here a warp takes 16 rows (A: 16 rows x 16 codes of one quantization group) and x (B: the same 16
 values of x in each of its 8 columns, so every column of D is the 16 rows' sums and each lane holds
 its rows' results without a shuffle). Lane (g = lane / 4, t = lane % 4) holds rows g and g + 8, and
@@ -205,9 +207,9 @@ __device__ __forceinline__ void mlxbun_mma_split_sums(const float* acc, float* p
 HEADER = FUSED_HEADER + MMA_HELPERS
 
 # The shared front of the three bodies: `stage` (x, normed or not, into shared memory in the pairs'
-# order, and its group sums: mlxbun_mma_rows runs it after its first loads) and this lane's first row
-# (rows past the last read the last row: unused). GEMV without
-# NORM gets no norm weight and no eps: `norm_w` is x again (fused_decode.CudaFusedOps.gemv), unread.
+# order, and its group sums: mlxbun_mma_rows runs it, before or after its first loads by MMA_EARLY)
+# and this lane's first row (rows past the last read the last row: unused). GEMV without NORM gets no
+# norm weight and no eps: `norm_w` is x again (fused_decode.CudaFusedOps.gemv), unread.
 _FRONT = r"""
   constexpr int ROW_W = K / 8;
   constexpr int GROUPS = K / GS;
